@@ -1,0 +1,6 @@
+# Build options; every one is prefixed SHOAL_.
+option(SHOAL_BUILD_TESTS "Build the test suite" ON)
+option(SHOAL_BUILD_BENCH "Build the benchmarks (bench/perf, bench/micro)" ON)
+option(SHOAL_WITH_MPI "Build MPI launch support into bench/perf" ON)
+option(SHOAL_WERROR "Treat warnings as errors" OFF)
+set(SHOAL_SANITIZE "" CACHE STRING "Sanitizers to build with: address, undefined, thread (comma list)")

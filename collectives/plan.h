@@ -1,0 +1,169 @@
+// Plan and Step: a collective algorithm as data (DESIGN.md §3).
+//
+// Role: a builder (collectives/<algorithm>.cc) is a pure function from
+// (CollShape, RankView, AlgoParams) to the Plan one rank executes. A Plan does no
+// I/O and knows no transport or pointer: it names byte ranges of abstract
+// buffers. The engine (src/engine) runs it; the verifier (plan_verify.h) checks a
+// set of plans, one per rank, in tests and debug builds. Plans are immutable once
+// built and shared (cached) between calls; nothing here is thread-affine.
+//
+// Vocabulary used by every builder:
+//   buffer   one of the op's buffers: kSendBuffer (user input), kRecvBuffer (user
+//            output) or kScratchBuffer (engine-provided, plan.scratchBytes long).
+//            Send and recv may alias in user calls (in-place variants, DESIGN
+//            nccl-compat §5.5); builders must be correct when they do: never write
+//            a recv byte whose send byte at the same address is still to be read.
+//   slice    (buffer, byte offset); with a byte count it names a byte range.
+//   step     one unit of work: Send, Recv, Reduce, Copy or Divide.
+//   lane     the ordered message stream to one peer on one channel in one
+//            direction. The engine posts a lane's steps in step-index order, and the
+//            peer posts the matching steps in the same order: the k-th Send to P on
+//            channel c matches P's k-th Recv from us on channel c. Messages match by
+//            order; the tag only checks it, so byte counts must be equal.
+//   channel  an index of parallel lanes to the same peer (striping across sockets
+//            or NICs). kP2pChannel is reserved for Send/Recv operations so that
+//            point-to-point order never interleaves with collective order.
+//   op       index of the user operation a step belongs to (several in a group).
+//
+// Step semantics (bytes is always a multiple of the element size):
+//   Send    send [src, src+bytes) to `peer` on `channel`.
+//   Recv    receive exactly `bytes` from `peer` on `channel` into dst.
+//   Reduce  dst[i] = combine(src[i], src2[i]) elementwise with the plan's
+//           ReduceOp; for kPreMulSum, with kScaleSrc set:  dst = src*scalar + src2,
+//           without it:                                    dst = src + src2.
+//           src is "local" data, src2 a partial result from elsewhere. dst may
+//           equal src or src2 (exactly, not partially overlapping).
+//   Copy    dst = src; with kScaleSrc and kPreMulSum: dst = src*scalar.
+//           A copy whose source and destination resolve to the same address is
+//           a no-op (in-place calls).
+//   Divide  dst = src / divisor (integer kAvg: sum first, divide once at the end).
+// A step starts when all its dependencies have completed. A Send completes when
+// its source may be overwritten, a Recv when its data is in place.
+// Dependencies always point to lower step indices (steps are topologically
+// sorted). Work that must not overlap (two writes to one byte, a read of bytes
+// being written) must be ordered by dependencies; the verifier checks this.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/types.h"
+
+namespace shoal {
+
+inline constexpr uint16_t kSendBuffer = 0;
+inline constexpr uint16_t kRecvBuffer = 1;
+inline constexpr uint16_t kScratchBuffer = 2;
+inline constexpr int kBuffersPerOp = 3;
+inline constexpr uint16_t kP2pChannel = 0xffff;
+
+struct Slice {
+  uint16_t buffer = kSendBuffer;  // kSendBuffer.. ; op k of a merged plan uses 3k + b
+  uint64_t offset = 0;            // bytes
+};
+
+enum class StepKind : uint8_t { kSend, kRecv, kReduce, kCopy, kDivide };
+const char* stepKindName(StepKind kind);
+
+inline constexpr uint8_t kScaleSrc = 0x1;
+
+struct Step {
+  StepKind kind = StepKind::kCopy;
+  uint8_t flags = 0;
+  uint16_t channel = 0;
+  uint16_t op = 0;       // which operation of a merged (group) plan
+  int32_t peer = -1;     // Send/Recv: communicator rank of the other side
+  Slice dst;             // Recv, Reduce, Copy, Divide
+  Slice src;             // Send, Reduce, Copy, Divide
+  Slice src2;            // Reduce
+  uint64_t bytes = 0;
+  uint32_t depBegin = 0; // dependencies: plan.deps[depBegin, depBegin + depCount)
+  uint32_t depCount = 0;
+  // Filled by finalizePlan(): lane index and position of a Send/Recv in its lane.
+  int32_t lane = -1;
+  uint32_t laneSeq = 0;
+};
+
+struct Lane {
+  int32_t peer = -1;
+  uint16_t channel = 0;
+  bool isSend = false;
+  std::vector<uint32_t> steps;  // in posting order
+};
+
+// What one user operation asks for, as the builders see it.
+struct CollShape {
+  CollKind kind = CollKind::kAllReduce;
+  DataType dtype = DataType::kFloat32;
+  ReduceOp op = ReduceOp::kSum;
+  // Elements per NCCL's argument convention: AllReduce/Broadcast/Reduce: count;
+  // AllGather: sendcount; ReduceScatter: recvcount; AlltoAll/Gather/Scatter: count
+  // per rank; Send/Recv: count.
+  uint64_t count = 0;
+  int root = -1;         // Broadcast, Reduce, Gather, Scatter
+  int peer = -1;         // Send, Recv
+  uint64_t divisor = 0;  // > 1: integer average, divide the reduced result by it
+};
+
+// The rank's view of the communicator, as algorithms need it.
+struct RankView {
+  int rank = 0;
+  int nranks = 1;
+  std::vector<int> ring;  // ring order of communicator ranks (identity by default)
+};
+
+struct AlgoParams {
+  int channels = 1;              // parallel lanes per peer
+  uint64_t segmentBytes = 1 << 20;  // pipelining unit of ring/chain algorithms
+};
+
+struct Plan {
+  std::vector<CollShape> shapes;   // one per op (a builder makes one)
+  std::string algorithm;           // e.g. "ring", "pairwise"; merged: "a+b"
+  int rank = 0;
+  int nranks = 1;
+  // Total scratch the engine provides; op k's scratch buffer (3k+2) starts at
+  // scratchOffsets[k] of it (a builder leaves scratchOffsets = {0}).
+  uint64_t scratchBytes = 0;
+  std::vector<uint64_t> scratchOffsets{0};
+  std::vector<Step> steps;
+  std::vector<uint32_t> deps;
+  std::vector<Lane> lanes;         // filled by finalizePlan()
+
+  // Human-readable dump, one step per line: the first debugging step.
+  std::string toString() const;
+};
+
+using PlanPtr = std::shared_ptr<const Plan>;
+
+// Computes lanes and lane sequence numbers; checks that dependencies point
+// backwards (SHOAL_CHECK). Builders call it last.
+void finalizePlan(Plan& plan);
+
+// Concatenates per-op plans of one rank into one plan (a group). Op k's buffers
+// b become 3k+b; its scratch lives at scratchOffsets[k] of one scratch area.
+Plan mergePlans(const std::vector<PlanPtr>& plans);
+
+// Builder helper: appends steps and dependencies with readable call sites.
+class PlanBuilder {
+ public:
+  explicit PlanBuilder(Plan& plan) : plan_(plan) {}
+  uint32_t send(int peer, Slice src, uint64_t bytes, std::initializer_list<uint32_t> deps = {},
+                uint16_t channel = 0);
+  uint32_t recv(int peer, Slice dst, uint64_t bytes, std::initializer_list<uint32_t> deps = {},
+                uint16_t channel = 0);
+  uint32_t reduce(Slice dst, Slice src, Slice src2, uint64_t bytes,
+                  std::initializer_list<uint32_t> deps = {}, uint8_t flags = 0);
+  uint32_t copy(Slice dst, Slice src, uint64_t bytes, std::initializer_list<uint32_t> deps = {},
+                uint8_t flags = 0);
+  uint32_t divide(Slice dst, Slice src, uint64_t bytes, std::initializer_list<uint32_t> deps = {});
+  // Same with a dependency vector (dependencies computed at run time).
+  uint32_t add(Step step, const std::vector<uint32_t>& deps);
+
+ private:
+  Plan& plan_;
+};
+
+}  // namespace shoal

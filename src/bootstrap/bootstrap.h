@@ -1,0 +1,79 @@
+// Store and Bootstrap: rendezvous of the ranks of a communicator.
+//
+// Role: a Store is a key-value rendezvous shared by the ranks of a job; the TCP
+// store is served by a root started in the process that called
+// ncclGetUniqueId (or at NCCL_COMM_ID), the memory store serves ranks that are
+// threads of one process (tests, ncclCommInitAll). A Bootstrap is one rank's
+// handle on a communicator's namespace in a store: rank, size, allGather,
+// barrier. Any thread may use a Store; one Bootstrap is used by one thread at a
+// time (its communicator's). Every wait takes a Deadline.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/clock.h"
+#include "core/status.h"
+
+namespace shoal {
+
+class Store {
+ public:
+  virtual ~Store() = default;
+  virtual Status set(const std::string& key, std::string_view value, Deadline deadline) = 0;
+  // Waits until every key exists, then returns the values in order.
+  virtual Result<std::vector<std::string>> get(const std::vector<std::string>& keys,
+                                               Deadline deadline) = 0;
+  // Removes keys (missing ones are ignored).
+  virtual Status erase(const std::vector<std::string>& keys, Deadline deadline) = 0;
+  // "tcp 10.0.0.1:5000" or "memory", for error messages.
+  virtual std::string describe() const = 0;
+};
+
+// 128-byte ncclUniqueId contents (opaque to users).
+struct UniqueIdContents {
+  static constexpr size_t kBytes = 128;
+  uint64_t magic = 0;        // random; identifies the id
+  uint8_t secret[32] = {};   // random; clients prove knowledge of it
+  std::string address;       // root "host:port" (IPv4 or [IPv6])
+};
+void encodeUniqueId(const UniqueIdContents& id, char out[UniqueIdContents::kBytes]);
+Result<UniqueIdContents> decodeUniqueId(const char in[UniqueIdContents::kBytes]);
+
+// Makes a fresh id and starts the root store server in this process (listening
+// on the interface chosen by NCCL_SOCKET_IFNAME, or at NCCL_COMM_ID). The server
+// lives until the process exits.
+Result<UniqueIdContents> createUniqueId();
+// Connects to the root named by the id (retries on refusal within the deadline).
+Result<std::shared_ptr<Store>> connectStore(const UniqueIdContents& id, Deadline deadline);
+// An in-process store (tests; ncclCommInitAll).
+std::shared_ptr<Store> makeMemoryStore();
+
+class Bootstrap {
+ public:
+  // `scope` namespaces every key (e.g. the communicator id), so that several
+  // communicators share one store.
+  Bootstrap(std::shared_ptr<Store> store, std::string scope, int rank, int size);
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  const std::shared_ptr<Store>& store() const { return store_; }
+  const std::string& scope() const { return scope_; }
+
+  // Every rank contributes `mine`; returns all contributions by rank. On a
+  // deadline the message lists the ranks that did not arrive.
+  Result<std::vector<std::string>> allGather(std::string_view mine, Deadline deadline);
+  Status barrier(Deadline deadline);
+
+ private:
+  std::shared_ptr<Store> store_;
+  std::string scope_;
+  int rank_;
+  int size_;
+  uint64_t round_ = 0;
+};
+
+}  // namespace shoal

@@ -1,0 +1,105 @@
+// Transport and Connection: how bytes move between two ranks (DESIGN.md §4).
+//
+// Role: a Transport exists once per kind per process (transports/registry.cc)
+// and makes Connections; a Connection is one non-blocking, ordered pipe to one
+// peer on one channel, in both directions. Connections are owned by a
+// Communicator and used only by the engine, from whichever thread currently
+// pumps it (never two threads at once), so they need no locks on the data path.
+// Transports themselves may be called from several threads (one per
+// communicator being set up) and lock their own shared state.
+//
+// Matching: messages on a Connection are matched in order, per direction. Every
+// message carries a 64-bit tag (core/tag.h) and its byte count; the receiver
+// checks both against the receive posted at that position and fails the
+// connection with kInvalidUsage on a mismatch (ranks called different
+// collectives). See docs/decisions/0001-ordered-lanes.md.
+//
+// Liveness: poll() reports a broken connection (EOF, reset, peer gone) as an
+// error whose message names the peer (peerDescription()). The no-progress
+// deadline is the engine's; poll() says whether any byte moved.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/clock.h"
+#include "core/status.h"
+
+namespace shoal {
+
+// A finished send or receive; token is the engine's identifier of the step.
+struct Completion {
+  uint64_t token = 0;
+  uint64_t bytes = 0;
+};
+
+class Connection {
+ public:
+  virtual ~Connection() = default;
+
+  // Queues a message. `data` stays valid and unchanged until its completion.
+  // Posting never blocks; it may return kAgain under back-pressure.
+  virtual Status postSend(const void* data, uint64_t bytes, uint64_t tag, uint64_t token) = 0;
+  // Queues a receive of exactly `bytes` into `data`, matched to the next
+  // incoming message in order.
+  virtual Status postRecv(void* data, uint64_t bytes, uint64_t tag, uint64_t token) = 0;
+  // Moves bytes without blocking; appends finished operations to `done` and
+  // sets `progressed` when any byte moved. An error fails the connection for good.
+  virtual Status poll(std::vector<Completion>& done, bool& progressed) = 0;
+  // Operations posted and not yet complete.
+  virtual size_t pending() const = 0;
+  // "rank 3 (host b, tcp 10.0.0.2:4431)", for error messages.
+  virtual const std::string& peerDescription() const = 0;
+};
+
+// What a rank publishes about itself at communicator init (through the
+// bootstrap) so that others can choose a transport and reach it.
+struct PeerInfo {
+  int rank = -1;
+  std::string hostname;          // for messages
+  std::string hostId;            // node identity (NCCL_HOSTID or hostname+boot id)
+  uint64_t processId = 0;        // unique per process on the host (pid ^ start time)
+  std::vector<std::pair<std::string, std::string>> addresses;  // transport name -> address
+
+  const std::string* address(std::string_view transport) const;
+  std::string serialize() const;
+  static Result<PeerInfo> deserialize(std::string_view bytes);
+};
+
+// Identifies one connection of one communicator (the same on both sides).
+struct ConnectionKey {
+  uint64_t commId = 0;  // unique per communicator, equal on all its ranks
+  int selfRank = -1;
+  int peerRank = -1;
+  uint16_t channel = 0;
+};
+
+struct ConnectOptions {
+  const PeerInfo* self = nullptr;
+  const PeerInfo* peer = nullptr;
+  std::string secret;   // shared by the communicator's ranks; authenticates peers
+  Deadline deadline = Deadline::never();
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+
+  virtual std::string_view name() const = 0;
+  // Prepares the transport in this process (e.g. opens the listener) and returns
+  // the address peers need (empty for in-process transports). Idempotent.
+  virtual Result<std::string> localAddress() = 0;
+  // Whether this transport can connect self to peer.
+  virtual bool canConnect(const PeerInfo& self, const PeerInfo& peer) const = 0;
+  // Establishes the connection `key`; both ranks call it with mirrored keys.
+  // May block until the peer's side arrives or the deadline passes, but must not
+  // need the peer to be inside connect() at the same moment when it is a
+  // transport that one thread uses for several ranks (loopback never blocks).
+  virtual Result<std::unique_ptr<Connection>> connect(const ConnectionKey& key,
+                                                      const ConnectOptions& options) = 0;
+};
+
+}  // namespace shoal
