@@ -1,0 +1,362 @@
+// Communicator lifecycle entry points: unique ids, init, split, finalize,
+// destroy, abort, queries, errors and version.
+#include <climits>
+#include <cstring>
+#include <set>
+
+#include "api/api_guard.h"
+#include "api/config.h"
+#include "bootstrap/bootstrap.h"
+#include "comm/group.h"
+#include "core/log.h"
+#include "core/params.h"
+
+using namespace shoal;
+using shoal::api::guard;
+
+namespace {
+
+std::string scopeForId(const UniqueIdContents& id) {
+  char buf[24];
+  std::snprintf(buf, sizeof(buf), "c%016llx", static_cast<unsigned long long>(id.magic));
+  return buf;
+}
+
+void logVersionOnce() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    SHOAL_LOG(LogLevel::kVersion, subsys::kInit, "NCCL version 2.30.7+shoal ", SHOAL_VERSION_STRING,
+              " (Shoal, host memory)");
+  });
+}
+
+// Creates the handle and the work that initializes it; the caller decides
+// whether that work runs now, at the outermost ncclGroupEnd, or on a thread.
+ncclComm_t newHandle() {
+  auto* handle = new ncclComm();
+  return handle;
+}
+
+// Runs a handle's init work and records the outcome in its shared state.
+Status runInit(const std::shared_ptr<ncclComm::Shared>& shared,
+               const std::function<Result<std::shared_ptr<Communicator>>()>& work) {
+  auto result = work();
+  std::lock_guard<std::mutex> lock(shared->mutex);
+  if (!result.isOk()) {
+    shared->initError = result.status();
+    shared->state.store(toNcclCode(result.status().code()) == ncclSuccess
+                            ? ncclInternalError
+                            : toNcclCode(result.status().code()),
+                        std::memory_order_release);
+    return result.status();
+  }
+  shared->impl = result.value();
+  shared->state.store(ncclSuccess, std::memory_order_release);
+  return Status::ok();
+}
+
+// Blocking: run now. Group: defer to ncclGroupEnd. Nonblocking: run on a
+// thread and return ncclInProgress. *out is valid in every case but an
+// immediate failure.
+Status launchInit(ncclComm_t* out, ncclComm_t handle, bool blocking,
+                  std::function<Result<std::shared_ptr<Communicator>>()> work) {
+  auto shared = handle->shared;
+  if (group::active()) {
+    *out = handle;
+    group::addInit([shared, work] { return runInit(shared, work); });
+    return Status::ok();
+  }
+  if (!blocking) {
+    *out = handle;
+    handle->initThread = std::thread([shared, work] { (void)runInit(shared, work); });
+    return Status(Code::kInProgress, "");
+  }
+  Status st = runInit(shared, work);
+  if (!st.isOk()) {
+    delete handle;
+    *out = nullptr;
+    return st;
+  }
+  *out = handle;
+  return st;
+}
+
+Status initRank(ncclComm_t* newcomm, int nranks, const ncclUniqueId& commId, int rank,
+                ncclConfig_t* config) {
+  logVersionOnce();
+  if (newcomm == nullptr) return invalidArgument("newcomm is NULL");
+  *newcomm = nullptr;
+  if (nranks < 1) return invalidArgument("nranks ", nranks, " must be >= 1");
+  if (rank < 0 || rank >= nranks)
+    return invalidArgument("rank ", rank, " is out of range for nranks ", nranks);
+  SHOAL_ASSIGN_OR_RETURN(CommOptions options, api::parseConfig(config));
+  SHOAL_ASSIGN_OR_RETURN(UniqueIdContents id, decodeUniqueId(commId.internal))
+      << "ncclUniqueId was not made by ncclGetUniqueId";
+  ncclComm_t handle = newHandle();
+  auto work = [id, nranks, rank, options]() -> Result<std::shared_ptr<Communicator>> {
+    Deadline deadline = Deadline::afterMs(params().initTimeoutMs);
+    if (rank == 0) SHOAL_TRY(startRootIfNeeded(id));
+    SHOAL_ASSIGN_OR_RETURN(auto store, connectStore(id, deadline))
+        << "rank " << rank << ": connecting to the bootstrap root " << id.address;
+    InitRequest req;
+    req.store = std::move(store);
+    req.scope = scopeForId(id);
+    req.secret.assign(reinterpret_cast<const char*>(id.secret), sizeof(id.secret));
+    req.rank = rank;
+    req.nranks = nranks;
+    req.options = options;
+    auto comm = std::make_shared<Communicator>(std::move(req));
+    SHOAL_TRY(comm->initialize());
+    return comm;
+  };
+  return launchInit(newcomm, handle, options.blocking, std::move(work));
+}
+
+}  // namespace
+
+SHOAL_API(ncclResult_t, ncclGetVersion, (int* version)) {
+  return guard("ncclGetVersion", [&]() -> Status {
+    if (!version) return invalidArgument("version is NULL");
+    *version = NCCL_VERSION_CODE;
+    return Status::ok();
+  });
+}
+
+SHOAL_API(ncclResult_t, ncclGetUniqueId, (ncclUniqueId * uniqueId)) {
+  return guard("ncclGetUniqueId", [&]() -> Status {
+    logVersionOnce();
+    if (!uniqueId) return invalidArgument("uniqueId is NULL");
+    SHOAL_ASSIGN_OR_RETURN(UniqueIdContents id, createUniqueId());
+    std::memset(uniqueId->internal, 0, sizeof(uniqueId->internal));
+    encodeUniqueId(id, uniqueId->internal);
+    SHOAL_INFO(subsys::kBootstrap, "bootstrap root at ", id.address);
+    return Status::ok();
+  });
+}
+
+SHOAL_API(ncclResult_t, ncclCommInitRank,
+          (ncclComm_t * comm, int nranks, ncclUniqueId commId, int rank)) {
+  return guard("ncclCommInitRank", [&] { return initRank(comm, nranks, commId, rank, nullptr); });
+}
+
+SHOAL_API(ncclResult_t, ncclCommInitRankConfig,
+          (ncclComm_t * comm, int nranks, ncclUniqueId commId, int rank, ncclConfig_t* config)) {
+  return guard("ncclCommInitRankConfig",
+               [&] { return initRank(comm, nranks, commId, rank, config); });
+}
+
+SHOAL_API(ncclResult_t, ncclCommInitRankScalable,
+          (ncclComm_t * newcomm, int nranks, int myrank, int nId, ncclUniqueId* commIds,
+           ncclConfig_t* config)) {
+  return guard("ncclCommInitRankScalable", [&]() -> Status {
+    if (nId < 1 || commIds == nullptr)
+      return invalidArgument("nId ", nId, " must be >= 1 with a non-NULL commIds array");
+    // Every rank holds all nId ids; the first one's root serves the whole
+    // communicator (one store scales to the rank counts Shoal targets).
+    return initRank(newcomm, nranks, commIds[0], myrank, config);
+  });
+}
+
+SHOAL_API(ncclResult_t, ncclCommInitAll, (ncclComm_t * comms, int ndev, const int* devlist)) {
+  return guard("ncclCommInitAll", [&]() -> Status {
+    logVersionOnce();
+    if (comms == nullptr) return invalidArgument("comms is NULL");
+    if (ndev < 1) return invalidArgument("ndev ", ndev, " must be >= 1");
+    if (devlist) {
+      std::set<int> seen;
+      for (int i = 0; i < ndev; ++i)
+        if (!seen.insert(devlist[i]).second)
+          return invalidUsage("ncclCommInitAll: device ", devlist[i], " appears twice in devlist");
+    }
+    auto store = makeMemoryStore();
+    uint64_t nonce = localProcessId() ^ reinterpret_cast<uintptr_t>(comms) ^ nowNs();
+    std::string scope = str("all", nonce);
+    std::vector<ncclComm_t> handles(ndev);
+    std::vector<std::thread> threads;
+    std::vector<Status> results(ndev);
+    for (int i = 0; i < ndev; ++i) {
+      handles[i] = newHandle();
+      handles[i]->cudaDev = devlist ? devlist[i] : i;
+    }
+    for (int i = 0; i < ndev; ++i) {
+      threads.emplace_back([&, i] {
+        auto work = [&, i]() -> Result<std::shared_ptr<Communicator>> {
+          InitRequest req;
+          req.store = store;
+          req.scope = scope;
+          req.secret = scope;
+          req.rank = i;
+          req.nranks = ndev;
+          auto comm = std::make_shared<Communicator>(std::move(req));
+          SHOAL_TRY(comm->initialize());
+          return comm;
+        };
+        results[i] = runInit(handles[i]->shared, work);
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (int i = 0; i < ndev; ++i)
+      if (!results[i].isOk()) {
+        for (auto* h : handles) delete h;
+        return results[i];
+      }
+    for (int i = 0; i < ndev; ++i) comms[i] = handles[i];
+    return Status::ok();
+  });
+}
+
+SHOAL_API(ncclResult_t, ncclCommSplit,
+          (ncclComm_t comm, int color, int key, ncclComm_t* newcomm, ncclConfig_t* config)) {
+  return guard("ncclCommSplit", [&]() -> Status {
+    if (newcomm == nullptr) return invalidArgument("newcomm is NULL");
+    *newcomm = nullptr;
+    if (color < NCCL_SPLIT_NOCOLOR)
+      return invalidArgument("color ", color, " must be >= 0 or NCCL_SPLIT_NOCOLOR");
+    SHOAL_ASSIGN_OR_RETURN(auto parent, api::readyComm(comm));
+    CommOptions options = parent->options();
+    if (config) SHOAL_ASSIGN_OR_RETURN(options, api::parseConfig(config));
+    if (color == NCCL_SPLIT_NOCOLOR) {
+      // Still a collective over the parent: take part, get no communicator.
+      auto none = parent->split(color, key, options);
+      return none.takeStatus();
+    }
+    ncclComm_t handle = newHandle();
+    handle->cudaDev = comm->cudaDev;
+    auto work = [parent, color, key, options]() { return parent->split(color, key, options); };
+    return launchInit(newcomm, handle, options.blocking && parent->options().blocking,
+                      std::move(work));
+  });
+}
+
+SHOAL_API(ncclResult_t, ncclCommFinalize, (ncclComm_t comm)) {
+  return guard("ncclCommFinalize", [&]() -> Status {
+    SHOAL_ASSIGN_OR_RETURN(auto impl, api::readyComm(comm));
+    if (!impl->options().blocking) {
+      // Nonblocking: flushing continues in the background; poll GetAsyncError.
+      Code state = impl->asyncState();
+      return state == Code::kInProgress ? Status(Code::kInProgress, "") : impl->asyncError();
+    }
+    return impl->finalize();
+  });
+}
+
+namespace {
+// Releases the handle; the init thread (if any) finishes on its own.
+void releaseHandle(ncclComm_t comm) {
+  if (comm->initThread.joinable()) {
+    if (comm->shared->state.load() == ncclInProgress) comm->initThread.detach();
+    else comm->initThread.join();
+  }
+  delete comm;
+}
+}  // namespace
+
+SHOAL_API(ncclResult_t, ncclCommDestroy, (ncclComm_t comm)) {
+  return guard("ncclCommDestroy", [&]() -> Status {
+    if (comm == nullptr) return Status::ok();
+    if (comm->magic != ncclComm::kMagic)
+      return invalidArgument("comm ", static_cast<void*>(comm), " is not a live communicator");
+    if (comm->initThread.joinable()) comm->initThread.join();  // destroy is blocking
+    Status st;
+    if (auto impl = comm->shared->impl; impl && !impl->aborted()) st = impl->finalize();
+    releaseHandle(comm);
+    return st;
+  });
+}
+
+SHOAL_API(ncclResult_t, ncclCommAbort, (ncclComm_t comm)) {
+  return guard("ncclCommAbort", [&]() -> Status {
+    if (comm == nullptr) return Status::ok();
+    if (comm->magic != ncclComm::kMagic)
+      return invalidArgument("comm ", static_cast<void*>(comm), " is not a live communicator");
+    std::shared_ptr<Communicator> impl;
+    {
+      std::lock_guard<std::mutex> lock(comm->shared->mutex);
+      impl = comm->shared->impl;
+    }
+    if (impl) impl->abort();
+    releaseHandle(comm);
+    return Status::ok();
+  });
+}
+
+SHOAL_API(ncclResult_t, ncclCommGetAsyncError, (ncclComm_t comm, ncclResult_t* asyncError)) {
+  return guard("ncclCommGetAsyncError", [&]() -> Status {
+    if (asyncError == nullptr) return invalidArgument("asyncError is NULL");
+    if (comm == nullptr || comm->magic != ncclComm::kMagic)
+      return invalidArgument("comm is not a live communicator");
+    int state = comm->shared->state.load(std::memory_order_acquire);
+    if (state != ncclSuccess) {
+      *asyncError = static_cast<ncclResult_t>(state);
+      if (state != ncclInProgress) {
+        std::lock_guard<std::mutex> lock(comm->shared->mutex);
+        api::setLastError(comm->shared->initError);
+      }
+      return Status::ok();
+    }
+    Code code = comm->shared->impl->asyncState();
+    if (code != Code::kOk && code != Code::kInProgress)
+      api::setLastError(comm->shared->impl->asyncError());
+    *asyncError = static_cast<ncclResult_t>(toNcclCode(code));
+    return Status::ok();
+  });
+}
+
+SHOAL_API(ncclResult_t, ncclCommCount, (const ncclComm_t comm, int* count)) {
+  return guard("ncclCommCount", [&]() -> Status {
+    if (count == nullptr) return invalidArgument("count is NULL");
+    SHOAL_ASSIGN_OR_RETURN(auto impl, api::readyComm(comm));
+    *count = impl->nranks();
+    return Status::ok();
+  });
+}
+
+SHOAL_API(ncclResult_t, ncclCommUserRank, (const ncclComm_t comm, int* rank)) {
+  return guard("ncclCommUserRank", [&]() -> Status {
+    if (rank == nullptr) return invalidArgument("rank is NULL");
+    SHOAL_ASSIGN_OR_RETURN(auto impl, api::readyComm(comm));
+    *rank = impl->rank();
+    return Status::ok();
+  });
+}
+
+SHOAL_API(ncclResult_t, ncclCommCuDevice, (const ncclComm_t comm, int* device)) {
+  return guard("ncclCommCuDevice", [&]() -> Status {
+    if (device == nullptr) return invalidArgument("device is NULL");
+    SHOAL_ASSIGN_OR_RETURN(auto impl, api::readyComm(comm));
+    *device = comm->cudaDev;
+    return Status::ok();
+  });
+}
+
+SHOAL_API(const char*, ncclGetErrorString, (ncclResult_t result)) {
+  switch (result) {
+    case ncclSuccess: return "no error";
+    case ncclUnhandledCudaError: return "unhandled cuda error (run with NCCL_DEBUG=INFO for details)";
+    case ncclSystemError: return "unhandled system error (run with NCCL_DEBUG=INFO for details)";
+    case ncclInternalError: return "internal error - please report this issue to the NCCL developers";
+    case ncclInvalidArgument: return "invalid argument (run with NCCL_DEBUG=WARN for details)";
+    case ncclInvalidUsage: return "invalid usage (run with NCCL_DEBUG=WARN for details)";
+    case ncclRemoteError: return "remote process exited or there was a network error";
+    case ncclInProgress: return "NCCL operation in progress";
+    case ncclTimeout: return "timeout";
+    default: return "unknown result code";
+  }
+}
+
+namespace shoal::api {
+std::string lastError();
+}
+
+SHOAL_API(const char*, ncclGetLastError, (ncclComm_t comm)) {
+  // NCCL ignores comm and returns the process's last error; each thread gets a
+  // stable copy so another thread's error cannot free the string under it.
+  thread_local std::string copy;
+  copy = shoal::api::lastError();
+  return copy.c_str();
+}
+
+SHOAL_API(void, ncclResetDebugInit, ()) {
+  reloadParams();
+  resetLogConfig();
+}

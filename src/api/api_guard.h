@@ -1,0 +1,70 @@
+// The C boundary (DESIGN.md §7): every extern "C" entry validates its
+// arguments, calls one C++ method and translates the Status. Exceptions are
+// caught here and nowhere else on the caller's side.
+//
+// SHOAL_API(name, (params)) defines the strong `pncclName` and the weak
+// `ncclName` alias at the same address, unversioned, as NCCL exports them.
+#pragma once
+
+#include <nccl.h>
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "comm/communicator.h"
+#include "core/status.h"
+
+#define SHOAL_EXPORT extern "C" __attribute__((visibility("default")))
+#define SHOAL_API(ret, name, params)                                                  \
+  SHOAL_EXPORT __attribute__((weak, alias("p" #name))) ret name params;              \
+  SHOAL_EXPORT ret p##name params
+
+// The object behind ncclComm_t.
+struct ncclComm {
+  static constexpr uint64_t kMagic = 0x73686f616c636f6dull;  // "shoalcom"
+  // State shared with a background init/split thread, which may outlive the
+  // handle after ncclCommAbort.
+  struct Shared {
+    std::atomic<int> state{ncclInProgress};  // ncclResult_t of init
+    std::mutex mutex;
+    shoal::Status initError;
+    std::shared_ptr<shoal::Communicator> impl;  // set before state = ncclSuccess
+  };
+  uint64_t magic = kMagic;
+  int cudaDev = -1;
+  std::shared_ptr<Shared> shared = std::make_shared<Shared>();
+  std::thread initThread;  // nonblocking init or split
+
+  ~ncclComm() { magic = 0; }
+  shoal::Communicator* impl() const { return shared->impl.get(); }
+};
+
+namespace shoal::api {
+
+// Records the message for ncclGetLastError and logs it at WARN.
+void setLastError(const Status& status);
+ncclResult_t toResult(const Status& status);
+
+// Runs `body` (returning Status) with the firewall: exceptions become
+// ncclInternalError; the Status becomes an ncclResult_t.
+template <typename Body>
+ncclResult_t guard(const char* function, Body&& body) noexcept {
+  try {
+    Status st = body();
+    if (!st.isOk() && st.code() != Code::kInProgress) st.withContext(function);
+    return toResult(st);
+  } catch (const std::exception& e) {
+    return toResult(internalError(function, ": unexpected exception: ", e.what()));
+  } catch (...) {
+    return toResult(internalError(function, ": unexpected exception"));
+  }
+}
+
+// The communicator behind a handle, ready for use, or an error that says why
+// not (NULL, destroyed, still initializing, failed, aborted).
+Result<std::shared_ptr<Communicator>> readyComm(ncclComm_t comm);
+
+}  // namespace shoal::api

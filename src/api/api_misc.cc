@@ -1,0 +1,221 @@
+// Memory (ncclMemAlloc/Free, ncclCommRegister/Deregister) and Shoal's own
+// extensions (include/shoal/shoal.h): version, host streams, state dump.
+#include <shoal/shoal.h>
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "api/api_coll.h"
+#include "api/api_guard.h"
+#include "engine/engine.h"
+
+using namespace shoal;
+using shoal::api::guard;
+
+namespace {
+
+// Live ncclMemAlloc allocations, so that ncclMemFree can reject foreign pointers.
+std::mutex gAllocMutex;
+std::unordered_map<void*, size_t> gAllocations;
+
+struct Registration {
+  static constexpr uint64_t kMagic = 0x73686f616c726567ull;  // "shoalreg"
+  uint64_t magic = kMagic;
+  ncclComm_t comm;
+  void* buff;
+  size_t size;
+};
+std::mutex gRegMutex;
+std::unordered_set<Registration*> gRegistrations;
+
+std::mutex gStreamMutex;
+std::unordered_set<api::HostStream*> gStreams;
+
+}  // namespace
+
+namespace shoal::api {
+
+HostStream* findHostStream(cudaStream_t stream) {
+  if (stream == nullptr) return nullptr;
+  auto* candidate = reinterpret_cast<HostStream*>(stream);
+  std::lock_guard<std::mutex> lock(gStreamMutex);
+  return gStreams.count(candidate) ? candidate : nullptr;
+}
+
+void registerHostStream(HostStream* stream) {
+  std::lock_guard<std::mutex> lock(gStreamMutex);
+  gStreams.insert(stream);
+}
+
+void unregisterHostStream(HostStream* stream) {
+  std::lock_guard<std::mutex> lock(gStreamMutex);
+  gStreams.erase(stream);
+}
+
+Status HostStream::enqueue(const std::shared_ptr<Communicator>& comm, OpRequest req) {
+  std::vector<OpRequest> ops;
+  ops.push_back(std::move(req));
+  SHOAL_ASSIGN_OR_RETURN(JobPtr job, comm->enqueue(std::move(ops), /*detached=*/true));
+  if (!job) return Status::ok();
+  std::lock_guard<std::mutex> lock(mutex_);
+  jobs_.push_back({comm, std::move(job)});
+  return Status::ok();
+}
+
+Status HostStream::synchronize() {
+  std::vector<Entry> jobs;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    jobs.swap(jobs_);
+  }
+  Status first;
+  for (auto& e : jobs) {
+    Status st = e.comm->waitFor(*e.job);
+    if (!st.isOk() && first.isOk()) first = st;
+  }
+  return first;
+}
+
+bool HostStream::idle() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Engine::instance().poll();
+  for (auto& e : jobs_)
+    if (!e.job->isDone()) return false;
+  return true;
+}
+
+}  // namespace shoal::api
+
+SHOAL_API(ncclResult_t, ncclMemAlloc, (void** ptr, size_t size)) {
+  return guard("ncclMemAlloc", [&]() -> Status {
+    if (ptr == nullptr) return invalidArgument("ptr is NULL");
+    size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    size_t bytes = ((size ? size : 1) + page - 1) / page * page;
+    void* p = nullptr;
+    if (posix_memalign(&p, page, bytes) != 0 || p == nullptr)
+      return systemError("ncclMemAlloc: cannot allocate ", size, " bytes");
+    std::lock_guard<std::mutex> lock(gAllocMutex);
+    gAllocations[p] = bytes;
+    *ptr = p;
+    return Status::ok();
+  });
+}
+
+SHOAL_API(ncclResult_t, ncclMemFree, (void* ptr)) {
+  return guard("ncclMemFree", [&]() -> Status {
+    if (ptr == nullptr) return Status::ok();
+    {
+      std::lock_guard<std::mutex> lock(gAllocMutex);
+      auto it = gAllocations.find(ptr);
+      if (it == gAllocations.end())
+        return invalidArgument("ncclMemFree: ", ptr, " was not returned by ncclMemAlloc");
+      gAllocations.erase(it);
+    }
+    std::free(ptr);
+    return Status::ok();
+  });
+}
+
+SHOAL_API(ncclResult_t, ncclCommRegister,
+          (const ncclComm_t comm, void* buff, size_t size, void** handle)) {
+  return guard("ncclCommRegister", [&]() -> Status {
+    if (handle == nullptr) return invalidArgument("handle is NULL");
+    if (buff == nullptr && size > 0) return invalidArgument("buff is NULL with size ", size);
+    SHOAL_ASSIGN_OR_RETURN(auto impl, api::readyComm(comm));
+    auto* reg = new Registration{Registration::kMagic, comm, buff, size};
+    std::lock_guard<std::mutex> lock(gRegMutex);
+    gRegistrations.insert(reg);
+    *handle = reg;
+    return Status::ok();
+  });
+}
+
+SHOAL_API(ncclResult_t, ncclCommDeregister, (const ncclComm_t comm, void* handle)) {
+  return guard("ncclCommDeregister", [&]() -> Status {
+    SHOAL_ASSIGN_OR_RETURN(auto impl, api::readyComm(comm));
+    auto* reg = static_cast<Registration*>(handle);
+    std::lock_guard<std::mutex> lock(gRegMutex);
+    if (!gRegistrations.count(reg))
+      return invalidArgument("ncclCommDeregister: handle ", handle, " is not a live registration");
+    if (reg->comm != comm)
+      return invalidArgument("ncclCommDeregister: handle ", handle,
+                             " was registered on another communicator");
+    gRegistrations.erase(reg);
+    delete reg;
+    return Status::ok();
+  });
+}
+
+SHOAL_EXPORT const char* shoalGetVersionString(void) {
+  return "shoal " SHOAL_VERSION_STRING " (NCCL 2.30.7 API)";
+}
+
+SHOAL_EXPORT ncclResult_t shoalGetVersion(int* major, int* minor, int* patch) {
+  return guard("shoalGetVersion", [&]() -> Status {
+    if (!major || !minor || !patch) return invalidArgument("NULL output pointer");
+    *major = SHOAL_VERSION_MAJOR;
+    *minor = SHOAL_VERSION_MINOR;
+    *patch = SHOAL_VERSION_PATCH;
+    return Status::ok();
+  });
+}
+
+SHOAL_EXPORT ncclResult_t shoalHostStreamCreate(shoalHostStream_t* s) {
+  return guard("shoalHostStreamCreate", [&]() -> Status {
+    if (s == nullptr) return invalidArgument("stream is NULL");
+    auto* stream = new api::HostStream();
+    api::registerHostStream(stream);
+    *s = reinterpret_cast<shoalHostStream_t>(stream);
+    return Status::ok();
+  });
+}
+
+namespace {
+Result<api::HostStream*> hostStream(shoalHostStream_t s) {
+  auto* stream = api::findHostStream(reinterpret_cast<cudaStream_t>(s));
+  if (!stream) return invalidArgument("not a live Shoal host stream: ", static_cast<void*>(s));
+  return stream;
+}
+}  // namespace
+
+SHOAL_EXPORT ncclResult_t shoalHostStreamSynchronize(shoalHostStream_t s) {
+  return guard("shoalHostStreamSynchronize", [&]() -> Status {
+    SHOAL_ASSIGN_OR_RETURN(auto* stream, hostStream(s));
+    return stream->synchronize();
+  });
+}
+
+SHOAL_EXPORT ncclResult_t shoalHostStreamQuery(shoalHostStream_t s) {
+  return guard("shoalHostStreamQuery", [&]() -> Status {
+    SHOAL_ASSIGN_OR_RETURN(auto* stream, hostStream(s));
+    return stream->idle() ? Status::ok() : Status(Code::kInProgress, "");
+  });
+}
+
+SHOAL_EXPORT ncclResult_t shoalHostStreamDestroy(shoalHostStream_t s) {
+  return guard("shoalHostStreamDestroy", [&]() -> Status {
+    SHOAL_ASSIGN_OR_RETURN(auto* stream, hostStream(s));
+    Status st = stream->synchronize();
+    api::unregisterHostStream(stream);
+    delete stream;
+    return st;
+  });
+}
+
+SHOAL_EXPORT ncclResult_t shoalCommDumpState(ncclComm_t comm, char* buf, size_t len) {
+  return guard("shoalCommDumpState", [&]() -> Status {
+    if (buf == nullptr || len == 0) return invalidArgument("buf is NULL or len is 0");
+    if (comm == nullptr || comm->magic != ncclComm::kMagic)
+      return invalidArgument("comm is not a live communicator");
+    std::string text = comm->shared->impl ? comm->shared->impl->dumpState()
+                                          : std::string("communicator still initializing\n");
+    std::snprintf(buf, len, "%s", text.c_str());
+    return Status::ok();
+  });
+}

@@ -1,0 +1,68 @@
+// NCCL functions Shoal does not implement yet. They exist so that programs
+// built against a newer nccl.h still load (PyTorch resolves every symbol at
+// import); each returns ncclInvalidUsage and says so in ncclGetLastError.
+#include "api/api_guard.h"
+
+using namespace shoal;
+using shoal::api::guard;
+
+namespace {
+ncclResult_t notImplemented(const char* function, const char* what) {
+  return guard(function, [&] {
+    return Status(Code::kUnsupported, str("not implemented in Shoal ", SHOAL_VERSION_STRING, ": ",
+                                          what));
+  });
+}
+}  // namespace
+
+SHOAL_API(ncclResult_t, ncclCommRevoke, (ncclComm_t comm, int revokeFlags)) {
+  return notImplemented("ncclCommRevoke", "communicator revocation (use ncclCommAbort)");
+}
+SHOAL_API(ncclResult_t, ncclCommShrink,
+          (ncclComm_t comm, int* excludeRanksList, int excludeRanksCount, ncclComm_t* newcomm,
+           ncclConfig_t* config, int shrinkFlags)) {
+  return notImplemented("ncclCommShrink", "communicator shrink (use ncclCommSplit)");
+}
+SHOAL_API(ncclResult_t, ncclCommGetUniqueId, (ncclComm_t comm, ncclUniqueId* uniqueId)) {
+  return notImplemented("ncclCommGetUniqueId", "unique ids for ncclCommGrow");
+}
+SHOAL_API(ncclResult_t, ncclCommGrow,
+          (ncclComm_t comm, int nRanks, const ncclUniqueId* uniqueId, int rank,
+           ncclComm_t* newcomm, ncclConfig_t* config)) {
+  return notImplemented("ncclCommGrow", "communicator grow");
+}
+SHOAL_API(ncclResult_t, ncclCommSuspend, (ncclComm_t comm, int flags)) {
+  return notImplemented("ncclCommSuspend", "suspend/resume of device memory");
+}
+SHOAL_API(ncclResult_t, ncclCommResume, (ncclComm_t comm)) {
+  return notImplemented("ncclCommResume", "suspend/resume of device memory");
+}
+SHOAL_API(ncclResult_t, ncclCommMemStats,
+          (ncclComm_t comm, ncclCommMemStat_t stat, uint64_t* value)) {
+  return notImplemented("ncclCommMemStats", "device memory statistics");
+}
+SHOAL_API(ncclResult_t, ncclPutSignal,
+          (const void* localbuff, size_t count, ncclDataType_t datatype, int peer,
+           ncclWindow_t peerWin, size_t peerWinOffset, int sigIdx, int ctx, unsigned int flags,
+           ncclComm_t comm, cudaStream_t stream)) {
+  return notImplemented("ncclPutSignal", "one-sided operations on windows");
+}
+SHOAL_API(ncclResult_t, ncclSignal,
+          (int peer, int sigIdx, int ctx, unsigned int flags, ncclComm_t comm,
+           cudaStream_t stream)) {
+  return notImplemented("ncclSignal", "one-sided operations on windows");
+}
+SHOAL_API(ncclResult_t, ncclWaitSignal,
+          (int nDesc, ncclWaitSignalDesc_t* signalDescs, ncclComm_t comm, cudaStream_t stream)) {
+  return notImplemented("ncclWaitSignal", "one-sided operations on windows");
+}
+SHOAL_API(ncclResult_t, ncclCommWindowRegister,
+          (ncclComm_t comm, void* buff, size_t size, ncclWindow_t* win, int winFlags)) {
+  return notImplemented("ncclCommWindowRegister", "symmetric memory windows");
+}
+SHOAL_API(ncclResult_t, ncclCommWindowDeregister, (ncclComm_t comm, ncclWindow_t win)) {
+  return notImplemented("ncclCommWindowDeregister", "symmetric memory windows");
+}
+SHOAL_API(ncclResult_t, ncclWinGetUserPtr, (ncclComm_t comm, ncclWindow_t win, void** outUserPtr)) {
+  return notImplemented("ncclWinGetUserPtr", "symmetric memory windows");
+}

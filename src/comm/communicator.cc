@@ -1,0 +1,362 @@
+#include "comm/communicator.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "collectives/registry.h"
+#include "core/log.h"
+#include "core/params.h"
+#include "core/tag.h"
+#include "transports/registry.h"
+
+namespace shoal {
+namespace {
+
+uint64_t hash64(std::string_view s) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+std::string shapeKey(const CollShape& s, const TunerChoice& c) {
+  return str(static_cast<int>(s.kind), ':', static_cast<int>(s.dtype), ':',
+             static_cast<int>(s.op), ':', s.count, ':', s.root, ':', s.peer, ':', s.divisor, ':',
+             c.algorithm->name, ':', c.params.channels, ':', c.params.segmentBytes);
+}
+
+constexpr size_t kPlanCacheLimit = 512;
+
+}  // namespace
+
+Communicator::Communicator(InitRequest request)
+    : rank_(request.rank),
+      nranks_(request.nranks),
+      options_(request.options),
+      request_(std::move(request)) {
+  commId_ = hash64(request_.scope);
+}
+
+Communicator::~Communicator() {
+  Engine::instance().retire(reinterpret_cast<uintptr_t>(this),
+                            error(Code::kAborted, "communicator destroyed"));
+}
+
+std::string Communicator::describe() const {
+  char id[20];
+  std::snprintf(id, sizeof(id), "%016llx", static_cast<unsigned long long>(commId_));
+  std::string host = rank_ < static_cast<int>(peers_.size()) ? peers_[rank_].hostname : "";
+  return str("comm ", id, " rank ", rank_, "/", nranks_, host.empty() ? "" : " (host " + host + ")");
+}
+
+Status Communicator::initialize() {
+  setLogRank(rank_);
+  Deadline deadline = Deadline::afterMs(params().initTimeoutMs);
+  bootstrap_ = std::make_unique<Bootstrap>(request_.store, request_.scope, rank_, nranks_);
+
+  PeerInfo self;
+  self.rank = rank_;
+  self.hostname = localHostname();
+  self.hostId = localHostId();
+  self.processId = localProcessId();
+  SHOAL_TRY(publishAddresses(self)) << describe();
+
+  std::string mine = str(nranks_, '\n', self.serialize());
+  SHOAL_ASSIGN_OR_RETURN(auto all, bootstrap_->allGather(mine, deadline))
+      << describe() << ": bootstrap through " << request_.store->describe();
+  peers_.resize(nranks_);
+  for (int r = 0; r < nranks_; ++r) {
+    std::string_view blob = all[r];
+    size_t nl = blob.find('\n');
+    if (nl == std::string_view::npos) return internalError(describe(), ": malformed peer info");
+    int theirSize = std::atoi(std::string(blob.substr(0, nl)).c_str());
+    if (theirSize != nranks_)
+      return invalidUsage(describe(), ": rank ", r, " was initialized with nranks=", theirSize,
+                          " but this rank with nranks=", nranks_);
+    SHOAL_ASSIGN_OR_RETURN(peers_[r], PeerInfo::deserialize(blob.substr(nl + 1)))
+        << describe() << ": peer info of rank " << r;
+    if (peers_[r].rank != r)
+      return invalidUsage(describe(), ": two processes claim rank ", peers_[r].rank);
+  }
+  topology_ = buildTopology(peers_);
+  rankView_.rank = rank_;
+  rankView_.nranks = nranks_;
+  rankView_.ring = topology_.ring;
+
+  TopologySummary summary;
+  summary.nranks = nranks_;
+  summary.nnodes = static_cast<int>(topology_.nodes.size());
+  summary.singleProcess = std::all_of(peers_.begin(), peers_.end(), [&](const PeerInfo& p) {
+    return p.processId == self.processId && p.hostId == self.hostId;
+  });
+  SHOAL_ASSIGN_OR_RETURN(tuner_, Tuner::create(summary, options_.minChannels, options_.maxChannels))
+      << describe();
+  SHOAL_INFO(subsys::kInit, describe(), " nodes ", topology_.nodes.size(), " - Init COMPLETE");
+  initState_.store(Code::kOk);
+  return Status::ok();
+}
+
+Result<std::shared_ptr<const PreparedPlan>> Communicator::planFor(const CollShape& shape) {
+  SHOAL_ASSIGN_OR_RETURN(TunerChoice choice, tuner_->choose(shape, rankView_));
+  std::string key = shapeKey(shape, choice);
+  auto it = planCache_.find(key);
+  if (it != planCache_.end()) return it->second;
+  auto plan = std::make_shared<Plan>(choice.algorithm->build(shape, rankView_, choice.params));
+  if (planCache_.size() >= kPlanCacheLimit) planCache_.clear();
+  auto prepared = preparePlan(plan);
+  planCache_.emplace(key, prepared);
+  return prepared;
+}
+
+Result<Connection*> Communicator::connectionTo(int peer, uint16_t channel) {
+  auto key = std::make_pair(peer, channel);
+  auto it = connections_.find(key);
+  if (it != connections_.end()) return it->second.get();
+  if (peer < 0 || peer >= nranks_) return internalError("plan names peer ", peer);
+  Transport* transport = nullptr;
+  if (peer == rank_) {
+    transport = findTransport("loopback");
+  } else {
+    SHOAL_ASSIGN_OR_RETURN(transport, selectTransport(peers_[rank_], peers_[peer]))
+        << describe();
+  }
+  ConnectionKey ckey{commId_, rank_, peer, channel};
+  ConnectOptions opts;
+  opts.self = &peers_[rank_];
+  opts.peer = &peers_[peer];
+  opts.secret = request_.secret;
+  opts.deadline = Deadline::afterMs(params().initTimeoutMs);
+  SHOAL_ASSIGN_OR_RETURN(auto conn, transport->connect(ckey, opts))
+      << describe() << ": connecting to rank " << peer << " (host " << peers_[peer].hostname
+      << ") over " << transport->name();
+  SHOAL_INFO(subsys::kInit | subsys::kNet, "Channel ",
+             channel == kP2pChannel ? std::string("p2p") : std::to_string(channel), " : ", rank_,
+             " -> ", peer, " via ", transport->name());
+  Connection* raw = conn.get();
+  connections_.emplace(key, std::move(conn));
+  return raw;
+}
+
+Status Communicator::ensureConnections(const Plan& plan,
+                                       std::vector<Connection*>& laneConnections) {
+  laneConnections.resize(plan.lanes.size());
+  for (size_t i = 0; i < plan.lanes.size(); ++i) {
+    SHOAL_ASSIGN_OR_RETURN(laneConnections[i],
+                           connectionTo(plan.lanes[i].peer, plan.lanes[i].channel));
+  }
+  return Status::ok();
+}
+
+uint64_t Communicator::tagFor(const CollShape& s) {
+  uint64_t seq;
+  if (s.kind == CollKind::kSend) seq = sendSeq_[s.peer]++;
+  else if (s.kind == CollKind::kRecv) seq = recvSeq_[s.peer]++;
+  else seq = collSeq_++;
+  return encodeTag(s.kind, s.dtype, s.count, static_cast<int>(s.op), s.root, seq);
+}
+
+Status Communicator::submit(std::vector<OpRequest> ops, bool wait) {
+  SHOAL_ASSIGN_OR_RETURN(JobPtr job, enqueue(std::move(ops), /*detached=*/!wait));
+  if (!job || !wait) return Status::ok();
+  return waitFor(*job);
+}
+
+Status Communicator::waitFor(const Job& job) {
+  Status st = Engine::instance().wait(job);
+  if (!st.isOk()) setAsyncError(st);
+  return st;
+}
+
+Result<JobPtr> Communicator::enqueue(std::vector<OpRequest> ops, bool detached) {
+  bool wait = !detached;
+  if (aborted()) return error(Code::kAborted, describe(), " was aborted");
+  if (Status e = asyncError(); !e.isOk())
+    return Status(e.code(), str(describe(), " is in an error state from an earlier operation: ",
+                                e.message()));
+  setLogRank(rank_);
+  // NCCL drops zero-count collectives; zero-byte Send/Recv still match.
+  std::erase_if(ops, [](const OpRequest& op) {
+    return op.shape.count == 0 && op.shape.kind != CollKind::kSend &&
+           op.shape.kind != CollKind::kRecv;
+  });
+  if (ops.empty()) return JobPtr();
+
+  std::vector<PlanPtr> plans;
+  std::shared_ptr<const PreparedPlan> prepared;
+  auto job = std::make_shared<Job>();
+  for (const OpRequest& op : ops) {
+    SHOAL_ASSIGN_OR_RETURN(prepared, planFor(op.shape))
+        << describe() << ": " << collKindName(op.shape.kind);
+    plans.push_back(prepared->plan);
+    job->opTags.push_back(tagFor(op.shape));
+    job->opScalars.push_back(op.scalar);
+  }
+  if (plans.size() > 1) prepared = preparePlan(std::make_shared<Plan>(mergePlans(plans)));
+  const Plan& plan = *prepared->plan;
+  SHOAL_TRY(ensureConnections(plan, job->laneConnections));
+
+  uint8_t* scratch = nullptr;
+  if (plan.scratchBytes > 0) {
+    if (wait) {
+      if (scratch_.size() < plan.scratchBytes) scratch_.resize(plan.scratchBytes);
+      scratch = scratch_.data();
+    } else {
+      auto owned = std::make_shared<std::vector<uint8_t>>(plan.scratchBytes);
+      scratch = owned->data();
+      detachedScratch_.push_back(owned);
+    }
+  }
+  job->buffers.resize(ops.size() * kBuffersPerOp);
+  for (size_t k = 0; k < ops.size(); ++k) {
+    job->buffers[k * kBuffersPerOp + kSendBuffer] =
+        const_cast<uint8_t*>(static_cast<const uint8_t*>(ops[k].sendbuff));
+    job->buffers[k * kBuffersPerOp + kRecvBuffer] = static_cast<uint8_t*>(ops[k].recvbuff);
+    uint64_t offset = k < plan.scratchOffsets.size() ? plan.scratchOffsets[k] : 0;
+    job->buffers[k * kBuffersPerOp + kScratchBuffer] = scratch ? scratch + offset : nullptr;
+  }
+  job->prepared = prepared;
+  job->queueId = reinterpret_cast<uintptr_t>(this);
+  job->abortFlag = &abortFlag_;
+  job->detached = !wait;
+  job->description = str(describe(), ": ", collKindName(ops[0].shape.kind),
+                         ops.size() > 1 ? str(" + ", ops.size() - 1, " more (group)") : "",
+                         " #", job->opTags[0] & 0xffffffffffffull, " (", plan.algorithm, ")");
+  SHOAL_TRACE(subsys::kColl, job->description, " count ", ops[0].shape.count);
+  Engine::instance().submit(job);
+  if (detached) {
+    std::lock_guard<std::mutex> lock(jobsMutex_);
+    inFlight_.push_back(job);
+  }
+  return job;
+}
+
+Status Communicator::waitIdle(Deadline deadline) {
+  std::vector<JobPtr> jobs;
+  {
+    std::lock_guard<std::mutex> lock(jobsMutex_);
+    jobs = inFlight_;
+  }
+  for (const auto& job : jobs) {
+    Status st = Engine::instance().wait(*job, deadline);
+    if (!st.isOk()) {
+      setAsyncError(st);
+      return st;
+    }
+  }
+  std::lock_guard<std::mutex> lock(jobsMutex_);
+  std::erase_if(inFlight_, [](const JobPtr& j) { return j->isDone(); });
+  if (inFlight_.empty()) detachedScratch_.clear();
+  return Status::ok();
+}
+
+Code Communicator::asyncState() {
+  Code init = initState_.load();
+  if (init != Code::kOk) return init;
+  if (Status e = asyncError(); !e.isOk()) return e.code();
+  std::lock_guard<std::mutex> lock(jobsMutex_);
+  if (inFlight_.empty()) return Code::kOk;
+  Engine::instance().poll();  // polling drives completion, as in NCCL
+  for (const auto& job : inFlight_)
+    if (job->isDone() && !job->status().isOk()) {
+      std::lock_guard<std::mutex> l(asyncMutex_);
+      if (asyncError_.isOk()) asyncError_ = job->status();
+    }
+  std::erase_if(inFlight_, [](const JobPtr& j) { return j->isDone(); });
+  if (inFlight_.empty()) detachedScratch_.clear();
+  if (Status e = asyncError(); !e.isOk()) return e.code();
+  return inFlight_.empty() ? Code::kOk : Code::kInProgress;
+}
+
+Status Communicator::asyncError() const {
+  std::lock_guard<std::mutex> lock(asyncMutex_);
+  return asyncError_;
+}
+
+void Communicator::setAsyncError(const Status& status) {
+  std::lock_guard<std::mutex> lock(asyncMutex_);
+  if (asyncError_.isOk()) asyncError_ = status;
+}
+
+void Communicator::abort() {
+  abortFlag_.store(true);
+  Engine::instance().retire(reinterpret_cast<uintptr_t>(this),
+                            error(Code::kAborted, describe(), " was aborted"));
+}
+
+Status Communicator::finalize() {
+  Deadline deadline = Deadline::never();  // each job has its own no-progress deadline
+  return waitIdle(deadline);
+}
+
+Result<std::shared_ptr<Communicator>> Communicator::split(int color, int key,
+                                                          const CommOptions& options) {
+  Deadline deadline = Deadline::afterMs(params().initTimeoutMs);
+  static_assert(sizeof(int) == 4);
+  SHOAL_ASSIGN_OR_RETURN(auto all, bootstrap_->allGather(str(color, ' ', key), deadline))
+      << describe() << ": split";
+  uint64_t splitIndex = collSeq_++;  // every parent rank splits in the same order
+  if (color < 0) return std::shared_ptr<Communicator>();
+  std::vector<std::pair<int, int>> members;  // (key, parent rank)
+  for (int r = 0; r < nranks_; ++r) {
+    int c = 0, k = 0;
+    if (std::sscanf(all[r].c_str(), "%d %d", &c, &k) != 2)
+      return internalError("malformed split record from rank ", r);
+    if (c == color) members.emplace_back(k, r);
+  }
+  std::sort(members.begin(), members.end());
+  int newRank = static_cast<int>(
+      std::find(members.begin(), members.end(), std::make_pair(key, rank_)) - members.begin());
+  InitRequest req;
+  req.store = request_.store;
+  req.scope = str(request_.scope, "/split", splitIndex, "/color", color);
+  req.secret = request_.secret;
+  req.rank = newRank;
+  req.nranks = static_cast<int>(members.size());
+  req.options = options;
+  auto child = std::make_shared<Communicator>(std::move(req));
+  SHOAL_TRY(child->initialize()) << describe() << ": split color " << color;
+  return child;
+}
+
+int Communicator::createRedOp(const CustomRedOp& op) {
+  std::lock_guard<std::mutex> lock(redOpMutex_);
+  for (size_t i = 0; i < redOps_.size(); ++i)
+    if (!redOpLive_[i]) {
+      redOps_[i] = op;
+      redOpLive_[i] = true;
+      return 5 + static_cast<int>(i);
+    }
+  redOps_.push_back(op);
+  redOpLive_.push_back(true);
+  return 5 + static_cast<int>(redOps_.size() - 1);
+}
+
+Result<CustomRedOp> Communicator::findRedOp(int id) const {
+  std::lock_guard<std::mutex> lock(redOpMutex_);
+  size_t i = static_cast<size_t>(id - 5);
+  if (id < 5 || i >= redOps_.size() || !redOpLive_[i])
+    return invalidArgument("reduction operator ", id, " was not created on this communicator");
+  return redOps_[i];
+}
+
+Status Communicator::destroyRedOp(int id) {
+  std::lock_guard<std::mutex> lock(redOpMutex_);
+  size_t i = static_cast<size_t>(id - 5);
+  if (id < 5 || i >= redOps_.size() || !redOpLive_[i])
+    return invalidArgument("ncclRedOpDestroy: operator ", id,
+                           " is not a live user-created operator of this communicator");
+  redOpLive_[i] = false;
+  return Status::ok();
+}
+
+std::string Communicator::dumpState() const {
+  std::string out = describe() + "\n";
+  out += str("  collectives issued: ", collSeq_, "\n  connections: ", connections_.size(), "\n");
+  for (const auto& [key, conn] : connections_)
+    out += str("    ", conn->peerDescription(), " channel ", key.second, ": ", conn->pending(),
+               " pending\n");
+  Status e = asyncError();
+  out += str("  async error: ", e.isOk() ? std::string("none") : e.toString(), "\n");
+  return out;
+}
+
+}  // namespace shoal

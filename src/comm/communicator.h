@@ -1,0 +1,170 @@
+// Communicator: the glue behind ncclComm_t (DESIGN.md §2).
+//
+// Role: knows its rank, size, peers and topology; owns its Connections (made
+// lazily, the first time a plan needs a lane), its plan cache and its scratch
+// memory; turns user operations into Jobs for the Engine. The API layer
+// (src/api) validates arguments, then calls one method here.
+//
+// Threading: NCCL's rule holds: one thread uses a communicator at a time
+// (submit, split, finalize, destroy). asyncState() and asyncError() may be read
+// from any thread at any time (PyTorch's watchdog does). abort() may be called
+// from any thread. Connections are touched by the engine only while a job of
+// this communicator runs; connection set-up happens in the using thread before
+// the job is submitted, when no job of ours can be running on them.
+//
+// Lifetime: shared_ptr; the API handle holds one reference, jobs in flight hold
+// none (retire() removes them before the connections die).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "bootstrap/bootstrap.h"
+#include "collectives/plan.h"
+#include "core/status.h"
+#include "core/types.h"
+#include "engine/engine.h"
+#include "topology/topology.h"
+#include "transports/transport.h"
+#include "tuner/tuner.h"
+
+namespace shoal {
+
+// The parsed ncclConfig_t fields Shoal uses (src/api converts, honouring
+// NCCL's version rules), kept whole so that split can inherit them.
+struct CommOptions {
+  bool blocking = true;
+  int minChannels = 0;  // 0: tuner's choice
+  int maxChannels = 0;
+  int splitShare = 0;
+  std::string netName;
+  std::string commName;
+};
+
+struct InitRequest {
+  std::shared_ptr<Store> store;
+  std::string scope;      // namespace of this communicator's keys in the store
+  std::string secret;     // authenticates connections between its ranks
+  int rank = 0;
+  int nranks = 1;
+  CommOptions options;
+};
+
+// One user operation, validated, as the API layer hands it over.
+struct OpRequest {
+  CollShape shape;
+  const void* sendbuff = nullptr;
+  void* recvbuff = nullptr;
+  OpScalar scalar;        // PreMulSum / float ncclAvg
+};
+
+// A user-created reduction operator (ncclRedOpCreatePreMulSum).
+struct CustomRedOp {
+  DataType dtype;
+  OpScalar scalar;
+};
+
+class Communicator : public std::enable_shared_from_this<Communicator> {
+ public:
+  explicit Communicator(InitRequest request);
+  ~Communicator();
+
+  // Bootstrap: every rank checks in, peers and topology are known, the tuner is
+  // ready. Blocking; for nonblocking communicators the API layer runs it on a
+  // thread while asyncState() reads kInProgress.
+  Status initialize();
+
+  int rank() const { return rank_; }
+  int nranks() const { return nranks_; }
+  const CommOptions& options() const { return options_; }
+  const Topology& topology() const { return topology_; }
+  const std::vector<PeerInfo>& peers() const { return peers_; }
+  uint64_t commId() const { return commId_; }
+  std::string describe() const;  // "comm 3f2a.. rank 1/4 (host a)"
+
+  // Submits the operations as one job (a group) and, if `wait`, pumps the
+  // engine until it completes. A failure becomes the async error too.
+  Status submit(std::vector<OpRequest> ops, bool wait);
+  // Submits without waiting. A non-detached job must then be waited for with
+  // waitFor() by the caller (a group waits for all its communicators' jobs);
+  // a detached one is pumped by the progress thread and tracked in asyncState().
+  // Returns null when there is nothing to do (zero-count collectives).
+  Result<JobPtr> enqueue(std::vector<OpRequest> ops, bool detached);
+  Status waitFor(const Job& job);
+  // Pumps until every submitted job of ours has finished.
+  Status waitIdle(Deadline deadline);
+
+  // ncclCommSplit: collective over this communicator. `color` < 0 means no
+  // communicator for this rank (returns null). Blocking.
+  Result<std::shared_ptr<Communicator>> split(int color, int key, const CommOptions& options);
+
+  // Asynchronous state as ncclCommGetAsyncError reports it: kInProgress while
+  // init or submitted nonblocking work runs, kOk, or the first error.
+  Code asyncState();
+  Status asyncError() const;
+  void setAsyncError(const Status& status);
+  void setInitState(Code code) { initState_.store(code); }
+
+  // Stops everything now: pending and later operations fail. Safe at any point,
+  // from any thread.
+  void abort();
+  bool aborted() const { return abortFlag_.load(); }
+  // Flushes outstanding work (ncclCommFinalize).
+  Status finalize();
+
+  // ncclRedOpCreatePreMulSum / ncclRedOpDestroy: ids count from ncclNumOps (5).
+  int createRedOp(const CustomRedOp& op);
+  Result<CustomRedOp> findRedOp(int id) const;
+  Status destroyRedOp(int id);
+
+  // The tuner's estimate for one operation, in microseconds.
+  Result<double> estimateUs(const CollShape& shape) const;
+
+  // Diagnostics (shoalCommDumpState).
+  std::string dumpState() const;
+
+ private:
+  Result<std::shared_ptr<const PreparedPlan>> planFor(const CollShape& shape);
+  Status ensureConnections(const Plan& plan, std::vector<Connection*>& laneConnections);
+  Result<Connection*> connectionTo(int peer, uint16_t channel);
+  uint64_t tagFor(const CollShape& shape);
+
+  const int rank_;
+  const int nranks_;
+  CommOptions options_;
+  InitRequest request_;
+  std::unique_ptr<Bootstrap> bootstrap_;
+  std::vector<PeerInfo> peers_;
+  Topology topology_;
+  RankView rankView_;
+  std::unique_ptr<Tuner> tuner_;
+  uint64_t commId_ = 0;
+
+  std::map<std::pair<int, uint16_t>, std::unique_ptr<Connection>> connections_;
+  std::unordered_map<std::string, std::shared_ptr<const PreparedPlan>> planCache_;
+  std::vector<uint8_t> scratch_;        // waited jobs run one at a time: one arena
+
+  uint64_t collSeq_ = 0;
+  std::unordered_map<int, uint64_t> sendSeq_, recvSeq_;
+  std::vector<JobPtr> inFlight_;        // submitted, maybe not done
+  std::vector<std::shared_ptr<std::vector<uint8_t>>> detachedScratch_;
+
+  std::vector<CustomRedOp> redOps_;
+  std::vector<bool> redOpLive_;
+  mutable std::mutex redOpMutex_;
+
+  std::atomic<bool> abortFlag_{false};
+  std::atomic<Code> initState_{Code::kInProgress};
+  mutable std::mutex asyncMutex_;
+  Status asyncError_;
+  std::mutex jobsMutex_;
+};
+
+}  // namespace shoal

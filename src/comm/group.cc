@@ -1,0 +1,101 @@
+#include "comm/group.h"
+
+#include <thread>
+#include <vector>
+
+#include "core/log.h"
+
+namespace shoal::group {
+namespace {
+
+struct CommOps {
+  std::shared_ptr<Communicator> comm;
+  std::vector<OpRequest> ops;
+};
+
+struct GroupState {
+  int depth = 0;
+  std::vector<CommOps> comms;  // in order of first use
+  std::vector<std::function<Status()>> inits;
+};
+
+thread_local GroupState tGroup;
+
+Status runInits(std::vector<std::function<Status()>>& inits) {
+  if (inits.size() == 1) return inits[0]();
+  std::vector<Status> results(inits.size());
+  std::vector<std::thread> threads;
+  threads.reserve(inits.size());
+  for (size_t i = 0; i < inits.size(); ++i)
+    threads.emplace_back([&, i] { results[i] = inits[i](); });
+  for (auto& t : threads) t.join();
+  for (auto& s : results)
+    if (!s.isOk()) return s;
+  return Status::ok();
+}
+
+}  // namespace
+
+bool active() { return tGroup.depth > 0; }
+int depth() { return tGroup.depth; }
+void start() { ++tGroup.depth; }
+
+void addOp(std::shared_ptr<Communicator> comm, OpRequest op) {
+  for (auto& c : tGroup.comms)
+    if (c.comm == comm) {
+      c.ops.push_back(std::move(op));
+      return;
+    }
+  tGroup.comms.push_back({std::move(comm), {std::move(op)}});
+}
+
+void addInit(std::function<Status()> init) { tGroup.inits.push_back(std::move(init)); }
+
+Status end() {
+  if (tGroup.depth == 0) return invalidUsage("ncclGroupEnd: not in a group call (no matching ncclGroupStart)");
+  if (--tGroup.depth > 0) return Status::ok();
+  GroupState work = std::move(tGroup);
+  tGroup = GroupState{};
+
+  Status result;
+  if (!work.inits.empty()) result = runInits(work.inits);
+  if (!result.isOk()) return result;
+
+  // Submit every communicator's job first, then wait for all: the jobs of
+  // different communicators progress together in the engine.
+  std::vector<std::pair<std::shared_ptr<Communicator>, JobPtr>> waiting;
+  bool inProgress = false;
+  for (auto& c : work.comms) {
+    bool detached = !c.comm->options().blocking;
+    auto job = c.comm->enqueue(std::move(c.ops), detached);
+    if (!job.isOk()) {
+      if (result.isOk()) result = job.takeStatus();
+      continue;
+    }
+    if (!job.value()) continue;
+    if (detached) inProgress = true;
+    else waiting.emplace_back(c.comm, job.value());
+  }
+  for (auto& [comm, job] : waiting) {
+    Status st = comm->waitFor(*job);
+    if (!st.isOk() && result.isOk()) result = st;
+  }
+  if (result.isOk() && inProgress) return Status(Code::kInProgress, "");
+  return result;
+}
+
+Result<float> simulateEnd() {
+  if (tGroup.depth == 0) return invalidUsage("ncclGroupSimulateEnd: not in a group call");
+  if (--tGroup.depth > 0) return 0.0f;
+  GroupState work = std::move(tGroup);
+  tGroup = GroupState{};
+  float total = 0;
+  for (auto& c : work.comms)
+    for (auto& op : c.ops) {
+      auto est = c.comm->estimateUs(op.shape);
+      if (est.isOk()) total += static_cast<float>(est.value());
+    }
+  return total;
+}
+
+}  // namespace shoal::group

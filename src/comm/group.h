@@ -1,0 +1,35 @@
+// Group: NCCL's ncclGroupStart/ncclGroupEnd semantics (reference nccl-compat §5.1).
+//
+// Role: a thread-local builder. Inside a group, operations are recorded per
+// communicator and deferred inits are recorded; the outermost end runs the
+// inits (concurrently, so one thread can init every rank of a communicator),
+// then submits one job per communicator (its operations merged into one plan)
+// and waits for all of them, pumping the engine — so one thread can drive
+// several communicators, as ncclCommInitAll users do.
+// Thread-safety: all state is thread-local; nothing is shared.
+#pragma once
+
+#include <functional>
+#include <memory>
+
+#include "comm/communicator.h"
+#include "core/status.h"
+
+namespace shoal::group {
+
+bool active();
+int depth();
+void start();
+// Closes one level; the outermost runs everything recorded. Returns
+// kInProgress when nonblocking communicators still work in the background.
+Status end();
+// Like end() but runs nothing: discards the operations and returns the
+// tuner's time estimate in microseconds (ncclGroupSimulateEnd).
+Result<float> simulateEnd();
+
+// Records an operation inside the current group.
+void addOp(std::shared_ptr<Communicator> comm, OpRequest op);
+// Records an init to run at the outermost end.
+void addInit(std::function<Status()> init);
+
+}  // namespace shoal::group

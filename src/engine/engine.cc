@@ -1,0 +1,326 @@
+#include "engine/engine.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/log.h"
+#include "core/params.h"
+#include "reduce/reduce.h"
+
+namespace shoal {
+
+std::shared_ptr<const PreparedPlan> preparePlan(PlanPtr plan) {
+  auto prepared = std::make_shared<PreparedPlan>();
+  const auto& steps = plan->steps;
+  size_t n = steps.size();
+  prepared->initialUnmet.resize(n);
+  std::vector<uint32_t> counts(n + 1, 0);
+  for (size_t i = 0; i < n; ++i) {
+    const Step& s = steps[i];
+    prepared->initialUnmet[i] = s.depCount;
+    if (s.depCount == 0) prepared->roots.push_back(static_cast<uint32_t>(i));
+    for (uint32_t d = 0; d < s.depCount; ++d) counts[plan->deps[s.depBegin + d] + 1]++;
+    if (s.kind == StepKind::kSend || s.kind == StepKind::kRecv) prepared->commSteps++;
+  }
+  for (size_t i = 0; i < n; ++i) counts[i + 1] += counts[i];
+  prepared->dependentsBegin = counts;
+  prepared->dependents.resize(counts[n]);
+  std::vector<uint32_t> fill(counts.begin(), counts.end() - 1);
+  for (size_t i = 0; i < n; ++i) {
+    const Step& s = steps[i];
+    for (uint32_t d = 0; d < s.depCount; ++d) {
+      uint32_t dep = plan->deps[s.depBegin + d];
+      prepared->dependents[fill[dep]++] = static_cast<uint32_t>(i);
+    }
+  }
+  prepared->plan = std::move(plan);
+  return prepared;
+}
+
+void Job::finish(Status status) {
+  status_ = std::move(status);
+  state_.store(status_.isOk() ? kSucceeded : kFailed, std::memory_order_release);
+}
+
+Engine& Engine::instance() {
+  static Engine* engine = new Engine();  // lives for the process: jobs may outlive statics
+  return *engine;
+}
+
+Engine::~Engine() {
+  {
+    std::lock_guard<std::mutex> lock(submitMutex_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  if (progressThread_.joinable()) progressThread_.join();
+}
+
+void Engine::submit(JobPtr job) {
+  jobCount_.fetch_add(1, std::memory_order_relaxed);
+  bool detached = job->detached;
+  {
+    std::lock_guard<std::mutex> lock(submitMutex_);
+    incoming_.push_back(std::move(job));
+    if (detached) detachedCount_.fetch_add(1, std::memory_order_relaxed);
+  }
+  if (detached) {
+    ensureProgressThread();
+    wake_.notify_one();
+  }
+}
+
+Status Engine::wait(const Job& job, Deadline deadline) {
+  Backoff backoff;
+  while (!job.isDone()) {
+    if (deadline.expired())
+      return error(Code::kTimeout, job.description, ": still running at the caller's deadline");
+    if (poll()) backoff.reset();
+    else backoff.pause();
+  }
+  return job.status();
+}
+
+bool Engine::poll() {
+  std::unique_lock<std::mutex> lock(pumpMutex_, std::try_to_lock);
+  if (!lock.owns_lock()) return false;
+  return pumpLocked();
+}
+
+void Engine::drainIncoming() {
+  std::lock_guard<std::mutex> lock(submitMutex_);
+  for (auto& job : incoming_) jobs_.push_back(std::move(job));
+  incoming_.clear();
+}
+
+bool Engine::pumpLocked() {
+  drainIncoming();
+  bool progressed = false;
+  // Queues with a job still running in this pass; later jobs of them wait.
+  std::vector<uint64_t> busyQueues;
+  for (auto& jobPtr : jobs_) {
+    Job& job = *jobPtr;
+    if (job.isDone()) continue;
+    if (std::find(busyQueues.begin(), busyQueues.end(), job.queueId) != busyQueues.end()) continue;
+    if (!job.started_) {
+      startJob(job);
+      progressed = true;
+    }
+    if (!job.isDone()) progressed |= progressJob(job);
+    if (!job.isDone()) busyQueues.push_back(job.queueId);
+  }
+  size_t before = jobs_.size();
+  size_t detachedDone = 0;
+  std::erase_if(jobs_, [&](const JobPtr& j) {
+    if (!j->isDone()) return false;
+    if (j->detached) ++detachedDone;
+    return true;
+  });
+  if (size_t removed = before - jobs_.size()) {
+    jobCount_.fetch_sub(removed, std::memory_order_relaxed);
+    detachedCount_.fetch_sub(detachedDone, std::memory_order_relaxed);
+  }
+  return progressed;
+}
+
+void Engine::startJob(Job& job) {
+  job.started_ = true;
+  const Plan& plan = *job.prepared->plan;
+  size_t n = plan.steps.size();
+  for (size_t k = 0; k < job.opScalars.size(); ++k) {
+    OpScalar& scalar = job.opScalars[k];
+    if (scalar.deviceScalar)
+      std::memcpy(scalar.bytes.data(), scalar.deviceScalar, dataTypeSize(plan.shapes[k].dtype));
+  }
+  job.unmet_ = job.prepared->initialUnmet;
+  job.stepState_.assign(n, Job::kWaiting);
+  job.laneCursor_.assign(plan.lanes.size(), 0);
+  job.ready_ = job.prepared->roots;
+  job.connections_.clear();
+  for (Connection* c : job.laneConnections)
+    if (std::find(job.connections_.begin(), job.connections_.end(), c) == job.connections_.end())
+      job.connections_.push_back(c);
+  job.remaining_ = n;
+  job.lastProgressNs_ = nowNs();
+  if (n == 0) job.finish(Status::ok());
+}
+
+void Engine::completeStep(Job& job, uint32_t index) {
+  job.stepState_[index] = Job::kDone;
+  --job.remaining_;
+  const PreparedPlan& p = *job.prepared;
+  for (uint32_t k = p.dependentsBegin[index]; k < p.dependentsBegin[index + 1]; ++k) {
+    uint32_t d = p.dependents[k];
+    if (--job.unmet_[d] == 0) job.ready_.push_back(d);
+  }
+}
+
+Status Engine::runComputeStep(Job& job, uint32_t index) {
+  const Plan& plan = *job.prepared->plan;
+  const Step& s = plan.steps[index];
+  const CollShape& shape = plan.shapes[s.op];
+  auto at = [&](const Slice& slice) { return job.buffers[slice.buffer] + slice.offset; };
+  size_t count = s.bytes / dataTypeSize(shape.dtype);
+  bool scaled = (s.flags & kScaleSrc) && shape.op == ReduceOp::kPreMulSum;
+  const void* scalar = job.opScalars.empty() ? nullptr : job.opScalars[s.op].bytes.data();
+  switch (s.kind) {
+    case StepKind::kReduce: {
+      ReduceOp op = shape.op == ReduceOp::kPreMulSum && !scaled ? ReduceOp::kSum : shape.op;
+      reduce::combine(op, shape.dtype, at(s.dst), at(s.src), at(s.src2), count, scalar);
+      break;
+    }
+    case StepKind::kCopy:
+      if (scaled) reduce::scale(shape.dtype, at(s.dst), at(s.src), count, scalar);
+      else if (at(s.dst) != at(s.src) && s.bytes > 0) std::memmove(at(s.dst), at(s.src), s.bytes);
+      break;
+    case StepKind::kDivide:
+      reduce::divide(shape.dtype, at(s.dst), at(s.src), count, shape.divisor);
+      break;
+    default:
+      return internalError("step ", index, " is not a compute step");
+  }
+  return Status::ok();
+}
+
+Status Engine::postLaneSteps(Job& job, int32_t lane) {
+  const Plan& plan = *job.prepared->plan;
+  const Lane& l = plan.lanes[lane];
+  uint32_t& cursor = job.laneCursor_[lane];
+  Connection* conn = job.laneConnections[lane];
+  while (cursor < l.steps.size()) {
+    uint32_t index = l.steps[cursor];
+    if (job.stepState_[index] != Job::kReady) break;
+    const Step& s = plan.steps[index];
+    uint8_t* base = job.buffers[s.kind == StepKind::kSend ? s.src.buffer : s.dst.buffer];
+    uint64_t tag = job.opTags[s.op];
+    Status st = s.kind == StepKind::kSend
+                    ? conn->postSend(base + s.src.offset, s.bytes, tag, index)
+                    : conn->postRecv(base + s.dst.offset, s.bytes, tag, index);
+    if (st.code() == Code::kAgain) break;
+    SHOAL_TRY(st) << stepKindName(s.kind) << " step " << index << " to "
+                  << conn->peerDescription();
+    job.stepState_[index] = Job::kPosted;
+    ++cursor;
+  }
+  return Status::ok();
+}
+
+void Engine::runReady(Job& job) {
+  const Plan& plan = *job.prepared->plan;
+  while (!job.ready_.empty() && !job.isDone()) {
+    uint32_t index = job.ready_.back();
+    job.ready_.pop_back();
+    const Step& s = plan.steps[index];
+    if (s.kind == StepKind::kSend || s.kind == StepKind::kRecv) {
+      job.stepState_[index] = Job::kReady;
+      Status st = postLaneSteps(job, s.lane);
+      if (!st.isOk()) return failJob(job, std::move(st));
+    } else {
+      Status st = runComputeStep(job, index);
+      if (!st.isOk()) return failJob(job, std::move(st));
+      completeStep(job, index);
+    }
+  }
+}
+
+bool Engine::progressJob(Job& job) {
+  if (job.abortFlag && job.abortFlag->load(std::memory_order_relaxed)) {
+    failJob(job, error(Code::kAborted, "the communicator was aborted"));
+    return true;
+  }
+  bool progressed = false;
+  runReady(job);
+  for (Connection* conn : job.connections_) {
+    if (job.isDone()) return true;
+    job.completions_.clear();
+    bool moved = false;
+    Status st = conn->poll(job.completions_, moved);
+    if (!st.isOk()) {
+      failJob(job, std::move(st));
+      return true;
+    }
+    for (const Completion& c : job.completions_) completeStep(job, static_cast<uint32_t>(c.token));
+    progressed |= moved || !job.completions_.empty();
+  }
+  if (!job.ready_.empty()) {
+    progressed = true;
+    runReady(job);
+  }
+  if (job.isDone()) return true;
+  if (job.remaining_ == 0) {
+    job.finish(Status::ok());
+    return true;
+  }
+  int64_t now = nowNs();
+  if (progressed) {
+    job.lastProgressNs_ = now;
+  } else {
+    int64_t limitMs = params().progressTimeoutMs;
+    if (limitMs > 0 && now - job.lastProgressNs_ > limitMs * 1000000) failJob(job, timeoutStatus(job));
+  }
+  return progressed;
+}
+
+Status Engine::timeoutStatus(const Job& job) const {
+  const Plan& plan = *job.prepared->plan;
+  std::vector<std::string> peers;
+  for (size_t lane = 0; lane < plan.lanes.size(); ++lane) {
+    for (uint32_t index : plan.lanes[lane].steps) {
+      if (job.stepState_[index] != Job::kPosted) continue;
+      const Step& s = plan.steps[index];
+      std::string what = str(s.kind == StepKind::kSend ? "send to " : "receive from ",
+                             job.laneConnections[lane]->peerDescription());
+      if (std::find(peers.begin(), peers.end(), what) == peers.end()) peers.push_back(what);
+      break;
+    }
+  }
+  std::string list;
+  for (const auto& p : peers) list += (list.empty() ? "" : "; ") + p;
+  return error(Code::kTimeout, "no progress for ", params().progressTimeoutMs,
+               " ms (SHOAL_PROGRESS_TIMEOUT_MS) waiting on: ",
+               list.empty() ? std::string("nothing posted") : list);
+}
+
+void Engine::failJob(Job& job, Status status) {
+  if (job.isDone()) return;
+  status.withContext(job.description);
+  SHOAL_WARN(status.message());
+  job.finish(std::move(status));
+}
+
+void Engine::retire(uint64_t queueId, const Status& reason) {
+  std::lock_guard<std::mutex> lock(pumpMutex_);
+  drainIncoming();
+  size_t before = jobs_.size();
+  size_t detachedDone = 0;
+  std::erase_if(jobs_, [&](const JobPtr& j) {
+    if (j->queueId != queueId) return false;
+    if (!j->isDone()) j->finish(reason);
+    if (j->detached) ++detachedDone;
+    return true;
+  });
+  jobCount_.fetch_sub(before - jobs_.size(), std::memory_order_relaxed);
+  detachedCount_.fetch_sub(detachedDone, std::memory_order_relaxed);
+}
+
+void Engine::ensureProgressThread() {
+  std::lock_guard<std::mutex> lock(submitMutex_);
+  if (progressThread_.joinable() || stopping_) return;
+  progressThread_ = std::thread([this] { progressThreadMain(); });
+  progressThread_.detach();  // the engine lives for the process
+}
+
+void Engine::progressThreadMain() {
+  Backoff backoff;
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(submitMutex_);
+      wake_.wait(lock, [&] { return stopping_ || detachedCount_.load() > 0; });
+      if (stopping_) return;
+    }
+    if (poll()) backoff.reset();
+    else backoff.pause();
+  }
+}
+
+}  // namespace shoal

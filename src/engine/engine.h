@@ -1,0 +1,144 @@
+// Engine: the one executor of Plans over Connections (DESIGN.md §2, §5).
+//
+// Role: posts ready Send/Recv steps to their lane's Connection in lane order,
+// runs Reduce/Copy/Divide steps on the CPU, polls Connections, releases
+// dependent steps and completes Jobs. poll() is the only pump.
+//
+// Threading: one Engine per process (instance()). Any thread may submit();
+// whoever pumps holds pumpMutex_, so the data path (jobs, connections) needs no
+// other lock. A caller that waits for its job pumps the engine itself (wait());
+// the progress thread pumps only while detached jobs (nobody waits on them)
+// exist, and sleeps otherwise. Lock order: pumpMutex_ before submitMutex_.
+//
+// Ordering: jobs with the same queue (one communicator) run one at a time in
+// submission order, like operations on one stream; different queues run
+// concurrently. A job's connections therefore see one plan at a time.
+//
+// Liveness: a job whose connections move no byte for params().progressTimeoutMs
+// fails with kTimeout naming the peers it waits on; a job whose abort flag is
+// set fails with kAborted at the next poll.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "collectives/plan.h"
+#include "core/clock.h"
+#include "core/status.h"
+#include "transports/transport.h"
+
+namespace shoal {
+
+// Per-plan data the engine derives once and caches next to the plan.
+struct PreparedPlan {
+  PlanPtr plan;
+  std::vector<uint32_t> dependentsBegin;  // CSR: dependents of step i are
+  std::vector<uint32_t> dependents;       //   dependents[dependentsBegin[i] .. [i+1])
+  std::vector<uint32_t> initialUnmet;     // dependency count per step
+  std::vector<uint32_t> roots;            // steps with no dependencies
+  size_t commSteps = 0;                   // Send + Recv steps
+};
+std::shared_ptr<const PreparedPlan> preparePlan(PlanPtr plan);
+
+// What an operation's Reduce steps need besides the plan: the PreMulSum scalar.
+struct OpScalar {
+  std::array<uint8_t, 16> bytes{};  // one element of the op's dtype (host immediate)
+  const void* deviceScalar = nullptr;  // read when the job starts (ncclScalarDevice)
+};
+
+class Job {
+ public:
+  // Filled by the submitter.
+  std::shared_ptr<const PreparedPlan> prepared;
+  std::vector<uint8_t*> buffers;            // per plan buffer index (3 per op)
+  std::vector<Connection*> laneConnections; // per plan lane
+  std::vector<uint64_t> opTags;             // per op: tag carried by its messages
+  std::vector<OpScalar> opScalars;          // per op
+  uint64_t queueId = 0;                     // jobs of one queue run in order
+  const std::atomic<bool>* abortFlag = nullptr;
+  std::string description;                  // "AllReduce #12 on comm 3f2a (rank 0 of 4)"
+  bool detached = false;                    // nobody waits: the progress thread pumps
+
+  // Completion, readable from any thread.
+  bool isDone() const { return state_.load(std::memory_order_acquire) != kRunning; }
+  // Valid once isDone().
+  const Status& status() const { return status_; }
+
+ private:
+  friend class Engine;
+  static constexpr int kRunning = 0, kSucceeded = 1, kFailed = 2;
+  void finish(Status status);
+
+  std::atomic<int> state_{kRunning};
+  Status status_;
+  // Engine-private execution state.
+  bool started_ = false;
+  enum StepState : uint8_t { kWaiting, kReady, kPosted, kDone };
+  std::vector<uint32_t> unmet_;
+  std::vector<uint8_t> stepState_;
+  std::vector<uint32_t> laneCursor_;
+  std::vector<uint32_t> ready_;     // compute steps and newly ready comm steps
+  std::vector<Connection*> connections_;  // distinct
+  std::vector<Completion> completions_;
+  size_t remaining_ = 0;
+  int64_t lastProgressNs_ = 0;
+};
+
+using JobPtr = std::shared_ptr<Job>;
+
+class Engine {
+ public:
+  static Engine& instance();
+
+  // Queues a job; it starts when earlier jobs of its queue are done.
+  void submit(JobPtr job);
+  // Pumps the engine until the job is done (or the deadline passes: the job
+  // keeps running and kTimeout is returned).
+  Status wait(const Job& job, Deadline deadline = Deadline::never());
+  // One pass over every running job, unless another thread is pumping right
+  // now. Returns true if anything progressed.
+  bool poll();
+  // Fails and removes every job of the queue (communicator abort/destroy). On
+  // return the engine holds no pointer into that queue's connections.
+  void retire(uint64_t queueId, const Status& reason);
+  // Jobs submitted and not done.
+  size_t activeJobs() const { return jobCount_.load(std::memory_order_relaxed); }
+
+  ~Engine();
+
+ private:
+  Engine() = default;
+  bool pumpLocked();
+  bool progressJob(Job& job);
+  void runReady(Job& job);
+  void startJob(Job& job);
+  Status runComputeStep(Job& job, uint32_t index);
+  Status postLaneSteps(Job& job, int32_t lane);
+  void completeStep(Job& job, uint32_t index);
+  void failJob(Job& job, Status status);
+  Status timeoutStatus(const Job& job) const;
+  void drainIncoming();
+  void progressThreadMain();
+  void ensureProgressThread();
+
+  std::mutex pumpMutex_;
+  std::mutex submitMutex_;
+  std::vector<JobPtr> incoming_;      // guarded by submitMutex_
+  std::deque<JobPtr> jobs_;           // guarded by pumpMutex_: running and queued
+  std::atomic<size_t> jobCount_{0};
+  std::atomic<size_t> detachedCount_{0};
+
+  std::thread progressThread_;
+  std::condition_variable wake_;      // with submitMutex_
+  bool stopping_ = false;             // guarded by submitMutex_
+};
+
+}  // namespace shoal

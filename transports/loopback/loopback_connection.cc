@@ -1,0 +1,106 @@
+#include "transports/loopback/loopback_connection.h"
+
+#include <atomic>
+#include <cstring>
+
+#include "core/tag.h"
+
+namespace shoal {
+namespace {
+std::atomic<int64_t> gMessagesPosted{0};
+}
+
+LoopbackPipe::LoopbackPipe(const LoopbackFaults& f) : faults(f), stallRng(f.reorderSeed) {}
+
+LoopbackConnection::LoopbackConnection(std::shared_ptr<LoopbackPipe> pipe, int side, int sendDir,
+                                       int recvDir, std::string peerDescription)
+    : pipe_(std::move(pipe)),
+      side_(side),
+      sendDir_(sendDir),
+      recvDir_(recvDir),
+      peerDescription_(std::move(peerDescription)) {}
+
+LoopbackConnection::~LoopbackConnection() {
+  std::lock_guard<std::mutex> lock(pipe_->mutex);
+  pipe_->closed[side_] = true;
+  // Our queued sends point into buffers that may die with us: drop them.
+  pipe_->directions[sendDir_].sends.clear();
+  pipe_->directions[recvDir_].recvs.clear();
+}
+
+Status LoopbackConnection::postSend(const void* data, uint64_t bytes, uint64_t tag,
+                                    uint64_t token) {
+  std::lock_guard<std::mutex> lock(pipe_->mutex);
+  if (!pipe_->failure.isOk()) return pipe_->failure;
+  const LoopbackFaults& f = pipe_->faults;
+  int64_t n = gMessagesPosted.fetch_add(1) + 1;
+  if (f.failNth > 0 && n == f.failNth) {
+    pipe_->failure = remoteError(peerDescription_, ": injected failure at message ", n);
+    return pipe_->failure;
+  }
+  int64_t readyAt = f.delayUs > 0 ? nowNs() + f.delayUs * 1000 : 0;
+  bool blackhole = f.blackholeNth > 0 && n == f.blackholeNth;
+  pipe_->directions[sendDir_].sends.push_back({data, bytes, tag, token, readyAt, blackhole});
+  ++pending_;
+  return Status::ok();
+}
+
+Status LoopbackConnection::postRecv(void* data, uint64_t bytes, uint64_t tag, uint64_t token) {
+  std::lock_guard<std::mutex> lock(pipe_->mutex);
+  if (!pipe_->failure.isOk()) return pipe_->failure;
+  pipe_->directions[recvDir_].recvs.push_back({data, bytes, tag, token});
+  ++pending_;
+  return Status::ok();
+}
+
+// Matches queued sends with posted receives of one direction, in order.
+Status LoopbackConnection::deliver(LoopbackPipe::Direction& dir, bool& progressed) {
+  LoopbackPipe& pipe = *pipe_;
+  if (pipe.faults.reorderSeed != 0 && (pipe.stallRng() & 3) == 0) return Status::ok();
+  while (!dir.sends.empty() && !dir.recvs.empty()) {
+    const auto& s = dir.sends.front();
+    const auto& r = dir.recvs.front();
+    if (s.blackhole) break;
+    if (s.readyAtNs != 0 && nowNs() < s.readyAtNs) break;
+    if (s.tag != r.tag || s.bytes != r.bytes) {
+      pipe.failure = invalidUsage(
+          "collective mismatch on the loopback pipe: the receiver expected ", describeTag(r.tag),
+          " of ", r.bytes, " bytes, the sender sent ", describeTag(s.tag), " of ", s.bytes,
+          " bytes (ranks called different operations or different counts)");
+      return pipe.failure;
+    }
+    if (s.bytes > 0 && s.data != r.data) std::memcpy(r.data, s.data, s.bytes);
+    dir.senderDone.push_back({s.token, s.bytes});
+    dir.receiverDone.push_back({r.token, r.bytes});
+    dir.sends.pop_front();
+    dir.recvs.pop_front();
+    progressed = true;
+  }
+  return Status::ok();
+}
+
+Status LoopbackConnection::poll(std::vector<Completion>& done, bool& progressed) {
+  std::lock_guard<std::mutex> lock(pipe_->mutex);
+  LoopbackPipe& pipe = *pipe_;
+  if (pipe.failure.isOk()) {
+    Status s = deliver(pipe.directions[sendDir_], progressed);
+    if (s.isOk() && recvDir_ != sendDir_) s = deliver(pipe.directions[recvDir_], progressed);
+  }
+  auto take = [&](std::vector<Completion>& from) {
+    for (const auto& c : from) done.push_back(c);
+    pending_ -= from.size();
+    from.clear();
+  };
+  take(pipe.directions[sendDir_].senderDone);
+  take(pipe.directions[recvDir_].receiverDone);
+  if (!pipe.failure.isOk()) {
+    Status s = pipe.failure;
+    return s.withContext(peerDescription_);
+  }
+  int peerSide = 1 - side_;
+  if (sendDir_ != recvDir_ && pipe.closed[peerSide] && pending_ > 0)
+    return remoteError(peerDescription_, ": connection closed by peer");
+  return Status::ok();
+}
+
+}  // namespace shoal

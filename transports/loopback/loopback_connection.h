@@ -1,0 +1,77 @@
+// LoopbackConnection: one endpoint of an in-process pipe (see loopback_transport.h).
+//
+// Lifetime: a Pipe is shared by its two endpoints (shared_ptr); each endpoint
+// belongs to one communicator and is polled only by the engine. The pipe mutex
+// orders the two endpoints, which may be polled by different threads over time.
+#pragma once
+
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "transports/loopback/loopback_transport.h"
+
+namespace shoal {
+
+struct LoopbackPipe {
+  struct PendingSend {
+    const void* data;
+    uint64_t bytes;
+    uint64_t tag;
+    uint64_t token;
+    int64_t readyAtNs;
+    bool blackhole;
+  };
+  struct PendingRecv {
+    void* data;
+    uint64_t bytes;
+    uint64_t tag;
+    uint64_t token;
+  };
+  // Messages from one side to the other.
+  struct Direction {
+    std::deque<PendingSend> sends;
+    std::deque<PendingRecv> recvs;
+    std::vector<Completion> senderDone;
+    std::vector<Completion> receiverDone;
+  };
+
+  explicit LoopbackPipe(const LoopbackFaults& faults);
+
+  std::mutex mutex;
+  Direction directions[2];
+  bool closed[2] = {false, false};
+  Status failure;  // set once; fails both endpoints
+  LoopbackFaults faults;
+  std::mt19937_64 stallRng;
+};
+
+class LoopbackConnection final : public Connection {
+ public:
+  // Sends on directions[sendDir], receives on directions[recvDir] (equal for a
+  // connection to oneself). `side` is this endpoint's index in pipe.closed.
+  LoopbackConnection(std::shared_ptr<LoopbackPipe> pipe, int side, int sendDir, int recvDir,
+                     std::string peerDescription);
+  ~LoopbackConnection() override;
+
+  Status postSend(const void* data, uint64_t bytes, uint64_t tag, uint64_t token) override;
+  Status postRecv(void* data, uint64_t bytes, uint64_t tag, uint64_t token) override;
+  Status poll(std::vector<Completion>& done, bool& progressed) override;
+  size_t pending() const override { return pending_; }
+  const std::string& peerDescription() const override { return peerDescription_; }
+
+ private:
+  Status deliver(LoopbackPipe::Direction& dir, bool& progressed);
+
+  std::shared_ptr<LoopbackPipe> pipe_;
+  int side_;
+  int sendDir_;
+  int recvDir_;
+  std::string peerDescription_;
+  size_t pending_ = 0;
+};
+
+}  // namespace shoal

@@ -1,0 +1,119 @@
+#include "transports/loopback/loopback_transport.h"
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <tuple>
+
+#include "core/params.h"
+#include "transports/loopback/loopback_connection.h"
+
+namespace shoal {
+namespace {
+
+std::mutex gFaultMutex;
+LoopbackFaults gFaults;
+bool gFaultsLoaded = false;
+
+LoopbackFaults currentFaults() {
+  std::lock_guard<std::mutex> lock(gFaultMutex);
+  if (!gFaultsLoaded) {
+    auto parsed = LoopbackFaults::parse(params().loopbackFaults);
+    if (parsed.isOk()) gFaults = parsed.value();
+    gFaultsLoaded = true;
+  }
+  return gFaults;
+}
+
+std::string describePeer(const PeerInfo* peer, int rank) {
+  if (peer) return str("rank ", peer->rank, " (host ", peer->hostname, ", loopback)");
+  return str("rank ", rank, " (loopback)");
+}
+
+class LoopbackTransport final : public Transport {
+ public:
+  std::string_view name() const override { return "loopback"; }
+  Result<std::string> localAddress() override { return std::string(); }
+  bool canConnect(const PeerInfo& self, const PeerInfo& peer) const override {
+    return self.hostId == peer.hostId && self.processId == peer.processId;
+  }
+  Result<std::unique_ptr<Connection>> connect(const ConnectionKey& key,
+                                              const ConnectOptions& options) override {
+    std::string desc = describePeer(options.peer, key.peerRank);
+    if (key.selfRank == key.peerRank) {
+      auto pipe = std::make_shared<LoopbackPipe>(currentFaults());
+      pipe->closed[1] = false;
+      return std::unique_ptr<Connection>(
+          std::make_unique<LoopbackConnection>(pipe, 0, 0, 0, std::move(desc)));
+    }
+    int low = std::min(key.selfRank, key.peerRank);
+    int high = std::max(key.selfRank, key.peerRank);
+    auto mapKey = std::make_tuple(key.commId, low, high, key.channel);
+    std::shared_ptr<LoopbackPipe> pipe;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto it = pending_.find(mapKey);
+      if (it == pending_.end()) {
+        pipe = std::make_shared<LoopbackPipe>(currentFaults());
+        pending_.emplace(mapKey, pipe);
+      } else {
+        pipe = it->second;
+        pending_.erase(it);  // both sides have it now
+      }
+    }
+    int side = key.selfRank == low ? 0 : 1;
+    // Side 0 sends on direction 0 and receives on direction 1.
+    return std::unique_ptr<Connection>(
+        std::make_unique<LoopbackConnection>(pipe, side, side, 1 - side, std::move(desc)));
+  }
+
+ private:
+  std::mutex mutex_;
+  std::map<std::tuple<uint64_t, int, int, uint16_t>, std::shared_ptr<LoopbackPipe>> pending_;
+};
+
+}  // namespace
+
+Result<LoopbackFaults> LoopbackFaults::parse(const std::string& spec) {
+  LoopbackFaults f;
+  size_t pos = 0;
+  while (pos < spec.size()) {
+    size_t comma = spec.find(',', pos);
+    std::string item = spec.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    pos = comma == std::string::npos ? spec.size() : comma + 1;
+    if (item.empty()) continue;
+    size_t eq = item.find('=');
+    if (eq == std::string::npos) return invalidArgument("loopback fault '", item, "' needs =value");
+    std::string name = item.substr(0, eq);
+    char* end = nullptr;
+    long long v = std::strtoll(item.c_str() + eq + 1, &end, 0);
+    if (!end || *end != '\0') return invalidArgument("loopback fault '", item, "': bad number");
+    if (name == "delay_us") f.delayUs = v;
+    else if (name == "reorder_seed") f.reorderSeed = static_cast<uint64_t>(v);
+    else if (name == "fail_nth") f.failNth = v;
+    else if (name == "blackhole_nth") f.blackholeNth = v;
+    else return invalidArgument("unknown loopback fault '", name, "'");
+  }
+  return f;
+}
+
+std::unique_ptr<Transport> makeLoopbackTransport() { return std::make_unique<LoopbackTransport>(); }
+
+std::pair<std::unique_ptr<Connection>, std::unique_ptr<Connection>> makeLoopbackPair(
+    const std::string& descriptionA, const std::string& descriptionB,
+    const LoopbackFaults& faults) {
+  auto pipe = std::make_shared<LoopbackPipe>(faults);
+  // a's description names its peer, b.
+  return {std::make_unique<LoopbackConnection>(pipe, 0, 0, 1, descriptionB),
+          std::make_unique<LoopbackConnection>(pipe, 1, 1, 0, descriptionA)};
+}
+
+void setLoopbackFaults(const LoopbackFaults& faults) {
+  std::lock_guard<std::mutex> lock(gFaultMutex);
+  gFaults = faults;
+  gFaultsLoaded = true;
+}
+
+}  // namespace shoal

@@ -1,0 +1,29 @@
+// Transport registry: the process-wide transports and the choice per peer.
+//
+// Role: owns one Transport of each kind for the life of the process and picks,
+// for each peer, the first viable one in priority order (DESIGN.md §4):
+//   same process -> loopback; otherwise -> tcp.
+// SHOAL_TRANSPORT forces a kind for every peer; NCCL_NET=Socket forces tcp for
+// peers on other hosts. A forced kind that cannot reach a peer is an error,
+// never a silent fallback. Thread-safe.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "transports/transport.h"
+
+namespace shoal {
+
+// All transports, in priority order.
+const std::vector<Transport*>& allTransports();
+Transport* findTransport(std::string_view name);
+
+// Fills self.addresses with every transport's local address (transports that
+// fail to start are skipped and logged; the error is kept for selection).
+Status publishAddresses(PeerInfo& self);
+
+// The transport for connecting self to peer, honouring the overrides.
+Result<Transport*> selectTransport(const PeerInfo& self, const PeerInfo& peer);
+
+}  // namespace shoal
