@@ -106,25 +106,35 @@ Status collective(ncclComm_t handle, CollKind kind, const void* sendbuff, void* 
   }
   bool reduces = kind == CollKind::kAllReduce || kind == CollKind::kReduce ||
                  kind == CollKind::kReduceScatter;
-  if (reduces) SHOAL_TRY(convertOp(op, req.shape.dtype, *comm, req));
+  if (reduces) {
+        SHOAL_TRY(convertOp(op, req.shape.dtype, *comm, req));
+      }
   // Which buffers this rank uses (NCCL lets non-roots pass NULL for the others).
   bool isRoot = rooted && root == comm->rank();
   size_t n = static_cast<size_t>(comm->nranks());
   switch (kind) {
     case CollKind::kBroadcast:
-      if (isRoot) SHOAL_TRY(checkBuffer(sendbuff, count, "sendbuff"));
+      if (isRoot) {
+        SHOAL_TRY(checkBuffer(sendbuff, count, "sendbuff"));
+      }
       SHOAL_TRY(checkBuffer(recvbuff, count, "recvbuff"));
       break;
     case CollKind::kReduce:
       SHOAL_TRY(checkBuffer(sendbuff, count, "sendbuff"));
-      if (isRoot) SHOAL_TRY(checkBuffer(recvbuff, count, "recvbuff"));
+      if (isRoot) {
+        SHOAL_TRY(checkBuffer(recvbuff, count, "recvbuff"));
+      }
       break;
     case CollKind::kGather:
       SHOAL_TRY(checkBuffer(sendbuff, count, "sendbuff"));
-      if (isRoot) SHOAL_TRY(checkBuffer(recvbuff, count * n, "recvbuff"));
+      if (isRoot) {
+        SHOAL_TRY(checkBuffer(recvbuff, count * n, "recvbuff"));
+      }
       break;
     case CollKind::kScatter:
-      if (isRoot) SHOAL_TRY(checkBuffer(sendbuff, count * n, "sendbuff"));
+      if (isRoot) {
+        SHOAL_TRY(checkBuffer(sendbuff, count * n, "sendbuff"));
+      }
       SHOAL_TRY(checkBuffer(recvbuff, count, "recvbuff"));
       break;
     case CollKind::kAllToAll:

@@ -90,14 +90,16 @@ Status initRank(ncclComm_t* newcomm, int nranks, const ncclUniqueId& commId, int
   if (rank < 0 || rank >= nranks)
     return invalidArgument("rank ", rank, " is out of range for nranks ", nranks);
   SHOAL_ASSIGN_OR_RETURN(CommOptions options, api::parseConfig(config));
-  SHOAL_ASSIGN_OR_RETURN(UniqueIdContents id, decodeUniqueId(commId.internal))
-      << "ncclUniqueId was not made by ncclGetUniqueId";
+  SHOAL_ASSIGN_OR_RETURN(UniqueIdContents id, decodeUniqueId(commId.internal),
+      "ncclUniqueId was not made by ncclGetUniqueId");
   ncclComm_t handle = newHandle();
   auto work = [id, nranks, rank, options]() -> Result<std::shared_ptr<Communicator>> {
     Deadline deadline = Deadline::afterMs(params().initTimeoutMs);
-    if (rank == 0) SHOAL_TRY(startRootIfNeeded(id));
-    SHOAL_ASSIGN_OR_RETURN(auto store, connectStore(id, deadline))
-        << "rank " << rank << ": connecting to the bootstrap root " << id.address;
+    if (rank == 0) {
+        SHOAL_TRY(startRootIfNeeded(id));
+      }
+    SHOAL_ASSIGN_OR_RETURN(auto store, connectStore(id, deadline),
+      "rank ", rank, ": connecting to the bootstrap root ", id.address);
     InitRequest req;
     req.store = std::move(store);
     req.scope = scopeForId(id);
@@ -214,7 +216,9 @@ SHOAL_API(ncclResult_t, ncclCommSplit,
       return invalidArgument("color ", color, " must be >= 0 or NCCL_SPLIT_NOCOLOR");
     SHOAL_ASSIGN_OR_RETURN(auto parent, api::readyComm(comm));
     CommOptions options = parent->options();
-    if (config) SHOAL_ASSIGN_OR_RETURN(options, api::parseConfig(config));
+    if (config) {
+      SHOAL_ASSIGN_OR_RETURN(options, api::parseConfig(config));
+    }
     if (color == NCCL_SPLIT_NOCOLOR) {
       // Still a collective over the parent: take part, get no communicator.
       auto none = parent->split(color, key, options);

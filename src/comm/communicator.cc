@@ -61,8 +61,8 @@ Status Communicator::initialize() {
   SHOAL_TRY(publishAddresses(self)) << describe();
 
   std::string mine = str(nranks_, '\n', self.serialize());
-  SHOAL_ASSIGN_OR_RETURN(auto all, bootstrap_->allGather(mine, deadline))
-      << describe() << ": bootstrap through " << request_.store->describe();
+  SHOAL_ASSIGN_OR_RETURN(auto all, bootstrap_->allGather(mine, deadline),
+      describe(), ": bootstrap through ", request_.store->describe());
   peers_.resize(nranks_);
   for (int r = 0; r < nranks_; ++r) {
     std::string_view blob = all[r];
@@ -72,8 +72,8 @@ Status Communicator::initialize() {
     if (theirSize != nranks_)
       return invalidUsage(describe(), ": rank ", r, " was initialized with nranks=", theirSize,
                           " but this rank with nranks=", nranks_);
-    SHOAL_ASSIGN_OR_RETURN(peers_[r], PeerInfo::deserialize(blob.substr(nl + 1)))
-        << describe() << ": peer info of rank " << r;
+    SHOAL_ASSIGN_OR_RETURN(peers_[r], PeerInfo::deserialize(blob.substr(nl + 1)),
+      describe(), ": peer info of rank ", r);
     if (peers_[r].rank != r)
       return invalidUsage(describe(), ": two processes claim rank ", peers_[r].rank);
   }
@@ -88,8 +88,8 @@ Status Communicator::initialize() {
   summary.singleProcess = std::all_of(peers_.begin(), peers_.end(), [&](const PeerInfo& p) {
     return p.processId == self.processId && p.hostId == self.hostId;
   });
-  SHOAL_ASSIGN_OR_RETURN(tuner_, Tuner::create(summary, options_.minChannels, options_.maxChannels))
-      << describe();
+  SHOAL_ASSIGN_OR_RETURN(tuner_, Tuner::create(summary, options_.minChannels, options_.maxChannels),
+      describe());
   SHOAL_INFO(subsys::kInit, describe(), " nodes ", topology_.nodes.size(), " - Init COMPLETE");
   initState_.store(Code::kOk);
   return Status::ok();
@@ -116,8 +116,8 @@ Result<Connection*> Communicator::connectionTo(int peer, uint16_t channel) {
   if (peer == rank_) {
     transport = findTransport("loopback");
   } else {
-    SHOAL_ASSIGN_OR_RETURN(transport, selectTransport(peers_[rank_], peers_[peer]))
-        << describe();
+    SHOAL_ASSIGN_OR_RETURN(transport, selectTransport(peers_[rank_], peers_[peer]),
+      describe());
   }
   ConnectionKey ckey{commId_, rank_, peer, channel};
   ConnectOptions opts;
@@ -125,9 +125,8 @@ Result<Connection*> Communicator::connectionTo(int peer, uint16_t channel) {
   opts.peer = &peers_[peer];
   opts.secret = request_.secret;
   opts.deadline = Deadline::afterMs(params().initTimeoutMs);
-  SHOAL_ASSIGN_OR_RETURN(auto conn, transport->connect(ckey, opts))
-      << describe() << ": connecting to rank " << peer << " (host " << peers_[peer].hostname
-      << ") over " << transport->name();
+  SHOAL_ASSIGN_OR_RETURN(auto conn, transport->connect(ckey, opts),
+      describe(), ": connecting to rank ", peer, " (host ", peers_[peer].hostname, ") over ", transport->name());
   SHOAL_INFO(subsys::kInit | subsys::kNet, "Channel ",
              channel == kP2pChannel ? std::string("p2p") : std::to_string(channel), " : ", rank_,
              " -> ", peer, " via ", transport->name());
@@ -184,8 +183,8 @@ Result<JobPtr> Communicator::enqueue(std::vector<OpRequest> ops, bool detached) 
   std::shared_ptr<const PreparedPlan> prepared;
   auto job = std::make_shared<Job>();
   for (const OpRequest& op : ops) {
-    SHOAL_ASSIGN_OR_RETURN(prepared, planFor(op.shape))
-        << describe() << ": " << collKindName(op.shape.kind);
+    SHOAL_ASSIGN_OR_RETURN(prepared, planFor(op.shape),
+      describe(), ": ", collKindName(op.shape.kind));
     plans.push_back(prepared->plan);
     job->opTags.push_back(tagFor(op.shape));
     job->opScalars.push_back(op.scalar);
@@ -291,8 +290,8 @@ Result<std::shared_ptr<Communicator>> Communicator::split(int color, int key,
                                                           const CommOptions& options) {
   Deadline deadline = Deadline::afterMs(params().initTimeoutMs);
   static_assert(sizeof(int) == 4);
-  SHOAL_ASSIGN_OR_RETURN(auto all, bootstrap_->allGather(str(color, ' ', key), deadline))
-      << describe() << ": split";
+  SHOAL_ASSIGN_OR_RETURN(auto all, bootstrap_->allGather(str(color, ' ', key), deadline),
+      describe(), ": split");
   uint64_t splitIndex = collSeq_++;  // every parent rank splits in the same order
   if (color < 0) return std::shared_ptr<Communicator>();
   std::vector<std::pair<int, int>> members;  // (key, parent rank)
@@ -346,6 +345,10 @@ Status Communicator::destroyRedOp(int id) {
                            " is not a live user-created operator of this communicator");
   redOpLive_[i] = false;
   return Status::ok();
+}
+
+Result<double> Communicator::estimateUs(const CollShape& shape) const {
+  return tuner_->estimateUs(shape, rankView_);
 }
 
 std::string Communicator::dumpState() const {

@@ -63,9 +63,13 @@ class [[nodiscard]] Status {
 // Builds a message from any streamable parts: str("rank ", r, " of ", n).
 template <typename... Parts>
 std::string str(Parts&&... parts) {
-  std::ostringstream out;
-  (out << ... << std::forward<Parts>(parts));
-  return out.str();
+  if constexpr (sizeof...(Parts) == 0) {
+    return {};
+  } else {
+    std::ostringstream out;
+    (out << ... << std::forward<Parts>(parts));
+    return out.str();
+  }
 }
 
 template <typename... Parts>
@@ -128,9 +132,9 @@ class StatusBuilder {
  public:
   explicit StatusBuilder(Status status) : status_(std::move(status)) {}
   template <typename Part>
-  StatusBuilder& operator<<(Part&& part) {
+  StatusBuilder&& operator<<(Part&& part) && {
     context_ << std::forward<Part>(part);
-    return *this;
+    return std::move(*this);
   }
   operator Status() &&;  // NOLINT: implicit by design
   template <typename T>
@@ -161,16 +165,22 @@ Status toStatus(const Result<T>& result) {
 // Returns early with the failed status; stream extra context after it:
 //   SHOAL_TRY(conn.poll()) << "ring step " << step;
 #define SHOAL_TRY(expr)                                                                  \
-  if (::shoal::Status SHOAL_CONCAT(shoal_status_, __LINE__) = ::shoal::detail::toStatus(expr); \
+  switch (0)                                                                             \
+  case 0:                                                                                \
+  default:                                                                               \
+    if (::shoal::Status SHOAL_CONCAT(shoal_status_, __LINE__) = ::shoal::detail::toStatus(expr); \
       SHOAL_CONCAT(shoal_status_, __LINE__).isOk()) {                                    \
   } else                                                                                 \
     return ::shoal::StatusBuilder(std::move(SHOAL_CONCAT(shoal_status_, __LINE__)))
 
-// Declares `lhs` from a Result<T> expression or returns its error.
-#define SHOAL_ASSIGN_OR_RETURN(lhs, expr)                                       \
-  auto SHOAL_CONCAT(shoal_result_, __LINE__) = (expr);                          \
-  if (!SHOAL_CONCAT(shoal_result_, __LINE__).isOk())                            \
-    return ::shoal::StatusBuilder(SHOAL_CONCAT(shoal_result_, __LINE__).takeStatus()); \
+// Declares or assigns `lhs` from a Result<T> expression, or returns its error
+// with the optional context parts prepended:
+//   SHOAL_ASSIGN_OR_RETURN(auto conn, connect(peer), "connecting to rank ", peer);
+#define SHOAL_ASSIGN_OR_RETURN(lhs, expr, ...)                                       \
+  auto SHOAL_CONCAT(shoal_result_, __LINE__) = (expr);                               \
+  if (!SHOAL_CONCAT(shoal_result_, __LINE__).isOk())                                 \
+    return ::shoal::StatusBuilder(SHOAL_CONCAT(shoal_result_, __LINE__).takeStatus()) \
+           << ::shoal::str(__VA_ARGS__);                                             \
   lhs = std::move(SHOAL_CONCAT(shoal_result_, __LINE__)).value()
 
 // Bugs are not errors: abort with a message.

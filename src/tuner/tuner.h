@@ -44,6 +44,8 @@ class Tuner {
   static Result<std::unique_ptr<Tuner>> create(const TopologySummary& topo, int minChannels,
                                                int maxChannels);
   Result<TunerChoice> choose(const CollShape& shape, const RankView& view) const;
+  // The chosen algorithm's estimated time in microseconds.
+  Result<double> estimateUs(const CollShape& shape, const RankView& view) const;
 
  private:
   Tuner() = default;

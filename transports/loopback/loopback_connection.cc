@@ -1,14 +1,10 @@
 #include "transports/loopback/loopback_connection.h"
 
-#include <atomic>
 #include <cstring>
 
 #include "core/tag.h"
 
 namespace shoal {
-namespace {
-std::atomic<int64_t> gMessagesPosted{0};
-}
 
 LoopbackPipe::LoopbackPipe(const LoopbackFaults& f) : faults(f), stallRng(f.reorderSeed) {}
 
@@ -33,7 +29,7 @@ Status LoopbackConnection::postSend(const void* data, uint64_t bytes, uint64_t t
   std::lock_guard<std::mutex> lock(pipe_->mutex);
   if (!pipe_->failure.isOk()) return pipe_->failure;
   const LoopbackFaults& f = pipe_->faults;
-  int64_t n = gMessagesPosted.fetch_add(1) + 1;
+  int64_t n = ++pipe_->messagesPosted;
   if (f.failNth > 0 && n == f.failNth) {
     pipe_->failure = remoteError(peerDescription_, ": injected failure at message ", n);
     return pipe_->failure;

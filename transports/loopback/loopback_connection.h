@@ -46,6 +46,7 @@ struct LoopbackPipe {
   bool closed[2] = {false, false};
   Status failure;  // set once; fails both endpoints
   LoopbackFaults faults;
+  int64_t messagesPosted = 0;  // counts fail_nth / blackhole_nth per pipe
   std::mt19937_64 stallRng;
 };
 

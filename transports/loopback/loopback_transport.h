@@ -9,9 +9,9 @@
 //   delay_us=N      a message becomes deliverable N us after it was posted
 //   reorder_seed=S  seeded random stalls of individual lanes, so that matches on
 //                   different lanes complete in shuffled order
-//   fail_nth=N      the N-th message posted in the process fails its connection
-//   blackhole_nth=N the N-th message is accepted and never delivered (the
-//                   receiver must hit its no-progress deadline)
+//   fail_nth=N      the N-th message posted on a pipe fails its connection
+//   blackhole_nth=N the N-th message on a pipe is accepted and never delivered
+//                   (the receiver must hit its no-progress deadline)
 // connect() never blocks: one thread may set up every rank (ncclCommInitAll).
 #pragma once
 

@@ -1,0 +1,183 @@
+// The engine on hand-made plans over loopback pairs: ordering, dependencies,
+// reductions, deadlines, abort and peer failure — without builders or comms.
+#include <catch2/catch.hpp>
+
+#include <cstdlib>
+#include <numeric>
+
+#include "core/params.h"
+#include "core/tag.h"
+#include "engine/engine.h"
+#include "transports/loopback/loopback_transport.h"
+
+using namespace shoal;
+
+namespace {
+
+// Rank `self` sends its send buffer to the peer and adds what it receives:
+// recv = send + peer's send (float sum), in `segments` pipelined pieces.
+PlanPtr exchangePlan(int self, int peer, uint64_t bytes, int segments) {
+  auto plan = std::make_shared<Plan>();
+  plan->rank = self;
+  plan->nranks = 2;
+  plan->shapes.push_back(CollShape{CollKind::kAllReduce, DataType::kFloat32, ReduceOp::kSum,
+                                   bytes / 4});
+  plan->scratchBytes = bytes;
+  PlanBuilder b(*plan);
+  uint64_t seg = bytes / segments;
+  for (int s = 0; s < segments; ++s) {
+    uint64_t off = s * seg;
+    b.send(peer, {kSendBuffer, off}, seg);
+    uint32_t r = b.recv(peer, {kScratchBuffer, off}, seg);
+    b.reduce({kRecvBuffer, off}, {kSendBuffer, off}, {kScratchBuffer, off}, seg, {r});
+  }
+  finalizePlan(*plan);
+  return plan;
+}
+
+struct Rank {
+  std::vector<float> send, recv, scratch;
+  JobPtr job;
+};
+
+JobPtr makeJob(PlanPtr plan, Rank& r, Connection* conn, uint64_t queue,
+               const std::atomic<bool>* abortFlag = nullptr) {
+  auto job = std::make_shared<Job>();
+  job->prepared = preparePlan(plan);
+  job->buffers = {reinterpret_cast<uint8_t*>(r.send.data()),
+                  reinterpret_cast<uint8_t*>(r.recv.data()),
+                  reinterpret_cast<uint8_t*>(r.scratch.data())};
+  job->laneConnections.assign(plan->lanes.size(), conn);
+  job->opTags = {encodeTag(CollKind::kAllReduce, DataType::kFloat32, 0, 0, -1, 1)};
+  job->opScalars.resize(1);
+  job->queueId = queue;
+  job->abortFlag = abortFlag;
+  job->description = "test job";
+  return job;
+}
+
+void fill(Rank& r, size_t n, float base) {
+  r.send.resize(n);
+  std::iota(r.send.begin(), r.send.end(), base);
+  r.recv.assign(n, -1);
+  r.scratch.assign(n, -1);
+}
+
+}  // namespace
+
+TEST_CASE("engine runs a pipelined two-rank exchange to completion", "[unit]") {
+  const size_t n = 1 << 16;
+  auto [a, b] = makeLoopbackPair("rank 0", "rank 1");
+  Rank r0, r1;
+  fill(r0, n, 0);
+  fill(r1, n, 1000);
+  r0.job = makeJob(exchangePlan(0, 1, n * 4, 8), r0, a.get(), 1);
+  r1.job = makeJob(exchangePlan(1, 0, n * 4, 8), r1, b.get(), 2);
+  Engine::instance().submit(r0.job);
+  Engine::instance().submit(r1.job);
+  REQUIRE(Engine::instance().wait(*r0.job).isOk());
+  REQUIRE(Engine::instance().wait(*r1.job).isOk());
+  for (size_t i = 0; i < n; ++i) {
+    REQUIRE(r0.recv[i] == r0.send[i] + r1.send[i]);
+    REQUIRE(r1.recv[i] == r0.recv[i]);
+  }
+}
+
+TEST_CASE("jobs of one queue run in submission order", "[unit]") {
+  const size_t n = 1024;
+  auto [a, b] = makeLoopbackPair("rank 0", "rank 1");
+  std::vector<Rank> r0(3), r1(3);
+  for (int k = 0; k < 3; ++k) {
+    fill(r0[k], n, static_cast<float>(k));
+    fill(r1[k], n, static_cast<float>(10 * k));
+    r0[k].job = makeJob(exchangePlan(0, 1, n * 4, 2), r0[k], a.get(), 7);
+    r1[k].job = makeJob(exchangePlan(1, 0, n * 4, 2), r1[k], b.get(), 8);
+  }
+  for (int k = 0; k < 3; ++k) Engine::instance().submit(r0[k].job);
+  for (int k = 0; k < 3; ++k) Engine::instance().submit(r1[k].job);
+  for (int k = 0; k < 3; ++k) {
+    REQUIRE(Engine::instance().wait(*r0[k].job).isOk());
+    REQUIRE(Engine::instance().wait(*r1[k].job).isOk());
+    REQUIRE(r0[k].recv[5] == r0[k].send[5] + r1[k].send[5]);
+  }
+}
+
+TEST_CASE("a message that never arrives trips the no-progress deadline naming the peer",
+          "[unit]") {
+  setenv("SHOAL_PROGRESS_TIMEOUT_MS", "300", 1);
+  reloadParams();
+  LoopbackFaults faults;
+  faults.blackholeNth = 1;
+  auto [a, b] = makeLoopbackPair("rank 0 (host x)", "rank 1 (host y)", faults);
+  Rank r0;
+  fill(r0, 64, 0);
+  // Rank 0 only receives; rank 1 "sends" into a black hole.
+  auto plan = std::make_shared<Plan>();
+  plan->shapes.push_back(CollShape{});
+  PlanBuilder builder(*plan);
+  builder.recv(1, {kRecvBuffer, 0}, 256);
+  finalizePlan(*plan);
+  r0.job = makeJob(plan, r0, a.get(), 11);
+  std::vector<float> junk(64);
+  REQUIRE(b->postSend(junk.data(), 256, r0.job->opTags[0], 0).isOk());
+  int64_t start = nowNs();
+  Engine::instance().submit(r0.job);
+  Status st = Engine::instance().wait(*r0.job);
+  double seconds = (nowNs() - start) / 1e9;
+  REQUIRE(st.code() == Code::kTimeout);
+  REQUIRE(st.message().find("receive from rank 1 (host y)") != std::string::npos);
+  REQUIRE(seconds < 5.0);
+  unsetenv("SHOAL_PROGRESS_TIMEOUT_MS");
+  reloadParams();
+}
+
+TEST_CASE("a closed peer fails the waiting job with a remote error", "[unit]") {
+  auto [a, b] = makeLoopbackPair("rank 0", "rank 1");
+  Rank r0;
+  fill(r0, 64, 0);
+  auto plan = std::make_shared<Plan>();
+  plan->shapes.push_back(CollShape{});
+  PlanBuilder builder(*plan);
+  builder.recv(1, {kRecvBuffer, 0}, 256);
+  finalizePlan(*plan);
+  r0.job = makeJob(plan, r0, a.get(), 12);
+  Engine::instance().submit(r0.job);
+  b.reset();  // the peer goes away
+  Status st = Engine::instance().wait(*r0.job);
+  REQUIRE(st.code() == Code::kRemoteError);
+  REQUIRE(st.message().find("rank 1") != std::string::npos);
+}
+
+TEST_CASE("setting the abort flag fails a pending job quickly", "[unit]") {
+  auto [a, b] = makeLoopbackPair("rank 0", "rank 1");
+  Rank r0;
+  fill(r0, 64, 0);
+  auto plan = std::make_shared<Plan>();
+  plan->shapes.push_back(CollShape{});
+  PlanBuilder builder(*plan);
+  builder.recv(1, {kRecvBuffer, 0}, 256);
+  finalizePlan(*plan);
+  std::atomic<bool> abortFlag{false};
+  r0.job = makeJob(plan, r0, a.get(), 13, &abortFlag);
+  Engine::instance().submit(r0.job);
+  Engine::instance().poll();
+  abortFlag = true;
+  Status st = Engine::instance().wait(*r0.job);
+  REQUIRE(st.code() == Code::kAborted);
+}
+
+TEST_CASE("retire removes a queue's jobs", "[unit]") {
+  auto [a, b] = makeLoopbackPair("rank 0", "rank 1");
+  Rank r0;
+  fill(r0, 64, 0);
+  auto plan = std::make_shared<Plan>();
+  plan->shapes.push_back(CollShape{});
+  PlanBuilder builder(*plan);
+  builder.recv(1, {kRecvBuffer, 0}, 256);
+  finalizePlan(*plan);
+  r0.job = makeJob(plan, r0, a.get(), 14);
+  Engine::instance().submit(r0.job);
+  Engine::instance().retire(14, error(Code::kAborted, "gone"));
+  REQUIRE(r0.job->isDone());
+  REQUIRE(r0.job->status().code() == Code::kAborted);
+}

@@ -1,0 +1,79 @@
+#include <catch2/catch.hpp>
+
+#include <cerrno>
+
+#include "core/status.h"
+#include "core/tag.h"
+
+using namespace shoal;
+
+namespace {
+Status failing() { return remoteError("connection reset"); }
+Status middle(int step) {
+  SHOAL_TRY(failing()) << "recv from rank 5 (host b)";
+  return Status::ok();
+}
+Status outer() {
+  SHOAL_TRY(middle(3)) << "allreduce ring step " << 3;
+  return Status::ok();
+}
+Result<int> parsePositive(int v) {
+  if (v <= 0) return invalidArgument("not positive: ", v);
+  return v;
+}
+Result<int> doubled(int v) {
+  SHOAL_ASSIGN_OR_RETURN(int x, parsePositive(v), "doubling ", v);
+  return 2 * x;
+}
+}  // namespace
+
+TEST_CASE("context accumulates outermost first", "[unit]") {
+  Status s = outer();
+  REQUIRE(s.code() == Code::kRemoteError);
+  REQUIRE(s.message() == "allreduce ring step 3: recv from rank 5 (host b): connection reset");
+}
+
+TEST_CASE("Result carries a value or an error with context", "[unit]") {
+  auto ok = doubled(4);
+  REQUIRE(ok.isOk());
+  REQUIRE(ok.value() == 8);
+  auto bad = doubled(-1);
+  REQUIRE_FALSE(bad.isOk());
+  REQUIRE(bad.status().code() == Code::kInvalidArgument);
+  REQUIRE(bad.status().message() == "doubling -1: not positive: -1");
+}
+
+TEST_CASE("every code maps to one NCCL result", "[unit]") {
+  REQUIRE(toNcclCode(Code::kOk) == 0);
+  REQUIRE(toNcclCode(Code::kSystemError) == 2);
+  REQUIRE(toNcclCode(Code::kInvalidArgument) == 4);
+  REQUIRE(toNcclCode(Code::kInvalidUsage) == 5);
+  REQUIRE(toNcclCode(Code::kRemoteError) == 6);
+  REQUIRE(toNcclCode(Code::kInProgress) == 7);
+  REQUIRE(toNcclCode(Code::kTimeout) == 6);      // a deadline: the peer stopped answering
+  REQUIRE(toNcclCode(Code::kAborted) == 5);
+  REQUIRE(toNcclCode(Code::kUnsupported) == 5);
+  REQUIRE(toNcclCode(Code::kAgain) == 3);        // must never escape
+}
+
+TEST_CASE("errno statuses classify peer failures as remote", "[unit]") {
+  REQUIRE(errnoStatus(ECONNRESET, "read").code() == Code::kRemoteError);
+  REQUIRE(errnoStatus(EPIPE, "write").code() == Code::kRemoteError);
+  REQUIRE(errnoStatus(EMFILE, "socket").code() == Code::kSystemError);
+  REQUIRE(errnoStatus(ECONNRESET, "read").message().find("read: ") == 0);
+}
+
+TEST_CASE("message tags round-trip and describe the operation", "[unit]") {
+  uint64_t tag = encodeTag(CollKind::kAllGather, DataType::kBfloat16, 1000, 0, -1, 42);
+  TagFields f = decodeTag(tag);
+  REQUIRE(f.kind == CollKind::kAllGather);
+  REQUIRE(f.dtype == DataType::kBfloat16);
+  REQUIRE(f.seq == 42);
+  REQUIRE(describeTag(tag).find("AllGather #42 (bfloat16") == 0);
+  // A send and its matching receive carry equal tags.
+  REQUIRE(encodeTag(CollKind::kSend, DataType::kFloat32, 7, 0, -1, 3) ==
+          encodeTag(CollKind::kRecv, DataType::kFloat32, 7, 0, -1, 3));
+  // Different counts or collectives differ.
+  REQUIRE(encodeTag(CollKind::kAllReduce, DataType::kFloat32, 8, 0, -1, 3) !=
+          encodeTag(CollKind::kAllGather, DataType::kFloat32, 8, 0, -1, 3));
+}
