@@ -1,0 +1,485 @@
+// Core of the perf benchmarks: launch, per-rank benchmark loop, checks.
+//
+// Vocabulary (nccl-tests'):
+//   size       bytes of the larger of the send and receive regions (the table's
+//              "size" column); count = size / element size
+//   shape      the element counts and in-place offsets of one call (BufferShape)
+//   iteration  one timed step: -m ops inside one ncclGroupStart/End
+//   shift      per-iteration offset of the buffers within the allocation, so
+//              that consecutive ops touch different memory (catches stale
+//              pointer caching)
+//   check      one untimed op on fresh verifiable data, then a comparison
+//
+// Threads: the main thread parses flags, prints the preamble and starts one
+// RankRunner thread per local rank; each runner owns its communicator and
+// buffers. Global rank 0's runner prints the table rows.
+#include "common.h"
+
+#include <libgen.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "options.h"
+#include "report.h"
+#include "world.h"
+
+namespace shoal::perf {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Any NCCL error ends the whole job: the other ranks would otherwise wait
+// forever in the collective this rank left.
+void checkNccl(ncclResult_t result, const char* call, const char* file, int line) {
+  if (result == ncclSuccess) return;
+  const char* lastError = ncclGetLastError(nullptr);
+  const char* slash = std::strrchr(file, '/');
+  std::printf("%s: Test NCCL failure %s:%d '%s / %s' in %s\n", shortHostName().c_str(),
+              slash ? slash + 1 : file, line, ncclGetErrorString(result),
+              lastError ? lastError : "", call);
+  Process::abortJob(2);
+}
+#define NCCL_OK(call) checkNccl((call), #call, __FILE__, __LINE__)
+
+// -T: ends the job when no rank has finished an operation for too long.
+class Watchdog {
+ public:
+  explicit Watchdog(int timeoutSeconds) : timeout_(timeoutSeconds) {
+    if (timeout_ <= 0) return;
+    progress();
+    thread_ = std::thread([this] { watch(); });
+  }
+  ~Watchdog() {
+    if (!thread_.joinable()) return;
+    {
+      std::lock_guard lock(mutex_);
+      stopping_ = true;
+    }
+    wake_.notify_all();
+    thread_.join();
+  }
+  Watchdog(const Watchdog&) = delete;
+  Watchdog& operator=(const Watchdog&) = delete;
+
+  void progress() { lastProgress_.store(Clock::now().time_since_epoch().count()); }
+
+ private:
+  void watch() {
+    std::unique_lock lock(mutex_);
+    while (!wake_.wait_for(lock, std::chrono::milliseconds(100), [this] { return stopping_; })) {
+      const Clock::duration idle =
+          Clock::now().time_since_epoch() - Clock::duration(lastProgress_.load());
+      if (idle > std::chrono::seconds(timeout_)) {
+        std::printf("%s: Test timeout (%ds): no NCCL operation completed, aborting\n",
+                    shortHostName().c_str(), timeout_);
+        Process::abortJob(3);
+      }
+    }
+  }
+
+  const int timeout_;
+  std::atomic<Clock::rep> lastProgress_{0};
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+// What every rank thread of this process shares.
+struct RunContext {
+  const Options& options;
+  const CollectiveSpec& spec;
+  World& world;
+  ncclUniqueId uniqueId;
+  int ncclVersion;
+  Report* report;  // global rank 0 only
+  Watchdog& watchdog;
+};
+
+// The byte sizes of one call.
+struct CallSizes {
+  BufferShape shape;
+  size_t eltSize;
+
+  size_t sendBytes() const { return shape.sendCount * eltSize; }
+  size_t recvBytes() const { return shape.recvCount * eltSize; }
+  size_t paramBytes() const { return shape.paramCount * eltSize; }
+  size_t largerBytes() const { return std::max(sendBytes(), recvBytes()); }
+};
+
+class RankRunner {
+ public:
+  RankRunner(const RunContext& context, int thread)
+      : ctx_(context),
+        options_(context.options),
+        spec_(context.spec),
+        thread_(thread),
+        rank_(context.world.globalRank(thread)),
+        nranks_(context.world.rankCount()) {}
+
+  void run() {
+    initCommunicator();
+    allocateBuffers();
+    for (ncclDataType_t type : options_.types) {
+      for (Op op : operators()) {
+        for (int root : roots()) timeTest(type, op, root);
+      }
+    }
+    freeBuffers();
+    NCCL_OK(ncclCommDestroy(comm_));
+  }
+
+  // Checks of this rank that found a wrong element (the footer's count).
+  int64_t failedChecks() const { return failedChecks_; }
+
+ private:
+  std::vector<Op> operators() const {
+    return spec_.reduces ? options_.ops : std::vector<Op>{Op::kNone};
+  }
+
+  std::vector<int> roots() const {
+    if (!spec_.rooted) return {-1};
+    if (options_.root >= 0) return {options_.root};
+    std::vector<int> all(static_cast<size_t>(nranks_));
+    for (int r = 0; r < nranks_; ++r) all[static_cast<size_t>(r)] = r;
+    return all;
+  }
+
+  bool isPrinter() const { return ctx_.report != nullptr; }
+
+  // ---- Setup, always inside a group as nccl-tests does ----------------------
+
+  void initCommunicator() {
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.nvlinkCentricSched = 1;  // nccl-tests sets it; the library must accept it
+    if (options_.ctaPolicy >= 0) config.CTAPolicy = options_.ctaPolicy;
+    if (spec_.configure) spec_.configure(&config);
+    NCCL_OK(ncclGroupStart());
+    NCCL_OK(ncclCommInitRankConfig(&comm_, nranks_, ctx_.uniqueId, rank_, &config));
+    NCCL_OK(ncclGroupEnd());
+
+    int count = 0, rank = -1;
+    NCCL_OK(ncclCommCount(comm_, &count));
+    NCCL_OK(ncclCommUserRank(comm_, &rank));
+    if (count != nranks_ || rank != rank_) {
+      std::printf("rank %d: communicator reports rank %d of %d, expected %d of %d\n", rank_, rank,
+                  count, rank_, nranks_);
+      Process::abortJob(2);
+    }
+    ctx_.watchdog.progress();
+  }
+
+  void allocateBuffers() {
+    // Shifted iterations stay within maxBytes; -u adds up to 8-byte elements.
+    bufferBytes_ = options_.maxBytes + static_cast<size_t>(options_.unalign) * 8 + 1;
+    NCCL_OK(ncclGroupStart());
+    NCCL_OK(ncclMemAlloc(reinterpret_cast<void**>(&send_), bufferBytes_));
+    NCCL_OK(ncclMemAlloc(reinterpret_cast<void**>(&recv_), bufferBytes_));
+    if (options_.registerBuffers) {
+      NCCL_OK(ncclCommRegister(comm_, send_, bufferBytes_, &sendHandle_));
+      NCCL_OK(ncclCommRegister(comm_, recv_, bufferBytes_, &recvHandle_));
+    }
+    NCCL_OK(ncclGroupEnd());
+    // Defined contents, so that unchecked runs do not reduce NaNs or
+    // denormals, which would time differently.
+    std::memset(send_, 0, bufferBytes_);
+    std::memset(recv_, 0, bufferBytes_);
+  }
+
+  void freeBuffers() {
+    if (options_.registerBuffers) {
+      NCCL_OK(ncclGroupStart());
+      NCCL_OK(ncclCommDeregister(comm_, sendHandle_));
+      NCCL_OK(ncclCommDeregister(comm_, recvHandle_));
+      NCCL_OK(ncclGroupEnd());
+    }
+    NCCL_OK(ncclMemFree(send_));
+    NCCL_OK(ncclMemFree(recv_));
+  }
+
+  // ---- One operation --------------------------------------------------------
+
+  CallSizes sizesFor(size_t size, ncclDataType_t type) const {
+    const size_t eltSize = typeInfo(type).size;
+    return CallSizes{spec_.shape(size / eltSize, eltSize, nranks_), eltSize};
+  }
+
+  // Start of the region the iteration-0 op reads (in) or writes (out).
+  char* regionBase(char* buffer, const CallSizes& sizes) const {
+    return buffer + static_cast<size_t>(options_.unalign) * sizes.eltSize;
+  }
+  size_t inPlaceSendOffset(const CallSizes& s) const {
+    return s.shape.sendInPlaceOffset * s.eltSize * static_cast<size_t>(rank_);
+  }
+  size_t inPlaceRecvOffset(const CallSizes& s) const {
+    return s.shape.recvInPlaceOffset * s.eltSize * static_cast<size_t>(rank_);
+  }
+
+  void startOp(const CallSizes& sizes, ncclDataType_t type, Op op, int root, bool inPlace,
+               int iteration) {
+    const size_t larger = sizes.largerBytes();
+    const size_t shiftSteps = larger ? std::max<size_t>(options_.maxBytes / larger, 1) : 1;
+    const size_t shift = larger * (static_cast<size_t>(iteration) % shiftSteps);
+    char* sendBase = regionBase(send_, sizes) + shift;
+    char* recvBase = regionBase(recv_, sizes) + shift;
+
+    ncclRedOp_t redOp = op == Op::kNone ? ncclSum : builtinRedOp(op);
+    if (op == Op::kMulSum) {
+      // Created and destroyed around every call, as nccl-tests does, so the
+      // library must let an op go right after the call that uses it returns.
+      uint64_t scalar = preMulScalarBits(type, rank_);
+      NCCL_OK(ncclRedOpCreatePreMulSum(&redOp, &scalar, type, ncclScalarHostImmediate, comm_));
+    }
+    const LaunchArgs args{
+        .sendbuff = inPlace ? recvBase + inPlaceSendOffset(sizes) : sendBase,
+        .recvbuff = inPlace ? recvBase + inPlaceRecvOffset(sizes) : recvBase,
+        .count = sizes.shape.paramCount,
+        .type = type,
+        .op = redOp,
+        .root = root,
+        .rank = rank_,
+        .nranks = nranks_,
+        .ncclVersion = ctx_.ncclVersion,
+        .comm = comm_,
+        .stream = static_cast<cudaStream_t>(nullptr),
+    };
+    checkNccl(spec_.launch(args), spec_.name, __FILE__, __LINE__);
+    if (op == Op::kMulSum) NCCL_OK(ncclRedOpDestroy(redOp, comm_));
+
+    // A host-memory op on the NULL stream has completed by now; -z 1 adds
+    // the barrier.
+    if (options_.blocking == 1) ctx_.world.barrier(thread_);
+    ctx_.watchdog.progress();
+  }
+
+  // Host-memory ops complete synchronously; an asynchronous error would
+  // still be reported here, as nccl-tests polls for it while it waits.
+  void checkAsyncError() {
+    ncclResult_t asyncError = ncclSuccess;
+    NCCL_OK(ncclCommGetAsyncError(comm_, &asyncError));
+    NCCL_OK(asyncError);
+  }
+
+  // ---- Data -----------------------------------------------------------------
+
+  bool receivesResult(int root) const { return !spec_.onlyRootReceives || rank_ == root; }
+
+  // Poisons the receive region, writes this rank's input where the op reads
+  // it, and computes the expected receive region.
+  DataPattern prepareData(const CallSizes& sizes, ncclDataType_t type, Op op, int root,
+                          bool inPlace, uint64_t seed, bool withExpected) {
+    DataPattern pattern(type, op, nranks_, seed);
+    char* recvRegion = regionBase(recv_, sizes) + (inPlace ? inPlaceRecvOffset(sizes) : 0);
+    constexpr int kPoison = 0xa5;  // never produced by the patterns' small values
+    std::memset(recvRegion, kPoison, sizes.recvBytes());
+    char* input = inPlace ? regionBase(recv_, sizes) + inPlaceSendOffset(sizes)
+                          : regionBase(send_, sizes);
+    pattern.writeInput(input, rank_, sizes.shape.sendCount);
+    if (withExpected && receivesResult(root)) {
+      expected_.resize(sizes.recvBytes());
+      pattern.writeExpected(expected_.data(), sizes.shape.recvCount, [&](size_t k) {
+        return spec_.source(rank_, k, sizes.shape.paramCount, nranks_, root);
+      });
+    }
+    ctx_.watchdog.progress();  // large expected regions take a while
+    return pattern;
+  }
+
+  int64_t countWrong(const DataPattern& pattern, const CallSizes& sizes, int root,
+                     bool inPlace) const {
+    if (!receivesResult(root)) return 0;
+    const char* recvRegion = regionBase(recv_, sizes) + (inPlace ? inPlaceRecvOffset(sizes) : 0);
+    return static_cast<int64_t>(
+        pattern.countMismatches(recvRegion, expected_.data(), sizes.shape.recvCount));
+  }
+
+  // ---- Benchmark ------------------------------------------------------------
+
+  void timeTest(ncclDataType_t type, Op op, int root) {
+    ctx_.world.barrier(thread_);
+
+    // Warm-up at every power-of-two step of the range.
+    for (size_t size = options_.minBytes; size <= options_.maxBytes;) {
+      const CallSizes sizes = sizesFor(size, type);
+      for (int w = 0; w < options_.warmupIters; ++w) startOp(sizes, type, op, root, false, w);
+      const size_t next = size ? size * 2 : 1;
+      if (next <= size) break;
+      size = next;
+    }
+    checkAsyncError();
+
+    const char* typeName = typeInfo(type).name;
+    const char* opName = opInfo(op).name;
+    for (int cycle = 0; options_.runCycles == 0 || cycle < options_.runCycles; ++cycle) {
+      for (size_t size = options_.minBytes; size <= options_.maxBytes;) {
+        const CallSizes sizes = sizesFor(size, type);
+        if (isPrinter()) {
+          ctx_.report->beginRow(sizes.largerBytes(), sizes.shape.paramCount, typeName, opName,
+                                spec_.rooted ? root : -1);
+        }
+        benchTime(sizes, type, op, root, /*inPlace=*/false);
+        benchTime(sizes, type, op, root, /*inPlace=*/true);
+        if (isPrinter()) ctx_.report->endRow();
+        if (!nextSize(&size)) break;
+      }
+    }
+  }
+
+  bool nextSize(size_t* size) const {
+    size_t next = options_.stepFactor > 1 ? *size * options_.stepFactor : *size + options_.stepBytes;
+    if (options_.stepFactor > 1 && *size == 0) next = 1;  // 0 * factor would never grow
+    const bool overflowed = options_.stepFactor > 1 && *size != 0 && next / options_.stepFactor != *size;
+    if (overflowed || next <= *size) return false;
+    *size = next;
+    return true;
+  }
+
+  void benchTime(const CallSizes& sizes, ncclDataType_t type, Op op, int root, bool inPlace) {
+    World& world = ctx_.world;
+    if (options_.check) prepareData(sizes, type, op, root, inPlace, /*seed=*/0, false);
+
+    // One untimed op, so that connections and plans exist before timing.
+    startOp(sizes, type, op, root, inPlace, 0);
+    checkAsyncError();
+    world.barrier(thread_);
+
+    Clock::duration elapsed{};
+    Clock::time_point start = Clock::now();
+    for (int iter = 0; iter < options_.iters; ++iter) {
+      if (options_.aggIters > 1) NCCL_OK(ncclGroupStart());
+      for (int a = 0; a < options_.aggIters; ++a) {
+        startOp(sizes, type, op, root, inPlace, iter * options_.aggIters + a);
+      }
+      if (options_.aggIters > 1) NCCL_OK(ncclGroupEnd());
+      if (options_.blocking == 3) {
+        // The per-iteration barrier is not part of the measured time.
+        elapsed += Clock::now() - start;
+        world.barrier(thread_);
+        start = Clock::now();
+      }
+    }
+    elapsed += Clock::now() - start;
+    checkAsyncError();
+
+    const double ops = static_cast<double>(options_.iters) * options_.aggIters;
+    const double mySeconds = std::chrono::duration<double>(elapsed).count() / ops;
+    const double seconds = world.combineTime(thread_, mySeconds, options_.average);
+    Measurement m;
+    m.timeUs = seconds * 1e6;
+    if (seconds > 0) {
+      m.algBw = spec_.algBytes(static_cast<double>(sizes.paramBytes()), nranks_) / 1e9 / seconds;
+      m.busBw = m.algBw * spec_.busBwFactor(nranks_);
+    }
+    world.barrier(thread_);
+
+    const bool reportErrors = options_.check > 0 && (!inPlace || spec_.checksInPlace);
+    if (reportErrors) {
+      int64_t wrong = 0;
+      for (int c = 0; c < options_.check; ++c) {
+        // Every rank makes the same sequence of seeds.
+        const DataPattern pattern =
+            prepareData(sizes, type, op, root, inPlace, ++checkSeed_, true);
+        startOp(sizes, type, op, root, inPlace, 0);
+        checkAsyncError();
+        const int64_t mine = countWrong(pattern, sizes, root, inPlace);
+        if (mine) ++failedChecks_;
+        wrong = world.sum(thread_, mine);
+        if (wrong) break;
+      }
+      m.wrong = wrong;
+    }
+    if (isPrinter()) ctx_.report->addMeasurement(inPlace, m);
+  }
+
+  const RunContext& ctx_;
+  const Options& options_;
+  const CollectiveSpec& spec_;
+  const int thread_;
+  const int rank_;
+  const int nranks_;
+  ncclComm_t comm_ = nullptr;
+  char* send_ = nullptr;
+  char* recv_ = nullptr;
+  size_t bufferBytes_ = 0;
+  void* sendHandle_ = nullptr;
+  void* recvHandle_ = nullptr;
+  std::vector<char> expected_;
+  uint64_t checkSeed_ = 0;
+  int64_t failedChecks_ = 0;
+};
+
+}  // namespace
+
+int runPerf(int argc, char** argv, const CollectiveSpec& spec) {
+  setlinebuf(stdout);
+  const Process process = Process::init(&argc, &argv);
+
+  int ncclVersion = 0;
+  NCCL_OK(ncclGetVersion(&ncclVersion));
+  const ParseResult parsed = parseOptions(argc, argv, ncclVersion, process.isMain());
+  if (!parsed.options) {
+    process.finalize();
+    return parsed.exitStatus;
+  }
+  const Options& options = *parsed.options;
+  World world(process, options.threads);
+  const int nranks = world.rankCount();
+  if (spec.rooted && options.root >= nranks) {
+    if (process.isMain()) std::printf("invalid root %d for %d ranks\n", options.root, nranks);
+    process.finalize();
+    return 1;
+  }
+
+  std::string program = argv[0];
+  program = basename(program.data());
+  std::optional<Report> report;
+  if (process.isMain()) report.emplace(options, program, spec.name, nranks);
+
+  const std::string devices =
+      process.gatherText(describeLocalRanks(world.globalRank(0), options.threads));
+  if (report) report->printPreamble(ncclVersion, devices);
+
+  ncclUniqueId id{};
+  if (process.isMain()) NCCL_OK(ncclGetUniqueId(&id));
+  id = process.shareUniqueId(id);
+  if (report) report->printTableHeader();
+
+  int64_t failedChecks = 0;
+  {
+    Watchdog watchdog(options.timeoutSeconds);
+    const RunContext context{options, spec, world, id, ncclVersion, nullptr, watchdog};
+    RunContext printerContext = context;
+    printerContext.report = report ? &*report : nullptr;
+
+    std::vector<RankRunner> runners;
+    runners.reserve(static_cast<size_t>(options.threads));
+    for (int t = 0; t < options.threads; ++t) {
+      runners.emplace_back(t == 0 ? printerContext : context, t);
+    }
+    std::vector<std::thread> threads;
+    for (RankRunner& runner : runners) threads.emplace_back([&runner] { runner.run(); });
+    for (std::thread& thread : threads) thread.join();
+    for (const RankRunner& runner : runners) failedChecks += runner.failedChecks();
+  }
+  failedChecks = process.sumOverProcesses(failedChecks);
+
+  bool ok = failedChecks == 0;
+  if (report) {
+    ok &= report->printFooter(failedChecks);
+    ok &= report->writeFiles(ncclVersion);
+  }
+  process.finalize();
+  return ok ? 0 : 1;
+}
+
+}  // namespace shoal::perf

@@ -1,0 +1,56 @@
+// Command line of the perf benchmarks: nccl-tests' flags (reference
+// nccl-compat.md §7.2) plus --csv and --json.
+//
+// Role: parseOptions turns argv into Options or a reason to stop; it does no
+// I/O beyond printing usage and errors, and is called by the main thread.
+#pragma once
+
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "verifiable.h"
+#include "world.h"
+
+namespace shoal::perf {
+
+struct Options {
+  int threads = 1;                // -t: rank threads per process
+  size_t minBytes = 32u << 20;    // -b
+  size_t maxBytes = 32u << 20;    // -e
+  size_t stepBytes = 1u << 20;    // -i
+  size_t stepFactor = 1;          // -f (used when > 1)
+  int iters = 20;                 // -n
+  int warmupIters = 1;            // -w
+  int aggIters = 1;               // -m: ops per ncclGroupStart/End
+  int runCycles = 1;              // -N: 0 repeats forever
+  bool parallelInit = false;      // -p: accepted; rank threads always init in parallel
+  int check = 1;                  // -c: checked runs per size
+  std::vector<Op> ops;            // -o: empty until resolved against the library
+  bool allOps = false;
+  std::vector<ncclDataType_t> types;  // -d
+  bool allTypes = false;
+  int root = 0;                   // -r: -1 runs every root
+  int blocking = 0;               // -z: 0, 1 (barrier per op), 2, 3 (barrier per iteration)
+  bool streamNull = false;        // -y: accepted; Shoal's host benchmarks always use NULL
+  int timeoutSeconds = 0;         // -T: 0 = none
+  bool reportCpuTime = false;     // -C
+  TimeAggregation average = TimeAggregation::kAverage;  // -a
+  int unalign = 0;                // -u: misalign buffers by this many elements
+  bool registerBuffers = false;   // -R 1: ncclCommRegister the buffers
+  int ctaPolicy = -1;             // -x: ncclConfig_t.CTAPolicy; -1 = unset
+  std::string csvPath;            // --csv
+  std::string jsonPath;           // --json, -J
+};
+
+struct ParseResult {
+  std::optional<Options> options;  // empty: stop with exitStatus
+  int exitStatus = 0;
+};
+
+// Prints usage or errors (to stdout when `verbose`) and returns the options.
+// `ncclVersion` (from ncclGetVersion) selects which types and ops "all" means.
+ParseResult parseOptions(int argc, char** argv, int ncclVersion, bool verbose);
+
+}  // namespace shoal::perf

@@ -1,0 +1,1928 @@
+// NCCL behaviours of the public C API, in one process (CTest label "api").
+//
+// Role: the contract users rely on, written against NCCL's documented semantics
+// (reference/nccl-compat.md §2-5) and using only <nccl.h> and <shoal/shoal.h>.
+// Ranks live in this process: ncclCommInitAll (loopback) driven by one thread
+// with ncclGroupStart / one call per comm / ncclGroupEnd, or one thread per
+// rank with ncclGetUniqueId + ncclCommInitRank (loopback, or tcp on 127.0.0.1
+// with SHOAL_TRANSPORT=tcp).
+//
+// Host memory with the NULL stream: an operation is complete when the call
+// (inside a group: the outermost ncclGroupEnd) returns, so data is checked
+// right after it.
+//
+// Bounds: every wait in the library has a deadline; this file sets the
+// no-progress and init deadlines to 30 s (unless the environment already sets
+// them) so that a broken behaviour fails instead of hanging.
+#include <nccl.h>
+#include <shoal/shoal.h>
+
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <mutex>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+// ---------------------------------------------------------------------------
+// Process set-up: bounded deadlines and the loopback interface, before any
+// Shoal call (parameters are read once per process).
+// ---------------------------------------------------------------------------
+
+const bool kEnvReady = [] {
+  ::setenv("SHOAL_PROGRESS_TIMEOUT_MS", "30000", 0);
+  ::setenv("SHOAL_INIT_TIMEOUT_MS", "30000", 0);
+  ::setenv("NCCL_SOCKET_IFNAME", "lo", 0);
+  return true;
+}();
+
+using Clock = std::chrono::steady_clock;
+
+double msSince(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+std::string lastError() { return ncclGetLastError(nullptr); }
+
+std::string lower(std::string s) {
+  for (auto& ch : s) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  return s;
+}
+
+bool mentions(const std::string& text, const std::string& word) {
+  return lower(text).find(lower(word)) != std::string::npos;
+}
+
+#define NCCL_OK(call)                                                                  \
+  do {                                                                                 \
+    ncclResult_t rc_ = (call);                                                         \
+    if (rc_ != ncclSuccess)                                                            \
+      FAIL(#call << " returned " << ncclGetErrorString(rc_) << " (" << int(rc_)        \
+                 << "): " << ncclGetLastError(nullptr));                               \
+  } while (0)
+
+#define NCCL_EXPECT(call, want)                                                        \
+  do {                                                                                 \
+    ncclResult_t rc_ = (call);                                                         \
+    INFO(#call << " returned " << ncclGetErrorString(rc_) << " (" << int(rc_)          \
+               << "); last error: " << ncclGetLastError(nullptr));                     \
+    CHECK(rc_ == (want));                                                              \
+  } while (0)
+
+// ---------------------------------------------------------------------------
+// Element types: encode/decode exactly representable values of all 12 types.
+// ---------------------------------------------------------------------------
+
+// IEEE-style binary floats with E exponent bits and M mantissa bits (half,
+// bfloat16, fp8 e4m3 and e5m2). Values used here are exactly representable.
+uint32_t encodeMini(double v, int E, int M) {
+  if (v == 0) return 0;
+  const int bias = (1 << (E - 1)) - 1;
+  uint32_t sign = v < 0 ? 1u : 0u;
+  double a = std::fabs(v);
+  int e = 0;
+  (void)std::frexp(a, &e);  // a = m * 2^e, m in [0.5, 1)
+  int exp = e - 1;          // a = (1.f) * 2^exp
+  int field = exp + bias;
+  uint32_t mant;
+  if (field >= 1) {
+    mant = static_cast<uint32_t>(std::nearbyint((a / std::ldexp(1.0, exp) - 1.0) * (1 << M)));
+    if (mant == (1u << M)) {
+      mant = 0;
+      ++field;
+    }
+  } else {
+    field = 0;
+    mant = static_cast<uint32_t>(std::nearbyint(a / std::ldexp(1.0, 1 - bias - M)));
+  }
+  return (sign << (E + M)) | (static_cast<uint32_t>(field) << M) | mant;
+}
+
+double decodeMini(uint32_t bits, int E, int M, bool e4m3) {
+  const int bias = (1 << (E - 1)) - 1;
+  uint32_t sign = (bits >> (E + M)) & 1u;
+  int field = static_cast<int>((bits >> M) & ((1u << E) - 1u));
+  uint32_t mant = bits & ((1u << M) - 1u);
+  double v;
+  if (e4m3 && field == 15 && mant == 7) return std::nan("");
+  if (!e4m3 && field == (1 << E) - 1) return mant ? std::nan("") : (sign ? -INFINITY : INFINITY);
+  if (field == 0) v = std::ldexp(static_cast<double>(mant), 1 - bias - M);
+  else v = std::ldexp(1.0 + static_cast<double>(mant) / (1 << M), field - bias);
+  return sign ? -v : v;
+}
+
+struct TypeInfo {
+  ncclDataType_t type;
+  const char* name;
+  size_t size;
+  bool floating;
+  bool isSigned;
+  double eps;  // unit roundoff of floating types (for ncclAvg with non-power-of-2 ranks)
+  std::function<void(double, void*)> encode;
+  std::function<double(const void*)> decode;
+};
+
+template <typename T>
+TypeInfo intType(ncclDataType_t type, const char* name) {
+  return {type,
+          name,
+          sizeof(T),
+          false,
+          std::is_signed_v<T>,
+          0,
+          [](double v, void* p) {
+            T x = static_cast<T>(v);
+            std::memcpy(p, &x, sizeof(T));
+          },
+          [](const void* p) {
+            T x;
+            std::memcpy(&x, p, sizeof(T));
+            return static_cast<double>(x);
+          }};
+}
+
+template <typename T>
+TypeInfo ieeeType(ncclDataType_t type, const char* name, double eps) {
+  return {type,
+          name,
+          sizeof(T),
+          true,
+          true,
+          eps,
+          [](double v, void* p) {
+            T x = static_cast<T>(v);
+            std::memcpy(p, &x, sizeof(T));
+          },
+          [](const void* p) {
+            T x;
+            std::memcpy(&x, p, sizeof(T));
+            return static_cast<double>(x);
+          }};
+}
+
+TypeInfo miniType(ncclDataType_t type, const char* name, int E, int M, double eps) {
+  size_t size = (1 + E + M) / 8;
+  bool e4m3 = (E == 4 && M == 3);
+  return {type,
+          name,
+          size,
+          true,
+          true,
+          eps,
+          [E, M, size](double v, void* p) {
+            uint32_t bits = encodeMini(v, E, M);
+            if (size == 1) {
+              uint8_t b = static_cast<uint8_t>(bits);
+              std::memcpy(p, &b, 1);
+            } else {
+              uint16_t b = static_cast<uint16_t>(bits);
+              std::memcpy(p, &b, 2);
+            }
+          },
+          [E, M, size, e4m3](const void* p) {
+            uint32_t bits;
+            if (size == 1) {
+              uint8_t b;
+              std::memcpy(&b, p, 1);
+              bits = b;
+            } else {
+              uint16_t b;
+              std::memcpy(&b, p, 2);
+              bits = b;
+            }
+            return decodeMini(bits, E, M, e4m3);
+          }};
+}
+
+const std::vector<TypeInfo>& allTypes() {
+  static const std::vector<TypeInfo> types = {
+      intType<int8_t>(ncclInt8, "int8"),
+      intType<uint8_t>(ncclUint8, "uint8"),
+      intType<int32_t>(ncclInt32, "int32"),
+      intType<uint32_t>(ncclUint32, "uint32"),
+      intType<int64_t>(ncclInt64, "int64"),
+      intType<uint64_t>(ncclUint64, "uint64"),
+      miniType(ncclFloat16, "half", 5, 10, std::ldexp(1.0, -11)),
+      ieeeType<float>(ncclFloat32, "float", std::ldexp(1.0, -24)),
+      ieeeType<double>(ncclFloat64, "double", std::ldexp(1.0, -53)),
+      miniType(ncclBfloat16, "bfloat16", 8, 7, std::ldexp(1.0, -8)),
+      miniType(ncclFloat8e4m3, "fp8e4m3", 4, 3, std::ldexp(1.0, -4)),
+      miniType(ncclFloat8e5m2, "fp8e5m2", 5, 2, std::ldexp(1.0, -3)),
+  };
+  return types;
+}
+
+const TypeInfo& typeOf(ncclDataType_t t) {
+  for (const auto& ti : allTypes())
+    if (ti.type == t) return ti;
+  throw std::runtime_error("unknown type");
+}
+
+// A typed host buffer.
+class Buf {
+ public:
+  Buf() = default;
+  Buf(const TypeInfo& t, size_t count) : t_(&t), bytes_(count * t.size + 64, 0xA5), count_(count) {}
+  size_t count() const { return count_; }
+  void set(size_t i, double v) { t_->encode(v, bytes_.data() + i * t_->size); }
+  double get(size_t i) const { return t_->decode(bytes_.data() + i * t_->size); }
+  void* at(size_t elem = 0) { return bytes_.data() + elem * t_->size; }
+  void fill(const std::function<double(size_t)>& f) {
+    for (size_t i = 0; i < count_; ++i) set(i, f(i));
+  }
+  // Guard bytes past the end must stay untouched.
+  bool tailIntact() const {
+    for (size_t b = count_ * t_->size; b < bytes_.size(); ++b)
+      if (bytes_[b] != 0xA5) return false;
+    return true;
+  }
+
+ private:
+  const TypeInfo* t_ = nullptr;
+  std::vector<unsigned char> bytes_;
+  size_t count_ = 0;
+};
+
+// Compares every element; reports the first mismatch.
+void checkBuf(const Buf& b, const std::function<double(size_t)>& want, const std::string& what,
+              double tol = 0) {
+  INFO(what);
+  for (size_t i = 0; i < b.count(); ++i) {
+    double got = b.get(i), w = want(i);
+    if (!(std::fabs(got - w) <= tol)) {
+      FAIL_CHECK("element " << i << " is " << got << ", expected " << w << " (tolerance " << tol << ")");
+      return;
+    }
+  }
+  CHECK(b.tailIntact());
+}
+
+// ---------------------------------------------------------------------------
+// World: n ranks of one process from ncclCommInitAll, driven by this thread.
+// ---------------------------------------------------------------------------
+
+class World {
+ public:
+  explicit World(int n, const int* devlist = nullptr) : comms_(n, nullptr) {
+    ncclResult_t rc = ncclCommInitAll(comms_.data(), n, devlist);
+    if (rc != ncclSuccess)
+      FAIL("ncclCommInitAll(" << n << ") returned " << ncclGetErrorString(rc) << ": "
+                              << ncclGetLastError(nullptr));
+    for (auto c : comms_) REQUIRE(c != nullptr);
+  }
+  World(const World&) = delete;
+  World& operator=(const World&) = delete;
+  ~World() {
+    for (auto& c : comms_)
+      if (c) (void)ncclCommDestroy(c);
+  }
+  int size() const { return static_cast<int>(comms_.size()); }
+  ncclComm_t operator[](int r) const { return comms_[r]; }
+  // Forget a comm the test destroyed or aborted itself.
+  void release(int r) { comms_[r] = nullptr; }
+
+ private:
+  std::vector<ncclComm_t> comms_;
+};
+
+// Runs fn(r) for r in [0, n) inside one group and ends the group whatever
+// happens (so that a failing call cannot leave this thread inside a group).
+void grouped(int n, const std::function<ncclResult_t(int)>& fn) {
+  NCCL_OK(ncclGroupStart());
+  std::vector<ncclResult_t> rcs(n, ncclSuccess);
+  std::vector<std::string> errs(n);
+  for (int r = 0; r < n; ++r) {
+    rcs[r] = fn(r);
+    if (rcs[r] != ncclSuccess) errs[r] = lastError();
+  }
+  ncclResult_t end = ncclGroupEnd();
+  std::string endErr = end == ncclSuccess ? "" : lastError();
+  for (int r = 0; r < n; ++r) {
+    INFO("rank " << r << " call inside the group: " << errs[r]);
+    CHECK(rcs[r] == ncclSuccess);
+  }
+  INFO("ncclGroupEnd: " << endErr);
+  REQUIRE(end == ncclSuccess);
+}
+
+// An AllReduce sum on every rank of a world; the communicators still work.
+void requireWorking(const World& w) {
+  const int n = w.size();
+  const TypeInfo& t = typeOf(ncclFloat32);
+  std::vector<Buf> send, recv;
+  for (int r = 0; r < n; ++r) {
+    send.emplace_back(t, 257);
+    recv.emplace_back(t, 257);
+    send[r].fill([r](size_t i) { return static_cast<double>((r + i) % 5); });
+  }
+  grouped(n, [&](int r) {
+    return ncclAllReduce(send[r].at(), recv[r].at(), 257, ncclFloat32, ncclSum, w[r], nullptr);
+  });
+  for (int r = 0; r < n; ++r)
+    checkBuf(recv[r], [n](size_t i) {
+      double s = 0;
+      for (int q = 0; q < n; ++q) s += static_cast<double>((q + i) % 5);
+      return s;
+    }, "the communicators still work (AllReduce)");
+  for (int r = 0; r < n; ++r) {
+    ncclResult_t async = ncclInternalError;
+    NCCL_OK(ncclCommGetAsyncError(w[r], &async));
+    CHECK(async == ncclSuccess);
+  }
+}
+
+// Small-integer inputs per reduction operator, exactly representable in every
+// type and with every partial result exact (fp8 e5m2 holds the integers 0..8).
+double inputFor(int op, const TypeInfo& t, int r, size_t i) {
+  const bool sgn = t.isSigned;
+  const long ri = static_cast<long>(r), ii = static_cast<long>(i);
+  switch (op) {
+    case ncclSum: return sgn ? ((ri * 7 + ii * 3) % 5) - 2 : (ri + ii) % 3;
+    case ncclProd: {
+      double mag = 1 + (ri + ii) % 2;
+      return (sgn && (ri * 5 + ii) % 3 == 0) ? -mag : mag;
+    }
+    case ncclMax:
+    case ncclMin: return sgn ? ((ri * 5 + ii * 3) % 7) - 3 : (ri * 5 + ii * 3) % 7;
+    case ncclAvg: return (ri + 2 * ii) % 3;
+    default: /* PreMulSum */ return sgn ? ((ri + ii) % 3) - 1 : (ri + ii) % 2;
+  }
+}
+
+// The scalar of rank r in PreMulSum tests (nccl-tests: 1 on even, 2 on odd).
+double preMulScalar(int r) { return r % 2 == 0 ? 1 : 2; }
+
+double expectedFor(int op, const TypeInfo& t, int n, size_t i) {
+  double acc = 0;
+  switch (op) {
+    case ncclSum:
+    case ncclAvg:
+      for (int r = 0; r < n; ++r) acc += inputFor(op, t, r, i);
+      if (op == ncclAvg) acc = t.floating ? acc / n : std::floor(acc / n);
+      return acc;
+    case ncclProd:
+      acc = 1;
+      for (int r = 0; r < n; ++r) acc *= inputFor(op, t, r, i);
+      return acc;
+    case ncclMax:
+      acc = -1e9;
+      for (int r = 0; r < n; ++r) acc = std::max(acc, inputFor(op, t, r, i));
+      return acc;
+    case ncclMin:
+      acc = 1e9;
+      for (int r = 0; r < n; ++r) acc = std::min(acc, inputFor(op, t, r, i));
+      return acc;
+    default:
+      for (int r = 0; r < n; ++r) acc += preMulScalar(r) * inputFor(op, t, r, i);
+      return acc;
+  }
+}
+
+const char* opName(int op) {
+  switch (op) {
+    case ncclSum: return "sum";
+    case ncclProd: return "prod";
+    case ncclMax: return "max";
+    case ncclMin: return "min";
+    case ncclAvg: return "avg";
+    default: return "premulsum";
+  }
+}
+
+// Element values of the data-movement tests (exact in float and uint8).
+double val(int r, size_t i) { return static_cast<double>((r * 5 + static_cast<int>(i % 251)) % 13); }
+
+// Runs one unique-id communicator per thread; body(rank, comm) returns an
+// error text ("" = pass). Init/destroy errors are reported too.
+std::vector<std::string> runThreads(int n, const std::function<std::string(int, ncclComm_t)>& body) {
+  ncclUniqueId id;
+  std::vector<std::string> errors(n);
+  if (ncclGetUniqueId(&id) != ncclSuccess) {
+    errors.assign(n, "ncclGetUniqueId failed: " + lastError());
+    return errors;
+  }
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      ncclComm_t comm = nullptr;
+      ncclResult_t rc = ncclCommInitRank(&comm, n, id, r);
+      if (rc != ncclSuccess) {
+        errors[r] = std::string("ncclCommInitRank: ") + ncclGetErrorString(rc) + ": " + lastError();
+        return;
+      }
+      errors[r] = body(r, comm);
+      rc = ncclCommDestroy(comm);
+      if (rc != ncclSuccess && errors[r].empty())
+        errors[r] = std::string("ncclCommDestroy: ") + ncclGetErrorString(rc) + ": " + lastError();
+    });
+  for (auto& t : threads) t.join();
+  return errors;
+}
+
+#define T_CHECK(cond, what)                                                       \
+  do {                                                                            \
+    if (!(cond)) return std::string("line ") + std::to_string(__LINE__) + ": " + \
+                        #cond + " -- " + (what);                                  \
+  } while (0)
+#define T_NCCL(call)                                                                        \
+  do {                                                                                      \
+    ncclResult_t rc_ = (call);                                                              \
+    if (rc_ != ncclSuccess)                                                                 \
+      return std::string("line ") + std::to_string(__LINE__) + ": " + #call + " -> " +    \
+             ncclGetErrorString(rc_) + ": " + ncclGetLastError(nullptr);                    \
+  } while (0)
+
+// The body of the threaded tests: several collectives with data checks.
+std::string threadedCollectives(int n, int r, ncclComm_t comm) {
+  int count = -1, rank = -1;
+  T_NCCL(ncclCommCount(comm, &count));
+  T_NCCL(ncclCommUserRank(comm, &rank));
+  T_CHECK(count == n && rank == r, "Count/UserRank");
+  const size_t N = 70001;
+  std::vector<float> send(N), recv(N * n, -1.f);
+  for (size_t i = 0; i < N; ++i) send[i] = static_cast<float>(val(r, i));
+  T_NCCL(ncclAllReduce(send.data(), recv.data(), N, ncclFloat, ncclSum, comm, nullptr));
+  for (size_t i = 0; i < N; ++i) {
+    float s = 0;
+    for (int q = 0; q < n; ++q) s += static_cast<float>(val(q, i));
+    T_CHECK(recv[i] == s, "AllReduce element " + std::to_string(i));
+  }
+  T_NCCL(ncclAllGather(send.data(), recv.data(), N, ncclFloat, comm, nullptr));
+  for (size_t j = 0; j < N * n; ++j)
+    T_CHECK(recv[j] == static_cast<float>(val(static_cast<int>(j / N), j % N)),
+            "AllGather element " + std::to_string(j));
+  std::vector<float> b(N);
+  const int root = n - 1;
+  T_NCCL(ncclBroadcast(send.data(), b.data(), N, ncclFloat, root, comm, nullptr));
+  for (size_t i = 0; i < N; ++i)
+    T_CHECK(b[i] == static_cast<float>(val(root, i)), "Broadcast element " + std::to_string(i));
+  // Ring exchange in a group.
+  std::vector<float> got(N, -1.f);
+  T_NCCL(ncclGroupStart());
+  T_NCCL(ncclSend(send.data(), N, ncclFloat, (r + 1) % n, comm, nullptr));
+  T_NCCL(ncclRecv(got.data(), N, ncclFloat, (r + n - 1) % n, comm, nullptr));
+  T_NCCL(ncclGroupEnd());
+  for (size_t i = 0; i < N; ++i)
+    T_CHECK(got[i] == static_cast<float>(val((r + n - 1) % n, i)), "ring element " + std::to_string(i));
+  return "";
+}
+
+void requireNoErrors(const std::vector<std::string>& errors) {
+  for (size_t r = 0; r < errors.size(); ++r) {
+    INFO("rank " << r << ": " << errors[r]);
+    CHECK(errors[r].empty());
+  }
+}
+
+// Polls ncclCommGetAsyncError until the state leaves ncclInProgress.
+ncclResult_t waitAsync(ncclComm_t comm, int timeoutMs = 30000) {
+  auto t0 = Clock::now();
+  ncclResult_t state = ncclInProgress;
+  while (msSince(t0) < timeoutMs) {
+    ncclResult_t rc = ncclCommGetAsyncError(comm, &state);
+    if (rc != ncclSuccess) return rc;
+    if (state != ncclInProgress) return state;
+    std::this_thread::yield();
+  }
+  return ncclInProgress;
+}
+
+ncclUniqueId newId() {
+  ncclUniqueId id;
+  ncclResult_t rc = ncclGetUniqueId(&id);
+  if (rc != ncclSuccess) FAIL("ncclGetUniqueId: " << lastError());
+  return id;
+}
+
+}  // namespace
+
+// ===========================================================================
+// Version and error strings
+// ===========================================================================
+
+TEST_CASE("version is 2.30.7 (23007)", "[api]") {
+  STATIC_REQUIRE(NCCL_VERSION_CODE == 23007);
+  STATIC_REQUIRE(NCCL_VERSION(2, 30, 7) == 23007);
+  STATIC_REQUIRE(NCCL_VERSION(2, 8, 4) == 2804);
+  int v = 0;
+  NCCL_OK(ncclGetVersion(&v));
+  CHECK(v == 23007);
+  NCCL_EXPECT(ncclGetVersion(nullptr), ncclInvalidArgument);
+  int major = -1, minor = -1, patch = -1;
+  NCCL_OK(shoalGetVersion(&major, &minor, &patch));
+  CHECK(major == SHOAL_VERSION_MAJOR);
+  CHECK(minor == SHOAL_VERSION_MINOR);
+  CHECK(patch == SHOAL_VERSION_PATCH);
+  REQUIRE(shoalGetVersionString() != nullptr);
+  CHECK(mentions(shoalGetVersionString(), "shoal"));
+}
+
+TEST_CASE("error strings are NCCL's", "[api]") {
+  CHECK(std::string(ncclGetErrorString(ncclSuccess)) == "no error");
+  CHECK(std::string(ncclGetErrorString(ncclUnhandledCudaError)) ==
+        "unhandled cuda error (run with NCCL_DEBUG=INFO for details)");
+  CHECK(std::string(ncclGetErrorString(ncclSystemError)) ==
+        "unhandled system error (run with NCCL_DEBUG=INFO for details)");
+  CHECK(std::string(ncclGetErrorString(ncclInternalError)) ==
+        "internal error - please report this issue to the NCCL developers");
+  CHECK(std::string(ncclGetErrorString(ncclInvalidArgument)) ==
+        "invalid argument (run with NCCL_DEBUG=WARN for details)");
+  CHECK(std::string(ncclGetErrorString(ncclInvalidUsage)) ==
+        "invalid usage (run with NCCL_DEBUG=WARN for details)");
+  CHECK(std::string(ncclGetErrorString(ncclRemoteError)) ==
+        "remote process exited or there was a network error");
+  CHECK(std::string(ncclGetErrorString(ncclInProgress)) == "NCCL operation in progress");
+  CHECK(std::string(ncclGetErrorString(ncclTimeout)) == "timeout");
+  CHECK(std::string(ncclGetErrorString(ncclNumResults)) == "unknown result code");
+  CHECK(std::string(ncclGetErrorString(static_cast<ncclResult_t>(1234))) == "unknown result code");
+  REQUIRE(ncclGetLastError(nullptr) != nullptr);
+}
+
+// ===========================================================================
+// Init, queries, teardown
+// ===========================================================================
+
+TEST_CASE("ncclCommInitAll: queries, devlist, argument errors", "[api]") {
+  {
+    World w(3);
+    for (int r = 0; r < 3; ++r) {
+      int count = -1, rank = -1, dev = -7;
+      NCCL_OK(ncclCommCount(w[r], &count));
+      NCCL_OK(ncclCommUserRank(w[r], &rank));
+      NCCL_OK(ncclCommCuDevice(w[r], &dev));
+      CHECK(count == 3);
+      CHECK(rank == r);
+      CHECK(dev == r);
+    }
+    NCCL_EXPECT(ncclCommCount(w[0], nullptr), ncclInvalidArgument);
+    NCCL_EXPECT(ncclCommUserRank(w[0], nullptr), ncclInvalidArgument);
+  }
+  {
+    const int devs[3] = {5, 3, 9};
+    World w(3, devs);
+    for (int r = 0; r < 3; ++r) {
+      int dev = -1;
+      NCCL_OK(ncclCommCuDevice(w[r], &dev));
+      CHECK(dev == devs[r]);
+    }
+  }
+  ncclComm_t comms[4] = {};
+  NCCL_EXPECT(ncclCommInitAll(nullptr, 2, nullptr), ncclInvalidArgument);
+  NCCL_EXPECT(ncclCommInitAll(comms, 0, nullptr), ncclInvalidArgument);
+  const int dup[2] = {1, 1};
+  NCCL_EXPECT(ncclCommInitAll(comms, 2, dup), ncclInvalidUsage);
+  int count = 0;
+  NCCL_EXPECT(ncclCommCount(nullptr, &count), ncclInvalidArgument);
+}
+
+TEST_CASE("ncclCommInitRank: argument errors and malformed unique ids", "[api]") {
+  ncclUniqueId id = newId();
+  ncclComm_t comm = nullptr;
+  NCCL_EXPECT(ncclCommInitRank(nullptr, 1, id, 0), ncclInvalidArgument);
+  NCCL_EXPECT(ncclCommInitRank(&comm, 0, id, 0), ncclInvalidArgument);
+  NCCL_EXPECT(ncclCommInitRank(&comm, 2, id, 2), ncclInvalidArgument);
+  NCCL_EXPECT(ncclCommInitRank(&comm, 2, id, -1), ncclInvalidArgument);
+
+  ncclUniqueId zero;
+  std::memset(&zero, 0, sizeof(zero));
+  auto t0 = Clock::now();
+  NCCL_EXPECT(ncclCommInitRank(&comm, 1, zero, 0), ncclInvalidArgument);
+  CHECK(msSince(t0) < 5000);
+
+  ncclUniqueId junk;
+  std::mt19937 rng(7);
+  for (auto& b : junk.internal) b = static_cast<char>(rng());
+  t0 = Clock::now();
+  NCCL_EXPECT(ncclCommInitRank(&comm, 1, junk, 0), ncclInvalidArgument);
+  CHECK(msSince(t0) < 5000);
+
+  // The valid id still works afterwards.
+  NCCL_OK(ncclCommInitRank(&comm, 1, id, 0));
+  NCCL_OK(ncclCommDestroy(comm));
+}
+
+TEST_CASE("one-rank communicators do every collective as a copy", "[api]") {
+  World w(1);
+  const TypeInfo& t = typeOf(ncclFloat32);
+  Buf s(t, 1000), d(t, 1000);
+  s.fill([](size_t i) { return val(0, i); });
+  auto same = [](size_t i) { return val(0, i); };
+  NCCL_OK(ncclAllReduce(s.at(), d.at(), 1000, ncclFloat, ncclSum, w[0], nullptr));
+  checkBuf(d, same, "AllReduce n=1");
+  Buf d2(t, 1000);
+  NCCL_OK(ncclBroadcast(s.at(), d2.at(), 1000, ncclFloat, 0, w[0], nullptr));
+  checkBuf(d2, same, "Broadcast n=1");
+  Buf d3(t, 1000);
+  NCCL_OK(ncclReduce(s.at(), d3.at(), 1000, ncclFloat, ncclMax, 0, w[0], nullptr));
+  checkBuf(d3, same, "Reduce n=1");
+  Buf d4(t, 1000);
+  NCCL_OK(ncclAllGather(s.at(), d4.at(), 1000, ncclFloat, w[0], nullptr));
+  checkBuf(d4, same, "AllGather n=1");
+  Buf d5(t, 1000);
+  NCCL_OK(ncclReduceScatter(s.at(), d5.at(), 1000, ncclFloat, ncclSum, w[0], nullptr));
+  checkBuf(d5, same, "ReduceScatter n=1");
+  Buf d6(t, 1000);
+  NCCL_OK(ncclAlltoAll(s.at(), d6.at(), 1000, ncclFloat, w[0], nullptr));
+  checkBuf(d6, same, "AlltoAll n=1");
+  Buf d7(t, 1000);
+  NCCL_OK(ncclGather(s.at(), d7.at(), 1000, ncclFloat, 0, w[0], nullptr));
+  checkBuf(d7, same, "Gather n=1");
+  Buf d8(t, 1000);
+  NCCL_OK(ncclScatter(s.at(), d8.at(), 1000, ncclFloat, 0, w[0], nullptr));
+  checkBuf(d8, same, "Scatter n=1");
+  Buf d9(t, 1000);
+  NCCL_OK(ncclGroupStart());
+  NCCL_OK(ncclSend(s.at(), 1000, ncclFloat, 0, w[0], nullptr));
+  NCCL_OK(ncclRecv(d9.at(), 1000, ncclFloat, 0, w[0], nullptr));
+  NCCL_OK(ncclGroupEnd());
+  checkBuf(d9, same, "self send/recv n=1");
+  Buf ip(t, 1000);
+  ip.fill(same);
+  NCCL_OK(ncclAllReduce(ip.at(), ip.at(), 1000, ncclFloat, ncclSum, w[0], nullptr));
+  checkBuf(ip, same, "in-place AllReduce n=1");
+}
+
+TEST_CASE("Finalize then Destroy; Destroy and Abort of NULL; Abort right after init", "[api]") {
+  NCCL_OK(ncclCommDestroy(nullptr));
+  NCCL_OK(ncclCommAbort(nullptr));
+  {
+    World w(3);
+    requireWorking(w);
+    for (int r = 0; r < 3; ++r) NCCL_OK(ncclCommFinalize(w[r]));
+    for (int r = 0; r < 3; ++r) {
+      ncclResult_t async = ncclInternalError;
+      NCCL_OK(ncclCommGetAsyncError(w[r], &async));
+      CHECK(async == ncclSuccess);
+    }
+    for (int r = 0; r < 3; ++r) {
+      NCCL_OK(ncclCommDestroy(w[r]));
+      w.release(r);
+    }
+  }
+  {
+    World w(3);
+    auto t0 = Clock::now();
+    for (int r = 0; r < 3; ++r) {
+      NCCL_OK(ncclCommAbort(w[r]));
+      w.release(r);
+    }
+    CHECK(msSince(t0) < 5000);
+  }
+  {  // abort after some work
+    World w(2);
+    requireWorking(w);
+    for (int r = 0; r < 2; ++r) {
+      NCCL_OK(ncclCommAbort(w[r]));
+      w.release(r);
+    }
+  }
+}
+
+TEST_CASE("ncclCommAbort of a nonblocking comm still initializing returns promptly", "[api]") {
+  ncclUniqueId id = newId();
+  ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+  cfg.blocking = 0;
+  ncclComm_t comm = nullptr;
+  // Rank 1 of 2 never arrives, so init cannot finish.
+  ncclResult_t rc = ncclCommInitRankConfig(&comm, 2, id, 0, &cfg);
+  CHECK(rc == ncclInProgress);
+  REQUIRE(comm != nullptr);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ncclResult_t state = ncclSuccess;
+  NCCL_OK(ncclCommGetAsyncError(comm, &state));
+  CHECK(state == ncclInProgress);
+  auto t0 = Clock::now();
+  NCCL_OK(ncclCommAbort(comm));
+  CHECK(msSince(t0) < 2000);
+}
+
+// ===========================================================================
+// AllReduce: every operator and every type, 1-4 ranks
+// ===========================================================================
+
+TEST_CASE("AllReduce sum/prod/max/min/avg of all 12 types at 1, 2, 3 and 4 ranks", "[api][allreduce]") {
+  for (int n = 1; n <= 4; ++n) {
+    World w(n);
+    const bool pow2 = (n & (n - 1)) == 0;
+    for (const TypeInfo& t : allTypes()) {
+      for (int op : {ncclSum, ncclProd, ncclMax, ncclMin, ncclAvg}) {
+        for (size_t count : {size_t{1}, size_t{1031}}) {
+          INFO("nranks " << n << " type " << t.name << " op " << opName(op) << " count " << count);
+          std::vector<Buf> send, recv;
+          for (int r = 0; r < n; ++r) {
+            send.emplace_back(t, count);
+            recv.emplace_back(t, count);
+            send[r].fill([&](size_t i) { return inputFor(op, t, r, i); });
+          }
+          grouped(n, [&](int r) {
+            return ncclAllReduce(send[r].at(), recv[r].at(), count, t.type,
+                                 static_cast<ncclRedOp_t>(op), w[r], nullptr);
+          });
+          // Floating avg with a non-power-of-2 rank count pre-multiplies by an
+          // inexact 1/n: allow a few units of roundoff.
+          for (int r = 0; r < n; ++r) {
+            auto want = [&](size_t i) { return expectedFor(op, t, n, i); };
+            double tol = (op == ncclAvg && t.floating && !pow2) ? 4 * t.eps * 2.0 * n : 0;
+            checkBuf(recv[r], want, "rank " + std::to_string(r), tol);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("AllReduce in place, count 0 and large counts", "[api][allreduce]") {
+  for (int n = 2; n <= 4; ++n) {
+    World w(n);
+    INFO("nranks " << n);
+    const TypeInfo& t = typeOf(ncclFloat32);
+    const size_t N = 300007;  // > 1 MiB, odd
+    std::vector<Buf> buf;
+    for (int r = 0; r < n; ++r) {
+      buf.emplace_back(t, N);
+      buf[r].fill([r](size_t i) { return val(r, i); });
+    }
+    grouped(n, [&](int r) {
+      return ncclAllReduce(buf[r].at(), buf[r].at(), N, ncclFloat, ncclSum, w[r], nullptr);
+    });
+    for (int r = 0; r < n; ++r)
+      checkBuf(buf[r], [n](size_t i) {
+        double s = 0;
+        for (int q = 0; q < n; ++q) s += val(q, i);
+        return s;
+      }, "in-place AllReduce");
+    // count 0 with NULL buffers: a no-op that succeeds, inside a group...
+    grouped(n, [&](int r) { return ncclAllReduce(nullptr, nullptr, 0, ncclFloat, ncclSum, w[r], nullptr); });
+    // ...and outside one, on a single rank (NCCL discards zero-count collectives).
+    auto t0 = Clock::now();
+    NCCL_OK(ncclAllReduce(nullptr, nullptr, 0, ncclFloat, ncclSum, w[0], nullptr));
+    NCCL_OK(ncclBroadcast(nullptr, nullptr, 0, ncclFloat, 0, w[0], nullptr));
+    NCCL_OK(ncclAllGather(nullptr, nullptr, 0, ncclFloat, w[0], nullptr));
+    NCCL_OK(ncclReduceScatter(nullptr, nullptr, 0, ncclFloat, ncclSum, w[0], nullptr));
+    NCCL_OK(ncclReduce(nullptr, nullptr, 0, ncclFloat, ncclSum, 0, w[0], nullptr));
+    NCCL_OK(ncclAlltoAll(nullptr, nullptr, 0, ncclFloat, w[0], nullptr));
+    NCCL_OK(ncclGather(nullptr, nullptr, 0, ncclFloat, 0, w[0], nullptr));
+    NCCL_OK(ncclScatter(nullptr, nullptr, 0, ncclFloat, 0, w[0], nullptr));
+    CHECK(msSince(t0) < 2000);
+    requireWorking(w);
+  }
+}
+
+TEST_CASE("PreMulSum: host-immediate and device scalars, destroyed right after the call", "[api][allreduce]") {
+  for (int n = 1; n <= 4; ++n) {
+    World w(n);
+    for (const TypeInfo& t : allTypes()) {
+      for (ncclScalarResidence_t res : {ncclScalarHostImmediate, ncclScalarDevice}) {
+        const size_t count = 517;
+        INFO("nranks " << n << " type " << t.name << " residence "
+                       << (res == ncclScalarDevice ? "device" : "host-immediate"));
+        std::vector<Buf> send, recv, scalar;
+        for (int r = 0; r < n; ++r) {
+          send.emplace_back(t, count);
+          recv.emplace_back(t, count);
+          scalar.emplace_back(t, 1);
+          send[r].fill([&](size_t i) { return inputFor(-1, t, r, i); });
+          scalar[r].set(0, preMulScalar(r));
+        }
+        // nccl-tests' pattern: create per comm inside the group, enqueue,
+        // destroy at once (before ncclGroupEnd).
+        grouped(n, [&](int r) {
+          ncclRedOp_t op;
+          ncclResult_t rc = ncclRedOpCreatePreMulSum(&op, scalar[r].at(), t.type, res, w[r]);
+          if (rc != ncclSuccess) return rc;
+          CHECK(static_cast<int>(op) >= static_cast<int>(ncclNumOps));
+          rc = ncclAllReduce(send[r].at(), recv[r].at(), count, t.type, op, w[r], nullptr);
+          if (rc != ncclSuccess) return rc;
+          return ncclRedOpDestroy(op, w[r]);
+        });
+        for (int r = 0; r < n; ++r)
+          checkBuf(recv[r], [&](size_t i) { return expectedFor(-1, t, n, i); },
+                   "rank " + std::to_string(r));
+      }
+    }
+    // Also outside a group (one rank) and with ReduceScatter/Reduce.
+    if (n == 1) {
+      const TypeInfo& t = typeOf(ncclFloat32);
+      float scalarValue = 3.0f;
+      ncclRedOp_t op;
+      NCCL_OK(ncclRedOpCreatePreMulSum(&op, &scalarValue, ncclFloat, ncclScalarHostImmediate, w[0]));
+      scalarValue = 100.0f;  // host-immediate: read at creation, not later
+      Buf s(t, 10), d(t, 10);
+      s.fill([](size_t i) { return static_cast<double>(i); });
+      NCCL_OK(ncclReduce(s.at(), d.at(), 10, ncclFloat, op, 0, w[0], nullptr));
+      NCCL_OK(ncclRedOpDestroy(op, w[0]));
+      checkBuf(d, [](size_t i) { return 3.0 * static_cast<double>(i); }, "PreMulSum host-immediate");
+    }
+  }
+}
+
+TEST_CASE("PreMulSum and RedOpDestroy misuse", "[api][errors]") {
+  World w(2);
+  float scalar = 2.0f;
+  ncclRedOp_t op;
+  NCCL_OK(ncclRedOpCreatePreMulSum(&op, &scalar, ncclFloat, ncclScalarHostImmediate, w[0]));
+  std::vector<double> s(8, 1.0), d(8, 0.0);
+  // The op belongs to (w[0], float): another datatype is an invalid argument.
+  NCCL_EXPECT(ncclAllReduce(s.data(), d.data(), 8, ncclDouble, op, w[0], nullptr), ncclInvalidArgument);
+  CHECK_FALSE(lastError().empty());
+  NCCL_EXPECT(ncclRedOpDestroy(ncclSum, w[0]), ncclInvalidArgument);
+  NCCL_EXPECT(ncclRedOpDestroy(ncclAvg, w[0]), ncclInvalidArgument);
+  NCCL_OK(ncclRedOpDestroy(op, w[0]));
+  NCCL_EXPECT(ncclRedOpDestroy(op, w[0]), ncclInvalidArgument);  // already destroyed
+  NCCL_EXPECT(ncclRedOpCreatePreMulSum(&op, &scalar, ncclFloat, ncclScalarHostImmediate, nullptr),
+              ncclInvalidArgument);
+  NCCL_EXPECT(ncclRedOpCreatePreMulSum(&op, &scalar, static_cast<ncclDataType_t>(ncclNumTypes),
+                                       ncclScalarHostImmediate, w[0]),
+              ncclInvalidArgument);
+  requireWorking(w);
+}
+
+// ===========================================================================
+// Data movement collectives, every root, in place with NCCL's offsets
+// ===========================================================================
+
+TEST_CASE("Broadcast and Bcast: every root, in place, NULL sendbuff on non-roots", "[api][coll]") {
+  for (ncclDataType_t dt : {ncclFloat32, ncclUint8}) {
+    const TypeInfo& t = typeOf(dt);
+    for (int n = 1; n <= 4; ++n) {
+      World w(n);
+      const size_t N = 10007;
+      for (int root = 0; root < n; ++root) {
+        INFO("type " << t.name << " nranks " << n << " root " << root);
+        std::vector<Buf> send, recv, inplace, legacy;
+        for (int r = 0; r < n; ++r) {
+          send.emplace_back(t, N);
+          recv.emplace_back(t, N);
+          inplace.emplace_back(t, N);
+          legacy.emplace_back(t, N);
+          send[r].fill([r](size_t i) { return val(r, i); });
+          inplace[r].fill([r](size_t i) { return val(r, i); });
+          legacy[r].fill([r](size_t i) { return val(r, i); });
+        }
+        grouped(n, [&](int r) {
+          return ncclBroadcast(r == root ? send[r].at() : nullptr, recv[r].at(), N, dt, root, w[r],
+                               nullptr);
+        });
+        grouped(n, [&](int r) {
+          return ncclBroadcast(inplace[r].at(), inplace[r].at(), N, dt, root, w[r], nullptr);
+        });
+        grouped(n, [&](int r) { return ncclBcast(legacy[r].at(), N, dt, root, w[r], nullptr); });
+        auto want = [root](size_t i) { return val(root, i); };
+        for (int r = 0; r < n; ++r) {
+          checkBuf(recv[r], want, "Broadcast rank " + std::to_string(r));
+          checkBuf(inplace[r], want, "in-place Broadcast rank " + std::to_string(r));
+          checkBuf(legacy[r], want, "ncclBcast rank " + std::to_string(r));
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("Reduce: every root, NULL recvbuff on non-roots, in place at the root", "[api][coll]") {
+  for (ncclDataType_t dt : {ncclFloat32, ncclUint8}) {
+    const TypeInfo& t = typeOf(dt);
+    for (int n = 1; n <= 4; ++n) {
+      World w(n);
+      const size_t N = 5003;
+      for (int root = 0; root < n; ++root) {
+        for (int op : {ncclSum, ncclMax}) {
+          INFO("type " << t.name << " nranks " << n << " root " << root << " op " << opName(op));
+          std::vector<Buf> send, inplace;
+          Buf recv(t, N);
+          for (int r = 0; r < n; ++r) {
+            send.emplace_back(t, N);
+            inplace.emplace_back(t, N);
+            send[r].fill([r](size_t i) { return val(r, i); });
+            inplace[r].fill([r](size_t i) { return val(r, i); });
+          }
+          grouped(n, [&](int r) {
+            return ncclReduce(send[r].at(), r == root ? recv.at() : nullptr, N, dt,
+                              static_cast<ncclRedOp_t>(op), root, w[r], nullptr);
+          });
+          grouped(n, [&](int r) {
+            return ncclReduce(inplace[r].at(), inplace[r].at(), N, dt, static_cast<ncclRedOp_t>(op),
+                              root, w[r], nullptr);
+          });
+          auto want = [n, op](size_t i) {
+            double acc = op == ncclSum ? 0 : -1;
+            for (int q = 0; q < n; ++q) acc = op == ncclSum ? acc + val(q, i) : std::max(acc, val(q, i));
+            return acc;
+          };
+          checkBuf(recv, want, "Reduce");
+          checkBuf(inplace[root], want, "in-place Reduce at the root");
+          for (int r = 0; r < n; ++r) {  // non-roots' send buffers are not written
+            if (r == root) continue;
+            checkBuf(send[r], [r](size_t i) { return val(r, i); }, "non-root sendbuff unchanged");
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("AllGather and ReduceScatter, out of place and in place", "[api][coll]") {
+  for (ncclDataType_t dt : {ncclFloat32, ncclUint8}) {
+    const TypeInfo& t = typeOf(dt);
+    for (int n = 1; n <= 4; ++n) {
+      World w(n);
+      for (size_t N : {size_t{1}, size_t{4099}}) {
+        INFO("type " << t.name << " nranks " << n << " count " << N);
+        // AllGather: rank r's block lands at r*N.
+        std::vector<Buf> send, recv, inplace;
+        for (int r = 0; r < n; ++r) {
+          send.emplace_back(t, N);
+          recv.emplace_back(t, N * n);
+          inplace.emplace_back(t, N * n);
+          send[r].fill([r](size_t i) { return val(r, i); });
+          inplace[r].fill([](size_t) { return 99; });
+          for (size_t i = 0; i < N; ++i) inplace[r].set(r * N + i, val(r, i));
+        }
+        grouped(n, [&](int r) { return ncclAllGather(send[r].at(), recv[r].at(), N, dt, w[r], nullptr); });
+        grouped(n, [&](int r) {
+          return ncclAllGather(inplace[r].at(r * N), inplace[r].at(), N, dt, w[r], nullptr);
+        });
+        auto gathered = [N](size_t j) { return val(static_cast<int>(j / N), j % N); };
+        for (int r = 0; r < n; ++r) {
+          checkBuf(recv[r], gathered, "AllGather rank " + std::to_string(r));
+          checkBuf(inplace[r], gathered, "in-place AllGather rank " + std::to_string(r));
+        }
+        // ReduceScatter: rank r gets the sum of block r.
+        std::vector<Buf> rsSend, rsRecv, rsInplace;
+        for (int r = 0; r < n; ++r) {
+          rsSend.emplace_back(t, N * n);
+          rsRecv.emplace_back(t, N);
+          rsInplace.emplace_back(t, N * n);
+          rsSend[r].fill([r](size_t j) { return val(r, j); });
+          rsInplace[r].fill([r](size_t j) { return val(r, j); });
+        }
+        grouped(n, [&](int r) {
+          return ncclReduceScatter(rsSend[r].at(), rsRecv[r].at(), N, dt, ncclSum, w[r], nullptr);
+        });
+        grouped(n, [&](int r) {
+          return ncclReduceScatter(rsInplace[r].at(), rsInplace[r].at(r * N), N, dt, ncclSum, w[r], nullptr);
+        });
+        for (int r = 0; r < n; ++r) {
+          auto want = [n, r, N](size_t i) {
+            double s = 0;
+            for (int q = 0; q < n; ++q) s += val(q, r * N + i);
+            return s;
+          };
+          checkBuf(rsRecv[r], want, "ReduceScatter rank " + std::to_string(r));
+          for (size_t i = 0; i < N; ++i) {
+            if (rsInplace[r].get(r * N + i) != want(i)) {
+              FAIL_CHECK("in-place ReduceScatter rank " << r << " element " << i << " is "
+                                                  << rsInplace[r].get(r * N + i) << ", expected " << want(i));
+              break;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("AlltoAll, Gather and Scatter: every root, in place at the root", "[api][coll]") {
+  for (ncclDataType_t dt : {ncclFloat32, ncclUint8}) {
+    const TypeInfo& t = typeOf(dt);
+    for (int n = 1; n <= 4; ++n) {
+      World w(n);
+      const size_t N = 3001;
+      INFO("type " << t.name << " nranks " << n);
+      {  // AlltoAll: block j of rank r goes to rank j at r*N
+        std::vector<Buf> send, recv;
+        for (int r = 0; r < n; ++r) {
+          send.emplace_back(t, N * n);
+          recv.emplace_back(t, N * n);
+          send[r].fill([r](size_t j) { return val(r, j); });
+        }
+        grouped(n, [&](int r) { return ncclAlltoAll(send[r].at(), recv[r].at(), N, dt, w[r], nullptr); });
+        for (int r = 0; r < n; ++r)
+          checkBuf(recv[r], [r, N](size_t j) { return val(static_cast<int>(j / N), r * N + j % N); },
+                   "AlltoAll rank " + std::to_string(r));
+      }
+      for (int root = 0; root < n; ++root) {
+        INFO("root " << root);
+        // Gather: out of place (non-roots pass NULL recvbuff) and in place at the root.
+        std::vector<Buf> send;
+        Buf recv(t, N * n), inplace(t, N * n);
+        for (int r = 0; r < n; ++r) {
+          send.emplace_back(t, N);
+          send[r].fill([r](size_t i) { return val(r, i); });
+        }
+        inplace.fill([](size_t) { return 77; });
+        for (size_t i = 0; i < N; ++i) inplace.set(root * N + i, val(root, i));
+        grouped(n, [&](int r) {
+          return ncclGather(send[r].at(), r == root ? recv.at() : nullptr, N, dt, root, w[r], nullptr);
+        });
+        grouped(n, [&](int r) {
+          return r == root ? ncclGather(inplace.at(root * N), inplace.at(), N, dt, root, w[r], nullptr)
+                           : ncclGather(send[r].at(), nullptr, N, dt, root, w[r], nullptr);
+        });
+        auto gathered = [N](size_t j) { return val(static_cast<int>(j / N), j % N); };
+        checkBuf(recv, gathered, "Gather");
+        checkBuf(inplace, gathered, "in-place Gather");
+        // Scatter: out of place (non-roots pass NULL sendbuff) and in place at the root.
+        Buf scatterSend(t, N * n), scatterInplace(t, N * n);
+        scatterSend.fill([root](size_t j) { return val(root, j); });
+        scatterInplace.fill([root](size_t j) { return val(root, j); });
+        std::vector<Buf> out;
+        for (int r = 0; r < n; ++r) out.emplace_back(t, N);
+        grouped(n, [&](int r) {
+          return ncclScatter(r == root ? scatterSend.at() : nullptr, out[r].at(), N, dt, root, w[r], nullptr);
+        });
+        for (int r = 0; r < n; ++r)
+          checkBuf(out[r], [root, r, N](size_t i) { return val(root, r * N + i); },
+                   "Scatter rank " + std::to_string(r));
+        std::vector<Buf> out2;
+        for (int r = 0; r < n; ++r) out2.emplace_back(t, N);
+        grouped(n, [&](int r) {
+          return r == root
+                     ? ncclScatter(scatterInplace.at(), scatterInplace.at(root * N), N, dt, root, w[r], nullptr)
+                     : ncclScatter(nullptr, out2[r].at(), N, dt, root, w[r], nullptr);
+        });
+        checkBuf(scatterInplace, [root](size_t j) { return val(root, j); }, "in-place Scatter at the root");
+        for (int r = 0; r < n; ++r)
+          if (r != root)
+            checkBuf(out2[r], [root, r, N](size_t i) { return val(root, r * N + i); },
+                     "Scatter (root in place) rank " + std::to_string(r));
+      }
+    }
+  }
+}
+
+// ===========================================================================
+// Point to point
+// ===========================================================================
+
+TEST_CASE("Send/Recv in groups: ring, self, pairwise, ordering, zero bytes", "[api][p2p]") {
+  const TypeInfo& t = typeOf(ncclFloat32);
+  for (int n = 1; n <= 4; ++n) {
+    World w(n);
+    INFO("nranks " << n);
+    const size_t N = 20011;
+    {  // ring shift (n == 1: to self)
+      std::vector<Buf> send, recv;
+      for (int r = 0; r < n; ++r) {
+        send.emplace_back(t, N);
+        recv.emplace_back(t, N);
+        send[r].fill([r](size_t i) { return val(r, i); });
+      }
+      grouped(n, [&](int r) {
+        ncclResult_t rc = ncclSend(send[r].at(), N, ncclFloat, (r + 1) % n, w[r], nullptr);
+        if (rc != ncclSuccess) return rc;
+        return ncclRecv(recv[r].at(), N, ncclFloat, (r + n - 1) % n, w[r], nullptr);
+      });
+      for (int r = 0; r < n; ++r) {
+        int prev = (r + n - 1) % n;
+        checkBuf(recv[r], [prev](size_t i) { return val(prev, i); }, "ring rank " + std::to_string(r));
+      }
+    }
+    {  // self send/recv, recv posted before send
+      std::vector<Buf> send, recv;
+      for (int r = 0; r < n; ++r) {
+        send.emplace_back(t, N);
+        recv.emplace_back(t, N);
+        send[r].fill([r](size_t i) { return val(r + 3, i); });
+      }
+      grouped(n, [&](int r) {
+        ncclResult_t rc = ncclRecv(recv[r].at(), N, ncclFloat, r, w[r], nullptr);
+        if (rc != ncclSuccess) return rc;
+        return ncclSend(send[r].at(), N, ncclFloat, r, w[r], nullptr);
+      });
+      for (int r = 0; r < n; ++r)
+        checkBuf(recv[r], [r](size_t i) { return val(r + 3, i); }, "self rank " + std::to_string(r));
+    }
+    {  // all pairs, three messages per pair in order, plus zero-byte messages
+      const size_t M = 1000;
+      std::vector<std::vector<Buf>> send(n), recv(n);
+      for (int r = 0; r < n; ++r)
+        for (int p = 0; p < n; ++p) {
+          send[r].emplace_back(t, 3 * M);
+          recv[r].emplace_back(t, 3 * M);
+          send[r][p].fill([r, p](size_t i) { return val(r * 4 + p, i); });
+        }
+      grouped(n, [&](int r) {
+        for (int p = 0; p < n; ++p) {
+          for (int k = 0; k < 3; ++k) {
+            ncclResult_t rc = ncclSend(send[r][p].at(k * M), M, ncclFloat, p, w[r], nullptr);
+            if (rc != ncclSuccess) return rc;
+          }
+          ncclResult_t rc = ncclSend(nullptr, 0, ncclFloat, p, w[r], nullptr);
+          if (rc != ncclSuccess) return rc;
+        }
+        for (int p = n - 1; p >= 0; --p) {  // receives in another peer order
+          for (int k = 0; k < 3; ++k) {
+            ncclResult_t rc = ncclRecv(recv[r][p].at(k * M), M, ncclFloat, p, w[r], nullptr);
+            if (rc != ncclSuccess) return rc;
+          }
+          ncclResult_t rc = ncclRecv(nullptr, 0, ncclFloat, p, w[r], nullptr);
+          if (rc != ncclSuccess) return rc;
+        }
+        return ncclSuccess;
+      });
+      for (int r = 0; r < n; ++r)
+        for (int p = 0; p < n; ++p)
+          checkBuf(recv[r][p], [r, p](size_t i) { return val(p * 4 + r, i); },
+                   "pair " + std::to_string(p) + " -> " + std::to_string(r));
+    }
+    {  // collectives and p2p mixed in one group
+      if (n >= 2) {
+        std::vector<Buf> a, b, s, d;
+        for (int r = 0; r < n; ++r) {
+          a.emplace_back(t, 100);
+          b.emplace_back(t, 100);
+          s.emplace_back(t, 100);
+          d.emplace_back(t, 100);
+          a[r].fill([r](size_t i) { return val(r, i); });
+          s[r].fill([r](size_t i) { return val(r + 7, i); });
+        }
+        grouped(n, [&](int r) {
+          ncclResult_t rc = ncclAllReduce(a[r].at(), b[r].at(), 100, ncclFloat, ncclSum, w[r], nullptr);
+          if (rc != ncclSuccess) return rc;
+          rc = ncclSend(s[r].at(), 100, ncclFloat, (r + 1) % n, w[r], nullptr);
+          if (rc != ncclSuccess) return rc;
+          return ncclRecv(d[r].at(), 100, ncclFloat, (r + n - 1) % n, w[r], nullptr);
+        });
+        for (int r = 0; r < n; ++r) {
+          checkBuf(b[r], [n](size_t i) {
+            double x = 0;
+            for (int q = 0; q < n; ++q) x += val(q, i);
+            return x;
+          }, "mixed group AllReduce");
+          int prev = (r + n - 1) % n;
+          checkBuf(d[r], [prev](size_t i) { return val(prev + 7, i); }, "mixed group recv");
+        }
+      }
+    }
+  }
+}
+
+// ===========================================================================
+// Groups
+// ===========================================================================
+
+TEST_CASE("group nesting: only the outermost ncclGroupEnd runs the operations", "[api][group]") {
+  World w(3);
+  const TypeInfo& t = typeOf(ncclFloat32);
+  std::vector<Buf> send, recv;
+  for (int r = 0; r < 3; ++r) {
+    send.emplace_back(t, 64);
+    recv.emplace_back(t, 64);
+    send[r].fill([r](size_t i) { return val(r, i); });
+    recv[r].fill([](size_t) { return -5; });
+  }
+  NCCL_OK(ncclGroupStart());
+  NCCL_OK(ncclGroupStart());
+  for (int r = 0; r < 3; ++r)
+    NCCL_OK(ncclAllReduce(send[r].at(), recv[r].at(), 64, ncclFloat, ncclSum, w[r], nullptr));
+  NCCL_OK(ncclGroupStart());
+  NCCL_OK(ncclGroupEnd());
+  NCCL_OK(ncclGroupEnd());
+  for (int r = 0; r < 3; ++r)
+    checkBuf(recv[r], [](size_t) { return -5; }, "nothing ran before the outermost ncclGroupEnd");
+  NCCL_OK(ncclGroupEnd());
+  for (int r = 0; r < 3; ++r)
+    checkBuf(recv[r], [](size_t i) { return val(0, i) + val(1, i) + val(2, i); }, "after the outermost end");
+  // ncclGroupEnd without ncclGroupStart
+  NCCL_EXPECT(ncclGroupEnd(), ncclInvalidUsage);
+  CHECK(mentions(lastError(), "group"));
+  requireWorking(w);
+}
+
+TEST_CASE("an argument error inside a group leaves the group intact", "[api][group][errors]") {
+  World w(2);
+  const TypeInfo& t = typeOf(ncclFloat32);
+  std::vector<Buf> send, recv;
+  for (int r = 0; r < 2; ++r) {
+    send.emplace_back(t, 32);
+    recv.emplace_back(t, 32);
+    send[r].fill([r](size_t i) { return val(r, i); });
+  }
+  NCCL_OK(ncclGroupStart());
+  NCCL_OK(ncclAllReduce(send[0].at(), recv[0].at(), 32, ncclFloat, ncclSum, w[0], nullptr));
+  NCCL_EXPECT(ncclAllReduce(send[1].at(), recv[1].at(), 32, ncclFloat,
+                            static_cast<ncclRedOp_t>(ncclNumOps + 40), w[1], nullptr),
+              ncclInvalidArgument);
+  NCCL_EXPECT(ncclAllReduce(send[1].at(), recv[1].at(), 32, static_cast<ncclDataType_t>(77), ncclSum,
+                            w[1], nullptr),
+              ncclInvalidArgument);
+  NCCL_OK(ncclAllReduce(send[1].at(), recv[1].at(), 32, ncclFloat, ncclSum, w[1], nullptr));
+  NCCL_OK(ncclGroupEnd());
+  for (int r = 0; r < 2; ++r)
+    checkBuf(recv[r], [](size_t i) { return val(0, i) + val(1, i); }, "group after an argument error");
+}
+
+TEST_CASE("ncclGroupSimulateEnd estimates and runs nothing", "[api][group]") {
+  World w(2);
+  const TypeInfo& t = typeOf(ncclFloat32);
+  std::vector<Buf> send, recv;
+  for (int r = 0; r < 2; ++r) {
+    send.emplace_back(t, 4096);
+    recv.emplace_back(t, 4096);
+    send[r].fill([r](size_t i) { return val(r, i); });
+    recv[r].fill([](size_t) { return -3; });
+  }
+  NCCL_OK(ncclGroupStart());
+  for (int r = 0; r < 2; ++r)
+    NCCL_OK(ncclAllReduce(send[r].at(), recv[r].at(), 4096, ncclFloat, ncclSum, w[r], nullptr));
+  ncclSimInfo_t bad = NCCL_SIM_INFO_INITIALIZER;
+  bad.magic = 0;
+  NCCL_EXPECT(ncclGroupSimulateEnd(&bad), ncclInvalidArgument);
+  NCCL_EXPECT(ncclGroupSimulateEnd(nullptr), ncclInvalidArgument);
+  ncclSimInfo_t info = NCCL_SIM_INFO_INITIALIZER;
+  NCCL_OK(ncclGroupSimulateEnd(&info));
+  CHECK(info.estimatedTime >= 0.0f);
+  CHECK(info.estimatedTime != NCCL_UNDEF_FLOAT);
+  for (int r = 0; r < 2; ++r) checkBuf(recv[r], [](size_t) { return -3; }, "simulation runs nothing");
+  NCCL_EXPECT(ncclGroupEnd(), ncclInvalidUsage);  // the simulated group is closed
+  requireWorking(w);
+}
+
+TEST_CASE("ncclCommInitRank of every rank inside one group from one thread", "[api][group]") {
+  // nccl-tests initializes all of its communicators this way (-g N).
+  const int n = 3;
+  ncclUniqueId id = newId();
+  std::vector<ncclComm_t> comms(n, nullptr);
+  NCCL_OK(ncclGroupStart());
+  for (int r = 0; r < n; ++r) NCCL_OK(ncclCommInitRank(&comms[r], n, id, r));
+  NCCL_OK(ncclGroupEnd());
+  for (int r = 0; r < n; ++r) {
+    REQUIRE(comms[r] != nullptr);
+    int rank = -1;
+    NCCL_OK(ncclCommUserRank(comms[r], &rank));
+    CHECK(rank == r);
+  }
+  const TypeInfo& t = typeOf(ncclInt32);
+  std::vector<Buf> send, recv;
+  for (int r = 0; r < n; ++r) {
+    send.emplace_back(t, 333);
+    recv.emplace_back(t, 333 * n);
+    send[r].fill([r](size_t i) { return val(r, i); });
+  }
+  grouped(n, [&](int r) { return ncclAllGather(send[r].at(), recv[r].at(), 333, ncclInt32, comms[r], nullptr); });
+  for (int r = 0; r < n; ++r)
+    checkBuf(recv[r], [](size_t j) { return val(static_cast<int>(j / 333), j % 333); }, "AllGather");
+  for (auto c : comms) NCCL_OK(ncclCommDestroy(c));
+}
+
+// ===========================================================================
+// Threads: one rank per thread from one unique id
+// ===========================================================================
+
+TEST_CASE("4 threads, one ncclUniqueId, ncclCommInitRank each (loopback)", "[api][threads]") {
+  requireNoErrors(runThreads(4, [](int r, ncclComm_t comm) { return threadedCollectives(4, r, comm); }));
+}
+
+TEST_CASE("4 threads over tcp on 127.0.0.1 (SHOAL_TRANSPORT=tcp)", "[api][threads][tcp]") {
+  const char* before = std::getenv("SHOAL_TRANSPORT");
+  std::string saved = before ? before : "";
+  ::setenv("SHOAL_TRANSPORT", "tcp", 1);
+  ncclResetDebugInit();
+  auto errors = runThreads(4, [](int r, ncclComm_t comm) { return threadedCollectives(4, r, comm); });
+  if (before) ::setenv("SHOAL_TRANSPORT", saved.c_str(), 1);
+  else ::unsetenv("SHOAL_TRANSPORT");
+  ncclResetDebugInit();
+  requireNoErrors(errors);
+}
+
+// ===========================================================================
+// Nonblocking communicators
+// ===========================================================================
+
+TEST_CASE("nonblocking init, collectives, split inheritance and finalize from one thread", "[api][nonblocking]") {
+  const int n = 4;
+  ncclUniqueId id = newId();
+  ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+  cfg.blocking = 0;
+  std::vector<ncclComm_t> comms(n, nullptr);
+  // Rank 0 alone cannot finish; its handle exists but may not be used yet.
+  ncclResult_t rc = ncclCommInitRankConfig(&comms[0], n, id, 0, &cfg);
+  REQUIRE((rc == ncclInProgress || rc == ncclSuccess));
+  REQUIRE(comms[0] != nullptr);
+  ncclResult_t state = ncclSuccess;
+  NCCL_OK(ncclCommGetAsyncError(comms[0], &state));
+  CHECK(state == ncclInProgress);
+  int count = 0;
+  NCCL_EXPECT(ncclCommCount(comms[0], &count), ncclInvalidArgument);
+  for (int r = 1; r < n; ++r) {
+    rc = ncclCommInitRankConfig(&comms[r], n, id, r, &cfg);
+    REQUIRE((rc == ncclInProgress || rc == ncclSuccess));
+    REQUIRE(comms[r] != nullptr);
+  }
+  for (int r = 0; r < n; ++r) REQUIRE(waitAsync(comms[r]) == ncclSuccess);
+  for (int r = 0; r < n; ++r) {
+    NCCL_OK(ncclCommCount(comms[r], &count));
+    CHECK(count == n);
+  }
+
+  const TypeInfo& t = typeOf(ncclFloat32);
+  const size_t N = 50000;
+  std::vector<Buf> send, recv;
+  for (int r = 0; r < n; ++r) {
+    send.emplace_back(t, N);
+    recv.emplace_back(t, N);
+    send[r].fill([r](size_t i) { return val(r, i); });
+  }
+  auto sum = [n](size_t i) {
+    double s = 0;
+    for (int q = 0; q < n; ++q) s += val(q, i);
+    return s;
+  };
+  // Outside a group, one call per comm from this thread: each returns at once.
+  for (int r = 0; r < n; ++r) {
+    rc = ncclAllReduce(send[r].at(), recv[r].at(), N, ncclFloat, ncclSum, comms[r], nullptr);
+    INFO("rank " << r << ": " << lastError());
+    REQUIRE((rc == ncclInProgress || rc == ncclSuccess));
+  }
+  for (int r = 0; r < n; ++r) REQUIRE(waitAsync(comms[r]) == ncclSuccess);
+  for (int r = 0; r < n; ++r) checkBuf(recv[r], sum, "nonblocking AllReduce");
+
+  // In a group: ncclGroupEnd may return ncclInProgress.
+  std::vector<Buf> recv2;
+  for (int r = 0; r < n; ++r) recv2.emplace_back(t, N);
+  NCCL_OK(ncclGroupStart());
+  for (int r = 0; r < n; ++r)
+    NCCL_OK(ncclAllReduce(send[r].at(), recv2[r].at(), N, ncclFloat, ncclSum, comms[r], nullptr));
+  rc = ncclGroupEnd();
+  REQUIRE((rc == ncclInProgress || rc == ncclSuccess));
+  for (int r = 0; r < n; ++r) REQUIRE(waitAsync(comms[r]) == ncclSuccess);
+  for (int r = 0; r < n; ++r) checkBuf(recv2[r], sum, "nonblocking grouped AllReduce");
+
+  // Split with config NULL inherits nonblocking: every call returns at once
+  // (a blocking split of one rank could not return before the others call).
+  std::vector<ncclComm_t> halves(n, nullptr);
+  for (int r = 0; r < n; ++r) {
+    rc = ncclCommSplit(comms[r], r / 2, r, &halves[r], nullptr);
+    INFO("split rank " << r << ": " << lastError());
+    REQUIRE((rc == ncclInProgress || rc == ncclSuccess));
+  }
+  for (int r = 0; r < n; ++r) REQUIRE(waitAsync(comms[r]) == ncclSuccess);
+  for (int r = 0; r < n; ++r) {
+    REQUIRE(halves[r] != nullptr);
+    REQUIRE(waitAsync(halves[r]) == ncclSuccess);
+    int rank = -1;
+    NCCL_OK(ncclCommCount(halves[r], &count));
+    NCCL_OK(ncclCommUserRank(halves[r], &rank));
+    CHECK(count == 2);
+    CHECK(rank == r % 2);
+  }
+  std::vector<Buf> hr;
+  for (int r = 0; r < n; ++r) {
+    hr.emplace_back(t, N);
+    rc = ncclAllReduce(send[r].at(), hr[r].at(), N, ncclFloat, ncclSum, halves[r], nullptr);
+    REQUIRE((rc == ncclInProgress || rc == ncclSuccess));
+  }
+  for (int r = 0; r < n; ++r) REQUIRE(waitAsync(halves[r]) == ncclSuccess);
+  for (int r = 0; r < n; ++r) {
+    int base = (r / 2) * 2;
+    checkBuf(hr[r], [base](size_t i) { return val(base, i) + val(base + 1, i); }, "AllReduce on a nonblocking half");
+  }
+
+  for (auto* set : {&halves, &comms})
+    for (auto c : *set) {
+      rc = ncclCommFinalize(c);
+      REQUIRE((rc == ncclInProgress || rc == ncclSuccess));
+      REQUIRE(waitAsync(c) == ncclSuccess);
+      NCCL_OK(ncclCommDestroy(c));
+    }
+}
+
+TEST_CASE("nonblocking one-rank comm from ncclCommInitRankConfig", "[api][nonblocking]") {
+  ncclUniqueId id = newId();
+  ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+  cfg.blocking = 0;
+  ncclComm_t comm = nullptr;
+  ncclResult_t rc = ncclCommInitRankConfig(&comm, 1, id, 0, &cfg);
+  REQUIRE((rc == ncclInProgress || rc == ncclSuccess));
+  REQUIRE(comm != nullptr);
+  REQUIRE(waitAsync(comm) == ncclSuccess);
+  std::vector<float> s(100, 2.f), d(100, 0.f);
+  rc = ncclAllReduce(s.data(), d.data(), 100, ncclFloat, ncclSum, comm, nullptr);
+  REQUIRE((rc == ncclInProgress || rc == ncclSuccess));
+  REQUIRE(waitAsync(comm) == ncclSuccess);
+  CHECK(d[0] == 2.f);
+  CHECK(d[99] == 2.f);
+  NCCL_OK(ncclCommDestroy(comm));
+}
+
+// ===========================================================================
+// Split
+// ===========================================================================
+
+namespace {
+// Splits every rank of w inside one group; returns the children.
+std::vector<ncclComm_t> splitAll(const World& w, const std::function<int(int)>& color,
+                                 const std::function<int(int)>& key) {
+  std::vector<ncclComm_t> out(w.size(), nullptr);
+  grouped(w.size(), [&](int r) { return ncclCommSplit(w[r], color(r), key(r), &out[r], nullptr); });
+  return out;
+}
+
+void checkChild(ncclComm_t c, int wantSize, int wantRank) {
+  REQUIRE(c != nullptr);
+  int count = -1, rank = -1;
+  NCCL_OK(ncclCommCount(c, &count));
+  NCCL_OK(ncclCommUserRank(c, &rank));
+  CHECK(count == wantSize);
+  CHECK(rank == wantRank);
+}
+
+// AllReduce over a set of communicators (one per parent rank; NULL skipped):
+// each result is the sum over the members that share its communicator group.
+void allReduceOn(const std::vector<ncclComm_t>& comms, const std::function<int(int)>& color) {
+  const int n = static_cast<int>(comms.size());
+  const TypeInfo& t = typeOf(ncclFloat32);
+  std::vector<Buf> send, recv;
+  for (int r = 0; r < n; ++r) {
+    send.emplace_back(t, 200);
+    recv.emplace_back(t, 200);
+    send[r].fill([r](size_t i) { return val(r, i); });
+  }
+  NCCL_OK(ncclGroupStart());
+  std::vector<ncclResult_t> rcs(n, ncclSuccess);
+  for (int r = 0; r < n; ++r)
+    if (comms[r]) rcs[r] = ncclAllReduce(send[r].at(), recv[r].at(), 200, ncclFloat, ncclSum, comms[r], nullptr);
+  ncclResult_t end = ncclGroupEnd();
+  for (int r = 0; r < n; ++r) CHECK(rcs[r] == ncclSuccess);
+  INFO(lastError());
+  REQUIRE(end == ncclSuccess);
+  for (int r = 0; r < n; ++r) {
+    if (!comms[r]) continue;
+    checkBuf(recv[r], [&](size_t i) {
+      double s = 0;
+      for (int q = 0; q < n; ++q)
+        if (comms[q] && color(q) == color(r)) s += val(q, i);
+      return s;
+    }, "AllReduce on split child of rank " + std::to_string(r));
+  }
+}
+}  // namespace
+
+TEST_CASE("ncclCommSplit: halves, duplicate, key order, ties", "[api][split]") {
+  World w(4);
+  {  // halves
+    auto color = [](int r) { return r / 2; };
+    auto kids = splitAll(w, color, [](int r) { return r; });
+    for (int r = 0; r < 4; ++r) checkChild(kids[r], 2, r % 2);
+    allReduceOn(kids, color);
+    for (auto c : kids) NCCL_OK(ncclCommDestroy(c));
+  }
+  {  // duplicate
+    auto color = [](int) { return 0; };
+    auto kids = splitAll(w, color, [](int r) { return r; });
+    for (int r = 0; r < 4; ++r) checkChild(kids[r], 4, r);
+    allReduceOn(kids, color);
+    for (auto c : kids) NCCL_OK(ncclCommDestroy(c));
+  }
+  {  // keys reverse the order
+    auto color = [](int) { return 7; };
+    auto kids = splitAll(w, color, [](int r) { return 100 - r; });
+    for (int r = 0; r < 4; ++r) checkChild(kids[r], 4, 3 - r);
+    allReduceOn(kids, color);
+    for (auto c : kids) NCCL_OK(ncclCommDestroy(c));
+  }
+  {  // equal keys: parent rank order; odd/even colors
+    auto color = [](int r) { return r % 2; };
+    auto kids = splitAll(w, color, [](int) { return 0; });
+    for (int r = 0; r < 4; ++r) checkChild(kids[r], 2, r / 2);
+    allReduceOn(kids, color);
+    for (auto c : kids) NCCL_OK(ncclCommDestroy(c));
+  }
+  ncclComm_t none = nullptr;
+  NCCL_EXPECT(ncclCommSplit(w[0], -2, 0, &none, nullptr), ncclInvalidArgument);
+  CHECK(none == nullptr);
+  requireWorking(w);
+}
+
+TEST_CASE("ncclCommSplit with NCCL_SPLIT_NOCOLOR, one thread per rank", "[api][split]") {
+  const int n = 4;
+  std::vector<int> sizes(n, -1), ranks(n, -1);
+  std::vector<bool> isNull(n, false);
+  auto errors = runThreads(n, [&](int r, ncclComm_t comm) -> std::string {
+    ncclComm_t child = reinterpret_cast<ncclComm_t>(0x1);  // must be overwritten
+    T_NCCL(ncclCommSplit(comm, r < 2 ? 0 : NCCL_SPLIT_NOCOLOR, r, &child, nullptr));
+    isNull[r] = child == nullptr;
+    if (child) {
+      T_NCCL(ncclCommCount(child, &sizes[r]));
+      T_NCCL(ncclCommUserRank(child, &ranks[r]));
+      std::vector<float> s(10, static_cast<float>(r + 1)), d(10, 0.f);
+      T_NCCL(ncclAllReduce(s.data(), d.data(), 10, ncclFloat, ncclSum, child, nullptr));
+      T_CHECK(d[0] == 3.f, "AllReduce on the 2-rank child");
+      T_NCCL(ncclCommDestroy(child));
+    }
+    // The parent still works after the split.
+    std::vector<float> s(10, 1.f), d(10, 0.f);
+    T_NCCL(ncclAllReduce(s.data(), d.data(), 10, ncclFloat, ncclSum, comm, nullptr));
+    T_CHECK(d[9] == static_cast<float>(n), "parent AllReduce after split");
+    return "";
+  });
+  requireNoErrors(errors);
+  for (int r = 0; r < n; ++r) {
+    INFO("rank " << r);
+    if (r < 2) {
+      CHECK_FALSE(isNull[r]);
+      CHECK(sizes[r] == 2);
+      CHECK(ranks[r] == r);
+    } else {
+      CHECK(isNull[r]);
+    }
+  }
+}
+
+TEST_CASE("ncclCommSplit with NCCL_SPLIT_NOCOLOR inside a group from one thread", "[api][split]") {
+  World w(4);
+  auto color = [](int r) { return r < 2 ? 0 : NCCL_SPLIT_NOCOLOR; };
+  std::vector<ncclComm_t> kids(4, reinterpret_cast<ncclComm_t>(0x1));
+  auto t0 = Clock::now();
+  grouped(4, [&](int r) { return ncclCommSplit(w[r], color(r), r, &kids[r], nullptr); });
+  INFO("the grouped split took " << msSince(t0) << " ms");
+  CHECK(kids[2] == nullptr);
+  CHECK(kids[3] == nullptr);
+  checkChild(kids[0], 2, 0);
+  checkChild(kids[1], 2, 1);
+  allReduceOn(kids, [](int r) { return r < 2 ? 0 : -1; });
+  for (auto c : kids)
+    if (c) NCCL_OK(ncclCommDestroy(c));
+  requireWorking(w);
+}
+
+// ===========================================================================
+// Bad inputs: immediate ncclInvalidArgument with a reason; the comm keeps working
+// ===========================================================================
+
+TEST_CASE("bad arguments fail at once with a reason and leave the communicator usable", "[api][errors]") {
+  World w(2);
+  const int n = 2;
+  std::vector<float> a(16, 1.f), b(16 * n, 0.f);
+  float* s = a.data();
+  float* d = b.data();
+  ncclComm_t c = w[0];  // rank 0 alone: errors need no peer
+  const auto badType = static_cast<ncclDataType_t>(ncclNumTypes);
+  const auto negType = static_cast<ncclDataType_t>(-1);
+  struct Case {
+    const char* name;
+    std::function<ncclResult_t()> call;
+    ncclResult_t want;
+    const char* keyword;
+  };
+  std::vector<Case> cases = {
+      {"AllReduce bad datatype", [&] { return ncclAllReduce(s, d, 16, badType, ncclSum, c, nullptr); }, ncclInvalidArgument, "type"},
+      {"AllReduce negative datatype", [&] { return ncclAllReduce(s, d, 16, negType, ncclSum, c, nullptr); }, ncclInvalidArgument, "type"},
+      {"Broadcast bad datatype", [&] { return ncclBroadcast(s, d, 16, badType, 0, c, nullptr); }, ncclInvalidArgument, "type"},
+      {"Send bad datatype", [&] { return ncclSend(s, 16, badType, 1, c, nullptr); }, ncclInvalidArgument, "type"},
+      {"AllReduce op ncclNumOps (never created)", [&] { return ncclAllReduce(s, d, 16, ncclFloat, ncclNumOps, c, nullptr); }, ncclInvalidArgument, "op"},
+      {"AllReduce op -1", [&] { return ncclAllReduce(s, d, 16, ncclFloat, static_cast<ncclRedOp_t>(-1), c, nullptr); }, ncclInvalidArgument, "op"},
+      {"AllReduce op ncclMaxRedOp", [&] { return ncclAllReduce(s, d, 16, ncclFloat, ncclMaxRedOp, c, nullptr); }, ncclInvalidArgument, "op"},
+      {"ReduceScatter bad op", [&] { return ncclReduceScatter(s, d, 8, ncclFloat, static_cast<ncclRedOp_t>(99), c, nullptr); }, ncclInvalidArgument, "op"},
+      {"Reduce bad op", [&] { return ncclReduce(s, d, 16, ncclFloat, static_cast<ncclRedOp_t>(-5), 0, c, nullptr); }, ncclInvalidArgument, "op"},
+      {"Broadcast root -1", [&] { return ncclBroadcast(s, d, 16, ncclFloat, -1, c, nullptr); }, ncclInvalidArgument, "root"},
+      {"Broadcast root n", [&] { return ncclBroadcast(s, d, 16, ncclFloat, n, c, nullptr); }, ncclInvalidArgument, "root"},
+      {"Bcast root n", [&] { return ncclBcast(d, 16, ncclFloat, n, c, nullptr); }, ncclInvalidArgument, "root"},
+      {"Reduce root n", [&] { return ncclReduce(s, d, 16, ncclFloat, ncclSum, n, c, nullptr); }, ncclInvalidArgument, "root"},
+      {"Gather root n", [&] { return ncclGather(s, d, 16, ncclFloat, n, c, nullptr); }, ncclInvalidArgument, "root"},
+      {"Scatter root -1", [&] { return ncclScatter(s, d, 16, ncclFloat, -1, c, nullptr); }, ncclInvalidArgument, "root"},
+      {"Send peer n", [&] { return ncclSend(s, 16, ncclFloat, n, c, nullptr); }, ncclInvalidArgument, "peer"},
+      {"Send peer -1", [&] { return ncclSend(s, 16, ncclFloat, -1, c, nullptr); }, ncclInvalidArgument, "peer"},
+      {"Recv peer n", [&] { return ncclRecv(d, 16, ncclFloat, n, c, nullptr); }, ncclInvalidArgument, "peer"},
+      {"AllReduce NULL comm", [&] { return ncclAllReduce(s, d, 16, ncclFloat, ncclSum, nullptr, nullptr); }, ncclInvalidArgument, "comm"},
+      {"Send NULL comm", [&] { return ncclSend(s, 16, ncclFloat, 0, nullptr, nullptr); }, ncclInvalidArgument, "comm"},
+      {"AllReduce NULL sendbuff", [&] { return ncclAllReduce(nullptr, d, 16, ncclFloat, ncclSum, c, nullptr); }, ncclInvalidArgument, "buff"},
+      {"AllReduce NULL recvbuff", [&] { return ncclAllReduce(s, nullptr, 16, ncclFloat, ncclSum, c, nullptr); }, ncclInvalidArgument, "buff"},
+      {"Broadcast NULL sendbuff at the root", [&] { return ncclBroadcast(nullptr, d, 16, ncclFloat, 0, c, nullptr); }, ncclInvalidArgument, "buff"},
+      {"Broadcast NULL recvbuff", [&] { return ncclBroadcast(s, nullptr, 16, ncclFloat, 1, c, nullptr); }, ncclInvalidArgument, "buff"},
+      {"Reduce NULL sendbuff", [&] { return ncclReduce(nullptr, d, 16, ncclFloat, ncclSum, 1, c, nullptr); }, ncclInvalidArgument, "buff"},
+      {"Reduce NULL recvbuff at the root", [&] { return ncclReduce(s, nullptr, 16, ncclFloat, ncclSum, 0, c, nullptr); }, ncclInvalidArgument, "buff"},
+      {"AllGather NULL recvbuff", [&] { return ncclAllGather(s, nullptr, 8, ncclFloat, c, nullptr); }, ncclInvalidArgument, "buff"},
+      {"ReduceScatter NULL sendbuff", [&] { return ncclReduceScatter(nullptr, d, 8, ncclFloat, ncclSum, c, nullptr); }, ncclInvalidArgument, "buff"},
+      {"AlltoAll NULL sendbuff", [&] { return ncclAlltoAll(nullptr, d, 8, ncclFloat, c, nullptr); }, ncclInvalidArgument, "buff"},
+      {"Gather NULL sendbuff", [&] { return ncclGather(nullptr, d, 8, ncclFloat, 1, c, nullptr); }, ncclInvalidArgument, "buff"},
+      {"Gather NULL recvbuff at the root", [&] { return ncclGather(s, nullptr, 8, ncclFloat, 0, c, nullptr); }, ncclInvalidArgument, "buff"},
+      {"Scatter NULL sendbuff at the root", [&] { return ncclScatter(nullptr, d, 8, ncclFloat, 0, c, nullptr); }, ncclInvalidArgument, "buff"},
+      {"Scatter NULL recvbuff", [&] { return ncclScatter(s, nullptr, 8, ncclFloat, 1, c, nullptr); }, ncclInvalidArgument, "buff"},
+      {"Send NULL sendbuff", [&] { return ncclSend(nullptr, 16, ncclFloat, 1, c, nullptr); }, ncclInvalidArgument, "buff"},
+      {"Recv NULL recvbuff", [&] { return ncclRecv(nullptr, 16, ncclFloat, 1, c, nullptr); }, ncclInvalidArgument, "buff"},
+      {"Shrink (not implemented)", [&] {
+         int excl = 1;
+         ncclComm_t nc = nullptr;
+         return ncclCommShrink(c, &excl, 1, &nc, nullptr, NCCL_SHRINK_DEFAULT);
+       }, ncclInvalidUsage, "shrink"},
+      {"WindowRegister (not implemented)", [&] {
+         ncclWindow_t win = nullptr;
+         return ncclCommWindowRegister(c, d, 64, &win, NCCL_WIN_DEFAULT);
+       }, ncclInvalidUsage, "window"},
+      {"GetAsyncError NULL output", [&] { return ncclCommGetAsyncError(c, nullptr); }, ncclInvalidArgument, "asyncError"},
+      {"GetAsyncError NULL comm", [&] {
+         ncclResult_t st;
+         return ncclCommGetAsyncError(nullptr, &st);
+       }, ncclInvalidArgument, "comm"},
+  };
+  for (const auto& k : cases) {
+    INFO(k.name);
+    auto t0 = Clock::now();
+    ncclResult_t rc = k.call();
+    std::string why = lastError();
+    INFO("returned " << ncclGetErrorString(rc) << " (" << int(rc) << "); ncclGetLastError: " << why);
+    CHECK(rc == k.want);
+    CHECK(msSince(t0) < 1000);
+    CHECK(mentions(why, k.keyword));
+  }
+  // Rank 0 never reached its peer in any of them: both ranks still work.
+  requireWorking(w);
+}
+
+// ===========================================================================
+// Config parsing (§4.3)
+// ===========================================================================
+
+namespace {
+// One-rank init with a config; returns the init result (and cleans up).
+ncclResult_t initWithConfig(ncclConfig_t* cfg) {
+  ncclUniqueId id = newId();
+  ncclComm_t comm = nullptr;
+  ncclResult_t rc = ncclCommInitRankConfig(&comm, 1, id, 0, cfg);
+  if (comm && (rc == ncclSuccess || rc == ncclInProgress)) {
+    if (rc == ncclInProgress) (void)waitAsync(comm);
+    (void)ncclCommDestroy(comm);
+  }
+  return rc;
+}
+}  // namespace
+
+TEST_CASE("ncclConfig_t: magic, ranges, version resets, size clamping", "[api][config]") {
+  {
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    cfg.magic = 0x12345678;
+    ncclResult_t rc = initWithConfig(&cfg);
+    CHECK(rc == ncclInvalidArgument);
+    CHECK(mentions(lastError(), "NCCL_CONFIG_INITIALIZER"));
+  }
+  {
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    CHECK(initWithConfig(&cfg) == ncclSuccess);
+    CHECK(initWithConfig(nullptr) == ncclSuccess);
+  }
+  {
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    cfg.blocking = 2;
+    CHECK(initWithConfig(&cfg) == ncclInvalidArgument);
+  }
+  {
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    cfg.minCTAs = 8;
+    cfg.maxCTAs = 2;
+    CHECK(initWithConfig(&cfg) == ncclInvalidArgument);
+  }
+  {  // blocking = 0 is honoured from a 2.14+ header...
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    cfg.blocking = 0;
+    CHECK(initWithConfig(&cfg) == ncclInProgress);
+    cfg.version = NCCL_VERSION(2, 14, 0);
+    cfg.size = 24;  // the 2.14 struct
+    CHECK(initWithConfig(&cfg) == ncclInProgress);
+  }
+  {  // ...but reset (to blocking) for a caller whose version predates the field.
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    cfg.blocking = 0;
+    cfg.version = NCCL_VERSION(2, 13, 0);
+    CHECK(initWithConfig(&cfg) == ncclSuccess);
+  }
+  {  // fields newer than the caller's version are ignored even if they hold garbage
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    cfg.version = NCCL_VERSION(2, 26, 0);
+    cfg.size = 48;
+    cfg.CTAPolicy = 99;       // a 2.27 field
+    cfg.graphUsageMode = 77;  // a 2.29 field
+    CHECK(initWithConfig(&cfg) == ncclSuccess);
+    cfg.size = sizeof(ncclConfig_t);  // same garbage inside the size, still reset by version
+    CHECK(initWithConfig(&cfg) == ncclSuccess);
+    cfg.version = NCCL_VERSION_CODE;  // now they are read and rejected
+    CHECK(initWithConfig(&cfg) == ncclInvalidArgument);
+  }
+  {  // bytes past the caller's size are never read (a 2.17 struct is 40 bytes)
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    cfg.version = NCCL_VERSION(2, 17, 0);
+    cfg.size = 40;
+    cfg.CTAPolicy = 55;
+    cfg.splitShare = 9;
+    CHECK(initWithConfig(&cfg) == ncclSuccess);
+  }
+  {  // a struct larger than ours (a newer header) is truncated
+    struct Bigger {
+      ncclConfig_t base;
+      int futureFields[16];
+    } big;
+    std::memset(&big, 0x7f, sizeof(big));
+    ncclConfig_t init = NCCL_CONFIG_INITIALIZER;
+    big.base = init;
+    big.base.size = sizeof(Bigger);
+    big.base.version = NCCL_VERSION(2, 40, 0);
+    CHECK(initWithConfig(&big.base) == ncclSuccess);
+  }
+}
+
+// ===========================================================================
+// Memory and registration
+// ===========================================================================
+
+TEST_CASE("ncclMemAlloc/ncclMemFree, also inside a group; foreign pointers rejected", "[api][memory]") {
+  void* p = nullptr;
+  NCCL_OK(ncclMemAlloc(&p, 1 << 20));
+  REQUIRE(p != nullptr);
+  std::memset(p, 0x5a, 1 << 20);
+  NCCL_OK(ncclMemFree(p));
+  NCCL_EXPECT(ncclMemAlloc(nullptr, 64), ncclInvalidArgument);
+
+  NCCL_OK(ncclGroupStart());
+  void* q = nullptr;
+  ncclResult_t rc = ncclMemAlloc(&q, 4096);
+  ncclResult_t rcFree = q ? ncclMemFree(q) : ncclInternalError;
+  NCCL_OK(ncclGroupEnd());
+  CHECK(rc == ncclSuccess);
+  CHECK(q != nullptr);
+  CHECK(rcFree == ncclSuccess);
+
+  void* foreign = std::malloc(256);
+  CHECK(ncclMemFree(foreign) != ncclSuccess);
+  std::free(foreign);
+
+  // ncclMemAlloc'd buffers work as collective buffers.
+  World w(2);
+  std::vector<void*> s(2), d(2);
+  for (int r = 0; r < 2; ++r) {
+    NCCL_OK(ncclMemAlloc(&s[r], 1000 * sizeof(float)));
+    NCCL_OK(ncclMemAlloc(&d[r], 1000 * sizeof(float)));
+    for (int i = 0; i < 1000; ++i) static_cast<float*>(s[r])[i] = static_cast<float>(r + i % 3);
+  }
+  grouped(2, [&](int r) { return ncclAllReduce(s[r], d[r], 1000, ncclFloat, ncclSum, w[r], nullptr); });
+  for (int r = 0; r < 2; ++r) {
+    CHECK(static_cast<float*>(d[r])[0] == 1.f);
+    CHECK(static_cast<float*>(d[r])[999] == static_cast<float>(1 + 2 * (999 % 3)));
+    NCCL_OK(ncclMemFree(s[r]));
+    NCCL_OK(ncclMemFree(d[r]));
+  }
+}
+
+TEST_CASE("ncclCommRegister/Deregister, also inside a group", "[api][memory]") {
+  World w(2);
+  std::vector<std::vector<float>> s(2, std::vector<float>(512)), d(2, std::vector<float>(512));
+  std::vector<void*> hs(2, nullptr), hd(2, nullptr);
+  NCCL_OK(ncclGroupStart());
+  for (int r = 0; r < 2; ++r) {
+    CHECK(ncclCommRegister(w[r], s[r].data(), 512 * sizeof(float), &hs[r]) == ncclSuccess);
+    CHECK(ncclCommRegister(w[r], d[r].data(), 512 * sizeof(float), &hd[r]) == ncclSuccess);
+  }
+  NCCL_OK(ncclGroupEnd());
+  for (int r = 0; r < 2; ++r) {
+    REQUIRE(hs[r] != nullptr);
+    REQUIRE(hd[r] != nullptr);
+    for (int i = 0; i < 512; ++i) s[r][i] = static_cast<float>(r * 10 + i % 4);
+  }
+  grouped(2, [&](int r) { return ncclAllReduce(s[r].data(), d[r].data(), 512, ncclFloat, ncclSum, w[r], nullptr); });
+  for (int r = 0; r < 2; ++r) CHECK(d[r][5] == static_cast<float>(10 + 2 * (5 % 4)));
+  for (int r = 0; r < 2; ++r) {
+    NCCL_OK(ncclCommDeregister(w[r], hs[r]));
+    NCCL_OK(ncclCommDeregister(w[r], hd[r]));
+  }
+  NCCL_EXPECT(ncclCommDeregister(w[0], hs[0]), ncclInvalidArgument);  // already gone
+  void* h = nullptr;
+  NCCL_EXPECT(ncclCommRegister(w[0], nullptr, 64, &h), ncclInvalidArgument);
+  NCCL_EXPECT(ncclCommRegister(nullptr, s[0].data(), 64, &h), ncclInvalidArgument);
+  requireWorking(w);
+}
+
+// ===========================================================================
+// Parameters
+// ===========================================================================
+
+TEST_CASE("parameter API: keys, bind, typed reads", "[api][params]") {
+  const char** keys = nullptr;
+  int nkeys = 0;
+  NCCL_OK(ncclParamGetAllParameterKeys(&keys, &nkeys));
+  REQUIRE(keys != nullptr);
+  REQUIRE(nkeys > 0);
+  bool haveDebug = false, haveProgress = false;
+  for (int i = 0; i < nkeys; ++i) {
+    REQUIRE(keys[i] != nullptr);
+    if (std::string(keys[i]) == "NCCL_DEBUG") haveDebug = true;
+    if (std::string(keys[i]) == "SHOAL_PROGRESS_TIMEOUT_MS") haveProgress = true;
+  }
+  CHECK(haveDebug);
+  CHECK(haveProgress);
+
+  // This process set SHOAL_PROGRESS_TIMEOUT_MS before any Shoal call.
+  const char* env = std::getenv("SHOAL_PROGRESS_TIMEOUT_MS");
+  REQUIRE(env != nullptr);
+  const int64_t want = std::strtoll(env, nullptr, 10);
+  ncclParamHandle_t h = nullptr;
+  NCCL_OK(ncclParamBind(&h, "SHOAL_PROGRESS_TIMEOUT_MS"));
+  REQUIRE(h != nullptr);
+  int64_t v = -1;
+  NCCL_OK(ncclParamGetI64(h, &v));
+  CHECK(v == want);
+  uint64_t u = 0;
+  NCCL_OK(ncclParamGetU64(h, &u));
+  CHECK(u == static_cast<uint64_t>(want));
+  if (want > 127) {
+    int8_t tiny = 0;
+    CHECK(ncclParamGetI8(h, &tiny) != ncclSuccess);  // does not fit in int8
+  }
+  const char* str = nullptr;
+  NCCL_OK(ncclParamGetStr(h, &str));
+  REQUIRE(str != nullptr);
+  CHECK(std::string(str) == env);
+  const char* value = nullptr;
+  int len = -1;
+  NCCL_OK(ncclParamGetParameter("SHOAL_PROGRESS_TIMEOUT_MS", &value, &len));
+  REQUIRE(value != nullptr);
+  CHECK(std::string(value, static_cast<size_t>(len)) == env);
+  char buf[64];
+  NCCL_OK(ncclParamGet(h, buf, sizeof(buf), &len));
+  CHECK(std::string(buf) == env);
+
+  ncclParamHandle_t nope = nullptr;
+  CHECK(ncclParamBind(&nope, "NCCL_NO_SUCH_PARAMETER_XYZ") != ncclSuccess);
+}
+
+// ===========================================================================
+// Shoal host streams
+// ===========================================================================
+
+TEST_CASE("Shoal host streams make host-memory collectives asynchronous", "[api][hoststream]") {
+  const int n = 3;
+  World w(n);
+  std::vector<shoalHostStream_t> hs(n, nullptr);
+  for (int r = 0; r < n; ++r) {
+    NCCL_OK(shoalHostStreamCreate(&hs[r]));
+    REQUIRE(hs[r] != nullptr);
+    NCCL_OK(shoalHostStreamQuery(hs[r]));  // a new stream is idle
+  }
+  const TypeInfo& t = typeOf(ncclFloat32);
+  const size_t N = 100003;
+  std::vector<Buf> send, mid, out;
+  for (int r = 0; r < n; ++r) {
+    send.emplace_back(t, N);
+    mid.emplace_back(t, N);
+    out.emplace_back(t, N);
+    send[r].fill([r](size_t i) { return val(r, i); });
+  }
+  // No group: with a host stream each call returns at once, so one thread can
+  // drive every rank. The second operation reads the first one's output
+  // (stream order).
+  for (int r = 0; r < n; ++r) {
+    auto stream = reinterpret_cast<cudaStream_t>(hs[r]);
+    NCCL_OK(ncclAllReduce(send[r].at(), mid[r].at(), N, ncclFloat, ncclSum, w[r], stream));
+    NCCL_OK(ncclAllReduce(mid[r].at(), out[r].at(), N, ncclFloat, ncclSum, w[r], stream));
+  }
+  for (int r = 0; r < n; ++r) {
+    ncclResult_t q = shoalHostStreamQuery(hs[r]);
+    CHECK((q == ncclSuccess || q == ncclInProgress));
+  }
+  for (int r = 0; r < n; ++r) NCCL_OK(shoalHostStreamSynchronize(hs[r]));
+  for (int r = 0; r < n; ++r) {
+    NCCL_OK(shoalHostStreamQuery(hs[r]));
+    checkBuf(out[r], [n](size_t i) {
+      double s = 0;
+      for (int q = 0; q < n; ++q) s += val(q, i);
+      return s * n;
+    }, "host-stream AllReduce of an AllReduce");
+  }
+  // Grouped operations with host streams.
+  std::vector<Buf> g;
+  for (int r = 0; r < n; ++r) g.emplace_back(t, N * n);
+  NCCL_OK(ncclGroupStart());
+  for (int r = 0; r < n; ++r)
+    NCCL_OK(ncclAllGather(send[r].at(), g[r].at(), N, ncclFloat, w[r], reinterpret_cast<cudaStream_t>(hs[r])));
+  NCCL_OK(ncclGroupEnd());
+  for (int r = 0; r < n; ++r) NCCL_OK(shoalHostStreamSynchronize(hs[r]));
+  for (int r = 0; r < n; ++r)
+    checkBuf(g[r], [N](size_t j) { return val(static_cast<int>(j / N), j % N); }, "host-stream AllGather");
+  for (int r = 0; r < n; ++r) NCCL_OK(shoalHostStreamDestroy(hs[r]));
+  NCCL_OK(shoalHostStreamDestroy(nullptr));  // shoal.h: NULL is a no-op
+  NCCL_EXPECT(shoalHostStreamCreate(nullptr), ncclInvalidArgument);
+  requireWorking(w);
+}
+
+TEST_CASE("shoalCommDumpState describes a communicator", "[api][diagnostics]") {
+  World w(2);
+  char buf[4096];
+  NCCL_OK(shoalCommDumpState(w[0], buf, sizeof(buf)));
+  CHECK(std::strlen(buf) > 0);
+  char tiny[8];
+  NCCL_OK(shoalCommDumpState(w[0], tiny, sizeof(tiny)));
+  CHECK(std::strlen(tiny) < sizeof(tiny));
+  NCCL_EXPECT(shoalCommDumpState(nullptr, buf, sizeof(buf)), ncclInvalidArgument);
+  NCCL_EXPECT(shoalCommDumpState(w[0], nullptr, 10), ncclInvalidArgument);
+}

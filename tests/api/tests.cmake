@@ -1,0 +1,23 @@
+# C ABI tests of nccl.h (label "api"); included from tests/CMakeLists.txt.
+#   abi_layout_test   Catch2, C++: sizes, offsets, enum values, signatures
+#   api.c99_header    strict C99 build of nccl.h, linked to libnccl.so.2 so
+#                     that every declared function must be exported
+
+shoal_add_test(abi_layout_test LABEL api
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/abi_layout_test.cc)
+
+add_executable(api_c99_header ${CMAKE_CURRENT_LIST_DIR}/c99_header.c)
+target_link_libraries(api_c99_header PRIVATE nccl)
+set_target_properties(api_c99_header PROPERTIES
+  C_STANDARD 99 C_STANDARD_REQUIRED ON C_EXTENSIONS OFF)
+# Warnings are the point of this test: a header that is not clean C99, or a
+# function whose signature differs (incompatible pointer types), fails the build.
+target_compile_options(api_c99_header PRIVATE
+  -Wall -Wextra -pedantic -Wstrict-prototypes -Werror)
+add_test(NAME api.c99_header COMMAND api_c99_header)
+set_tests_properties(api.c99_header PROPERTIES LABELS api TIMEOUT 60)
+
+# NCCL behaviours of the public C API in one process (nccl.h, shoal/shoal.h):
+# collectives, groups, split, nonblocking, errors, config, memory, params.
+shoal_add_test(api_behaviour_tests LABEL api TIMEOUT 300 SOURCES
+  ${CMAKE_CURRENT_LIST_DIR}/nccl_behaviour_test.cc)
