@@ -34,9 +34,12 @@
 //           src is "local" data, src2 a partial result from elsewhere. dst may
 //           equal src or src2 (exactly, not partially overlapping).
 //   Copy    dst = src; with kScaleSrc and kPreMulSum: dst = src*scalar.
-//           A copy whose source and destination resolve to the same address is
-//           a no-op (in-place calls).
+//           A plain copy (no kScaleSrc) whose source and destination resolve to
+//           the same address is a no-op (in-place calls); a scaling copy there
+//           scales in place and must run.
 //   Divide  dst = src / divisor (integer kAvg: sum first, divide once at the end).
+//   Steps may have bytes == 0 (a zero-count Send/Recv is still a matched
+//   message); a collective with count 0 has an empty plan (no steps).
 // A step starts when all its dependencies have completed. A Send completes when
 // its source may be overwritten, a Recv when its data is in place.
 // Dependencies always point to lower step indices (steps are topologically
@@ -45,6 +48,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>

@@ -1,0 +1,25 @@
+// Every algorithm builder (one file each in collectives/), for the registry and
+// tests. A builder is a pure function: the plan one rank runs for one operation.
+// An operation with count 0 (collectives) gives an empty plan; NCCL discards it.
+#pragma once
+
+#include "collectives/plan.h"
+
+namespace shoal {
+
+// AllReduce
+Plan buildRingAllReduce(const CollShape&, const RankView&, const AlgoParams&);
+Plan buildRecursiveDoublingAllReduce(const CollShape&, const RankView&, const AlgoParams&);
+// AllGather, ReduceScatter
+Plan buildRingAllGather(const CollShape&, const RankView&, const AlgoParams&);
+Plan buildRingReduceScatter(const CollShape&, const RankView&, const AlgoParams&);
+// Rooted
+Plan buildChainBroadcast(const CollShape&, const RankView&, const AlgoParams&);
+Plan buildChainReduce(const CollShape&, const RankView&, const AlgoParams&);
+Plan buildDirectGather(const CollShape&, const RankView&, const AlgoParams&);
+Plan buildDirectScatter(const CollShape&, const RankView&, const AlgoParams&);
+// All-to-all and point-to-point
+Plan buildPairwiseAllToAll(const CollShape&, const RankView&, const AlgoParams&);
+Plan buildSendRecv(const CollShape&, const RankView&, const AlgoParams&);
+
+}  // namespace shoal

@@ -1,0 +1,34 @@
+// Buffer layout of one collective on one rank (reference/nccl-compat.md §5.5).
+//
+// Role: pure function shared by the builders (to order accesses that may alias
+// when the call is in place), the verifier (bounds, aliasing, "every output byte
+// written"), the simulator and the engine/communicator (buffer sizes).
+//
+// In-place calls: NCCL defines one offset between the two user pointers per
+// collective; when it holds, send byte x is recv byte x + inPlaceDelta:
+//   AllReduce, Broadcast, Reduce   sendbuff == recvbuff                    delta 0
+//   ReduceScatter                  recvbuff == sendbuff + rank*recvcount   delta -rank*bytes
+//   AllGather                      sendbuff == recvbuff + rank*sendcount   delta +rank*bytes
+//   Gather (root)                  sendbuff == recvbuff + root*count       delta +root*bytes
+//   Scatter (root)                 recvbuff == sendbuff + root*count       delta -root*bytes
+//   AlltoAll, Send, Recv           never in place
+#pragma once
+
+#include <cstdint>
+
+#include "collectives/plan.h"
+
+namespace shoal {
+
+struct OpLayout {
+  uint64_t sendBytes = 0;    // bytes of sendbuff this rank may read (0: unused here)
+  uint64_t recvBytes = 0;    // bytes of recvbuff this rank may write (0: unused here)
+  bool mayAlias = false;     // an in-place call is defined on this rank
+  int64_t inPlaceDelta = 0;  // when in place: send byte x is recv byte x + inPlaceDelta
+  uint64_t outputBegin = 0;  // recv bytes the collective defines on this rank
+  uint64_t outputEnd = 0;
+};
+
+OpLayout opLayout(const CollShape& shape, int rank, int nranks);
+
+}  // namespace shoal

@@ -1,0 +1,133 @@
+#include "collectives/registry.h"
+
+#include <cmath>
+
+#include "collectives/builders.h"
+
+namespace shoal {
+
+namespace {
+
+// Model inputs for one operation.
+struct Model {
+  double p;      // ranks
+  double bytes;  // n of the cost table: see each estimate
+  const CostParams& c;
+  double alpha(double messages) const { return messages * c.alpha_us; }
+  double beta(double b) const { return b * c.beta_us_per_byte; }
+  double gamma(double b) const { return b * c.gamma_us_per_byte_reduce; }
+  double log2p() const { return std::ceil(std::log2(p)); }
+};
+
+Model model(const CollShape& s, const RankView& v, const CostParams& c, bool perRankBlocks) {
+  double bytes = static_cast<double>(s.count) * static_cast<double>(dataTypeSize(s.dtype));
+  if (perRankBlocks) bytes *= v.nranks;
+  return Model{static_cast<double>(v.nranks), bytes, c};
+}
+
+bool always(const CollShape&, const RankView&, const TransportCaps&) { return true; }
+
+bool rootValid(const CollShape& s, const RankView& v, const TransportCaps&) {
+  return s.root >= 0 && s.root < v.nranks;
+}
+
+bool peerValid(const CollShape& s, const RankView& v, const TransportCaps&) {
+  return s.peer >= 0 && s.peer < v.nranks;
+}
+
+// n = the buffer. Reduce-scatter then all-gather: 2(p-1) messages.
+double ringAllReduceCost(const CollShape& s, const RankView& v, const CostParams& c) {
+  Model m = model(s, v, c, false);
+  if (m.p == 1) return m.gamma(m.bytes);
+  return m.alpha(2 * (m.p - 1)) + m.beta(2 * (m.p - 1) / m.p * m.bytes) +
+         m.gamma((m.p - 1) / m.p * m.bytes);
+}
+
+// n = the buffer, exchanged whole every round; +2 messages to fold a non-power of two.
+double recursiveDoublingAllReduceCost(const CollShape& s, const RankView& v,
+                                      const CostParams& c) {
+  Model m = model(s, v, c, false);
+  if (m.p == 1) return m.gamma(m.bytes);
+  double rounds = std::floor(std::log2(m.p));
+  double folds = (std::exp2(rounds) == m.p) ? 0 : 2;
+  return m.alpha(rounds + folds) + m.beta((rounds + folds) * m.bytes) +
+         m.gamma((rounds + folds / 2) * m.bytes);
+}
+
+// n = the gathered output (AG) or the whole input (RS).
+double ringAllGatherCost(const CollShape& s, const RankView& v, const CostParams& c) {
+  Model m = model(s, v, c, true);
+  return m.alpha(m.p - 1) + m.beta((m.p - 1) / m.p * m.bytes);
+}
+
+double ringReduceScatterCost(const CollShape& s, const RankView& v, const CostParams& c) {
+  Model m = model(s, v, c, true);
+  return m.alpha(m.p - 1) + m.beta((m.p - 1) / m.p * m.bytes) +
+         m.gamma((m.p - 1) / m.p * m.bytes);
+}
+
+// Pipelined chain: p-1 hops of latency, the buffer once over each link.
+double chainBroadcastCost(const CollShape& s, const RankView& v, const CostParams& c) {
+  Model m = model(s, v, c, false);
+  if (m.p == 1) return m.gamma(m.bytes);  // a local copy
+  return m.alpha(m.p - 1) + m.beta(m.bytes);
+}
+
+double chainReduceCost(const CollShape& s, const RankView& v, const CostParams& c) {
+  Model m = model(s, v, c, false);
+  if (m.p == 1) return m.gamma(m.bytes);
+  return m.alpha(m.p - 1) + m.beta(m.bytes) + m.gamma(m.bytes);
+}
+
+// n = all blocks; the root's link carries (p-1)/p of it.
+double directRootedCost(const CollShape& s, const RankView& v, const CostParams& c) {
+  Model m = model(s, v, c, true);
+  return m.alpha(m.p - 1) + m.beta((m.p - 1) / m.p * m.bytes);
+}
+
+double pairwiseAllToAllCost(const CollShape& s, const RankView& v, const CostParams& c) {
+  Model m = model(s, v, c, true);
+  return m.alpha(m.p - 1) + m.beta((m.p - 1) / m.p * m.bytes);
+}
+
+double sendRecvCost(const CollShape& s, const RankView& v, const CostParams& c) {
+  Model m = model(s, v, c, false);
+  return m.alpha(1) + m.beta(m.bytes);
+}
+
+}  // namespace
+
+const std::vector<AlgorithmEntry>& algorithms() {
+  static const std::vector<AlgorithmEntry> kTable = {
+      {CollKind::kAllReduce, "ring", buildRingAllReduce, always, ringAllReduceCost},
+      {CollKind::kAllReduce, "recursive_doubling", buildRecursiveDoublingAllReduce, always,
+       recursiveDoublingAllReduceCost},
+      {CollKind::kAllGather, "ring", buildRingAllGather, always, ringAllGatherCost},
+      {CollKind::kReduceScatter, "ring", buildRingReduceScatter, always, ringReduceScatterCost},
+      {CollKind::kBroadcast, "chain", buildChainBroadcast, rootValid, chainBroadcastCost},
+      {CollKind::kReduce, "chain", buildChainReduce, rootValid, chainReduceCost},
+      {CollKind::kAllToAll, "pairwise", buildPairwiseAllToAll, always, pairwiseAllToAllCost},
+      {CollKind::kGather, "direct", buildDirectGather, rootValid, directRootedCost},
+      {CollKind::kScatter, "direct", buildDirectScatter, rootValid, directRootedCost},
+      {CollKind::kSend, "p2p", buildSendRecv, peerValid, sendRecvCost},
+      {CollKind::kRecv, "p2p", buildSendRecv, peerValid, sendRecvCost},
+  };
+  return kTable;
+}
+
+const AlgorithmEntry* findAlgorithm(CollKind kind, std::string_view name) {
+  for (const AlgorithmEntry& e : algorithms()) {
+    if (e.kind == kind && name == e.name) return &e;
+  }
+  return nullptr;
+}
+
+std::vector<const AlgorithmEntry*> candidates(CollKind kind) {
+  std::vector<const AlgorithmEntry*> out;
+  for (const AlgorithmEntry& e : algorithms()) {
+    if (e.kind == kind) out.push_back(&e);
+  }
+  return out;
+}
+
+}  // namespace shoal

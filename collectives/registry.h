@@ -1,0 +1,54 @@
+// The algorithm registry: one explicit table of every collective algorithm
+// (DESIGN.md §3, §8).
+//
+// Role: the tuner (src/tuner) asks candidates(kind) for the algorithms of a
+// collective, filters them with supports() and picks the cheapest estimate();
+// the communicator then calls build(). Entries are immutable static data;
+// every function here is pure and thread-safe.
+//
+// Cost model (reference/fabric-and-peers.md §4): alpha per message on the
+// critical path, beta per byte over the busiest link, gamma per byte reduced.
+// Estimates are in microseconds and only need to rank algorithms correctly.
+#pragma once
+
+#include <string_view>
+#include <vector>
+
+#include "collectives/plan.h"
+
+namespace shoal {
+
+// What the transports between the ranks can do (flags, not subclasses; DESIGN §4).
+// Collectives may not include transports: the communicator fills this in.
+struct TransportCaps {
+  bool oneSided = false;            // Put/Get steps
+  bool peerDirectRead = false;      // read a peer's registered buffer (shm, CUDA IPC)
+  bool deviceMemoryDirect = false;  // reads/writes device memory without staging
+};
+
+struct CostParams {
+  double alpha_us = 10.0;                          // per message
+  double beta_us_per_byte = 1.0 / 1500.0;          // link: 1.5 GB/s
+  double gamma_us_per_byte_reduce = 1.0 / 8000.0;  // reducer: 8 GB/s
+};
+
+using BuildFn = Plan (*)(const CollShape&, const RankView&, const AlgoParams&);
+using SupportsFn = bool (*)(const CollShape&, const RankView&, const TransportCaps&);
+using EstimateFn = double (*)(const CollShape&, const RankView&, const CostParams&);
+
+struct AlgorithmEntry {
+  CollKind kind;
+  const char* name;  // lower case, unique per kind: "ring", "recursive_doubling", ...
+  BuildFn build;
+  SupportsFn supports;
+  EstimateFn estimate;  // microseconds
+};
+
+// Every algorithm, in table order.
+const std::vector<AlgorithmEntry>& algorithms();
+// nullptr when no algorithm of that kind has that name.
+const AlgorithmEntry* findAlgorithm(CollKind kind, std::string_view name);
+// The algorithms of a collective, in table order (never empty).
+std::vector<const AlgorithmEntry*> candidates(CollKind kind);
+
+}  // namespace shoal

@@ -1,0 +1,44 @@
+// Ring AllGather: the all-gather phase of the ring AllReduce.
+//
+// Vocabulary (see ring_phases.h for round, chunk, step, time):
+//   block    sendcount elements: rank q's input lands in block q of every output.
+//   channel  the same contiguous part of every block, with its own lanes.
+//   segment  params.segmentBytes: the largest chunk.
+//   round    one segment-sized piece of that part in every block; chunk j of a
+//            round is the piece of block ring[j]. Each rank copies its own chunk
+//            into its output and sends it from its input at step 0.
+// In place (sendbuff == recvbuff + rank*sendcount) the own copy is a no-op and
+// nothing else writes the own block.
+#include "collectives/builders.h"
+#include "collectives/ring_phases.h"
+
+namespace shoal {
+
+using namespace build;
+
+Plan buildRingAllGather(const CollShape& shape, const RankView& view, const AlgoParams& params) {
+  StepEmitter e(shape, view, "ring");
+  const patterns::RingOrder ring(view);
+  const int p = ring.size();
+  const uint64_t elemSize = e.elemSize();
+  const uint64_t granule = patterns::lineGranule(elemSize);
+  const uint64_t segment = segmentElems(params, elemSize, granule);
+  const uint64_t blockBytes = shape.count * elemSize;
+
+  for (const ChannelPart& part : channelParts(shape.count, params, granule)) {
+    std::vector<RingRound> rounds;
+    for (const patterns::ElemRange& round : patterns::segments(part.elems.count, segment, granule)) {
+      const uint64_t inBlock = (part.elems.begin + round.begin) * elemSize;
+      RingRound chunks;
+      for (int j = 0; j < p; ++j) {
+        chunks.push_back(RingChunk{sendAt(inBlock), recvAt(ring.rankAt(j) * blockBytes + inBlock),
+                                   round.count * elemSize});
+      }
+      rounds.push_back(std::move(chunks));
+    }
+    emitRingChannel(e, ring, part.channel, rounds, RingPhases::kAllGather, ReduceSpec{});
+  }
+  return e.finish();
+}
+
+}  // namespace shoal

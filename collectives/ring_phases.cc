@@ -1,0 +1,113 @@
+#include "collectives/ring_phases.h"
+
+#include <algorithm>
+
+#include "core/status.h"
+
+namespace shoal::build {
+
+void emitRingChannel(StepEmitter& e, const patterns::RingOrder& ring, uint16_t channel,
+                     const std::vector<RingRound>& rounds, RingPhases phases,
+                     const ReduceSpec& spec) {
+  const int p = ring.size();
+  const int i = ring.position();
+  const int64_t nrounds = static_cast<int64_t>(rounds.size());
+  if (nrounds == 0) return;
+  auto chunk = [&](int64_t r, int64_t position) -> const RingChunk& {
+    return rounds[r][patterns::wrap(position, p)];
+  };
+
+  if (p == 1) {
+    for (const RingRound& round : rounds) {
+      const RingChunk& own = round[0];
+      if (own.bytes == 0) continue;
+      if (phases == RingPhases::kAllGather) {
+        e.copy(own.output, own.input, own.bytes);
+      } else {
+        e.finishLocal(own.output, own.input, own.bytes, spec);
+      }
+    }
+    return;
+  }
+
+  const bool reduceScatter = phases != RingPhases::kAllGather;
+  const bool allGather = phases != RingPhases::kReduceScatter;
+  const int64_t rsSteps = reduceScatter ? p - 1 : 0;
+  const int64_t agSteps = allGather ? p - 1 : 0;
+  const int64_t stepsPerRound = rsSteps + agSteps;
+  const int64_t roundLag = std::max<int64_t>(1, (stepsPerRound + kRoundsInFlight - 1) /
+                                                    kRoundsInFlight);
+  const int64_t endTime = (nrounds - 1) * roundLag + stepsPerRound;
+
+  uint64_t slotBytes = 0;
+  for (const RingRound& round : rounds)
+    for (const RingChunk& c : round) slotBytes = std::max(slotBytes, c.bytes);
+  SlotPool slots(e.scratchEnd(), slotBytes);
+  std::vector<int> partialSlot(nrounds, -1);  // RS: slot holding the chunk sent next step
+
+  auto reduceScatterStep = [&](int64_t r, int64_t s, int64_t now) {
+    // Send: the local contribution at step 0, else the partial reduced last step.
+    const RingChunk& out = chunk(r, i - s - 1);
+    if (out.bytes > 0) {
+      if (s == 0 && !spec.scaleLocal) {
+        e.send(ring.next(), channel, out.input, out.bytes);
+      } else {
+        int slot = partialSlot[r];
+        if (s == 0) {  // kPreMulSum: the contribution enters scaled, exactly once
+          slot = slots.acquire(now);
+          e.copy(slots.slice(slot), out.input, out.bytes, kScaleSrc);
+        }
+        e.send(ring.next(), channel, slots.slice(slot), out.bytes);
+        slots.release(slot, now);
+      }
+    }
+    partialSlot[r] = -1;
+    // Receive the previous position's partial and add the local contribution.
+    const RingChunk& in = chunk(r, i - s - 2);
+    if (in.bytes == 0) return;
+    int slot = slots.acquire(now);
+    e.recv(ring.prev(), channel, slots.slice(slot), in.bytes);
+    if (s + 1 < rsSteps) {
+      e.reduce(slots.slice(slot), in.input, slots.slice(slot), in.bytes, spec.localFlags());
+      partialSlot[r] = slot;
+      return;
+    }
+    // Last step: the chunk received is this position's own, now complete.
+    e.reduce(in.output, in.input, slots.slice(slot), in.bytes, spec.localFlags());
+    slots.release(slot, now);
+    if (spec.divisor > 1) e.divide(in.output, in.output, in.bytes);
+  };
+
+  auto allGatherStep = [&](int64_t r, int64_t s) {
+    const RingChunk& out = chunk(r, i - s);
+    if (out.bytes > 0) {
+      // Step 0 sends the own chunk: the AllGather input, or the reduced result.
+      Slice src = (s == 0 && !reduceScatter) ? out.input : out.output;
+      e.send(ring.next(), channel, src, out.bytes);
+    }
+    const RingChunk& in = chunk(r, i - s - 1);
+    if (in.bytes > 0) e.recv(ring.prev(), channel, in.output, in.bytes);
+  };
+
+  for (int64_t now = 0; now < endTime; ++now) {
+    // Rounds active now: 0 <= now - r*roundLag < stepsPerRound, oldest first.
+    const int64_t firstRound = std::max<int64_t>(0, (now - stepsPerRound) / roundLag);
+    const int64_t lastRound = std::min<int64_t>(nrounds - 1, now / roundLag);
+    for (int64_t r = firstRound; r <= lastRound; ++r) {
+      const int64_t s = now - r * roundLag;
+      if (s >= stepsPerRound) continue;
+      if (s < rsSteps) {
+        reduceScatterStep(r, s, now);
+      } else {
+        allGatherStep(r, s - rsSteps);
+      }
+      if (s == 0 && !reduceScatter) {
+        const RingChunk& own = chunk(r, i);
+        if (own.bytes > 0) e.copy(own.output, own.input, own.bytes);
+      }
+    }
+  }
+  e.reserveScratch(slots.bytesUsed());
+}
+
+}  // namespace shoal::build

@@ -1,0 +1,392 @@
+// Every builder, run on real data by the reference simulator, for every rank
+// count 1..9, several sizes, data types, reduction ops, in and out of place.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+
+#include "collectives/plan_test_util.h"
+#include "reduce/reduce.h"
+
+namespace shoal::testing {
+namespace {
+
+struct Case {
+  const char* name;
+  BuildFn build;
+  CollShape shape;
+  int nranks = 1;
+  AlgoParams params;
+  bool inPlace = false;
+  std::vector<int> ring;
+  const SimReducer* reducer = nullptr;  // nullptr: the simulator's fallback
+};
+
+std::string describe(const Case& c) {
+  return str(c.name, " ", collKindName(c.shape.kind), " ", dataTypeName(c.shape.dtype), " ",
+             reduceOpName(c.shape.op), c.shape.divisor > 1 ? " (avg)" : "", " count ",
+             c.shape.count, " root ", c.shape.root, " nranks ", c.nranks, " channels ",
+             c.params.channels, " segment ", c.params.segmentBytes,
+             c.inPlace ? " in-place" : " out-of-place", c.ring.empty() ? "" : " custom ring");
+}
+
+bool isReduction(CollKind k) {
+  return k == CollKind::kAllReduce || k == CollKind::kReduceScatter || k == CollKind::kReduce;
+}
+
+// Input of rank r for the case.
+std::vector<uint8_t> makeInput(const Case& c, int r) {
+  const OpLayout l = opLayout(c.shape, r, c.nranks);
+  std::vector<uint8_t> in(l.sendBytes);
+  if (isReduction(c.shape.kind)) {
+    const uint64_t es = dataTypeSize(c.shape.dtype);
+    for (uint64_t i = 0; i < l.sendBytes / es; ++i)
+      storeValue(c.shape.dtype, in.data(), i, inputValue(c.shape.dtype, c.shape.op, r, i));
+  } else {
+    for (uint64_t i = 0; i < in.size(); ++i) in[i] = static_cast<uint8_t>(r * 37 + i * 11 + 5);
+  }
+  return in;
+}
+
+// Reduction of `bytes` at `offset` of every rank's input.
+std::vector<uint8_t> reduced(const Case& c, const std::vector<std::vector<uint8_t>>& inputs,
+                             const std::vector<uint64_t>& scalars, uint64_t offset,
+                             uint64_t bytes) {
+  const SimReducer& red = fallbackReducer();
+  const DataType t = c.shape.dtype;
+  const size_t count = bytes / dataTypeSize(t);
+  std::vector<uint8_t> acc(bytes), term(bytes);
+  for (int r = 0; r < c.nranks; ++r) {
+    const uint8_t* in = inputs[r].data() + offset;
+    if (c.shape.op == ReduceOp::kPreMulSum) {
+      red.scale(t, term.data(), in, count, &scalars[r]);
+    } else {
+      std::copy(in, in + bytes, term.begin());
+    }
+    if (r == 0) {
+      acc = term;
+    } else {
+      ReduceOp op = c.shape.op == ReduceOp::kPreMulSum ? ReduceOp::kSum : c.shape.op;
+      red.combine(op, t, acc.data(), term.data(), acc.data(), count, nullptr);
+    }
+  }
+  if (c.shape.divisor > 1) red.divide(t, acc.data(), acc.data(), count, c.shape.divisor);
+  return acc;
+}
+
+// What rank q's recv buffer must hold in [outputBegin, outputEnd).
+std::vector<uint8_t> expected(const Case& c, int q, const std::vector<std::vector<uint8_t>>& in,
+                              const std::vector<uint64_t>& scalars) {
+  const uint64_t B = c.shape.count * dataTypeSize(c.shape.dtype);
+  const int root = c.shape.root;
+  std::vector<uint8_t> out;
+  auto append = [&](const std::vector<uint8_t>& v, uint64_t off, uint64_t n) {
+    out.insert(out.end(), v.begin() + off, v.begin() + off + n);
+  };
+  switch (c.shape.kind) {
+    case CollKind::kAllReduce: return reduced(c, in, scalars, 0, B);
+    case CollKind::kReduceScatter: return reduced(c, in, scalars, q * B, B);
+    case CollKind::kReduce: return q == root ? reduced(c, in, scalars, 0, B) : out;
+    case CollKind::kAllGather:
+      for (int r = 0; r < c.nranks; ++r) append(in[r], 0, B);
+      return out;
+    case CollKind::kBroadcast: append(in[root], 0, B); return out;
+    case CollKind::kAllToAll:
+      for (int r = 0; r < c.nranks; ++r) append(in[r], q * B, B);
+      return out;
+    case CollKind::kGather:
+      if (q == root)
+        for (int r = 0; r < c.nranks; ++r) append(in[r], 0, B);
+      return out;
+    case CollKind::kScatter: append(in[root], q * B, B); return out;
+    default: return out;
+  }
+}
+
+void runCase(const Case& c) {
+  INFO(describe(c));
+  auto plans = buildAll(c.build, c.shape, c.nranks, c.params, c.ring);
+  Status v = verifyPlans(plans);
+  INFO(v.toString());
+  REQUIRE(v.isOk());
+
+  std::vector<OpMemory> mem(c.nranks);
+  std::vector<std::vector<uint8_t>> inputs(c.nranks);
+  std::vector<uint64_t> scalars(c.nranks, 0);
+  std::vector<std::vector<SimOpBuffers>> buffers(c.nranks);
+  for (int r = 0; r < c.nranks; ++r) {
+    allocate(mem[r], c.shape, r, c.nranks, c.inPlace);
+    inputs[r] = makeInput(c, r);
+    std::copy(inputs[r].begin(), inputs[r].end(), static_cast<uint8_t*>(mem[r].send));
+    storeValue(c.shape.dtype, &scalars[r], 0, r % 2 ? 2.0 : 1.0);  // nccl-tests' mulsum
+    buffers[r] = {SimOpBuffers{mem[r].send, mem[r].recv, &scalars[r]}};
+  }
+  SimOptions options;
+  options.seed = c.nranks * 1000 + c.shape.count;
+  options.reducer = c.reducer;
+  Status s = simulatePlans(plans, buffers, options);
+  INFO(s.toString());
+  REQUIRE(s.isOk());
+
+  for (int q = 0; q < c.nranks; ++q) {
+    const OpLayout l = opLayout(c.shape, q, c.nranks);
+    const std::vector<uint8_t> want = expected(c, q, inputs, scalars);
+    REQUIRE(want.size() == l.outputEnd - l.outputBegin);
+    const uint8_t* got = static_cast<const uint8_t*>(mem[q].recv) + l.outputBegin;
+    auto diff = std::mismatch(want.begin(), want.end(), got);
+    if (diff.first != want.end()) {
+      FAIL("rank " << q << " recv byte " << (diff.first - want.begin()) << " is "
+                   << int(*diff.second) << ", expected " << int(*diff.first));
+    }
+    if (!c.inPlace) {
+      // Inputs untouched, nothing written past the buffers or into unused ones.
+      REQUIRE(std::equal(inputs[q].begin(), inputs[q].end(), mem[q].sendStore.begin()));
+      REQUIRE(mem[q].sendStore.back() == kSentinel);
+      REQUIRE(mem[q].recvStore.back() == kSentinel);
+    }
+  }
+}
+
+const AlgoParams kParams[] = {
+    AlgoParams{1, 1 << 20},  // defaults: one round
+    AlgoParams{2, 64},       // many small rounds on two channels
+    AlgoParams{3, 256},
+};
+
+TEST_CASE("reductions compute the right result on every rank", "[simulate]") {
+  struct Algo {
+    const char* name;
+    BuildFn build;
+    CollKind kind;
+  };
+  const Algo algos[] = {
+      {"ring", buildRingAllReduce, CollKind::kAllReduce},
+      {"recursive_doubling", buildRecursiveDoublingAllReduce, CollKind::kAllReduce},
+      {"ring", buildRingReduceScatter, CollKind::kReduceScatter},
+      {"chain", buildChainReduce, CollKind::kReduce},
+  };
+  const DataType types[] = {DataType::kInt8,    DataType::kUint8,   DataType::kInt32,
+                            DataType::kUint64,  DataType::kFloat16, DataType::kFloat32,
+                            DataType::kFloat64, DataType::kBfloat16};
+  const ReduceOp ops[] = {ReduceOp::kSum, ReduceOp::kProd, ReduceOp::kMax, ReduceOp::kMin,
+                          ReduceOp::kPreMulSum};
+  const uint64_t counts[] = {1, 37, 301};
+  int variant = 0;
+  for (const Algo& algo : algos) {
+    for (int nranks = 1; nranks <= 9; ++nranks) {
+      for (DataType t : types) {
+        for (int o = 0; o <= 5; ++o) {  // 5: integer average (sum, then divide)
+          if (o == 5 && isFloating(t)) continue;
+          for (uint64_t count : counts) {
+            for (bool inPlace : {false, true}) {
+              Case c{algo.name, algo.build};
+              c.shape.kind = algo.kind;
+              c.shape.dtype = t;
+              c.shape.op = o == 5 ? ReduceOp::kSum : ops[o];
+              c.shape.divisor = o == 5 ? nranks : 0;
+              c.shape.count = count;
+              c.shape.root = (variant % nranks);
+              c.nranks = nranks;
+              c.params = kParams[variant % 3];
+              c.inPlace = inPlace;
+              ++variant;
+              runCase(c);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("reductions agree with the real reducer (src/reduce)", "[simulate]") {
+  static const SimReducer kReal{&reduce::combine, &reduce::scale, &reduce::divide};
+  const BuildFn builds[] = {buildRingAllReduce, buildRecursiveDoublingAllReduce,
+                            buildRingReduceScatter, buildChainReduce};
+  const CollKind kinds[] = {CollKind::kAllReduce, CollKind::kAllReduce,
+                            CollKind::kReduceScatter, CollKind::kReduce};
+  const DataType types[] = {DataType::kInt8, DataType::kUint32, DataType::kInt64,
+                            DataType::kFloat16, DataType::kFloat32, DataType::kFloat64,
+                            DataType::kBfloat16};
+  const ReduceOp ops[] = {ReduceOp::kSum, ReduceOp::kProd, ReduceOp::kMax, ReduceOp::kMin,
+                          ReduceOp::kPreMulSum};
+  int variant = 0;
+  for (int a = 0; a < 4; ++a) {
+    for (int nranks : {1, 2, 3, 5, 8}) {
+      for (DataType t : types) {
+        for (int o = 0; o <= 5; ++o) {
+          if (o == 5 && isFloating(t)) continue;
+          for (bool inPlace : {false, true}) {
+            Case c{"real reducer", builds[a]};
+            c.shape.kind = kinds[a];
+            c.shape.dtype = t;
+            c.shape.op = o == 5 ? ReduceOp::kSum : ops[o];
+            c.shape.divisor = o == 5 ? nranks : 0;
+            c.shape.count = 301;
+            c.shape.root = variant % nranks;
+            c.nranks = nranks;
+            c.params = kParams[variant++ % 3];
+            c.inPlace = inPlace;
+            c.reducer = &kReal;
+            runCase(c);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("data movement collectives deliver every block", "[simulate]") {
+  struct Algo {
+    const char* name;
+    BuildFn build;
+    CollKind kind;
+  };
+  const Algo algos[] = {
+      {"ring", buildRingAllGather, CollKind::kAllGather},
+      {"chain", buildChainBroadcast, CollKind::kBroadcast},
+      {"pairwise", buildPairwiseAllToAll, CollKind::kAllToAll},
+      {"direct", buildDirectGather, CollKind::kGather},
+      {"direct", buildDirectScatter, CollKind::kScatter},
+  };
+  const DataType types[] = {DataType::kFloat8e4m3, DataType::kFloat16, DataType::kFloat32,
+                            DataType::kFloat64};
+  int variant = 0;
+  for (const Algo& algo : algos) {
+    for (int nranks = 1; nranks <= 9; ++nranks) {
+      for (DataType t : types) {
+        for (uint64_t count : {1, 37, 1001}) {
+          for (bool inPlace : {false, true}) {
+            if (inPlace && algo.kind == CollKind::kAllToAll) continue;
+            for (int root : {0, nranks - 1}) {
+              Case c{algo.name, algo.build};
+              c.shape.kind = algo.kind;
+              c.shape.dtype = t;
+              c.shape.count = count;
+              c.shape.root = root;
+              c.nranks = nranks;
+              c.params = kParams[variant++ % 3];
+              c.inPlace = inPlace;
+              runCase(c);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("ring algorithms follow a custom ring order", "[simulate]") {
+  const std::vector<int> ring = {3, 0, 5, 1, 4, 2};
+  const CollKind kinds[] = {CollKind::kAllReduce, CollKind::kAllReduce, CollKind::kReduceScatter,
+                            CollKind::kAllGather, CollKind::kBroadcast, CollKind::kReduce};
+  const BuildFn builds[] = {buildRingAllReduce, buildRecursiveDoublingAllReduce,
+                            buildRingReduceScatter, buildRingAllGather, buildChainBroadcast,
+                            buildChainReduce};
+  for (int a = 0; a < 6; ++a) {
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kPreMulSum}) {
+      for (bool inPlace : {false, true}) {
+        Case c{"custom", builds[a]};
+        c.shape.kind = kinds[a];
+        c.shape.dtype = DataType::kFloat32;
+        c.shape.op = op;
+        c.shape.count = 1003;
+        c.shape.root = 4;
+        c.nranks = 6;
+        c.params = AlgoParams{2, 128};
+        c.inPlace = inPlace;
+        c.ring = ring;
+        runCase(c);
+      }
+    }
+  }
+}
+
+TEST_CASE("recursive doubling leaves identical bytes on every rank", "[simulate]") {
+  // Values whose sum depends on the order: every rank must still agree bitwise.
+  for (int nranks = 2; nranks <= 9; ++nranks) {
+    CollShape shape;
+    shape.kind = CollKind::kAllReduce;
+    shape.dtype = DataType::kFloat32;
+    shape.count = 64;
+    auto plans = buildAll(buildRecursiveDoublingAllReduce, shape, nranks, AlgoParams{});
+    REQUIRE(verifyPlans(plans).isOk());
+    std::vector<std::vector<float>> send(nranks, std::vector<float>(64)), recv = send;
+    std::vector<std::vector<SimOpBuffers>> buffers(nranks);
+    for (int r = 0; r < nranks; ++r) {
+      for (int i = 0; i < 64; ++i) send[r][i] = 1.0f / (3 + r * 7 + i) * (r % 2 ? 1e7f : 1e-3f);
+      buffers[r] = {SimOpBuffers{send[r].data(), recv[r].data(), nullptr}};
+    }
+    REQUIRE(simulatePlans(plans, buffers).isOk());
+    for (int r = 1; r < nranks; ++r)
+      REQUIRE(std::memcmp(recv[0].data(), recv[r].data(), 64 * sizeof(float)) == 0);
+  }
+}
+
+TEST_CASE("send and recv pair up, self included, zero bytes included", "[simulate]") {
+  for (int nranks = 1; nranks <= 6; ++nranks) {
+    for (uint64_t count : {0, 1, 513}) {
+      // Each rank sends to rank+1 and receives from rank-1, in one group.
+      std::vector<PlanPtr> plans;
+      std::vector<std::vector<uint8_t>> send(nranks), recv(nranks);
+      std::vector<std::vector<SimOpBuffers>> buffers(nranks);
+      for (int r = 0; r < nranks; ++r) {
+        CollShape s;
+        s.kind = CollKind::kSend;
+        s.dtype = DataType::kInt32;
+        s.count = count;
+        s.peer = (r + 1) % nranks;
+        CollShape rv = s;
+        rv.kind = CollKind::kRecv;
+        rv.peer = (r + nranks - 1) % nranks;
+        auto a = std::make_shared<Plan>(buildSendRecv(s, viewOf(r, nranks), AlgoParams{}));
+        auto b = std::make_shared<Plan>(buildSendRecv(rv, viewOf(r, nranks), AlgoParams{}));
+        plans.push_back(std::make_shared<Plan>(mergePlans({a, b})));
+        send[r].resize(count * 4);
+        for (size_t i = 0; i < send[r].size(); ++i) send[r][i] = static_cast<uint8_t>(r + 3 * i);
+        recv[r].assign(count * 4, kSentinel);
+        buffers[r] = {SimOpBuffers{send[r].data(), nullptr, nullptr},
+                      SimOpBuffers{nullptr, recv[r].data(), nullptr}};
+      }
+      Status v = verifyPlans(plans);
+      INFO(v.toString());
+      REQUIRE(v.isOk());
+      Status s = simulatePlans(plans, buffers);
+      INFO(s.toString());
+      REQUIRE(s.isOk());
+      for (int r = 0; r < nranks; ++r) REQUIRE(recv[r] == send[(r + nranks - 1) % nranks]);
+    }
+  }
+}
+
+TEST_CASE("a group of two AllReduces runs as one merged plan", "[simulate]") {
+  const int nranks = 4;
+  std::vector<PlanPtr> plans;
+  std::vector<std::vector<float>> a(nranks, std::vector<float>(100)), b(nranks,
+                                                                        std::vector<float>(33));
+  std::vector<std::vector<SimOpBuffers>> buffers(nranks);
+  for (int r = 0; r < nranks; ++r) {
+    CollShape s;
+    s.kind = CollKind::kAllReduce;
+    s.dtype = DataType::kFloat32;
+    s.count = 100;
+    auto p1 = std::make_shared<Plan>(buildRingAllReduce(s, viewOf(r, nranks), AlgoParams{2, 64}));
+    s.count = 33;
+    auto p2 = std::make_shared<Plan>(buildRecursiveDoublingAllReduce(s, viewOf(r, nranks), {}));
+    plans.push_back(std::make_shared<Plan>(mergePlans({p1, p2})));
+    for (int i = 0; i < 100; ++i) a[r][i] = static_cast<float>(r + i);
+    for (int i = 0; i < 33; ++i) b[r][i] = static_cast<float>(r * i);
+    buffers[r] = {SimOpBuffers{a[r].data(), a[r].data(), nullptr},
+                  SimOpBuffers{b[r].data(), b[r].data(), nullptr}};
+  }
+  Status v = verifyPlans(plans);
+  INFO(v.toString());
+  REQUIRE(v.isOk());
+  REQUIRE(simulatePlans(plans, buffers).isOk());
+  for (int r = 0; r < nranks; ++r) {
+    for (int i = 0; i < 100; ++i) REQUIRE(a[r][i] == 6 + 4 * i);
+    for (int i = 0; i < 33; ++i) REQUIRE(b[r][i] == 6 * i);
+  }
+}
+
+}  // namespace
+}  // namespace shoal::testing

@@ -1,0 +1,166 @@
+// Plan utilities (finalizePlan, mergePlans, toString), buffer layouts and the
+// algorithm registry.
+#include <catch2/catch.hpp>
+
+#include "collectives/plan_test_util.h"
+
+namespace shoal::testing {
+namespace {
+
+TEST_CASE("finalizePlan numbers lanes per peer, channel and direction", "[plan]") {
+  Plan p;
+  p.shapes = {CollShape{}};
+  PlanBuilder b(p);
+  b.send(1, Slice{kSendBuffer, 0}, 4);
+  b.recv(1, Slice{kRecvBuffer, 0}, 4);
+  b.send(1, Slice{kSendBuffer, 4}, 4, {}, 1);
+  b.send(1, Slice{kSendBuffer, 8}, 4, {0});
+  b.copy(Slice{kRecvBuffer, 4}, Slice{kSendBuffer, 4}, 4);
+  finalizePlan(p);
+  REQUIRE(p.lanes.size() == 3);
+  REQUIRE(p.lanes[0].steps == std::vector<uint32_t>{0, 3});
+  REQUIRE(p.steps[3].lane == 0);
+  REQUIRE(p.steps[3].laneSeq == 1);
+  REQUIRE(p.steps[1].lane == 1);
+  REQUIRE_FALSE(p.lanes[1].isSend);
+  REQUIRE(p.lanes[2].channel == 1);
+  REQUIRE(p.steps[4].lane == -1);
+}
+
+TEST_CASE("toString prints one line per step", "[plan]") {
+  CollShape s;
+  s.kind = CollKind::kAllReduce;
+  s.count = 64;
+  s.op = ReduceOp::kPreMulSum;
+  Plan p = buildRingAllReduce(s, viewOf(0, 2), AlgoParams{});
+  std::string text = p.toString();
+  size_t lines = std::count(text.begin(), text.end(), '\n');
+  REQUIRE(lines == p.steps.size() + 1);
+  REQUIRE(text.find("plan ring rank 0/2") == 0);
+  REQUIRE(text.find("Send to 1 ch 0") != std::string::npos);
+  REQUIRE(text.find("*scalar") != std::string::npos);
+  REQUIRE(text.find("lane ") != std::string::npos);
+}
+
+TEST_CASE("mergePlans remaps buffers, deps, scratch and lanes", "[plan]") {
+  CollShape s;
+  s.kind = CollKind::kAllReduce;
+  s.count = 100;
+  auto a = std::make_shared<Plan>(buildRingAllReduce(s, viewOf(1, 3), AlgoParams{1, 64}));
+  s.count = 7;
+  auto b = std::make_shared<Plan>(buildRecursiveDoublingAllReduce(s, viewOf(1, 3), AlgoParams{}));
+  Plan m = mergePlans({a, b});
+  REQUIRE(m.shapes.size() == 2);
+  REQUIRE(m.algorithm == "ring+recursive_doubling");
+  REQUIRE(m.steps.size() == a->steps.size() + b->steps.size());
+  REQUIRE(m.scratchOffsets.size() == 2);
+  REQUIRE(m.scratchOffsets[0] == 0);
+  REQUIRE(m.scratchOffsets[1] % 64 == 0);
+  REQUIRE(m.scratchOffsets[1] >= a->scratchBytes);
+  REQUIRE(m.scratchBytes == m.scratchOffsets[1] + b->scratchBytes);
+  const size_t base = a->steps.size();
+  for (size_t i = 0; i < b->steps.size(); ++i) {
+    const Step &orig = b->steps[i], &st = m.steps[base + i];
+    REQUIRE(st.op == 1);
+    REQUIRE(st.src.buffer == orig.src.buffer + kBuffersPerOp);
+    REQUIRE(st.depCount == orig.depCount);
+    for (uint32_t d = 0; d < st.depCount; ++d)
+      REQUIRE(m.deps[st.depBegin + d] == b->deps[orig.depBegin + d] + base);
+  }
+  // Lanes of both ops to the same peer merge, op 0's messages first.
+  for (const Lane& lane : m.lanes) {
+    for (size_t k = 1; k < lane.steps.size(); ++k) REQUIRE(lane.steps[k - 1] < lane.steps[k]);
+  }
+  REQUIRE(verifyPlan(m).isOk());
+}
+
+TEST_CASE("layouts follow NCCL's in-place offsets", "[plan]") {
+  CollShape s;
+  s.dtype = DataType::kFloat32;
+  s.count = 10;
+  s.root = 1;
+  s.kind = CollKind::kReduceScatter;
+  OpLayout l = opLayout(s, 2, 4);
+  REQUIRE(l.sendBytes == 160);
+  REQUIRE(l.recvBytes == 40);
+  REQUIRE(l.inPlaceDelta == -80);
+  s.kind = CollKind::kAllGather;
+  l = opLayout(s, 2, 4);
+  REQUIRE(l.inPlaceDelta == 80);
+  REQUIRE(l.outputEnd == 160);
+  s.kind = CollKind::kReduce;
+  REQUIRE(opLayout(s, 0, 4).recvBytes == 0);
+  REQUIRE(opLayout(s, 1, 4).outputEnd == 40);
+  s.kind = CollKind::kGather;
+  REQUIRE(opLayout(s, 1, 4).inPlaceDelta == 40);
+  s.kind = CollKind::kScatter;
+  REQUIRE(opLayout(s, 1, 4).inPlaceDelta == -40);
+  REQUIRE(opLayout(s, 0, 4).sendBytes == 0);
+  s.kind = CollKind::kAllToAll;
+  REQUIRE_FALSE(opLayout(s, 0, 4).mayAlias);
+}
+
+TEST_CASE("the registry covers every collective", "[registry]") {
+  for (int k = 0; k < kNumCollKinds; ++k) {
+    auto kind = static_cast<CollKind>(k);
+    INFO(collKindName(kind));
+    REQUIRE_FALSE(candidates(kind).empty());
+    for (const AlgorithmEntry* e : candidates(kind)) {
+      REQUIRE(findAlgorithm(kind, e->name) == e);
+      REQUIRE(e->kind == kind);
+    }
+  }
+  REQUIRE(findAlgorithm(CollKind::kAllReduce, "ring") != nullptr);
+  REQUIRE(findAlgorithm(CollKind::kAllReduce, "recursive_doubling") != nullptr);
+  REQUIRE(findAlgorithm(CollKind::kAllReduce, "nope") == nullptr);
+  REQUIRE(findAlgorithm(CollKind::kBroadcast, "ring") == nullptr);
+}
+
+TEST_CASE("estimates rank latency and bandwidth algorithms sensibly", "[registry]") {
+  const AlgorithmEntry* ring = findAlgorithm(CollKind::kAllReduce, "ring");
+  const AlgorithmEntry* rd = findAlgorithm(CollKind::kAllReduce, "recursive_doubling");
+  CostParams c;
+  CollShape s;
+  s.kind = CollKind::kAllReduce;
+  s.dtype = DataType::kFloat32;
+  RankView v = viewOf(0, 8);
+  s.count = 2;  // 8 bytes: latency-bound
+  REQUIRE(rd->estimate(s, v, c) < ring->estimate(s, v, c));
+  s.count = 16 << 20;  // 64 MiB: bandwidth-bound
+  REQUIRE(ring->estimate(s, v, c) < rd->estimate(s, v, c));
+  TransportCaps caps;
+  for (const AlgorithmEntry& e : algorithms()) {
+    CollShape shape;
+    shape.kind = e.kind;
+    shape.count = 1024;
+    shape.root = 0;
+    shape.peer = 1;
+    REQUIRE(e.supports(shape, v, caps));
+    REQUIRE(e.estimate(shape, v, c) > 0);
+    shape.root = 9;
+    shape.peer = -1;
+    if (e.kind != CollKind::kAllReduce && e.kind != CollKind::kAllGather &&
+        e.kind != CollKind::kReduceScatter && e.kind != CollKind::kAllToAll)
+      REQUIRE_FALSE(e.supports(shape, v, caps));
+  }
+}
+
+TEST_CASE("empty collectives give empty plans; p2p zero bytes is a message", "[plan]") {
+  for (const AlgorithmEntry& e : algorithms()) {
+    CollShape s;
+    s.kind = e.kind;
+    s.count = 0;
+    s.root = 0;
+    s.peer = 1;
+    Plan p = e.build(s, viewOf(0, 3), AlgoParams{});
+    if (e.kind == CollKind::kSend || e.kind == CollKind::kRecv) {
+      REQUIRE(p.steps.size() == 1);
+      REQUIRE(p.steps[0].channel == kP2pChannel);
+    } else {
+      REQUIRE(p.steps.empty());
+    }
+  }
+}
+
+}  // namespace
+}  // namespace shoal::testing

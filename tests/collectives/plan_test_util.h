@@ -1,0 +1,119 @@
+// Helpers for the collectives tests: build every rank's plan, make test data,
+// run the reference simulator with in-place or out-of-place buffers and compute
+// the expected result of each collective.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "collectives/builders.h"
+#include "collectives/layout.h"
+#include "collectives/plan.h"
+#include "collectives/plan_verify.h"
+#include "collectives/registry.h"
+
+namespace shoal::testing {
+
+using BuildFn = Plan (*)(const CollShape&, const RankView&, const AlgoParams&);
+
+inline RankView viewOf(int rank, int nranks, const std::vector<int>& ring = {}) {
+  RankView v;
+  v.rank = rank;
+  v.nranks = nranks;
+  v.ring = ring;
+  return v;
+}
+
+inline std::vector<PlanPtr> buildAll(BuildFn build, const CollShape& shape, int nranks,
+                                     const AlgoParams& params, const std::vector<int>& ring = {}) {
+  std::vector<PlanPtr> plans;
+  for (int r = 0; r < nranks; ++r)
+    plans.push_back(std::make_shared<Plan>(build(shape, viewOf(r, nranks, ring), params)));
+  return plans;
+}
+
+// Exactly representable small values, stored as dtype.
+inline void storeValue(DataType t, void* base, size_t i, double v) {
+  char* p = static_cast<char*>(base) + i * dataTypeSize(t);
+  auto put = [&](auto x) { std::memcpy(p, &x, sizeof(x)); };
+  switch (t) {
+    case DataType::kInt8: put(static_cast<int8_t>(v)); break;
+    case DataType::kUint8: put(static_cast<uint8_t>(v)); break;
+    case DataType::kInt32: put(static_cast<int32_t>(v)); break;
+    case DataType::kUint32: put(static_cast<uint32_t>(v)); break;
+    case DataType::kInt64: put(static_cast<int64_t>(v)); break;
+    case DataType::kUint64: put(static_cast<uint64_t>(v)); break;
+    case DataType::kFloat32: put(static_cast<float>(v)); break;
+    case DataType::kFloat64: put(v); break;
+    case DataType::kBfloat16: {
+      float f = static_cast<float>(v);
+      uint32_t bits;
+      std::memcpy(&bits, &f, 4);
+      put(static_cast<uint16_t>(bits >> 16));  // exact for the values tests use
+      break;
+    }
+    case DataType::kFloat16: {
+      float f = static_cast<float>(v);
+      uint32_t bits;
+      std::memcpy(&bits, &f, 4);
+      uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000);
+      uint16_t h = sign;
+      if ((bits & 0x7fffffff) != 0) {  // normal halves only (small integers, halves)
+        uint32_t exp = ((bits >> 23) & 0xff) - 127 + 15;
+        h = static_cast<uint16_t>(sign | (exp << 10) | ((bits & 0x7fffff) >> 13));
+      }
+      put(h);
+      break;
+    }
+    default: put(static_cast<uint8_t>(v)); break;
+  }
+}
+
+inline bool isSigned(DataType t) {
+  return t != DataType::kUint8 && t != DataType::kUint32 && t != DataType::kUint64;
+}
+
+// Input value of element i of rank r for a reduction with op.
+inline double inputValue(DataType t, ReduceOp op, int r, uint64_t i) {
+  if (op == ReduceOp::kProd) {
+    const uint64_t k = (r + i) % 4;  // 1, 2, -1 (1 unsigned), 1
+    return k == 1 ? 2.0 : (k == 2 && isSigned(t)) ? -1.0 : 1.0;
+  }
+  double v = static_cast<double>((r * 7 + i * 3) % 11);
+  return isSigned(t) ? v - 5 : v;
+}
+
+// A memory arena per rank and op: send and recv pointers at NCCL's offsets.
+struct OpMemory {
+  std::vector<uint8_t> sendStore, recvStore, shared;
+  void* send = nullptr;
+  void* recv = nullptr;
+  uint64_t scalarStore = 0;
+};
+
+inline constexpr uint8_t kSentinel = 0xEE;
+
+// in place: one allocation holding both at the collective's in-place offset.
+inline void allocate(OpMemory& m, const CollShape& shape, int rank, int nranks, bool inPlace) {
+  const OpLayout l = opLayout(shape, rank, nranks);
+  const uint64_t all = shape.count * dataTypeSize(shape.dtype) * nranks;
+  if (inPlace && l.mayAlias) {
+    // Address space: recv at 0, send at inPlaceDelta; allocate the union.
+    int64_t lo = std::min<int64_t>(0, l.inPlaceDelta);
+    int64_t hi = std::max<int64_t>(static_cast<int64_t>(l.recvBytes),
+                                   l.inPlaceDelta + static_cast<int64_t>(l.sendBytes));
+    hi = std::max<int64_t>(hi, static_cast<int64_t>(all));  // room like nccl-tests
+    m.shared.assign(static_cast<size_t>(hi - lo) + 1, kSentinel);
+    m.recv = m.shared.data() - lo;
+    m.send = m.shared.data() - lo + l.inPlaceDelta;
+  } else {
+    m.sendStore.assign(l.sendBytes + 1, kSentinel);
+    m.recvStore.assign(l.recvBytes + 1, kSentinel);
+    m.send = m.sendStore.data();
+    m.recv = m.recvStore.data();
+  }
+}
+
+}  // namespace shoal::testing

@@ -1,0 +1,7 @@
+# Collectives: rank arithmetic, plan utilities, the verifier and the reference
+# simulator over every builder (collectives/). Pure CPU, no transport.
+shoal_add_test(plan_tests LABEL unit TIMEOUT 300 SOURCES
+  collectives/patterns_test.cc
+  collectives/plan_test.cc
+  collectives/plan_verify_test.cc
+  collectives/plan_simulate_test.cc)
