@@ -49,7 +49,10 @@ Status convertOp(ncclRedOp_t op, DataType dtype, const Communicator& comm, OpReq
     case ncclAvg:
       if (isFloating(dtype)) {
         req.shape.op = ReduceOp::kPreMulSum;
-        reduce::fromDouble(dtype, 1.0 / comm.nranks(), req.scalar.bytes.data());
+        // NCCL forms the scalar in float (double for double) before converting.
+        double scale = 1.0 / comm.nranks();
+        if (dtype != DataType::kFloat64) scale = static_cast<double>(static_cast<float>(scale));
+        reduce::fromDouble(dtype, scale, req.scalar.bytes.data());
       } else {
         req.shape.op = ReduceOp::kSum;
         req.shape.divisor = comm.nranks() > 1 ? static_cast<uint64_t>(comm.nranks()) : 0;

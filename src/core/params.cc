@@ -54,7 +54,7 @@ void parse(const std::string& text, int64_t& out, int64_t def) {
   out = (end && *end == '\0' && !text.empty()) ? v : def;
 }
 void parse(const std::string& text, std::string& out, const char*) { out = text; }
-void parse(const std::string& text, bool& out, bool def) {
+[[maybe_unused]] void parse(const std::string& text, bool& out, bool def) {
   if (text == "1" || text == "true" || text == "yes" || text == "on") out = true;
   else if (text == "0" || text == "false" || text == "no" || text == "off") out = false;
   else out = def;

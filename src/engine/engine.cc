@@ -97,7 +97,8 @@ bool Engine::pumpLocked() {
   drainIncoming();
   bool progressed = false;
   // Queues with a job still running in this pass; later jobs of them wait.
-  std::vector<uint64_t> busyQueues;
+  std::vector<uint64_t>& busyQueues = busyQueues_;
+  busyQueues.clear();
   for (auto& jobPtr : jobs_) {
     Job& job = *jobPtr;
     if (job.isDone()) continue;
@@ -136,6 +137,7 @@ void Engine::startJob(Job& job) {
   job.stepState_.assign(n, Job::kWaiting);
   job.laneCursor_.assign(plan.lanes.size(), 0);
   job.ready_ = job.prepared->roots;
+  job.blockedLanes_.clear();
   job.connections_.clear();
   for (Connection* c : job.laneConnections)
     if (std::find(job.connections_.begin(), job.connections_.end(), c) == job.connections_.end())
@@ -196,7 +198,12 @@ Status Engine::postLaneSteps(Job& job, int32_t lane) {
     Status st = s.kind == StepKind::kSend
                     ? conn->postSend(base + s.src.offset, s.bytes, tag, index)
                     : conn->postRecv(base + s.dst.offset, s.bytes, tag, index);
-    if (st.code() == Code::kAgain) break;
+    if (st.code() == Code::kAgain) {
+      if (std::find(job.blockedLanes_.begin(), job.blockedLanes_.end(), lane) ==
+          job.blockedLanes_.end())
+        job.blockedLanes_.push_back(lane);
+      break;
+    }
     SHOAL_TRY(st) << stepKindName(s.kind) << " step " << index << " to "
                   << conn->peerDescription();
     job.stepState_[index] = Job::kPosted;
@@ -229,6 +236,17 @@ bool Engine::progressJob(Job& job) {
     return true;
   }
   bool progressed = false;
+  if (!job.blockedLanes_.empty()) {
+    std::vector<int32_t> blocked;
+    blocked.swap(job.blockedLanes_);
+    for (int32_t lane : blocked) {
+      Status st = postLaneSteps(job, lane);
+      if (!st.isOk()) {
+        failJob(job, std::move(st));
+        return true;
+      }
+    }
+  }
   runReady(job);
   for (Connection* conn : job.connections_) {
     if (job.isDone()) return true;

@@ -86,6 +86,7 @@ class Job {
   std::vector<uint8_t> stepState_;
   std::vector<uint32_t> laneCursor_;
   std::vector<uint32_t> ready_;     // compute steps and newly ready comm steps
+  std::vector<int32_t> blockedLanes_;  // a post returned kAgain: retried every poll
   std::vector<Connection*> connections_;  // distinct
   std::vector<Completion> completions_;
   size_t remaining_ = 0;
@@ -133,6 +134,7 @@ class Engine {
   std::mutex submitMutex_;
   std::vector<JobPtr> incoming_;      // guarded by submitMutex_
   std::deque<JobPtr> jobs_;           // guarded by pumpMutex_: running and queued
+  std::vector<uint64_t> busyQueues_;  // guarded by pumpMutex_: scratch of pumpLocked()
   std::atomic<size_t> jobCount_{0};
   std::atomic<size_t> detachedCount_{0};
 
