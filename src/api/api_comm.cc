@@ -221,8 +221,14 @@ SHOAL_API(ncclResult_t, ncclCommSplit,
     }
     if (color == NCCL_SPLIT_NOCOLOR) {
       // Still a collective over the parent: take part, get no communicator.
-      auto none = parent->split(color, key, options);
-      return none.takeStatus();
+      auto takePart = [parent, color, key, options] {
+        return parent->split(color, key, options).takeStatus();
+      };
+      if (group::active()) {
+        group::addInit(std::move(takePart));
+        return Status::ok();
+      }
+      return takePart();
     }
     ncclComm_t handle = newHandle();
     handle->cudaDev = comm->cudaDev;

@@ -200,6 +200,7 @@ SHOAL_EXPORT ncclResult_t shoalHostStreamQuery(shoalHostStream_t s) {
 
 SHOAL_EXPORT ncclResult_t shoalHostStreamDestroy(shoalHostStream_t s) {
   return guard("shoalHostStreamDestroy", [&]() -> Status {
+    if (s == nullptr) return Status::ok();  // like ncclCommDestroy(NULL)
     SHOAL_ASSIGN_OR_RETURN(auto* stream, hostStream(s));
     Status st = stream->synchronize();
     api::unregisterHostStream(stream);

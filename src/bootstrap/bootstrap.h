@@ -29,6 +29,9 @@ class Store {
                                                Deadline deadline) = 0;
   // Removes keys (missing ones are ignored).
   virtual Status erase(const std::vector<std::string>& keys, Deadline deadline) = 0;
+  // Which of `keys` exist now (does not wait for them); for error messages that
+  // name who is missing. The default says kUnsupported.
+  virtual Result<std::vector<bool>> check(const std::vector<std::string>& keys, Deadline deadline);
   // "tcp 10.0.0.1:5000" or "memory", for error messages.
   virtual std::string describe() const = 0;
 };
@@ -47,6 +50,11 @@ Result<UniqueIdContents> decodeUniqueId(const char in[UniqueIdContents::kBytes])
 // on the interface chosen by NCCL_SOCKET_IFNAME, or at NCCL_COMM_ID). The server
 // lives until the process exits.
 Result<UniqueIdContents> createUniqueId();
+// For an id made from NCCL_COMM_ID (magic 0x0280028002800280, whose root is
+// not started by createUniqueId): starts the root at the id's address if no
+// root for it runs in this process yet; ok and nothing to do for other ids.
+// Called from rank 0's init. Idempotent and thread-safe.
+Status startRootIfNeeded(const UniqueIdContents& id);
 // Connects to the root named by the id (retries on refusal within the deadline).
 Result<std::shared_ptr<Store>> connectStore(const UniqueIdContents& id, Deadline deadline);
 // An in-process store (tests; ncclCommInitAll).
@@ -67,13 +75,25 @@ class Bootstrap {
   // deadline the message lists the ranks that did not arrive.
   Result<std::vector<std::string>> allGather(std::string_view mine, Deadline deadline);
   Status barrier(Deadline deadline);
+  // The last store step of a set-up, for when the root lives in rank 0's
+  // process (ncclGetUniqueId there): after it, rank 0 may return and its
+  // process exit without breaking the others' set-up. Every other rank records
+  // that it no longer needs the root and returns; rank 0 returns once all have
+  // (on its deadline the error lists who did not). A non-zero rank treats a
+  // root that vanishes while answering its record as done: the root vanishes
+  // only once rank 0 has them all, or with rank 0 itself.
+  Status finish(Deadline deadline);
 
  private:
+  Status missingRanks(const std::vector<std::string>& keys, const std::vector<int>& ranks, const Status& failed,
+                      const std::string& what);
+
   std::shared_ptr<Store> store_;
   std::string scope_;
   int rank_;
   int size_;
-  uint64_t round_ = 0;
+  uint64_t round_ = 0;            // rounds of allGather and finish, in call order
+  int64_t lastGatherRound_ = -1;  // this rank's allGather key still in the store
 };
 
 }  // namespace shoal

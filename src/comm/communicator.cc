@@ -90,6 +90,9 @@ Status Communicator::initialize() {
   });
   SHOAL_ASSIGN_OR_RETURN(tuner_, Tuner::create(summary, options_.minChannels, options_.maxChannels),
       describe());
+  // The root may live in rank 0's process: do not let rank 0 return (and
+  // perhaps exit) before every rank is done with it.
+  SHOAL_TRY(bootstrap_->finish(deadline)) << describe() << ": finishing bootstrap";
   SHOAL_INFO(subsys::kInit, describe(), " nodes ", topology_.nodes.size(), " - Init COMPLETE");
   initState_.store(Code::kOk);
   return Status::ok();
@@ -161,8 +164,49 @@ Status Communicator::submit(std::vector<OpRequest> ops, bool wait) {
 
 Status Communicator::waitFor(const Job& job) {
   Status st = Engine::instance().wait(job);
-  if (!st.isOk()) setAsyncError(st);
+  if (!st.isOk()) st = handleFailure(job, std::move(st));
   return st;
+}
+
+// A failed operation fails the communicator for good (NCCL semantics: abort
+// it). Before returning, make every other rank fail promptly and name the
+// first cause: publish our error in the store, then close all our
+// connections, so ranks waiting on us see the close now rather than at their
+// no-progress deadline; a rank that sees a close reads the closer's published
+// error, so the message chain ends at the rank that really died or stalled.
+Status Communicator::handleFailure(const Job& job, Status st) {
+  std::lock_guard<std::mutex> lock(failureMutex_);
+  if (st.code() == Code::kAborted || failurePublished_) {
+    setAsyncError(st);
+    return st;
+  }
+  failurePublished_ = true;
+  // Our own view first, so that ranks timing out at the same moment as we do
+  // can read it; then what the peers we depended on reported, if anything.
+  (void)request_.store->set(failureKey(rank_), st.message(), Deadline::afterMs(kFailureReportMs));
+  std::vector<int> upstreamPeers = job.waitingOn();
+  if (job.failedPeer() >= 0 && st.code() == Code::kRemoteError) upstreamPeers = {job.failedPeer()};
+  Deadline deadline = Deadline::afterMs(kFailureReportMs);
+  std::string upstreamText;
+  for (int peer : upstreamPeers) {
+    if (peer == rank_) continue;
+    auto upstream = request_.store->get({failureKey(peer)}, deadline);
+    if (upstream.isOk())
+      upstreamText += str("; rank ", peer, " (host ", peers_[peer].hostname,
+                          ") had failed first: ", upstream.value()[0]);
+  }
+  if (!upstreamText.empty()) {
+    st = Status(st.code(), st.message() + upstreamText);
+    (void)request_.store->set(failureKey(rank_), st.message(), Deadline::afterMs(kFailureReportMs));
+  }
+  Engine::instance().retire(reinterpret_cast<uintptr_t>(this), st);
+  connections_.clear();
+  setAsyncError(st);
+  return st;
+}
+
+std::string Communicator::failureKey(int rank) const {
+  return str(request_.scope, "/failure/", rank);
 }
 
 Result<JobPtr> Communicator::enqueue(std::vector<OpRequest> ops, bool detached) {

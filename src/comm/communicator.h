@@ -135,6 +135,11 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   Status ensureConnections(const Plan& plan, std::vector<Connection*>& laneConnections);
   Result<Connection*> connectionTo(int peer, uint16_t channel);
   uint64_t tagFor(const CollShape& shape);
+  Status handleFailure(const Job& job, Status st);
+  std::string failureKey(int rank) const;
+
+  // How long a failing rank spends reading its peer's report and publishing its own.
+  static constexpr int64_t kFailureReportMs = 1500;
 
   const int rank_;
   const int nranks_;
@@ -165,6 +170,8 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   mutable std::mutex asyncMutex_;
   Status asyncError_;
   std::mutex jobsMutex_;
+  std::mutex failureMutex_;
+  bool failurePublished_ = false;
 };
 
 }  // namespace shoal

@@ -139,9 +139,14 @@ void Engine::startJob(Job& job) {
   job.ready_ = job.prepared->roots;
   job.blockedLanes_.clear();
   job.connections_.clear();
-  for (Connection* c : job.laneConnections)
-    if (std::find(job.connections_.begin(), job.connections_.end(), c) == job.connections_.end())
-      job.connections_.push_back(c);
+  job.connectionPeers_.clear();
+  for (size_t lane = 0; lane < job.laneConnections.size(); ++lane) {
+    Connection* c = job.laneConnections[lane];
+    if (std::find(job.connections_.begin(), job.connections_.end(), c) != job.connections_.end())
+      continue;
+    job.connections_.push_back(c);
+    job.connectionPeers_.push_back(plan.lanes[lane].peer);
+  }
   job.remaining_ = n;
   job.lastProgressNs_ = nowNs();
   if (n == 0) job.finish(Status::ok());
@@ -248,12 +253,14 @@ bool Engine::progressJob(Job& job) {
     }
   }
   runReady(job);
-  for (Connection* conn : job.connections_) {
+  for (size_t c = 0; c < job.connections_.size(); ++c) {
+    Connection* conn = job.connections_[c];
     if (job.isDone()) return true;
     job.completions_.clear();
     bool moved = false;
     Status st = conn->poll(job.completions_, moved);
     if (!st.isOk()) {
+      job.failedPeer_ = job.connectionPeers_[c];
       failJob(job, std::move(st));
       return true;
     }
@@ -279,7 +286,7 @@ bool Engine::progressJob(Job& job) {
   return progressed;
 }
 
-Status Engine::timeoutStatus(const Job& job) const {
+Status Engine::timeoutStatus(Job& job) const {
   const Plan& plan = *job.prepared->plan;
   std::vector<std::string> peers;
   for (size_t lane = 0; lane < plan.lanes.size(); ++lane) {
@@ -289,6 +296,8 @@ Status Engine::timeoutStatus(const Job& job) const {
       std::string what = str(s.kind == StepKind::kSend ? "send to " : "receive from ",
                              job.laneConnections[lane]->peerDescription());
       if (std::find(peers.begin(), peers.end(), what) == peers.end()) peers.push_back(what);
+      if (std::find(job.waitingOn_.begin(), job.waitingOn_.end(), s.peer) == job.waitingOn_.end())
+        job.waitingOn_.push_back(s.peer);
       break;
     }
   }

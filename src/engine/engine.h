@@ -71,6 +71,10 @@ class Job {
   bool isDone() const { return state_.load(std::memory_order_acquire) != kRunning; }
   // Valid once isDone().
   const Status& status() const { return status_; }
+  // The peer whose connection failed the job, or -1 (deadline, abort, ...).
+  int failedPeer() const { return failedPeer_; }
+  // On a no-progress timeout: the peers the job was waiting on.
+  const std::vector<int>& waitingOn() const { return waitingOn_; }
 
  private:
   friend class Engine;
@@ -88,6 +92,9 @@ class Job {
   std::vector<uint32_t> ready_;     // compute steps and newly ready comm steps
   std::vector<int32_t> blockedLanes_;  // a post returned kAgain: retried every poll
   std::vector<Connection*> connections_;  // distinct
+  std::vector<int> connectionPeers_;      // peer rank of each of connections_
+  int failedPeer_ = -1;
+  std::vector<int> waitingOn_;
   std::vector<Completion> completions_;
   size_t remaining_ = 0;
   int64_t lastProgressNs_ = 0;
@@ -125,7 +132,7 @@ class Engine {
   Status postLaneSteps(Job& job, int32_t lane);
   void completeStep(Job& job, uint32_t index);
   void failJob(Job& job, Status status);
-  Status timeoutStatus(const Job& job) const;
+  Status timeoutStatus(Job& job) const;
   void drainIncoming();
   void progressThreadMain();
   void ensureProgressThread();

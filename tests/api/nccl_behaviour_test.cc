@@ -555,7 +555,7 @@ TEST_CASE("error strings are NCCL's", "[api]") {
 // Init, queries, teardown
 // ===========================================================================
 
-TEST_CASE("ncclCommInitAll: queries, devlist, argument errors", "[api]") {
+TEST_CASE("ncclCommInitAll: queries - devlist - argument errors", "[api]") {
   {
     World w(3);
     for (int r = 0; r < 3; ++r) {
@@ -655,7 +655,7 @@ TEST_CASE("one-rank communicators do every collective as a copy", "[api]") {
   checkBuf(ip, same, "in-place AllReduce n=1");
 }
 
-TEST_CASE("Finalize then Destroy; Destroy and Abort of NULL; Abort right after init", "[api]") {
+TEST_CASE("Finalize then Destroy - Destroy and Abort of NULL - Abort right after init", "[api]") {
   NCCL_OK(ncclCommDestroy(nullptr));
   NCCL_OK(ncclCommAbort(nullptr));
   {
@@ -713,7 +713,7 @@ TEST_CASE("ncclCommAbort of a nonblocking comm still initializing returns prompt
 // AllReduce: every operator and every type, 1-4 ranks
 // ===========================================================================
 
-TEST_CASE("AllReduce sum/prod/max/min/avg of all 12 types at 1, 2, 3 and 4 ranks", "[api][allreduce]") {
+TEST_CASE("AllReduce sum/prod/max/min/avg of all 12 types at 1 to 4 ranks", "[api][allreduce]") {
   for (int n = 1; n <= 4; ++n) {
     World w(n);
     const bool pow2 = (n & (n - 1)) == 0;
@@ -744,7 +744,7 @@ TEST_CASE("AllReduce sum/prod/max/min/avg of all 12 types at 1, 2, 3 and 4 ranks
   }
 }
 
-TEST_CASE("AllReduce in place, count 0 and large counts", "[api][allreduce]") {
+TEST_CASE("AllReduce in place - count 0 and large counts", "[api][allreduce]") {
   for (int n = 2; n <= 4; ++n) {
     World w(n);
     INFO("nranks " << n);
@@ -781,7 +781,7 @@ TEST_CASE("AllReduce in place, count 0 and large counts", "[api][allreduce]") {
   }
 }
 
-TEST_CASE("PreMulSum: host-immediate and device scalars, destroyed right after the call", "[api][allreduce]") {
+TEST_CASE("PreMulSum: host-immediate and device scalars - destroyed right after the call", "[api][allreduce]") {
   for (int n = 1; n <= 4; ++n) {
     World w(n);
     for (const TypeInfo& t : allTypes()) {
@@ -854,7 +854,7 @@ TEST_CASE("PreMulSum and RedOpDestroy misuse", "[api][errors]") {
 // Data movement collectives, every root, in place with NCCL's offsets
 // ===========================================================================
 
-TEST_CASE("Broadcast and Bcast: every root, in place, NULL sendbuff on non-roots", "[api][coll]") {
+TEST_CASE("Broadcast and Bcast: every root - in place - NULL sendbuff on non-roots", "[api][coll]") {
   for (ncclDataType_t dt : {ncclFloat32, ncclUint8}) {
     const TypeInfo& t = typeOf(dt);
     for (int n = 1; n <= 4; ++n) {
@@ -891,7 +891,7 @@ TEST_CASE("Broadcast and Bcast: every root, in place, NULL sendbuff on non-roots
   }
 }
 
-TEST_CASE("Reduce: every root, NULL recvbuff on non-roots, in place at the root", "[api][coll]") {
+TEST_CASE("Reduce: every root - NULL recvbuff on non-roots - in place at the root", "[api][coll]") {
   for (ncclDataType_t dt : {ncclFloat32, ncclUint8}) {
     const TypeInfo& t = typeOf(dt);
     for (int n = 1; n <= 4; ++n) {
@@ -933,7 +933,7 @@ TEST_CASE("Reduce: every root, NULL recvbuff on non-roots, in place at the root"
   }
 }
 
-TEST_CASE("AllGather and ReduceScatter, out of place and in place", "[api][coll]") {
+TEST_CASE("AllGather and ReduceScatter - out of place and in place", "[api][coll]") {
   for (ncclDataType_t dt : {ncclFloat32, ncclUint8}) {
     const TypeInfo& t = typeOf(dt);
     for (int n = 1; n <= 4; ++n) {
@@ -994,7 +994,7 @@ TEST_CASE("AllGather and ReduceScatter, out of place and in place", "[api][coll]
   }
 }
 
-TEST_CASE("AlltoAll, Gather and Scatter: every root, in place at the root", "[api][coll]") {
+TEST_CASE("AlltoAll and Gather and Scatter: every root - in place at the root", "[api][coll]") {
   for (ncclDataType_t dt : {ncclFloat32, ncclUint8}) {
     const TypeInfo& t = typeOf(dt);
     for (int n = 1; n <= 4; ++n) {
@@ -1067,7 +1067,7 @@ TEST_CASE("AlltoAll, Gather and Scatter: every root, in place at the root", "[ap
 // Point to point
 // ===========================================================================
 
-TEST_CASE("Send/Recv in groups: ring, self, pairwise, ordering, zero bytes", "[api][p2p]") {
+TEST_CASE("Send/Recv in groups: ring - self - pairwise - ordering - zero bytes", "[api][p2p]") {
   const TypeInfo& t = typeOf(ncclFloat32);
   for (int n = 1; n <= 4; ++n) {
     World w(n);
@@ -1282,7 +1282,7 @@ TEST_CASE("ncclCommInitRank of every rank inside one group from one thread", "[a
 // Threads: one rank per thread from one unique id
 // ===========================================================================
 
-TEST_CASE("4 threads, one ncclUniqueId, ncclCommInitRank each (loopback)", "[api][threads]") {
+TEST_CASE("4 threads - one ncclUniqueId - ncclCommInitRank each (loopback)", "[api][threads]") {
   requireNoErrors(runThreads(4, [](int r, ncclComm_t comm) { return threadedCollectives(4, r, comm); }));
 }
 
@@ -1298,11 +1298,69 @@ TEST_CASE("4 threads over tcp on 127.0.0.1 (SHOAL_TRANSPORT=tcp)", "[api][thread
   requireNoErrors(errors);
 }
 
+TEST_CASE("ncclCommInitRankScalable with one id from 3 threads", "[api][threads]") {
+  const int n = 3;
+  ncclUniqueId id = newId();
+  std::vector<std::string> errors(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      ncclComm_t comm = nullptr;
+      ncclUniqueId ids[1] = {id};
+      ncclResult_t rc = ncclCommInitRankScalable(&comm, n, r, 1, ids, nullptr);
+      if (rc != ncclSuccess) {
+        errors[r] = std::string("init: ") + ncclGetErrorString(rc) + ": " + lastError();
+        return;
+      }
+      errors[r] = threadedCollectives(n, r, comm);
+      (void)ncclCommDestroy(comm);
+    });
+  for (auto& t : threads) t.join();
+  requireNoErrors(errors);
+}
+
+TEST_CASE("ncclCommGetAsyncError from a watchdog thread while collectives run", "[api][threads]") {
+  // PyTorch's watchdog polls ncclCommGetAsyncError from its own thread while
+  // the main thread enqueues work.
+  World w(2);
+  std::atomic<bool> stop{false};
+  std::atomic<int> bad{0}, polls{0};
+  std::thread watchdog([&] {
+    while (!stop.load()) {
+      for (int r = 0; r < 2; ++r) {
+        ncclResult_t state = ncclInternalError;
+        if (ncclCommGetAsyncError(w[r], &state) != ncclSuccess || state != ncclSuccess) ++bad;
+        ++polls;
+      }
+      std::this_thread::yield();
+    }
+  });
+  const TypeInfo& t = typeOf(ncclFloat32);
+  std::vector<Buf> send, recv;
+  for (int r = 0; r < 2; ++r) {
+    send.emplace_back(t, 4099);
+    recv.emplace_back(t, 4099);
+    send[r].fill([r](size_t i) { return val(r, i); });
+  }
+  auto t0 = Clock::now();
+  while (polls.load() == 0 && msSince(t0) < 5000) std::this_thread::yield();
+  for (int it = 0; it < 200 || (polls.load() < 100 && msSince(t0) < 10000); ++it)
+    grouped(2, [&](int r) {
+      return ncclAllReduce(send[r].at(), recv[r].at(), 4099, ncclFloat, ncclSum, w[r], nullptr);
+    });
+  stop = true;
+  watchdog.join();
+  CHECK(bad.load() == 0);
+  CHECK(polls.load() > 0);
+  for (int r = 0; r < 2; ++r)
+    checkBuf(recv[r], [](size_t i) { return val(0, i) + val(1, i); }, "AllReduce under polling");
+}
+
 // ===========================================================================
 // Nonblocking communicators
 // ===========================================================================
 
-TEST_CASE("nonblocking init, collectives, split inheritance and finalize from one thread", "[api][nonblocking]") {
+TEST_CASE("nonblocking init - collectives - split inheritance and finalize from one thread", "[api][nonblocking]") {
   const int n = 4;
   ncclUniqueId id = newId();
   ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
@@ -1471,7 +1529,7 @@ void allReduceOn(const std::vector<ncclComm_t>& comms, const std::function<int(i
 }
 }  // namespace
 
-TEST_CASE("ncclCommSplit: halves, duplicate, key order, ties", "[api][split]") {
+TEST_CASE("ncclCommSplit: halves - duplicate - key order - ties", "[api][split]") {
   World w(4);
   {  // halves
     auto color = [](int r) { return r / 2; };
@@ -1507,7 +1565,7 @@ TEST_CASE("ncclCommSplit: halves, duplicate, key order, ties", "[api][split]") {
   requireWorking(w);
 }
 
-TEST_CASE("ncclCommSplit with NCCL_SPLIT_NOCOLOR, one thread per rank", "[api][split]") {
+TEST_CASE("ncclCommSplit with NCCL_SPLIT_NOCOLOR - one thread per rank", "[api][split]") {
   const int n = 4;
   std::vector<int> sizes(n, -1), ranks(n, -1);
   std::vector<bool> isNull(n, false);
@@ -1661,7 +1719,7 @@ ncclResult_t initWithConfig(ncclConfig_t* cfg) {
 }
 }  // namespace
 
-TEST_CASE("ncclConfig_t: magic, ranges, version resets, size clamping", "[api][config]") {
+TEST_CASE("ncclConfig_t: magic - ranges - version resets - size clamping", "[api][config]") {
   {
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
     cfg.magic = 0x12345678;
@@ -1737,7 +1795,7 @@ TEST_CASE("ncclConfig_t: magic, ranges, version resets, size clamping", "[api][c
 // Memory and registration
 // ===========================================================================
 
-TEST_CASE("ncclMemAlloc/ncclMemFree, also inside a group; foreign pointers rejected", "[api][memory]") {
+TEST_CASE("ncclMemAlloc/ncclMemFree - also inside a group - foreign pointers rejected", "[api][memory]") {
   void* p = nullptr;
   NCCL_OK(ncclMemAlloc(&p, 1 << 20));
   REQUIRE(p != nullptr);
@@ -1775,7 +1833,7 @@ TEST_CASE("ncclMemAlloc/ncclMemFree, also inside a group; foreign pointers rejec
   }
 }
 
-TEST_CASE("ncclCommRegister/Deregister, also inside a group", "[api][memory]") {
+TEST_CASE("ncclCommRegister/Deregister - also inside a group", "[api][memory]") {
   World w(2);
   std::vector<std::vector<float>> s(2, std::vector<float>(512)), d(2, std::vector<float>(512));
   std::vector<void*> hs(2, nullptr), hd(2, nullptr);
@@ -1807,7 +1865,7 @@ TEST_CASE("ncclCommRegister/Deregister, also inside a group", "[api][memory]") {
 // Parameters
 // ===========================================================================
 
-TEST_CASE("parameter API: keys, bind, typed reads", "[api][params]") {
+TEST_CASE("parameter API: keys - bind - typed reads", "[api][params]") {
   const char** keys = nullptr;
   int nkeys = 0;
   NCCL_OK(ncclParamGetAllParameterKeys(&keys, &nkeys));

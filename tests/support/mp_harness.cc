@@ -94,6 +94,19 @@ bool MpChild::uniqueId(ncclUniqueId* out) {
   return true;
 }
 
+bool MpChild::barrier(int timeoutMs) {
+  char token = 'b';
+  if (!writeAll(barrierUpFd_, &token, 1)) {
+    log("barrier: the parent is gone");
+    return false;
+  }
+  if (!readAll(barrierDownFd_, &token, 1, timeoutMs)) {
+    log("barrier: not released within " + std::to_string(timeoutMs) + " ms");
+    return false;
+  }
+  return true;
+}
+
 void MpChild::log(const std::string& line) {
   char prefix[64];
   std::snprintf(prefix, sizeof(prefix), "[rank %d +%.0f ms] ", rank_, elapsedMs());
@@ -143,11 +156,18 @@ MpResult MpRunner::run(const MpConfig& cfg, const std::function<int(MpChild&)>& 
   result.ranks.resize(n);
   std::vector<int> reportRead(n, -1), reportWrite(n, -1);
   std::vector<int> idRead(n, -1), idWrite(n, -1);  // [r] for r >= 1
+  std::vector<int> upRead(n, -1), upWrite(n, -1), downRead(n, -1), downWrite(n, -1);
   for (int r = 0; r < n; ++r) {
     int fds[2];
     if (::pipe2(fds, O_CLOEXEC) != 0) std::abort();
     reportRead[r] = fds[0];
     reportWrite[r] = fds[1];
+    if (::pipe2(fds, O_CLOEXEC) != 0) std::abort();
+    upRead[r] = fds[0];
+    upWrite[r] = fds[1];
+    if (::pipe2(fds, O_CLOEXEC) != 0) std::abort();
+    downRead[r] = fds[0];
+    downWrite[r] = fds[1];
     if (r > 0) {
       if (::pipe2(fds, O_CLOEXEC) != 0) std::abort();
       idRead[r] = fds[0];
@@ -155,6 +175,11 @@ MpResult MpRunner::run(const MpConfig& cfg, const std::function<int(MpChild&)>& 
     }
   }
   std::fflush(nullptr);  // no buffered output duplicated into children
+  // A child may die between reaching the barrier and its release: writing to
+  // its pipe must not kill this process.
+  struct sigaction ignorePipe {}, oldPipe {};
+  ignorePipe.sa_handler = SIG_IGN;
+  ::sigaction(SIGPIPE, &ignorePipe, &oldPipe);
   double start = nowMs();
   std::vector<pid_t> pids(n, -1);
   for (int r = 0; r < n; ++r) {
@@ -171,7 +196,15 @@ MpResult MpRunner::run(const MpConfig& cfg, const std::function<int(MpChild&)>& 
         if (q != r) closeFd(reportWrite[q]);
         if (q > 0 && q != r) closeFd(idRead[q]);
         if (q > 0 && r != 0) closeFd(idWrite[q]);
+        closeFd(upRead[q]);
+        closeFd(downWrite[q]);
+        if (q != r) {
+          closeFd(upWrite[q]);
+          closeFd(downRead[q]);
+        }
       }
+      child.barrierUpFd_ = upWrite[r];
+      child.barrierDownFd_ = downRead[r];
       child.reportFd_ = reportWrite[r];
       if (r == 0)
         for (int q = 1; q < n; ++q) child.idWriteFds_.push_back(idWrite[q]);
@@ -203,13 +236,46 @@ MpResult MpRunner::run(const MpConfig& cfg, const std::function<int(MpChild&)>& 
     result.ranks[r].rank = r;
     result.ranks[r].pid = pid;
   }
-  // Parent: only the report read ends stay open.
+  // Parent: only the report read ends and the barrier ends stay open.
   for (int r = 0; r < n; ++r) {
     closeFd(reportWrite[r]);
     closeFd(idRead[r]);
     closeFd(idWrite[r]);
+    closeFd(upWrite[r]);
+    closeFd(downRead[r]);
     ::fcntl(reportRead[r], F_SETFL, O_NONBLOCK);
+    ::fcntl(upRead[r], F_SETFL, O_NONBLOCK);
   }
+  std::vector<bool> atBarrier(n, false);
+  // Reads barrier arrivals; releases everyone waiting once every rank that is
+  // still alive waits.
+  auto serveBarrier = [&](const std::vector<bool>& exited) {
+    for (int r = 0; r < n; ++r) {
+      char token;
+      while (upRead[r] >= 0) {
+        ssize_t got = ::read(upRead[r], &token, 1);
+        if (got == 1) {
+          atBarrier[r] = true;
+          continue;
+        }
+        if (got == 0) closeFd(upRead[r]);
+        break;
+      }
+    }
+    bool anyWaiting = false;
+    for (int r = 0; r < n; ++r) {
+      if (exited[r]) continue;
+      if (!atBarrier[r]) return;
+      anyWaiting = true;
+    }
+    if (!anyWaiting) return;
+    for (int r = 0; r < n; ++r) {
+      if (exited[r] || !atBarrier[r]) continue;
+      char token = 'r';
+      (void)writeAll(downWrite[r], &token, 1);
+      atBarrier[r] = false;
+    }
+  };
   auto drain = [&](int r) {
     char buf[4096];
     while (reportRead[r] >= 0) {
@@ -243,6 +309,7 @@ MpResult MpRunner::run(const MpConfig& cfg, const std::function<int(MpChild&)>& 
       }
     }
     if (alive == 0) break;
+    serveBarrier(done);
     if (nowMs() > deadline) {
       result.timedOut = true;
       for (int r = 0; r < n; ++r) {
@@ -262,8 +329,11 @@ MpResult MpRunner::run(const MpConfig& cfg, const std::function<int(MpChild&)>& 
   for (int r = 0; r < n; ++r) {
     drain(r);
     closeFd(reportRead[r]);
+    closeFd(upRead[r]);
+    closeFd(downWrite[r]);
   }
   result.wallMs = nowMs() - start;
+  ::sigaction(SIGPIPE, &oldPipe, nullptr);
   return result;
 }
 

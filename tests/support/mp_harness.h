@@ -46,6 +46,11 @@ class MpChild {
   // Rank 0: ncclGetUniqueId, then sends the id to every other rank. Others:
   // wait (up to 30 s) for it. Returns false (and logs why) on failure.
   bool uniqueId(ncclUniqueId* out);
+  // Waits until every rank that is still alive has called barrier() (ranks
+  // that exited or died count as arrived), through the parent. Returns false
+  // (and logs why) after timeoutMs. Use it to keep a process - and the
+  // bootstrap root that rank 0 hosts - alive until the others are done.
+  bool barrier(int timeoutMs = 60000);
   // One line to the parent's report (prefixed with the rank and elapsed time).
   void log(const std::string& line);
   // Milliseconds since this child started.
@@ -58,6 +63,8 @@ class MpChild {
   int reportFd_ = -1;
   std::vector<int> idWriteFds_;  // rank 0: one per other rank
   int idReadFd_ = -1;            // others
+  int barrierUpFd_ = -1;         // child -> parent: "arrived"
+  int barrierDownFd_ = -1;       // parent -> child: "released"
   bool haveId_ = false;
   ncclUniqueId id_{};
   double startMs_ = 0;

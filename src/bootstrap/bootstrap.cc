@@ -1,0 +1,114 @@
+// Bootstrap: allGather and barrier over a Store (see bootstrap.h).
+//
+// Keys: "<scope>/ag/<round>/<rank>". Round r's get returning means every rank
+// has set its round-r key, hence finished reading every earlier round; so
+// after round r each rank erases its key of the previous allGather, and a long
+// job keeps at most two rounds in the store. finish() uses "<scope>/done/<round>/<rank>"; rank 0
+// erases those once it has them all.
+#include "bootstrap/bootstrap.h"
+
+#include "core/log.h"
+
+namespace shoal {
+namespace {
+
+// "3, 5-7, 9" from sorted ranks.
+std::string formatRanks(const std::vector<int>& ranks) {
+  std::string out;
+  for (size_t i = 0; i < ranks.size();) {
+    size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    if (!out.empty()) out += ", ";
+    out += std::to_string(ranks[i]);
+    if (j > i) out += "-" + std::to_string(ranks[j]);
+    i = j + 1;
+  }
+  return out;
+}
+
+}  // namespace
+
+Bootstrap::Bootstrap(std::shared_ptr<Store> store, std::string scope, int rank, int size)
+    : store_(std::move(store)), scope_(std::move(scope)), rank_(rank), size_(size) {}
+
+// The error for a get that timed out: which ranks' keys are missing.
+Status Bootstrap::missingRanks(const std::vector<std::string>& keys, const std::vector<int>& ranks,
+                               const Status& failed, const std::string& what) {
+  Result<std::vector<bool>> exists = store_->check(keys, Deadline::afterMs(2000));
+  if (!exists.isOk()) return error(Code::kTimeout, what, ": timed out (", failed.message(), ")");
+  std::vector<int> missing;
+  for (size_t i = 0; i < keys.size(); ++i)
+    if (!exists.value()[i]) missing.push_back(ranks[i]);
+  if (missing.empty()) return Status::ok();  // everyone arrived just as the deadline passed
+  return error(Code::kTimeout, what, ": timed out waiting for ", missing.size(),
+               missing.size() == 1 ? " rank: " : " ranks: ", formatRanks(missing));
+}
+
+Result<std::vector<std::string>> Bootstrap::allGather(std::string_view mine, Deadline deadline) {
+  uint64_t round = round_++;
+  auto keyOf = [&](uint64_t r, int rank) { return str(scope_, "/ag/", r, "/", rank); };
+  std::string what = str("bootstrap allGather #", round, " of ", scope_, " (rank ", rank_, " of ", size_, ", store ",
+                         store_->describe(), ")");
+  if (Status s = store_->set(keyOf(round, rank_), mine, deadline); !s.isOk()) return s.withContext(what);
+
+  std::vector<std::string> keys;
+  std::vector<int> ranks;
+  for (int r = 0; r < size_; ++r) {
+    keys.push_back(keyOf(round, r));
+    ranks.push_back(r);
+  }
+  Result<std::vector<std::string>> values = store_->get(keys, deadline);
+  if (!values.isOk()) {
+    Status failed = values.takeStatus();
+    if (failed.code() != Code::kTimeout) return failed.withContext(what);
+    SHOAL_TRY(missingRanks(keys, ranks, failed, what));
+    values = store_->get(keys, Deadline::afterMs(2000));
+    if (!values.isOk()) return values.takeStatus().withContext(what);
+  }
+  if (lastGatherRound_ >= 0) {
+    uint64_t previous = static_cast<uint64_t>(lastGatherRound_);
+    if (Status s = store_->erase({keyOf(previous, rank_)}, deadline); !s.isOk())
+      SHOAL_WARN(what, ": could not erase the previous round's key: ", s.message());
+  }
+  lastGatherRound_ = static_cast<int64_t>(round);
+  return values;
+}
+
+Status Bootstrap::finish(Deadline deadline) {
+  uint64_t round = round_++;
+  auto keyOf = [&](int rank) { return str(scope_, "/done/", round, "/", rank); };
+  std::string what = str("bootstrap finish of ", scope_, " (rank ", rank_, " of ", size_, ", store ",
+                         store_->describe(), ")");
+  if (rank_ != 0) {
+    Status s = store_->set(keyOf(rank_), "", deadline);
+    if (s.code() == Code::kRemoteError) {
+      SHOAL_INFO(subsys::kBootstrap, what, ": the root went away after our record (", s.message(), ")");
+      return Status::ok();
+    }
+    return s.withContext(what);
+  }
+  std::vector<std::string> keys;
+  std::vector<int> ranks;
+  for (int r = 1; r < size_; ++r) {
+    keys.push_back(keyOf(r));
+    ranks.push_back(r);
+  }
+  if (keys.empty()) return Status::ok();
+  Result<std::vector<std::string>> done = store_->get(keys, deadline);
+  if (!done.isOk()) {
+    Status failed = done.takeStatus();
+    if (failed.code() != Code::kTimeout) return failed.withContext(what);
+    SHOAL_TRY(missingRanks(keys, ranks, failed, what));
+  }
+  if (Status s = store_->erase(keys, deadline); !s.isOk())
+    SHOAL_WARN(what, ": could not erase the records: ", s.message());
+  return Status::ok();
+}
+
+Status Bootstrap::barrier(Deadline deadline) {
+  Result<std::vector<std::string>> done = allGather({}, deadline);
+  if (!done.isOk()) return done.takeStatus().withContext("barrier");
+  return Status::ok();
+}
+
+}  // namespace shoal

@@ -1,0 +1,51 @@
+// RootServer: the bootstrap root, the server side of the TCP store.
+//
+// Role: serves SET/GET/ERASE/CHECK (store_protocol.h) to the ranks of every
+// ncclUniqueId this process created. One server per listen address; each id
+// it serves is a "tenant" with its own key space and its own secret (the
+// client's hello names the id's magic; the handshake proves the secret).
+// Owner: the process. A server is started on first need and lives until the
+// process exits: it is deliberately never destroyed, and its thread is
+// detached and touches only the server's own heap state (and the logger,
+// which is never destroyed either), so process exit neither waits for it nor
+// races with static destructors.
+// Thread: one background thread runs an event loop (poll over the listener and
+// every client), so a slow, silent or malicious connection never delays
+// others. addTenant() may be called from any thread.
+//
+// Limits: unauthenticated connections get SHOAL_HANDSHAKE_TIMEOUT_MS and at
+// most kMaxPendingHandshakes exist at once (beyond that the root stops
+// accepting, and new clients wait in the kernel's backlog until handshakes
+// finish or expire); frames are at most 64 MiB and every length is checked before use.
+// Rejections are logged at most once a second with a count.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "core/status.h"
+#include "net/socket_address.h"
+
+namespace shoal {
+
+class RootServer {
+ public:
+  static constexpr int kMaxPendingHandshakes = 256;
+
+  // Binds `address` (port 0: an ephemeral port; fixedPort: SO_REUSEADDR for a
+  // requested port) and starts the thread. The server is never freed.
+  static Result<RootServer*> start(const net::SocketAddress& address, bool fixedPort);
+
+  // Serves the id (magic, secret) from now on; idempotent.
+  void addTenant(uint64_t magic, const uint8_t secret[32]);
+  // The bound address (with the actual port).
+  const net::SocketAddress& address() const;
+
+  struct State;  // private; defined in root_server.cc
+
+ private:
+  explicit RootServer(std::unique_ptr<State> state);
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace shoal

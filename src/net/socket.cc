@@ -1,0 +1,350 @@
+#include "net/socket.h"
+
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <limits>
+#include <thread>
+
+#include "core/log.h"
+#include "core/params.h"
+
+namespace shoal::net {
+namespace {
+
+// poll(2) timeout for a deadline, rounded up so that we never spin on 0 ms
+// while the deadline is still in the future.
+int pollTimeoutMs(Deadline deadline) {
+  if (deadline.atNs() == Deadline::never().atNs()) return -1;
+  int64_t leftNs = deadline.atNs() - nowNs();
+  if (leftNs <= 0) return 0;
+  int64_t ms = (leftNs + 999999) / 1000000;
+  return static_cast<int>(std::min<int64_t>(ms, std::numeric_limits<int>::max()));
+}
+
+Status setIntOption(int fd, int level, int name, int value, const char* what) {
+  if (setsockopt(fd, level, name, &value, sizeof(value)) != 0) return errnoStatus(errno, what);
+  return Status::ok();
+}
+
+// Waits for `events` on fd; true if ready, false on deadline.
+Result<bool> waitFor(int fd, short events, Deadline deadline) {
+  for (;;) {
+    pollfd p{fd, events, 0};
+    int rc = ::poll(&p, 1, pollTimeoutMs(deadline));
+    if (rc > 0) return true;
+    if (rc == 0) {
+      if (deadline.expired()) return false;
+      continue;
+    }
+    if (errno != EINTR) return errnoStatus(errno, "poll");
+  }
+}
+
+bool retryableConnectError(int err) {
+  switch (err) {
+    case ECONNREFUSED:
+    case ECONNRESET:
+    case ECONNABORTED:
+    case ETIMEDOUT:
+    case EHOSTUNREACH:
+    case ENETUNREACH:
+    case EADDRNOTAVAIL:
+    case EAGAIN:
+    case EINTR:
+      return true;
+    default:
+      return false;
+  }
+}
+
+struct Attempt {
+  Fd fd;
+  int error = 0;         // errno of the failure
+  bool timedOut = false;  // the deadline passed while the SYN was in flight
+};
+
+Attempt connectOnce(const SocketAddress& address, Deadline deadline, int64_t bufferBytes) {
+  Attempt attempt;
+  Fd fd(::socket(address.family(), SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+  if (!fd) {
+    attempt.error = errno;
+    return attempt;
+  }
+  if (bufferBytes > 0) (void)setBufferSizes(fd.get(), bufferBytes);
+  if (::connect(fd.get(), address.raw(), address.length()) != 0) {
+    if (errno != EINPROGRESS) {
+      attempt.error = errno;
+      return attempt;
+    }
+    Result<bool> ready = waitFor(fd.get(), POLLOUT, deadline);
+    if (!ready.isOk()) {
+      attempt.error = EIO;
+      return attempt;
+    }
+    if (!ready.value()) {
+      attempt.timedOut = true;
+      return attempt;
+    }
+    int soError = 0;
+    socklen_t len = sizeof(soError);
+    if (getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &soError, &len) != 0) soError = errno;
+    if (soError != 0) {
+      attempt.error = soError;
+      return attempt;
+    }
+  }
+  // A connect to a free local port inside the ephemeral range can "succeed" by
+  // TCP simultaneous open with itself; that is a refusal.
+  Result<SocketAddress> local = localAddressOf(fd.get());
+  if (local.isOk() && local.value() == address) {
+    attempt.error = ECONNREFUSED;
+    return attempt;
+  }
+  attempt.fd = std::move(fd);
+  return attempt;
+}
+
+}  // namespace
+
+// --- options
+
+LivenessOptions LivenessOptions::fromParams() {
+  LivenessOptions options;
+  int64_t progress = params().progressTimeoutMs;
+  options.userTimeoutMs = progress > 0 ? progress + 10000 : 0;
+  return options;
+}
+
+Status setNoDelay(int fd) { return setIntOption(fd, IPPROTO_TCP, TCP_NODELAY, 1, "setsockopt(TCP_NODELAY)"); }
+
+Status setLiveness(int fd, const LivenessOptions& options) {
+  SHOAL_TRY(setIntOption(fd, SOL_SOCKET, SO_KEEPALIVE, 1, "setsockopt(SO_KEEPALIVE)"));
+  SHOAL_TRY(setIntOption(fd, IPPROTO_TCP, TCP_KEEPIDLE, options.keepIdleS, "setsockopt(TCP_KEEPIDLE)"));
+  SHOAL_TRY(setIntOption(fd, IPPROTO_TCP, TCP_KEEPINTVL, options.keepIntervalS,
+                         "setsockopt(TCP_KEEPINTVL)"));
+  SHOAL_TRY(setIntOption(fd, IPPROTO_TCP, TCP_KEEPCNT, options.keepCount, "setsockopt(TCP_KEEPCNT)"));
+  if (options.userTimeoutMs > 0) {
+    int ms = static_cast<int>(std::min<int64_t>(options.userTimeoutMs, std::numeric_limits<int>::max()));
+    SHOAL_TRY(setIntOption(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, ms, "setsockopt(TCP_USER_TIMEOUT)"));
+  }
+  return Status::ok();
+}
+
+Status setBufferSizes(int fd, int64_t bytes) {
+  if (bytes <= 0) return Status::ok();
+  int value = static_cast<int>(std::min<int64_t>(bytes, std::numeric_limits<int>::max() / 2));
+  SHOAL_TRY(setIntOption(fd, SOL_SOCKET, SO_SNDBUF, value, "setsockopt(SO_SNDBUF)"));
+  SHOAL_TRY(setIntOption(fd, SOL_SOCKET, SO_RCVBUF, value, "setsockopt(SO_RCVBUF)"));
+  return Status::ok();
+}
+
+// --- listen / accept / connect
+
+Result<Fd> listenOn(const SocketAddress& address, const ListenOptions& options) {
+  Fd fd(::socket(address.family(), SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+  if (!fd) return errnoStatus(errno, "socket");
+  if (options.reuseAddress) {
+    SHOAL_TRY(setIntOption(fd.get(), SOL_SOCKET, SO_REUSEADDR, 1, "setsockopt(SO_REUSEADDR)"));
+  }
+  SHOAL_TRY(setBufferSizes(fd.get(), options.bufferBytes));
+  if (::bind(fd.get(), address.raw(), address.length()) != 0)
+    return errnoStatus(errno, str("bind ", address.toString()));
+  if (::listen(fd.get(), options.backlog) != 0)
+    return errnoStatus(errno, str("listen ", address.toString()));
+  return fd;
+}
+
+Result<SocketAddress> localAddressOf(int fd) {
+  sockaddr_storage ss{};
+  socklen_t len = sizeof(ss);
+  if (getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0)
+    return errnoStatus(errno, "getsockname");
+  return SocketAddress::fromSockaddr(reinterpret_cast<sockaddr*>(&ss), len);
+}
+
+Result<SocketAddress> peerAddressOf(int fd) {
+  sockaddr_storage ss{};
+  socklen_t len = sizeof(ss);
+  if (getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0)
+    return errnoStatus(errno, "getpeername");
+  return SocketAddress::fromSockaddr(reinterpret_cast<sockaddr*>(&ss), len);
+}
+
+Result<Fd> acceptOne(int listenFd, SocketAddress* peer) {
+  for (;;) {
+    sockaddr_storage ss{};
+    socklen_t len = sizeof(ss);
+    int fd = ::accept4(listenFd, reinterpret_cast<sockaddr*>(&ss), &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd >= 0) {
+      if (peer) *peer = SocketAddress::fromSockaddr(reinterpret_cast<sockaddr*>(&ss), len);
+      return Fd(fd);
+    }
+    if (errno == EINTR) continue;
+    // Nothing pending, or a connection that died in the queue: not our error.
+    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == ECONNABORTED || errno == EPROTO)
+      return Fd();
+    return errnoStatus(errno, "accept");
+  }
+}
+
+RetryPolicy RetryPolicy::fromParams() {
+  const Params& p = params();
+  RetryPolicy policy;
+  policy.retries = static_cast<int>(std::max<int64_t>(0, p.connectRetryCount));
+  policy.sleepMs = std::max<int64_t>(0, p.connectRetrySleepMs);
+  policy.bufferBytes = p.socketBufferBytes;
+  return policy;
+}
+
+Result<Fd> connectWithRetry(const SocketAddress& address, Deadline deadline, const RetryPolicy& policy) {
+  int64_t startNs = nowNs();
+  int attempts = 0;
+  for (;;) {
+    ++attempts;
+    Attempt attempt = connectOnce(address, deadline, policy.bufferBytes);
+    if (attempt.fd) {
+      if (attempts > 1)
+        SHOAL_INFO(subsys::kNet, "connected to ", address.toString(), " after ", attempts, " attempts");
+      return std::move(attempt.fd);
+    }
+    int64_t elapsedMs = (nowNs() - startNs) / 1000000;
+    if (attempt.timedOut)
+      return error(Code::kTimeout, "connect to ", address.toString(), ": timed out after ", elapsedMs,
+                   " ms (", attempts, " attempts)");
+    if (!retryableConnectError(attempt.error) || attempts > policy.retries)
+      return errnoStatus(attempt.error, str("connect to ", address.toString(), " (", attempts,
+                                            attempts == 1 ? " attempt)" : " attempts)"));
+    int64_t sleepMs = policy.sleepMs * attempts;
+    if (deadline.remainingMs() <= sleepMs)
+      return error(Code::kTimeout, "connect to ", address.toString(), ": ",
+                   errnoStatus(attempt.error, "last attempt").message(), "; deadline reached after ",
+                   elapsedMs, " ms (", attempts, " attempts)");
+    std::this_thread::sleep_for(std::chrono::milliseconds(sleepMs));
+  }
+}
+
+// --- blocking-style I/O
+
+Result<bool> waitReadable(int fd, Deadline deadline) { return waitFor(fd, POLLIN, deadline); }
+
+Status readExact(int fd, void* data, size_t bytes, Deadline deadline, std::string_view what) {
+  auto* p = static_cast<uint8_t*>(data);
+  size_t done = 0;
+  while (done < bytes) {
+    IoResult io = readSome(fd, p + done, bytes - done);
+    if (!io.ok()) return ioStatus(io, what);
+    done += io.bytes;
+    if (done == bytes) break;
+    if (io.bytes == 0) {
+      SHOAL_ASSIGN_OR_RETURN(bool ready, waitFor(fd, POLLIN, deadline));
+      if (!ready)
+        return error(Code::kTimeout, what, ": timed out (", done, " of ", bytes, " bytes received)");
+    }
+  }
+  return Status::ok();
+}
+
+Status writeExact(int fd, const void* data, size_t bytes, Deadline deadline, std::string_view what) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  size_t done = 0;
+  while (done < bytes) {
+    IoResult io = writeSome(fd, p + done, bytes - done);
+    if (!io.ok()) return ioStatus(io, what);
+    done += io.bytes;
+    if (done == bytes) break;
+    if (io.bytes == 0) {
+      SHOAL_ASSIGN_OR_RETURN(bool ready, waitFor(fd, POLLOUT, deadline));
+      if (!ready)
+        return error(Code::kTimeout, what, ": timed out (", done, " of ", bytes, " bytes sent)");
+    }
+  }
+  return Status::ok();
+}
+
+// --- partial I/O
+
+IoResult readSome(int fd, void* data, size_t bytes) {
+  IoResult io;
+  for (;;) {
+    ssize_t n = ::recv(fd, data, bytes, MSG_DONTWAIT);
+    if (n > 0) {
+      io.bytes = static_cast<size_t>(n);
+    } else if (n == 0) {
+      io.closed = bytes > 0;
+    } else if (errno == EINTR) {
+      continue;
+    } else if (errno != EAGAIN && errno != EWOULDBLOCK) {
+      io.error = errno;
+    }
+    return io;
+  }
+}
+
+IoResult readvSome(int fd, const iovec* iov, int count) {
+  IoResult io;
+  msghdr msg{};
+  msg.msg_iov = const_cast<iovec*>(iov);
+  msg.msg_iovlen = static_cast<size_t>(count);
+  for (;;) {
+    ssize_t n = ::recvmsg(fd, &msg, MSG_DONTWAIT);
+    if (n > 0) {
+      io.bytes = static_cast<size_t>(n);
+    } else if (n == 0) {
+      io.closed = true;
+    } else if (errno == EINTR) {
+      continue;
+    } else if (errno != EAGAIN && errno != EWOULDBLOCK) {
+      io.error = errno;
+    }
+    return io;
+  }
+}
+
+IoResult writeSome(int fd, const void* data, size_t bytes) {
+  IoResult io;
+  for (;;) {
+    ssize_t n = ::send(fd, data, bytes, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n >= 0) {
+      io.bytes = static_cast<size_t>(n);
+    } else if (errno == EINTR) {
+      continue;
+    } else if (errno != EAGAIN && errno != EWOULDBLOCK) {
+      io.error = errno;
+    }
+    return io;
+  }
+}
+
+IoResult writevSome(int fd, const iovec* iov, int count) {
+  IoResult io;
+  msghdr msg{};
+  msg.msg_iov = const_cast<iovec*>(iov);
+  msg.msg_iovlen = static_cast<size_t>(count);
+  for (;;) {
+    ssize_t n = ::sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n >= 0) {
+      io.bytes = static_cast<size_t>(n);
+    } else if (errno == EINTR) {
+      continue;
+    } else if (errno != EAGAIN && errno != EWOULDBLOCK) {
+      io.error = errno;
+    }
+    return io;
+  }
+}
+
+Status ioStatus(const IoResult& io, std::string_view what) {
+  if (io.closed) return remoteError(what, ": connection closed by peer");
+  if (io.error == ECONNRESET) return remoteError(what, ": connection reset by peer");
+  if (io.error == EPIPE) return remoteError(what, ": connection closed by peer (broken pipe)");
+  return errnoStatus(io.error, what);
+}
+
+}  // namespace shoal::net

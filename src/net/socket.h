@@ -1,0 +1,108 @@
+// Socket helpers shared by the bootstrap and the tcp transport.
+//
+// Role: every TCP socket Shoal opens is made here, non-blocking and
+// close-on-exec from birth, wrapped in an Fd, with Shoal's liveness options.
+// Blocking-style helpers (connectWithRetry, readExact, writeExact) poll with a
+// Deadline, so no call here can wait for ever. The partial helpers (readSome,
+// writevSome) never block and report EOF and errors as values; they are the
+// data path of the tcp transport.
+// Thread: any; the helpers keep no state.
+//
+// Liveness (reference/reliability.md §1.1, §1.8):
+//   - SO_KEEPALIVE with TCP_KEEPIDLE 10 s, TCP_KEEPINTVL 5 s, TCP_KEEPCNT 3
+//     (a dead host on an idle connection is noticed after ~25 s);
+//   - TCP_USER_TIMEOUT = SHOAL_PROGRESS_TIMEOUT_MS + 10 s, so that a peer that
+//     is merely slow (a stopped process still ACKs with a zero window) is left
+//     to the engine's no-progress deadline; 0 there means "not set".
+//     Note: Linux lets TCP_USER_TIMEOUT replace TCP_KEEPCNT when both are set
+//     (tcp_keepalive_timer), so with a user timeout a dead host on an idle
+//     connection is reported after the user timeout, not after ~25 s.
+//   - MSG_NOSIGNAL on every send: a closed peer is an EPIPE value, never SIGPIPE.
+#pragma once
+
+#include <sys/types.h>
+#include <sys/uio.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+#include "core/clock.h"
+#include "core/status.h"
+#include "net/fd.h"
+#include "net/socket_address.h"
+
+namespace shoal::net {
+
+// --- options
+
+struct LivenessOptions {
+  int keepIdleS = 10;
+  int keepIntervalS = 5;
+  int keepCount = 3;
+  int64_t userTimeoutMs = 0;  // 0: leave TCP_USER_TIMEOUT unset
+  // From params(): userTimeoutMs = progressTimeoutMs + 10 s (0 when that is 0).
+  static LivenessOptions fromParams();
+};
+
+Status setNoDelay(int fd);
+Status setLiveness(int fd, const LivenessOptions& options);
+// SO_SNDBUF and SO_RCVBUF; bytes <= 0 leaves kernel autotuning on.
+Status setBufferSizes(int fd, int64_t bytes);
+
+// --- listen / accept / connect
+
+struct ListenOptions {
+  int backlog = 4096;
+  bool reuseAddress = false;  // SO_REUSEADDR: only for a fixed, requested port
+  int64_t bufferBytes = 0;    // inherited by accepted sockets (see setBufferSizes)
+};
+// Binds `address` (port 0: ephemeral) and listens; never SO_REUSEPORT.
+Result<Fd> listenOn(const SocketAddress& address, const ListenOptions& options = {});
+Result<SocketAddress> localAddressOf(int fd);
+Result<SocketAddress> peerAddressOf(int fd);
+
+// Accepts one pending connection (non-blocking, close-on-exec); an invalid Fd
+// when none is pending. `peer` (optional) receives the remote address.
+Result<Fd> acceptOne(int listenFd, SocketAddress* peer = nullptr);
+
+struct RetryPolicy {
+  int retries = 34;            // NCCL_SOCKET_RETRY_CNT
+  int64_t sleepMs = 100;       // NCCL_SOCKET_RETRY_SLEEP_MSEC; attempt k sleeps k x sleepMs
+  int64_t bufferBytes = 0;     // set before connecting (window scaling)
+  static RetryPolicy fromParams();
+};
+// Connects a non-blocking socket; refusals, resets and unreachable networks
+// are retried with linear backoff while retries and the deadline allow. The
+// error names the address, the cause and the attempts made.
+Result<Fd> connectWithRetry(const SocketAddress& address, Deadline deadline,
+                            const RetryPolicy& policy = RetryPolicy::fromParams());
+
+// --- blocking-style I/O on non-blocking sockets, bounded by a deadline
+
+// Reads exactly `bytes`; EOF before that is kRemoteError "<what>: connection
+// closed by peer", the deadline kTimeout "<what>: timed out ...".
+Status readExact(int fd, void* data, size_t bytes, Deadline deadline, std::string_view what);
+Status writeExact(int fd, const void* data, size_t bytes, Deadline deadline, std::string_view what);
+// Waits until fd is readable (or has EOF/error) or the deadline passes; true if ready.
+Result<bool> waitReadable(int fd, Deadline deadline);
+
+// --- partial, never-blocking I/O (the data path)
+
+struct IoResult {
+  size_t bytes = 0;     // bytes moved; 0 with ok() means "would block"
+  int error = 0;        // errno of a failure
+  bool closed = false;  // orderly EOF from the peer (reads only)
+  bool ok() const { return error == 0 && !closed; }
+};
+
+IoResult readSome(int fd, void* data, size_t bytes);
+IoResult readvSome(int fd, const iovec* iov, int count);
+IoResult writeSome(int fd, const void* data, size_t bytes);
+IoResult writevSome(int fd, const iovec* iov, int count);
+
+// The Status of a failed IoResult: "<what>: connection closed by peer" or the
+// errno text; kRemoteError for resets and closes.
+Status ioStatus(const IoResult& io, std::string_view what);
+
+}  // namespace shoal::net

@@ -1,0 +1,657 @@
+// Forked-process tests (CTest label "mp"): each rank is its own process, the
+// ranks talk over tcp on 127.0.0.1 (NCCL_SOCKET_IFNAME=lo, SHOAL_TRANSPORT=tcp),
+// and only the public C API (nccl.h) is used. Covers data correctness of every
+// collective at 2, 3 and 4 processes, grouped send/recv, abort, and the failure
+// conventions of reference/reliability.md §1.8 and §7: a SIGKILLed rank, a rank
+// that stops calling (no-progress deadline), a rank that never joins init
+// (init deadline), and stray connections to the bootstrap root.
+//
+// Every run is bounded by the harness watchdog (tests/support/mp_harness.h);
+// sizes stay at or under 1 MiB per buffer (the test machine has 2 cores).
+#include <nccl.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cstdlib>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "support/mp_harness.h"
+
+using shoal::testing::MpChild;
+using shoal::testing::MpConfig;
+using shoal::testing::MpResult;
+using shoal::testing::runForked;
+
+namespace {
+
+double monoMs() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<double>(ts.tv_sec) * 1e3 + static_cast<double>(ts.tv_nsec) / 1e6;
+}
+
+std::string describe(ncclResult_t rc) {
+  return std::string(ncclGetErrorString(rc)) + " (" + std::to_string(static_cast<int>(rc)) +
+         "): " + ncclGetLastError(nullptr);
+}
+
+// Child-side checks: log and fail the child (exit code 1).
+#define CHILD_CHECK(child, cond, what)                                                   \
+  do {                                                                                   \
+    if (!(cond)) {                                                                       \
+      (child).log(std::string("CHECK FAILED at line ") + std::to_string(__LINE__) + ": " \
+                  + #cond + " -- " + (what));                                            \
+      return 1;                                                                          \
+    }                                                                                    \
+  } while (0)
+
+#define CHILD_NCCL(child, call)                                                           \
+  do {                                                                                    \
+    ncclResult_t rc_ = (call);                                                            \
+    if (rc_ != ncclSuccess) {                                                             \
+      (child).log(std::string("line ") + std::to_string(__LINE__) + ": " + #call + " -> " \
+                  + describe(rc_));                                                       \
+      return 1;                                                                           \
+    }                                                                                     \
+  } while (0)
+
+// Small integers: every sum over <= 4 ranks is exact in float.
+float value(int rank, size_t i) { return static_cast<float>((rank * 13 + static_cast<int>(i % 1021)) % 17); }
+
+// Checks a float buffer against an expectation; logs the first mismatch.
+bool expectFloats(MpChild& child, const char* what, const std::vector<float>& got,
+                  const std::function<float(size_t)>& want) {
+  for (size_t i = 0; i < got.size(); ++i) {
+    float w = want(i);
+    if (got[i] != w) {
+      char line[256];
+      std::snprintf(line, sizeof(line), "%s: element %zu is %g, expected %g", what, i,
+                    static_cast<double>(got[i]), static_cast<double>(w));
+      child.log(line);
+      return false;
+    }
+  }
+  return true;
+}
+
+ncclResult_t initComm(MpChild& child, ncclComm_t* comm) {
+  ncclUniqueId id;
+  if (!child.uniqueId(&id)) return ncclSystemError;
+  return ncclCommInitRank(comm, child.nranks(), id, child.rank());
+}
+
+// Whether an error text names `rank` as a peer: "rank 2", or a list after
+// "rank"/"ranks" such as "ranks: 0-1, 2" or "1 rank: 2". A rank's description
+// of itself ("rank 2/4", "rank 2 of 4") does not count.
+bool namesRank(const std::string& text, int rank) {
+  for (size_t at = text.find("rank"); at != std::string::npos; at = text.find("rank", at + 4)) {
+    size_t i = at + 4;
+    if (i < text.size() && text[i] == 's') ++i;
+    if (i < text.size() && text[i] == ':') ++i;
+    // A list of numbers and ranges: "2", "0-1, 3".
+    while (true) {
+      while (i < text.size() && text[i] == ' ') ++i;
+      if (i >= text.size() || !std::isdigit(static_cast<unsigned char>(text[i]))) break;
+      size_t end = i;
+      long lo = std::strtol(text.c_str() + i, nullptr, 10);
+      while (end < text.size() && std::isdigit(static_cast<unsigned char>(text[end]))) ++end;
+      long hi = lo;
+      if (end + 1 < text.size() && text[end] == '-' && std::isdigit(static_cast<unsigned char>(text[end + 1]))) {
+        hi = std::strtol(text.c_str() + end + 1, nullptr, 10);
+        ++end;
+        while (end < text.size() && std::isdigit(static_cast<unsigned char>(text[end]))) ++end;
+      }
+      bool self = (end < text.size() && text[end] == '/') || text.compare(end, 4, " of ") == 0;
+      if (!self && lo <= rank && rank <= hi) return true;
+      i = end;
+      if (i < text.size() && text[i] == ',') ++i;
+      else break;
+    }
+  }
+  return false;
+}
+
+void requirePassed(const MpResult& res) {
+  INFO(res.report());
+  REQUIRE_FALSE(res.timedOut);
+  REQUIRE(res.allPassed());
+}
+
+// ---- every collective -------------------------------------------------------
+
+int everyCollective(MpChild& c) {
+  const int n = c.nranks(), r = c.rank();
+  ncclComm_t comm = nullptr;
+  CHILD_NCCL(c, initComm(c, &comm));
+  int count = 0, rank = -1;
+  CHILD_NCCL(c, ncclCommCount(comm, &count));
+  CHILD_NCCL(c, ncclCommUserRank(comm, &rank));
+  CHILD_CHECK(c, count == n && rank == r, "Count/UserRank disagree with the init arguments");
+
+  {  // AllReduce sum, 1 MiB of float
+    const size_t N = 262144;
+    std::vector<float> send(N), recv(N, -1.f);
+    for (size_t i = 0; i < N; ++i) send[i] = value(r, i);
+    CHILD_NCCL(c, ncclAllReduce(send.data(), recv.data(), N, ncclFloat, ncclSum, comm, nullptr));
+    bool ok = expectFloats(c, "AllReduce", recv, [&](size_t i) {
+      float s = 0;
+      for (int q = 0; q < n; ++q) s += value(q, i);
+      return s;
+    });
+    CHILD_CHECK(c, ok, "AllReduce data");
+  }
+  {  // AllReduce max, in place, int32
+    const size_t N = 1000;
+    std::vector<int32_t> buf(N);
+    for (size_t i = 0; i < N; ++i) buf[i] = static_cast<int32_t>((r * 7 + i) % 11) - 5;
+    CHILD_NCCL(c, ncclAllReduce(buf.data(), buf.data(), N, ncclInt32, ncclMax, comm, nullptr));
+    for (size_t i = 0; i < N; ++i) {
+      int32_t want = -1000;
+      for (int q = 0; q < n; ++q) want = std::max(want, static_cast<int32_t>((q * 7 + i) % 11) - 5);
+      CHILD_CHECK(c, buf[i] == want, "in-place AllReduce max element " + std::to_string(i));
+    }
+  }
+  {  // Broadcast from the last rank
+    const size_t N = 100000;
+    const int root = n - 1;
+    std::vector<float> send(N), recv(N, -1.f);
+    for (size_t i = 0; i < N; ++i) send[i] = value(r, i);
+    CHILD_NCCL(c, ncclBroadcast(r == root ? send.data() : nullptr, recv.data(), N, ncclFloat, root,
+                                comm, nullptr));
+    CHILD_CHECK(c, expectFloats(c, "Broadcast", recv, [&](size_t i) { return value(root, i); }),
+                "Broadcast data");
+  }
+  {  // Reduce to rank 1 % n; non-roots pass a NULL recvbuff
+    const size_t N = 50000;
+    const int root = 1 % n;
+    std::vector<float> send(N), recv(N, -1.f);
+    for (size_t i = 0; i < N; ++i) send[i] = value(r, i);
+    CHILD_NCCL(c, ncclReduce(send.data(), r == root ? recv.data() : nullptr, N, ncclFloat, ncclSum,
+                             root, comm, nullptr));
+    if (r == root) {
+      bool ok = expectFloats(c, "Reduce", recv, [&](size_t i) {
+        float s = 0;
+        for (int q = 0; q < n; ++q) s += value(q, i);
+        return s;
+      });
+      CHILD_CHECK(c, ok, "Reduce data");
+    }
+  }
+  {  // AllGather
+    const size_t N = 32768;
+    std::vector<float> send(N), recv(N * n, -1.f);
+    for (size_t i = 0; i < N; ++i) send[i] = value(r, i);
+    CHILD_NCCL(c, ncclAllGather(send.data(), recv.data(), N, ncclFloat, comm, nullptr));
+    CHILD_CHECK(c, expectFloats(c, "AllGather", recv, [&](size_t j) {
+                  return value(static_cast<int>(j / N), j % N);
+                }),
+                "AllGather data");
+  }
+  {  // ReduceScatter
+    const size_t N = 32768;
+    std::vector<float> send(N * n), recv(N, -1.f);
+    for (size_t j = 0; j < N * n; ++j) send[j] = value(r, j);
+    CHILD_NCCL(c, ncclReduceScatter(send.data(), recv.data(), N, ncclFloat, ncclSum, comm, nullptr));
+    bool ok = expectFloats(c, "ReduceScatter", recv, [&](size_t i) {
+      float s = 0;
+      for (int q = 0; q < n; ++q) s += value(q, static_cast<size_t>(r) * N + i);
+      return s;
+    });
+    CHILD_CHECK(c, ok, "ReduceScatter data");
+  }
+  {  // AlltoAll
+    const size_t N = 16384;
+    std::vector<float> send(N * n), recv(N * n, -1.f);
+    for (size_t j = 0; j < N * n; ++j) send[j] = value(r, j);
+    CHILD_NCCL(c, ncclAlltoAll(send.data(), recv.data(), N, ncclFloat, comm, nullptr));
+    bool ok = expectFloats(c, "AlltoAll", recv, [&](size_t j) {
+      int from = static_cast<int>(j / N);
+      return value(from, static_cast<size_t>(r) * N + j % N);
+    });
+    CHILD_CHECK(c, ok, "AlltoAll data");
+  }
+  {  // Gather to rank 0; non-roots pass a NULL recvbuff
+    const size_t N = 16384;
+    std::vector<float> send(N), recv(r == 0 ? N * n : 0, -1.f);
+    for (size_t i = 0; i < N; ++i) send[i] = value(r, i);
+    CHILD_NCCL(c, ncclGather(send.data(), r == 0 ? recv.data() : nullptr, N, ncclFloat, 0, comm,
+                             nullptr));
+    if (r == 0)
+      CHILD_CHECK(c, expectFloats(c, "Gather", recv, [&](size_t j) {
+                    return value(static_cast<int>(j / N), j % N);
+                  }),
+                  "Gather data");
+  }
+  {  // Scatter from the last rank; non-roots pass a NULL sendbuff
+    const size_t N = 16384;
+    const int root = n - 1;
+    std::vector<float> send(r == root ? N * n : 0), recv(N, -1.f);
+    for (size_t j = 0; j < send.size(); ++j) send[j] = value(r, j);
+    CHILD_NCCL(c, ncclScatter(r == root ? send.data() : nullptr, recv.data(), N, ncclFloat, root,
+                              comm, nullptr));
+    CHILD_CHECK(c, expectFloats(c, "Scatter", recv, [&](size_t i) {
+                  return value(root, static_cast<size_t>(r) * N + i);
+                }),
+                "Scatter data");
+  }
+  ncclResult_t async = ncclInternalError;
+  CHILD_NCCL(c, ncclCommGetAsyncError(comm, &async));
+  CHILD_CHECK(c, async == ncclSuccess, "async error after healthy collectives");
+  CHILD_NCCL(c, ncclCommFinalize(comm));
+  CHILD_NCCL(c, ncclCommDestroy(comm));
+  return 0;
+}
+
+// ---- send/recv --------------------------------------------------------------
+
+int groupedSendRecv(MpChild& c) {
+  const int n = c.nranks(), r = c.rank();
+  ncclComm_t comm = nullptr;
+  CHILD_NCCL(c, initComm(c, &comm));
+  {  // ring shift of 1 MiB: send to r+1, receive from r-1, in one group
+    const size_t N = 262144;
+    const int next = (r + 1) % n, prev = (r + n - 1) % n;
+    std::vector<float> send(N), recv(N, -1.f);
+    for (size_t i = 0; i < N; ++i) send[i] = value(r, i);
+    CHILD_NCCL(c, ncclGroupStart());
+    CHILD_NCCL(c, ncclSend(send.data(), N, ncclFloat, next, comm, nullptr));
+    CHILD_NCCL(c, ncclRecv(recv.data(), N, ncclFloat, prev, comm, nullptr));
+    CHILD_NCCL(c, ncclGroupEnd());
+    CHILD_CHECK(c, expectFloats(c, "ring send/recv", recv, [&](size_t i) { return value(prev, i); }),
+                "ring data");
+  }
+  {  // all-to-all as grouped send/recv to every other peer, two messages per
+     // peer (the k-th send to a peer matches its k-th recv), plus zero-byte ones
+    const size_t N = 4096;
+    std::vector<std::vector<float>> send(n), recvA(n), recvB(n);
+    for (int p = 0; p < n; ++p) {
+      send[p].resize(2 * N);
+      for (size_t i = 0; i < 2 * N; ++i) send[p][i] = value(r * 4 + p, i);
+      recvA[p].assign(N, -1.f);
+      recvB[p].assign(N, -1.f);
+    }
+    CHILD_NCCL(c, ncclGroupStart());
+    for (int p = 0; p < n; ++p) {
+      if (p == r) continue;
+      CHILD_NCCL(c, ncclSend(send[p].data(), N, ncclFloat, p, comm, nullptr));
+      CHILD_NCCL(c, ncclSend(send[p].data() + N, N, ncclFloat, p, comm, nullptr));
+      CHILD_NCCL(c, ncclSend(nullptr, 0, ncclFloat, p, comm, nullptr));
+      CHILD_NCCL(c, ncclRecv(recvA[p].data(), N, ncclFloat, p, comm, nullptr));
+      CHILD_NCCL(c, ncclRecv(recvB[p].data(), N, ncclFloat, p, comm, nullptr));
+      CHILD_NCCL(c, ncclRecv(nullptr, 0, ncclFloat, p, comm, nullptr));
+    }
+    CHILD_NCCL(c, ncclGroupEnd());
+    for (int p = 0; p < n; ++p) {
+      if (p == r) continue;
+      CHILD_CHECK(c, expectFloats(c, "pairwise first", recvA[p], [&](size_t i) { return value(p * 4 + r, i); }),
+                  "pairwise first message from rank " + std::to_string(p));
+      CHILD_CHECK(c, expectFloats(c, "pairwise second", recvB[p], [&](size_t i) { return value(p * 4 + r, N + i); }),
+                  "pairwise second message from rank " + std::to_string(p));
+    }
+  }
+  CHILD_NCCL(c, ncclCommDestroy(comm));
+  return 0;
+}
+
+// ---- failures ---------------------------------------------------------------
+
+// The survivors' side of a failure: the call failed; check how. The survivor
+// waits (harness barrier) until every other survivor has failed too before it
+// aborts, so that its own teardown cannot be what the others report.
+int checkFailure(MpChild& c, ncclComm_t comm, ncclResult_t rc, double callMs, int culprit,
+                 double maxMs, bool deadlineExpected) {
+  std::string last = ncclGetLastError(nullptr);
+  char line[160];
+  std::snprintf(line, sizeof(line), "failing call took %.0f ms and returned ", callMs);
+  c.log(std::string(line) + describe(rc));
+  ncclResult_t async = ncclSuccess;
+  ncclResult_t asyncRc = ncclCommGetAsyncError(comm, &async);
+  bool released = c.barrier();
+  CHILD_CHECK(c, released, "the other ranks did not finish");
+  int failed = 0;
+  auto expect = [&](bool ok, const std::string& what) {
+    if (!ok) {
+      c.log("CHECK FAILED: " + what);
+      failed = 1;
+    }
+  };
+  expect(rc == ncclRemoteError || rc == ncclSystemError,
+         "expected ncclRemoteError or ncclSystemError, got " + describe(rc));
+  expect(callMs < maxMs, "the survivor took too long to fail: " + std::to_string(callMs) + " ms");
+  if (deadlineExpected) expect(callMs >= 1000, "failed before the no-progress deadline could expire");
+  expect(namesRank(last, culprit),
+         "ncclGetLastError does not name rank " + std::to_string(culprit) + ": " + last);
+  expect(asyncRc == ncclSuccess && async != ncclSuccess && async != ncclInProgress,
+         "ncclCommGetAsyncError does not report the failure");
+  double t0 = monoMs();
+  CHILD_NCCL(c, ncclCommAbort(comm));
+  CHILD_CHECK(c, monoMs() - t0 < 5000, "ncclCommAbort took more than 5 s after a failure");
+  return failed;
+}
+
+// A loop of AllReduces; `victim` SIGKILLs itself at iteration `killAt`.
+int killOneRank(MpChild& c, int victim, int killAt) {
+  const int r = c.rank();
+  ncclComm_t comm = nullptr;
+  CHILD_NCCL(c, initComm(c, &comm));
+  const size_t N = 65536;  // 256 KiB
+  std::vector<float> send(N), recv(N);
+  for (size_t i = 0; i < N; ++i) send[i] = value(r, i);
+  for (int it = 0; it < 1000; ++it) {
+    if (r == victim && it == killAt) {
+      c.log("killing myself (SIGKILL) at iteration " + std::to_string(it));
+      ::raise(SIGKILL);
+    }
+    double t0 = monoMs();
+    ncclResult_t rc = ncclAllReduce(send.data(), recv.data(), N, ncclFloat, ncclSum, comm, nullptr);
+    double ms = monoMs() - t0;
+    if (rc != ncclSuccess) {
+      c.log("iteration " + std::to_string(it) + " failed");
+      CHILD_CHECK(c, it >= killAt, "a collective failed before the victim died");
+      return checkFailure(c, comm, rc, ms, victim, 30000, false);
+    }
+  }
+  c.log("every AllReduce succeeded although rank " + std::to_string(victim) + " died");
+  return 1;
+}
+
+// `sleeper` stops calling after `stopAt` AllReduces; the others must hit the
+// no-progress deadline (SHOAL_PROGRESS_TIMEOUT_MS=2000) naming it.
+int stuckRank(MpChild& c, int sleeper, int stopAt) {
+  const int r = c.rank();
+  ncclComm_t comm = nullptr;
+  CHILD_NCCL(c, initComm(c, &comm));
+  const size_t N = 4096;
+  std::vector<float> send(N), recv(N);
+  for (size_t i = 0; i < N; ++i) send[i] = value(r, i);
+  for (int it = 0; it < 1000; ++it) {
+    if (r == sleeper && it == stopAt) {
+      // Stops calling: waits (without Shoal) until the others have failed.
+      c.log("stopping before iteration " + std::to_string(it));
+      CHILD_CHECK(c, c.barrier(), "the other ranks did not finish");
+      CHILD_NCCL(c, ncclCommAbort(comm));
+      return 0;
+    }
+    double t0 = monoMs();
+    ncclResult_t rc = ncclAllReduce(send.data(), recv.data(), N, ncclFloat, ncclSum, comm, nullptr);
+    double ms = monoMs() - t0;
+    if (rc != ncclSuccess) {
+      c.log("iteration " + std::to_string(it) + " failed");
+      CHILD_CHECK(c, it >= stopAt, "a collective failed before the sleeper stopped");
+      return checkFailure(c, comm, rc, ms, sleeper, 2000 + 6000, true);
+    }
+  }
+  c.log("every AllReduce succeeded although rank " + std::to_string(sleeper) + " stopped");
+  return 1;
+}
+
+// ---- stray connections ------------------------------------------------------
+
+int connectLoopback(int port, int timeoutMs) {
+  double deadline = monoMs() + timeoutMs;
+  while (monoMs() < deadline) {
+    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return -1;
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) return fd;
+    ::close(fd);
+    ::usleep(20000);
+  }
+  return -1;
+}
+
+void sendBytes(int fd, const void* data, size_t len) {
+  (void)::send(fd, data, len, MSG_NOSIGNAL);
+}
+
+}  // namespace
+
+TEST_CASE("mp: every collective over tcp at 2 to 4 processes", "[mp]") {
+  for (int n : {2, 3, 4}) {
+    MpConfig cfg;
+    cfg.nranks = n;
+    cfg.hardLimitMs = 90000;
+    MpResult res = runForked(cfg, everyCollective);
+    INFO("nranks " << n);
+    requirePassed(res);
+  }
+}
+
+TEST_CASE("mp: grouped send/recv over tcp", "[mp]") {
+  for (int n : {2, 3}) {
+    MpConfig cfg;
+    cfg.nranks = n;
+    cfg.hardLimitMs = 60000;
+    MpResult res = runForked(cfg, groupedSendRecv);
+    INFO("nranks " << n);
+    requirePassed(res);
+  }
+}
+
+TEST_CASE("mp: ncclCommAbort after init and after collectives", "[mp]") {
+  MpConfig cfg;
+  cfg.nranks = 3;
+  cfg.hardLimitMs = 60000;
+  MpResult res = runForked(cfg, [](MpChild& c) {
+    ncclComm_t comm = nullptr;
+    CHILD_NCCL(c, initComm(c, &comm));
+    double t0 = monoMs();
+    CHILD_NCCL(c, ncclCommAbort(comm));  // right after init, no operation yet
+    CHILD_CHECK(c, monoMs() - t0 < 5000, "abort right after init took more than 5 s");
+    // Rank 0 hosts the bootstrap root: stay until every rank has finished.
+    CHILD_CHECK(c, c.barrier(), "the other ranks did not finish");
+    return 0;
+  });
+  requirePassed(res);
+
+  res = runForked(cfg, [](MpChild& c) {
+    ncclComm_t comm = nullptr;
+    CHILD_NCCL(c, initComm(c, &comm));
+    std::vector<float> send(1024, 1.f), recv(1024);
+    for (int i = 0; i < 3; ++i)
+      CHILD_NCCL(c, ncclAllReduce(send.data(), recv.data(), 1024, ncclFloat, ncclSum, comm, nullptr));
+    CHILD_CHECK(c, recv[0] == static_cast<float>(c.nranks()), "AllReduce before abort");
+    double t0 = monoMs();
+    CHILD_NCCL(c, ncclCommAbort(comm));
+    CHILD_CHECK(c, monoMs() - t0 < 5000, "abort after collectives took more than 5 s");
+    return 0;
+  });
+  requirePassed(res);
+}
+
+TEST_CASE("mp: rank 0 may exit as soon as its ncclCommInitRank returns", "[mp]") {
+  // NCCL's root is only needed until every rank has checked in, which has
+  // happened once any rank's init returns; the other ranks' inits must not
+  // depend on rank 0's process staying alive afterwards.
+  MpConfig cfg;
+  cfg.nranks = 3;
+  cfg.hardLimitMs = 60000;
+  MpResult res = runForked(cfg, [](MpChild& c) {
+    ncclComm_t comm = nullptr;
+    CHILD_NCCL(c, initComm(c, &comm));
+    if (c.rank() == 0) ::_exit(0);  // gone at once, without destroying anything
+    int count = 0;
+    CHILD_NCCL(c, ncclCommCount(comm, &count));
+    CHILD_CHECK(c, count == c.nranks(), "Count after init");
+    CHILD_NCCL(c, ncclCommAbort(comm));
+    return 0;
+  });
+  requirePassed(res);
+}
+
+TEST_CASE("mp: a SIGKILLed rank makes every survivor fail naming it", "[mp][failure]") {
+  for (int n : {3, 4}) {
+    const int victim = 2;
+    MpConfig cfg;
+    cfg.nranks = n;
+    cfg.hardLimitMs = 45000;
+    // Survivors must fail within 30 s; a rank that does not hear of the death
+    // directly may rely on the no-progress deadline, set below that bound.
+    cfg.env = {{"SHOAL_PROGRESS_TIMEOUT_MS", "20000"}};
+    MpResult res = runForked(cfg, [&](MpChild& c) { return killOneRank(c, victim, 20); });
+    INFO("nranks " << n << "\n" << res.report());
+    REQUIRE_FALSE(res.timedOut);
+    for (const auto& rr : res.ranks) {
+      if (rr.rank == victim) {
+        CHECK((!rr.exited && rr.termSignal == SIGKILL));
+      } else {
+        CHECK(rr.exited);
+        CHECK(rr.exitCode == 0);
+      }
+    }
+  }
+}
+
+TEST_CASE("mp: a rank that stops calling trips the no-progress deadline", "[mp][failure]") {
+  const int n = 3, sleeper = 2;
+  MpConfig cfg;
+  cfg.nranks = n;
+  cfg.hardLimitMs = 45000;
+  cfg.env = {{"SHOAL_PROGRESS_TIMEOUT_MS", "2000"}};
+  MpResult res = runForked(cfg, [&](MpChild& c) { return stuckRank(c, sleeper, 5); });
+  requirePassed(res);
+}
+
+TEST_CASE("mp: init fails within SHOAL_INIT_TIMEOUT_MS when a rank never arrives", "[mp][failure]") {
+  const int n = 3, missing = 2;
+  MpConfig cfg;
+  cfg.nranks = n;
+  cfg.hardLimitMs = 45000;
+  cfg.env = {{"SHOAL_INIT_TIMEOUT_MS", "3000"}};
+  MpResult res = runForked(cfg, [&](MpChild& c) {
+    if (c.rank() == missing) {  // never calls ncclCommInitRank
+      CHILD_CHECK(c, c.barrier(), "the other ranks did not finish");
+      return 0;
+    }
+    ncclUniqueId id;
+    CHILD_CHECK(c, c.uniqueId(&id), "unique id");
+    ncclComm_t comm = nullptr;
+    double t0 = monoMs();
+    ncclResult_t rc = ncclCommInitRank(&comm, n, id, c.rank());
+    double ms = monoMs() - t0;
+    std::string last = ncclGetLastError(nullptr);
+    c.log("init returned after " + std::to_string(static_cast<int>(ms)) + " ms: " + describe(rc));
+    CHILD_CHECK(c, c.barrier(), "the other ranks did not finish");  // keep the root alive
+    CHILD_CHECK(c, rc != ncclSuccess && rc != ncclInProgress, "init succeeded without rank 2");
+    CHILD_CHECK(c, ms < 3000 + 5000, "init did not fail within the init deadline (+5 s slack)");
+    CHILD_CHECK(c, ms >= 2000, "init failed well before the init deadline");
+    CHILD_CHECK(c, namesRank(last, missing), "the error does not list the missing rank: " + last);
+    return 0;
+  });
+  requirePassed(res);
+}
+
+TEST_CASE("mp: stray connections to the bootstrap root do not disturb init", "[mp][security]") {
+  const int port = shoal::testing::freeLoopbackPort();
+  REQUIRE(port > 0);
+  MpConfig cfg;
+  cfg.nranks = 3;
+  cfg.hardLimitMs = 60000;
+  cfg.env = {{"NCCL_COMM_ID", "127.0.0.1:" + std::to_string(port)},
+             {"SHOAL_HANDSHAKE_TIMEOUT_MS", "2000"},
+             {"SHOAL_INIT_TIMEOUT_MS", "20000"}};
+  MpResult res = runForked(cfg, [&](MpChild& c) {
+    ncclUniqueId id;
+    CHILD_CHECK(c, c.uniqueId(&id), "unique id");
+    std::vector<int> strays;
+    if (c.rank() == 1) {
+      // Before joining, flood the root with junk: the root comes up when rank 0
+      // starts its init (or at ncclGetUniqueId), so retry connecting.
+      std::mt19937 rng(12345);
+      std::vector<unsigned char> junk(1024);
+      for (auto& b : junk) b = static_cast<unsigned char>(rng());
+      int a = connectLoopback(port, 15000);
+      CHILD_CHECK(c, a >= 0, "could not reach the bootstrap root at 127.0.0.1:" + std::to_string(port));
+      sendBytes(a, junk.data(), junk.size());  // random bytes, left open
+      strays.push_back(a);
+      int b = connectLoopback(port, 2000);  // silent, left open (slowloris)
+      if (b >= 0) strays.push_back(b);
+      int big = connectLoopback(port, 2000);  // huge lengths, left open
+      if (big >= 0) {
+        std::vector<unsigned char> ff(64, 0xff);
+        sendBytes(big, ff.data(), ff.size());
+        strays.push_back(big);
+      }
+      int closed = connectLoopback(port, 2000);  // connect then close
+      if (closed >= 0) ::close(closed);
+      int reset = connectLoopback(port, 2000);   // connect then RST
+      if (reset >= 0) {
+        linger lg{1, 0};
+        ::setsockopt(reset, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
+        sendBytes(reset, junk.data(), 16);
+        ::close(reset);
+      }
+      // A forged copy of a legitimate-looking first message: the id's bytes.
+      int forged = connectLoopback(port, 2000);
+      if (forged >= 0) {
+        sendBytes(forged, id.internal, sizeof(id.internal));
+        strays.push_back(forged);
+      }
+      c.log("opened " + std::to_string(strays.size()) + " stray connections");
+    }
+    ncclComm_t comm = nullptr;
+    double t0 = monoMs();
+    CHILD_NCCL(c, ncclCommInitRank(&comm, c.nranks(), id, c.rank()));
+    c.log("init took " + std::to_string(static_cast<int>(monoMs() - t0)) + " ms");
+    std::vector<float> send(4096), recv(4096);
+    for (size_t i = 0; i < send.size(); ++i) send[i] = value(c.rank(), i);
+    CHILD_NCCL(c, ncclAllReduce(send.data(), recv.data(), send.size(), ncclFloat, ncclSum, comm, nullptr));
+    bool ok = expectFloats(c, "AllReduce after strays", recv, [&](size_t i) {
+      float s = 0;
+      for (int q = 0; q < c.nranks(); ++q) s += value(q, i);
+      return s;
+    });
+    CHILD_CHECK(c, ok, "AllReduce data after stray connections");
+    CHILD_NCCL(c, ncclCommDestroy(comm));
+    for (int fd : strays) ::close(fd);
+    return 0;
+  });
+  requirePassed(res);
+}
+
+TEST_CASE("mp: NCCL_COMM_ID - ranks that start before rank 0 join its root", "[mp]") {
+  // With NCCL_COMM_ID the root starts in rank 0's init; the others connect
+  // (retrying) before or while it comes up, and must be served.
+  for (int round = 0; round < 4; ++round) {
+    const int port = shoal::testing::freeLoopbackPort();
+    REQUIRE(port > 0);
+    MpConfig cfg;
+    cfg.nranks = 4;
+    cfg.hardLimitMs = 40000;
+    cfg.env = {{"NCCL_COMM_ID", "127.0.0.1:" + std::to_string(port)},
+               {"SHOAL_INIT_TIMEOUT_MS", "15000"}};
+    MpResult res = runForked(cfg, [&](MpChild& c) {
+      ncclUniqueId id;
+      CHILD_CHECK(c, c.uniqueId(&id), "unique id");
+      if (c.rank() == 0) ::usleep(150000u + 50000u * static_cast<unsigned>(round));
+      ncclComm_t comm = nullptr;
+      CHILD_NCCL(c, ncclCommInitRank(&comm, c.nranks(), id, c.rank()));
+      std::vector<float> send(256, 1.f), recv(256);
+      CHILD_NCCL(c, ncclAllReduce(send.data(), recv.data(), 256, ncclFloat, ncclSum, comm, nullptr));
+      CHILD_CHECK(c, recv[255] == static_cast<float>(c.nranks()), "AllReduce");
+      CHILD_NCCL(c, ncclCommDestroy(comm));
+      return 0;
+    });
+    INFO("round " << round);
+    requirePassed(res);
+  }
+}

@@ -1,0 +1,513 @@
+// src/bootstrap: ncclUniqueId layout, memory and TCP stores, Bootstrap
+// allGather/barrier, the root's defences, NCCL_COMM_ID. Loopback only.
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <future>
+#include <thread>
+
+#include "bootstrap/bootstrap.h"
+#include "bootstrap/root_server.h"
+#include "bootstrap/store_protocol.h"
+#include "core/params.h"
+#include "net/crypto.h"
+#include "net/socket.h"
+
+namespace shoal {
+namespace {
+
+using namespace bootstrap_wire;
+
+void useLoopback() {
+  setenv("NCCL_SOCKET_IFNAME", "lo", 1);
+  reloadParams();
+}
+
+UniqueIdContents sampleId(const char* address) {
+  UniqueIdContents id;
+  id.magic = 0x1122334455667788ull;
+  for (int i = 0; i < 32; ++i) id.secret[i] = static_cast<uint8_t>(i * 11 + 1);
+  id.address = address;
+  return id;
+}
+
+// A root of our own, started with the current params (tests that need a short
+// handshake timeout set it first).
+UniqueIdContents startPrivateRoot() {
+  Result<RootServer*> root = RootServer::start(net::SocketAddress::parse("127.0.0.1:0").value(), false);
+  REQUIRE(root.isOk());
+  UniqueIdContents id;
+  REQUIRE(net::randomBytes(&id.magic, 8).isOk());
+  REQUIRE(net::randomBytes(id.secret, 32).isOk());
+  id.address = root.value()->address().toString();
+  root.value()->addTenant(id.magic, id.secret);
+  return id;
+}
+
+std::shared_ptr<Store> mustConnect(const UniqueIdContents& id) {
+  Result<std::shared_ptr<Store>> store = connectStore(id, Deadline::afterMs(10000));
+  INFO(store.status().toString());
+  REQUIRE(store.isOk());
+  return store.value();
+}
+
+// Runs `ranks` threads of fn(rank) and returns their statuses.
+std::vector<Status> runRanks(int ranks, const std::function<Status(int)>& fn) {
+  std::vector<std::future<Status>> futures;
+  for (int r = 0; r < ranks; ++r) futures.push_back(std::async(std::launch::async, fn, r));
+  std::vector<Status> out;
+  for (auto& f : futures) out.push_back(f.get());
+  return out;
+}
+
+void requireAllOk(const std::vector<Status>& statuses) {
+  for (size_t r = 0; r < statuses.size(); ++r) {
+    INFO("rank " << r << ": " << statuses[r].toString());
+    REQUIRE(statuses[r].isOk());
+  }
+}
+
+// Every rank gathers "<rank>-<round>" `rounds` times, with a barrier after each.
+Status gatherRounds(std::shared_ptr<Store> store, const std::string& scope, int rank, int size, int rounds) {
+  Bootstrap bootstrap(std::move(store), scope, rank, size);
+  for (int round = 0; round < rounds; ++round) {
+    SHOAL_ASSIGN_OR_RETURN(std::vector<std::string> all,
+                           bootstrap.allGather(str(rank, "-", round), Deadline::afterMs(20000)));
+    if (all.size() != static_cast<size_t>(size)) return internalError("wrong size");
+    for (int r = 0; r < size; ++r)
+      if (all[static_cast<size_t>(r)] != str(r, "-", round))
+        return internalError("round ", round, ": rank ", r, " gave '", all[static_cast<size_t>(r)], "'");
+    SHOAL_TRY(bootstrap.barrier(Deadline::afterMs(20000)));
+  }
+  return Status::ok();
+}
+
+void checkStoreBasics(Store& store) {
+  REQUIRE(store.set("a", "1", Deadline::afterMs(5000)).isOk());
+  REQUIRE(store.set("b", std::string("\0two\0", 5), Deadline::afterMs(5000)).isOk());
+  auto values = store.get({"b", "a"}, Deadline::afterMs(5000));
+  REQUIRE(values.isOk());
+  REQUIRE(values.value() == std::vector<std::string>{std::string("\0two\0", 5), "1"});
+  REQUIRE(store.set("a", "one", Deadline::afterMs(5000)).isOk());  // overwrite
+  REQUIRE(store.get({"a"}, Deadline::afterMs(5000)).value() == std::vector<std::string>{"one"});
+  auto exists = store.check({"a", "zz", "b"}, Deadline::afterMs(5000));
+  REQUIRE(exists.isOk());
+  REQUIRE(exists.value() == std::vector<bool>{true, false, true});
+  REQUIRE(store.erase({"a", "never-set"}, Deadline::afterMs(5000)).isOk());
+  REQUIRE(store.check({"a", "b"}, Deadline::afterMs(5000)).value() == std::vector<bool>{false, true});
+
+  int64_t start = nowNs();
+  auto missing = store.get({"b", "missing-key"}, Deadline::afterMs(200));
+  REQUIRE(missing.status().code() == Code::kTimeout);
+  REQUIRE_THAT(missing.status().message(), Catch::Contains("missing-key"));
+  REQUIRE((nowNs() - start) / 1000000 >= 190);
+
+  // A get waits for a key set later.
+  auto late = std::async(std::launch::async, [&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    return store.set("late", "here", Deadline::afterMs(5000));
+  });
+  auto got = store.get({"late"}, Deadline::afterMs(5000));
+  REQUIRE(late.get().isOk());
+  REQUIRE(got.isOk());
+  REQUIRE(got.value()[0] == "here");
+}
+
+}  // namespace
+
+TEST_CASE("ncclUniqueId encodes into 128 bytes and decodes back", "[bootstrap]") {
+  for (const char* address : {"10.0.0.1:5000", "[fd00::17]:65535", "127.0.0.1:1"}) {
+    UniqueIdContents id = sampleId(address);
+    char bytes[UniqueIdContents::kBytes];
+    encodeUniqueId(id, bytes);
+    Result<UniqueIdContents> back = decodeUniqueId(bytes);
+    REQUIRE(back.isOk());
+    REQUIRE(back->magic == id.magic);
+    REQUIRE(std::memcmp(back->secret, id.secret, 32) == 0);
+    REQUIRE(back->address == address);
+  }
+}
+
+TEST_CASE("decodeUniqueId rejects garbage with kInvalidArgument", "[bootstrap]") {
+  char good[UniqueIdContents::kBytes];
+  encodeUniqueId(sampleId("10.0.0.1:5000"), good);
+  auto rejects = [](const char* bytes) {
+    Result<UniqueIdContents> r = decodeUniqueId(bytes);
+    return !r.isOk() && r.status().code() == Code::kInvalidArgument;
+  };
+  for (int i = 0; i < 1000; ++i) {
+    char random[UniqueIdContents::kBytes];
+    REQUIRE(net::randomBytes(random, sizeof(random)).isOk());
+    REQUIRE(rejects(random));
+  }
+  char zero[UniqueIdContents::kBytes] = {};
+  REQUIRE(rejects(zero));
+  for (int offset : {8, 12, 13, 14, 16, 24, 100, 127}) {  // tag, version, family, port, scope, padding, tail
+    char bad[UniqueIdContents::kBytes];
+    std::memcpy(bad, good, sizeof(bad));
+    bad[offset] = static_cast<char>(bad[offset] ^ (offset == 14 ? good[14] : 0x5a));
+    if (offset == 14) bad[15] = 0;  // port 0
+    INFO("offset " << offset);
+    REQUIRE(rejects(bad));
+  }
+}
+
+TEST_CASE("memory store", "[bootstrap]") {
+  auto store = makeMemoryStore();
+  REQUIRE(store->describe() == "memory");
+  checkStoreBasics(*store);
+}
+
+TEST_CASE("tcp store: basics, large values, many threads on one connection", "[bootstrap]") {
+  useLoopback();
+  Result<UniqueIdContents> id = createUniqueId();
+  REQUIRE(id.isOk());
+  REQUIRE_THAT(id->address, Catch::StartsWith("127.0.0.1:"));
+  auto store = mustConnect(id.value());
+  REQUIRE_THAT(store->describe(), Catch::StartsWith("tcp 127.0.0.1:"));
+  checkStoreBasics(*store);
+
+  std::string big(10 << 20, 'x');
+  big[12345] = 'y';
+  Status setBig = store->set("big", big, Deadline::afterMs(20000));
+  INFO(setBig.toString());
+  REQUIRE(setBig.isOk());
+  auto other = mustConnect(id.value());
+  auto got = other->get({"big"}, Deadline::afterMs(20000));
+  INFO(got.status().toString());
+  REQUIRE(got.isOk());
+  REQUIRE(got.value()[0] == big);
+
+  // Threads sharing one connection: each waits for keys the others set later,
+  // so a waiting get must not hold up anyone's set.
+  requireAllOk(runRanks(6, [&](int rank) -> Status {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10 * rank));
+    SHOAL_TRY(store->set(str("shared/", rank), str("v", rank), Deadline::afterMs(10000)));
+    std::vector<std::string> keys;
+    for (int r = 0; r < 6; ++r) keys.push_back(str("shared/", r));
+    SHOAL_ASSIGN_OR_RETURN(std::vector<std::string> values, store->get(keys, Deadline::afterMs(10000)));
+    for (int r = 0; r < 6; ++r)
+      if (values[static_cast<size_t>(r)] != str("v", r)) return internalError("bad value");
+    return Status::ok();
+  }));
+
+  // A second id is served by the same root, in its own key space.
+  Result<UniqueIdContents> second = createUniqueId();
+  REQUIRE(second.isOk());
+  REQUIRE(second->address == id->address);
+  REQUIRE(second->magic != id->magic);
+  auto secondStore = mustConnect(second.value());
+  REQUIRE(secondStore->check({"big"}, Deadline::afterMs(5000)).value() == std::vector<bool>{false});
+}
+
+TEST_CASE("Bootstrap allGather and barrier across 4 threads", "[bootstrap]") {
+  useLoopback();
+  SECTION("memory store") {
+    auto store = makeMemoryStore();
+    requireAllOk(runRanks(4, [&](int rank) { return gatherRounds(store, "mem", rank, 4, 25); }));
+  }
+  SECTION("tcp store, one connection per rank") {
+    Result<UniqueIdContents> id = createUniqueId();
+    REQUIRE(id.isOk());
+    requireAllOk(runRanks(4, [&](int rank) -> Status {
+      SHOAL_ASSIGN_OR_RETURN(std::shared_ptr<Store> store, connectStore(id.value(), Deadline::afterMs(10000)));
+      return gatherRounds(store, "tcp", rank, 4, 25);
+    }));
+    // Old rounds were erased; only the last round (50th allGather: 25 gathers
+    // + 25 barriers) is left.
+    auto store = mustConnect(id.value());
+    auto exists = store->check({"tcp/ag/0/0", "tcp/ag/0/3", "tcp/ag/48/1", "tcp/ag/49/0", "tcp/ag/49/3"},
+                               Deadline::afterMs(5000));
+    REQUIRE(exists.isOk());
+    REQUIRE(exists.value() == std::vector<bool>{false, false, false, true, true});
+  }
+}
+
+TEST_CASE("Bootstrap deadline lists the ranks that did not arrive", "[bootstrap]") {
+  useLoopback();
+  std::shared_ptr<Store> store;
+  SECTION("memory store") { store = makeMemoryStore(); }
+  SECTION("tcp store") {
+    Result<UniqueIdContents> id = createUniqueId();
+    REQUIRE(id.isOk());
+    store = mustConnect(id.value());
+  }
+  int64_t start = nowNs();
+  std::vector<Status> statuses = runRanks(2, [&](int i) -> Status {
+    Bootstrap bootstrap(store, "partial", i * 2, 5);  // ranks 0 and 2 of 5
+    return bootstrap.allGather("x", Deadline::afterMs(300)).takeStatus();
+  });
+  int64_t ms = (nowNs() - start) / 1000000;
+  for (const Status& s : statuses) {
+    INFO(s.toString());
+    REQUIRE(s.code() == Code::kTimeout);
+    REQUIRE_THAT(s.message(), Catch::Contains("timed out waiting for 3 ranks: 1, 3-4"));
+    REQUIRE_THAT(s.message(), Catch::Contains("partial"));
+  }
+  REQUIRE(ms < 3000);
+}
+
+TEST_CASE("the root rejects forged, foreign, garbage and silent clients without disturbing others",
+          "[bootstrap]") {
+  useLoopback();
+  setenv("SHOAL_HANDSHAKE_TIMEOUT_MS", "2000", 1);
+  reloadParams();
+  UniqueIdContents id = startPrivateRoot();
+  unsetenv("SHOAL_HANDSHAKE_TIMEOUT_MS");
+  reloadParams();
+  net::SocketAddress root = net::SocketAddress::parse(id.address).value();
+  auto raw = [&] {
+    Result<net::Fd> fd = net::connectWithRetry(root, Deadline::afterMs(5000));
+    REQUIRE(fd.isOk());
+    return std::move(fd.value());
+  };
+
+  // Clients that never finish a handshake: silent, garbage, half a hello.
+  std::vector<net::Fd> strays;
+  for (int i = 0; i < 20; ++i) strays.push_back(raw());
+  uint8_t garbage[64];
+  REQUIRE(net::randomBytes(garbage, sizeof(garbage)).isOk());
+  for (int i = 0; i < 5; ++i) {
+    strays.push_back(raw());
+    REQUIRE(net::writeExact(strays.back().get(), garbage, sizeof(garbage), Deadline::afterMs(1000), "g").isOk());
+  }
+  strays.push_back(raw());
+  REQUIRE(net::writeExact(strays.back().get(), garbage, 7, Deadline::afterMs(1000), "half").isOk());
+
+  // A client that knows the magic but not the secret, answering the challenge
+  // with a made-up proof.
+  net::Fd forger = raw();
+  {
+    std::vector<uint8_t> hello;
+    Writer w(hello);
+    w.u32(kHandshakeTag);
+    w.u16(kVersion);
+    w.u16(0);
+    w.u64(id.magic);
+    w.bytes(garbage, kNonceBytes);
+    REQUIRE(net::writeExact(forger.get(), hello.data(), hello.size(), Deadline::afterMs(1000), "f").isOk());
+    uint8_t challenge[kChallengeBytes];
+    REQUIRE(net::readExact(forger.get(), challenge, sizeof(challenge), Deadline::afterMs(2000), "f").isOk());
+    REQUIRE(net::writeExact(forger.get(), garbage, kProofBytes, Deadline::afterMs(1000), "f").isOk());
+    uint8_t accept[kAcceptBytes];
+    Status refused = net::readExact(forger.get(), accept, sizeof(accept), Deadline::afterMs(5000), "forger");
+    REQUIRE(refused.code() == Code::kRemoteError);  // closed, not accepted
+  }
+
+  // A client with the wrong secret: the root's challenge does not verify.
+  UniqueIdContents wrongSecret = id;
+  wrongSecret.secret[0] ^= 1;
+  Result<std::shared_ptr<Store>> w = connectStore(wrongSecret, Deadline::afterMs(5000));
+  REQUIRE(w.status().code() == Code::kRemoteError);
+  REQUIRE_THAT(w.status().message(), Catch::Contains("failed to prove"));
+  // An id the root does not serve.
+  UniqueIdContents foreign = id;
+  foreign.magic ^= 0xff;
+  Result<std::shared_ptr<Store>> f = connectStore(foreign, Deadline::afterMs(5000));
+  REQUIRE(f.status().code() == Code::kRemoteError);
+  REQUIRE_THAT(f.status().message(), Catch::Contains("does not serve this ncclUniqueId"));
+
+  // Meanwhile the real ranks are served at full speed.
+  int64_t start = nowNs();
+  requireAllOk(runRanks(4, [&](int rank) -> Status {
+    SHOAL_ASSIGN_OR_RETURN(std::shared_ptr<Store> store, connectStore(id, Deadline::afterMs(10000)));
+    return gatherRounds(store, "amid-strays", rank, 4, 3);
+  }));
+  REQUIRE((nowNs() - start) / 1000000 < 1500);  // well before the strays' handshake deadline
+
+  // Every stray is closed at its handshake deadline.
+  for (size_t i = 0; i < strays.size(); ++i) {
+    uint8_t byte;
+    Status s = net::readExact(strays[i].get(), &byte, 1, Deadline::afterMs(5000), "stray");
+    INFO("stray " << i << ": " << s.toString());
+    REQUIRE(s.code() == Code::kRemoteError);
+  }
+}
+
+TEST_CASE("the root caps unfinished handshakes; clients beyond the cap wait, then get in", "[bootstrap]") {
+  useLoopback();
+  setenv("SHOAL_HANDSHAKE_TIMEOUT_MS", "300", 1);
+  reloadParams();
+  UniqueIdContents id = startPrivateRoot();
+  unsetenv("SHOAL_HANDSHAKE_TIMEOUT_MS");
+  reloadParams();
+  net::SocketAddress root = net::SocketAddress::parse(id.address).value();
+  std::vector<net::Fd> silent;
+  for (int i = 0; i < RootServer::kMaxPendingHandshakes + 50; ++i) {
+    Result<net::Fd> fd = net::connectWithRetry(root, Deadline::afterMs(5000));
+    REQUIRE(fd.isOk());
+    silent.push_back(std::move(fd.value()));
+  }
+  int64_t start = nowNs();
+  auto store = mustConnect(id);
+  REQUIRE(store->set("k", "v", Deadline::afterMs(5000)).isOk());
+  REQUIRE((nowNs() - start) / 1000000 < 5000);
+}
+
+namespace {
+
+// A fake root that completes the handshake for `id`, reads the first bytes of
+// one request and closes (with the rest of the request unread: a reset), as
+// the root does when the process that hosts it exits.
+class VanishingRoot {
+ public:
+  VanishingRoot() {
+    Result<net::Fd> l = net::listenOn(net::SocketAddress::parse("127.0.0.1:0").value());
+    REQUIRE(l.isOk());
+    listener_ = std::move(l.value());
+    id_ = sampleId(net::localAddressOf(listener_.get()).value().toString().c_str());
+    thread_ = std::thread([this] { serveOnce(); });
+  }
+  ~VanishingRoot() {
+    if (thread_.joinable()) thread_.join();
+  }
+  const UniqueIdContents& id() const { return id_; }
+  void join() { thread_.join(); }
+
+ private:
+  void serveOnce() {
+    net::Fd conn;
+    Deadline deadline = Deadline::afterMs(5000);
+    while (!conn && !deadline.expired()) {
+      (void)net::waitReadable(listener_.get(), deadline);
+      Result<net::Fd> accepted = net::acceptOne(listener_.get());
+      if (accepted.isOk()) conn = std::move(accepted.value());
+    }
+    if (!conn) return;
+    std::string key = deriveKey(id_.secret, id_.magic);
+    uint8_t hello[kClientHelloBytes];
+    if (!net::readExact(conn.get(), hello, sizeof(hello), deadline, "fake").isOk()) return;
+    uint8_t nonceS[kNonceBytes] = {1, 2, 3};
+    net::Digest mac = serverMac(key, hello + 16, nonceS);
+    std::vector<uint8_t> challenge;
+    Writer w(challenge);
+    w.u32(kHandshakeTag);
+    w.u16(kVersion);
+    w.u16(0);
+    w.bytes(nonceS, kNonceBytes);
+    w.bytes(mac.data(), mac.size());
+    (void)net::writeExact(conn.get(), challenge.data(), challenge.size(), deadline, "fake");
+    uint8_t proof[kProofBytes];
+    (void)net::readExact(conn.get(), proof, sizeof(proof), deadline, "fake");
+    std::vector<uint8_t> accept;
+    Writer a(accept);
+    a.u32(kAcceptTag);
+    (void)net::writeExact(conn.get(), accept.data(), accept.size(), deadline, "fake");
+    uint8_t request[16];
+    (void)net::readExact(conn.get(), request, sizeof(request), deadline, "fake");
+  }
+
+  net::Fd listener_;
+  UniqueIdContents id_;
+  std::thread thread_;
+};
+
+}  // namespace
+
+TEST_CASE("a root that goes away fails requests with kRemoteError naming it", "[bootstrap]") {
+  useLoopback();
+  VanishingRoot fake;
+  auto store = mustConnect(fake.id());
+  int64_t start = nowNs();
+  auto got = store->get({"never"}, Deadline::afterMs(10000));
+  fake.join();
+  REQUIRE(got.status().code() == Code::kRemoteError);
+  REQUIRE_THAT(got.status().message(),
+               Catch::Contains("bootstrap root " + fake.id().address + " closed the connection"));
+  REQUIRE((nowNs() - start) / 1000000 < 3000);
+  // The store stays failed, quickly.
+  REQUIRE(store->set("x", "y", Deadline::afterMs(1000)).code() == Code::kRemoteError);
+}
+
+TEST_CASE("Bootstrap finish: rank 0 returns once every rank is done with the root", "[bootstrap]") {
+  useLoopback();
+  SECTION("all ranks finish, over memory and tcp stores") {
+    Result<UniqueIdContents> id = createUniqueId();
+    REQUIRE(id.isOk());
+    auto memory = makeMemoryStore();
+    for (bool tcp : {false, true}) {
+      requireAllOk(runRanks(4, [&](int rank) -> Status {
+        std::shared_ptr<Store> store = memory;
+        if (tcp) {
+          SHOAL_ASSIGN_OR_RETURN(store, connectStore(id.value(), Deadline::afterMs(10000)));
+        }
+        Bootstrap bootstrap(store, "fin", rank, 4);
+        SHOAL_TRY(bootstrap.allGather("x", Deadline::afterMs(10000)).status());
+        SHOAL_TRY(bootstrap.finish(Deadline::afterMs(10000)));
+        // The communicator stays usable afterwards (e.g. a later split).
+        SHOAL_TRY(bootstrap.barrier(Deadline::afterMs(10000)));
+        return Status::ok();
+      }));
+    }
+    REQUIRE(Bootstrap(memory, "one", 0, 1).finish(Deadline::afterMs(100)).isOk());
+  }
+  SECTION("rank 0 names the ranks that never finish") {
+    auto store = makeMemoryStore();
+    std::vector<Status> statuses = runRanks(3, [&](int rank) -> Status {
+      Bootstrap bootstrap(store, "fin-missing", rank, 3);
+      if (rank == 2) return Status::ok();  // never finishes
+      return bootstrap.finish(Deadline::afterMs(300));
+    });
+    REQUIRE(statuses[1].isOk());
+    INFO(statuses[0].toString());
+    REQUIRE(statuses[0].code() == Code::kTimeout);
+    REQUIRE_THAT(statuses[0].message(), Catch::Contains("timed out waiting for 1 rank: 2"));
+  }
+  SECTION("a root that vanishes while recording a rank's finish is not that rank's error") {
+    VanishingRoot fake;
+    auto store = mustConnect(fake.id());
+    Bootstrap bootstrap(store, "fin-vanish", 3, 4);
+    REQUIRE(bootstrap.finish(Deadline::afterMs(5000)).isOk());
+  }
+}
+
+TEST_CASE("NCCL_COMM_ID: deterministic id; rank 0 starts the root", "[bootstrap]") {
+  useLoopback();
+  Result<net::Fd> temp = net::listenOn(net::SocketAddress::parse("127.0.0.1:0").value());
+  std::string address = net::localAddressOf(temp->get()).value().toString();
+  temp->reset();
+  setenv("NCCL_COMM_ID", address.c_str(), 1);
+  setenv("NCCL_SOCKET_RETRY_CNT", "2", 1);
+  setenv("NCCL_SOCKET_RETRY_SLEEP_MSEC", "10", 1);
+  reloadParams();
+
+  Result<UniqueIdContents> a = createUniqueId();
+  Result<UniqueIdContents> b = createUniqueId();
+  REQUIRE(a.isOk());
+  REQUIRE(b.isOk());
+  REQUIRE(a->magic == 0x0280028002800280ull);
+  REQUIRE(a->address == address);
+  char bytesA[UniqueIdContents::kBytes], bytesB[UniqueIdContents::kBytes];
+  encodeUniqueId(a.value(), bytesA);
+  encodeUniqueId(b.value(), bytesB);
+  REQUIRE(std::memcmp(bytesA, bytesB, sizeof(bytesA)) == 0);
+
+  // Not started by createUniqueId.
+  Result<std::shared_ptr<Store>> early = connectStore(a.value(), Deadline::afterMs(2000));
+  REQUIRE_FALSE(early.isOk());
+
+  // Started by startRootIfNeeded, once, however many threads ask.
+  requireAllOk(runRanks(4, [&](int) { return startRootIfNeeded(a.value()); }));
+  REQUIRE(startRootIfNeeded(a.value()).isOk());
+  requireAllOk(runRanks(3, [&](int rank) -> Status {
+    SHOAL_ASSIGN_OR_RETURN(std::shared_ptr<Store> store, connectStore(a.value(), Deadline::afterMs(10000)));
+    return gatherRounds(store, "comm-id", rank, 3, 2);
+  }));
+
+  UniqueIdContents tampered = a.value();
+  tampered.secret[3] ^= 1;
+  REQUIRE(startRootIfNeeded(tampered).code() == Code::kInvalidArgument);
+
+  unsetenv("NCCL_COMM_ID");
+  unsetenv("NCCL_SOCKET_RETRY_CNT");
+  unsetenv("NCCL_SOCKET_RETRY_SLEEP_MSEC");
+  reloadParams();
+  Result<UniqueIdContents> random = createUniqueId();
+  REQUIRE(random.isOk());
+  REQUIRE(random->magic != 0x0280028002800280ull);
+  REQUIRE(startRootIfNeeded(random.value()).isOk());  // nothing to do
+}
+
+}  // namespace shoal
