@@ -111,7 +111,8 @@ struct RootServer::State {
 
 RootServer::RootServer(std::unique_ptr<State> state) : state_(std::move(state)) {}
 
-Result<RootServer*> RootServer::start(const net::SocketAddress& address, bool fixedPort) {
+Result<RootServer*> RootServer::start(const net::SocketAddress& address, bool fixedPort,
+                                      uint64_t firstMagic, const uint8_t* firstSecret) {
   auto state = std::make_unique<State>();
   net::ListenOptions options;
   options.reuseAddress = fixedPort;
@@ -132,6 +133,7 @@ Result<RootServer*> RootServer::start(const net::SocketAddress& address, bool fi
     std::lock_guard<std::mutex> lock(listMutex);
     everyServer->push_back(server);
   }
+  if (firstSecret) server->addTenant(firstMagic, firstSecret);
   State* s = server->state_.get();
   std::thread([s] { s->run(); }).detach();
   SHOAL_INFO(subsys::kBootstrap, "bootstrap root listening on ", s->address.toString());

@@ -33,8 +33,11 @@ class RootServer {
   static constexpr int kMaxPendingHandshakes = 256;
 
   // Binds `address` (port 0: an ephemeral port; fixedPort: SO_REUSEADDR for a
-  // requested port) and starts the thread. The server is never freed.
-  static Result<RootServer*> start(const net::SocketAddress& address, bool fixedPort);
+  // requested port) and starts the thread. The server is never freed. A first
+  // tenant given here is served before any connection is accepted (ranks may
+  // already be retrying their connects to an NCCL_COMM_ID root).
+  static Result<RootServer*> start(const net::SocketAddress& address, bool fixedPort,
+                                   uint64_t firstMagic = 0, const uint8_t* firstSecret = nullptr);
 
   // Serves the id (magic, secret) from now on; idempotent.
   void addTenant(uint64_t magic, const uint8_t secret[32]);

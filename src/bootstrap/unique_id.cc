@@ -160,10 +160,10 @@ Status startRootIfNeeded(const UniqueIdContents& id) {
   Registry& reg = registry();
   std::lock_guard<std::mutex> lock(reg.mutex);
   if (reg.commIdServers.count(canonical)) return Status::ok();
-  Result<RootServer*> started = RootServer::start(address.value(), /*fixedPort=*/true);
+  Result<RootServer*> started =
+      RootServer::start(address.value(), /*fixedPort=*/true, id.magic, id.secret);
   if (!started.isOk())
     return started.takeStatus().withContext(str("NCCL_COMM_ID=", canonical, ": cannot start the bootstrap root"));
-  started.value()->addTenant(id.magic, id.secret);
   reg.commIdServers[canonical] = started.value();
   return Status::ok();
 }
