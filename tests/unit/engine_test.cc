@@ -56,6 +56,16 @@ JobPtr makeJob(PlanPtr plan, Rank& r, Connection* conn, uint64_t queue,
   return job;
 }
 
+// One 256-byte receive from rank 1: a job that waits on its peer.
+PlanPtr receiveOnlyPlan() {
+  auto plan = std::make_shared<Plan>();
+  plan->shapes.push_back(CollShape{});
+  PlanBuilder builder(*plan);
+  builder.recv(1, {kRecvBuffer, 0}, 256);
+  finalizePlan(*plan);
+  return plan;
+}
+
 void fill(Rank& r, size_t n, float base) {
   r.send.resize(n);
   std::iota(r.send.begin(), r.send.end(), base);
@@ -112,11 +122,7 @@ TEST_CASE("a message that never arrives trips the no-progress deadline naming th
   Rank r0;
   fill(r0, 64, 0);
   // Rank 0 only receives; rank 1 "sends" into a black hole.
-  auto plan = std::make_shared<Plan>();
-  plan->shapes.push_back(CollShape{});
-  PlanBuilder builder(*plan);
-  builder.recv(1, {kRecvBuffer, 0}, 256);
-  finalizePlan(*plan);
+  PlanPtr plan = receiveOnlyPlan();
   r0.job = makeJob(plan, r0, a.get(), 11);
   std::vector<float> junk(64);
   REQUIRE(b->postSend(junk.data(), 256, r0.job->opTags[0], 0).isOk());
@@ -135,11 +141,7 @@ TEST_CASE("a closed peer fails the waiting job with a remote error", "[unit]") {
   auto [a, b] = makeLoopbackPair("rank 0", "rank 1");
   Rank r0;
   fill(r0, 64, 0);
-  auto plan = std::make_shared<Plan>();
-  plan->shapes.push_back(CollShape{});
-  PlanBuilder builder(*plan);
-  builder.recv(1, {kRecvBuffer, 0}, 256);
-  finalizePlan(*plan);
+  PlanPtr plan = receiveOnlyPlan();
   r0.job = makeJob(plan, r0, a.get(), 12);
   Engine::instance().submit(r0.job);
   b.reset();  // the peer goes away
@@ -152,11 +154,7 @@ TEST_CASE("setting the abort flag fails a pending job quickly", "[unit]") {
   auto [a, b] = makeLoopbackPair("rank 0", "rank 1");
   Rank r0;
   fill(r0, 64, 0);
-  auto plan = std::make_shared<Plan>();
-  plan->shapes.push_back(CollShape{});
-  PlanBuilder builder(*plan);
-  builder.recv(1, {kRecvBuffer, 0}, 256);
-  finalizePlan(*plan);
+  PlanPtr plan = receiveOnlyPlan();
   std::atomic<bool> abortFlag{false};
   r0.job = makeJob(plan, r0, a.get(), 13, &abortFlag);
   Engine::instance().submit(r0.job);
@@ -170,11 +168,7 @@ TEST_CASE("retire removes a queue's jobs", "[unit]") {
   auto [a, b] = makeLoopbackPair("rank 0", "rank 1");
   Rank r0;
   fill(r0, 64, 0);
-  auto plan = std::make_shared<Plan>();
-  plan->shapes.push_back(CollShape{});
-  PlanBuilder builder(*plan);
-  builder.recv(1, {kRecvBuffer, 0}, 256);
-  finalizePlan(*plan);
+  PlanPtr plan = receiveOnlyPlan();
   r0.job = makeJob(plan, r0, a.get(), 14);
   Engine::instance().submit(r0.job);
   Engine::instance().retire(14, error(Code::kAborted, "gone"));
