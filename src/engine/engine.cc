@@ -81,11 +81,7 @@ Status Engine::wait(const Job& job, Deadline deadline) {
   return job.status();
 }
 
-bool Engine::poll() {
-  std::unique_lock<std::mutex> lock(pumpMutex_, std::try_to_lock);
-  if (!lock.owns_lock()) return false;
-  return pumpLocked();
-}
+bool Engine::poll() { return pumpOnce(); }
 
 void Engine::drainIncoming() {
   std::lock_guard<std::mutex> lock(submitMutex_);
@@ -93,33 +89,48 @@ void Engine::drainIncoming() {
   incoming_.clear();
 }
 
-bool Engine::pumpLocked() {
-  drainIncoming();
+bool Engine::pumpOnce() {
+  // Runnable: the first unfinished job of each queue, in submission order.
+  thread_local std::vector<JobPtr> runnable;
+  thread_local std::vector<uint64_t> queues;
+  runnable.clear();
+  queues.clear();
+  {
+    std::lock_guard<std::mutex> lock(listMutex_);
+    drainIncoming();
+    for (auto& job : jobs_) {
+      if (job->isDone()) continue;
+      if (std::find(queues.begin(), queues.end(), job->queueId) != queues.end()) continue;
+      queues.push_back(job->queueId);
+      runnable.push_back(job);
+    }
+  }
   bool progressed = false;
-  // Queues with a job still running in this pass; later jobs of them wait.
-  std::vector<uint64_t>& busyQueues = busyQueues_;
-  busyQueues.clear();
-  for (auto& jobPtr : jobs_) {
+  bool anyDone = false;
+  for (auto& jobPtr : runnable) {
     Job& job = *jobPtr;
-    if (job.isDone()) continue;
-    if (std::find(busyQueues.begin(), busyQueues.end(), job.queueId) != busyQueues.end()) continue;
+    std::unique_lock<std::mutex> jobLock(job.mutex_, std::try_to_lock);
+    if (!jobLock.owns_lock() || job.isDone()) continue;
     if (!job.started_) {
       startJob(job);
       progressed = true;
     }
     if (!job.isDone()) progressed |= progressJob(job);
-    if (!job.isDone()) busyQueues.push_back(job.queueId);
+    anyDone |= job.isDone();
   }
-  size_t before = jobs_.size();
-  size_t detachedDone = 0;
-  std::erase_if(jobs_, [&](const JobPtr& j) {
-    if (!j->isDone()) return false;
-    if (j->detached) ++detachedDone;
-    return true;
-  });
-  if (size_t removed = before - jobs_.size()) {
-    jobCount_.fetch_sub(removed, std::memory_order_relaxed);
+  runnable.clear();  // drop references outside the lock-free section
+  if (anyDone) {
+    std::lock_guard<std::mutex> lock(listMutex_);
+    size_t before = jobs_.size();
+    size_t detachedDone = 0;
+    std::erase_if(jobs_, [&](const JobPtr& j) {
+      if (!j->isDone()) return false;
+      if (j->detached) ++detachedDone;
+      return true;
+    });
+    jobCount_.fetch_sub(before - jobs_.size(), std::memory_order_relaxed);
     detachedCount_.fetch_sub(detachedDone, std::memory_order_relaxed);
+    progressed = true;
   }
   return progressed;
 }
@@ -316,12 +327,14 @@ void Engine::failJob(Job& job, Status status) {
 }
 
 void Engine::retire(uint64_t queueId, const Status& reason) {
-  std::lock_guard<std::mutex> lock(pumpMutex_);
+  std::lock_guard<std::mutex> lock(listMutex_);
   drainIncoming();
   size_t before = jobs_.size();
   size_t detachedDone = 0;
   std::erase_if(jobs_, [&](const JobPtr& j) {
     if (j->queueId != queueId) return false;
+    // Waits for a thread that is progressing it right now to finish its pass.
+    std::lock_guard<std::mutex> jobLock(j->mutex_);
     if (!j->isDone()) j->finish(reason);
     if (j->detached) ++detachedDone;
     return true;

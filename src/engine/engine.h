@@ -4,11 +4,15 @@
 // runs Reduce/Copy/Divide steps on the CPU, polls Connections, releases
 // dependent steps and completes Jobs. poll() is the only pump.
 //
-// Threading: one Engine per process (instance()). Any thread may submit();
-// whoever pumps holds pumpMutex_, so the data path (jobs, connections) needs no
-// other lock. A caller that waits for its job pumps the engine itself (wait());
-// the progress thread pumps only while detached jobs (nobody waits on them)
-// exist, and sleeps otherwise. Lock order: pumpMutex_ before submitMutex_.
+// Threading: one Engine per process (instance()). Any thread may submit().
+// Any thread may pump (poll()): a pass takes the list of runnable jobs under
+// listMutex_, then progresses each job whose own mutex it can take, so two
+// threads pump two communicators' jobs in parallel (ranks as threads of one
+// process use all cores) and never the same job at once; a job's connections
+// are therefore touched by one thread at a time. A caller that waits for its
+// job pumps the engine itself (wait()); the progress thread pumps only while
+// detached jobs (nobody waits on them) exist, and sleeps otherwise.
+// Lock order: listMutex_, then a job's mutex; submitMutex_ is a leaf.
 //
 // Ordering: jobs with the same queue (one communicator) run one at a time in
 // submission order, like operations on one stream; different queues run
@@ -83,7 +87,8 @@ class Job {
 
   std::atomic<int> state_{kRunning};
   Status status_;
-  // Engine-private execution state.
+  std::mutex mutex_;  // held by the thread progressing this job
+  // Engine-private execution state, guarded by mutex_.
   bool started_ = false;
   enum StepState : uint8_t { kWaiting, kReady, kPosted, kDone };
   std::vector<uint32_t> unmet_;
@@ -111,8 +116,8 @@ class Engine {
   // Pumps the engine until the job is done (or the deadline passes: the job
   // keeps running and kTimeout is returned).
   Status wait(const Job& job, Deadline deadline = Deadline::never());
-  // One pass over every running job, unless another thread is pumping right
-  // now. Returns true if anything progressed.
+  // One pass over every runnable job not being progressed by another thread
+  // right now. Returns true if anything progressed.
   bool poll();
   // Fails and removes every job of the queue (communicator abort/destroy). On
   // return the engine holds no pointer into that queue's connections.
@@ -124,7 +129,7 @@ class Engine {
 
  private:
   Engine() = default;
-  bool pumpLocked();
+  bool pumpOnce();
   bool progressJob(Job& job);
   void runReady(Job& job);
   void startJob(Job& job);
@@ -137,11 +142,10 @@ class Engine {
   void progressThreadMain();
   void ensureProgressThread();
 
-  std::mutex pumpMutex_;
+  std::mutex listMutex_;
   std::mutex submitMutex_;
   std::vector<JobPtr> incoming_;      // guarded by submitMutex_
-  std::deque<JobPtr> jobs_;           // guarded by pumpMutex_: running and queued
-  std::vector<uint64_t> busyQueues_;  // guarded by pumpMutex_: scratch of pumpLocked()
+  std::deque<JobPtr> jobs_;           // guarded by listMutex_: running and queued
   std::atomic<size_t> jobCount_{0};
   std::atomic<size_t> detachedCount_{0};
 
