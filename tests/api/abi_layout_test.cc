@@ -212,7 +212,7 @@ TEST_CASE("ncclConfig_t has NCCL 2.30.7's size and field offsets", "[api][abi]")
   }
 }
 
-TEST_CASE("NCCL_CONFIG_INITIALIZER stamps size, magic and version and leaves the rest undefined",
+TEST_CASE("NCCL_CONFIG_INITIALIZER stamps size / magic and version and leaves the rest undefined",
           "[api][abi]") {
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   CHECK(config.size == sizeof(ncclConfig_t));

@@ -55,7 +55,7 @@ TEST_CASE("custom ring order", "[patterns]") {
   REQUIRE(r.distanceFrom(1) == 2);
 }
 
-TEST_CASE("even parts cover the count, in order, near-equal, aligned", "[patterns]") {
+TEST_CASE("even parts cover the count / in order / near-equal / aligned", "[patterns]") {
   for (uint64_t count : {0, 1, 7, 64, 100, 1000, 4097}) {
     for (uint64_t parts : {1, 2, 3, 7, 16}) {
       for (uint64_t granule : {1, 4, 16}) {

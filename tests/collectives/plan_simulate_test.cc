@@ -322,7 +322,7 @@ TEST_CASE("recursive doubling leaves identical bytes on every rank", "[simulate]
   }
 }
 
-TEST_CASE("send and recv pair up, self included, zero bytes included", "[simulate]") {
+TEST_CASE("send and recv pair up / self included / zero bytes included", "[simulate]") {
   for (int nranks = 1; nranks <= 6; ++nranks) {
     for (uint64_t count : {0, 1, 513}) {
       // Each rank sends to rank+1 and receives from rank-1, in one group.

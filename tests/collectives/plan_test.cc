@@ -7,7 +7,7 @@
 namespace shoal::testing {
 namespace {
 
-TEST_CASE("finalizePlan numbers lanes per peer, channel and direction", "[plan]") {
+TEST_CASE("finalizePlan numbers lanes per peer / channel and direction", "[plan]") {
   Plan p;
   p.shapes = {CollShape{}};
   PlanBuilder b(p);
@@ -42,7 +42,7 @@ TEST_CASE("toString prints one line per step", "[plan]") {
   REQUIRE(text.find("lane ") != std::string::npos);
 }
 
-TEST_CASE("mergePlans remaps buffers, deps, scratch and lanes", "[plan]") {
+TEST_CASE("mergePlans remaps buffers / deps / scratch and lanes", "[plan]") {
   CollShape s;
   s.kind = CollKind::kAllReduce;
   s.count = 100;
@@ -145,7 +145,7 @@ TEST_CASE("estimates rank latency and bandwidth algorithms sensibly", "[registry
   }
 }
 
-TEST_CASE("empty collectives give empty plans; p2p zero bytes is a message", "[plan]") {
+TEST_CASE("empty collectives give empty plans / p2p zero bytes is a message", "[plan]") {
   for (const AlgorithmEntry& e : algorithms()) {
     CollShape s;
     s.kind = e.kind;

@@ -222,7 +222,7 @@ TEST_CASE("the verifier catches a deadlock", "[verify][negative]") {
   requireOk(verifyPlans(finishAll(plans)), "lane order with room");
 }
 
-TEST_CASE("the verifier checks peers, bounds, buffers and flags", "[verify][negative]") {
+TEST_CASE("the verifier checks peers / bounds / buffers and flags", "[verify][negative]") {
   {
     Plan p = emptyPlan(allReduceShape(16), 0, 1);
     PlanBuilder(p).send(0, Slice{kSendBuffer, 0}, 64);

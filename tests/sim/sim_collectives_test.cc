@@ -219,7 +219,7 @@ const std::vector<DataType> kAllTypes = {
 
 }  // namespace
 
-TEST_CASE("every reducing collective, type and operator matches the reference", "[sim]") {
+TEST_CASE("every reducing collective / type and operator matches the reference", "[sim]") {
   setLoopbackFaults(LoopbackFaults{.reorderSeed = 7});
   for (int n : {1, 2, 3, 4}) {
     SimWorld world(n);
@@ -342,7 +342,7 @@ TEST_CASE("a group of different collectives runs as one job", "[sim]") {
   }
 }
 
-TEST_CASE("ranks calling different collectives get a mismatch error, not garbage", "[sim]") {
+TEST_CASE("ranks calling different collectives get a mismatch error / not garbage", "[sim]") {
   SimWorld world(2);
   std::vector<float> a(64, 1), b(128, 1);
   OpRequest ar, ag;

@@ -158,12 +158,12 @@ net::Fd rawConnect(const std::string& address) {
 
 // --- the conformance suite
 
-TEST_CASE("tcp conformance, default sockets", "[tcp][conformance]") {
+TEST_CASE("tcp conformance / default sockets", "[tcp][conformance]") {
   world();
   testing::runConformanceSuite(TransportUnderTest{"tcp", [](int channel) { return makeTcpPair(channel); }});
 }
 
-TEST_CASE("tcp conformance, one socket", "[tcp][conformance]") {
+TEST_CASE("tcp conformance / one socket", "[tcp][conformance]") {
   world();
   ScopedEnv env{{"NCCL_SOCKET_NTHREADS", "1"}, {"NCCL_NSOCKS_PERTHREAD", "1"}};
   testing::runConformanceSuite(TransportUnderTest{"tcp/1 socket", [](int channel) {
@@ -173,7 +173,7 @@ TEST_CASE("tcp conformance, one socket", "[tcp][conformance]") {
                                                   }});
 }
 
-TEST_CASE("tcp conformance, four sockets and small chunks", "[tcp][conformance]") {
+TEST_CASE("tcp conformance / four sockets and small chunks", "[tcp][conformance]") {
   world();
   ScopedEnv env{{"NCCL_SOCKET_NTHREADS", "2"}, {"NCCL_NSOCKS_PERTHREAD", "2"}, {"SHOAL_SOCKET_CHUNK_BYTES", "16384"}};
   testing::runConformanceSuite(TransportUnderTest{"tcp/4 sockets", [](int channel) {
@@ -275,7 +275,7 @@ TEST_CASE("tcp uses NCCL_SOCKET_NTHREADS x NCCL_NSOCKS_PERTHREAD sockets", "[tcp
   exchange(*pair.second, *pair.first, 100, 2);
 }
 
-TEST_CASE("tcp set-up of many connections at once, in any order", "[tcp]") {
+TEST_CASE("tcp set-up of many connections at once / in any order", "[tcp]") {
   world();
   constexpr int kComms = 3, kChannels = 2;
   uint64_t base = gNextCommId.fetch_add(kComms);
@@ -330,7 +330,7 @@ TEST_CASE("tcp set-up of many connections at once, in any order", "[tcp]") {
   for (size_t ch = 0; ch < 4; ++ch) exchange(*connected.value()[ch], *accepted.value()[ch], 5000 + ch, ch);
 }
 
-TEST_CASE("tcp ignores stray, forged, garbage and silent connections", "[tcp]") {
+TEST_CASE("tcp ignores stray / forged / garbage and silent connections", "[tcp]") {
   world();
   ScopedEnv env{{"SHOAL_HANDSHAKE_TIMEOUT_MS", "300"}};
   Transport& acceptorSide = *world().rank1;

@@ -160,7 +160,7 @@ TEST_CASE("memory store", "[bootstrap]") {
   checkStoreBasics(*store);
 }
 
-TEST_CASE("tcp store: basics, large values, many threads on one connection", "[bootstrap]") {
+TEST_CASE("tcp store: basics / large values / many threads on one connection", "[bootstrap]") {
   useLoopback();
   Result<UniqueIdContents> id = createUniqueId();
   REQUIRE(id.isOk());
@@ -249,7 +249,7 @@ TEST_CASE("Bootstrap deadline lists the ranks that did not arrive", "[bootstrap]
   REQUIRE(ms < 3000);
 }
 
-TEST_CASE("the root rejects forged, foreign, garbage and silent clients without disturbing others",
+TEST_CASE("the root rejects forged / foreign / garbage and silent clients without disturbing others",
           "[bootstrap]") {
   useLoopback();
   setenv("SHOAL_HANDSHAKE_TIMEOUT_MS", "2000", 1);
@@ -326,7 +326,7 @@ TEST_CASE("the root rejects forged, foreign, garbage and silent clients without 
   }
 }
 
-TEST_CASE("the root caps unfinished handshakes; clients beyond the cap wait, then get in", "[bootstrap]") {
+TEST_CASE("the root caps unfinished handshakes / clients beyond the cap wait / then get in", "[bootstrap]") {
   useLoopback();
   setenv("SHOAL_HANDSHAKE_TIMEOUT_MS", "300", 1);
   reloadParams();
@@ -463,7 +463,7 @@ TEST_CASE("Bootstrap finish: rank 0 returns once every rank is done with the roo
   }
 }
 
-TEST_CASE("NCCL_COMM_ID: deterministic id; rank 0 starts the root", "[bootstrap]") {
+TEST_CASE("NCCL_COMM_ID: deterministic id / rank 0 starts the root", "[bootstrap]") {
   useLoopback();
   Result<net::Fd> temp = net::listenOn(net::SocketAddress::parse("127.0.0.1:0").value());
   std::string address = net::localAddressOf(temp->get()).value().toString();

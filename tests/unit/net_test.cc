@@ -110,7 +110,7 @@ TEST_CASE("InterfaceFilter follows NCCL_SOCKET_IFNAME syntax", "[net]") {
   REQUIRE(withPorts.matches("eth2"));
 }
 
-TEST_CASE("selectInterfaces: default, prefixes, exclusions, families", "[net]") {
+TEST_CASE("selectInterfaces: default / prefixes / exclusions / families", "[net]") {
   std::vector<NetInterface> all = {
       itf("lo", "127.0.0.1:0", true, true),  itf("docker0", "172.17.0.1:0"), itf("eth0", "10.0.0.5:0"),
       itf("eth0", "[fd00::5]:0"),            itf("eth1", "10.1.0.5:0", false), itf("ib0", "192.168.0.5:0"),

@@ -236,7 +236,7 @@ std::vector<float> tieProbes(DataType t, std::vector<uint32_t>* want) {
   return probes;
 }
 
-TEST_CASE("float to small format: ties, neighbours, subnormals, overflow", "[reduce][convert]") {
+TEST_CASE("float to small format: ties / neighbours / subnormals / overflow", "[reduce][convert]") {
   for (DataType t : kSmallTypes) {
     INFO(dataTypeName(t));
     std::vector<uint32_t> want;
@@ -347,7 +347,7 @@ TEST_CASE("vector conversions equal the scalar ones for all 2^32 floats",
   }
 }
 
-TEST_CASE("fromDouble rounds once; integers round to even and saturate", "[reduce][convert]") {
+TEST_CASE("fromDouble rounds once / integers round to even and saturate", "[reduce][convert]") {
   // 1 + 2^-11 + 2^-40 is just above a half midpoint: correctly rounded it goes
   // up; rounding through float first would make it a tie that goes down.
   uint16_t h = 0;
@@ -683,7 +683,7 @@ TEST_CASE("combine: every type and op on every path matches the reference",
 
 // fp8 has 256 codes: check every operand pair, and every scalar for
 // premulsum and scale, on every path.
-TEST_CASE("combine: all pairs of fp8 codes, all scalars", "[reduce][combine][isa]") {
+TEST_CASE("combine: all pairs of fp8 codes / all scalars", "[reduce][combine][isa]") {
   IsaList isas;
   for (DataType t : {DataType::kFloat8e4m3, DataType::kFloat8e5m2}) {
     std::vector<uint8_t> a(65536), b(65536), want(65536), got(65536), negZero(65536, 0x80);
@@ -838,7 +838,7 @@ TEST_CASE("combine: documented numerics", "[reduce][combine][isa]") {
 
 // ---- Scale and divide ----------------------------------------------------------------
 
-TEST_CASE("scale: every type on every path matches a*s", "[reduce][scale][isa]") {
+TEST_CASE("scale: every type on every path matches a times s", "[reduce][scale][isa]") {
   IsaList isas;
   std::mt19937_64 rng(7);
   for (const std::string& isa : isas.names) {
@@ -914,7 +914,7 @@ void checkDivide(DataType t, std::mt19937_64& rng, const std::string& isa) {
   }
 }
 
-TEST_CASE("divide: integers truncate, signed and unsigned, on every path",
+TEST_CASE("divide: integers truncate / signed and unsigned / on every path",
           "[reduce][divide][isa]") {
   IsaList isas;
   std::mt19937_64 rng(11);
