@@ -71,57 +71,30 @@ uint32_t StepEmitter::emit(Step step, std::initializer_list<Access> accesses,
 
 uint32_t StepEmitter::send(int peer, uint16_t channel, Slice src, uint64_t bytes,
                            const std::vector<uint32_t>& extraDeps) {
-  Step s;
-  s.kind = StepKind::kSend;
-  s.peer = peer;
-  s.channel = channel;
-  s.src = src;
-  s.bytes = bytes;
-  return emit(s, {access(src, bytes, false)}, extraDeps);
+  return emit(sendStep(peer, channel, src, bytes), {access(src, bytes, false)}, extraDeps);
 }
 
 uint32_t StepEmitter::recv(int peer, uint16_t channel, Slice dst, uint64_t bytes,
                            const std::vector<uint32_t>& extraDeps) {
-  Step s;
-  s.kind = StepKind::kRecv;
-  s.peer = peer;
-  s.channel = channel;
-  s.dst = dst;
-  s.bytes = bytes;
-  return emit(s, {access(dst, bytes, true)}, extraDeps);
+  return emit(recvStep(peer, channel, dst, bytes), {access(dst, bytes, true)}, extraDeps);
 }
 
 uint32_t StepEmitter::reduce(Slice dst, Slice local, Slice partial, uint64_t bytes,
                              uint8_t flags) {
-  Step s;
-  s.kind = StepKind::kReduce;
-  s.flags = flags;
-  s.dst = dst;
-  s.src = local;
-  s.src2 = partial;
-  s.bytes = bytes;
-  return emit(s, {access(local, bytes, false), access(partial, bytes, false),
-                  access(dst, bytes, true)},
+  return emit(reduceStep(dst, local, partial, bytes, flags),
+              {access(local, bytes, false), access(partial, bytes, false),
+               access(dst, bytes, true)},
               {});
 }
 
 uint32_t StepEmitter::copy(Slice dst, Slice src, uint64_t bytes, uint8_t flags) {
-  Step s;
-  s.kind = StepKind::kCopy;
-  s.flags = flags;
-  s.dst = dst;
-  s.src = src;
-  s.bytes = bytes;
-  return emit(s, {access(src, bytes, false), access(dst, bytes, true)}, {});
+  return emit(copyStep(dst, src, bytes, flags),
+              {access(src, bytes, false), access(dst, bytes, true)}, {});
 }
 
 uint32_t StepEmitter::divide(Slice dst, Slice src, uint64_t bytes) {
-  Step s;
-  s.kind = StepKind::kDivide;
-  s.dst = dst;
-  s.src = src;
-  s.bytes = bytes;
-  return emit(s, {access(src, bytes, false), access(dst, bytes, true)}, {});
+  return emit(divideStep(dst, src, bytes),
+              {access(src, bytes, false), access(dst, bytes, true)}, {});
 }
 
 void StepEmitter::finishLocal(Slice dst, Slice src, uint64_t bytes, const ReduceSpec& spec) {

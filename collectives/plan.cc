@@ -156,30 +156,27 @@ uint32_t PlanBuilder::add(Step step, const std::vector<uint32_t>& deps) {
   return static_cast<uint32_t>(plan_.steps.size() - 1);
 }
 
-uint32_t PlanBuilder::send(int peer, Slice src, uint64_t bytes,
-                           std::initializer_list<uint32_t> deps, uint16_t channel) {
+Step sendStep(int peer, uint16_t channel, Slice src, uint64_t bytes) {
   Step s;
   s.kind = StepKind::kSend;
   s.peer = peer;
   s.channel = channel;
   s.src = src;
   s.bytes = bytes;
-  return add(s, std::vector<uint32_t>(deps));
+  return s;
 }
 
-uint32_t PlanBuilder::recv(int peer, Slice dst, uint64_t bytes,
-                           std::initializer_list<uint32_t> deps, uint16_t channel) {
+Step recvStep(int peer, uint16_t channel, Slice dst, uint64_t bytes) {
   Step s;
   s.kind = StepKind::kRecv;
   s.peer = peer;
   s.channel = channel;
   s.dst = dst;
   s.bytes = bytes;
-  return add(s, std::vector<uint32_t>(deps));
+  return s;
 }
 
-uint32_t PlanBuilder::reduce(Slice dst, Slice src, Slice src2, uint64_t bytes,
-                             std::initializer_list<uint32_t> deps, uint8_t flags) {
+Step reduceStep(Slice dst, Slice src, Slice src2, uint64_t bytes, uint8_t flags) {
   Step s;
   s.kind = StepKind::kReduce;
   s.flags = flags;
@@ -187,28 +184,51 @@ uint32_t PlanBuilder::reduce(Slice dst, Slice src, Slice src2, uint64_t bytes,
   s.src = src;
   s.src2 = src2;
   s.bytes = bytes;
-  return add(s, std::vector<uint32_t>(deps));
+  return s;
 }
 
-uint32_t PlanBuilder::copy(Slice dst, Slice src, uint64_t bytes,
-                           std::initializer_list<uint32_t> deps, uint8_t flags) {
+Step copyStep(Slice dst, Slice src, uint64_t bytes, uint8_t flags) {
   Step s;
   s.kind = StepKind::kCopy;
   s.flags = flags;
   s.dst = dst;
   s.src = src;
   s.bytes = bytes;
-  return add(s, std::vector<uint32_t>(deps));
+  return s;
 }
 
-uint32_t PlanBuilder::divide(Slice dst, Slice src, uint64_t bytes,
-                             std::initializer_list<uint32_t> deps) {
+Step divideStep(Slice dst, Slice src, uint64_t bytes) {
   Step s;
   s.kind = StepKind::kDivide;
   s.dst = dst;
   s.src = src;
   s.bytes = bytes;
-  return add(s, std::vector<uint32_t>(deps));
+  return s;
+}
+
+uint32_t PlanBuilder::send(int peer, Slice src, uint64_t bytes,
+                           std::initializer_list<uint32_t> deps, uint16_t channel) {
+  return add(sendStep(peer, channel, src, bytes), std::vector<uint32_t>(deps));
+}
+
+uint32_t PlanBuilder::recv(int peer, Slice dst, uint64_t bytes,
+                           std::initializer_list<uint32_t> deps, uint16_t channel) {
+  return add(recvStep(peer, channel, dst, bytes), std::vector<uint32_t>(deps));
+}
+
+uint32_t PlanBuilder::reduce(Slice dst, Slice src, Slice src2, uint64_t bytes,
+                             std::initializer_list<uint32_t> deps, uint8_t flags) {
+  return add(reduceStep(dst, src, src2, bytes, flags), std::vector<uint32_t>(deps));
+}
+
+uint32_t PlanBuilder::copy(Slice dst, Slice src, uint64_t bytes,
+                           std::initializer_list<uint32_t> deps, uint8_t flags) {
+  return add(copyStep(dst, src, bytes, flags), std::vector<uint32_t>(deps));
+}
+
+uint32_t PlanBuilder::divide(Slice dst, Slice src, uint64_t bytes,
+                             std::initializer_list<uint32_t> deps) {
+  return add(divideStep(dst, src, bytes), std::vector<uint32_t>(deps));
 }
 
 }  // namespace shoal

@@ -150,6 +150,14 @@ void finalizePlan(Plan& plan);
 // b become 3k+b; its scratch lives at scratchOffsets[k] of one scratch area.
 Plan mergePlans(const std::vector<PlanPtr>& plans);
 
+// One step of each kind, dependencies left empty: the only place a Step's
+// fields are spelled out per kind (PlanBuilder and StepEmitter both use these).
+Step sendStep(int peer, uint16_t channel, Slice src, uint64_t bytes);
+Step recvStep(int peer, uint16_t channel, Slice dst, uint64_t bytes);
+Step reduceStep(Slice dst, Slice src, Slice src2, uint64_t bytes, uint8_t flags);
+Step copyStep(Slice dst, Slice src, uint64_t bytes, uint8_t flags);
+Step divideStep(Slice dst, Slice src, uint64_t bytes);
+
 // Builder helper: appends steps and dependencies with readable call sites.
 class PlanBuilder {
  public:

@@ -121,15 +121,7 @@ bool Engine::pumpOnce() {
   runnable.clear();  // drop references outside the lock-free section
   if (anyDone) {
     std::lock_guard<std::mutex> lock(listMutex_);
-    size_t before = jobs_.size();
-    size_t detachedDone = 0;
-    std::erase_if(jobs_, [&](const JobPtr& j) {
-      if (!j->isDone()) return false;
-      if (j->detached) ++detachedDone;
-      return true;
-    });
-    jobCount_.fetch_sub(before - jobs_.size(), std::memory_order_relaxed);
-    detachedCount_.fetch_sub(detachedDone, std::memory_order_relaxed);
+    removeJobs([](Job& j) { return j.isDone(); });
     progressed = true;
   }
   return progressed;
@@ -329,18 +321,26 @@ void Engine::failJob(Job& job, Status status) {
 void Engine::retire(uint64_t queueId, const Status& reason) {
   std::lock_guard<std::mutex> lock(listMutex_);
   drainIncoming();
-  size_t before = jobs_.size();
-  size_t detachedDone = 0;
-  std::erase_if(jobs_, [&](const JobPtr& j) {
-    if (j->queueId != queueId) return false;
+  removeJobs([&](Job& j) {
+    if (j.queueId != queueId) return false;
     // Waits for a thread that is progressing it right now to finish its pass.
-    std::lock_guard<std::mutex> jobLock(j->mutex_);
-    if (!j->isDone()) j->finish(reason);
-    if (j->detached) ++detachedDone;
+    std::lock_guard<std::mutex> jobLock(j.mutex_);
+    if (!j.isDone()) j.finish(reason);
+    return true;
+  });
+}
+
+template <typename Predicate>
+void Engine::removeJobs(Predicate shouldRemove) {
+  size_t before = jobs_.size();
+  size_t detachedRemoved = 0;
+  std::erase_if(jobs_, [&](const JobPtr& j) {
+    if (!shouldRemove(*j)) return false;
+    if (j->detached) ++detachedRemoved;
     return true;
   });
   jobCount_.fetch_sub(before - jobs_.size(), std::memory_order_relaxed);
-  detachedCount_.fetch_sub(detachedDone, std::memory_order_relaxed);
+  detachedCount_.fetch_sub(detachedRemoved, std::memory_order_relaxed);
 }
 
 void Engine::ensureProgressThread() {

@@ -139,6 +139,10 @@ class Engine {
   void failJob(Job& job, Status status);
   Status timeoutStatus(Job& job) const;
   void drainIncoming();
+  // Removes the jobs the predicate selects, keeping the counts right.
+  // Caller holds listMutex_.
+  template <typename Predicate>
+  void removeJobs(Predicate shouldRemove);
   void progressThreadMain();
   void ensureProgressThread();
 
