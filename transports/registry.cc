@@ -7,6 +7,7 @@
 #include "core/log.h"
 #include "core/params.h"
 #include "transports/loopback/loopback_transport.h"
+#include "transports/shm/shm_transport.h"
 #include "transports/tcp/tcp_transport.h"
 
 namespace shoal {
@@ -17,6 +18,7 @@ struct Registry {
   std::vector<Transport*> ordered;
   Registry() {
     owned.push_back(makeLoopbackTransport());
+    owned.push_back(makeShmTransport());
     owned.push_back(makeTcpTransport());
     for (auto& t : owned) ordered.push_back(t.get());
   }
@@ -62,7 +64,7 @@ Result<Transport*> selectTransport(const PeerInfo& self, const PeerInfo& peer) {
   }
   if (!forced.empty()) {
     Transport* t = findTransport(forced);
-    if (!t) return invalidArgument("SHOAL_TRANSPORT=", forced, " names no transport (known: loopback, tcp)");
+    if (!t) return invalidArgument("SHOAL_TRANSPORT=", forced, " names no transport (known: loopback, shm, tcp)");
     if (!t->canConnect(self, peer))
       return invalidUsage("forced transport ", forced, " cannot reach rank ", peer.rank, " (host ",
                           peer.hostname, ")");

@@ -2,7 +2,7 @@
 //
 // Role: owns one Transport of each kind for the life of the process and picks,
 // for each peer, the first viable one in priority order (DESIGN.md §4):
-//   same process -> loopback; otherwise -> tcp.
+//   same process -> loopback; same host -> shm; otherwise -> tcp.
 // SHOAL_TRANSPORT forces a kind for every peer; NCCL_NET=Socket forces tcp for
 // peers on other hosts. A forced kind that cannot reach a peer is an error,
 // never a silent fallback. Thread-safe.

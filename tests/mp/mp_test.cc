@@ -1,5 +1,6 @@
 // Forked-process tests (CTest label "mp"): each rank is its own process, the
-// ranks talk over tcp on 127.0.0.1 (NCCL_SOCKET_IFNAME=lo, SHOAL_TRANSPORT=tcp),
+// ranks talk over tcp on 127.0.0.1 (NCCL_SOCKET_IFNAME=lo, SHOAL_TRANSPORT=tcp)
+// or, where a test says so, over shared memory (SHOAL_TRANSPORT=shm),
 // and only the public C API (nccl.h) is used. Covers data correctness of every
 // collective at 2, 3 and 4 processes, grouped send/recv, abort, and the failure
 // conventions of reference/reliability.md §1.8 and §7: a SIGKILLed rank, a rank
@@ -425,25 +426,34 @@ void sendBytes(int fd, const void* data, size_t len) {
 
 }  // namespace
 
-TEST_CASE("mp: every collective over tcp at 2 to 4 processes", "[mp]") {
-  for (int n : {2, 3, 4}) {
-    MpConfig cfg;
-    cfg.nranks = n;
-    cfg.hardLimitMs = 90000;
-    MpResult res = runForked(cfg, everyCollective);
-    INFO("nranks " << n);
-    requirePassed(res);
+// The transports every data test runs on (both stay on this host).
+const char* const kDataTransports[] = {"tcp", "shm"};
+
+TEST_CASE("mp: every collective over tcp and shm at 2 to 4 processes", "[mp]") {
+  for (const char* transport : kDataTransports) {
+    for (int n : {2, 3, 4}) {
+      MpConfig cfg;
+      cfg.nranks = n;
+      cfg.hardLimitMs = 90000;
+      cfg.env = {{"SHOAL_TRANSPORT", transport}};
+      MpResult res = runForked(cfg, everyCollective);
+      INFO(transport << " nranks " << n);
+      requirePassed(res);
+    }
   }
 }
 
-TEST_CASE("mp: grouped send/recv over tcp", "[mp]") {
-  for (int n : {2, 3}) {
-    MpConfig cfg;
-    cfg.nranks = n;
-    cfg.hardLimitMs = 60000;
-    MpResult res = runForked(cfg, groupedSendRecv);
-    INFO("nranks " << n);
-    requirePassed(res);
+TEST_CASE("mp: grouped send/recv over tcp and shm", "[mp]") {
+  for (const char* transport : kDataTransports) {
+    for (int n : {2, 3}) {
+      MpConfig cfg;
+      cfg.nranks = n;
+      cfg.hardLimitMs = 60000;
+      cfg.env = {{"SHOAL_TRANSPORT", transport}};
+      MpResult res = runForked(cfg, groupedSendRecv);
+      INFO(transport << " nranks " << n);
+      requirePassed(res);
+    }
   }
 }
 
@@ -499,23 +509,25 @@ TEST_CASE("mp: rank 0 may exit as soon as its ncclCommInitRank returns", "[mp]")
 }
 
 TEST_CASE("mp: a SIGKILLed rank makes every survivor fail naming it", "[mp][failure]") {
-  for (int n : {3, 4}) {
-    const int victim = 2;
-    MpConfig cfg;
-    cfg.nranks = n;
-    cfg.hardLimitMs = 45000;
-    // Survivors must fail within 30 s; a rank that does not hear of the death
-    // directly may rely on the no-progress deadline, set below that bound.
-    cfg.env = {{"SHOAL_PROGRESS_TIMEOUT_MS", "20000"}};
-    MpResult res = runForked(cfg, [&](MpChild& c) { return killOneRank(c, victim, 20); });
-    INFO("nranks " << n << "\n" << res.report());
-    REQUIRE_FALSE(res.timedOut);
-    for (const auto& rr : res.ranks) {
-      if (rr.rank == victim) {
-        CHECK((!rr.exited && rr.termSignal == SIGKILL));
-      } else {
-        CHECK(rr.exited);
-        CHECK(rr.exitCode == 0);
+  for (const char* transport : kDataTransports) {
+    for (int n : {3, 4}) {
+      const int victim = 2;
+      MpConfig cfg;
+      cfg.nranks = n;
+      cfg.hardLimitMs = 45000;
+      // Survivors must fail within 30 s; a rank that does not hear of the death
+      // directly may rely on the no-progress deadline, set below that bound.
+      cfg.env = {{"SHOAL_PROGRESS_TIMEOUT_MS", "20000"}, {"SHOAL_TRANSPORT", transport}};
+      MpResult res = runForked(cfg, [&](MpChild& c) { return killOneRank(c, victim, 20); });
+      INFO(transport << " nranks " << n << "\n" << res.report());
+      REQUIRE_FALSE(res.timedOut);
+      for (const auto& rr : res.ranks) {
+        if (rr.rank == victim) {
+          CHECK((!rr.exited && rr.termSignal == SIGKILL));
+        } else {
+          CHECK(rr.exited);
+          CHECK(rr.exitCode == 0);
+        }
       }
     }
   }

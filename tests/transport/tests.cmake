@@ -2,7 +2,8 @@
 # transport) and transport-specific cases. tcp traffic stays on loopback.
 set(_shoal_transport_test_sources
   transport/conformance.cc
-  transport/tcp_test.cc)
+  transport/tcp_test.cc
+  transport/shm_test.cc)
 if(EXISTS ${CMAKE_CURRENT_LIST_DIR}/loopback_test.cc)
   list(APPEND _shoal_transport_test_sources transport/loopback_test.cc)
 endif()

@@ -1,0 +1,253 @@
+// shm transport: the conformance suite through the real connect path (both
+// ends in this process, which the transport cannot tell from two processes:
+// it names segments by pid and probes single-copy reads against itself), in
+// both large-message modes and with a small ring that forces wrap-around and
+// streaming; plus set-up, secrets, stale segments and dead peers.
+#include <catch2/catch.hpp>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <optional>
+#include <vector>
+
+#include "core/params.h"
+#include "transport/conformance.h"
+#include "transports/shm/shm_connection.h"
+#include "transports/shm/shm_segment.h"
+#include "transports/shm/shm_transport.h"
+
+namespace shoal {
+namespace {
+
+using testing::TransportUnderTest;
+using ConnPair = std::pair<std::unique_ptr<Connection>, std::unique_ptr<Connection>>;
+
+// Sets environment variables for one test case and restores them after.
+class ScopedEnv {
+ public:
+  ScopedEnv(std::initializer_list<std::pair<const char*, const char*>> vars) {
+    for (auto [name, value] : vars) {
+      const char* old = std::getenv(name);
+      saved_.emplace_back(name, old ? std::optional<std::string>(old) : std::nullopt);
+      setenv(name, value, 1);
+    }
+    reloadParams();
+  }
+  ~ScopedEnv() {
+    for (auto& [name, old] : saved_) {
+      if (old) setenv(name.c_str(), old->c_str(), 1);
+      else unsetenv(name.c_str());
+    }
+    reloadParams();
+  }
+
+ private:
+  std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
+};
+
+uint64_t freshCommId() {
+  static std::atomic<uint64_t> next{0x5eed000000000000ull ^ static_cast<uint64_t>(getpid()) << 20};
+  return next++;
+}
+
+struct PairWorld {
+  std::unique_ptr<Transport> transport = makeShmTransport();
+  PeerInfo a, b;
+  PairWorld() {
+    std::string address = transport->localAddress().value();
+    a.rank = 0;
+    b.rank = 1;
+    a.hostname = b.hostname = "here";
+    a.hostId = b.hostId = "host";
+    a.processId = 1;  // two "processes" as far as canConnect can tell
+    b.processId = 2;
+    a.addresses = {{"shm", address}};
+    b.addresses = {{"shm", address}};
+  }
+  ConnPair connect(int channel, const std::string& secretA = "secret", const std::string& secretB = "secret",
+                   int64_t deadlineMs = 10000) {
+    uint64_t id = freshCommId();
+    ConnectOptions oa{&a, &b, secretA, Deadline::afterMs(deadlineMs)};
+    ConnectOptions ob{&b, &a, secretB, Deadline::afterMs(deadlineMs)};
+    auto ca = transport->connect({id, 0, 1, static_cast<uint16_t>(channel)}, oa);
+    REQUIRE(ca.isOk());
+    auto cb = transport->connect({id, 1, 0, static_cast<uint16_t>(channel)}, ob);
+    REQUIRE(cb.isOk());
+    return {std::move(ca).value(), std::move(cb).value()};
+  }
+};
+
+TransportUnderTest shmUnderTest(const char* name) {
+  return TransportUnderTest{.name = name, .makePair = [](int channel) {
+                              static PairWorld world;
+                              return world.connect(channel);
+                            }};
+}
+
+TEST_CASE("shm conformance / single copy", "[shm][conformance]") {
+  ScopedEnv env{{"SHOAL_SHM_CMA", "1"}};
+  testing::runConformanceSuite(shmUnderTest("shm single copy"));
+}
+
+TEST_CASE("shm conformance / copy through the segment", "[shm][conformance]") {
+  ScopedEnv env{{"SHOAL_SHM_CMA", "0"}};
+  testing::runConformanceSuite(shmUnderTest("shm copy-through"));
+}
+
+TEST_CASE("shm conformance / small ring and small single-copy threshold", "[shm][conformance]") {
+  ScopedEnv env{{"SHOAL_SHM_FIFO_BYTES", "65536"}, {"SHOAL_SHM_CMA_MIN_BYTES", "100"}};
+  testing::runConformanceSuite(shmUnderTest("shm small ring"));
+}
+
+// Pumps both ends until both report `want` completions or a deadline passes.
+Status pumpUntil(ConnPair& pair, size_t wantA, size_t wantB, std::vector<Completion>& doneA,
+                 std::vector<Completion>& doneB, int64_t ms = 10000) {
+  Deadline deadline = Deadline::afterMs(ms);
+  while (doneA.size() < wantA || doneB.size() < wantB) {
+    bool progressed = false;
+    SHOAL_TRY(pair.first->poll(doneA, progressed));
+    SHOAL_TRY(pair.second->poll(doneB, progressed));
+    if (deadline.expired()) return error(Code::kTimeout, "pumpUntil deadline");
+  }
+  return Status::ok();
+}
+
+TEST_CASE("shm single copy is used for large messages and moves data", "[shm]") {
+  ScopedEnv env{{"SHOAL_SHM_CMA", "1"}, {"SHOAL_SHM_CMA_MIN_BYTES", "4096"}};
+  PairWorld world;
+  auto pair = world.connect(0);
+  std::vector<uint32_t> src(1 << 20), dst(1 << 20, 0);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint32_t>(i * 2654435761u);
+  REQUIRE(pair.first->postSend(src.data(), src.size() * 4, 7, 1).isOk());
+  REQUIRE(pair.second->postRecv(dst.data(), dst.size() * 4, 7, 2).isOk());
+  std::vector<Completion> a, b;
+  REQUIRE(pumpUntil(pair, 1, 1, a, b).isOk());
+  CHECK(dst == src);
+  auto* shm = dynamic_cast<shm::ShmConnection*>(pair.first.get());
+  REQUIRE(shm != nullptr);
+  CHECK(shm->singleCopyToPeer());
+}
+
+TEST_CASE("shm with SHOAL_SHM_CMA=0 never reads the peer directly", "[shm]") {
+  ScopedEnv env{{"SHOAL_SHM_CMA", "0"}};
+  PairWorld world;
+  auto pair = world.connect(0);
+  std::vector<Completion> a, b;
+  int x = 1, y = 0;
+  REQUIRE(pair.first->postSend(&x, sizeof(x), 1, 1).isOk());
+  REQUIRE(pair.second->postRecv(&y, sizeof(y), 1, 1).isOk());
+  REQUIRE(pumpUntil(pair, 1, 1, a, b).isOk());
+  CHECK(y == 1);
+  CHECK_FALSE(dynamic_cast<shm::ShmConnection*>(pair.first.get())->singleCopyToPeer());
+}
+
+TEST_CASE("shm segment made with another secret is refused", "[shm]") {
+  PairWorld world;
+  auto pair = world.connect(0, "right", "wrong");
+  std::vector<Completion> done;
+  bool progressed = false;
+  Status s = pair.second->poll(done, progressed);
+  REQUIRE_FALSE(s.isOk());
+  CHECK_THAT(s.message(), Catch::Contains("wrong secret"));
+}
+
+TEST_CASE("shm opener whose creator never comes fails at the deadline naming it", "[shm]") {
+  PairWorld world;
+  uint64_t id = freshCommId();
+  ConnectOptions ob{&world.b, &world.a, "secret", Deadline::afterMs(200)};
+  auto cb = world.transport->connect({id, 1, 0, 0}, ob);
+  REQUIRE(cb.isOk());
+  int y = 0;
+  REQUIRE(cb.value()->postRecv(&y, sizeof(y), 1, 1).isOk());
+  std::vector<Completion> done;
+  Status s;
+  Deadline guard = Deadline::afterMs(5000);
+  while (s.isOk() && !guard.expired()) {
+    bool progressed = false;
+    s = cb.value()->poll(done, progressed);
+  }
+  REQUIRE_FALSE(s.isOk());
+  CHECK_THAT(s.message(), Catch::Contains("rank 0") && Catch::Contains("did not attach"));
+}
+
+TEST_CASE("shm stale segments of dead processes are removed", "[shm]") {
+  // A child process creates a segment and dies without unlinking it.
+  pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    std::string name = shm::segmentName(getpid(), 42, 0, 1, 0);
+    int fd = shm_open(name.c_str(), O_CREAT | O_RDWR, 0600);
+    _exit(fd >= 0 ? 0 : 1);
+  }
+  int status = 0;
+  REQUIRE(waitpid(child, &status, 0) == child);
+  REQUIRE(WIFEXITED(status));
+  REQUIRE(WEXITSTATUS(status) == 0);
+  std::string name = shm::segmentName(child, 42, 0, 1, 0);
+  int fd = shm_open(name.c_str(), O_RDWR, 0600);
+  REQUIRE(fd >= 0);
+  close(fd);
+  shm::removeStaleSegments();
+  CHECK(shm_open(name.c_str(), O_RDWR, 0600) < 0);
+}
+
+TEST_CASE("shm a peer that exits with operations pending is an error naming it", "[shm]") {
+  // Connect to a pid that is gone: the transport must not wait for it.
+  pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) _exit(0);
+  int status = 0;
+  REQUIRE(waitpid(child, &status, 0) == child);
+  PairWorld world;
+  shm::Address ghost{child, "boot", 0x1000, 1};
+  world.a.addresses = {{"shm", shm::formatAddress(ghost)}};
+  ConnectOptions ob{&world.b, &world.a, "secret", Deadline::afterMs(60000)};
+  auto cb = world.transport->connect({freshCommId(), 1, 0, 0}, ob);
+  REQUIRE(cb.isOk());
+  int y = 0;
+  REQUIRE(cb.value()->postRecv(&y, sizeof(y), 1, 1).isOk());
+  std::vector<Completion> done;
+  Status s;
+  Deadline guard = Deadline::afterMs(5000);
+  while (s.isOk() && !guard.expired()) {
+    bool progressed = false;
+    s = cb.value()->poll(done, progressed);
+  }
+  REQUIRE_FALSE(s.isOk());
+  CHECK_THAT(s.message(), Catch::Contains("rank 0") && Catch::Contains("has exited"));
+}
+
+TEST_CASE("shm addresses round trip and reject garbage", "[shm]") {
+  shm::Address a{1234, "b00t-1d", 0xdeadbeef, 0x1234};
+  auto back = shm::parseAddress(shm::formatAddress(a));
+  REQUIRE(back.isOk());
+  CHECK(back.value().pid == 1234);
+  CHECK(back.value().bootId == "b00t-1d");
+  CHECK(back.value().probeAddress == 0xdeadbeef);
+  CHECK(back.value().probeValue == 0x1234);
+  CHECK_FALSE(shm::parseAddress("nonsense").isOk());
+  CHECK_FALSE(shm::parseAddress("-1:x:1:1").isOk());
+}
+
+TEST_CASE("shm canConnect needs the same host and boot and another process", "[shm]") {
+  PairWorld world;
+  CHECK(world.transport->canConnect(world.a, world.b));
+  PeerInfo other = world.b;
+  other.hostId = "elsewhere";
+  CHECK_FALSE(world.transport->canConnect(world.a, other));
+  other = world.b;
+  other.processId = world.a.processId;
+  CHECK_FALSE(world.transport->canConnect(world.a, other));
+  {
+    ScopedEnv env{{"NCCL_SHM_DISABLE", "1"}};
+    CHECK_FALSE(world.transport->canConnect(world.a, world.b));
+  }
+}
+
+}  // namespace
+}  // namespace shoal

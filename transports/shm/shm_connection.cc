@@ -1,0 +1,272 @@
+#include "transports/shm/shm_connection.h"
+
+#include <poll.h>
+#include <signal.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+#include "core/log.h"
+#include "core/tag.h"
+
+namespace shoal::shm {
+namespace {
+
+enum FrameKind : uint32_t { kInline = 0, kSingleCopy = 1 };
+
+// The first 40 bytes of a frame's first slot; the payload follows it.
+struct FrameHeader {
+  std::atomic<uint64_t> stamp;  // frame number + 1; stored last
+  uint64_t tag;
+  uint64_t messageBytes;
+  uint64_t address;             // kSingleCopy: the payload in the sender's memory
+  uint32_t frameBytes;          // kInline: payload bytes in this frame
+  uint32_t kind;
+};
+constexpr size_t kFrameHeaderBytes = sizeof(FrameHeader);
+static_assert(kFrameHeaderBytes == 40);
+
+constexpr int64_t kPeerCheckIntervalNs = 10'000'000;
+// Bytes one poll() copies by process_vm_readv before returning, so other
+// connections and steps of the same job keep moving during a huge message.
+constexpr uint64_t kSingleCopyBytesPerPoll = 4ull << 20;
+
+uint64_t slotsFor(uint64_t frameBytes) { return (kFrameHeaderBytes + frameBytes + kSlotBytes - 1) / kSlotBytes; }
+
+int pidfdOpen(int pid) { return static_cast<int>(syscall(SYS_pidfd_open, pid, 0)); }
+
+}  // namespace
+
+ShmConnection::ShmConnection(ConnectionSetup setup)
+    : side_(setup.side),
+      peerSide_(1 - setup.side),
+      name_(std::move(setup.segmentName)),
+      secret_(std::move(setup.secret)),
+      segment_(std::move(setup.segment)),
+      peerPid_(setup.peerPid),
+      peerProcess_(pidfdOpen(setup.peerPid)),
+      selfCanRead_(setup.selfCanRead),
+      cmaMinBytes_(setup.cmaMinBytes),
+      attachDeadline_(setup.attachDeadline),
+      peer_(std::move(setup.peerDescription)) {}
+
+ShmConnection::~ShmConnection() {
+  if (segment_.mapped()) segment_.header().closed[side_].store(1, std::memory_order_release);
+}
+
+Status ShmConnection::fail(Status status) {
+  failure_ = std::move(status);
+  if (segment_.mapped()) segment_.header().closed[side_].store(1, std::memory_order_release);
+  return failure_;
+}
+
+Status ShmConnection::postSend(const void* data, uint64_t bytes, uint64_t tag, uint64_t token) {
+  if (!failure_.isOk()) return failure_;
+  sends_.push_back() = SendOp{static_cast<const uint8_t*>(data), bytes, tag, token, 0};
+  return Status::ok();
+}
+
+Status ShmConnection::postRecv(void* data, uint64_t bytes, uint64_t tag, uint64_t token) {
+  if (!failure_.isOk()) return failure_;
+  recvs_.push_back() = RecvOp{static_cast<uint8_t*>(data), bytes, tag, token, 0};
+  return Status::ok();
+}
+
+Status ShmConnection::attach() {
+  if (side_ == 1 && !segment_.mapped()) {
+    SHOAL_ASSIGN_OR_RETURN(segment_, Segment::tryOpen(name_, secret_), "attaching to ", peer_);
+    if (!segment_.mapped()) return checkPeer(/*attaching=*/true);
+    Header& h = segment_.header();
+    h.canRead[1].store(static_cast<int32_t>(selfCanRead_), std::memory_order_relaxed);
+    h.openerPid.store(getpid(), std::memory_order_release);
+  }
+  Header& h = segment_.header();
+  if (side_ == 0) {
+    if (h.openerPid.load(std::memory_order_acquire) == 0) return checkPeer(/*attaching=*/true);
+    segment_.unlinkName();  // the opener has it mapped (and unlinked it)
+  }
+  peerCanRead_ = static_cast<CmaAbility>(h.canRead[peerSide_].load(std::memory_order_acquire));
+  outRing_ = segment_.ring(side_);
+  inRing_ = segment_.ring(peerSide_);
+  slotMask_ = segment_.ringBytes() / kSlotBytes - 1;
+  maxFrameBytes_ = segment_.ringBytes() / 4 - kFrameHeaderBytes;
+  attached_ = true;
+  SHOAL_INFO(subsys::kShm, "shm connection to ", peer_, " ready: ", segment_.ringBytes() >> 10,
+             " KiB rings, single copy to peer ", peerCanRead_ == CmaAbility::kYes ? "on" : "off",
+             ", from peer ", selfCanRead_ == CmaAbility::kYes ? "on" : "off");
+  return Status::ok();
+}
+
+Status ShmConnection::poll(std::vector<Completion>& done, bool& progressed) {
+  if (!failure_.isOk()) return failure_;
+  bool moved = false;
+  if (!attached_) {
+    if (Status s = attach(); !s.isOk()) return fail(std::move(s));
+    if (!attached_) return Status::ok();
+  }
+  if (Status s = pumpRecvs(done, moved); !s.isOk()) return fail(std::move(s));
+  if (Status s = pumpSends(done, moved); !s.isOk()) return fail(std::move(s));
+  if (moved) {
+    progressed = true;
+  } else if (pending() > 0) {
+    if (Status s = checkPeer(/*attaching=*/false); !s.isOk()) return fail(std::move(s));
+  }
+  return Status::ok();
+}
+
+uint64_t ShmConnection::freeSlots() {
+  uint64_t capacity = slotMask_ + 1;
+  return capacity - (sentSlots_ - peerConsumed_);
+}
+
+Status ShmConnection::pumpSends(std::vector<Completion>& done, bool& progressed) {
+  Control& control = segment_.control(side_);
+  // Single-copy sends finish when the receiver says it has read them.
+  if (!cmaWaits_.empty()) {
+    uint64_t reads = control.cmaReads.load(std::memory_order_acquire);
+    while (!cmaWaits_.empty() && cmaWaits_.front().index < reads) {
+      done.push_back({cmaWaits_.front().token, cmaWaits_.front().bytes});
+      cmaWaits_.pop_front();
+      progressed = true;
+    }
+  }
+  const uint64_t capacity = slotMask_ + 1;
+  while (!sends_.empty()) {
+    SendOp& op = sends_.front();
+    bool singleCopy = peerCanRead_ == CmaAbility::kYes && op.bytes >= cmaMinBytes_ && op.offset == 0;
+    uint64_t frameBytes = singleCopy ? 0 : std::min(op.bytes - op.offset, maxFrameBytes_);
+    uint64_t slots = slotsFor(frameBytes);
+    if (freeSlots() < slots) {
+      peerConsumed_ = control.consumedSlots.load(std::memory_order_acquire);
+      if (freeSlots() < slots) break;
+    }
+    uint64_t first = sentSlots_ & slotMask_;
+    auto* header = reinterpret_cast<FrameHeader*>(outRing_ + first * kSlotBytes);
+    header->tag = op.tag;
+    header->messageBytes = op.bytes;
+    header->frameBytes = static_cast<uint32_t>(frameBytes);
+    header->kind = singleCopy ? kSingleCopy : kInline;
+    header->address = singleCopy ? reinterpret_cast<uint64_t>(op.data) : 0;
+    if (frameBytes > 0) {
+      // The payload runs on from the header, wrapping at the end of the ring.
+      uint64_t start = first * kSlotBytes + kFrameHeaderBytes;
+      uint64_t ringBytes = capacity * kSlotBytes;
+      uint64_t head = std::min(frameBytes, ringBytes - start);
+      std::memcpy(outRing_ + start, op.data + op.offset, head);
+      if (head < frameBytes) std::memcpy(outRing_, op.data + op.offset + head, frameBytes - head);
+    }
+    header->stamp.store(++sentFrames_, std::memory_order_release);
+    sentSlots_ += slots;
+    progressed = true;
+    if (singleCopy) {
+      cmaWaits_.push_back() = CmaWait{op.token, op.bytes, cmaSent_++};
+      sends_.pop_front();
+      continue;
+    }
+    op.offset += frameBytes;
+    if (op.offset == op.bytes) {
+      done.push_back({op.token, op.bytes});
+      sends_.pop_front();
+    }
+  }
+  return Status::ok();
+}
+
+Status ShmConnection::readSingleCopy(RecvOp& op, uint64_t address, bool& finished) {
+  uint64_t budget = kSingleCopyBytesPerPoll;
+  while (op.offset < op.bytes && budget > 0) {
+    uint64_t want = std::min(op.bytes - op.offset, budget);
+    iovec local{op.data + op.offset, want};
+    iovec remote{reinterpret_cast<void*>(address + op.offset), want};
+    ssize_t got = process_vm_readv(peerPid_, &local, 1, &remote, 1, 0);
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      int err = errno;
+      if (err == ESRCH) return remoteError(peer_, ": the peer process ", peerPid_, " has exited");
+      return errnoStatus(err, "process_vm_readv from " + peer_);
+    }
+    if (got == 0) return systemError("process_vm_readv from ", peer_, " read nothing");
+    op.offset += static_cast<uint64_t>(got);
+    budget -= std::min<uint64_t>(budget, static_cast<uint64_t>(got));
+  }
+  finished = op.offset == op.bytes;
+  return Status::ok();
+}
+
+Status ShmConnection::pumpRecvs(std::vector<Completion>& done, bool& progressed) {
+  Control& control = segment_.control(peerSide_);
+  const uint64_t capacity = slotMask_ + 1;
+  while (!recvs_.empty()) {
+    uint64_t first = readSlots_ & slotMask_;
+    auto* header = reinterpret_cast<const FrameHeader*>(inRing_ + first * kSlotBytes);
+    if (header->stamp.load(std::memory_order_acquire) != readFrames_ + 1) break;
+    RecvOp& op = recvs_.front();
+    if (header->tag != op.tag || header->messageBytes != op.bytes)
+      return invalidUsage(peer_, ": message mismatch: the posted receive expects ", describeTag(op.tag), ", ",
+                          op.bytes, " bytes; the peer sent ", describeTag(header->tag), ", ",
+                          header->messageBytes, " bytes (ranks called different operations or counts)");
+    uint64_t slots = 1;
+    if (header->kind == kSingleCopy) {
+      if (op.offset == 0 && op.bytes > 0) progressed = true;
+      bool finished = false;
+      SHOAL_TRY(readSingleCopy(op, header->address, finished));
+      progressed = true;
+      if (!finished) break;  // more in the next poll
+      control.cmaReads.store(++cmaRead_, std::memory_order_release);
+    } else {
+      uint64_t frameBytes = header->frameBytes;
+      if (frameBytes > op.bytes - op.offset || frameBytes > maxFrameBytes_)
+        return systemError(peer_, ": corrupt shm frame of ", frameBytes, " bytes for a receive with ",
+                           op.bytes - op.offset, " bytes left");
+      uint64_t start = first * kSlotBytes + kFrameHeaderBytes;
+      uint64_t ringBytes = capacity * kSlotBytes;
+      uint64_t head = std::min(frameBytes, ringBytes - start);
+      if (frameBytes > 0) {
+        std::memcpy(op.data + op.offset, inRing_ + start, head);
+        if (head < frameBytes) std::memcpy(op.data + op.offset + head, inRing_, frameBytes - head);
+      }
+      op.offset += frameBytes;
+      slots = slotsFor(frameBytes);
+    }
+    readSlots_ += slots;
+    ++readFrames_;
+    control.consumedSlots.store(readSlots_, std::memory_order_release);
+    progressed = true;
+    if (op.offset == op.bytes) {
+      done.push_back({op.token, op.bytes});
+      recvs_.pop_front();
+    }
+  }
+  return Status::ok();
+}
+
+Status ShmConnection::checkPeer(bool attaching) {
+  if (segment_.mapped() && segment_.header().closed[peerSide_].load(std::memory_order_acquire))
+    return remoteError(peer_, " closed its end of the shared-memory connection (communicator destroyed or "
+                       "failed) with ", pending(), " operations pending here");
+  int64_t now = nowNs();
+  if (now >= nextPeerCheckNs_) {
+    nextPeerCheckNs_ = now + kPeerCheckIntervalNs;
+    bool gone = false;
+    if (peerProcess_.valid()) {
+      pollfd p{peerProcess_.get(), POLLIN, 0};
+      gone = ::poll(&p, 1, 0) > 0;
+    } else {
+      gone = kill(peerPid_, 0) != 0 && errno == ESRCH;
+    }
+    if (gone)
+      return remoteError(peer_, ": the peer process ", peerPid_, " has exited (killed or crashed) while ",
+                         attaching ? "this rank waited for it to attach" : "operations were pending");
+  }
+  if (attaching && attachDeadline_.expired())
+    return remoteError(peer_, " did not attach to the shared-memory segment ", name_,
+                       " before the connection deadline (SHOAL_INIT_TIMEOUT_MS)");
+  return Status::ok();
+}
+
+}  // namespace shoal::shm

@@ -1,0 +1,133 @@
+// ShmConnection: one ordered, tag-checked pipe to a process on the same host
+// through a shared-memory segment (shm_segment.h), both directions.
+//
+// Role: the data path of the shm transport (README.md). Owner: the
+// Communicator that asked ShmTransport::connect for it. Thread: used only by
+// the engine, by whichever thread pumps it, one at a time (transport.h); no
+// locks, and no system call on the small-message path.
+//
+// Frames: each direction is a single-producer single-consumer ring of 64-byte
+// slots. A message travels as one or more frames; a frame is a 40-byte header
+// followed by its payload, contiguous modulo the ring. The header's `stamp`
+// (frame number + 1) is stored last with release order: the receiver polls
+// the stamp of the slot where the next frame must start ("flag in the data"),
+// so a message of up to 24 bytes costs the receiver one cache line. The
+// receiver hands slots back by publishing how many it has consumed; the sender
+// reads that only when its cached copy says the ring is full.
+//
+// Large messages: when the receiver can read the sender's memory
+// (process_vm_readv works between the two processes, probed at connect), a
+// message of at least SHOAL_SHM_CMA_MIN_BYTES is sent as a one-slot
+// descriptor (address, size) and the receiver copies it straight from the
+// sender's buffer into its own: one copy. The send completes when the
+// receiver publishes that it has read it. Otherwise large messages are cut
+// into frames of up to a quarter of the ring and stream through it.
+//
+// Set-up never blocks: the lower rank creates the segment in connect(), the
+// higher rank maps it in its first poll() that finds it. Liveness: when a
+// poll moves nothing, the peer's `closed` flag and (every 10 ms) its process
+// (pidfd) are checked, so a peer that exits or is killed becomes an error
+// naming it, never a hang.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/clock.h"
+#include "core/ring_queue.h"
+#include "net/fd.h"
+#include "transports/shm/shm_segment.h"
+#include "transports/transport.h"
+
+namespace shoal::shm {
+
+struct ConnectionSetup {
+  int side = 0;                  // 0: creator (lower rank), 1: opener
+  std::string segmentName;
+  std::string secret;
+  Segment segment;               // side 0: created; side 1: empty until mapped
+  int peerPid = 0;
+  CmaAbility selfCanRead = CmaAbility::kNo;
+  uint64_t cmaMinBytes = 0;
+  Deadline attachDeadline = Deadline::never();
+  std::string peerDescription;
+};
+
+class ShmConnection final : public Connection {
+ public:
+  explicit ShmConnection(ConnectionSetup setup);
+  ~ShmConnection() override;
+
+  Status postSend(const void* data, uint64_t bytes, uint64_t tag, uint64_t token) override;
+  Status postRecv(void* data, uint64_t bytes, uint64_t tag, uint64_t token) override;
+  Status poll(std::vector<Completion>& done, bool& progressed) override;
+  size_t pending() const override { return sends_.size() + cmaWaits_.size() + recvs_.size(); }
+  const std::string& peerDescription() const override { return peer_; }
+
+  // For tests: whether large messages to the peer go by single copy.
+  bool singleCopyToPeer() const { return peerCanRead_ == CmaAbility::kYes; }
+
+ private:
+  struct SendOp {
+    const uint8_t* data = nullptr;
+    uint64_t bytes = 0;
+    uint64_t tag = 0;
+    uint64_t token = 0;
+    uint64_t offset = 0;  // payload bytes already framed
+  };
+  struct RecvOp {
+    uint8_t* data = nullptr;
+    uint64_t bytes = 0;
+    uint64_t tag = 0;
+    uint64_t token = 0;
+    uint64_t offset = 0;  // payload bytes already received
+  };
+  struct CmaWait {
+    uint64_t token = 0;
+    uint64_t bytes = 0;
+    uint64_t index = 0;  // single-copy message number in this direction
+  };
+
+  Status attach();
+  Status pumpSends(std::vector<Completion>& done, bool& progressed);
+  Status pumpRecvs(std::vector<Completion>& done, bool& progressed);
+  Status readSingleCopy(RecvOp& op, uint64_t address, bool& finished);
+  Status checkPeer(bool attaching);
+  uint64_t freeSlots();
+  Status fail(Status status);
+
+  const int side_;
+  const int peerSide_;
+  const std::string name_;
+  const std::string secret_;
+  Segment segment_;
+  const int peerPid_;
+  net::Fd peerProcess_;  // pidfd; readable once the peer process has exited
+  const CmaAbility selfCanRead_;
+  CmaAbility peerCanRead_ = CmaAbility::kUnknown;
+  const uint64_t cmaMinBytes_;
+  const Deadline attachDeadline_;
+  const std::string peer_;
+  bool attached_ = false;
+
+  uint8_t* outRing_ = nullptr;
+  const uint8_t* inRing_ = nullptr;
+  uint64_t slotMask_ = 0;
+  uint64_t maxFrameBytes_ = 0;
+  uint64_t sentSlots_ = 0;      // slots this side has filled (absolute)
+  uint64_t sentFrames_ = 0;
+  uint64_t peerConsumed_ = 0;   // cached Control::consumedSlots of the out ring
+  uint64_t cmaSent_ = 0;
+  uint64_t readSlots_ = 0;      // slots of the in ring this side has consumed
+  uint64_t readFrames_ = 0;
+  uint64_t cmaRead_ = 0;
+
+  RingQueue<SendOp> sends_;
+  RingQueue<CmaWait> cmaWaits_;
+  RingQueue<RecvOp> recvs_;
+  int64_t nextPeerCheckNs_ = 0;
+  Status failure_;
+};
+
+}  // namespace shoal::shm
