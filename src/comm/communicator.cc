@@ -18,12 +18,6 @@ uint64_t hash64(std::string_view s) {
   return h;
 }
 
-std::string shapeKey(const CollShape& s, const TunerChoice& c) {
-  return str(static_cast<int>(s.kind), ':', static_cast<int>(s.dtype), ':',
-             static_cast<int>(s.op), ':', s.count, ':', s.root, ':', s.peer, ':', s.divisor, ':',
-             c.algorithm->name, ':', c.params.channels, ':', c.params.segmentBytes);
-}
-
 constexpr size_t kPlanCacheLimit = 512;
 
 }  // namespace
@@ -98,15 +92,30 @@ Status Communicator::initialize() {
   return Status::ok();
 }
 
+size_t Communicator::ShapeHash::operator()(const CollShape& s) const {
+  uint64_t h = s.count * 0x9e3779b97f4a7c15ull;
+  h ^= (static_cast<uint64_t>(s.kind) << 8 | static_cast<uint64_t>(s.dtype) << 16 |
+        static_cast<uint64_t>(s.op) << 24) + (h << 6) + (h >> 2);
+  h ^= (static_cast<uint64_t>(static_cast<uint32_t>(s.root)) << 32 | static_cast<uint32_t>(s.peer)) + (h << 6);
+  return static_cast<size_t>(h ^ s.divisor);
+}
+
+bool Communicator::ShapeEqual::operator()(const CollShape& a, const CollShape& b) const {
+  return a.kind == b.kind && a.dtype == b.dtype && a.op == b.op && a.count == b.count && a.root == b.root &&
+         a.peer == b.peer && a.divisor == b.divisor;
+}
+
+// The tuner is a pure function of the shape for a communicator's lifetime, so
+// a cached plan also stands for the tuner's decision: a repeated operation
+// costs one hash lookup.
 Result<std::shared_ptr<const PreparedPlan>> Communicator::planFor(const CollShape& shape) {
-  SHOAL_ASSIGN_OR_RETURN(TunerChoice choice, tuner_->choose(shape, rankView_));
-  std::string key = shapeKey(shape, choice);
-  auto it = planCache_.find(key);
+  auto it = planCache_.find(shape);
   if (it != planCache_.end()) return it->second;
+  SHOAL_ASSIGN_OR_RETURN(TunerChoice choice, tuner_->choose(shape, rankView_));
   auto plan = std::make_shared<Plan>(choice.algorithm->build(shape, rankView_, choice.params));
   if (planCache_.size() >= kPlanCacheLimit) planCache_.clear();
   auto prepared = preparePlan(plan);
-  planCache_.emplace(key, prepared);
+  planCache_.emplace(shape, prepared);
   return prepared;
 }
 
@@ -260,10 +269,12 @@ Result<JobPtr> Communicator::enqueue(std::vector<OpRequest> ops, bool detached) 
   job->queueId = reinterpret_cast<uintptr_t>(this);
   job->abortFlag = &abortFlag_;
   job->detached = !wait;
-  job->description = str(describe(), ": ", collKindName(ops[0].shape.kind),
-                         ops.size() > 1 ? str(" + ", ops.size() - 1, " more (group)") : "",
-                         " #", job->opTags[0] & 0xffffffffffffull, " (", plan.algorithm, ")");
-  SHOAL_TRACE(subsys::kColl, job->description, " count ", ops[0].shape.count);
+  if (!label_) label_ = std::make_shared<const std::string>(describe());
+  job->commLabel = label_;
+  job->kindName = collKindName(ops[0].shape.kind);
+  job->groupedOps = ops.size();
+  job->sequence = job->opTags[0] & 0xffffffffffffull;
+  SHOAL_TRACE(subsys::kColl, job->description(), " count ", ops[0].shape.count);
   Engine::instance().submit(job);
   if (detached) {
     std::lock_guard<std::mutex> lock(jobsMutex_);

@@ -153,7 +153,14 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   uint64_t commId_ = 0;
 
   std::map<std::pair<int, uint16_t>, std::unique_ptr<Connection>> connections_;
-  std::unordered_map<std::string, std::shared_ptr<const PreparedPlan>> planCache_;
+  struct ShapeHash {
+    size_t operator()(const CollShape& s) const;
+  };
+  struct ShapeEqual {
+    bool operator()(const CollShape& a, const CollShape& b) const;
+  };
+  std::unordered_map<CollShape, std::shared_ptr<const PreparedPlan>, ShapeHash, ShapeEqual> planCache_;
+  std::shared_ptr<const std::string> label_;  // describe(), once peers are known
   std::vector<uint8_t> scratch_;        // waited jobs run one at a time: one arena
 
   uint64_t collSeq_ = 0;

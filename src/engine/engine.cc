@@ -70,11 +70,17 @@ void Engine::submit(JobPtr job) {
   }
 }
 
+std::string Job::description() const {
+  return str(commLabel ? *commLabel : std::string("communicator"), ": ", kindName,
+             groupedOps > 1 ? str(" + ", groupedOps - 1, " more (group)") : "", " #", sequence,
+             prepared ? str(" (", prepared->plan->algorithm, ")") : "");
+}
+
 Status Engine::wait(const Job& job, Deadline deadline) {
   Backoff backoff;
   while (!job.isDone()) {
     if (deadline.expired())
-      return error(Code::kTimeout, job.description, ": still running at the caller's deadline");
+      return error(Code::kTimeout, job.description(), ": still running at the caller's deadline");
     if (poll()) backoff.reset();
     else backoff.pause();
   }
@@ -313,7 +319,7 @@ Status Engine::timeoutStatus(Job& job) const {
 
 void Engine::failJob(Job& job, Status status) {
   if (job.isDone()) return;
-  status.withContext(job.description);
+  status.withContext(job.description());
   SHOAL_WARN(status.message());
   job.finish(std::move(status));
 }

@@ -68,7 +68,13 @@ class Job {
   std::vector<OpScalar> opScalars;          // per op
   uint64_t queueId = 0;                     // jobs of one queue run in order
   const std::atomic<bool>* abortFlag = nullptr;
-  std::string description;                  // "AllReduce #12 on comm 3f2a (rank 0 of 4)"
+  // What the job is, for messages; built only when one is needed (never on
+  // the success path): "<comm label>: AllReduce [+ n more (group)] #seq (algorithm)".
+  std::shared_ptr<const std::string> commLabel;
+  const char* kindName = "";
+  size_t groupedOps = 1;
+  uint64_t sequence = 0;
+  std::string description() const;
   bool detached = false;                    // nobody waits: the progress thread pumps
 
   // Completion, readable from any thread.

@@ -52,7 +52,7 @@ JobPtr makeJob(PlanPtr plan, Rank& r, Connection* conn, uint64_t queue,
   job->opScalars.resize(1);
   job->queueId = queue;
   job->abortFlag = abortFlag;
-  job->description = "test job";
+  job->commLabel = std::make_shared<const std::string>("test job");
   return job;
 }
 
