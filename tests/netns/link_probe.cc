@@ -1,0 +1,116 @@
+// netns_link_probe: the program of the link-down test (tests/netns). One rank
+// per MPI process; MPI only broadcasts the unique id, all traffic is NCCL's.
+//
+//   netns_link_probe [seconds (default 60)] [bytes per allreduce (default 1 MiB)]
+//
+// Runs float-sum allreduces back to back for `seconds`, checking every result.
+// When a call fails it prints one line naming the rank, its host, the call,
+// the time since start and since the last completed call, and the library's
+// error text (which should name the peers it waited on), then leaves at once
+// with status 1: no MPI_Abort (that would end the other ranks before they
+// report their own error) and no MPI_Finalize (that would wait for the ranks
+// cut off). cluster.sh --link-down-after keeps the job alive meanwhile.
+//
+// Uses only <nccl.h> and MPI, so it also builds against NVIDIA's NCCL.
+#include <mpi.h>
+#include <nccl.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double secondsSince(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+std::string hostName() {
+  const char* id = std::getenv("NCCL_HOSTID");
+  if (id != nullptr && *id != '\0') return id;
+  char name[256] = {};
+  gethostname(name, sizeof(name) - 1);
+  return name;
+}
+
+[[noreturn]] void fail(int rank, const std::string& host, const char* what, ncclResult_t result,
+                       long done, double sinceStart, double sinceLast) {
+  const char* last = ncclGetLastError(nullptr);
+  std::printf("link_probe: rank %d (host %s): %s failed after %.1f s (%ld allreduces done, last one "
+              "%.1f s ago): %s / %s\n",
+              rank, host.c_str(), what, sinceStart, done, sinceLast, ncclGetErrorString(result),
+              last != nullptr ? last : "");
+  std::fflush(stdout);
+  std::fflush(stderr);
+  _exit(1);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int rank = 0;
+  int size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  const double seconds = argc > 1 ? std::atof(argv[1]) : 60.0;
+  const size_t bytes = argc > 2 ? std::strtoull(argv[2], nullptr, 0) : (1u << 20);
+  const size_t count = bytes / sizeof(float);
+  const std::string host = hostName();
+
+  ncclUniqueId id{};
+  if (rank == 0 && ncclGetUniqueId(&id) != ncclSuccess) {
+    std::printf("link_probe: rank 0: ncclGetUniqueId failed: %s\n", ncclGetLastError(nullptr));
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, MPI_COMM_WORLD);
+
+  const Clock::time_point start = Clock::now();
+  ncclComm_t comm = nullptr;
+  ncclResult_t result = ncclCommInitRank(&comm, size, id, rank);
+  if (result != ncclSuccess) fail(rank, host, "ncclCommInitRank", result, 0, secondsSince(start), 0);
+
+  void* send = nullptr;
+  void* recv = nullptr;
+  if (ncclMemAlloc(&send, bytes) != ncclSuccess || ncclMemAlloc(&recv, bytes) != ncclSuccess) {
+    std::printf("link_probe: rank %d: ncclMemAlloc(%zu) failed\n", rank, bytes);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  float* in = static_cast<float*>(send);
+  float* out = static_cast<float*>(recv);
+  for (size_t i = 0; i < count; ++i) in[i] = static_cast<float>(rank + 1);
+  const float expected = static_cast<float>(size) * static_cast<float>(size + 1) / 2;
+  MPI_Barrier(MPI_COMM_WORLD);
+  std::printf("link_probe: rank %d (host %s): communicator of %d ranks ready after %.1f s\n", rank,
+              host.c_str(), size, secondsSince(start));
+  std::fflush(stdout);
+
+  long done = 0;
+  Clock::time_point last = Clock::now();
+  while (secondsSince(start) < seconds) {
+    result = ncclAllReduce(send, recv, count, ncclFloat, ncclSum, comm, nullptr);
+    if (result != ncclSuccess)
+      fail(rank, host, "ncclAllReduce", result, done, secondsSince(start), secondsSince(last));
+    for (size_t i = 0; i < count; i += 997) {
+      if (out[i] != expected) {
+        std::printf("link_probe: rank %d (host %s): wrong result at %zu: %g, expected %g\n", rank,
+                    host.c_str(), i, static_cast<double>(out[i]), static_cast<double>(expected));
+        std::fflush(stdout);
+        _exit(1);
+      }
+    }
+    ++done;
+    last = Clock::now();
+  }
+  std::printf("link_probe: rank %d (host %s): %ld allreduces of %zu bytes in %.1f s, all correct\n", rank,
+              host.c_str(), done, bytes, secondsSince(start));
+  ncclMemFree(send);
+  ncclMemFree(recv);
+  ncclCommDestroy(comm);
+  MPI_Finalize();
+  return 0;
+}

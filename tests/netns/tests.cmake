@@ -1,0 +1,107 @@
+# Emulated multi-node runs (label "netns"), included from tests/CMakeLists.txt.
+# Each test runs tests/netns/cluster.sh: N "nodes" as network namespaces on a
+# bridge, L ranks per node under one mpirun, NCCL_HOSTID=node<k> per node.
+# Where namespaces cannot be made (not root, no CAP_NET_ADMIN, no iproute2)
+# the same tests run on loopback with NCCL_HOSTID grouping and say so; the
+# tests that need real links (rate limit, link down, cleanup) then report
+# "skipped" (exit 77). Needs the MPI-built perf binaries, mpirun and bash.
+if(NOT TARGET all_reduce_perf OR NOT MPI_CXX_FOUND OR NOT MPIEXEC_EXECUTABLE)
+  return()
+endif()
+find_program(SHOAL_BASH bash)
+if(NOT SHOAL_BASH)
+  return()
+endif()
+
+set(SHOAL_CLUSTER ${CMAKE_CURRENT_LIST_DIR}/cluster.sh)
+set(SHOAL_NETNS_FAIL_REGEX "FAILED|NCCL failure|Test timeout|COMMAND timed out")
+# The harness picks each node's interface and host id; a global setting in
+# the caller's environment (e.g. NCCL_SOCKET_IFNAME=lo for the mpi tests)
+# would be forwarded to every rank and override that.
+set(SHOAL_NETNS_ENV_MOD "NCCL_SOCKET_IFNAME=unset:;FI_TCP_IFACE=unset:;NCCL_HOSTID=unset:")
+
+# shoal_add_netns_perf_test(<test name> <perf target> <nodes> <ranks per node>
+#                           [ENV VAR=value...] ARGS <perf args>...)
+# ENV variables reach every rank (cluster.sh forwards NCCL_*, SHOAL_*, FI_*),
+# e.g. ENV SHOAL_ALGO=<name> to pin an algorithm.
+function(shoal_add_netns_perf_test name perf nodes rpn)
+  cmake_parse_arguments(T "" "" "ENV;ARGS" ${ARGN})
+  add_test(NAME ${name}
+    COMMAND ${SHOAL_BASH} ${SHOAL_CLUSTER} --nodes ${nodes} --ranks-per-node ${rpn} --timeout 55
+      -- $<TARGET_FILE:${perf}> ${T_ARGS})
+  set_tests_properties(${name} PROPERTIES
+    LABELS netns
+    TIMEOUT 60
+    SKIP_RETURN_CODE 77
+    ENVIRONMENT "${T_ENV}"
+    ENVIRONMENT_MODIFICATION "${SHOAL_NETNS_ENV_MOD}"
+    FAIL_REGULAR_EXPRESSION "${SHOAL_NETNS_FAIL_REGEX}")
+endfunction()
+
+# Every collective with the data check (-c 1) on 2x2 and 3x2 nodes, up to
+# 1 MiB. The tuner picks the algorithm (flat today).
+set(_small -b 8 -e 1M -f 16 -c 1 -n 5 -w 1)
+foreach(shape 2x2 3x2)
+  string(REPLACE "x" ";" _nl ${shape})
+  list(GET _nl 0 _nodes)
+  list(GET _nl 1 _rpn)
+  shoal_add_netns_perf_test(netns.all_reduce.${shape} all_reduce_perf ${_nodes} ${_rpn} ARGS ${_small})
+  shoal_add_netns_perf_test(netns.all_gather.${shape} all_gather_perf ${_nodes} ${_rpn} ARGS ${_small})
+  shoal_add_netns_perf_test(netns.reduce_scatter.${shape} reduce_scatter_perf ${_nodes} ${_rpn}
+    ARGS ${_small})
+  shoal_add_netns_perf_test(netns.broadcast.${shape} broadcast_perf ${_nodes} ${_rpn}
+    ARGS ${_small} -r -1)
+  shoal_add_netns_perf_test(netns.alltoall.${shape} alltoall_perf ${_nodes} ${_rpn} ARGS ${_small})
+endforeach()
+
+# Each node's link limited to 200 Mbit/s each way by tbf.
+add_test(NAME netns.all_reduce.2x1.rate_limited
+  COMMAND ${SHOAL_BASH} ${SHOAL_CLUSTER} --nodes 2 --ranks-per-node 1 --rate 200mbit --timeout 55
+    -- $<TARGET_FILE:all_reduce_perf> -b 1M -e 4M -f 4 -c 1 -n 3 -w 1)
+set_tests_properties(netns.all_reduce.2x1.rate_limited PROPERTIES
+  LABELS netns TIMEOUT 60 SKIP_RETURN_CODE 77
+  ENVIRONMENT_MODIFICATION "${SHOAL_NETNS_ENV_MOD}"
+  FAIL_REGULAR_EXPRESSION "${SHOAL_NETNS_FAIL_REGEX}")
+
+# The loopback fallback itself, forced: what runs where namespaces cannot.
+add_test(NAME netns.all_reduce.2x2.loopback_fallback
+  COMMAND ${SHOAL_BASH} ${SHOAL_CLUSTER} --loopback --nodes 2 --ranks-per-node 2 --timeout 55
+    -- $<TARGET_FILE:all_reduce_perf> ${_small})
+set_tests_properties(netns.all_reduce.2x2.loopback_fallback PROPERTIES
+  LABELS netns TIMEOUT 60
+  ENVIRONMENT_MODIFICATION "${SHOAL_NETNS_ENV_MOD}"
+  FAIL_REGULAR_EXPRESSION "${SHOAL_NETNS_FAIL_REGEX}")
+
+# The harness leaves no namespace, process, folder or interface behind, when
+# COMMAND fails and when it is interrupted.
+add_test(NAME netns.harness_cleanup
+  COMMAND ${SHOAL_BASH} ${CMAKE_CURRENT_LIST_DIR}/check_cleanup.sh ${SHOAL_CLUSTER})
+set_tests_properties(netns.harness_cleanup PROPERTIES
+  LABELS netns TIMEOUT 60 SKIP_RETURN_CODE 77)
+
+# A node's link goes down in the middle of back-to-back allreduces (node 1 of
+# 2x2 at +4 s, no-progress deadline 5 s). cluster.sh prints one line per rank
+# and exits 0 only if every rank ended with an error within 15 s of the cut:
+#   .no_hang          any error will do
+#   .names_lost_peer  each rank's error also names a rank beyond the cut
+add_executable(netns_link_probe ${CMAKE_CURRENT_LIST_DIR}/link_probe.cc)
+target_link_libraries(netns_link_probe PRIVATE nccl MPI::MPI_CXX)
+foreach(require no_hang names_lost_peer)
+  if(require STREQUAL no_hang)
+    set(_require error)
+  else()
+    set(_require named)
+  endif()
+  add_test(NAME netns.link_down.2x2.${require}
+    COMMAND ${SHOAL_BASH} ${SHOAL_CLUSTER} --nodes 2 --ranks-per-node 2 --timeout 55
+      --link-down-after 4 1 --link-down-wait 15 --link-down-require ${_require}
+      -- $<TARGET_FILE:netns_link_probe> 40 1048576)
+  set_tests_properties(netns.link_down.2x2.${require} PROPERTIES
+    LABELS netns TIMEOUT 60 SKIP_RETURN_CODE 77
+    ENVIRONMENT "SHOAL_PROGRESS_TIMEOUT_MS=5000"
+    ENVIRONMENT_MODIFICATION "${SHOAL_NETNS_ENV_MOD}")
+endforeach()
+# Known gap (issue 5): a rank on the cut node that waits on a same-node peer
+# names only that peer, because the store holding the peer's failure report is
+# across the cut. Disabled until failure reports also travel inside a node.
+set_tests_properties(netns.link_down.2x2.names_lost_peer PROPERTIES DISABLED TRUE)
