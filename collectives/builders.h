@@ -19,6 +19,10 @@ Plan buildChainReduce(const CollShape&, const RankView&, const AlgoParams&);
 Plan buildDirectGather(const CollShape&, const RankView&, const AlgoParams&);
 Plan buildDirectScatter(const CollShape&, const RankView&, const AlgoParams&);
 // All-to-all and point-to-point
+// Same-host algorithms that read peers' buffers (RankView::peerReads).
+Plan buildPeerReadAllReduce(const CollShape&, const RankView&, const AlgoParams&);
+Plan buildPeerReadReduceScatter(const CollShape&, const RankView&, const AlgoParams&);
+Plan buildPeerReadAllGather(const CollShape&, const RankView&, const AlgoParams&);
 Plan buildPairwiseAllToAll(const CollShape&, const RankView&, const AlgoParams&);
 Plan buildSendRecv(const CollShape&, const RankView&, const AlgoParams&);
 

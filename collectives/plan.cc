@@ -120,6 +120,7 @@ Plan mergePlans(const std::vector<PlanPtr>& plans) {
     const uint64_t scratchBase = (scratchEnd + kScratchAlign - 1) / kScratchAlign * kScratchAlign;
     const size_t nOps = p->shapes.size();
     SHOAL_CHECK(nOps >= 1, "mergePlans: plan without a shape");
+    SHOAL_CHECK(!p->readsPeers, "mergePlans: peer-reading plans are single-op only");
     for (size_t k = 0; k < nOps; ++k) {
       merged.shapes.push_back(p->shapes[k]);
       uint64_t off = k < p->scratchOffsets.size() ? p->scratchOffsets[k] : 0;

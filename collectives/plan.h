@@ -13,6 +13,11 @@
 //            Send and recv may alias in user calls (in-place variants, DESIGN
 //            nccl-compat §5.5); builders must be correct when they do: never write
 //            a recv byte whose send byte at the same address is still to be read.
+//            Plans with Plan::readsPeers may also name, for reading only,
+//            another rank's send or recv buffer of the same op
+//            (peerBuffer(q, b)) and the engine's window area (kWindowBuffer),
+//            where the engine writes this rank's buffer descriptor (slot 0) and
+//            where peers' descriptors are received (slot 1 + q).
 //   slice    (buffer, byte offset); with a byte count it names a byte range.
 //   step     one unit of work: Send, Recv, Reduce, Copy or Divide.
 //   lane     the ordered message stream to one peer on one channel in one
@@ -62,6 +67,19 @@ inline constexpr uint16_t kRecvBuffer = 1;
 inline constexpr uint16_t kScratchBuffer = 2;
 inline constexpr int kBuffersPerOp = 3;
 inline constexpr uint16_t kP2pChannel = 0xffff;
+
+// Buffers of peer-reading plans (single op only, never merged into groups).
+inline constexpr uint16_t kWindowBuffer = 0x3fff;
+inline constexpr uint16_t kPeerBufferBase = 0x4000;
+inline constexpr uint64_t kWindowSlotBytes = 64;  // one buffer descriptor
+inline constexpr uint16_t peerBuffer(int peer, uint16_t b) {
+  return static_cast<uint16_t>(kPeerBufferBase + peer * 2 + (b == kRecvBuffer ? 1 : 0));
+}
+inline constexpr bool isPeerBuffer(uint16_t buffer) { return buffer >= kPeerBufferBase; }
+inline constexpr int peerOfBuffer(uint16_t buffer) { return (buffer - kPeerBufferBase) / 2; }
+inline constexpr uint16_t localKindOfPeerBuffer(uint16_t buffer) {
+  return (buffer - kPeerBufferBase) % 2 == 0 ? kSendBuffer : kRecvBuffer;
+}
 
 struct Slice {
   uint16_t buffer = kSendBuffer;  // kSendBuffer.. ; op k of a merged plan uses 3k + b
@@ -116,6 +134,9 @@ struct RankView {
   int rank = 0;
   int nranks = 1;
   std::vector<int> ring;  // ring order of communicator ranks (identity by default)
+  // Every peer's memory is readable from this rank (same process, or a
+  // same-host process this one may read): peer-reading algorithms apply.
+  bool peerReads = false;
 };
 
 struct AlgoParams {
@@ -135,6 +156,9 @@ struct Plan {
   std::vector<Step> steps;
   std::vector<uint32_t> deps;
   std::vector<Lane> lanes;         // filled by finalizePlan()
+  // Reads peers' buffers (peerBuffer()); the engine exchanges descriptors
+  // through kWindowBuffer, which holds (1 + nranks) slots.
+  bool readsPeers = false;
 
   // Human-readable dump, one step per line: the first debugging step.
   std::string toString() const;

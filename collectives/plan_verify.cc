@@ -103,7 +103,16 @@ struct Span {
   bool write;
 };
 
+// Window and peer buffers (peer-reading plans) are other address spaces here:
+// a region of their own each, below every local one. Ordering against peers'
+// accesses is the barriers' job, which the simulator and the tests exercise.
+bool isEngineBuffer(uint16_t b) { return b == kWindowBuffer || isPeerBuffer(b); }
+
 Span spanOf(const std::vector<OpInfo>& ops, Slice s, uint64_t bytes, bool write, bool inPlace) {
+  if (isEngineBuffer(s.buffer)) {
+    int64_t off = static_cast<int64_t>(s.offset);
+    return {-2 - static_cast<int64_t>(s.buffer), off, off + static_cast<int64_t>(bytes), write};
+  }
   const int64_t k = s.buffer / kBuffersPerOp;
   const OpInfo& op = ops[k];
   int64_t off = static_cast<int64_t>(s.offset), len = static_cast<int64_t>(bytes);
@@ -122,6 +131,7 @@ Span spanOf(const std::vector<OpInfo>& ops, Slice s, uint64_t bytes, bool write,
 }
 
 std::string regionName(int64_t region) {
+  if (region < -1) return region == -2 - kWindowBuffer ? "window" : "peer buffer";
   if (region < 0) return "scratch";
   return str(region % 2 ? "send" : "recv", region >= 2 ? str(" of op ", region / 2) : "");
 }
@@ -189,6 +199,25 @@ Status checkSteps(const Plan& plan, const std::vector<OpInfo>& ops) {
     int n = sliceUses(s, uses);
     for (int u = 0; u < n; ++u) {
       const Slice sl = uses[u].slice;
+      if (isEngineBuffer(sl.buffer)) {
+        if (!plan.readsPeers || plan.shapes.size() != 1)
+          return planError(plan, i, "names a window or peer buffer outside a single-op peer-reading plan");
+        if (sl.buffer == kWindowBuffer) {
+          const uint64_t size = kWindowSlotBytes * (1 + static_cast<uint64_t>(plan.nranks));
+          if (sl.offset > size || s.bytes > size - sl.offset)
+            return planError(plan, i, str("window +", sl.offset, " length ", s.bytes, " outside the window"));
+          continue;
+        }
+        const int q = peerOfBuffer(sl.buffer);
+        if (q < 0 || q >= plan.nranks || q == plan.rank)
+          return planError(plan, i, str("peer buffer of rank ", q));
+        if (uses[u].write) return planError(plan, i, "writes a peer's buffer");
+        const uint64_t size = bufferSize(op, localKindOfPeerBuffer(sl.buffer));
+        if (sl.offset > size || s.bytes > size - sl.offset)
+          return planError(plan, i, str("peer ", bufferName(localKindOfPeerBuffer(sl.buffer)), "+", sl.offset,
+                                        " length ", s.bytes, " outside the ", size, "-byte buffer"));
+        continue;
+      }
       if (sl.buffer / kBuffersPerOp != s.op)
         return planError(plan, i, str("slice buffer ", sl.buffer, " is not one of op ", s.op));
       if (sl.offset % op.elemSize)
@@ -327,7 +356,8 @@ Status checkOutput(const Plan& plan, const std::vector<OpInfo>& ops) {
     SliceUse uses[3];
     const int n = sliceUses(s, uses);
     for (int u = 0; u < n; ++u) {
-      if (uses[u].write && uses[u].slice.buffer % kBuffersPerOp == kRecvBuffer)
+      if (uses[u].write && !isEngineBuffer(uses[u].slice.buffer) &&
+          uses[u].slice.buffer % kBuffersPerOp == kRecvBuffer)
         written[s.op].push_back({uses[u].slice.offset, uses[u].slice.offset + s.bytes});
     }
   }
@@ -725,6 +755,7 @@ Status simulatePlans(const std::vector<PlanPtr>& plans,
     const Plan* plan;
     std::vector<OpInfo> ops;
     std::vector<uint8_t> scratch;
+    std::vector<uint8_t> window;
     std::vector<uint32_t> pending, laneNext;
     std::vector<std::vector<uint32_t>> children;
   };
@@ -758,6 +789,19 @@ Status simulatePlans(const std::vector<PlanPtr>& plans,
 
   auto resolve = [&](int r, const Step& s, Slice sl) -> Result<uint8_t*> {
     RankState& rs = ranks[r];
+    if (sl.buffer == kWindowBuffer) {
+      rs.window.resize(kWindowSlotBytes * (1 + static_cast<size_t>(n)));
+      if (sl.offset + s.bytes > rs.window.size()) return internalError("window access out of range");
+      return rs.window.data() + sl.offset;
+    }
+    if (isPeerBuffer(sl.buffer)) {
+      // Ranks of a simulation share one address space: a peer's buffer is its pointer.
+      const int q = peerOfBuffer(sl.buffer);
+      if (q < 0 || q >= n) return internalError("peer buffer of rank ", q);
+      void* base = localKindOfPeerBuffer(sl.buffer) == kSendBuffer ? buffers[q][0].send : buffers[q][0].recv;
+      if (!base && s.bytes > 0) return internalError("peer buffer is null");
+      return base ? static_cast<uint8_t*>(base) + sl.offset : nullptr;
+    }
     const uint16_t k = sl.buffer / kBuffersPerOp;
     if (k >= rs.ops.size()) return internalError("buffer ", sl.buffer, " of no op");
     const uint64_t size = bufferSize(rs.ops[k], sl.buffer);

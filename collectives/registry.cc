@@ -90,6 +90,33 @@ double pairwiseAllToAllCost(const CollShape& s, const RankView& v, const CostPar
   return m.alpha(m.p - 1) + m.beta((m.p - 1) / m.p * m.bytes);
 }
 
+// Peer reads: `rounds` of one zero- or 64-byte message per peer (window and
+// barriers), and (p-1)/p of n read from peers per read phase. A byte read from
+// a peer costs one memory copy, while a link (even shared memory) moves it
+// into and out of a channel: modelled as half a link byte.
+double peerReadCost(const Model& m, double rounds, double readPhases, bool reduces) {
+  double read = (m.p - 1) / m.p * m.bytes;
+  return m.alpha(rounds) + m.beta(readPhases * read) / 2 + (reduces ? m.gamma(read) : 0);
+}
+
+double peerReadAllReduceCost(const CollShape& s, const RankView& v, const CostParams& c) {
+  return peerReadCost(model(s, v, c, false), 3, 2, true);
+}
+
+double peerReadReduceScatterCost(const CollShape& s, const RankView& v, const CostParams& c) {
+  return peerReadCost(model(s, v, c, true), 2, 1, true);
+}
+
+double peerReadAllGatherCost(const CollShape& s, const RankView& v, const CostParams& c) {
+  return peerReadCost(model(s, v, c, true), 2, 1, false);
+}
+
+// Every peer's memory readable, more than one rank, and no per-rank scalar
+// (kPreMulSum scales each rank's input by that rank's own scalar).
+bool peerReadable(const CollShape& s, const RankView& v, const TransportCaps&) {
+  return v.peerReads && v.nranks > 1 && s.op != ReduceOp::kPreMulSum;
+}
+
 double sendRecvCost(const CollShape& s, const RankView& v, const CostParams& c) {
   Model m = model(s, v, c, false);
   return m.alpha(1) + m.beta(m.bytes);
@@ -102,8 +129,12 @@ const std::vector<AlgorithmEntry>& algorithms() {
       {CollKind::kAllReduce, "ring", buildRingAllReduce, always, ringAllReduceCost},
       {CollKind::kAllReduce, "recursive_doubling", buildRecursiveDoublingAllReduce, always,
        recursiveDoublingAllReduceCost},
+      {CollKind::kAllReduce, "peer_read", buildPeerReadAllReduce, peerReadable, peerReadAllReduceCost},
       {CollKind::kAllGather, "ring", buildRingAllGather, always, ringAllGatherCost},
+      {CollKind::kAllGather, "peer_read", buildPeerReadAllGather, peerReadable, peerReadAllGatherCost},
       {CollKind::kReduceScatter, "ring", buildRingReduceScatter, always, ringReduceScatterCost},
+      {CollKind::kReduceScatter, "peer_read", buildPeerReadReduceScatter, peerReadable,
+       peerReadReduceScatterCost},
       {CollKind::kBroadcast, "chain", buildChainBroadcast, rootValid, chainBroadcastCost},
       {CollKind::kReduce, "chain", buildChainReduce, rootValid, chainReduceCost},
       {CollKind::kAllToAll, "pairwise", buildPairwiseAllToAll, always, pairwiseAllToAllCost},

@@ -8,6 +8,7 @@
 #include "core/params.h"
 #include "core/tag.h"
 #include "transports/registry.h"
+#include "transports/shm/shm_transport.h"
 
 namespace shoal {
 namespace {
@@ -75,6 +76,19 @@ Status Communicator::initialize() {
   rankView_.rank = rank_;
   rankView_.nranks = nranks_;
   rankView_.ring = topology_.ring;
+  // Peer-reading algorithms need every rank to read every peer; all ranks must
+  // agree (they choose plans independently), so the local verdicts are pooled.
+  bool readsAll = true;
+  for (int r = 0; r < nranks_ && readsAll; ++r) {
+    if (r == rank_ || (peers_[r].processId == self.processId && peers_[r].hostId == self.hostId)) continue;
+    auto chosen = selectTransport(self, peers_[r]);
+    readsAll = chosen.isOk() && chosen.value()->name() == "shm" && canReadPeerMemory(peers_[r]);
+  }
+  SHOAL_ASSIGN_OR_RETURN(auto verdicts, bootstrap_->allGather(readsAll ? "1" : "0", deadline),
+      describe(), ": agreeing on peer reads");
+  rankView_.peerReads = std::all_of(verdicts.begin(), verdicts.end(), [](const std::string& v) { return v == "1"; });
+  groupView_ = rankView_;
+  groupView_.peerReads = false;  // peer-reading plans are single-op
 
   TopologySummary summary;
   summary.nranks = nranks_;
@@ -108,14 +122,16 @@ bool Communicator::ShapeEqual::operator()(const CollShape& a, const CollShape& b
 // The tuner is a pure function of the shape for a communicator's lifetime, so
 // a cached plan also stands for the tuner's decision: a repeated operation
 // costs one hash lookup.
-Result<std::shared_ptr<const PreparedPlan>> Communicator::planFor(const CollShape& shape) {
-  auto it = planCache_.find(shape);
-  if (it != planCache_.end()) return it->second;
-  SHOAL_ASSIGN_OR_RETURN(TunerChoice choice, tuner_->choose(shape, rankView_));
-  auto plan = std::make_shared<Plan>(choice.algorithm->build(shape, rankView_, choice.params));
-  if (planCache_.size() >= kPlanCacheLimit) planCache_.clear();
+Result<std::shared_ptr<const PreparedPlan>> Communicator::planFor(const CollShape& shape, bool grouped) {
+  auto& cache = grouped ? groupPlanCache_ : planCache_;
+  const RankView& view = grouped ? groupView_ : rankView_;
+  auto it = cache.find(shape);
+  if (it != cache.end()) return it->second;
+  SHOAL_ASSIGN_OR_RETURN(TunerChoice choice, tuner_->choose(shape, view));
+  auto plan = std::make_shared<Plan>(choice.algorithm->build(shape, view, choice.params));
+  if (cache.size() >= kPlanCacheLimit) cache.clear();
   auto prepared = preparePlan(plan);
-  planCache_.emplace(shape, prepared);
+  cache.emplace(shape, prepared);
   return prepared;
 }
 
@@ -236,7 +252,7 @@ Result<JobPtr> Communicator::enqueue(std::vector<OpRequest> ops, bool detached) 
   std::shared_ptr<const PreparedPlan> prepared;
   auto job = std::make_shared<Job>();
   for (const OpRequest& op : ops) {
-    SHOAL_ASSIGN_OR_RETURN(prepared, planFor(op.shape),
+    SHOAL_ASSIGN_OR_RETURN(prepared, planFor(op.shape, ops.size() > 1),
       describe(), ": ", collKindName(op.shape.kind));
     plans.push_back(prepared->plan);
     job->opTags.push_back(tagFor(op.shape));

@@ -131,7 +131,8 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   std::string dumpState() const;
 
  private:
-  Result<std::shared_ptr<const PreparedPlan>> planFor(const CollShape& shape);
+  // grouped: the op is one of several merged into one job (no peer reads).
+  Result<std::shared_ptr<const PreparedPlan>> planFor(const CollShape& shape, bool grouped = false);
   Status ensureConnections(const Plan& plan, std::vector<Connection*>& laneConnections);
   Result<Connection*> connectionTo(int peer, uint16_t channel);
   uint64_t tagFor(const CollShape& shape);
@@ -149,6 +150,7 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   std::vector<PeerInfo> peers_;
   Topology topology_;
   RankView rankView_;
+  RankView groupView_;  // rankView_ without peer reads
   std::unique_ptr<Tuner> tuner_;
   uint64_t commId_ = 0;
 
@@ -160,6 +162,7 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
     bool operator()(const CollShape& a, const CollShape& b) const;
   };
   std::unordered_map<CollShape, std::shared_ptr<const PreparedPlan>, ShapeHash, ShapeEqual> planCache_;
+  std::unordered_map<CollShape, std::shared_ptr<const PreparedPlan>, ShapeHash, ShapeEqual> groupPlanCache_;
   std::shared_ptr<const std::string> label_;  // describe(), once peers are known
   std::vector<uint8_t> scratch_;        // waited jobs run one at a time: one arena
 

@@ -1,10 +1,14 @@
 #include "engine/engine.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
 
+#include "collectives/layout.h"
 #include "core/log.h"
 #include "core/params.h"
+#include "memory/shared_memory.h"
 #include "reduce/reduce.h"
 
 namespace shoal {
@@ -156,6 +160,7 @@ void Engine::startJob(Job& job) {
     job.connections_.push_back(c);
     job.connectionPeers_.push_back(plan.lanes[lane].peer);
   }
+  if (plan.readsPeers) fillWindow(job);
   job.remaining_ = n;
   job.lastProgressNs_ = nowNs();
   if (n == 0) job.finish(Status::ok());
@@ -171,11 +176,136 @@ void Engine::completeStep(Job& job, uint32_t index) {
   }
 }
 
+namespace {
+
+// What a rank tells its peers about its buffers in a peer-reading plan.
+struct WindowDescriptor {
+  uint64_t magic;
+  int32_t pid;
+  int32_t reserved;
+  uint64_t address[2];         // send, recv
+  uint64_t sharedSequence[2];  // 0: not in a shared allocation
+  uint64_t sharedOffset[2];
+};
+static_assert(sizeof(WindowDescriptor) == kWindowSlotBytes);
+constexpr uint64_t kWindowMagic = 0x53484f414c57494eull;  // "SHOALWIN"
+
+// Sources read from another process go through a bounce buffer of this size,
+// small enough to stay in cache between the read and the reduction.
+constexpr size_t kBounceBytes = 256 << 10;
+
+}  // namespace
+
+void Engine::fillWindow(Job& job) {
+  const Plan& plan = *job.prepared->plan;
+  job.window_.assign(kWindowSlotBytes * (1 + static_cast<size_t>(plan.nranks)), 0);
+  job.peerViews_.assign(static_cast<size_t>(plan.nranks), Job::PeerView{});
+  OpLayout layout = opLayout(plan.shapes[0], plan.rank, plan.nranks);
+  WindowDescriptor d{};
+  d.magic = kWindowMagic;
+  d.pid = static_cast<int32_t>(getpid());
+  const uint8_t* bases[2] = {job.buffers[kSendBuffer], job.buffers[kRecvBuffer]};
+  const uint64_t sizes[2] = {layout.sendBytes, layout.recvBytes};
+  for (int b = 0; b < 2; ++b) {
+    d.address[b] = reinterpret_cast<uint64_t>(bases[b]);
+    if (auto where = memory::findShared(bases[b], sizes[b])) {
+      d.sharedSequence[b] = where->sequence;
+      d.sharedOffset[b] = where->offset;
+    }
+  }
+  std::memcpy(job.window_.data(), &d, sizeof(d));
+}
+
+Status Engine::resolvePeer(Job& job, int peer) {
+  Job::PeerView& view = job.peerViews_[static_cast<size_t>(peer)];
+  if (view.resolved) return Status::ok();
+  WindowDescriptor d;
+  std::memcpy(&d, job.window_.data() + kWindowSlotBytes * (1 + static_cast<size_t>(peer)), sizeof(d));
+  if (d.magic != kWindowMagic)
+    return internalError("rank ", peer, "'s buffer descriptor has not arrived or is corrupt");
+  view.pid = d.pid;
+  for (int b = 0; b < 2; ++b) {
+    view.address[b] = d.address[b];
+    if (d.pid == static_cast<int32_t>(getpid())) {
+      view.base[b] = reinterpret_cast<const uint8_t*>(d.address[b]);  // same process
+    } else if (d.sharedSequence[b] != 0) {
+      const uint8_t* mapped = memory::mapPeerAllocation(d.pid, d.sharedSequence[b]);
+      view.base[b] = mapped ? mapped + d.sharedOffset[b] : nullptr;
+    }
+  }
+  view.resolved = true;
+  return Status::ok();
+}
+
+Result<uint8_t*> Engine::addressOf(Job& job, const Slice& slice) {
+  if (slice.buffer == kWindowBuffer) return job.window_.data() + slice.offset;
+  if (!isPeerBuffer(slice.buffer)) return job.buffers[slice.buffer] + slice.offset;
+  const int peer = peerOfBuffer(slice.buffer);
+  SHOAL_TRY(resolvePeer(job, peer));
+  const uint8_t* base = job.peerViews_[static_cast<size_t>(peer)].base[localKindOfPeerBuffer(slice.buffer)];
+  return base ? const_cast<uint8_t*>(base) + slice.offset : nullptr;
+}
+
+Status Engine::runRemoteComputeStep(Job& job, const Step& s, uint8_t* dst, const Slice* sources, int count) {
+  const CollShape& shape = job.prepared->plan->shapes[s.op];
+  const uint64_t e = dataTypeSize(shape.dtype);
+  thread_local std::vector<uint8_t> bounce;
+  bounce.resize(kBounceBytes * static_cast<size_t>(count));
+  const uint64_t chunk = kBounceBytes / e * e;
+  for (uint64_t at = 0; at < s.bytes; at += chunk) {
+    const uint64_t len = std::min(chunk, s.bytes - at);
+    const uint8_t* in[2] = {nullptr, nullptr};
+    for (int k = 0; k < count; ++k) {
+      SHOAL_ASSIGN_OR_RETURN(uint8_t* local, addressOf(job, sources[k]));
+      if (local) {
+        in[k] = local + at;
+        continue;
+      }
+      const int peer = peerOfBuffer(sources[k].buffer);
+      const Job::PeerView& view = job.peerViews_[static_cast<size_t>(peer)];
+      uint8_t* into = bounce.data() + kBounceBytes * static_cast<size_t>(k);
+      SHOAL_TRY(memory::readPeerMemory(view.pid,
+                                       view.address[localKindOfPeerBuffer(sources[k].buffer)] +
+                                           sources[k].offset + at,
+                                       into, len))
+          << "reading rank " << peer << "'s buffer";
+      in[k] = into;
+    }
+    if (s.kind == StepKind::kReduce) {
+      ReduceOp op = shape.op == ReduceOp::kPreMulSum ? ReduceOp::kSum : shape.op;
+      reduce::combine(op, shape.dtype, dst + at, in[0], in[1], len / e, nullptr);
+    } else {
+      std::memcpy(dst + at, in[0], len);
+    }
+  }
+  return Status::ok();
+}
+
 Status Engine::runComputeStep(Job& job, uint32_t index) {
   const Plan& plan = *job.prepared->plan;
   const Step& s = plan.steps[index];
   const CollShape& shape = plan.shapes[s.op];
-  auto at = [&](const Slice& slice) { return job.buffers[slice.buffer] + slice.offset; };
+  if (plan.readsPeers && (isPeerBuffer(s.src.buffer) || (s.kind == StepKind::kReduce && isPeerBuffer(s.src2.buffer)))) {
+    SHOAL_ASSIGN_OR_RETURN(uint8_t* dst, addressOf(job, s.dst));
+    SHOAL_ASSIGN_OR_RETURN(uint8_t* a, addressOf(job, s.src));
+    uint8_t* b = nullptr;
+    if (s.kind == StepKind::kReduce) {
+      SHOAL_ASSIGN_OR_RETURN(b, addressOf(job, s.src2));
+    }
+    const bool mapped = a && (s.kind != StepKind::kReduce || b);
+    if (!mapped) {
+      const Slice sources[2] = {s.src, s.src2};
+      return runRemoteComputeStep(job, s, dst, sources, s.kind == StepKind::kReduce ? 2 : 1);
+    }
+  }
+  auto at = [&](const Slice& slice) {
+    if (slice.buffer == kWindowBuffer) return job.window_.data() + slice.offset;
+    if (isPeerBuffer(slice.buffer)) {
+      const Job::PeerView& v = job.peerViews_[static_cast<size_t>(peerOfBuffer(slice.buffer))];
+      return const_cast<uint8_t*>(v.base[localKindOfPeerBuffer(slice.buffer)]) + slice.offset;
+    }
+    return job.buffers[slice.buffer] + slice.offset;
+  };
   size_t count = s.bytes / dataTypeSize(shape.dtype);
   bool scaled = (s.flags & kScaleSrc) && shape.op == ReduceOp::kPreMulSum;
   const void* scalar = job.opScalars.empty() ? nullptr : job.opScalars[s.op].bytes.data();
@@ -207,7 +337,8 @@ Status Engine::postLaneSteps(Job& job, int32_t lane) {
     uint32_t index = l.steps[cursor];
     if (job.stepState_[index] != Job::kReady) break;
     const Step& s = plan.steps[index];
-    uint8_t* base = job.buffers[s.kind == StepKind::kSend ? s.src.buffer : s.dst.buffer];
+    const uint16_t buffer = s.kind == StepKind::kSend ? s.src.buffer : s.dst.buffer;
+    uint8_t* base = buffer == kWindowBuffer ? job.window_.data() : job.buffers[buffer];
     uint64_t tag = job.opTags[s.op];
     Status st = s.kind == StepKind::kSend
                     ? conn->postSend(base + s.src.offset, s.bytes, tag, index)

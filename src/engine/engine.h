@@ -107,6 +107,16 @@ class Job {
   int failedPeer_ = -1;
   std::vector<int> waitingOn_;
   std::vector<Completion> completions_;
+  // Peer-reading plans: descriptors of this rank's buffers (slot 0) and the
+  // peers' (slot 1 + q), and what each peer's descriptor resolved to.
+  std::vector<uint8_t> window_;
+  struct PeerView {
+    bool resolved = false;
+    int pid = 0;
+    const uint8_t* base[2] = {nullptr, nullptr};  // send, recv; null: read by process_vm_readv
+    uint64_t address[2] = {0, 0};                 // in the peer's address space
+  };
+  std::vector<PeerView> peerViews_;
   size_t remaining_ = 0;
   int64_t lastProgressNs_ = 0;
 };
@@ -140,6 +150,13 @@ class Engine {
   void runReady(Job& job);
   void startJob(Job& job);
   Status runComputeStep(Job& job, uint32_t index);
+  // Peer-reading plans (Plan::readsPeers).
+  void fillWindow(Job& job);
+  Status resolvePeer(Job& job, int peer);
+  // The address of a slice in this process; nullptr for an unmapped peer buffer.
+  Result<uint8_t*> addressOf(Job& job, const Slice& slice);
+  // A Reduce or Copy whose sources include a peer buffer that is not mapped here.
+  Status runRemoteComputeStep(Job& job, const Step& s, uint8_t* dst, const Slice* sources, int count);
   Status postLaneSteps(Job& job, int32_t lane);
   void completeStep(Job& job, uint32_t index);
   void failJob(Job& job, Status status);

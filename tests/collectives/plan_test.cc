@@ -129,6 +129,7 @@ TEST_CASE("estimates rank latency and bandwidth algorithms sensibly", "[registry
   s.count = 16 << 20;  // 64 MiB: bandwidth-bound
   REQUIRE(ring->estimate(s, v, c) < rd->estimate(s, v, c));
   TransportCaps caps;
+  v.peerReads = true;  // a single host whose ranks may read each other
   for (const AlgorithmEntry& e : algorithms()) {
     CollShape shape;
     shape.kind = e.kind;
@@ -142,6 +143,26 @@ TEST_CASE("estimates rank latency and bandwidth algorithms sensibly", "[registry
     if (e.kind != CollKind::kAllReduce && e.kind != CollKind::kAllGather &&
         e.kind != CollKind::kReduceScatter && e.kind != CollKind::kAllToAll)
       REQUIRE_FALSE(e.supports(shape, v, caps));
+  }
+}
+
+TEST_CASE("peer-reading algorithms need peerReads and refuse PreMulSum", "[registry]") {
+  RankView v = viewOf(0, 4);
+  TransportCaps caps;
+  for (CollKind kind : {CollKind::kAllReduce, CollKind::kReduceScatter, CollKind::kAllGather}) {
+    const AlgorithmEntry* e = findAlgorithm(kind, "peer_read");
+    REQUIRE(e != nullptr);
+    CollShape shape;
+    shape.kind = kind;
+    shape.count = 1024;
+    v.peerReads = false;
+    REQUIRE_FALSE(e->supports(shape, v, caps));
+    v.peerReads = true;
+    REQUIRE(e->supports(shape, v, caps));
+    shape.op = ReduceOp::kPreMulSum;
+    REQUIRE_FALSE(e->supports(shape, v, caps));
+    Plan plan = e->build(CollShape{kind, DataType::kFloat32, ReduceOp::kSum, 1000}, v, AlgoParams{});
+    REQUIRE(plan.readsPeers);
   }
 }
 

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <mutex>
 
 #include "core/log.h"
@@ -128,5 +129,20 @@ class ShmTransport final : public Transport {
 }  // namespace
 
 std::unique_ptr<Transport> makeShmTransport() { return std::make_unique<ShmTransport>(); }
+
+bool canReadPeerMemory(const PeerInfo& peer) {
+  const std::string* text = peer.address("shm");
+  if (!text) return false;
+  auto address = shm::parseAddress(*text);
+  if (!address.isOk()) return false;
+  static std::mutex mutex;
+  static std::map<std::pair<int, uint64_t>, bool> verdicts;  // (pid, probe value)
+  std::lock_guard<std::mutex> lock(mutex);
+  auto key = std::make_pair(address.value().pid, address.value().probeValue);
+  auto it = verdicts.find(key);
+  if (it == verdicts.end())
+    it = verdicts.emplace(key, probeSingleCopy(address.value()) == shm::CmaAbility::kYes).first;
+  return it->second;
+}
 
 }  // namespace shoal

@@ -20,6 +20,11 @@ namespace shoal {
 
 std::unique_ptr<Transport> makeShmTransport();
 
+// Whether this process may read `peer`'s memory (process_vm_readv probe
+// against the value in its shm address; cached per process). False when the
+// peer published no shm address or SHOAL_SHM_CMA=0.
+bool canReadPeerMemory(const PeerInfo& peer);
+
 namespace shm {
 
 struct Address {

@@ -1,0 +1,138 @@
+#include "memory/shared_memory.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <utility>
+
+#include "core/log.h"
+
+namespace shoal::memory {
+namespace {
+
+std::string objectName(int pid, uint64_t sequence) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "/shoal-%d-mem-%llu", pid, static_cast<unsigned long long>(sequence));
+  return buf;
+}
+
+struct Allocation {
+  size_t bytes;
+  uint64_t sequence;
+};
+
+std::mutex gLocalMutex;
+std::map<uintptr_t, Allocation> gLocal;  // by start address
+std::atomic<uint64_t> gNextSequence{1};
+
+// Peers' allocations mapped here, oldest first; bounded so that a peer that
+// allocates and frees in a loop does not pin its memory here for ever.
+constexpr size_t kMaxPeerMappings = 256;
+struct PeerMapping {
+  int pid;
+  uint64_t sequence;
+  const uint8_t* base;
+  size_t bytes;
+};
+std::mutex gPeerMutex;
+std::deque<PeerMapping> gPeers;
+
+}  // namespace
+
+Result<void*> allocateShared(size_t bytes) {
+  size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  size_t size = ((bytes ? bytes : 1) + page - 1) / page * page;
+  uint64_t sequence = gNextSequence.fetch_add(1);
+  std::string name = objectName(getpid(), sequence);
+  int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+  if (fd < 0) return errnoStatus(errno, "shm_open(" + name + ")");
+  if (ftruncate(fd, static_cast<off_t>(size)) != 0) {
+    int err = errno;
+    close(fd);
+    shm_unlink(name.c_str());
+    return errnoStatus(err, "sizing shared allocation " + name + " (is /dev/shm big enough?)");
+  }
+  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  int err = errno;
+  close(fd);
+  if (p == MAP_FAILED) {
+    shm_unlink(name.c_str());
+    return errnoStatus(err, "mmap of shared allocation " + name);
+  }
+  std::lock_guard<std::mutex> lock(gLocalMutex);
+  gLocal[reinterpret_cast<uintptr_t>(p)] = Allocation{size, sequence};
+  return p;
+}
+
+bool freeShared(void* p) {
+  Allocation a;
+  {
+    std::lock_guard<std::mutex> lock(gLocalMutex);
+    auto it = gLocal.find(reinterpret_cast<uintptr_t>(p));
+    if (it == gLocal.end()) return false;
+    a = it->second;
+    gLocal.erase(it);
+  }
+  munmap(p, a.bytes);
+  shm_unlink(objectName(getpid(), a.sequence).c_str());
+  return true;
+}
+
+std::optional<SharedLocation> findShared(const void* p, size_t bytes) {
+  uintptr_t at = reinterpret_cast<uintptr_t>(p);
+  std::lock_guard<std::mutex> lock(gLocalMutex);
+  auto it = gLocal.upper_bound(at);
+  if (it == gLocal.begin()) return std::nullopt;
+  --it;
+  if (at + bytes > it->first + it->second.bytes) return std::nullopt;
+  return SharedLocation{it->second.sequence, at - it->first};
+}
+
+const uint8_t* mapPeerAllocation(int pid, uint64_t sequence) {
+  std::lock_guard<std::mutex> lock(gPeerMutex);
+  for (const PeerMapping& m : gPeers)
+    if (m.pid == pid && m.sequence == sequence) return m.base;
+  int fd = shm_open(objectName(pid, sequence).c_str(), O_RDONLY | O_CLOEXEC, 0);
+  if (fd < 0) return nullptr;
+  struct stat st {};
+  void* p = MAP_FAILED;
+  if (fstat(fd, &st) == 0 && st.st_size > 0)
+    p = mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_SHARED, fd, 0);
+  close(fd);
+  if (p == MAP_FAILED) return nullptr;
+  if (gPeers.size() >= kMaxPeerMappings) {
+    munmap(const_cast<uint8_t*>(gPeers.front().base), gPeers.front().bytes);
+    gPeers.pop_front();
+  }
+  gPeers.push_back(PeerMapping{pid, sequence, static_cast<const uint8_t*>(p), static_cast<size_t>(st.st_size)});
+  return static_cast<const uint8_t*>(p);
+}
+
+Status readPeerMemory(int pid, uint64_t address, void* out, size_t bytes) {
+  auto* dst = static_cast<uint8_t*>(out);
+  size_t done = 0;
+  while (done < bytes) {
+    iovec local{dst + done, bytes - done};
+    iovec remote{reinterpret_cast<void*>(address + done), bytes - done};
+    ssize_t got = process_vm_readv(pid, &local, 1, &remote, 1, 0);
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      if (errno == ESRCH) return remoteError("process ", pid, " has exited");
+      return errnoStatus(errno, "process_vm_readv from process " + std::to_string(pid));
+    }
+    if (got == 0) return systemError("process_vm_readv from process ", pid, " read nothing");
+    done += static_cast<size_t>(got);
+  }
+  return Status::ok();
+}
+
+}  // namespace shoal::memory

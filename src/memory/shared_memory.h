@@ -1,0 +1,40 @@
+// Shared memory: allocations other processes of this host can map, and reads
+// of other processes' memory (DESIGN.md §4, zero copy within a host).
+//
+// Role: ncclMemAlloc allocates through allocateShared(): a POSIX shared-memory
+// object "/shoal-<pid>-mem-<seq>" mapped here, so a peer that is told
+// (pid, seq, offset) maps the same pages (mapPeerAllocation) and reads the
+// buffer directly, with no copy through a channel. Memory that was not
+// allocated here (malloc, stack, a framework's allocator) is read with
+// process_vm_readv instead (readPeerMemory). Names carry the pid, so objects
+// of killed processes are removed with the shm transport's stale segments.
+// Thread-safety: every function may be called from any thread.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+
+#include "core/status.h"
+
+namespace shoal::memory {
+
+Result<void*> allocateShared(size_t bytes);
+// False when `p` is not the start of a live allocateShared() allocation.
+bool freeShared(void* p);
+
+struct SharedLocation {
+  uint64_t sequence = 0;  // names the object together with the pid
+  uint64_t offset = 0;    // of the range within the allocation
+};
+// Where [p, p + bytes) lives when it lies inside one live shared allocation.
+std::optional<SharedLocation> findShared(const void* p, size_t bytes);
+
+// The start of peer `pid`'s allocation `sequence`, mapped read-only here
+// (cached); nullptr when it cannot be mapped (freed, other namespace).
+const uint8_t* mapPeerAllocation(int pid, uint64_t sequence);
+
+// Copies `bytes` from `address` in process `pid` into `out`.
+Status readPeerMemory(int pid, uint64_t address, void* out, size_t bytes);
+
+}  // namespace shoal::memory
