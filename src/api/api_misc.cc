@@ -14,15 +14,12 @@
 #include "api/api_coll.h"
 #include "api/api_guard.h"
 #include "engine/engine.h"
+#include "memory/shared_memory.h"
 
 using namespace shoal;
 using shoal::api::guard;
 
 namespace {
-
-// Live ncclMemAlloc allocations, so that ncclMemFree can reject foreign pointers.
-std::mutex gAllocMutex;
-std::unordered_map<void*, size_t> gAllocations;
 
 struct Registration {
   static constexpr uint64_t kMagic = 0x73686f616c726567ull;  // "shoalreg"
@@ -92,17 +89,12 @@ bool HostStream::idle() {
 
 }  // namespace shoal::api
 
+// Host memory that same-host peers can map: peer-reading algorithms read it
+// in place instead of copying it through a channel (src/memory).
 SHOAL_API(ncclResult_t, ncclMemAlloc, (void** ptr, size_t size)) {
   return guard("ncclMemAlloc", [&]() -> Status {
     if (ptr == nullptr) return invalidArgument("ptr is NULL");
-    size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-    size_t bytes = ((size ? size : 1) + page - 1) / page * page;
-    void* p = nullptr;
-    if (posix_memalign(&p, page, bytes) != 0 || p == nullptr)
-      return systemError("ncclMemAlloc: cannot allocate ", size, " bytes");
-    std::lock_guard<std::mutex> lock(gAllocMutex);
-    gAllocations[p] = bytes;
-    *ptr = p;
+    SHOAL_ASSIGN_OR_RETURN(*ptr, memory::allocateShared(size), "ncclMemAlloc of ", size, " bytes");
     return Status::ok();
   });
 }
@@ -110,14 +102,8 @@ SHOAL_API(ncclResult_t, ncclMemAlloc, (void** ptr, size_t size)) {
 SHOAL_API(ncclResult_t, ncclMemFree, (void* ptr)) {
   return guard("ncclMemFree", [&]() -> Status {
     if (ptr == nullptr) return Status::ok();
-    {
-      std::lock_guard<std::mutex> lock(gAllocMutex);
-      auto it = gAllocations.find(ptr);
-      if (it == gAllocations.end())
-        return invalidArgument("ncclMemFree: ", ptr, " was not returned by ncclMemAlloc");
-      gAllocations.erase(it);
-    }
-    std::free(ptr);
+    if (!memory::freeShared(ptr))
+      return invalidArgument("ncclMemFree: ", ptr, " was not returned by ncclMemAlloc");
     return Status::ok();
   });
 }
