@@ -20,7 +20,7 @@ class Deadline {
   static Deadline afterMs(int64_t ms) {
     return ms <= 0 ? never() : Deadline(nowNs() + ms * 1000000);
   }
-  bool expired() const { return nowNs() >= atNs_; }
+  bool expired() const { return atNs_ != std::numeric_limits<int64_t>::max() && nowNs() >= atNs_; }
   int64_t remainingMs() const {
     if (atNs_ == std::numeric_limits<int64_t>::max()) return std::numeric_limits<int32_t>::max();
     int64_t left = (atNs_ - nowNs()) / 1000000;

@@ -82,13 +82,28 @@ std::string Job::description() const {
 
 Status Engine::wait(const Job& job, Deadline deadline) {
   Backoff backoff;
-  while (!job.isDone()) {
-    if (deadline.expired())
+  Job& mine = const_cast<Job&>(job);  // progressed only under its own mutex
+  for (uint32_t pass = 1; !job.isDone(); ++pass) {
+    if (pass % 64 == 0 && deadline.expired())
       return error(Code::kTimeout, job.description(), ": still running at the caller's deadline");
-    if (poll()) backoff.reset();
+    // Most passes progress only the awaited job (no list lock); every eighth
+    // pumps everything, so that other work this thread owes (other
+    // communicators' jobs, detached jobs) keeps moving too.
+    bool progressed = pass % 8 != 0 ? progressStarted(mine) : poll();
+    if (progressed) backoff.reset();
     else backoff.pause();
   }
   return job.status();
+}
+
+bool Engine::progressStarted(Job& job) {
+  std::unique_lock<std::mutex> lock(job.mutex_, std::try_to_lock);
+  if (!lock.owns_lock() || job.isDone()) return false;
+  if (!job.started_) {
+    lock.unlock();
+    return pumpOnce();  // starting is pumpOnce's: it knows the queue order
+  }
+  return progressJob(job);
 }
 
 bool Engine::poll() { return pumpOnce(); }
@@ -416,9 +431,15 @@ bool Engine::progressJob(Job& job) {
     job.finish(Status::ok());
     return true;
   }
+  // The clock is read once per kPollsPerClockRead passes: a progress time is
+  // then known to that precision, far below any no-progress deadline.
+  job.progressSinceClock_ |= progressed;
+  if (++job.passesSinceClock_ < kPollsPerClockRead) return progressed;
+  job.passesSinceClock_ = 0;
   int64_t now = nowNs();
-  if (progressed) {
+  if (job.progressSinceClock_) {
     job.lastProgressNs_ = now;
+    job.progressSinceClock_ = false;
   } else {
     int64_t limitMs = params().progressTimeoutMs;
     if (limitMs > 0 && now - job.lastProgressNs_ > limitMs * 1000000) failJob(job, timeoutStatus(job));

@@ -119,6 +119,8 @@ class Job {
   std::vector<PeerView> peerViews_;
   size_t remaining_ = 0;
   int64_t lastProgressNs_ = 0;
+  uint32_t passesSinceClock_ = 0;
+  bool progressSinceClock_ = false;
 };
 
 using JobPtr = std::shared_ptr<Job>;
@@ -146,6 +148,9 @@ class Engine {
  private:
   Engine() = default;
   bool pumpOnce();
+  // Progresses one job the caller waits on, if it has started (else pumpOnce).
+  bool progressStarted(Job& job);
+  static constexpr uint32_t kPollsPerClockRead = 32;
   bool progressJob(Job& job);
   void runReady(Job& job);
   void startJob(Job& job);

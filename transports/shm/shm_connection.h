@@ -127,6 +127,7 @@ class ShmConnection final : public Connection {
   RingQueue<CmaWait> cmaWaits_;
   RingQueue<RecvOp> recvs_;
   int64_t nextPeerCheckNs_ = 0;
+  uint32_t idlePolls_ = 0;
   Status failure_;
 };
 
