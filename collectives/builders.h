@@ -19,6 +19,11 @@ Plan buildChainReduce(const CollShape&, const RankView&, const AlgoParams&);
 Plan buildDirectGather(const CollShape&, const RankView&, const AlgoParams&);
 Plan buildDirectScatter(const CollShape&, const RankView&, const AlgoParams&);
 // All-to-all and point-to-point
+// Across nodes: reduce in the node, AllReduce each shard on its rail, gather
+// in the node. Needs RankView::nodeOf with two or more equal nodes of 2+ ranks
+// (hierarchicalApplies); otherwise it builds the flat ring.
+bool hierarchicalApplies(const RankView& view);
+Plan buildHierarchicalAllReduce(const CollShape&, const RankView&, const AlgoParams&);
 // Same-host algorithms that read peers' buffers (RankView::peerReads).
 Plan buildPeerReadAllReduce(const CollShape&, const RankView&, const AlgoParams&);
 Plan buildPeerReadReduceScatter(const CollShape&, const RankView&, const AlgoParams&);

@@ -137,6 +137,8 @@ struct RankView {
   // Every peer's memory is readable from this rank (same process, or a
   // same-host process this one may read): peer-reading algorithms apply.
   bool peerReads = false;
+  // Node (host) index of every rank, when known (empty: one node).
+  std::vector<int> nodeOf;
 };
 
 struct AlgoParams {

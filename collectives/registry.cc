@@ -1,5 +1,6 @@
 #include "collectives/registry.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "collectives/builders.h"
@@ -111,6 +112,20 @@ double peerReadAllGatherCost(const CollShape& s, const RankView& v, const CostPa
   return peerReadCost(model(s, v, c, true), 2, 1, false);
 }
 
+// N nodes of L ranks: 2(L-1) node-ring and 2(N-1) rail messages; each node's
+// link carries 2(N-1)/N of the buffer, and the node phases move 2(L-1)/L of it
+// over shared memory, modelled at an eighth of a network byte's cost.
+double hierarchicalAllReduceCost(const CollShape& s, const RankView& v, const CostParams& c) {
+  Model m = model(s, v, c, false);
+  int nodes = 0;
+  for (int n : v.nodeOf) nodes = std::max(nodes, n + 1);
+  const double N = std::max(nodes, 1), L = m.p / N;
+  return m.alpha(2 * (L - 1) + 2 * (N - 1)) + m.beta(2 * (N - 1) / N * m.bytes) +
+         m.beta(2 * (L - 1) / L * m.bytes) / 8 + m.gamma((m.p - 1) / m.p * m.bytes);
+}
+
+bool hierarchical(const CollShape&, const RankView& v, const TransportCaps&) { return hierarchicalApplies(v); }
+
 // Every peer's memory readable, more than one rank, and no per-rank scalar
 // (kPreMulSum scales each rank's input by that rank's own scalar).
 bool peerReadable(const CollShape& s, const RankView& v, const TransportCaps&) {
@@ -129,6 +144,8 @@ const std::vector<AlgorithmEntry>& algorithms() {
       {CollKind::kAllReduce, "ring", buildRingAllReduce, always, ringAllReduceCost},
       {CollKind::kAllReduce, "recursive_doubling", buildRecursiveDoublingAllReduce, always,
        recursiveDoublingAllReduceCost},
+      {CollKind::kAllReduce, "hierarchical", buildHierarchicalAllReduce, hierarchical,
+       hierarchicalAllReduceCost},
       {CollKind::kAllReduce, "peer_read", buildPeerReadAllReduce, peerReadable, peerReadAllReduceCost},
       {CollKind::kAllGather, "ring", buildRingAllGather, always, ringAllGatherCost},
       {CollKind::kAllGather, "peer_read", buildPeerReadAllGather, peerReadable, peerReadAllGatherCost},

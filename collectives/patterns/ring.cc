@@ -1,5 +1,8 @@
 #include "collectives/patterns/ring.h"
 
+#include <algorithm>
+#include <utility>
+
 #include "core/status.h"
 
 namespace shoal::patterns {
@@ -24,8 +27,25 @@ RingOrder::RingOrder(const RankView& view) {
   self_ = positionOf_[view.rank];
 }
 
+RingOrder::RingOrder(std::vector<int> members, int self) : order_(std::move(members)) {
+  SHOAL_CHECK(!order_.empty(), "an empty ring");
+  int maxRank = 0;
+  for (int rank : order_) {
+    SHOAL_CHECK(rank >= 0, "rank ", rank, " in a ring");
+    maxRank = std::max(maxRank, rank);
+  }
+  positionOf_.assign(static_cast<size_t>(maxRank) + 1, -1);
+  for (int pos = 0; pos < size(); ++pos) {
+    SHOAL_CHECK(positionOf_[order_[pos]] < 0, "rank ", order_[pos], " twice in a ring");
+    positionOf_[order_[pos]] = pos;
+  }
+  SHOAL_CHECK(self >= 0 && self <= maxRank && positionOf_[self] >= 0, "rank ", self, " is not in the ring");
+  self_ = positionOf_[self];
+}
+
 int RingOrder::distanceFrom(int rank) const {
-  SHOAL_CHECK(rank >= 0 && rank < size(), "rank ", rank, " outside a ring of ", size());
+  SHOAL_CHECK(rank >= 0 && rank < static_cast<int>(positionOf_.size()) && positionOf_[rank] >= 0, "rank ",
+              rank, " is not in the ring");
   return wrap(self_ - positionOf_[rank], size());
 }
 

@@ -23,6 +23,9 @@ class RingOrder {
  public:
   // SHOAL_CHECKs that view.ring is empty or a permutation of [0, nranks).
   explicit RingOrder(const RankView& view);
+  // A ring through `members` (communicator ranks, in ring order), seen from
+  // `self`, which must be one of them.
+  RingOrder(std::vector<int> members, int self);
 
   int size() const { return static_cast<int>(order_.size()); }
   int position() const { return self_; }                   // of view.rank

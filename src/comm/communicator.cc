@@ -76,6 +76,7 @@ Status Communicator::initialize() {
   rankView_.rank = rank_;
   rankView_.nranks = nranks_;
   rankView_.ring = topology_.ring;
+  rankView_.nodeOf = topology_.nodeOfRank;
   // Peer-reading algorithms need every rank to read every peer; all ranks must
   // agree (they choose plans independently), so the local verdicts are pooled.
   bool readsAll = true;

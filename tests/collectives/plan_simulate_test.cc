@@ -19,6 +19,7 @@ struct Case {
   bool inPlace = false;
   std::vector<int> ring;
   const SimReducer* reducer = nullptr;  // nullptr: the simulator's fallback
+  std::vector<int> nodeOf;               // node per rank (hierarchical algorithms)
 };
 
 std::string describe(const Case& c) {
@@ -104,7 +105,7 @@ std::vector<uint8_t> expected(const Case& c, int q, const std::vector<std::vecto
 
 void runCase(const Case& c) {
   INFO(describe(c));
-  auto plans = buildAll(c.build, c.shape, c.nranks, c.params, c.ring);
+  auto plans = buildAll(c.build, c.shape, c.nranks, c.params, c.ring, c.nodeOf);
   Status v = verifyPlans(plans);
   INFO(v.toString());
   REQUIRE(v.isOk());
@@ -238,6 +239,58 @@ TEST_CASE("reductions agree with the real reducer (src/reduce)", "[simulate]") {
       }
     }
   }
+}
+
+TEST_CASE("hierarchical AllReduce reduces across equal and unequal nodes", "[simulate]") {
+  // nodeOf per case: equal nodes (hierarchical), a ring order that interleaves
+  // nodes, and unequal nodes (built as the flat ring).
+  struct Layout {
+    std::vector<int> nodeOf;
+    std::vector<int> ring;
+  };
+  const Layout layouts[] = {
+      {{0, 0, 1, 1}, {}},
+      {{0, 0, 1, 1, 2, 2}, {}},
+      {{0, 0, 0, 1, 1, 1}, {}},
+      {{0, 0, 1, 1, 2, 2, 3, 3}, {}},
+      {{0, 1, 0, 1}, {0, 2, 1, 3}},
+      {{0, 0, 0, 1, 1}, {}},
+  };
+  const DataType types[] = {DataType::kInt32, DataType::kFloat16, DataType::kFloat32, DataType::kBfloat16};
+  const ReduceOp ops[] = {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kPreMulSum};
+  int variant = 0;
+  for (const Layout& layout : layouts) {
+    const int n = static_cast<int>(layout.nodeOf.size());
+    for (DataType t : types) {
+      for (int o = 0; o <= 3; ++o) {  // 3: integer average
+        if (o == 3 && isFloating(t)) continue;
+        for (uint64_t count : {uint64_t{1}, uint64_t{37}, uint64_t{301}, uint64_t{5003}}) {
+          for (bool inPlace : {false, true}) {
+            Case c{"hierarchical", buildHierarchicalAllReduce};
+            c.shape.kind = CollKind::kAllReduce;
+            c.shape.dtype = t;
+            c.shape.op = o == 3 ? ReduceOp::kSum : ops[o];
+            c.shape.divisor = o == 3 ? n : 0;
+            c.shape.count = count;
+            c.nranks = n;
+            c.params = kParams[variant++ % 3];
+            c.inPlace = inPlace;
+            c.ring = layout.ring;
+            c.nodeOf = layout.nodeOf;
+            runCase(c);
+          }
+        }
+      }
+    }
+  }
+  RankView equal = viewOf(0, 4, {}, {0, 0, 1, 1});
+  CHECK(hierarchicalApplies(equal));
+  CHECK(buildHierarchicalAllReduce(CollShape{CollKind::kAllReduce, DataType::kFloat32, ReduceOp::kSum, 64}, equal,
+                                   AlgoParams{})
+            .algorithm == "hierarchical");
+  CHECK_FALSE(hierarchicalApplies(viewOf(0, 5, {}, {0, 0, 0, 1, 1})));
+  CHECK_FALSE(hierarchicalApplies(viewOf(0, 4, {}, {0, 0, 0, 0})));
+  CHECK_FALSE(hierarchicalApplies(viewOf(0, 4)));
 }
 
 TEST_CASE("data movement collectives deliver every block", "[simulate]") {

@@ -129,7 +129,8 @@ TEST_CASE("estimates rank latency and bandwidth algorithms sensibly", "[registry
   s.count = 16 << 20;  // 64 MiB: bandwidth-bound
   REQUIRE(ring->estimate(s, v, c) < rd->estimate(s, v, c));
   TransportCaps caps;
-  v.peerReads = true;  // a single host whose ranks may read each other
+  v.peerReads = true;  // ranks may read each other (peer_read)
+  v.nodeOf = {0, 0, 0, 0, 1, 1, 1, 1};  // two equal nodes (hierarchical)
   for (const AlgorithmEntry& e : algorithms()) {
     CollShape shape;
     shape.kind = e.kind;

@@ -18,19 +18,22 @@ namespace shoal::testing {
 
 using BuildFn = Plan (*)(const CollShape&, const RankView&, const AlgoParams&);
 
-inline RankView viewOf(int rank, int nranks, const std::vector<int>& ring = {}) {
+inline RankView viewOf(int rank, int nranks, const std::vector<int>& ring = {},
+                       const std::vector<int>& nodeOf = {}) {
   RankView v;
   v.rank = rank;
   v.nranks = nranks;
   v.ring = ring;
+  v.nodeOf = nodeOf;
   return v;
 }
 
 inline std::vector<PlanPtr> buildAll(BuildFn build, const CollShape& shape, int nranks,
-                                     const AlgoParams& params, const std::vector<int>& ring = {}) {
+                                     const AlgoParams& params, const std::vector<int>& ring = {},
+                                     const std::vector<int>& nodeOf = {}) {
   std::vector<PlanPtr> plans;
   for (int r = 0; r < nranks; ++r)
-    plans.push_back(std::make_shared<Plan>(build(shape, viewOf(r, nranks, ring), params)));
+    plans.push_back(std::make_shared<Plan>(build(shape, viewOf(r, nranks, ring, nodeOf), params)));
   return plans;
 }
 

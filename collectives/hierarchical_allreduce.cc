@@ -1,0 +1,117 @@
+// Hierarchical AllReduce: reduce inside each node, cross the network once per
+// shard with every local rank working in parallel, spread inside the node.
+//
+// Vocabulary (N nodes of L ranks each; RankView::nodeOf):
+//   node ring  the ranks of this rank's node, in communicator-ring order.
+//   rail       local rank j of every node, in node order: the ring that carries
+//              block j between nodes.
+//   block      1/L of a round (cache-line granular); block j is owned by local
+//              rank j.
+// Per channel and round: (1) ring reduce-scatter on the node ring, after which
+// local rank j holds block j reduced over its node in its recv buffer; (2) ring
+// AllReduce of block j on rail j, in place in the recv buffer; (3) ring
+// all-gather of the blocks on the node ring. Each node's link then carries
+// 2(N-1)/N of the buffer instead of a flat ring's 2(NL-1)/(NL). The phases
+// are emitted one after another, but their steps depend only on the bytes
+// they touch, so round r of the rail phase overlaps later rounds of the node
+// phase (different lanes). Nodes of unequal size are not offered (the flat
+// ring serves them); counts need not divide by L.
+#include <algorithm>
+
+#include "collectives/builders.h"
+#include "collectives/ring_phases.h"
+
+namespace shoal {
+
+using namespace build;
+
+namespace {
+
+struct Groups {
+  std::vector<int> node;  // this rank's node ring
+  std::vector<int> rail;  // this rank's rail, node by node
+  int localRank = 0;
+  int localSize = 0;
+};
+
+Groups groupsOf(const RankView& view) {
+  const patterns::RingOrder ring(view);
+  Groups g;
+  const int myNode = view.nodeOf[view.rank];
+  int nodes = 0;
+  for (int n : view.nodeOf) nodes = std::max(nodes, n + 1);
+  std::vector<std::vector<int>> members(static_cast<size_t>(nodes));
+  for (int pos = 0; pos < ring.size(); ++pos) {
+    int r = ring.rankAt(pos);
+    members[view.nodeOf[r]].push_back(r);
+  }
+  g.node = members[myNode];
+  g.localSize = static_cast<int>(g.node.size());
+  g.localRank = static_cast<int>(std::find(g.node.begin(), g.node.end(), view.rank) - g.node.begin());
+  for (const auto& m : members) g.rail.push_back(m[g.localRank]);
+  return g;
+}
+
+}  // namespace
+
+bool hierarchicalApplies(const RankView& view) {
+  if (static_cast<int>(view.nodeOf.size()) != view.nranks || view.nranks < 2) return false;
+  std::vector<int> sizes;
+  for (int n : view.nodeOf) {
+    if (n < 0) return false;
+    if (static_cast<size_t>(n) >= sizes.size()) sizes.resize(static_cast<size_t>(n) + 1, 0);
+    ++sizes[n];
+  }
+  if (sizes.size() < 2) return false;  // one node: nothing to be hierarchical about
+  return std::all_of(sizes.begin(), sizes.end(), [&](int s) { return s == sizes[0]; }) && sizes[0] > 1;
+}
+
+Plan buildHierarchicalAllReduce(const CollShape& shape, const RankView& view, const AlgoParams& params) {
+  // Without equal nodes there is no hierarchy to use: the flat ring is the plan.
+  if (!hierarchicalApplies(view)) return buildRingAllReduce(shape, view, params);
+  StepEmitter e(shape, view, "hierarchical");
+  const Groups g = groupsOf(view);
+  const patterns::RingOrder nodeRing(g.node, view.rank);
+  const patterns::RingOrder railRing(g.rail, view.rank);
+  const int L = g.localSize, N = static_cast<int>(g.rail.size());
+  const uint64_t elemSize = e.elemSize();
+  const uint64_t granule = patterns::lineGranule(elemSize);
+  const uint64_t segment = segmentElems(params, elemSize, granule);
+  const ReduceSpec spec = ReduceSpec::of(shape);
+  // The integer average divides once, after the rail phase has the full sum.
+  ReduceSpec nodeSpec = spec, railSpec = spec;
+  nodeSpec.divisor = 0;
+  railSpec.scaleLocal = false;  // the node phase already applied each rank's scalar
+
+  for (const ChannelPart& part : channelParts(shape.count, params, granule)) {
+    // A round is L blocks; a block's rail AllReduce moves N chunks of it.
+    const uint64_t nrounds = patterns::pieceCount(part.elems.count, segment * L);
+    std::vector<RingRound> nodeRounds, railRounds, gatherRounds;
+    for (uint64_t r = 0; r < nrounds; ++r) {
+      const patterns::ElemRange round = patterns::evenPart(part.elems.count, nrounds, r, granule);
+      const auto blocks = patterns::evenParts(round.count, static_cast<uint64_t>(L), granule);
+      RingRound node, gather;
+      for (const patterns::ElemRange& b : blocks) {
+        const uint64_t offset = (part.elems.begin + round.begin + b.begin) * elemSize;
+        node.push_back(RingChunk{sendAt(offset), recvAt(offset), b.count * elemSize});
+        gather.push_back(RingChunk{recvAt(offset), recvAt(offset), b.count * elemSize});
+      }
+      // Node-ring position j owns block j.
+      const patterns::ElemRange& mine = blocks[static_cast<size_t>(nodeRing.position())];
+      RingRound rail;
+      for (const patterns::ElemRange& c : patterns::evenParts(mine.count, static_cast<uint64_t>(N), granule)) {
+        const uint64_t offset = (part.elems.begin + round.begin + mine.begin + c.begin) * elemSize;
+        rail.push_back(RingChunk{recvAt(offset), recvAt(offset), c.count * elemSize});
+      }
+      nodeRounds.push_back(std::move(node));
+      railRounds.push_back(std::move(rail));
+      gatherRounds.push_back(std::move(gather));
+    }
+    emitRingChannel(e, nodeRing, part.channel, nodeRounds, RingPhases::kReduceScatter, nodeSpec);
+    emitRingChannel(e, railRing, part.channel, railRounds, RingPhases::kAllReduce, railSpec);
+    emitRingChannel(e, nodeRing, part.channel, gatherRounds, RingPhases::kAllGather, ReduceSpec{});
+  }
+  return e.finish();
+}
+
+}  // namespace shoal
