@@ -11,7 +11,9 @@
 //             parts of the vector, block q reduced by rank q.
 //   window    each rank sends its descriptor (engine-filled window slot 0) to
 //             every peer and receives theirs into slot 1 + q; a peer's buffer
-//             may be read once its descriptor has arrived. A rank sends its
+//             may be read once its descriptor has arrived: every read depends
+//             on that receive itself (a later message of the same lane may
+//             complete first). A rank sends its
 //             descriptor when it enters the operation, so arrival also means
 //             the peer's send buffer holds its input.
 //   barrier   a zero-byte message to every peer and one from every peer.
@@ -139,8 +141,10 @@ Plan buildPeerReadAllReduce(const CollShape& shape, const RankView& view, const 
     const int q = (r + d) % n;
     const uint64_t off = blocks[q].begin * e, len = blocks[q].count * e;
     if (len == 0) continue;
+    // Both receives: completions of one lane's messages need not come in order
+    // (a striped tcp connection finishes them on different sockets).
     copies.push_back(p.b.add(copyStep(recvAt(off), Slice{peerBuffer(q, kRecvBuffer), off}, len, 0),
-                             {reducedFrom[q]}));
+                             {reducedFrom[q], p.windowRecvFrom[q]}));
   }
   std::vector<uint32_t> afterCopies = copies;
   for (int q = 0; q < n; ++q)

@@ -191,7 +191,18 @@ Status Communicator::submit(std::vector<OpRequest> ops, bool wait) {
 Status Communicator::waitFor(const Job& job) {
   Status st = Engine::instance().wait(job);
   if (!st.isOk()) st = handleFailure(job, std::move(st));
+  if (job.detached) releaseFinishedDetached();
   return st;
+}
+
+// Detached jobs (host streams, nonblocking communicators) and their scratch
+// are kept until they finish; whoever waits on one also drops every finished
+// one, so a long run of host-stream work holds only what is in flight.
+void Communicator::releaseFinishedDetached() {
+  std::lock_guard<std::mutex> lock(jobsMutex_);
+  for (const auto& job : inFlight_)
+    if (job->isDone() && !job->status().isOk()) setAsyncError(job->status());
+  std::erase_if(inFlight_, [](const JobPtr& j) { return j->isDone(); });
 }
 
 // A failed operation fails the communicator for good (NCCL semantics: abort
@@ -269,9 +280,8 @@ Result<JobPtr> Communicator::enqueue(std::vector<OpRequest> ops, bool detached) 
       if (scratch_.size() < plan.scratchBytes) scratch_.resize(plan.scratchBytes);
       scratch = scratch_.data();
     } else {
-      auto owned = std::make_shared<std::vector<uint8_t>>(plan.scratchBytes);
-      scratch = owned->data();
-      detachedScratch_.push_back(owned);
+      job->ownedScratch.resize(plan.scratchBytes);  // lives as long as the job
+      scratch = job->ownedScratch.data();
     }
   }
   job->buffers.resize(ops.size() * kBuffersPerOp);
@@ -315,7 +325,6 @@ Status Communicator::waitIdle(Deadline deadline) {
   }
   std::lock_guard<std::mutex> lock(jobsMutex_);
   std::erase_if(inFlight_, [](const JobPtr& j) { return j->isDone(); });
-  if (inFlight_.empty()) detachedScratch_.clear();
   return Status::ok();
 }
 
@@ -332,7 +341,6 @@ Code Communicator::asyncState() {
       if (asyncError_.isOk()) asyncError_ = job->status();
     }
   std::erase_if(inFlight_, [](const JobPtr& j) { return j->isDone(); });
-  if (inFlight_.empty()) detachedScratch_.clear();
   if (Status e = asyncError(); !e.isOk()) return e.code();
   return inFlight_.empty() ? Code::kOk : Code::kInProgress;
 }

@@ -98,6 +98,7 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   // Returns null when there is nothing to do (zero-count collectives).
   Result<JobPtr> enqueue(std::vector<OpRequest> ops, bool detached);
   Status waitFor(const Job& job);
+  void releaseFinishedDetached();
   // Pumps until every submitted job of ours has finished.
   Status waitIdle(Deadline deadline);
 
@@ -169,7 +170,6 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   uint64_t collSeq_ = 0;
   std::unordered_map<int, uint64_t> sendSeq_, recvSeq_;
   std::vector<JobPtr> inFlight_;        // submitted, maybe not done
-  std::vector<std::shared_ptr<std::vector<uint8_t>>> detachedScratch_;
 
   std::vector<CustomRedOp> redOps_;
   std::vector<bool> redOpLive_;

@@ -76,6 +76,7 @@ class Job {
   uint64_t sequence = 0;
   std::string description() const;
   bool detached = false;                    // nobody waits: the progress thread pumps
+  std::vector<uint8_t> ownedScratch;        // detached jobs' scratch (a waiter lends its own)
 
   // Completion, readable from any thread.
   bool isDone() const { return state_.load(std::memory_order_acquire) != kRunning; }
