@@ -1,5 +1,6 @@
 #include "transports/registry.h"
 
+#include <map>
 #include <memory>
 #include <mutex>
 #include <strings.h>
@@ -7,6 +8,7 @@
 #include "core/log.h"
 #include "core/params.h"
 #include "transports/loopback/loopback_transport.h"
+#include "transports/ofi/ofi_transport.h"
 #include "transports/shm/shm_transport.h"
 #include "transports/tcp/tcp_transport.h"
 
@@ -16,9 +18,12 @@ namespace {
 struct Registry {
   std::vector<std::unique_ptr<Transport>> owned;
   std::vector<Transport*> ordered;
+  std::mutex mutex;
+  std::map<std::string, std::string> unavailable;  // transport -> why localAddress() failed
   Registry() {
     owned.push_back(makeLoopbackTransport());
     owned.push_back(makeShmTransport());
+    owned.push_back(makeOfiTransport());
     owned.push_back(makeTcpTransport());
     for (auto& t : owned) ordered.push_back(t.get());
   }
@@ -27,6 +32,29 @@ struct Registry {
 Registry& registry() {
   static Registry* r = new Registry();  // lives for the process (transports own listeners)
   return *r;
+}
+
+// Why a transport could not start in this process ("" if it did or was not tried).
+std::string unavailable(const Transport& t) {
+  std::lock_guard<std::mutex> lock(registry().mutex);
+  auto it = registry().unavailable.find(std::string(t.name()));
+  return it == registry().unavailable.end() ? std::string() : it->second;
+}
+
+// Providers that run libfabric's reliable datagrams over kernel sockets
+// (tcp;ofi_rxm, sockets, udp;ofi_rxd, net) add a layer over what the tcp
+// transport does directly and measured slower here: ofi is chosen by default
+// only for hardware providers (EFA, verbs, ...); NCCL_NET=Libfabric or
+// SHOAL_TRANSPORT=ofi still force it (docs/decisions/0002-ofi-default.md).
+bool emulatesOverSockets(const PeerInfo& self) {
+  const std::string* text = self.address("ofi");
+  if (!text) return true;
+  auto address = ofi::parseAddress(*text);
+  if (!address.isOk()) return true;
+  const std::string& provider = address.value().provider;
+  for (const char* name : {"tcp", "sockets", "udp", "net"})
+    if (provider.rfind(name, 0) == 0) return true;
+  return false;
 }
 
 }  // namespace
@@ -44,6 +72,8 @@ Status publishAddresses(PeerInfo& self) {
   for (Transport* t : allTransports()) {
     auto addr = t->localAddress();
     if (!addr.isOk()) {
+      std::lock_guard<std::mutex> lock(registry().mutex);
+      registry().unavailable[std::string(t->name())] = addr.status().message();
       SHOAL_INFO(subsys::kInit | subsys::kNet, "transport ", t->name(),
                  " unavailable: ", addr.status().message());
       continue;
@@ -59,19 +89,22 @@ Result<Transport*> selectTransport(const PeerInfo& self, const PeerInfo& peer) {
   bool otherHost = self.hostId != peer.hostId;
   if (forced.empty() && otherHost && !p.net.empty()) {
     if (strcasecmp(p.net.c_str(), "Socket") == 0) forced = "tcp";
+    else if (strcasecmp(p.net.c_str(), "Libfabric") == 0 || strcasecmp(p.net.c_str(), "OFI") == 0) forced = "ofi";
     else
-      return invalidArgument("NCCL_NET=", p.net, " is not a network Shoal has (known: Socket)");
+      return invalidArgument("NCCL_NET=", p.net, " is not a network Shoal has (known: Socket, Libfabric, OFI)");
   }
   if (!forced.empty()) {
     Transport* t = findTransport(forced);
-    if (!t) return invalidArgument("SHOAL_TRANSPORT=", forced, " names no transport (known: loopback, shm, tcp)");
+    if (!t) return invalidArgument("SHOAL_TRANSPORT=", forced, " names no transport (known: loopback, shm, ofi, tcp)");
+    if (auto why = unavailable(*t); !why.empty())
+      return invalidUsage("forced transport ", forced, " cannot run in this process: ", why);
     if (!t->canConnect(self, peer))
       return invalidUsage("forced transport ", forced, " cannot reach rank ", peer.rank, " (host ",
                           peer.hostname, ")");
     return t;
   }
   for (Transport* t : allTransports())
-    if (t->canConnect(self, peer)) return t;
+    if (t->canConnect(self, peer) && !(t->name() == "ofi" && emulatesOverSockets(self))) return t;
   return remoteError("no transport can reach rank ", peer.rank, " (host ", peer.hostname,
                      "): it publishes ", peer.addresses.size(), " addresses");
 }

@@ -2,8 +2,10 @@
 //
 // Role: owns one Transport of each kind for the life of the process and picks,
 // for each peer, the first viable one in priority order (DESIGN.md §4):
-//   same process -> loopback; same host -> shm; otherwise -> tcp.
-// SHOAL_TRANSPORT forces a kind for every peer; NCCL_NET=Socket forces tcp for
+//   same process -> loopback; same host -> shm; otherwise -> ofi with a
+//   hardware provider, else tcp.
+// SHOAL_TRANSPORT forces a kind for every peer; NCCL_NET=Socket forces tcp and
+// NCCL_NET=Libfabric (or OFI) forces ofi for
 // peers on other hosts. A forced kind that cannot reach a peer is an error,
 // never a silent fallback. Thread-safe.
 #pragma once

@@ -15,6 +15,7 @@
 #include "api/api_guard.h"
 #include "engine/engine.h"
 #include "memory/shared_memory.h"
+#include "transports/ofi/ofi_transport.h"
 
 using namespace shoal;
 using shoal::api::guard;
@@ -102,6 +103,7 @@ SHOAL_API(ncclResult_t, ncclMemAlloc, (void** ptr, size_t size)) {
 SHOAL_API(ncclResult_t, ncclMemFree, (void* ptr)) {
   return guard("ncclMemFree", [&]() -> Status {
     if (ptr == nullptr) return Status::ok();
+    if (size_t bytes = memory::allocationBytes(ptr)) ofiInvalidateRegistrations(ptr, bytes);
     if (!memory::freeShared(ptr))
       return invalidArgument("ncclMemFree: ", ptr, " was not returned by ncclMemAlloc");
     return Status::ok();
@@ -133,6 +135,7 @@ SHOAL_API(ncclResult_t, ncclCommDeregister, (const ncclComm_t comm, void* handle
       return invalidArgument("ncclCommDeregister: handle ", handle,
                              " was registered on another communicator");
     gRegistrations.erase(reg);
+    ofiInvalidateRegistrations(reg->buff, reg->size);  // libfabric must not keep a stale key
     delete reg;
     return Status::ok();
   });

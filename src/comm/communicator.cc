@@ -91,12 +91,15 @@ Status Communicator::initialize() {
   groupView_ = rankView_;
   groupView_.peerReads = false;  // peer-reading plans are single-op
 
-  TopologySummary summary;
-  summary.nranks = nranks_;
-  summary.nnodes = static_cast<int>(topology_.nodes.size());
-  summary.singleProcess = std::all_of(peers_.begin(), peers_.end(), [&](const PeerInfo& p) {
+  const bool singleProcess = std::all_of(peers_.begin(), peers_.end(), [&](const PeerInfo& p) {
     return p.processId == self.processId && p.hostId == self.hostId;
   });
+  // Fixed pairs with everyone's PeerInfo: every rank gets the same summary.
+  auto classify = [&](int a, int b) {
+    Result<Transport*> t = selectTransport(peers_[a], peers_[b]);
+    return t.isOk() ? linkClassOfTransport(t.value()->name()) : LinkClass::kNet;
+  };
+  TopologySummary summary = summarizeTopology(topology_, classify, singleProcess, localMachine());
   SHOAL_ASSIGN_OR_RETURN(tuner_, Tuner::create(summary, options_.minChannels, options_.maxChannels),
       describe());
   // The root may live in rank 0's process: do not let rank 0 return (and

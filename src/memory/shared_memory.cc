@@ -87,6 +87,12 @@ bool freeShared(void* p) {
   return true;
 }
 
+size_t allocationBytes(const void* p) {
+  std::lock_guard<std::mutex> lock(gLocalMutex);
+  auto it = gLocal.find(reinterpret_cast<uintptr_t>(p));
+  return it == gLocal.end() ? 0 : it->second.bytes;
+}
+
 std::optional<SharedLocation> findShared(const void* p, size_t bytes) {
   uintptr_t at = reinterpret_cast<uintptr_t>(p);
   std::lock_guard<std::mutex> lock(gLocalMutex);

@@ -27,6 +27,8 @@ struct SharedLocation {
   uint64_t sequence = 0;  // names the object together with the pid
   uint64_t offset = 0;    // of the range within the allocation
 };
+// Bytes of the live allocation that starts at `p` (0 if none does).
+size_t allocationBytes(const void* p);
 // Where [p, p + bytes) lives when it lies inside one live shared allocation.
 std::optional<SharedLocation> findShared(const void* p, size_t bytes);
 

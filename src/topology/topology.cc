@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <ctime>
 #include <fstream>
 #include <map>
 
@@ -35,14 +36,16 @@ uint64_t localProcessId() {
   return id;
 }
 
-int Topology::localRank(int rank) const {
-  const auto& members = nodes[nodeOfRank[rank]];
-  return static_cast<int>(std::find(members.begin(), members.end(), rank) - members.begin());
-}
-
 int Topology::maxRanksPerNode() const {
   size_t m = 0;
   for (const auto& n : nodes) m = std::max(m, n.size());
+  return static_cast<int>(m);
+}
+
+int Topology::minRanksPerNode() const {
+  if (nodes.empty()) return 0;
+  size_t m = nodes.front().size();
+  for (const auto& n : nodes) m = std::min(m, n.size());
   return static_cast<int>(m);
 }
 
@@ -50,15 +53,65 @@ Topology buildTopology(const std::vector<PeerInfo>& peers) {
   Topology t;
   t.nranks = static_cast<int>(peers.size());
   t.nodeOfRank.resize(peers.size());
+  t.localRankOfRank.resize(peers.size());
   std::map<std::string, int> nodeIndex;  // by first appearance in rank order
   for (size_t r = 0; r < peers.size(); ++r) {
     auto [it, inserted] = nodeIndex.emplace(peers[r].hostId, static_cast<int>(t.nodes.size()));
     if (inserted) t.nodes.emplace_back();
+    std::vector<int>& node = t.nodes[it->second];
     t.nodeOfRank[r] = it->second;
-    t.nodes[it->second].push_back(static_cast<int>(r));
+    t.localRankOfRank[r] = static_cast<int>(node.size());
+    node.push_back(static_cast<int>(r));
   }
-  for (const auto& node : t.nodes) t.ring.insert(t.ring.end(), node.begin(), node.end());
+  t.rails.resize(static_cast<size_t>(t.maxRanksPerNode()));
+  for (const auto& node : t.nodes) {
+    t.leaders.push_back(node.front());
+    for (size_t local = 0; local < node.size(); ++local) t.rails[local].push_back(node[local]);
+    t.ring.insert(t.ring.end(), node.begin(), node.end());
+  }
   return t;
+}
+
+const char* linkClassName(LinkClass c) {
+  switch (c) {
+    case LinkClass::kLoopback: return "loopback";
+    case LinkClass::kShm: return "shm";
+    case LinkClass::kNet: return "net";
+  }
+  return "?";
+}
+
+std::optional<LinkClass> parseLinkClass(std::string_view name) {
+  for (LinkClass c : {LinkClass::kLoopback, LinkClass::kShm, LinkClass::kNet})
+    if (name == linkClassName(c)) return c;
+  return std::nullopt;
+}
+
+LinkClass linkClassOfTransport(std::string_view transportName) {
+  if (transportName == "loopback") return LinkClass::kLoopback;
+  if (transportName == "shm" || transportName == "cuda_ipc") return LinkClass::kShm;
+  return LinkClass::kNet;
+}
+
+TopologySummary summarizeTopology(const Topology& topo, const LinkClassifier& classify,
+                                  bool singleProcess, std::optional<MachineTopology> machine) {
+  TopologySummary s;
+  s.nranks = topo.nranks;
+  s.nnodes = static_cast<int>(topo.nodes.size());
+  s.singleProcess = singleProcess;
+  s.maxRanksPerNode = topo.maxRanksPerNode();
+  s.minRanksPerNode = topo.minRanksPerNode();
+  for (const auto& node : topo.nodes) {
+    if (node.size() < 2) continue;
+    LinkClass c = classify(node[0], node[1]);
+    s.intraNode = s.intraNode ? slower(*s.intraNode, c) : c;
+  }
+  for (size_t n = 1; n < topo.leaders.size(); ++n) {
+    LinkClass c = classify(topo.leaders[0], topo.leaders[n]);
+    s.interNode = s.interNode ? slower(*s.interNode, c) : c;
+  }
+  s.machine = std::move(machine);
+  return s;
 }
 
 }  // namespace shoal

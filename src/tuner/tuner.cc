@@ -1,10 +1,9 @@
 #include "tuner/tuner.h"
 
-#include <strings.h>
-
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <cstdlib>
 
 #include "core/log.h"
 #include "core/params.h"
@@ -32,23 +31,79 @@ const std::vector<NcclAlgoName>& ncclAlgoNames() {
 
 uint64_t operationBytes(const CollShape& s) { return s.count * dataTypeSize(s.dtype); }
 
+// Fills what the caller left unset; see TopologySummary.
+TopologySummary completeSummary(TopologySummary t) {
+  t.nranks = std::max(1, t.nranks);
+  t.nnodes = std::clamp(t.nnodes, 1, t.nranks);
+  if (t.maxRanksPerNode <= 0) t.maxRanksPerNode = (t.nranks + t.nnodes - 1) / t.nnodes;
+  if (t.minRanksPerNode <= 0) t.minRanksPerNode = std::max(1, t.nranks / t.nnodes);
+  if (!t.intraNode) t.intraNode = t.singleProcess ? LinkClass::kLoopback : LinkClass::kShm;
+  if (!t.interNode) t.interNode = t.singleProcess ? LinkClass::kLoopback : LinkClass::kNet;
+  if (!t.machine) t.machine = localMachine();
+  return t;
+}
+
+std::vector<int> channelCandidates(int lo, int hi) {
+  std::vector<int> out{lo};
+  for (int c = 1; c <= hi; c *= 2)
+    if (c > lo) out.push_back(c);
+  return out;
+}
+
+// Largest first: ties keep the larger segment (fewer messages).
+std::vector<uint64_t> segmentCandidates(const TunerOptions& o) {
+  if (o.segmentBytes > 0) return {o.segmentBytes};
+  std::vector<uint64_t> out;
+  for (uint64_t s = o.maxSegmentBytes; s >= o.minSegmentBytes && s > 0; s /= 2) out.push_back(s);
+  if (out.empty()) out.push_back(std::max<uint64_t>(1, o.maxSegmentBytes));
+  return out;
+}
+
+// "a\nb\n" -> "a; b": log lines stay single lines.
+std::string oneLine(std::string text) {
+  while (!text.empty() && text.back() == '\n') text.pop_back();
+  for (size_t nl; (nl = text.find('\n')) != std::string::npos;) text.replace(nl, 1, "; ");
+  return text;
+}
+
+bool cheaper(double candidate, double best) { return candidate < best * (1.0 - kMinGain); }
+
 }  // namespace
+
+Result<TunerOptions> tunerOptionsFromEnvironment(int minChannels, int maxChannels) {
+  const Params& p = params();
+  TunerOptions o;
+  o.algo = p.algo;
+  o.shoalAlgo = p.shoalAlgo;
+  if (p.minChannels > 0) o.minChannels = static_cast<int>(p.minChannels);
+  else if (minChannels > 0) o.minChannels = minChannels;
+  if (p.maxChannels > 0) o.maxChannels = static_cast<int>(p.maxChannels);
+  else if (maxChannels > 0) o.maxChannels = maxChannels;
+  if (p.segmentBytes > 0) o.segmentBytes = static_cast<uint64_t>(p.segmentBytes);
+  if (p.buffSize > 0) o.maxSegmentBytes = static_cast<uint64_t>(p.buffSize);
+  if (!p.tunerFile.empty()) {
+    SHOAL_ASSIGN_OR_RETURN(o.links, loadLinkTableFile(p.tunerFile, o.links));
+  }
+  return o;
+}
 
 Result<std::unique_ptr<Tuner>> Tuner::create(const TopologySummary& topo, int minChannels,
                                              int maxChannels) {
-  std::unique_ptr<Tuner> t(new Tuner());
-  t->topo_ = topo;
-  const Params& p = params();
-  if (topo.singleProcess) {
-    // Loopback: one memcpy per message, no network.
-    t->link_ = LinkModel{0.5, 1.0 / 10000.0, 1.0 / 8000.0};
-  }
-  int lo = static_cast<int>(p.minChannels > 0 ? p.minChannels : (minChannels > 0 ? minChannels : 1));
-  int hi = static_cast<int>(p.maxChannels > 0 ? p.maxChannels : (maxChannels > 0 ? maxChannels : 64));
-  t->minChannels_ = std::max(1, lo);
-  t->maxChannels_ = std::max(t->minChannels_, hi);
+  SHOAL_ASSIGN_OR_RETURN(TunerOptions options, tunerOptionsFromEnvironment(minChannels, maxChannels));
+  return create(topo, std::move(options));
+}
 
-  t->forced_ = lower(p.shoalAlgo);
+Result<std::unique_ptr<Tuner>> Tuner::create(const TopologySummary& topo, TunerOptions options) {
+  std::unique_ptr<Tuner> t(new Tuner());
+  t->topo_ = completeSummary(topo);
+  options.minChannels = std::max(1, options.minChannels);
+  options.maxChannels = std::max(options.minChannels, options.maxChannels);
+  t->options_ = std::move(options);
+  const TunerOptions& o = t->options_;
+  t->channelCandidates_ = channelCandidates(o.minChannels, o.maxChannels);
+  t->segmentCandidates_ = segmentCandidates(o);
+
+  t->forced_ = lower(o.shoalAlgo);
   if (!t->forced_.empty()) {
     bool known = std::any_of(algorithms().begin(), algorithms().end(),
                              [&](const AlgorithmEntry& e) { return t->forced_ == e.name; });
@@ -56,10 +111,10 @@ Result<std::unique_ptr<Tuner>> Tuner::create(const TopologySummary& topo, int mi
       std::string names;
       for (const auto& e : algorithms())
         if (names.find(e.name) == std::string::npos) names += std::string(names.empty() ? "" : ", ") + e.name;
-      return invalidArgument("SHOAL_ALGO=", p.shoalAlgo, " is not an algorithm (known: ", names, ")");
+      return invalidArgument("SHOAL_ALGO=", o.shoalAlgo, " is not an algorithm (known: ", names, ")");
     }
   }
-  std::string algo = lower(p.algo);
+  std::string algo = lower(o.algo);
   if (!algo.empty()) {
     t->allowListNegated_ = algo[0] == '^';
     if (t->allowListNegated_) algo.erase(0, 1);
@@ -73,11 +128,17 @@ Result<std::unique_ptr<Tuner>> Tuner::create(const TopologySummary& topo, int mi
       auto it = std::find_if(ncclAlgoNames().begin(), ncclAlgoNames().end(),
                              [&](const NcclAlgoName& n) { return name == n.nccl; });
       if (it == ncclAlgoNames().end())
-        return invalidArgument("NCCL_ALGO=", p.algo, ": unknown algorithm '", name,
+        return invalidArgument("NCCL_ALGO=", o.algo, ": unknown algorithm '", name,
                                "' (known: Ring, Tree, CollnetDirect, CollnetChain, NVLS, NVLSTree, PAT)");
       t->allowList_.insert(t->allowList_.end(), it->shoal.begin(), it->shoal.end());
     }
   }
+  const TopologySummary& s = t->topo_;
+  SHOAL_INFO(subsys::kTuning, "tuner: ", s.nranks, " ranks on ", s.nnodes, " node(s), ",
+             s.minRanksPerNode, "-", s.maxRanksPerNode, " per node, inside ",
+             linkClassName(*s.intraNode), ", across ", linkClassName(*s.interNode), ", machine ",
+             describeMachine(*s.machine), "; links (class alpha_us beta_GBps gamma_GBps): ",
+             oneLine(formatLinkTable(o.links)));
   return t;
 }
 
@@ -87,54 +148,97 @@ bool Tuner::allowed(const AlgorithmEntry& entry) const {
   return allowListNegated_ ? !listed : listed;
 }
 
-Result<TunerChoice> Tuner::choose(const CollShape& shape, const RankView& view) const {
-  TunerChoice choice;
-  const Params& p = params();
-  uint64_t bytes = operationBytes(shape);
-  // Channels stripe large operations; small ones stay on one lane.
-  int channels = bytes >= (4u << 20) ? 2 : 1;
-  choice.params.channels = std::clamp(channels, minChannels_, maxChannels_);
-  choice.params.segmentBytes = p.segmentBytes > 0 ? static_cast<uint64_t>(p.segmentBytes)
-                                                  : (topo_.singleProcess ? (4u << 20) : (1u << 20));
-  CostParams cost{link_.alphaUs, link_.betaUsPerByte, link_.gammaUsPerByte};
-  TransportCaps caps;
+// Flat algorithms cross the slowest link of the communicator: the network
+// when there are several nodes, else the link inside the node.
+// Hierarchical algorithms are charged at the network's costs too: their
+// estimates price the node phases as a fraction of a network byte.
+ModelContext Tuner::contextFor(const AlgorithmEntry& entry, const RankView& view) const {
+  const TopologySummary& s = topo_;
+  LinkClass crossed = *s.intraNode;
+  if (s.nnodes > 1) crossed = s.maxRanksPerNode > 1 ? slower(*s.intraNode, *s.interNode) : *s.interNode;
+  const MachineTopology& m = *s.machine;
+  ModelContext ctx;
+  ctx.link = linkFor(options_.links, crossed);
+  ctx.copyLink = crossed != LinkClass::kNet;
+  ctx.streams = ctx.copyLink ? 1 : std::clamp(m.cores / s.maxRanksPerNode, 1, kMaxNetStreams);
+  ctx.cacheShareBytes = std::max<uint64_t>(
+      m.l2Bytes, m.l3Bytes * static_cast<uint64_t>(std::max(1, m.l3Count)) /
+                     static_cast<uint64_t>(s.maxRanksPerNode));
+  // A chain's estimate assumes infinitely fine pipelining; the model adds its fill.
+  ctx.pipelineHops = std::string_view(entry.name) == "chain" ? std::max(1, view.nranks - 1) : 1;
+  return ctx;
+}
 
-  auto all = candidates(shape.kind);
-  if (!forced_.empty()) {
-    for (const AlgorithmEntry* e : all)
-      if (forced_ == e->name && e->supports(shape, view, caps)) choice.algorithm = e;
-  }
-  if (!choice.algorithm) {
-    double best = 0;
-    for (int pass = 0; pass < 2 && !choice.algorithm; ++pass) {
-      for (const AlgorithmEntry* e : all) {
-        if (!e->supports(shape, view, caps)) continue;
-        if (pass == 0 && !allowed(*e)) continue;  // pass 1: the allow list left nothing
-        double estimate = e->estimate(shape, view, cost);
-        if (!choice.algorithm || estimate < best) {
-          choice.algorithm = e;
-          best = estimate;
-        }
+std::pair<AlgoParams, double> Tuner::bestParams(const AlgorithmEntry& entry, const CollShape& shape,
+                                                const RankView& view) const {
+  const ModelContext ctx = contextFor(entry, view);
+  AlgoParams best;
+  double bestCost = 0;
+  bool first = true;
+  for (int channels : channelCandidates_) {
+    CollShape part = shape;
+    part.count = (shape.count + static_cast<uint64_t>(channels) - 1) / static_cast<uint64_t>(channels);
+    const AlgorithmTerms terms = decompose(entry, part, view);
+    for (uint64_t segment : segmentCandidates_) {
+      double cost = candidateCostUs(terms, ctx, Candidate{channels, segment});
+      if (first || cheaper(cost, bestCost)) {
+        best = AlgoParams{channels, segment};
+        bestCost = cost;
+        first = false;
       }
     }
   }
+  return {best, bestCost};
+}
+
+Result<std::pair<TunerChoice, double>> Tuner::decide(const CollShape& shape,
+                                                     const RankView& view) const {
+  TunerChoice choice;
+  double best = 0;
+  const TransportCaps caps;
+  auto consider = [&](const AlgorithmEntry* e) {
+    auto [params, cost] = bestParams(*e, shape, view);
+    if (!choice.algorithm || cheaper(cost, best)) {
+      choice = TunerChoice{e, params};
+      best = cost;
+    }
+  };
+  auto all = candidates(shape.kind);
+  if (!forced_.empty()) {
+    for (const AlgorithmEntry* e : all)
+      if (forced_ == e->name && e->supports(shape, view, caps)) consider(e);
+  }
+  for (int pass = 0; pass < 2 && !choice.algorithm; ++pass) {
+    for (const AlgorithmEntry* e : all) {
+      if (!e->supports(shape, view, caps)) continue;
+      if (pass == 0 && !allowed(*e)) continue;  // pass 1: the allow list left nothing
+      consider(e);
+    }
+  }
   if (!choice.algorithm)
-    return internalError("no algorithm supports ", collKindName(shape.kind), " of ", bytes, " bytes");
+    return internalError("no algorithm supports ", collKindName(shape.kind), " of ",
+                         operationBytes(shape), " bytes");
+  return std::make_pair(choice, best);
+}
+
+Result<TunerChoice> Tuner::choose(const CollShape& shape, const RankView& view) const {
+  SHOAL_ASSIGN_OR_RETURN(auto decision, decide(shape, view));
+  const auto& [choice, costUs] = decision;
+  const uint64_t bytes = operationBytes(shape);
   int bucket = bytes == 0 ? 0 : 1 + static_cast<int>(std::log2(static_cast<double>(bytes)));
   {
     std::lock_guard<std::mutex> lock(logMutex_);
     if (logged_.emplace(static_cast<int>(shape.kind), bucket).second)
       SHOAL_INFO(subsys::kTuning, collKindName(shape.kind), " ", bytes, " bytes: algorithm ",
                  choice.algorithm->name, ", ", choice.params.channels, " channel(s), segment ",
-                 choice.params.segmentBytes, " bytes");
+                 choice.params.segmentBytes, " bytes (model ", costUs, " us)");
   }
   return choice;
 }
 
 Result<double> Tuner::estimateUs(const CollShape& shape, const RankView& view) const {
-  SHOAL_ASSIGN_OR_RETURN(TunerChoice choice, choose(shape, view));
-  CostParams cost{link_.alphaUs, link_.betaUsPerByte, link_.gammaUsPerByte};
-  return choice.algorithm->estimate(shape, view, cost);
+  SHOAL_ASSIGN_OR_RETURN(auto decision, decide(shape, view));
+  return decision.second;
 }
 
 }  // namespace shoal

@@ -1,10 +1,17 @@
 // Tuner: chooses the algorithm, channels and segment size for an operation.
 //
-// Role: a pure function of (operation shape, topology summary) using each
-// algorithm's alpha-beta-gamma estimate from collectives/registry.h; the
-// cheapest supported algorithm wins. NCCL_ALGO and SHOAL_ALGO are parsed once at
-// creation (a bad name is an error) and restrict or force the choice. Each
-// decision is logged once per (collective, size bucket) at INFO TUNING.
+// Role: a pure function of (operation shape, topology summary, link costs).
+// For every supported algorithm of the collective (collectives/registry.h),
+// every channel count and every segment size it evaluates the cost model of
+// tuner/cost_model.h and keeps the cheapest; a candidate must beat the
+// current choice by kMinGain, so ties go to table order, fewer channels and
+// larger segments. NCCL_ALGO and SHOAL_ALGO are parsed once at creation (a bad
+// name is an error) and restrict or force the algorithm; NCCL_MIN/MAX_NCHANNELS
+// and SHOAL_SEGMENT_BYTES bound or force the rest. Each decision is logged
+// once per (collective, size bucket) at INFO TUNING.
+//
+// Every rank of a communicator must reach the same decision, so the inputs
+// are global facts only (TopologySummary says which).
 // Thread-safety: choose() is const apart from the log-once set (locked).
 #pragma once
 
@@ -18,44 +25,66 @@
 #include "collectives/registry.h"
 #include "core/status.h"
 #include "topology/topology.h"
+#include "tuner/cost_model.h"
 
 namespace shoal {
-
-// Link costs per transport class, microseconds and microseconds per byte.
-struct LinkModel {
-  double alphaUs = 10.0;      // per message
-  double betaUsPerByte = 1.0 / 1500.0;   // 1.5 GB/s
-  double gammaUsPerByte = 1.0 / 8000.0;  // reduction, 8 GB/s
-};
 
 struct TunerChoice {
   const AlgorithmEntry* algorithm = nullptr;
   AlgoParams params;
 };
 
-struct TopologySummary {
-  int nranks = 1;
-  int nnodes = 1;
-  bool singleProcess = false;  // every rank in this process (loopback)
+struct TunerOptions {
+  LinkTable links = builtinLinkTable();
+  std::string algo;              // NCCL_ALGO: allow list of NCCL names, ^ negates
+  std::string shoalAlgo;         // SHOAL_ALGO: one Shoal algorithm name
+  int minChannels = 1;
+  int maxChannels = 16;
+  uint64_t segmentBytes = 0;     // > 0: forced (SHOAL_SEGMENT_BYTES)
+  uint64_t minSegmentBytes = 16 << 10;
+  uint64_t maxSegmentBytes = 4 << 20;  // NCCL_BUFFSIZE: scratch per peer and channel
 };
+
+// From the parameters (NCCL_ALGO, SHOAL_ALGO, NCCL_MIN/MAX_NCHANNELS,
+// SHOAL_SEGMENT_BYTES, NCCL_BUFFSIZE) and SHOAL_TUNER_FILE over the built-in
+// link table. minChannels/maxChannels come from the communicator's config
+// (<= 0: unset); the environment wins over them. A malformed tuner file is an
+// error naming the line.
+Result<TunerOptions> tunerOptionsFromEnvironment(int minChannels, int maxChannels);
+
+// A candidate must be this much cheaper to replace the current choice: the
+// model is not more accurate than that, and the simpler choice is the safer.
+inline constexpr double kMinGain = 0.02;
 
 class Tuner {
  public:
+  // tunerOptionsFromEnvironment(minChannels, maxChannels), then create().
   static Result<std::unique_ptr<Tuner>> create(const TopologySummary& topo, int minChannels,
                                                int maxChannels);
+  static Result<std::unique_ptr<Tuner>> create(const TopologySummary& topo, TunerOptions options);
+
   Result<TunerChoice> choose(const CollShape& shape, const RankView& view) const;
-  // The chosen algorithm's estimated time in microseconds.
+  // The chosen candidate's modelled time in microseconds.
   Result<double> estimateUs(const CollShape& shape, const RankView& view) const;
+
+  // The summary with every default filled in (machine included).
+  const TopologySummary& summary() const { return topo_; }
+  const LinkTable& links() const { return options_.links; }
 
  private:
   Tuner() = default;
   bool allowed(const AlgorithmEntry& entry) const;
+  ModelContext contextFor(const AlgorithmEntry& entry, const RankView& view) const;
+  // The cheapest (channels, segment) for one algorithm, and its cost.
+  std::pair<AlgoParams, double> bestParams(const AlgorithmEntry& entry, const CollShape& shape,
+                                           const RankView& view) const;
+  Result<std::pair<TunerChoice, double>> decide(const CollShape& shape, const RankView& view) const;
 
   TopologySummary topo_;
-  LinkModel link_;
-  int minChannels_ = 1;
-  int maxChannels_ = 1;
-  std::string forced_;                 // SHOAL_ALGO
+  TunerOptions options_;
+  std::vector<int> channelCandidates_;
+  std::vector<uint64_t> segmentCandidates_;
+  std::string forced_;                 // SHOAL_ALGO, lower case
   std::vector<std::string> allowList_; // from NCCL_ALGO (lower-case Shoal names)
   bool allowListNegated_ = false;
   mutable std::mutex logMutex_;

@@ -1,0 +1,120 @@
+// Cost model of the tuner: link costs per link class and the time of one
+// candidate (algorithm, channels, segment size).
+//
+// Role: pure functions and plain values; the Tuner (tuner.h) enumerates
+// candidates and keeps the cheapest. Thread-safe.
+//
+// Vocabulary (DESIGN.md §3, reference/fabric-and-peers.md §4):
+//   alpha    microseconds per message (ping-pong half round trip).
+//   beta     microseconds per byte over one link (one stream).
+//   gamma    microseconds per byte reduced (the reducer, src/reduce).
+//   terms    an algorithm's registry estimate split into its three counts:
+//            messages on the critical path (M), bytes over the busiest link (B)
+//            and bytes reduced (G), by evaluating it with unit costs (every
+//            estimate is linear in alpha, beta and gamma).
+//   piece    one message after segmentation.
+//
+// The time of a candidate with c channels and segment s, per channel (the
+// channel carries 1/c of the buffer; terms computed for that part):
+//   message  B/M bytes (a pipelined chain: B, every hop forwards the part)
+//   S        = max(1, message / s)              pieces per message
+//   piece    = message / S
+//   cache    = kCacheSpeedup when kSegmentsInFlight pieces fit in this rank's
+//              share of the cache (max(L2, L3 total / ranks per node)), else 1
+//   beta'    = beta / cache on copy links (loopback, shm), beta on net
+//   gamma'   = gamma / cache
+// ring-like (every rank sends each step; the estimate's M is sequential):
+//   channel  = M S alpha + body, where body is
+//              copy links: B beta' + G gamma' (the rank's one thread does both)
+//              net: max(B beta', G gamma') + min(B beta', G gamma') / S (the
+//              kernel and NIC move one piece while the rank reduces another)
+// pipelined chain of h hops (estimate assumes infinitely fine pipelining):
+//   stage    = alpha + piece beta' + piece (G/B) gamma'   (net: max of the two)
+//   channel  = (h - 1 + S) stage
+// and over the channels:
+//   total    = channel * max(1, c / streams), or infinite when c > 1 and a
+//              message is below the half-performance length alpha/beta: it
+//              costs its latency whatever its size, so splitting it over
+//              channels only multiplies messages.
+// streams is how many channels add bandwidth on the link: 1 on copy links
+// (each rank is one thread that copies its own bytes), and on net the cores
+// each rank of a node may use for the network stack (cores / ranks per node,
+// at most kMaxNetStreams).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "collectives/registry.h"
+#include "core/status.h"
+#include "topology/topology.h"
+
+namespace shoal {
+
+struct LinkModel {
+  double alphaUs = 10.0;                 // per message
+  double betaUsPerByte = 1.0 / 1500.0;   // 1.5 GB/s
+  double gammaUsPerByte = 1.0 / 8000.0;  // reduction, 8 GB/s
+};
+
+// Indexed by LinkClass.
+using LinkTable = std::array<LinkModel, kLinkClassCount>;
+
+inline const LinkModel& linkFor(const LinkTable& t, LinkClass c) {
+  return t[static_cast<size_t>(c)];
+}
+
+// Measured on the development machine (see cost_model.cc for the command).
+LinkTable builtinLinkTable();
+
+// SHOAL_TUNER_FILE format, one class a line ('#' starts a comment):
+//   <class> <alpha_us> <beta_GBps> <gamma_GBps>     class: loopback, shm or net
+// GB = 1e9 bytes. Classes not listed keep their value from base. A malformed
+// line is an error naming origin and the line number.
+Result<LinkTable> parseLinkTable(std::string_view text, std::string_view origin,
+                                 const LinkTable& base);
+Result<LinkTable> loadLinkTableFile(const std::string& path, const LinkTable& base);
+// One line per class in the file format (logs, calibrate_links).
+std::string formatLinkTable(const LinkTable& t);
+
+// How much faster a reduction or copy runs when the received piece is still
+// in cache: of the three streams a reduction touches (local operand, received
+// operand, result) one no longer comes from memory, 3/2. calibrate_links
+// prints the upper bound, every stream cache-resident (about 6 on the
+// development VM).
+inline constexpr double kCacheSpeedup = 1.5;
+// Pieces of one channel a rank holds at once: two rounds in flight, each
+// with a piece being sent and one being received.
+inline constexpr int kSegmentsInFlight = 4;
+inline constexpr int kMaxNetStreams = 8;
+
+struct AlgorithmTerms {
+  double messages = 0;      // M
+  double linkBytes = 0;     // B
+  double reducedBytes = 0;  // G
+};
+AlgorithmTerms decompose(const AlgorithmEntry& algorithm, const CollShape& shape,
+                         const RankView& view);
+
+// What the model needs of the topology for one algorithm.
+struct ModelContext {
+  LinkModel link;                 // the slowest link class the algorithm crosses
+  bool copyLink = true;           // loopback or shm: the rank's thread moves the bytes
+  int streams = 1;                // channels that add bandwidth
+  uint64_t cacheShareBytes = 0;   // this rank's share of the cache
+  int pipelineHops = 1;           // > 1: a pipelined chain of that many links
+};
+
+struct Candidate {
+  int channels = 1;
+  uint64_t segmentBytes = 1 << 20;
+};
+
+// Microseconds for the candidate; perChannel are the terms for 1/channels of
+// the buffer.
+double candidateCostUs(const AlgorithmTerms& perChannel, const ModelContext& ctx,
+                       const Candidate& candidate);
+
+}  // namespace shoal

@@ -1,0 +1,286 @@
+// Forked-process tests over the ofi transport (CTest label "mp"): each rank
+// is its own process, SHOAL_TRANSPORT=ofi forces libfabric for every peer,
+// FI_PROVIDER picks the provider ("tcp;ofi_rxm" on lo, or shm), and only the
+// public C API is used. Covers the data of every collective at 2 and 3
+// processes, grouped send/recv, and a SIGKILLed rank making the survivors fail
+// naming it within the no-progress deadline.
+//
+// Needs the transport registry to know "ofi" (transports/registry.cc). Every
+// run is bounded by the harness watchdog; buffers stay at or under 1 MiB.
+#include <nccl.h>
+
+#include <signal.h>
+#include <time.h>
+
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "support/mp_harness.h"
+
+using shoal::testing::MpChild;
+using shoal::testing::MpConfig;
+using shoal::testing::MpResult;
+using shoal::testing::runForked;
+
+namespace {
+
+double monoMs() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<double>(ts.tv_sec) * 1e3 + static_cast<double>(ts.tv_nsec) / 1e6;
+}
+
+std::string describe(ncclResult_t rc) {
+  return std::string(ncclGetErrorString(rc)) + " (" + std::to_string(static_cast<int>(rc)) +
+         "): " + ncclGetLastError(nullptr);
+}
+
+#define CHILD_CHECK(child, cond, what)                                                                        \
+  do {                                                                                                        \
+    if (!(cond)) {                                                                                            \
+      (child).log(std::string("CHECK FAILED at line ") + std::to_string(__LINE__) + ": " + #cond + " -- " + \
+                  (what));                                                                                    \
+      return 1;                                                                                               \
+    }                                                                                                         \
+  } while (0)
+
+#define CHILD_NCCL(child, call)                                                                          \
+  do {                                                                                                   \
+    ncclResult_t rc_ = (call);                                                                           \
+    if (rc_ != ncclSuccess) {                                                                            \
+      (child).log(std::string("line ") + std::to_string(__LINE__) + ": " + #call + " -> " + describe(rc_)); \
+      return 1;                                                                                          \
+    }                                                                                                    \
+  } while (0)
+
+// Small integers: every sum over <= 4 ranks is exact in float.
+float value(int rank, size_t i) { return static_cast<float>((rank * 13 + static_cast<int>(i % 1021)) % 17); }
+
+bool expectFloats(MpChild& child, const char* what, const std::vector<float>& got,
+                  const std::function<float(size_t)>& want) {
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (got[i] != want(i)) {
+      char line[200];
+      std::snprintf(line, sizeof(line), "%s: element %zu is %g, expected %g", what, i, static_cast<double>(got[i]),
+                    static_cast<double>(want(i)));
+      child.log(line);
+      return false;
+    }
+  }
+  return true;
+}
+
+ncclResult_t initComm(MpChild& child, ncclComm_t* comm) {
+  ncclUniqueId id;
+  if (!child.uniqueId(&id)) return ncclSystemError;
+  return ncclCommInitRank(comm, child.nranks(), id, child.rank());
+}
+
+float sumOver(int n, size_t i) {
+  float s = 0;
+  for (int q = 0; q < n; ++q) s += value(q, i);
+  return s;
+}
+
+int everyCollective(MpChild& c) {
+  const int n = c.nranks(), r = c.rank();
+  ncclComm_t comm = nullptr;
+  CHILD_NCCL(c, initComm(c, &comm));
+  {  // AllReduce sum, 1 MiB of float
+    const size_t N = 262144;
+    std::vector<float> send(N), recv(N, -1.f);
+    for (size_t i = 0; i < N; ++i) send[i] = value(r, i);
+    CHILD_NCCL(c, ncclAllReduce(send.data(), recv.data(), N, ncclFloat, ncclSum, comm, nullptr));
+    CHILD_CHECK(c, expectFloats(c, "AllReduce", recv, [&](size_t i) { return sumOver(n, i); }), "AllReduce");
+  }
+  {  // AllReduce max in place, small
+    std::vector<int32_t> buf(1000);
+    for (size_t i = 0; i < buf.size(); ++i) buf[i] = static_cast<int32_t>((r * 7 + i) % 11) - 5;
+    CHILD_NCCL(c, ncclAllReduce(buf.data(), buf.data(), buf.size(), ncclInt32, ncclMax, comm, nullptr));
+    for (size_t i = 0; i < buf.size(); ++i) {
+      int32_t want = -1000;
+      for (int q = 0; q < n; ++q) want = std::max(want, static_cast<int32_t>((q * 7 + i) % 11) - 5);
+      CHILD_CHECK(c, buf[i] == want, "AllReduce max element " + std::to_string(i));
+    }
+  }
+  {  // Broadcast from the last rank
+    const size_t N = 100000;
+    const int root = n - 1;
+    std::vector<float> send(N), recv(N, -1.f);
+    for (size_t i = 0; i < N; ++i) send[i] = value(r, i);
+    CHILD_NCCL(c, ncclBroadcast(r == root ? send.data() : nullptr, recv.data(), N, ncclFloat, root, comm, nullptr));
+    CHILD_CHECK(c, expectFloats(c, "Broadcast", recv, [&](size_t i) { return value(root, i); }), "Broadcast");
+  }
+  {  // Reduce to rank 1 % n
+    const size_t N = 50000;
+    const int root = 1 % n;
+    std::vector<float> send(N), recv(N, -1.f);
+    for (size_t i = 0; i < N; ++i) send[i] = value(r, i);
+    CHILD_NCCL(c, ncclReduce(send.data(), r == root ? recv.data() : nullptr, N, ncclFloat, ncclSum, root, comm,
+                             nullptr));
+    if (r == root) CHILD_CHECK(c, expectFloats(c, "Reduce", recv, [&](size_t i) { return sumOver(n, i); }), "Reduce");
+  }
+  {  // AllGather
+    const size_t N = 32768;
+    std::vector<float> send(N), recv(N * n, -1.f);
+    for (size_t i = 0; i < N; ++i) send[i] = value(r, i);
+    CHILD_NCCL(c, ncclAllGather(send.data(), recv.data(), N, ncclFloat, comm, nullptr));
+    CHILD_CHECK(c, expectFloats(c, "AllGather", recv, [&](size_t j) { return value(static_cast<int>(j / N), j % N); }),
+                "AllGather");
+  }
+  {  // ReduceScatter
+    const size_t N = 32768;
+    std::vector<float> send(N * n), recv(N, -1.f);
+    for (size_t j = 0; j < N * n; ++j) send[j] = value(r, j);
+    CHILD_NCCL(c, ncclReduceScatter(send.data(), recv.data(), N, ncclFloat, ncclSum, comm, nullptr));
+    CHILD_CHECK(c, expectFloats(c, "ReduceScatter", recv,
+                                [&](size_t i) { return sumOver(n, static_cast<size_t>(r) * N + i); }),
+                "ReduceScatter");
+  }
+  {  // AlltoAll
+    const size_t N = 16384;
+    std::vector<float> send(N * n), recv(N * n, -1.f);
+    for (size_t j = 0; j < N * n; ++j) send[j] = value(r, j);
+    CHILD_NCCL(c, ncclAlltoAll(send.data(), recv.data(), N, ncclFloat, comm, nullptr));
+    CHILD_CHECK(c, expectFloats(c, "AlltoAll", recv, [&](size_t j) {
+                  return value(static_cast<int>(j / N), static_cast<size_t>(r) * N + j % N);
+                }),
+                "AlltoAll");
+  }
+  {  // Gather to rank 0, Scatter from the last rank
+    const size_t N = 16384;
+    std::vector<float> send(N), recv(r == 0 ? N * n : 0, -1.f);
+    for (size_t i = 0; i < N; ++i) send[i] = value(r, i);
+    CHILD_NCCL(c, ncclGather(send.data(), r == 0 ? recv.data() : nullptr, N, ncclFloat, 0, comm, nullptr));
+    if (r == 0)
+      CHILD_CHECK(c, expectFloats(c, "Gather", recv, [&](size_t j) { return value(static_cast<int>(j / N), j % N); }),
+                  "Gather");
+    const int root = n - 1;
+    std::vector<float> all(r == root ? N * n : 0), mine(N, -1.f);
+    for (size_t j = 0; j < all.size(); ++j) all[j] = value(r, j);
+    CHILD_NCCL(c, ncclScatter(r == root ? all.data() : nullptr, mine.data(), N, ncclFloat, root, comm, nullptr));
+    CHILD_CHECK(c, expectFloats(c, "Scatter", mine, [&](size_t i) { return value(root, static_cast<size_t>(r) * N + i); }),
+                "Scatter");
+  }
+  {  // grouped send/recv: a ring shift of 1 MiB
+    const size_t N = 262144;
+    const int next = (r + 1) % n, prev = (r + n - 1) % n;
+    std::vector<float> send(N), recv(N, -1.f);
+    for (size_t i = 0; i < N; ++i) send[i] = value(r, i);
+    CHILD_NCCL(c, ncclGroupStart());
+    CHILD_NCCL(c, ncclSend(send.data(), N, ncclFloat, next, comm, nullptr));
+    CHILD_NCCL(c, ncclRecv(recv.data(), N, ncclFloat, prev, comm, nullptr));
+    CHILD_NCCL(c, ncclGroupEnd());
+    CHILD_CHECK(c, expectFloats(c, "ring send/recv", recv, [&](size_t i) { return value(prev, i); }), "send/recv");
+  }
+  ncclResult_t async = ncclInternalError;
+  CHILD_NCCL(c, ncclCommGetAsyncError(comm, &async));
+  CHILD_CHECK(c, async == ncclSuccess, "async error after healthy collectives");
+  CHILD_NCCL(c, ncclCommFinalize(comm));
+  CHILD_NCCL(c, ncclCommDestroy(comm));
+  return 0;
+}
+
+// A loop of AllReduces; `victim` SIGKILLs itself at iteration `killAt`. The
+// survivors' call must fail (remote or system error) naming the victim.
+int killOneRank(MpChild& c, int victim, int killAt) {
+  const int r = c.rank();
+  ncclComm_t comm = nullptr;
+  CHILD_NCCL(c, initComm(c, &comm));
+  std::vector<float> send(65536), recv(65536);
+  for (size_t i = 0; i < send.size(); ++i) send[i] = value(r, i);
+  for (int it = 0; it < 1000; ++it) {
+    if (r == victim && it == killAt) ::raise(SIGKILL);
+    double t0 = monoMs();
+    ncclResult_t rc = ncclAllReduce(send.data(), recv.data(), send.size(), ncclFloat, ncclSum, comm, nullptr);
+    double ms = monoMs() - t0;
+    if (rc == ncclSuccess) continue;
+    std::string last = ncclGetLastError(nullptr);
+    c.log("iteration " + std::to_string(it) + " failed after " + std::to_string(static_cast<int>(ms)) +
+          " ms: " + describe(rc));
+    CHILD_CHECK(c, it >= killAt, "a collective failed before the victim died");
+    CHILD_CHECK(c, rc == ncclRemoteError || rc == ncclSystemError, "unexpected code " + describe(rc));
+    CHILD_CHECK(c, last.find("rank " + std::to_string(victim)) != std::string::npos,
+                "the error does not name rank " + std::to_string(victim) + ": " + last);
+    bool released = c.barrier();
+    CHILD_NCCL(c, ncclCommAbort(comm));
+    CHILD_CHECK(c, released, "the other ranks did not finish");
+    return 0;
+  }
+  c.log("every AllReduce succeeded although a rank died");
+  return 1;
+}
+
+MpConfig ofiConfig(int nranks, const std::string& provider) {
+  MpConfig cfg;
+  cfg.nranks = nranks;
+  cfg.hardLimitMs = 60000;
+  cfg.env = {{"SHOAL_TRANSPORT", "ofi"}, {"FI_PROVIDER", provider}, {"FI_TCP_IFACE", "lo"},
+             {"NCCL_SOCKET_IFNAME", "lo"}};
+  return cfg;
+}
+
+void requirePassed(const MpResult& res) {
+  INFO(res.report());
+  REQUIRE_FALSE(res.timedOut);
+  REQUIRE(res.allPassed());
+}
+
+}  // namespace
+
+TEST_CASE("mp ofi: every collective over tcp;ofi_rxm at 2 and 3 processes", "[mp][ofi]") {
+  for (int n : {2, 3}) {
+    INFO("nranks " << n);
+    requirePassed(runForked(ofiConfig(n, "tcp;ofi_rxm"), everyCollective));
+  }
+}
+
+TEST_CASE("mp ofi: every collective over shm at 2 and 3 processes", "[mp][ofi]") {
+  for (int n : {2, 3}) {
+    INFO("nranks " << n);
+    requirePassed(runForked(ofiConfig(n, "shm"), everyCollective));
+  }
+}
+
+TEST_CASE("mp ofi: a forced ofi whose provider is absent fails init with a clear error", "[mp][ofi]") {
+  MpResult res = runForked(ofiConfig(2, "nosuchprovider"), [](MpChild& c) {
+    ncclComm_t comm = nullptr;
+    ncclResult_t rc = initComm(c, &comm);
+    if (rc == ncclSuccess) {  // connections may be made at the first collective
+      std::vector<float> buf(16, 1.f);
+      rc = ncclAllReduce(buf.data(), buf.data(), buf.size(), ncclFloat, ncclSum, comm, nullptr);
+    }
+    std::string last = ncclGetLastError(nullptr);
+    c.log("returned " + describe(rc));
+    CHILD_CHECK(c, rc != ncclSuccess, "a collective succeeded without a provider");
+    CHILD_CHECK(c, last.find("ofi") != std::string::npos, "the error does not mention ofi: " + last);
+    c.barrier();
+    if (comm != nullptr) (void)ncclCommAbort(comm);
+    return 0;
+  });
+  requirePassed(res);
+}
+
+TEST_CASE("mp ofi: a SIGKILLed rank makes the survivors fail naming it", "[mp][ofi][failure]") {
+  for (const char* provider : {"tcp;ofi_rxm", "shm"}) {
+    INFO(provider);
+    MpConfig cfg = ofiConfig(3, provider);
+    cfg.hardLimitMs = 45000;
+    // A survivor that hears nothing from the provider relies on the deadline.
+    cfg.env.emplace_back("SHOAL_PROGRESS_TIMEOUT_MS", "10000");
+    const int victim = 2;
+    MpResult res = runForked(cfg, [&](MpChild& c) { return killOneRank(c, victim, 5); });
+    INFO(res.report());
+    REQUIRE_FALSE(res.timedOut);
+    for (const auto& rr : res.ranks) {
+      if (rr.rank == victim) CHECK(rr.termSignal == SIGKILL);
+      else CHECK((rr.exited && rr.exitCode == 0));
+    }
+  }
+}

@@ -1,0 +1,666 @@
+// Tuner and topology: golden decision tables for fixed topologies and link
+// costs (independent of this machine's calibration), the cost model's
+// properties, SHOAL_TUNER_FILE and NCCL_ALGO/SHOAL_ALGO errors, node
+// subgroups from fake PeerInfo lists, and a machine discovery smoke test.
+//
+// Regenerate the golden table after a deliberate model change with
+//   ./tests/tuner_tests '[.print]'
+// and review the differences before pasting them in.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "core/params.h"
+#include "topology/machine.h"
+#include "topology/topology.h"
+#include "tuner/cost_model.h"
+#include "tuner/tuner.h"
+
+using namespace shoal;
+
+namespace {
+
+constexpr uint64_t KiB = 1024, MiB = 1024 * 1024;
+
+// Fixed link costs: the golden table must not follow the calibration.
+LinkTable testLinks() {
+  LinkTable t;
+  t[static_cast<size_t>(LinkClass::kLoopback)] = {1.0, 1.0 / 10000.0, 1.0 / 10000.0};  // 10 GB/s
+  t[static_cast<size_t>(LinkClass::kShm)] = {3.0, 1.0 / 6000.0, 1.0 / 10000.0};        // 6 GB/s
+  t[static_cast<size_t>(LinkClass::kNet)] = {25.0, 1.0 / 1250.0, 1.0 / 10000.0};       // 10 Gb/s
+  return t;
+}
+
+MachineTopology smallMachine(int cores) {
+  MachineTopology m;
+  m.cores = cores;
+  m.l2Bytes = 1 * MiB;
+  m.l3Bytes = 32 * MiB;
+  m.l3Count = 1;
+  m.nics = {"eth0", "lo"};
+  m.source = "test";
+  return m;
+}
+
+MachineTopology bigMachine() {
+  MachineTopology m;
+  m.packages = 2;
+  m.cores = 96;
+  m.numaNodes = 2;
+  m.l2Bytes = 2 * MiB;
+  m.l3Bytes = 105 * MiB;
+  m.l3Count = 2;
+  m.gpus = 8;
+  m.source = "test";
+  return m;
+}
+
+struct NamedTopology {
+  const char* name;
+  TopologySummary summary;
+};
+
+TopologySummary summary(int nnodes, int perNode, LinkClass intra, LinkClass inter,
+                        MachineTopology machine, bool singleProcess = false) {
+  TopologySummary s;
+  s.nranks = nnodes * perNode;
+  s.nnodes = nnodes;
+  s.singleProcess = singleProcess;
+  s.maxRanksPerNode = perNode;
+  s.minRanksPerNode = perNode;
+  s.intraNode = intra;
+  s.interNode = inter;
+  s.machine = std::move(machine);
+  return s;
+}
+
+const std::vector<NamedTopology>& topologies() {
+  static const std::vector<NamedTopology> all = {
+      {"1x2 shm", summary(1, 2, LinkClass::kShm, LinkClass::kNet, smallMachine(2))},
+      {"1x4 shm", summary(1, 4, LinkClass::kShm, LinkClass::kNet, smallMachine(4))},
+      {"2x2 net+shm", summary(2, 2, LinkClass::kShm, LinkClass::kNet, smallMachine(8))},
+      {"1x8 loopback",
+       summary(1, 8, LinkClass::kLoopback, LinkClass::kLoopback, smallMachine(8), true)},
+      {"64x16 net+shm", summary(64, 16, LinkClass::kShm, LinkClass::kNet, bigMachine())},
+  };
+  return all;
+}
+
+TunerOptions testOptions() {
+  TunerOptions o;
+  o.links = testLinks();
+  return o;
+}
+
+std::unique_ptr<Tuner> makeTuner(const TopologySummary& s, TunerOptions o = testOptions()) {
+  auto tuner = Tuner::create(s, std::move(o));
+  REQUIRE(tuner.isOk());
+  return std::move(tuner).value();
+}
+
+CollShape shapeOf(CollKind kind, uint64_t bytes) {
+  CollShape s;
+  s.kind = kind;
+  s.dtype = DataType::kUint8;
+  s.count = bytes;
+  if (kind == CollKind::kBroadcast || kind == CollKind::kReduce || kind == CollKind::kGather ||
+      kind == CollKind::kScatter)
+    s.root = 0;
+  if (kind == CollKind::kSend) s.peer = 1;
+  return s;
+}
+
+RankView viewOf(int nranks) {
+  RankView v;
+  v.nranks = nranks;
+  for (int r = 0; r < nranks; ++r) v.ring.push_back(r);
+  return v;
+}
+
+// As the communicator builds it: nodes of consecutive ranks; peers' memory is
+// readable inside one host.
+RankView viewOf(const TopologySummary& s) {
+  RankView v = viewOf(s.nranks);
+  for (int r = 0; r < s.nranks; ++r) v.nodeOf.push_back(r / s.maxRanksPerNode);
+  v.peerReads = s.nnodes == 1;
+  return v;
+}
+
+const std::vector<CollKind> kKinds = {CollKind::kAllReduce, CollKind::kAllGather,
+                                      CollKind::kReduceScatter, CollKind::kBroadcast,
+                                      CollKind::kReduce, CollKind::kAllToAll};
+const std::vector<uint64_t> kSizes = {8, 1 * KiB, 64 * KiB, 1 * MiB, 16 * MiB, 256 * MiB};
+
+struct GoldenRow {
+  const char* topology;
+  CollKind kind;
+  uint64_t bytes;  // count of uint8 in NCCL's convention for the collective
+  const char* algorithm;
+  int channels;
+  uint64_t segmentBytes;
+};
+
+std::string kindIdentifier(CollKind k) {
+  switch (k) {
+    case CollKind::kAllReduce: return "kAllReduce";
+    case CollKind::kAllGather: return "kAllGather";
+    case CollKind::kReduceScatter: return "kReduceScatter";
+    case CollKind::kBroadcast: return "kBroadcast";
+    case CollKind::kReduce: return "kReduce";
+    case CollKind::kAllToAll: return "kAllToAll";
+    default: return "?";
+  }
+}
+
+std::string bytesIdentifier(uint64_t b) {
+  if (b >= MiB && b % MiB == 0) return std::to_string(b / MiB) + " * MiB";
+  if (b >= KiB && b % KiB == 0) return std::to_string(b / KiB) + " * KiB";
+  return std::to_string(b);
+}
+
+// clang-format off
+const std::vector<GoldenRow> kGolden = {
+    // topology, collective, bytes: algorithm, channels, segment  // modelled time
+    {"1x2 shm", CollKind::kAllReduce, 8, "recursive_doubling", 1, 4 * MiB},  // 3.0 us
+    {"1x2 shm", CollKind::kAllReduce, 1 * KiB, "recursive_doubling", 1, 4 * MiB},  // 3.2 us
+    {"1x2 shm", CollKind::kAllReduce, 64 * KiB, "recursive_doubling", 1, 4 * MiB},  // 14.7 us
+    {"1x2 shm", CollKind::kAllReduce, 1 * MiB, "peer_read", 1, 4 * MiB},  // 102.2 us
+    {"1x2 shm", CollKind::kAllReduce, 16 * MiB, "peer_read", 1, 4 * MiB},  // 1500.3 us
+    {"1x2 shm", CollKind::kAllReduce, 256 * MiB, "peer_read", 1, 4 * MiB},  // 23956.9 us
+    {"1x2 shm", CollKind::kAllGather, 8, "ring", 1, 4 * MiB},  // 3.0 us
+    {"1x2 shm", CollKind::kAllGather, 1 * KiB, "ring", 1, 4 * MiB},  // 3.1 us
+    {"1x2 shm", CollKind::kAllGather, 64 * KiB, "peer_read", 1, 4 * MiB},  // 9.6 us
+    {"1x2 shm", CollKind::kAllGather, 1 * MiB, "peer_read", 1, 4 * MiB},  // 64.3 us
+    {"1x2 shm", CollKind::kAllGather, 16 * MiB, "peer_read", 1, 4 * MiB},  // 938.1 us
+    {"1x2 shm", CollKind::kAllGather, 256 * MiB, "peer_read", 1, 4 * MiB},  // 15009.1 us
+    {"1x2 shm", CollKind::kReduceScatter, 8, "ring", 1, 4 * MiB},  // 3.0 us
+    {"1x2 shm", CollKind::kReduceScatter, 1 * KiB, "ring", 1, 4 * MiB},  // 3.2 us
+    {"1x2 shm", CollKind::kReduceScatter, 64 * KiB, "peer_read", 1, 4 * MiB},  // 14.0 us
+    {"1x2 shm", CollKind::kReduceScatter, 1 * MiB, "peer_read", 1, 4 * MiB},  // 134.2 us
+    {"1x2 shm", CollKind::kReduceScatter, 16 * MiB, "peer_read", 1, 4 * MiB},  // 2056.5 us
+    {"1x2 shm", CollKind::kReduceScatter, 256 * MiB, "peer_read", 1, 4 * MiB},  // 32904.8 us
+    {"1x2 shm", CollKind::kBroadcast, 8, "chain", 1, 4 * MiB},  // 3.0 us
+    {"1x2 shm", CollKind::kBroadcast, 1 * KiB, "chain", 1, 4 * MiB},  // 3.1 us
+    {"1x2 shm", CollKind::kBroadcast, 64 * KiB, "chain", 1, 4 * MiB},  // 10.3 us
+    {"1x2 shm", CollKind::kBroadcast, 1 * MiB, "chain", 1, 4 * MiB},  // 119.5 us
+    {"1x2 shm", CollKind::kBroadcast, 16 * MiB, "chain", 1, 4 * MiB},  // 1876.1 us
+    {"1x2 shm", CollKind::kBroadcast, 256 * MiB, "chain", 1, 4 * MiB},  // 30018.2 us
+    {"1x2 shm", CollKind::kReduce, 8, "chain", 1, 4 * MiB},  // 3.0 us
+    {"1x2 shm", CollKind::kReduce, 1 * KiB, "chain", 1, 4 * MiB},  // 3.2 us
+    {"1x2 shm", CollKind::kReduce, 64 * KiB, "chain", 1, 4 * MiB},  // 14.7 us
+    {"1x2 shm", CollKind::kReduce, 1 * MiB, "chain", 1, 4 * MiB},  // 189.4 us
+    {"1x2 shm", CollKind::kReduce, 16 * MiB, "chain", 1, 4 * MiB},  // 2994.6 us
+    {"1x2 shm", CollKind::kReduce, 256 * MiB, "chain", 1, 4 * MiB},  // 47913.9 us
+    {"1x2 shm", CollKind::kAllToAll, 8, "pairwise", 1, 4 * MiB},  // 3.0 us
+    {"1x2 shm", CollKind::kAllToAll, 1 * KiB, "pairwise", 1, 4 * MiB},  // 3.1 us
+    {"1x2 shm", CollKind::kAllToAll, 64 * KiB, "pairwise", 1, 4 * MiB},  // 10.3 us
+    {"1x2 shm", CollKind::kAllToAll, 1 * MiB, "pairwise", 1, 4 * MiB},  // 119.5 us
+    {"1x2 shm", CollKind::kAllToAll, 16 * MiB, "pairwise", 1, 4 * MiB},  // 1876.1 us
+    {"1x2 shm", CollKind::kAllToAll, 256 * MiB, "pairwise", 1, 4 * MiB},  // 30018.2 us
+    {"1x4 shm", CollKind::kAllReduce, 8, "recursive_doubling", 1, 4 * MiB},  // 6.0 us
+    {"1x4 shm", CollKind::kAllReduce, 1 * KiB, "recursive_doubling", 1, 4 * MiB},  // 6.4 us
+    {"1x4 shm", CollKind::kAllReduce, 64 * KiB, "peer_read", 1, 4 * MiB},  // 17.7 us
+    {"1x4 shm", CollKind::kAllReduce, 1 * MiB, "peer_read", 1, 4 * MiB},  // 148.8 us
+    {"1x4 shm", CollKind::kAllReduce, 16 * MiB, "peer_read", 1, 2 * MiB},  // 2255.0 us
+    {"1x4 shm", CollKind::kAllReduce, 256 * MiB, "peer_read", 1, 2 * MiB},  // 36079.4 us
+    {"1x4 shm", CollKind::kAllGather, 8, "peer_read", 1, 4 * MiB},  // 6.0 us
+    {"1x4 shm", CollKind::kAllGather, 1 * KiB, "peer_read", 1, 4 * MiB},  // 6.2 us
+    {"1x4 shm", CollKind::kAllGather, 64 * KiB, "peer_read", 1, 4 * MiB},  // 16.9 us
+    {"1x4 shm", CollKind::kAllGather, 1 * MiB, "peer_read", 1, 4 * MiB},  // 180.8 us
+    {"1x4 shm", CollKind::kAllGather, 16 * MiB, "peer_read", 1, 2 * MiB},  // 2832.2 us
+    {"1x4 shm", CollKind::kAllGather, 256 * MiB, "peer_read", 1, 2 * MiB},  // 45315.2 us
+    {"1x4 shm", CollKind::kReduceScatter, 8, "peer_read", 1, 4 * MiB},  // 6.0 us
+    {"1x4 shm", CollKind::kReduceScatter, 1 * KiB, "peer_read", 1, 4 * MiB},  // 6.4 us
+    {"1x4 shm", CollKind::kReduceScatter, 64 * KiB, "peer_read", 1, 4 * MiB},  // 30.0 us
+    {"1x4 shm", CollKind::kReduceScatter, 1 * MiB, "peer_read", 1, 4 * MiB},  // 390.5 us
+    {"1x4 shm", CollKind::kReduceScatter, 16 * MiB, "peer_read", 1, 2 * MiB},  // 6187.6 us
+    {"1x4 shm", CollKind::kReduceScatter, 256 * MiB, "peer_read", 1, 2 * MiB},  // 99002.3 us
+    {"1x4 shm", CollKind::kBroadcast, 8, "chain", 1, 4 * MiB},  // 9.0 us
+    {"1x4 shm", CollKind::kBroadcast, 1 * KiB, "chain", 1, 4 * MiB},  // 9.3 us
+    {"1x4 shm", CollKind::kBroadcast, 64 * KiB, "chain", 1, 32 * KiB},  // 26.6 us
+    {"1x4 shm", CollKind::kBroadcast, 1 * MiB, "chain", 1, 128 * KiB},  // 175.6 us
+    {"1x4 shm", CollKind::kBroadcast, 16 * MiB, "chain", 1, 512 * KiB},  // 2082.6 us
+    {"1x4 shm", CollKind::kBroadcast, 256 * MiB, "chain", 1, 2 * MiB},  // 30682.2 us
+    {"1x4 shm", CollKind::kReduce, 8, "chain", 1, 4 * MiB},  // 9.0 us
+    {"1x4 shm", CollKind::kReduce, 1 * KiB, "chain", 1, 4 * MiB},  // 9.5 us
+    {"1x4 shm", CollKind::kReduce, 64 * KiB, "chain", 1, 32 * KiB},  // 35.3 us
+    {"1x4 shm", CollKind::kReduce, 1 * MiB, "chain", 1, 128 * KiB},  // 263.0 us
+    {"1x4 shm", CollKind::kReduce, 16 * MiB, "chain", 1, 512 * KiB},  // 3271.0 us
+    {"1x4 shm", CollKind::kReduce, 256 * MiB, "chain", 1, 2 * MiB},  // 48857.5 us
+    {"1x4 shm", CollKind::kAllToAll, 8, "pairwise", 1, 4 * MiB},  // 9.0 us
+    {"1x4 shm", CollKind::kAllToAll, 1 * KiB, "pairwise", 1, 4 * MiB},  // 9.3 us
+    {"1x4 shm", CollKind::kAllToAll, 64 * KiB, "pairwise", 1, 4 * MiB},  // 30.8 us
+    {"1x4 shm", CollKind::kAllToAll, 1 * MiB, "pairwise", 1, 4 * MiB},  // 358.5 us
+    {"1x4 shm", CollKind::kAllToAll, 16 * MiB, "pairwise", 1, 2 * MiB},  // 5664.4 us
+    {"1x4 shm", CollKind::kAllToAll, 256 * MiB, "pairwise", 1, 2 * MiB},  // 90630.5 us
+    {"2x2 net+shm", CollKind::kAllReduce, 8, "recursive_doubling", 1, 4 * MiB},  // 50.0 us
+    {"2x2 net+shm", CollKind::kAllReduce, 1 * KiB, "recursive_doubling", 1, 4 * MiB},  // 51.8 us
+    {"2x2 net+shm", CollKind::kAllReduce, 64 * KiB, "recursive_doubling", 2, 4 * MiB},  // 106.8 us
+    {"2x2 net+shm", CollKind::kAllReduce, 1 * MiB, "hierarchical", 4, 4 * MiB},  // 349.0 us
+    {"2x2 net+shm", CollKind::kAllReduce, 16 * MiB, "hierarchical", 4, 4 * MiB},  // 4084.6 us
+    {"2x2 net+shm", CollKind::kAllReduce, 256 * MiB, "hierarchical", 4, 4 * MiB},  // 61593.6 us
+    {"2x2 net+shm", CollKind::kAllGather, 8, "ring", 1, 4 * MiB},  // 75.0 us
+    {"2x2 net+shm", CollKind::kAllGather, 1 * KiB, "ring", 1, 4 * MiB},  // 77.5 us
+    {"2x2 net+shm", CollKind::kAllGather, 64 * KiB, "ring", 2, 4 * MiB},  // 153.6 us
+    {"2x2 net+shm", CollKind::kAllGather, 1 * MiB, "ring", 4, 4 * MiB},  // 704.1 us
+    {"2x2 net+shm", CollKind::kAllGather, 16 * MiB, "ring", 4, 4 * MiB},  // 10141.3 us
+    {"2x2 net+shm", CollKind::kAllGather, 256 * MiB, "ring", 4, 4 * MiB},  // 162261.3 us
+    {"2x2 net+shm", CollKind::kReduceScatter, 8, "ring", 1, 4 * MiB},  // 75.0 us
+    {"2x2 net+shm", CollKind::kReduceScatter, 1 * KiB, "ring", 1, 4 * MiB},  // 77.7 us
+    {"2x2 net+shm", CollKind::kReduceScatter, 64 * KiB, "ring", 2, 4 * MiB},  // 160.2 us
+    {"2x2 net+shm", CollKind::kReduceScatter, 1 * MiB, "ring", 4, 4 * MiB},  // 756.6 us
+    {"2x2 net+shm", CollKind::kReduceScatter, 16 * MiB, "ring", 4, 2 * MiB},  // 10635.8 us
+    {"2x2 net+shm", CollKind::kReduceScatter, 256 * MiB, "ring", 4, 4 * MiB},  // 163100.1 us
+    {"2x2 net+shm", CollKind::kBroadcast, 8, "chain", 1, 4 * MiB},  // 75.0 us
+    {"2x2 net+shm", CollKind::kBroadcast, 1 * KiB, "chain", 1, 4 * MiB},  // 77.5 us
+    {"2x2 net+shm", CollKind::kBroadcast, 64 * KiB, "chain", 2, 4 * MiB},  // 153.6 us
+    {"2x2 net+shm", CollKind::kBroadcast, 1 * MiB, "chain", 4, 64 * KiB},  // 464.6 us
+    {"2x2 net+shm", CollKind::kBroadcast, 16 * MiB, "chain", 4, 256 * KiB},  // 4224.9 us
+    {"2x2 net+shm", CollKind::kBroadcast, 256 * MiB, "chain", 4, 2 * MiB},  // 57892.5 us
+    {"2x2 net+shm", CollKind::kReduce, 8, "chain", 1, 4 * MiB},  // 75.0 us
+    {"2x2 net+shm", CollKind::kReduce, 1 * KiB, "chain", 1, 4 * MiB},  // 77.5 us
+    {"2x2 net+shm", CollKind::kReduce, 64 * KiB, "chain", 2, 4 * MiB},  // 153.6 us
+    {"2x2 net+shm", CollKind::kReduce, 1 * MiB, "chain", 4, 64 * KiB},  // 464.6 us
+    {"2x2 net+shm", CollKind::kReduce, 16 * MiB, "chain", 4, 256 * KiB},  // 4224.9 us
+    {"2x2 net+shm", CollKind::kReduce, 256 * MiB, "chain", 4, 2 * MiB},  // 57892.5 us
+    {"2x2 net+shm", CollKind::kAllToAll, 8, "pairwise", 1, 4 * MiB},  // 75.0 us
+    {"2x2 net+shm", CollKind::kAllToAll, 1 * KiB, "pairwise", 1, 4 * MiB},  // 77.5 us
+    {"2x2 net+shm", CollKind::kAllToAll, 64 * KiB, "pairwise", 2, 4 * MiB},  // 153.6 us
+    {"2x2 net+shm", CollKind::kAllToAll, 1 * MiB, "pairwise", 4, 4 * MiB},  // 704.1 us
+    {"2x2 net+shm", CollKind::kAllToAll, 16 * MiB, "pairwise", 4, 4 * MiB},  // 10141.3 us
+    {"2x2 net+shm", CollKind::kAllToAll, 256 * MiB, "pairwise", 4, 4 * MiB},  // 162261.3 us
+    {"1x8 loopback", CollKind::kAllReduce, 8, "recursive_doubling", 1, 4 * MiB},  // 3.0 us
+    {"1x8 loopback", CollKind::kAllReduce, 1 * KiB, "peer_read", 1, 4 * MiB},  // 3.1 us
+    {"1x8 loopback", CollKind::kAllReduce, 64 * KiB, "peer_read", 1, 4 * MiB},  // 10.6 us
+    {"1x8 loopback", CollKind::kAllReduce, 1 * MiB, "peer_read", 1, 4 * MiB},  // 125.3 us
+    {"1x8 loopback", CollKind::kAllReduce, 16 * MiB, "peer_read", 1, 1 * MiB},  // 1971.3 us
+    {"1x8 loopback", CollKind::kAllReduce, 256 * MiB, "peer_read", 1, 1 * MiB},  // 31541.5 us
+    {"1x8 loopback", CollKind::kAllGather, 8, "peer_read", 1, 4 * MiB},  // 2.0 us
+    {"1x8 loopback", CollKind::kAllGather, 1 * KiB, "peer_read", 1, 4 * MiB},  // 2.2 us
+    {"1x8 loopback", CollKind::kAllGather, 64 * KiB, "peer_read", 1, 4 * MiB},  // 17.3 us
+    {"1x8 loopback", CollKind::kAllGather, 1 * MiB, "peer_read", 1, 1 * MiB},  // 248.2 us
+    {"1x8 loopback", CollKind::kAllGather, 16 * MiB, "peer_read", 1, 1 * MiB},  // 3970.7 us
+    {"1x8 loopback", CollKind::kAllGather, 256 * MiB, "peer_read", 1, 1 * MiB},  // 63530.9 us
+    {"1x8 loopback", CollKind::kReduceScatter, 8, "peer_read", 1, 4 * MiB},  // 2.0 us
+    {"1x8 loopback", CollKind::kReduceScatter, 1 * KiB, "peer_read", 1, 4 * MiB},  // 2.7 us
+    {"1x8 loopback", CollKind::kReduceScatter, 64 * KiB, "peer_read", 1, 4 * MiB},  // 47.9 us
+    {"1x8 loopback", CollKind::kReduceScatter, 1 * MiB, "peer_read", 1, 1 * MiB},  // 737.5 us
+    {"1x8 loopback", CollKind::kReduceScatter, 16 * MiB, "peer_read", 1, 1 * MiB},  // 11800.1 us
+    {"1x8 loopback", CollKind::kReduceScatter, 256 * MiB, "peer_read", 1, 1 * MiB},  // 188800.8 us
+    {"1x8 loopback", CollKind::kBroadcast, 8, "chain", 1, 4 * MiB},  // 7.0 us
+    {"1x8 loopback", CollKind::kBroadcast, 1 * KiB, "chain", 1, 4 * MiB},  // 7.5 us
+    {"1x8 loopback", CollKind::kBroadcast, 64 * KiB, "chain", 1, 16 * KiB},  // 20.9 us
+    {"1x8 loopback", CollKind::kBroadcast, 1 * MiB, "chain", 1, 64 * KiB},  // 118.1 us
+    {"1x8 loopback", CollKind::kBroadcast, 16 * MiB, "chain", 1, 256 * KiB},  // 1293.3 us
+    {"1x8 loopback", CollKind::kBroadcast, 256 * MiB, "chain", 1, 1 * MiB},  // 18577.1 us
+    {"1x8 loopback", CollKind::kReduce, 8, "chain", 1, 4 * MiB},  // 7.0 us
+    {"1x8 loopback", CollKind::kReduce, 1 * KiB, "chain", 1, 4 * MiB},  // 8.0 us
+    {"1x8 loopback", CollKind::kReduce, 64 * KiB, "chain", 1, 16 * KiB},  // 31.8 us
+    {"1x8 loopback", CollKind::kReduce, 1 * MiB, "chain", 1, 32 * KiB},  // 204.0 us
+    {"1x8 loopback", CollKind::kReduce, 16 * MiB, "chain", 1, 256 * KiB},  // 2516.7 us
+    {"1x8 loopback", CollKind::kReduce, 256 * MiB, "chain", 1, 1 * MiB},  // 36892.3 us
+    {"1x8 loopback", CollKind::kAllToAll, 8, "pairwise", 1, 4 * MiB},  // 7.0 us
+    {"1x8 loopback", CollKind::kAllToAll, 1 * KiB, "pairwise", 1, 4 * MiB},  // 7.5 us
+    {"1x8 loopback", CollKind::kAllToAll, 64 * KiB, "pairwise", 1, 4 * MiB},  // 37.6 us
+    {"1x8 loopback", CollKind::kAllToAll, 1 * MiB, "pairwise", 1, 4 * MiB},  // 496.3 us
+    {"1x8 loopback", CollKind::kAllToAll, 16 * MiB, "pairwise", 1, 1 * MiB},  // 7941.4 us
+    {"1x8 loopback", CollKind::kAllToAll, 256 * MiB, "pairwise", 1, 1 * MiB},  // 127061.9 us
+    {"64x16 net+shm", CollKind::kAllReduce, 8, "recursive_doubling", 1, 4 * MiB},  // 250.1 us
+    {"64x16 net+shm", CollKind::kAllReduce, 1 * KiB, "recursive_doubling", 1, 4 * MiB},  // 258.9 us
+    {"64x16 net+shm", CollKind::kAllReduce, 64 * KiB, "recursive_doubling", 2, 4 * MiB},  // 534.0 us
+    {"64x16 net+shm", CollKind::kAllReduce, 1 * MiB, "recursive_doubling", 8, 4 * MiB},  // 1847.9 us
+    {"64x16 net+shm", CollKind::kAllReduce, 16 * MiB, "hierarchical", 4, 4 * MiB},  // 11571.8 us
+    {"64x16 net+shm", CollKind::kAllReduce, 256 * MiB, "hierarchical", 8, 4 * MiB},  // 87032.6 us
+    {"64x16 net+shm", CollKind::kAllGather, 8, "ring", 1, 4 * MiB},  // 25581.5 us
+    {"64x16 net+shm", CollKind::kAllGather, 1 * KiB, "ring", 1, 4 * MiB},  // 26413.0 us
+    {"64x16 net+shm", CollKind::kAllGather, 64 * KiB, "ring", 2, 4 * MiB},  // 52392.3 us
+    {"64x16 net+shm", CollKind::kAllGather, 1 * MiB, "ring", 8, 4 * MiB},  // 177125.8 us
+    {"64x16 net+shm", CollKind::kAllGather, 16 * MiB, "ring", 8, 4 * MiB},  // 2322512.3 us
+    {"64x16 net+shm", CollKind::kAllGather, 256 * MiB, "ring", 8, 4 * MiB},  // 36887396.2 us
+    {"64x16 net+shm", CollKind::kReduceScatter, 8, "ring", 1, 4 * MiB},  // 25582.1 us
+    {"64x16 net+shm", CollKind::kReduceScatter, 1 * KiB, "ring", 1, 4 * MiB},  // 26482.9 us
+    {"64x16 net+shm", CollKind::kReduceScatter, 64 * KiB, "ring", 2, 4 * MiB},  // 54627.1 us
+    {"64x16 net+shm", CollKind::kReduceScatter, 1 * MiB, "ring", 8, 4 * MiB},  // 189044.6 us
+    {"64x16 net+shm", CollKind::kReduceScatter, 16 * MiB, "ring", 8, 1 * MiB},  // 2451962.8 us
+    {"64x16 net+shm", CollKind::kReduceScatter, 256 * MiB, "ring", 8, 4 * MiB},  // 37459499.3 us
+    {"64x16 net+shm", CollKind::kBroadcast, 8, "chain", 1, 4 * MiB},  // 25581.5 us
+    {"64x16 net+shm", CollKind::kBroadcast, 1 * KiB, "chain", 1, 4 * MiB},  // 26413.0 us
+    {"64x16 net+shm", CollKind::kBroadcast, 64 * KiB, "chain", 1, 16 * KiB},  // 39098.0 us
+    {"64x16 net+shm", CollKind::kBroadcast, 1 * MiB, "chain", 2, 16 * KiB},  // 40165.0 us
+    {"64x16 net+shm", CollKind::kBroadcast, 16 * MiB, "chain", 4, 16 * KiB},  // 48701.0 us
+    {"64x16 net+shm", CollKind::kBroadcast, 256 * MiB, "chain", 8, 32 * KiB},  // 139712.9 us
+    {"64x16 net+shm", CollKind::kReduce, 8, "chain", 1, 4 * MiB},  // 25581.5 us
+    {"64x16 net+shm", CollKind::kReduce, 1 * KiB, "chain", 1, 4 * MiB},  // 26413.0 us
+    {"64x16 net+shm", CollKind::kReduce, 64 * KiB, "chain", 1, 16 * KiB},  // 39098.0 us
+    {"64x16 net+shm", CollKind::kReduce, 1 * MiB, "chain", 2, 16 * KiB},  // 40165.0 us
+    {"64x16 net+shm", CollKind::kReduce, 16 * MiB, "chain", 4, 16 * KiB},  // 48701.0 us
+    {"64x16 net+shm", CollKind::kReduce, 256 * MiB, "chain", 8, 32 * KiB},  // 139712.9 us
+    {"64x16 net+shm", CollKind::kAllToAll, 8, "pairwise", 1, 4 * MiB},  // 25581.5 us
+    {"64x16 net+shm", CollKind::kAllToAll, 1 * KiB, "pairwise", 1, 4 * MiB},  // 26413.0 us
+    {"64x16 net+shm", CollKind::kAllToAll, 64 * KiB, "pairwise", 2, 4 * MiB},  // 52392.3 us
+    {"64x16 net+shm", CollKind::kAllToAll, 1 * MiB, "pairwise", 8, 4 * MiB},  // 177125.8 us
+    {"64x16 net+shm", CollKind::kAllToAll, 16 * MiB, "pairwise", 8, 4 * MiB},  // 2322512.3 us
+    {"64x16 net+shm", CollKind::kAllToAll, 256 * MiB, "pairwise", 8, 4 * MiB},  // 36887396.2 us
+};
+// clang-format on
+
+}  // namespace
+
+// ---- golden decision table ----------------------------------------------------
+
+TEST_CASE("tuner decisions match the golden table", "[unit][tuner]") {
+  REQUIRE(kGolden.size() == topologies().size() * kKinds.size() * kSizes.size());
+  for (const NamedTopology& t : topologies()) {
+    auto tuner = makeTuner(t.summary);
+    const RankView view = viewOf(t.summary);
+    for (const GoldenRow& row : kGolden) {
+      if (std::string(row.topology) != t.name) continue;
+      auto choice = tuner->choose(shapeOf(row.kind, row.bytes), view);
+      REQUIRE(choice.isOk());
+      INFO(t.name << " " << collKindName(row.kind) << " " << row.bytes << " bytes");
+      CHECK(std::string(choice->algorithm->name) == row.algorithm);
+      CHECK(choice->params.channels == row.channels);
+      CHECK(choice->params.segmentBytes == row.segmentBytes);
+    }
+  }
+}
+
+TEST_CASE("print the golden table", "[.print]") {
+  for (const NamedTopology& t : topologies()) {
+    auto tuner = makeTuner(t.summary);
+    const RankView view = viewOf(t.summary);
+    for (CollKind kind : kKinds) {
+      for (uint64_t bytes : kSizes) {
+        auto choice = tuner->choose(shapeOf(kind, bytes), view);
+        REQUIRE(choice.isOk());
+        auto us = tuner->estimateUs(shapeOf(kind, bytes), view);
+        std::printf("{\"%s\", CollKind::%s, %s, \"%s\", %d, %s},  // %.1f us\n", t.name,
+                    kindIdentifier(kind).c_str(), bytesIdentifier(bytes).c_str(),
+                    choice->algorithm->name, choice->params.channels,
+                    bytesIdentifier(choice->params.segmentBytes).c_str(), us.value());
+      }
+    }
+  }
+}
+
+// ---- cost model properties ----------------------------------------------------
+
+TEST_CASE("copy links never gain from channels; the network does", "[unit][tuner]") {
+  const RankView view = viewOf(4);
+  for (uint64_t bytes : kSizes) {
+    auto shm = makeTuner(summary(1, 4, LinkClass::kShm, LinkClass::kNet, smallMachine(64)));
+    CHECK(shm->choose(shapeOf(CollKind::kAllReduce, bytes), view)->params.channels == 1);
+  }
+  auto net = makeTuner(summary(4, 1, LinkClass::kShm, LinkClass::kNet, smallMachine(8)));
+  CHECK(net->choose(shapeOf(CollKind::kAllReduce, 8), view)->params.channels == 1);
+  CHECK(net->choose(shapeOf(CollKind::kAllReduce, 256 * MiB), view)->params.channels == 8);
+  // One core per rank: no spare core drives a second stream.
+  auto busy = makeTuner(summary(4, 1, LinkClass::kShm, LinkClass::kNet, smallMachine(1)));
+  CHECK(busy->choose(shapeOf(CollKind::kAllReduce, 256 * MiB), view)->params.channels == 1);
+}
+
+TEST_CASE("shm segments fit the cache share; no cache means large segments", "[unit][tuner]") {
+  const RankView view = viewOf(4);
+  auto cached = makeTuner(summary(1, 4, LinkClass::kShm, LinkClass::kNet, smallMachine(4)));
+  uint64_t segment = cached->choose(shapeOf(CollKind::kAllReduce, 256 * MiB), view)->params.segmentBytes;
+  CHECK(kSegmentsInFlight * segment <= 32 * MiB / 4);
+  MachineTopology noCache = smallMachine(4);
+  noCache.l2Bytes = noCache.l3Bytes = 0;
+  auto uncached = makeTuner(summary(1, 4, LinkClass::kShm, LinkClass::kNet, noCache));
+  CHECK(uncached->choose(shapeOf(CollKind::kAllReduce, 256 * MiB), view)->params.segmentBytes ==
+        4 * MiB);
+}
+
+TEST_CASE("candidate cost follows the documented formula", "[unit][tuner]") {
+  AlgorithmTerms terms{6, 3.0 * MiB, 1.5 * MiB};  // ring AllReduce, 4 ranks, 2 MiB
+  ModelContext ctx;
+  ctx.link = {2.0, 1.0 / 1000.0, 1.0 / 4000.0};
+  ctx.copyLink = false;
+  ctx.streams = 2;
+  ctx.cacheShareBytes = 0;
+  // One piece per message: 6 alpha + transfer + reduce, nothing overlaps.
+  double whole = 6 * 2.0 + 3.0 * MiB / 1000.0 + 1.5 * MiB / 4000.0;
+  CHECK(candidateCostUs(terms, ctx, {1, 4 * MiB}) == Approx(whole));
+  // Four pieces per message: 24 alpha, the reduction hides behind the transfer but one piece.
+  double piecewise = 24 * 2.0 + 3.0 * MiB / 1000.0 + 1.5 * MiB / 4000.0 / 4;
+  CHECK(candidateCostUs(terms, ctx, {1, 128 * KiB}) == Approx(piecewise));
+  // More channels than streams: the channels share the streams.
+  CHECK(candidateCostUs(terms, ctx, {4, 4 * MiB}) == Approx(2 * whole));
+  // Copy link, cache-resident pieces: bytes move and reduce kCacheSpeedup faster.
+  ctx.copyLink = true;
+  ctx.cacheShareBytes = 1 * MiB;
+  double cached = 24 * 2.0 + (3.0 * MiB / 1000.0 + 1.5 * MiB / 4000.0) / kCacheSpeedup;
+  CHECK(candidateCostUs(terms, ctx, {1, 128 * KiB}) == Approx(cached));
+  // A chain of 3 hops in 4 pieces: 3 - 1 + 4 stages of one piece each.
+  ModelContext chain = ctx;
+  chain.cacheShareBytes = 0;
+  chain.pipelineHops = 3;
+  AlgorithmTerms broadcast{3, 1.0 * MiB, 0};
+  CHECK(candidateCostUs(broadcast, chain, {1, 256 * KiB}) == Approx(6 * (2.0 + 256 * KiB / 1000.0)));
+  // Splitting messages below alpha/beta (2 KB here) over channels is never chosen.
+  AlgorithmTerms tiny{6, 6.0 * KiB, 0};
+  CHECK(std::isinf(candidateCostUs(tiny, ctx, {2, 4 * MiB})));
+}
+
+TEST_CASE("forced segment size and channel bounds are honoured", "[unit][tuner]") {
+  TunerOptions o = testOptions();
+  o.segmentBytes = 256 * KiB;
+  o.minChannels = 3;
+  o.maxChannels = 3;
+  auto tuner = makeTuner(topologies()[2].summary, o);
+  auto choice = tuner->choose(shapeOf(CollKind::kAllReduce, 64 * MiB), viewOf(4));
+  REQUIRE(choice.isOk());
+  CHECK(choice->params.segmentBytes == 256 * KiB);
+  CHECK(choice->params.channels == 3);
+}
+
+// ---- overrides: NCCL_ALGO, SHOAL_ALGO, SHOAL_TUNER_FILE ---------------------------
+
+TEST_CASE("NCCL_ALGO and SHOAL_ALGO: bad names are init errors, good ones steer", "[unit][tuner]") {
+  const TopologySummary s = topologies()[1].summary;
+  {
+    TunerOptions o = testOptions();
+    o.algo = "Ring,Bogus";
+    auto tuner = Tuner::create(s, o);
+    REQUIRE_FALSE(tuner.isOk());
+    CHECK(tuner.status().code() == Code::kInvalidArgument);
+    CHECK_THAT(tuner.status().message(), Catch::Contains("'bogus'"));
+  }
+  {
+    TunerOptions o = testOptions();
+    o.shoalAlgo = "quantum";
+    auto tuner = Tuner::create(s, o);
+    REQUIRE_FALSE(tuner.isOk());
+    CHECK_THAT(tuner.status().message(), Catch::Contains("SHOAL_ALGO=quantum"));
+  }
+  {
+    TunerOptions o = testOptions();
+    o.algo = "Tree";  // recursive doubling even where ring is cheaper
+    auto choice = makeTuner(s, o)->choose(shapeOf(CollKind::kAllReduce, 256 * MiB), viewOf(4));
+    CHECK(std::string(choice->algorithm->name) == "recursive_doubling");
+  }
+  {
+    TunerOptions o = testOptions();
+    o.shoalAlgo = "ring";
+    auto choice = makeTuner(s, o)->choose(shapeOf(CollKind::kAllReduce, 8), viewOf(4));
+    CHECK(std::string(choice->algorithm->name) == "ring");
+  }
+  // Through the environment, as the communicator creates it.
+  setenv("NCCL_ALGO", "Ring;Nope", 1);
+  reloadParams();
+  auto fromEnv = Tuner::create(s, 0, 0);
+  unsetenv("NCCL_ALGO");
+  reloadParams();
+  REQUIRE_FALSE(fromEnv.isOk());
+  CHECK_THAT(fromEnv.status().message(), Catch::Contains("NCCL_ALGO=Ring;Nope"));
+}
+
+TEST_CASE("SHOAL_TUNER_FILE parsing", "[unit][tuner]") {
+  const LinkTable base = testLinks();
+  SECTION("a good file overrides the classes it lists") {
+    auto t = parseLinkTable("# measured\n\nshm 2.5 12 20   # comment\nnet 40 1.25 8\n", "f", base);
+    REQUIRE(t.isOk());
+    CHECK(linkFor(*t, LinkClass::kShm).alphaUs == 2.5);
+    CHECK(linkFor(*t, LinkClass::kShm).betaUsPerByte == Approx(1.0 / 12000.0));
+    CHECK(linkFor(*t, LinkClass::kShm).gammaUsPerByte == Approx(1.0 / 20000.0));
+    CHECK(linkFor(*t, LinkClass::kNet).alphaUs == 40);
+    CHECK(linkFor(*t, LinkClass::kLoopback).alphaUs == linkFor(base, LinkClass::kLoopback).alphaUs);
+  }
+  SECTION("the formatted table parses back to itself") {
+    auto t = parseLinkTable(formatLinkTable(base), "f", LinkTable{});
+    REQUIRE(t.isOk());
+    for (int c = 0; c < kLinkClassCount; ++c) {
+      CHECK((*t)[c].alphaUs == Approx(base[c].alphaUs));
+      CHECK((*t)[c].betaUsPerByte == Approx(base[c].betaUsPerByte).epsilon(1e-3));
+    }
+  }
+  SECTION("malformed lines are errors naming the line") {
+    struct Bad {
+      const char* text;
+      const char* message;
+    };
+    for (const Bad& bad : std::vector<Bad>{
+             {"shm 1 2 3\nfabric 1 2 3\n", "f line 2: unknown link class 'fabric'"},
+             {"\n\nshm 1 2\n", "f line 3: expected three numbers after 'shm'"},
+             {"net 1 2 x\n", "f line 1: expected three numbers"},
+             {"net 1 2 3 4\n", "f line 1: unexpected '4'"},
+             {"loopback -1 2 3\n", "f line 1: alpha_us must be >= 0"},
+             {"loopback 1 0 3\n", "f line 1: beta_GBps must be > 0"},
+             {"loopback 1 2 -2\n", "f line 1: gamma_GBps must be > 0"},
+         }) {
+      auto t = parseLinkTable(bad.text, "f", base);
+      REQUIRE_FALSE(t.isOk());
+      CHECK(t.status().code() == Code::kInvalidArgument);
+      CHECK_THAT(t.status().message(), Catch::Contains(bad.message));
+    }
+  }
+  SECTION("through the environment, a bad file fails tuner creation") {
+    const char* path = "/tmp/shoal_tuner_test_links.txt";
+    {
+      std::ofstream out(path);
+      out << "shm 2 10 20\nnet 30 1.5\n";
+    }
+    setenv("SHOAL_TUNER_FILE", path, 1);
+    reloadParams();
+    auto tuner = Tuner::create(topologies()[0].summary, 0, 0);
+    unsetenv("SHOAL_TUNER_FILE");
+    reloadParams();
+    std::remove(path);
+    REQUIRE_FALSE(tuner.isOk());
+    CHECK_THAT(tuner.status().message(),
+               Catch::Contains("SHOAL_TUNER_FILE=/tmp/shoal_tuner_test_links.txt line 2"));
+    setenv("SHOAL_TUNER_FILE", "/nonexistent/links.txt", 1);
+    reloadParams();
+    auto missing = Tuner::create(topologies()[0].summary, 0, 0);
+    unsetenv("SHOAL_TUNER_FILE");
+    reloadParams();
+    REQUIRE_FALSE(missing.isOk());
+    CHECK_THAT(missing.status().message(), Catch::Contains("cannot open"));
+  }
+}
+
+// ---- topology subgroups -------------------------------------------------------
+
+namespace {
+std::vector<PeerInfo> peersOnHosts(const std::vector<std::string>& hosts) {
+  std::vector<PeerInfo> peers(hosts.size());
+  for (size_t r = 0; r < hosts.size(); ++r) {
+    peers[r].rank = static_cast<int>(r);
+    peers[r].hostId = hosts[r];
+    peers[r].hostname = hosts[r];
+  }
+  return peers;
+}
+}  // namespace
+
+TEST_CASE("topology: nodes, leaders and rails with uneven nodes", "[unit][topology]") {
+  // Node a: ranks 0, 1, 3; node b: rank 2; node c: ranks 4, 5.
+  Topology t = buildTopology(peersOnHosts({"a", "a", "b", "a", "c", "c"}));
+  using V = std::vector<int>;
+  CHECK(t.nodes == std::vector<V>{{0, 1, 3}, {2}, {4, 5}});
+  CHECK(t.nodeOfRank == V{0, 0, 1, 0, 2, 2});
+  CHECK(t.localRankOfRank == V{0, 1, 0, 2, 0, 1});
+  CHECK(t.leaders == V{0, 2, 4});
+  CHECK(t.rails == std::vector<V>{{0, 2, 4}, {1, 5}, {3}});  // node b has no rail 1 or 2
+  CHECK(t.ring == V{0, 1, 3, 2, 4, 5});
+  CHECK(t.nodeOf(3) == V{0, 1, 3});
+  CHECK(t.railOf(5) == V{1, 5});
+  CHECK(t.localRank(3) == 2);
+  CHECK(t.maxRanksPerNode() == 3);
+  CHECK(t.minRanksPerNode() == 1);
+  CHECK(t.sameNode(0, 3));
+  CHECK_FALSE(t.sameNode(0, 2));
+}
+
+TEST_CASE("topology: one node, and one rank per node", "[unit][topology]") {
+  Topology one = buildTopology(peersOnHosts({"a", "a", "a", "a"}));
+  CHECK(one.leaders == std::vector<int>{0});
+  CHECK(one.rails.size() == 4);
+  CHECK(one.rails[3] == std::vector<int>{3});
+  Topology spread = buildTopology(peersOnHosts({"a", "b", "c"}));
+  CHECK(spread.leaders == std::vector<int>{0, 1, 2});
+  CHECK(spread.rails == std::vector<std::vector<int>>{{0, 1, 2}});
+}
+
+TEST_CASE("topology summary classifies fixed pairs only", "[unit][topology]") {
+  Topology t = buildTopology(peersOnHosts({"a", "a", "b", "a", "c", "c"}));
+  std::vector<std::pair<int, int>> asked;
+  auto classify = [&](int a, int b) {
+    asked.emplace_back(a, b);
+    return t.sameNode(a, b) ? LinkClass::kShm : LinkClass::kNet;
+  };
+  TopologySummary s = summarizeTopology(t, classify, false, smallMachine(4));
+  CHECK(s.nranks == 6);
+  CHECK(s.nnodes == 3);
+  CHECK(s.maxRanksPerNode == 3);
+  CHECK(s.minRanksPerNode == 1);
+  CHECK(s.intraNode == LinkClass::kShm);
+  CHECK(s.interNode == LinkClass::kNet);
+  CHECK(s.machine->cores == 4);
+  CHECK(asked == std::vector<std::pair<int, int>>{{0, 1}, {4, 5}, {0, 2}, {0, 4}});
+  CHECK(linkClassOfTransport("loopback") == LinkClass::kLoopback);
+  CHECK(linkClassOfTransport("shm") == LinkClass::kShm);
+  CHECK(linkClassOfTransport("tcp") == LinkClass::kNet);
+  CHECK(linkClassOfTransport("ofi") == LinkClass::kNet);
+}
+
+// ---- machine discovery --------------------------------------------------------
+
+TEST_CASE("machine discovery finds plausible facts", "[unit][topology]") {
+  auto check = [](const MachineTopology& m) {
+    INFO(describeMachine(m) << " (" << m.source << ")");
+    CHECK(m.cores >= 1);
+    CHECK(m.packages >= 1);
+    CHECK(m.numaNodes >= 1);
+    if (m.l2Bytes > 0) CHECK((m.l2Bytes >= 64 * KiB && m.l2Bytes <= 64 * MiB));
+    if (m.l3Bytes > 0) CHECK((m.l3Bytes >= m.l2Bytes && m.l3Bytes <= 2048 * MiB));
+    CHECK(m.gpus >= 0);
+  };
+  check(discoverMachineFromSystem());
+  auto hw = discoverMachineWithHwloc();
+  if (hw.isOk()) {
+    check(*hw);
+    CHECK(localMachine().source == "hwloc");
+  } else {
+    WARN("hwloc: " << hw.status().toString());
+  }
+  check(localMachine());
+  CHECK(&localMachine() == &localMachine());  // discovered once
+}
+
+TEST_CASE("machine description and agreement", "[unit][topology]") {
+  MachineTopology m = smallMachine(2);
+  m.nics = {"lo", "eth0"};
+  CHECK(describeMachine(m) ==
+        "1 package, 2 cores, 1 NUMA node, L2 1 MiB, L3 32 MiB, NICs: lo, eth0; GPUs: none");
+  MachineTopology other = bigMachine();
+  MachineTopology agreed = agreedMachine({other, m});
+  CHECK(agreed.cores == 2);
+  CHECK(agreed.l3Bytes == 32 * MiB);
+  CHECK(agreed.gpus == 0);
+}

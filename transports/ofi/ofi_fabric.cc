@@ -1,0 +1,496 @@
+#include "transports/ofi/ofi_fabric.h"
+
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/clock.h"
+#include "core/log.h"
+#include "core/params.h"
+#include "net/crypto.h"
+
+#ifdef SHOAL_OFI_WITH_CUDA
+#include <cuda.h>
+#endif
+
+namespace shoal::ofi {
+namespace {
+
+// The symbol versions the installed headers bind to (objdump -T of 1.17's
+// libfabric.so.1); pinning them keeps a newer library's changed defaults from
+// reading our structs with a different layout. Older libraries lacking a
+// version fall back to the default symbol.
+template <typename Fn>
+bool resolve(void* library, const char* symbol, const char* version, Fn& out) {
+  void* address = ::dlvsym(library, symbol, version);
+  if (address == nullptr) address = ::dlsym(library, symbol);
+  out = reinterpret_cast<Fn>(address);
+  return address != nullptr;
+}
+
+Result<Api> loadOnce() {
+  void* library = ::dlopen("libfabric.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (library == nullptr) {
+    const char* why = ::dlerror();
+    return error(Code::kUnsupported, "libfabric is not installed (dlopen libfabric.so.1: ", why ? why : "?", ")");
+  }
+  Api api;
+  bool ok = resolve(library, "fi_getinfo", "FABRIC_1.3", api.getinfo) &&
+            resolve(library, "fi_freeinfo", "FABRIC_1.3", api.freeinfo) &&
+            resolve(library, "fi_dupinfo", "FABRIC_1.3", api.dupinfo) &&
+            resolve(library, "fi_fabric", "FABRIC_1.1", api.fabric) &&
+            resolve(library, "fi_strerror", "FABRIC_1.0", api.strerror) &&
+            resolve(library, "fi_version", "FABRIC_1.0", api.version) &&
+            resolve(library, "fi_tostr", "FABRIC_1.0", api.tostr);
+  if (!ok) return error(Code::kUnsupported, "libfabric.so.1 lacks fi_getinfo or its companions");
+  return api;  // the library stays loaded for the life of the process
+}
+
+#ifdef SHOAL_OFI_WITH_CUDA
+// cuPointerGetAttribute from the driver, when the process has one.
+using PointerAttributeFn = CUresult (*)(void*, CUpointer_attribute, CUdeviceptr);
+PointerAttributeFn pointerAttribute() {
+  static PointerAttributeFn fn = [] {
+    void* driver = ::dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+    return driver ? reinterpret_cast<PointerAttributeFn>(::dlsym(driver, "cuPointerGetAttribute")) : nullptr;
+  }();
+  return fn;
+}
+#endif
+
+// Where a buffer lives. Without CUDA in the build (or the driver not yet
+// loaded by the process: RTLD_NOLOAD), everything is host memory.
+MemoryPlace placeOf(const void* data) {
+  MemoryPlace place;
+#ifdef SHOAL_OFI_WITH_CUDA
+  if (PointerAttributeFn fn = pointerAttribute()) {
+    unsigned int type = 0;
+    auto ptr = static_cast<CUdeviceptr>(reinterpret_cast<uintptr_t>(data));
+    if (fn(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, ptr) == CUDA_SUCCESS && type == CU_MEMORYTYPE_DEVICE) {
+      int ordinal = 0;
+      if (fn(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, ptr) == CUDA_SUCCESS) place.device = ordinal;
+      place.iface = FI_HMEM_CUDA;
+    }
+  }
+#else
+  (void)data;
+#endif
+  return place;
+}
+
+void put(uint8_t* out, uint64_t v, int n) {
+  for (int i = 0; i < n; ++i) out[i] = static_cast<uint8_t>(v >> (8 * i));
+}
+uint64_t get(const uint8_t* in, int n) {
+  uint64_t v = 0;
+  for (int i = 0; i < n; ++i) v |= static_cast<uint64_t>(in[i]) << (8 * i);
+  return v;
+}
+
+constexpr uint32_t kHelloMagic = 0x464f4853;  // "SHOF"
+constexpr uint16_t kHelloVersion = 1;
+constexpr size_t kHelloSigned = 48;
+constexpr int kControlSlots = 64;
+constexpr int kHelloRecvSlots = 16;
+constexpr size_t kSlotBytes = 128;
+constexpr size_t kMaxWaitingHellos = 4096;
+constexpr int kCqBatch = 16;
+
+net::Digest helloProof(const wire::Hello& hello, std::string_view secret) {
+  uint8_t bytes[wire::kHelloBytes];
+  wire::encodeHello(hello, bytes);
+  return net::HmacSha256(secret).update("shoal ofi hello v1").update(bytes, kHelloSigned).finish();
+}
+
+std::mutex& railsMutex() {
+  static std::mutex m;
+  return m;
+}
+std::vector<Rail*>& rails() {
+  static std::vector<Rail*> list;
+  return list;
+}
+
+}  // namespace
+
+bool processUsesCuda() {
+#ifdef SHOAL_OFI_WITH_CUDA
+  return pointerAttribute() != nullptr;
+#else
+  return false;
+#endif
+}
+
+Result<const Api*> loadApi() {
+  static const Result<Api> api = loadOnce();
+  if (!api.isOk()) return api.status();
+  return &api.value();
+}
+
+std::string versionString(uint32_t version) { return str(FI_MAJOR(version), ".", FI_MINOR(version)); }
+
+std::string fiError(const Api& api, std::string_view what, int64_t rc) {
+  return str(what, ": ", api.strerror(static_cast<int>(rc < 0 ? -rc : rc)), " (", rc, ")");
+}
+
+void forEachRail(const std::function<void(Rail&)>& visit) {
+  std::lock_guard<std::mutex> lock(railsMutex());
+  for (Rail* rail : rails()) visit(*rail);
+}
+
+// --- hellos
+
+namespace wire {
+
+void encodeHello(const Hello& hello, uint8_t out[kHelloBytes]) {
+  put(out, kHelloMagic, 4);
+  put(out + 4, kHelloVersion, 2);
+  put(out + 6, hello.channel, 2);
+  put(out + 8, hello.commId, 8);
+  put(out + 16, static_cast<uint32_t>(hello.fromRank), 4);
+  put(out + 20, static_cast<uint32_t>(hello.toRank), 4);
+  put(out + 24, hello.recvId, 4);
+  put(out + 28, 0, 4);
+  std::memcpy(out + 32, hello.nonce, 16);
+  std::memcpy(out + 48, hello.proof, 32);
+}
+
+Result<Hello> decodeHello(const uint8_t* in, size_t bytes) {
+  if (bytes != kHelloBytes) return invalidArgument("ofi hello of ", bytes, " bytes");
+  if (get(in, 4) != kHelloMagic) return invalidArgument("not a Shoal ofi hello");
+  if (get(in + 4, 2) != kHelloVersion) return invalidArgument("unsupported ofi hello version ", get(in + 4, 2));
+  Hello h;
+  h.channel = static_cast<uint16_t>(get(in + 6, 2));
+  h.commId = get(in + 8, 8);
+  h.fromRank = static_cast<int32_t>(get(in + 16, 4));
+  h.toRank = static_cast<int32_t>(get(in + 20, 4));
+  h.recvId = static_cast<uint32_t>(get(in + 24, 4));
+  std::memcpy(h.nonce, in + 32, 16);
+  std::memcpy(h.proof, in + 48, 32);
+  if (h.fromRank < 0 || h.toRank < 0 || h.fromRank == h.toRank)
+    return invalidArgument("ofi hello: ranks ", h.fromRank, " -> ", h.toRank);
+  if (h.recvId == 0 || h.recvId > kMaxId) return invalidArgument("ofi hello: connection id ", h.recvId);
+  return h;
+}
+
+Status signHello(Hello& hello, std::string_view secret) {
+  SHOAL_TRY(net::randomBytes(hello.nonce, sizeof(hello.nonce)));
+  net::Digest proof = helloProof(hello, secret);
+  std::memcpy(hello.proof, proof.data(), proof.size());
+  return Status::ok();
+}
+
+bool verifyHello(const Hello& hello, std::string_view secret) {
+  net::Digest expected = helloProof(hello, secret);
+  return net::constantTimeEqual(expected.data(), hello.proof, expected.size());
+}
+
+}  // namespace wire
+
+// --- the rail
+
+bool Rail::HelloKey::operator<(const HelloKey& o) const {
+  return std::tie(commId, fromRank, toRank, channel) < std::tie(o.commId, o.fromRank, o.toRank, o.channel);
+}
+
+Rail::Rail(const Api& api, int index) : api_(api), index_(index) {}
+
+Result<std::unique_ptr<Rail>> Rail::open(const Api& api, const fi_info& info, int index, const RailOptions& options) {
+  std::unique_ptr<Rail> rail(new Rail(api, index));
+  Rail& r = *rail;
+  r.domainName_ = info.domain_attr && info.domain_attr->name ? info.domain_attr->name : "?";
+  std::string where = str("ofi rail ", index, " (domain ", r.domainName_, ")");
+  auto fail = [&](std::string_view call, int64_t rc) {
+    return error(Code::kSystemError, where, ": ", fiError(api, call, rc));
+  };
+  fid_fabric* fabric = nullptr;
+  if (int rc = api.fabric(info.fabric_attr, &fabric, nullptr); rc != 0) return fail("fi_fabric", rc);
+  r.fabric_.reset(fabric);
+  fid_domain* domain = nullptr;
+  if (int rc = fi_domain(fabric, const_cast<fi_info*>(&info), &domain, nullptr); rc != 0) return fail("fi_domain", rc);
+  r.domain_.reset(domain);
+
+  fi_cq_attr cqAttr{};
+  cqAttr.format = FI_CQ_FORMAT_TAGGED;
+  cqAttr.wait_obj = FI_WAIT_NONE;  // we only poll (manual progress is poll())
+  cqAttr.size = std::max<size_t>(info.tx_attr->size + info.rx_attr->size, 4096);
+  fid_cq* cq = nullptr;
+  if (int rc = fi_cq_open(domain, &cqAttr, &cq, nullptr); rc != 0) return fail("fi_cq_open", rc);
+  r.cq_.reset(cq);
+
+  fi_av_attr avAttr{};
+  avAttr.type = FI_AV_TABLE;
+  fid_av* av = nullptr;
+  if (int rc = fi_av_open(domain, &avAttr, &av, nullptr); rc != 0) return fail("fi_av_open", rc);
+  r.av_.reset(av);
+
+  fid_ep* ep = nullptr;
+  if (int rc = fi_endpoint(domain, const_cast<fi_info*>(&info), &ep, nullptr); rc != 0) return fail("fi_endpoint", rc);
+  r.ep_.reset(ep);
+  if (int rc = fi_ep_bind(ep, &cq->fid, FI_TRANSMIT | FI_RECV); rc != 0) return fail("fi_ep_bind(cq)", rc);
+  if (int rc = fi_ep_bind(ep, &av->fid, 0); rc != 0) return fail("fi_ep_bind(av)", rc);
+  if (int rc = fi_enable(ep); rc != 0) return fail("fi_enable", rc);
+
+  std::string name(64, '\0');
+  size_t length = name.size();
+  int rc = fi_getname(&ep->fid, name.data(), &length);
+  if (rc == -FI_ETOOSMALL) {
+    name.resize(length);
+    rc = fi_getname(&ep->fid, name.data(), &length);
+  }
+  if (rc != 0) return fail("fi_getname", rc);
+  name.resize(length);
+  r.name_ = std::move(name);
+
+  r.injectBytes_ = info.tx_attr->inject_size;
+  r.maxMessageBytes_ = info.ep_attr->max_msg_size;
+  r.mrMode_ = info.domain_attr->mr_mode;
+  r.hmem_ = (info.caps & FI_HMEM) != 0;
+  // 1.17's shm handles FI_PEEK as an ordinary receive (it would consume the message).
+  r.peekWorks_ = std::strcmp(info.fabric_attr->prov_name, "shm") != 0;
+  r.registerLocal_ = (r.mrMode_ & FI_MR_LOCAL) != 0 || options.alwaysRegister;
+  r.mrs_.configure(domain, ep, r.mrMode_, options.cacheRegistrations, options.cacheEntries, api.strerror);
+
+  // Control slots: hellos are received into them, hellos and byes sent from them.
+  r.arena_ = std::make_unique<uint8_t[]>(kControlSlots * kSlotBytes);
+  r.slotOps_.resize(kControlSlots);
+  if (r.registerLocal_) {
+    Result<MrCache::Handle*> arena = r.mrs_.acquire(r.arena_.get(), kControlSlots * kSlotBytes, MemoryPlace{});
+    if (!arena.isOk()) return arena.takeStatus().withContext(where);
+    r.arenaMr_ = arena.value();
+  }
+  for (int slot = kControlSlots - 1; slot >= kHelloRecvSlots; --slot) r.freeSendSlots_.push_back(slot);
+  for (int slot = 0; slot < kHelloRecvSlots; ++slot) SHOAL_TRY(r.postHelloRecv(slot)) << where;
+
+  std::lock_guard<std::mutex> lock(railsMutex());
+  rails().push_back(rail.get());
+  return rail;
+}
+
+Rail::~Rail() {
+  {
+    std::lock_guard<std::mutex> lock(railsMutex());
+    auto& list = rails();
+    list.erase(std::remove(list.begin(), list.end(), this), list.end());
+  }
+  ep_.reset();  // cancels whatever is still posted; no completion follows
+  for (Op* op : orphans_) {
+    releaseRegistration(*op);
+    delete op;
+  }
+  if (arenaMr_) mrs_.release(arenaMr_);
+}
+
+Status Rail::postHelloRecv(int slot) {
+  Op& op = slotOps_[static_cast<size_t>(slot)];
+  op.reset();
+  op.kind = Op::Kind::kHelloRecv;
+  op.slot = slot;
+  void* desc = arenaMr_ ? fi_mr_desc(arenaMr_->mr) : nullptr;
+  ssize_t rc = fi_trecv(ep_.get(), arena_.get() + slot * kSlotBytes, kSlotBytes, desc, FI_ADDR_UNSPEC,
+                        wire::helloTag(), 0, &op.context);
+  if (rc != 0) return systemError(fiError(api_, "fi_trecv (hello)", rc));
+  op.posted = true;
+  return Status::ok();
+}
+
+Status Rail::progress() {
+  fi_cq_tagged_entry entries[kCqBatch];
+  // Bounded so one poll cannot be held forever by a peer that keeps sending.
+  for (int round = 0; round < 64; ++round) {
+    ssize_t n = fi_cq_read(cq_.get(), entries, kCqBatch);
+    if (n == -FI_EAGAIN) return Status::ok();
+    if (n == -FI_EAVAIL) {
+      char providerWords[256];
+      fi_cq_err_entry err{};
+      err.err_data = providerWords;
+      err.err_data_size = sizeof(providerWords);
+      ssize_t rc = fi_cq_readerr(cq_.get(), &err, 0);
+      if (rc == -FI_EAGAIN) continue;  // announced but not ready yet: read again
+      if (rc < 0) return systemError(fiError(api_, "fi_cq_readerr", rc));
+      const char* words = fi_cq_strerror(cq_.get(), err.prov_errno, err.err_data, nullptr, 0);
+      auto* op = static_cast<Op*>(err.op_context);
+      if (op == nullptr) {
+        SHOAL_WARN("ofi rail ", index_, ": completion error without an operation: ", api_.strerror(err.err),
+                   " (provider: ", words ? words : "?", ", prov_errno ", err.prov_errno, ")");
+        continue;
+      }
+      op->error = err.err != 0 ? err.err : FI_EOTHER;
+      op->gotBytes = err.len;
+      op->gotTag = err.tag;
+      op->overflow = err.olen;
+      if (err.flags & FI_REMOTE_CQ_DATA) {
+        op->gotData = err.data;
+        op->gotDataValid = true;
+      }
+      op->errorText = str(api_.strerror(op->error), " (provider: ", words ? words : "?", ", prov_errno ",
+                          err.prov_errno, ")");
+      dispatch(op);
+      continue;
+    }
+    if (n < 0) return systemError(fiError(api_, "fi_cq_read", n));
+    for (ssize_t i = 0; i < n; ++i) {
+      auto* op = static_cast<Op*>(entries[i].op_context);
+      if (op == nullptr) continue;
+      op->gotBytes = entries[i].len;
+      op->gotTag = entries[i].tag;
+      if (entries[i].flags & FI_REMOTE_CQ_DATA) {
+        op->gotData = entries[i].data;
+        op->gotDataValid = true;
+      }
+      dispatch(op);
+    }
+    if (n < kCqBatch) return Status::ok();
+  }
+  return Status::ok();
+}
+
+void Rail::dispatch(Op* op) {
+  if (op->done && op->kind != Op::Kind::kHelloRecv && op->kind != Op::Kind::kControlSend)
+    SHOAL_WARN("ofi rail ", index_, ": a second completion for one operation (error ", op->error, ")");
+  op->done = true;
+  switch (op->kind) {
+    case Op::Kind::kHelloRecv: {
+      if (op->error == FI_ECANCELED) return;  // the endpoint is closing
+      if (op->error == 0) {
+        Result<wire::Hello> hello = wire::decodeHello(arena_.get() + op->slot * kSlotBytes, op->gotBytes);
+        if (hello.isOk()) {
+          const wire::Hello& h = hello.value();
+          hellos_[HelloKey{h.commId, h.fromRank, h.toRank, h.channel}].push_back(Arrival{h, nowNs()});
+          ++helloCount_;
+          expireHellos();
+        } else {
+          SHOAL_WARN("ofi rail ", index_, ": dropped a message on the hello tag: ", hello.status().message());
+        }
+      } else {
+        SHOAL_WARN("ofi rail ", index_, ": hello receive failed: ", op->errorText);
+      }
+      if (Status s = postHelloRecv(op->slot); !s.isOk())
+        SHOAL_WARN("ofi rail ", index_, ": reposting a hello receive: ", s.message());
+      return;
+    }
+    case Op::Kind::kControlSend:
+      if (op->error != 0 && op->error != FI_ECANCELED)
+        SHOAL_INFO(subsys::kNet, "ofi rail ", index_, ": control message not delivered: ", op->errorText);
+      --controlSendsInFlight_;
+      freeSendSlots_.push_back(op->slot);
+      return;
+    case Op::Kind::kSend:
+    case Op::Kind::kRecv:
+    case Op::Kind::kBye:
+    case Op::Kind::kPeek:
+      if (op->owner == nullptr && orphans_.erase(op) == 1) {  // its connection is gone
+        releaseRegistration(*op);
+        delete op;
+      }
+      return;  // the owner sees op->done in its poll()
+  }
+}
+
+Result<fi_addr_t> Rail::insertAddress(const std::string& name) {
+  if (auto it = addresses_.find(name); it != addresses_.end()) return it->second;
+  fi_addr_t address = FI_ADDR_NOTAVAIL;
+  int rc = fi_av_insert(av_.get(), name.data(), 1, &address, 0, nullptr);
+  if (rc != 1) return systemError(fiError(api_, "fi_av_insert", rc < 0 ? rc : -FI_EINVAL));
+  addresses_.emplace(name, address);
+  return address;
+}
+
+Result<uint32_t> Rail::allocateId() {
+  if (idsInUse_.size() >= wire::kMaxId) return error(Code::kSystemError, "ofi: out of connection ids on one endpoint");
+  // Ids are not reused until the counter wraps, so a late message for a
+  // destroyed connection cannot land in a new one.
+  while (idsInUse_.count(nextId_) != 0 || nextId_ == 0) nextId_ = nextId_ >= wire::kMaxId ? 1 : nextId_ + 1;
+  uint32_t id = nextId_;
+  nextId_ = nextId_ >= wire::kMaxId ? 1 : nextId_ + 1;
+  idsInUse_.insert(id);
+  return id;
+}
+
+void Rail::releaseId(uint32_t id) { idsInUse_.erase(id); }
+
+Status Rail::sendControl(fi_addr_t to, uint64_t tag, const void* payload, size_t bytes) {
+  if (bytes > kSlotBytes) return internalError("ofi control message of ", bytes, " bytes");
+  if (freeSendSlots_.empty()) return error(Code::kAgain, "ofi control slots busy");
+  int slot = freeSendSlots_.back();
+  Op& op = slotOps_[static_cast<size_t>(slot)];
+  op.reset();
+  op.kind = Op::Kind::kControlSend;
+  op.slot = slot;
+  uint8_t* buffer = arena_.get() + slot * kSlotBytes;
+  if (bytes > 0) std::memcpy(buffer, payload, bytes);
+  void* desc = arenaMr_ ? fi_mr_desc(arenaMr_->mr) : nullptr;
+  ssize_t rc = fi_tsend(ep_.get(), bytes > 0 ? buffer : nullptr, bytes, bytes > 0 ? desc : nullptr, to, tag, &op.context);
+  if (rc == -FI_EAGAIN) return error(Code::kAgain, "ofi send queue full");
+  if (rc != 0) return systemError(fiError(api_, "fi_tsend (control)", rc));
+  freeSendSlots_.pop_back();
+  op.posted = true;
+  ++controlSendsInFlight_;
+  return Status::ok();
+}
+
+bool Rail::takeHello(uint64_t commId, int fromRank, int toRank, uint16_t channel, std::string_view secret,
+                     wire::Hello& out) {
+  auto it = hellos_.find(HelloKey{commId, fromRank, toRank, channel});
+  if (it == hellos_.end()) return false;
+  auto& list = it->second;
+  bool found = false;
+  while (!list.empty() && !found) {
+    Arrival arrival = list.front();
+    list.erase(list.begin());
+    --helloCount_;
+    if (wire::verifyHello(arrival.hello, secret)) {
+      out = arrival.hello;
+      found = true;
+    } else {
+      SHOAL_WARN("ofi rail ", index_, ": a hello for communicator ", commId, " rank ", fromRank,
+                 " does not prove the communicator's secret (another job?); dropped");
+    }
+  }
+  if (list.empty()) hellos_.erase(it);
+  return found;
+}
+
+void Rail::expireHellos() {
+  int64_t keepNs = std::max<int64_t>(params().initTimeoutMs, 60000) * 1000000;
+  int64_t now = nowNs();
+  for (auto it = hellos_.begin(); it != hellos_.end();) {
+    auto& list = it->second;
+    size_t before = list.size();
+    list.erase(std::remove_if(list.begin(), list.end(), [&](const Arrival& a) { return now - a.arrivedNs > keepNs; }),
+               list.end());
+    helloCount_ -= before - list.size();
+    it = list.empty() ? hellos_.erase(it) : std::next(it);
+  }
+  while (helloCount_ > kMaxWaitingHellos && !hellos_.empty()) {
+    auto& list = hellos_.begin()->second;
+    list.erase(list.begin());
+    --helloCount_;
+    if (list.empty()) hellos_.erase(hellos_.begin());
+  }
+}
+
+void Rail::adoptOrphan(Op* op) {
+  op->owner = nullptr;
+  orphans_.insert(op);
+}
+
+Status Rail::describe(Op& op) {
+  op.mr = nullptr;
+  if (op.bytes == 0) return Status::ok();
+  MemoryPlace place = placeOf(op.data);
+  if (place.iface != FI_HMEM_SYSTEM && !hmem_)
+    return error(Code::kUnsupported, "a device buffer on an endpoint without FI_HMEM (the provider cannot reach GPU memory)");
+  bool needed = registerLocal_ || (place.iface != FI_HMEM_SYSTEM && (mrMode_ & FI_MR_HMEM) != 0);
+  if (!needed) return Status::ok();
+  SHOAL_ASSIGN_OR_RETURN(op.mr, mrs_.acquire(op.data, op.bytes, place));
+  return Status::ok();
+}
+
+void Rail::releaseRegistration(Op& op) {
+  mrs_.release(op.mr);
+  op.mr = nullptr;
+}
+
+}  // namespace shoal::ofi

@@ -1,0 +1,269 @@
+// The libfabric layer under the ofi transport: the loaded library, RAII for
+// fids, the wire tags, and the Rail (one endpoint on one NIC/domain).
+//
+// Role: OfiTransport opens one Rail per domain of the chosen provider;
+// OfiConnections post their operations on the rail of their channel and drain
+// its completion queue from their poll() (libfabric's manual progress).
+// Owner: the Rail belongs to its OfiTransport and outlives every connection on
+// it (the transport lives for the process).
+// Thread: every libfabric call on a rail and every field marked "mutex" is
+// made under Rail::mutex (the domain is opened FI_THREAD_DOMAIN, so we
+// serialise). The engine's single pumping thread takes it once per poll();
+// connect() threads take it while they wait for hellos. Lock order: the
+// process-wide rail list's mutex (ofiInvalidateRegistrations, stats), then a
+// rail's; nothing takes the list's while holding a rail's.
+#pragma once
+
+#include <rdma/fabric.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_errno.h>
+#include <rdma/fi_tagged.h>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "core/status.h"
+#include "transports/ofi/ofi_mr_cache.h"
+
+namespace shoal::ofi {
+
+// The only libfabric functions that are exported symbols (every other fi_*
+// call is an inline dispatch through the fids' ops tables). They are resolved
+// with dlopen("libfabric.so.1"), so libnccl.so.2 loads and runs on machines
+// without libfabric and the build needs only its headers.
+struct Api {
+  int (*getinfo)(uint32_t, const char*, const char*, uint64_t, const fi_info*, fi_info**) = nullptr;
+  void (*freeinfo)(fi_info*) = nullptr;
+  fi_info* (*dupinfo)(const fi_info*) = nullptr;
+  int (*fabric)(fi_fabric_attr*, fid_fabric**, void*) = nullptr;
+  const char* (*strerror)(int) = nullptr;
+  uint32_t (*version)() = nullptr;
+  char* (*tostr)(const void*, fi_type) = nullptr;
+};
+// Whether this build handles device memory and the process has loaded the
+// CUDA driver (then FI_HMEM is asked for: providers that grant it may give up
+// host-memory speed, e.g. shm's inline sends).
+bool processUsesCuda();
+// Loads libfabric once per process; the error says why it could not.
+Result<const Api*> loadApi();
+std::string versionString(uint32_t version);  // "1.17"
+// "fi_tsend: Resource temporarily unavailable (-11)"
+std::string fiError(const Api& api, std::string_view what, int64_t rc);
+
+// Closes a fid when it goes out of scope (wrapped the moment it exists).
+struct FidCloser {
+  void operator()(fid_fabric* f) const { if (f) fi_close(&f->fid); }
+  void operator()(fid_domain* f) const { if (f) fi_close(&f->fid); }
+  void operator()(fid_cq* f) const { if (f) fi_close(&f->fid); }
+  void operator()(fid_av* f) const { if (f) fi_close(&f->fid); }
+  void operator()(fid_ep* f) const { if (f) fi_close(&f->fid); }
+  void operator()(fid_mr* f) const { if (f) fi_close(&f->fid); }
+};
+template <typename T>
+using FidPtr = std::unique_ptr<T, FidCloser>;
+
+// Frees an fi_info list through the loaded library.
+struct InfoDeleter {
+  const Api* api = nullptr;
+  void operator()(fi_info* info) const { if (info) api->freeinfo(info); }
+};
+using InfoPtr = std::unique_ptr<fi_info, InfoDeleter>;
+
+// --- wire tags (the 64-bit libfabric tag of every message)
+//   [63..62] kind: 0 data, 1 hello, 2 bye
+//   [61..40] data and bye: the receiving connection's id on its endpoint
+//   [39..16] data: the message number on the connection, per direction
+//   [15..0]  data: a hash of the message's byte count
+// Shoal's own 64-bit tag travels as the message's immediate data (cq_data).
+// The size hash keeps a message from matching a receive of another size, so
+// a size mismatch never truncates inside the provider (1.17's shm spins
+// forever on a truncated large message); the receiver finds such a message
+// with FI_PEEK, ignoring the size bits (OfiConnection::peek).
+namespace wire {
+inline constexpr int kIdBits = 22;
+inline constexpr int kSeqBits = 24;
+inline constexpr int kSizeBits = 16;
+inline constexpr uint32_t kMaxId = (1u << kIdBits) - 1;
+inline constexpr uint64_t kSeqMask = (1ull << kSeqBits) - 1;
+inline constexpr uint64_t kSizeMask = (1ull << kSizeBits) - 1;
+inline constexpr int kIdShift = kSeqBits + kSizeBits;
+inline constexpr uint64_t kHelloKind = 1ull << 62;
+inline constexpr uint64_t kByeKind = 2ull << 62;
+inline uint64_t sizeHash(uint64_t bytes) {
+  uint64_t x = bytes * 0x9E3779B97F4A7C15ull;
+  return (x ^ (x >> 29) ^ (x >> 47)) & kSizeMask;
+}
+inline uint64_t dataTag(uint32_t recvId, uint64_t seq, uint64_t bytes) {
+  return (static_cast<uint64_t>(recvId) << kIdShift) | ((seq & kSeqMask) << kSizeBits) | sizeHash(bytes);
+}
+inline uint64_t helloTag() { return kHelloKind; }
+inline uint64_t byeTag(uint32_t recvId) { return kByeKind | (static_cast<uint64_t>(recvId) << kIdShift); }
+
+// The hello each side of a connection sends the other at set-up (80 bytes,
+// little-endian): u32 "SHOF", u16 version, u16 channel, u64 commId,
+// i32 fromRank, i32 toRank, u32 recvId (the sender's id for this connection:
+// the peer tags its data with it), u32 reserved, u8 nonce[16],
+// u8 proof[32] = HMAC-SHA256(secret, "shoal ofi hello v1" || bytes 0..47).
+inline constexpr size_t kHelloBytes = 80;
+struct Hello {
+  uint64_t commId = 0;
+  int32_t fromRank = -1;
+  int32_t toRank = -1;
+  uint16_t channel = 0;
+  uint32_t recvId = 0;
+  uint8_t nonce[16] = {};
+  uint8_t proof[32] = {};
+};
+void encodeHello(const Hello& hello, uint8_t out[kHelloBytes]);
+Result<Hello> decodeHello(const uint8_t* in, size_t bytes);
+Status signHello(Hello& hello, std::string_view secret);
+bool verifyHello(const Hello& hello, std::string_view secret);
+}  // namespace wire
+
+class OfiConnection;
+
+// One operation given to the provider. The fi_context2 comes first: the
+// completion's op_context is the Op itself. The provider owns the context
+// until the completion arrives, so an Op whose connection is destroyed first
+// is "orphaned" (owner = nullptr) and the rail frees it on its completion.
+struct Op {
+  enum class Kind : uint8_t { kSend, kRecv, kBye, kPeek, kHelloRecv, kControlSend };
+  fi_context2 context{};
+  Kind kind = Kind::kSend;
+  bool posted = false;  // handed to the provider
+  bool done = false;    // its completion (or error) arrived
+  OfiConnection* owner = nullptr;
+  // What was asked.
+  void* data = nullptr;
+  uint64_t bytes = 0;
+  uint64_t tag = 0;    // Shoal's tag
+  uint64_t token = 0;
+  uint64_t seq = 0;    // message number on the connection
+  MrCache::Handle* mr = nullptr;
+  int slot = -1;       // control slot (hello receives, control sends)
+  // What the completion said.
+  uint64_t gotBytes = 0;
+  uint64_t gotTag = 0;  // the libfabric tag (peeks)
+  uint64_t gotData = 0;
+  bool gotDataValid = false;
+  int error = 0;          // FI_E* (positive), 0 = success
+  uint64_t overflow = 0;  // truncated bytes (FI_ETRUNC)
+  std::string errorText;  // provider's words
+  void reset() { *this = Op{}; }
+};
+
+// What a rail needs from the chosen fi_info.
+struct RailOptions {
+  bool alwaysRegister = false;  // SHOAL_OFI_ALWAYS_REGISTER
+  bool cacheRegistrations = true;
+  size_t cacheEntries = 1024;
+};
+
+// One endpoint (and its domain, CQ and AV) on one NIC.
+class Rail {
+ public:
+  static Result<std::unique_ptr<Rail>> open(const Api& api, const fi_info& info, int index,
+                                            const RailOptions& options);
+  ~Rail();
+  Rail(const Rail&) = delete;
+  Rail& operator=(const Rail&) = delete;
+
+  std::mutex mutex;
+
+  const Api& api() const { return api_; }
+  int index() const { return index_; }
+  // The endpoint's fi_getname bytes (what peers fi_av_insert).
+  const std::string& name() const { return name_; }
+  const std::string& domainName() const { return domainName_; }
+  fid_ep* endpoint() const { return ep_.get(); }
+  size_t injectBytes() const { return injectBytes_; }
+  uint64_t maxMessageBytes() const { return maxMessageBytes_; }
+  bool hmem() const { return hmem_; }
+  // Whether FI_PEEK looks without consuming (OfiConnection::peekForMismatch).
+  bool peekWorks() const { return peekWorks_; }
+
+  // All below: mutex held.
+  // Drains the completion queue and dispatches every entry to its Op. Errors
+  // here are the rail's (the CQ itself failed); an operation's error goes to it.
+  Status progress();
+  Result<fi_addr_t> insertAddress(const std::string& name);
+  // A fresh connection id (wire tags) for `owner`; released on destruction.
+  Result<uint32_t> allocateId();
+  void releaseId(uint32_t id);
+  // Sends a control message (hello: `bytes` of payload; bye: none). kAgain
+  // when the provider or the control slots push back.
+  Status sendControl(fi_addr_t to, uint64_t tag, const void* payload, size_t bytes);
+  size_t controlSendsInFlight() const { return controlSendsInFlight_; }
+  // Takes the first hello for (commId, from -> to, channel) that proves
+  // `secret`; hellos that do not prove it are dropped and logged.
+  bool takeHello(uint64_t commId, int fromRank, int toRank, uint16_t channel, std::string_view secret,
+                 wire::Hello& out);
+  // An Op of a destroyed connection: freed when its completion arrives.
+  void adoptOrphan(Op* op);
+  // The local descriptor for [data, data + bytes), registering (through the
+  // cache) when the provider needs it; nullptr desc when it does not.
+  Status describe(Op& op);
+  void releaseRegistration(Op& op);
+  MrCache& registrations() { return mrs_; }
+
+ private:
+  Rail(const Api& api, int index);
+  Status postHelloRecv(int slot);
+  void dispatch(Op* op);
+  void expireHellos();
+
+  const Api& api_;
+  const int index_;
+  FidPtr<fid_fabric> fabric_;
+  FidPtr<fid_domain> domain_;
+  FidPtr<fid_cq> cq_;
+  FidPtr<fid_av> av_;
+  FidPtr<fid_ep> ep_;
+  std::string name_;
+  std::string domainName_;
+  size_t injectBytes_ = 0;
+  uint64_t maxMessageBytes_ = 0;
+  uint64_t mrMode_ = 0;
+  bool hmem_ = false;
+  bool peekWorks_ = true;
+  bool registerLocal_ = false;  // FI_MR_LOCAL or SHOAL_OFI_ALWAYS_REGISTER
+  MrCache mrs_;
+
+  // Control slots: a registered arena; the first kHelloRecvSlots stay posted
+  // for hellos, the rest carry control sends.
+  std::unique_ptr<uint8_t[]> arena_;
+  MrCache::Handle* arenaMr_ = nullptr;
+  std::vector<Op> slotOps_;
+  std::vector<int> freeSendSlots_;
+  size_t controlSendsInFlight_ = 0;
+
+  std::unordered_map<std::string, fi_addr_t> addresses_;
+  std::unordered_set<uint32_t> idsInUse_;
+  uint32_t nextId_ = 1;
+  struct HelloKey {
+    uint64_t commId;
+    int fromRank, toRank, channel;
+    bool operator<(const HelloKey& o) const;
+  };
+  struct Arrival {
+    wire::Hello hello;
+    int64_t arrivedNs;
+  };
+  std::map<HelloKey, std::vector<Arrival>> hellos_;
+  size_t helloCount_ = 0;
+  std::unordered_set<Op*> orphans_;
+};
+
+// Every open rail in the process (for the invalidation hook and statistics).
+void forEachRail(const std::function<void(Rail&)>& visit);
+
+}  // namespace shoal::ofi

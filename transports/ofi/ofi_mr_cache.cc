@@ -1,0 +1,134 @@
+#include "transports/ofi/ofi_mr_cache.h"
+
+#include <unistd.h>
+
+#include <sys/uio.h>
+
+namespace shoal::ofi {
+namespace {
+
+uintptr_t pageBytes() {
+  static const uintptr_t bytes = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  return bytes;
+}
+
+// Cached entries whose start lies at most this many entries below a lookup's
+// are examined; beyond that a miss registers anew (correct, merely redundant).
+constexpr int kLookBack = 8;
+
+}  // namespace
+
+MrCache::~MrCache() {
+  for (auto& [range, handle] : entries_) {
+    if (handle->refs == 0) close(handle);
+    else handle->stale = true;  // its operations are orphans closed with the endpoint
+  }
+}
+
+void MrCache::configure(fid_domain* domain, fid_ep* ep, uint64_t mrMode, bool enabled, size_t capacity,
+                        const char* (*strerror)(int)) {
+  domain_ = domain;
+  ep_ = ep;
+  mrMode_ = mrMode;
+  enabled_ = enabled;
+  capacity_ = capacity < 1 ? 1 : capacity;
+  strerror_ = strerror;
+}
+
+Result<MrCache::Handle*> MrCache::acquire(const void* data, uint64_t bytes, MemoryPlace place) {
+  uintptr_t page = pageBytes();
+  uintptr_t start = reinterpret_cast<uintptr_t>(data) & ~(page - 1);
+  uintptr_t end = (reinterpret_cast<uintptr_t>(data) + bytes + page - 1) & ~(page - 1);
+  if (end == start) end = start + page;
+  if (enabled_) {
+    auto it = entries_.upper_bound({start, UINTPTR_MAX});
+    for (int i = 0; i < kLookBack && it != entries_.begin(); ++i) {
+      --it;
+      Handle* h = it->second;
+      if (h->start <= start && end <= h->end) {
+        ++h->refs;
+        ++stats_.hits;
+        return h;
+      }
+    }
+  }
+  SHOAL_ASSIGN_OR_RETURN(Handle* handle, registerRange(start, end, place));
+  handle->refs = 1;
+  if (enabled_) {
+    entries_[{start, end}] = handle;
+    if (entries_.size() > capacity_) evictIdle();
+  }
+  return handle;
+}
+
+void MrCache::release(Handle* handle) {
+  if (handle == nullptr) return;
+  if (--handle->refs > 0) return;
+  if (!enabled_ || handle->stale) close(handle);
+}
+
+size_t MrCache::invalidate(const void* base, size_t bytes) {
+  uintptr_t lo = reinterpret_cast<uintptr_t>(base);
+  uintptr_t hi = lo + bytes;
+  size_t dropped = 0;
+  for (auto it = entries_.begin(); it != entries_.end();) {
+    Handle* h = it->second;
+    if (h->start < hi && lo < h->end) {
+      it = entries_.erase(it);
+      ++dropped;
+      ++stats_.invalidated;
+      if (h->refs == 0) close(h);
+      else h->stale = true;
+    } else {
+      ++it;
+    }
+  }
+  return dropped;
+}
+
+Result<MrCache::Handle*> MrCache::registerRange(uintptr_t start, uintptr_t end, MemoryPlace place) {
+  iovec iov{reinterpret_cast<void*>(start), end - start};
+  fi_mr_attr attr{};
+  attr.mr_iov = &iov;
+  attr.iov_count = 1;
+  attr.access = FI_SEND | FI_RECV;
+  // Without FI_MR_PROV_KEY the application picks keys, unique per domain.
+  attr.requested_key = (mrMode_ & FI_MR_PROV_KEY) ? 0 : nextKey_++;
+  attr.iface = place.iface;
+  if (place.iface == FI_HMEM_CUDA) attr.device.cuda = place.device;
+  fid_mr* mr = nullptr;
+  int rc = fi_mr_regattr(domain_, &attr, 0, &mr);
+  if (rc != 0)
+    return systemError("fi_mr_regattr of ", end - start, " bytes at 0x", std::hex, start, std::dec, ": ",
+                       strerror_(-rc), " (", rc, ")");
+  if (mrMode_ & FI_MR_ENDPOINT) {
+    rc = fi_mr_bind(mr, &ep_->fid, 0);
+    if (rc == 0) rc = fi_mr_enable(mr);
+    if (rc != 0) {
+      fi_close(&mr->fid);
+      return systemError("binding a registration to the endpoint (FI_MR_ENDPOINT): ", strerror_(-rc));
+    }
+  }
+  ++stats_.registrations;
+  ++stats_.live;
+  return new Handle{mr, start, end, 0, false};
+}
+
+void MrCache::close(Handle* handle) {
+  fi_close(&handle->mr->fid);
+  --stats_.live;
+  delete handle;
+}
+
+void MrCache::evictIdle() {
+  for (auto it = entries_.begin(); it != entries_.end() && entries_.size() > capacity_;) {
+    if (it->second->refs == 0) {
+      close(it->second);
+      it = entries_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+}  // namespace shoal::ofi

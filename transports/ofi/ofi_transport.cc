@@ -1,0 +1,362 @@
+#include "transports/ofi/ofi_transport.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <mutex>
+#include <set>
+
+#include "core/clock.h"
+#include "core/log.h"
+#include "core/params.h"
+#include "transports/ofi/ofi_connection.h"
+#include "transports/ofi/ofi_fabric.h"
+
+namespace shoal {
+namespace ofi {
+namespace {
+
+constexpr char kHex[] = "0123456789abcdef";
+
+int hexValue(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  return -1;
+}
+
+// API versions to ask for, newest first: the headers' own, then the releases
+// whose behaviour we know, down to 1.17 (Debian 12). A library older than a
+// version answers -FI_ENOSYS, so we skip those it cannot know.
+std::vector<uint32_t> apiVersions(uint32_t library) {
+  std::vector<uint32_t> versions = {FI_VERSION(FI_MAJOR_VERSION, FI_MINOR_VERSION), FI_VERSION(1, 22),
+                                    FI_VERSION(1, 20), FI_VERSION(1, 18), FI_VERSION(1, 17)};
+  uint32_t newest = versions.front();
+  std::vector<uint32_t> out;
+  for (uint32_t v : versions)
+    if (v <= newest && !FI_VERSION_LT(library, v) && std::find(out.begin(), out.end(), v) == out.end()) out.push_back(v);
+  return out;
+}
+
+// Domains that only reach this host: usable only when nothing else is there
+// (libfabric lists lo even when FI_REMOTE_COMM is asked for).
+bool localOnlyDomain(std::string_view name) { return name == "lo" || name.rfind("docker", 0) == 0; }
+
+}  // namespace
+
+std::string formatAddress(const Address& address) {
+  std::string out = address.provider + "/";
+  for (size_t r = 0; r < address.rails.size(); ++r) {
+    if (r > 0) out += ',';
+    for (unsigned char c : address.rails[r]) {
+      out += kHex[c >> 4];
+      out += kHex[c & 15];
+    }
+  }
+  return out;
+}
+
+Result<Address> parseAddress(std::string_view text) {
+  size_t slash = text.rfind('/');
+  if (slash == std::string_view::npos || slash == 0) return invalidArgument("ofi address without a provider: ", text);
+  Address address;
+  address.provider = std::string(text.substr(0, slash));
+  std::string_view rest = text.substr(slash + 1);
+  while (true) {
+    size_t comma = rest.find(',');
+    std::string_view hex = rest.substr(0, comma);
+    if (hex.empty() || hex.size() % 2 != 0) return invalidArgument("bad ofi address: ", text);
+    std::string bytes;
+    for (size_t i = 0; i < hex.size(); i += 2) {
+      int hi = hexValue(hex[i]), lo = hexValue(hex[i + 1]);
+      if (hi < 0 || lo < 0) return invalidArgument("bad ofi address: ", text);
+      bytes += static_cast<char>(hi * 16 + lo);
+    }
+    address.rails.push_back(std::move(bytes));
+    if (comma == std::string_view::npos) break;
+    rest = rest.substr(comma + 1);
+  }
+  return address;
+}
+
+RegistrationStats registrationStats() {
+  RegistrationStats total;
+  forEachRail([&](Rail& rail) {
+    std::lock_guard<std::mutex> lock(rail.mutex);
+    const MrCache::Stats& s = rail.registrations().stats();
+    total.registrations += s.registrations;
+    total.hits += s.hits;
+    total.invalidated += s.invalidated;
+    total.live += s.live;
+  });
+  return total;
+}
+
+}  // namespace ofi
+
+void ofiInvalidateRegistrations(void* base, size_t bytes) {
+  ofi::forEachRail([&](ofi::Rail& rail) {
+    std::lock_guard<std::mutex> lock(rail.mutex);
+    rail.registrations().invalidate(base, bytes);
+  });
+}
+
+namespace {
+
+using ofi::Api;
+using ofi::InfoPtr;
+using ofi::Rail;
+namespace wire = ofi::wire;
+
+class OfiTransport final : public Transport {
+ public:
+  explicit OfiTransport(OfiOptions options) : options_(std::move(options)) {}
+
+  std::string_view name() const override { return "ofi"; }
+  Result<std::string> localAddress() override;
+  bool canConnect(const PeerInfo& self, const PeerInfo& peer) const override;
+  Result<std::unique_ptr<Connection>> connect(const ConnectionKey& key, const ConnectOptions& options) override;
+
+ private:
+  Status initialise();  // mutex_ held
+  // Which provider the user asked for, for messages.
+  std::string wanted() const;
+  Result<InfoPtr> getInfo(const Api& api, uint32_t& version);
+
+  const OfiOptions options_;
+  std::mutex mutex_;
+  bool tried_ = false;
+  Status initError_;
+  std::atomic<bool> ready_{false};
+  std::string provider_;
+  std::string address_;
+  std::vector<std::unique_ptr<Rail>> rails_;
+  uint64_t injectLimit_ = 0;
+};
+
+std::string OfiTransport::wanted() const {
+  if (!options_.provider.empty()) return str("provider '", options_.provider, "'");
+  if (!params().fiProvider.empty()) return str("FI_PROVIDER='", params().fiProvider, "'");
+  return "no provider (FI_PROVIDER unset)";
+}
+
+Result<std::string> OfiTransport::localAddress() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!tried_) {
+    tried_ = true;
+    initError_ = initialise();
+    if (!initError_.isOk()) {
+      rails_.clear();
+      initError_.withContext("ofi transport");
+    }
+    ready_ = initError_.isOk();
+  }
+  if (!initError_.isOk()) return initError_;
+  return address_;
+}
+
+Result<InfoPtr> OfiTransport::getInfo(const Api& api, uint32_t& version) {
+  InfoPtr hints(api.dupinfo(nullptr), ofi::InfoDeleter{&api});
+  if (!hints) return systemError("fi_allocinfo failed");
+  hints->caps = FI_TAGGED;
+  // FI_LOCAL_COMM/FI_REMOTE_COMM stay out: 1.17's shm advertises neither.
+  hints->mode = FI_CONTEXT | FI_CONTEXT2;  // every operation carries an fi_context2
+  hints->ep_attr->type = FI_EP_RDM;
+  hints->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT;
+  hints->domain_attr->threading = FI_THREAD_DOMAIN;  // we serialise per rail
+  hints->domain_attr->av_type = FI_AV_TABLE;
+  hints->domain_attr->cq_data_size = 8;  // Shoal's tag rides as immediate data
+  // A bye must not overtake the data sent before it (ofi_connection.h).
+  hints->tx_attr->msg_order = FI_ORDER_SAS;
+  hints->rx_attr->msg_order = FI_ORDER_SAS;
+  if (!options_.provider.empty()) hints->fabric_attr->prov_name = ::strdup(options_.provider.c_str());
+
+  std::vector<uint64_t> extraCaps = {0};
+  if (ofi::processUsesCuda()) extraCaps.insert(extraCaps.begin(), FI_HMEM);  // GPU memory, where reachable
+  int lastRc = -FI_ENODATA;
+  uint32_t library = api.version();
+  std::vector<uint32_t> versions = ofi::apiVersions(library);
+  if (versions.empty())
+    return error(Code::kUnsupported, "libfabric ", ofi::versionString(library), " is older than 1.17");
+  for (uint64_t extra : extraCaps) {
+    hints->caps = FI_TAGGED | extra;
+    hints->domain_attr->mr_mode =
+        FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_ENDPOINT | (extra ? FI_MR_HMEM : 0);
+    for (uint32_t v : versions) {
+      fi_info* info = nullptr;
+      int rc = api.getinfo(v, nullptr, nullptr, 0, hints.get(), &info);
+      if (rc == 0 && info != nullptr) {
+        version = v;
+        return InfoPtr(info, ofi::InfoDeleter{&api});
+      }
+      lastRc = rc;
+      version = v;
+    }
+  }
+  // Why not: is the provider there at all?
+  fi_info* any = nullptr;
+  InfoPtr bare(api.dupinfo(nullptr), ofi::InfoDeleter{&api});
+  if (!options_.provider.empty()) bare->fabric_attr->prov_name = ::strdup(options_.provider.c_str());
+  int rc = api.getinfo(versions.back(), nullptr, nullptr, 0, bare.get(), &any);
+  InfoPtr anyInfo(any, ofi::InfoDeleter{&api});
+  std::string why = str(ofi::fiError(api, "fi_getinfo", lastRc), ", libfabric ", ofi::versionString(library),
+                        ", API ", ofi::versionString(version));
+  if (rc != 0 || any == nullptr)
+    return error(Code::kUnsupported, "libfabric offers ", wanted(), " on this host (", why,
+                 "; fi_info -l lists the providers, FI_LOG_LEVEL=info says why one was skipped)");
+  return error(Code::kUnsupported, wanted(), " (found: ", any->fabric_attr->prov_name,
+               ") gives no FI_EP_RDM endpoint with FI_TAGGED, FI_CONTEXT2, 8-byte immediate data and "
+               "send-after-send order (",
+               why, ")");
+}
+
+Status OfiTransport::initialise() {
+  SHOAL_ASSIGN_OR_RETURN(const Api* api, ofi::loadApi());
+  uint32_t version = 0;
+  SHOAL_ASSIGN_OR_RETURN(InfoPtr infos, getInfo(*api, version));
+
+  // The provider: libfabric's first, except that a node-local one (shm) is
+  // taken only when nothing else is offered (FI_PROVIDER=shm does that).
+  const fi_info* chosen = nullptr;
+  for (const fi_info* i = infos.get(); i != nullptr; i = i->next) {
+    if (chosen == nullptr) chosen = i;
+    if (std::strcmp(chosen->fabric_attr->prov_name, "shm") != 0) break;
+    if (std::strcmp(i->fabric_attr->prov_name, "shm") != 0) chosen = i;
+  }
+  provider_ = chosen->fabric_attr->prov_name;
+
+  // Rails: one per domain (NIC) of that provider, local-only ones last resort.
+  std::vector<const fi_info*> candidates;
+  std::set<std::string> seen;
+  for (const fi_info* i = infos.get(); i != nullptr; i = i->next) {
+    if (provider_ != i->fabric_attr->prov_name) continue;
+    std::string domain = i->domain_attr->name ? i->domain_attr->name : "";
+    if (seen.insert(domain).second) candidates.push_back(i);
+  }
+  std::vector<const fi_info*> remote;
+  for (const fi_info* i : candidates)
+    if (!ofi::localOnlyDomain(i->domain_attr->name ? i->domain_attr->name : "")) remote.push_back(i);
+  if (!remote.empty()) candidates = remote;
+  size_t maxRails = static_cast<size_t>(std::clamp<int64_t>(params().ofiMaxRails, 1, 64));
+  if (candidates.size() > maxRails) candidates.resize(maxRails);
+
+  ofi::RailOptions railOptions;
+  railOptions.alwaysRegister = params().ofiAlwaysRegister;
+  railOptions.cacheRegistrations = params().ofiMrCache;
+  railOptions.cacheEntries = static_cast<size_t>(std::max<int64_t>(params().ofiMrCacheEntries, 1));
+  ofi::Address address{provider_, {}};
+  std::string domains;
+  for (const fi_info* info : candidates) {
+    SHOAL_ASSIGN_OR_RETURN(std::unique_ptr<Rail> rail,
+                           Rail::open(*api, *info, static_cast<int>(rails_.size()), railOptions));
+    address.rails.push_back(rail->name());
+    domains += str(domains.empty() ? "" : ", ", rail->domainName());
+    rails_.push_back(std::move(rail));
+  }
+  address_ = ofi::formatAddress(address);
+  size_t inject = rails_.front()->injectBytes();
+  int64_t wantedInject = params().ofiInjectBytes;
+  injectLimit_ = wantedInject < 0 ? inject : std::min<uint64_t>(inject, static_cast<uint64_t>(wantedInject));
+
+  uint64_t mrMode = chosen->domain_attr->mr_mode;
+  std::string mrText = api->tostr(&mrMode, FI_TYPE_MR_MODE);
+  SHOAL_INFO(subsys::kInit | subsys::kNet, "ofi: provider ", provider_, ", fabric ",
+             chosen->fabric_attr->name ? chosen->fabric_attr->name : "?", ", ", rails_.size(),
+             rails_.size() == 1 ? " rail (domain " : " rails (domains ", domains, "), mr_mode [", mrText,
+             "], inject ", injectLimit_, " B, ", (chosen->caps & FI_HMEM) ? "FI_HMEM, " : "", "libfabric ",
+             ofi::versionString(api->version()), " API ", ofi::versionString(version));
+  return Status::ok();
+}
+
+bool OfiTransport::canConnect(const PeerInfo& self, const PeerInfo& peer) const {
+  if (!ready_) return false;
+  const std::string* mine = self.address("ofi");
+  const std::string* theirs = peer.address("ofi");
+  if (mine == nullptr || theirs == nullptr) return false;
+  Result<ofi::Address> a = ofi::parseAddress(*mine);
+  Result<ofi::Address> b = ofi::parseAddress(*theirs);
+  if (!a.isOk() || !b.isOk() || a->provider != b->provider) return false;
+  // shm reaches only processes of this host.
+  if (a->provider == "shm" && self.hostId != peer.hostId) return false;
+  return true;
+}
+
+Result<std::unique_ptr<Connection>> OfiTransport::connect(const ConnectionKey& key, const ConnectOptions& options) {
+  std::string peerText = options.peer && !options.peer->hostname.empty() ? options.peer->hostname : "?";
+  std::string peer = str("rank ", key.peerRank, " (host ", peerText, ", ofi ", provider_.empty() ? "?" : provider_, ")");
+  std::string what = str("ofi connect to ", peer, " channel ", key.channel);
+  if (key.selfRank == key.peerRank)
+    return error(Code::kUnsupported, what, ": ofi does not connect a rank to itself");
+  if (key.selfRank < 0 || key.peerRank < 0) return invalidArgument(what, ": bad ranks ", key.selfRank, ", ", key.peerRank);
+  if (Result<std::string> local = localAddress(); !local.isOk()) return local.takeStatus().withContext(what);
+  const std::string* text = options.peer ? options.peer->address("ofi") : nullptr;
+  if (text == nullptr) return invalidArgument(what, ": the peer published no ofi address");
+  Result<ofi::Address> parsed = ofi::parseAddress(*text);
+  if (!parsed.isOk()) return parsed.takeStatus().withContext(what);
+  const ofi::Address& theirs = parsed.value();
+  if (theirs.provider != provider_)
+    return invalidUsage(what, ": the peer uses provider ", theirs.provider, ", this rank ", provider_,
+                        " (set the same FI_PROVIDER on every rank)");
+  size_t rails = std::min(rails_.size(), theirs.rails.size());
+  size_t railIndex = key.channel % rails;
+  Rail& rail = *rails_[railIndex];
+  if (rails > 1) peer = str("rank ", key.peerRank, " (host ", peerText, ", ofi ", provider_, " rail ", railIndex, ")");
+
+  std::unique_ptr<ofi::OfiConnection> connection;
+  fi_addr_t peerAddress;
+  wire::Hello hello;
+  {
+    std::lock_guard<std::mutex> lock(rail.mutex);
+    Result<fi_addr_t> inserted = rail.insertAddress(theirs.rails[railIndex]);
+    if (!inserted.isOk()) return inserted.takeStatus().withContext(what);
+    peerAddress = inserted.value();
+    Result<uint32_t> id = rail.allocateId();
+    if (!id.isOk()) return id.takeStatus().withContext(what);
+    connection = std::make_unique<ofi::OfiConnection>(rail, peerAddress, id.value(), injectLimit_, peer);
+    SHOAL_TRY(connection->start({key.commId, key.peerRank, key.selfRank, key.channel, options.secret})) << what;
+    hello.commId = key.commId;
+    hello.fromRank = key.selfRank;
+    hello.toRank = key.peerRank;
+    hello.channel = key.channel;
+    hello.recvId = id.value();
+  }
+  SHOAL_TRY(wire::signHello(hello, options.secret)) << what;
+  uint8_t bytes[wire::kHelloBytes];
+  wire::encodeHello(hello, bytes);
+
+  // Send ours. The lower rank returns at once and claims the peer's hello
+  // when it first sends (so it never waits on a peer that waits on someone
+  // else: no cycle whatever order ranks connect in); the higher rank waits for
+  // the lower's, which is on its way as soon as the lower calls connect().
+  bool sent = false;
+  bool lower = key.selfRank < key.peerRank;
+  Backoff backoff;
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(rail.mutex);
+      if (Status s = rail.progress(); !s.isOk()) return s.withContext(what);
+      if (!sent) {
+        Status s = rail.sendControl(peerAddress, wire::helloTag(), bytes, sizeof(bytes));
+        if (s.isOk()) sent = true;
+        else if (s.code() != Code::kAgain) return s.withContext(str(what, ": sending the hello"));
+      }
+      if (sent && (lower || connection->resolvePeer())) break;
+    }
+    if (options.deadline.expired())
+      return error(Code::kTimeout, what, ": timed out waiting for the peer's hello (",
+                   sent ? "ours was sent" : "ours could not be sent",
+                   "; is the peer connecting, with the same FI_PROVIDER and communicator secret?)");
+    backoff.pause();
+  }
+  SHOAL_INFO(subsys::kInit | subsys::kNet, "ofi: connected to ", peer, " channel ", key.channel, " on rail ",
+             railIndex, " (", rail.domainName(), ")");
+  return std::unique_ptr<Connection>(std::move(connection));
+}
+
+}  // namespace
+
+std::unique_ptr<Transport> makeOfiTransport() { return makeOfiTransport(OfiOptions{}); }
+std::unique_ptr<Transport> makeOfiTransport(const OfiOptions& options) {
+  return std::make_unique<OfiTransport>(options);
+}
+
+}  // namespace shoal

@@ -1,0 +1,70 @@
+// OfiTransport: connections to peers over libfabric reliable-datagram (RDM)
+// endpoints: EFA on AWS, "tcp;ofi_rxm" or "shm" elsewhere. See README.md for
+// the wire format and the knobs.
+//
+// Role: one per process (makeOfiTransport(), owned by the transport registry).
+// localAddress() loads libfabric (dlopen), picks the provider (FI_PROVIDER,
+// libfabric's own variable, filters; the API version is asked for downward
+// from the newest these headers know to 1.17), opens one endpoint per rail
+// (NIC/domain, at most SHOAL_OFI_MAX_RAILS) and returns
+// "<provider>/<hex name of rail 0>,<hex name of rail 1>...". When no provider
+// gives an FI_EP_RDM endpoint with FI_TAGGED, it returns an error saying which
+// provider and why (a forced ofi is then an error, never a fallback).
+// connect(): channel c of a pair uses rail c % min(local rails, peer rails);
+// both ranks send each other a hello (the connection id the other must tag
+// its data with, HMAC proof of the communicator's secret). The higher rank
+// waits for the lower's; the lower returns at once and claims the higher's
+// when it first sends, so set-up cannot deadlock whatever order ranks,
+// channels and communicators connect in. Many connections share one
+// endpoint, told apart by tag bits.
+// Thread: localAddress(), canConnect() and connect() may be called from any
+// number of threads. Lock order: the transport's mutex, then a rail's.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "transports/transport.h"
+
+namespace shoal {
+
+struct OfiOptions {
+  // A fi_getinfo provider name ("tcp;ofi_rxm", "shm"); empty: libfabric's
+  // choice under FI_PROVIDER. Lets tests run several providers in one process.
+  std::string provider;
+};
+
+std::unique_ptr<Transport> makeOfiTransport();
+std::unique_ptr<Transport> makeOfiTransport(const OfiOptions& options);
+
+// Forgets cached memory registrations overlapping [base, base + bytes) on
+// every ofi endpoint of the process. Call it before memory is freed or
+// deregistered (ncclMemFree, ncclCommDeregister), so that a later buffer at
+// the same address is registered afresh. Thread-safe; a no-op without ofi.
+void ofiInvalidateRegistrations(void* base, size_t bytes);
+
+namespace ofi {
+
+// Registration cache counters, summed over every rail of the process.
+struct RegistrationStats {
+  uint64_t registrations = 0;
+  uint64_t hits = 0;
+  uint64_t invalidated = 0;
+  uint64_t live = 0;
+};
+RegistrationStats registrationStats();
+
+// The address a rank publishes: provider and each rail's fi_getname bytes.
+struct Address {
+  std::string provider;
+  std::vector<std::string> rails;  // raw bytes
+};
+std::string formatAddress(const Address& address);
+Result<Address> parseAddress(std::string_view text);
+
+}  // namespace ofi
+}  // namespace shoal
