@@ -19,6 +19,7 @@
 #include "bootstrap/bootstrap.h"
 #include "core/params.h"
 #include "core/tag.h"
+#include "support/scoped_env.h"
 #include "transport/conformance.h"
 #include "transports/ofi/ofi_connection.h"
 #include "transports/ofi/ofi_fabric.h"
@@ -33,29 +34,7 @@ using ConnPair = std::pair<std::unique_ptr<Connection>, std::unique_ptr<Connecti
 constexpr const char* kTcp = "tcp;ofi_rxm";
 constexpr const char* kShm = "shm";
 
-// Sets environment variables for one test and restores them (and the params
-// snapshot) afterwards. Only while no other thread reads params.
-class ScopedEnv {
- public:
-  ScopedEnv(std::initializer_list<std::pair<const char*, const char*>> vars) {
-    for (auto [name, value] : vars) {
-      const char* old = std::getenv(name);
-      saved_.emplace_back(name, old ? std::optional<std::string>(old) : std::nullopt);
-      setenv(name, value, 1);
-    }
-    reloadParams();
-  }
-  ~ScopedEnv() {
-    for (auto& [name, old] : saved_) {
-      if (old) setenv(name.c_str(), old->c_str(), 1);
-      else unsetenv(name.c_str());
-    }
-    reloadParams();
-  }
-
- private:
-  std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
-};
+using testing::ScopedEnv;
 
 // Two "processes" of one provider: a transport each.
 struct OfiWorld {

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/params.h"
+#include "support/scoped_env.h"
 #include "transport/conformance.h"
 #include "transports/shm/shm_connection.h"
 #include "transports/shm/shm_segment.h"
@@ -27,28 +28,7 @@ namespace {
 using testing::TransportUnderTest;
 using ConnPair = std::pair<std::unique_ptr<Connection>, std::unique_ptr<Connection>>;
 
-// Sets environment variables for one test case and restores them after.
-class ScopedEnv {
- public:
-  ScopedEnv(std::initializer_list<std::pair<const char*, const char*>> vars) {
-    for (auto [name, value] : vars) {
-      const char* old = std::getenv(name);
-      saved_.emplace_back(name, old ? std::optional<std::string>(old) : std::nullopt);
-      setenv(name, value, 1);
-    }
-    reloadParams();
-  }
-  ~ScopedEnv() {
-    for (auto& [name, old] : saved_) {
-      if (old) setenv(name.c_str(), old->c_str(), 1);
-      else unsetenv(name.c_str());
-    }
-    reloadParams();
-  }
-
- private:
-  std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
-};
+using testing::ScopedEnv;
 
 uint64_t freshCommId() {
   static std::atomic<uint64_t> next{0x5eed000000000000ull ^ static_cast<uint64_t>(getpid()) << 20};
@@ -117,6 +97,19 @@ Status pumpUntil(ConnPair& pair, size_t wantA, size_t wantB, std::vector<Complet
   return Status::ok();
 }
 
+// Posts one receive and polls until the connection fails (or 5 s pass).
+Status receiveUntilError(Connection& connection) {
+  static int sink = 0;
+  SHOAL_TRY(connection.postRecv(&sink, sizeof(sink), 1, 1));
+  std::vector<Completion> done;
+  Deadline guard = Deadline::afterMs(5000);
+  while (!guard.expired()) {
+    bool progressed = false;
+    SHOAL_TRY(connection.poll(done, progressed));
+  }
+  return Status::ok();
+}
+
 TEST_CASE("shm single copy is used for large messages and moves data", "[shm]") {
   ScopedEnv env{{"SHOAL_SHM_CMA", "1"}, {"SHOAL_SHM_CMA_MIN_BYTES", "4096"}};
   PairWorld world;
@@ -162,15 +155,7 @@ TEST_CASE("shm opener whose creator never comes fails at the deadline naming it"
   ConnectOptions ob{&world.b, &world.a, "secret", Deadline::afterMs(200)};
   auto cb = world.transport->connect({id, 1, 0, 0}, ob);
   REQUIRE(cb.isOk());
-  int y = 0;
-  REQUIRE(cb.value()->postRecv(&y, sizeof(y), 1, 1).isOk());
-  std::vector<Completion> done;
-  Status s;
-  Deadline guard = Deadline::afterMs(5000);
-  while (s.isOk() && !guard.expired()) {
-    bool progressed = false;
-    s = cb.value()->poll(done, progressed);
-  }
+  Status s = receiveUntilError(*cb.value());
   REQUIRE_FALSE(s.isOk());
   CHECK_THAT(s.message(), Catch::Contains("rank 0") && Catch::Contains("did not attach"));
 }
@@ -209,15 +194,7 @@ TEST_CASE("shm a peer that exits with operations pending is an error naming it",
   ConnectOptions ob{&world.b, &world.a, "secret", Deadline::afterMs(60000)};
   auto cb = world.transport->connect({freshCommId(), 1, 0, 0}, ob);
   REQUIRE(cb.isOk());
-  int y = 0;
-  REQUIRE(cb.value()->postRecv(&y, sizeof(y), 1, 1).isOk());
-  std::vector<Completion> done;
-  Status s;
-  Deadline guard = Deadline::afterMs(5000);
-  while (s.isOk() && !guard.expired()) {
-    bool progressed = false;
-    s = cb.value()->poll(done, progressed);
-  }
+  Status s = receiveUntilError(*cb.value());
   REQUIRE_FALSE(s.isOk());
   CHECK_THAT(s.message(), Catch::Contains("rank 0") && Catch::Contains("has exited"));
 }
