@@ -21,66 +21,12 @@
 #include <string>
 #include <vector>
 
+#include "mp/mp_checks.h"
 #include "support/mp_harness.h"
 
-using shoal::testing::MpChild;
-using shoal::testing::MpConfig;
-using shoal::testing::MpResult;
-using shoal::testing::runForked;
+using namespace shoal::testing;  // mp_harness.h, mp_checks.h
 
 namespace {
-
-double monoMs() {
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<double>(ts.tv_sec) * 1e3 + static_cast<double>(ts.tv_nsec) / 1e6;
-}
-
-std::string describe(ncclResult_t rc) {
-  return std::string(ncclGetErrorString(rc)) + " (" + std::to_string(static_cast<int>(rc)) +
-         "): " + ncclGetLastError(nullptr);
-}
-
-#define CHILD_CHECK(child, cond, what)                                                                        \
-  do {                                                                                                        \
-    if (!(cond)) {                                                                                            \
-      (child).log(std::string("CHECK FAILED at line ") + std::to_string(__LINE__) + ": " + #cond + " -- " + \
-                  (what));                                                                                    \
-      return 1;                                                                                               \
-    }                                                                                                         \
-  } while (0)
-
-#define CHILD_NCCL(child, call)                                                                          \
-  do {                                                                                                   \
-    ncclResult_t rc_ = (call);                                                                           \
-    if (rc_ != ncclSuccess) {                                                                            \
-      (child).log(std::string("line ") + std::to_string(__LINE__) + ": " + #call + " -> " + describe(rc_)); \
-      return 1;                                                                                          \
-    }                                                                                                    \
-  } while (0)
-
-// Small integers: every sum over <= 4 ranks is exact in float.
-float value(int rank, size_t i) { return static_cast<float>((rank * 13 + static_cast<int>(i % 1021)) % 17); }
-
-bool expectFloats(MpChild& child, const char* what, const std::vector<float>& got,
-                  const std::function<float(size_t)>& want) {
-  for (size_t i = 0; i < got.size(); ++i) {
-    if (got[i] != want(i)) {
-      char line[200];
-      std::snprintf(line, sizeof(line), "%s: element %zu is %g, expected %g", what, i, static_cast<double>(got[i]),
-                    static_cast<double>(want(i)));
-      child.log(line);
-      return false;
-    }
-  }
-  return true;
-}
-
-ncclResult_t initComm(MpChild& child, ncclComm_t* comm) {
-  ncclUniqueId id;
-  if (!child.uniqueId(&id)) return ncclSystemError;
-  return ncclCommInitRank(comm, child.nranks(), id, child.rank());
-}
 
 float sumOver(int n, size_t i) {
   float s = 0;
