@@ -24,6 +24,8 @@ Plan buildDirectScatter(const CollShape&, const RankView&, const AlgoParams&);
 // (hierarchicalApplies); otherwise it builds the flat ring.
 bool hierarchicalApplies(const RankView& view);
 Plan buildHierarchicalAllReduce(const CollShape&, const RankView&, const AlgoParams&);
+Plan buildHierarchicalReduceScatter(const CollShape&, const RankView&, const AlgoParams&);
+Plan buildHierarchicalAllGather(const CollShape&, const RankView&, const AlgoParams&);
 // Same-host algorithms that read peers' buffers (RankView::peerReads).
 Plan buildPeerReadAllReduce(const CollShape&, const RankView&, const AlgoParams&);
 Plan buildPeerReadReduceScatter(const CollShape&, const RankView&, const AlgoParams&);

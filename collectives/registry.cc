@@ -124,6 +124,23 @@ double hierarchicalAllReduceCost(const CollShape& s, const RankView& v, const Co
          m.beta(2 * (L - 1) / L * m.bytes) / 8 + m.gamma((m.p - 1) / m.p * m.bytes);
 }
 
+// AllGather / ReduceScatter (n = the whole output / input): each node's link
+// carries (N-1)/N of it; the node phase moves (L-1)/L of it over shared memory.
+double hierarchicalGatherCost(const CollShape& s, const RankView& v, const CostParams& c, bool reduces) {
+  Model m = model(s, v, c, true);
+  int nodes = 0;
+  for (int n : v.nodeOf) nodes = std::max(nodes, n + 1);
+  const double N = std::max(nodes, 1), L = m.p / N;
+  return m.alpha((L - 1) + (N - 1)) + m.beta((N - 1) / N * m.bytes) + m.beta((L - 1) / L * m.bytes) / 8 +
+         (reduces ? m.gamma((m.p - 1) / m.p * m.bytes) : 0);
+}
+double hierarchicalAllGatherCost(const CollShape& s, const RankView& v, const CostParams& c) {
+  return hierarchicalGatherCost(s, v, c, false);
+}
+double hierarchicalReduceScatterCost(const CollShape& s, const RankView& v, const CostParams& c) {
+  return hierarchicalGatherCost(s, v, c, true);
+}
+
 bool hierarchical(const CollShape&, const RankView& v, const TransportCaps&) { return hierarchicalApplies(v); }
 
 // Every peer's memory readable, more than one rank, and no per-rank scalar
@@ -148,8 +165,11 @@ const std::vector<AlgorithmEntry>& algorithms() {
        hierarchicalAllReduceCost},
       {CollKind::kAllReduce, "peer_read", buildPeerReadAllReduce, peerReadable, peerReadAllReduceCost},
       {CollKind::kAllGather, "ring", buildRingAllGather, always, ringAllGatherCost},
+      {CollKind::kAllGather, "hierarchical", buildHierarchicalAllGather, hierarchical, hierarchicalAllGatherCost},
       {CollKind::kAllGather, "peer_read", buildPeerReadAllGather, peerReadable, peerReadAllGatherCost},
       {CollKind::kReduceScatter, "ring", buildRingReduceScatter, always, ringReduceScatterCost},
+      {CollKind::kReduceScatter, "hierarchical", buildHierarchicalReduceScatter, hierarchical,
+       hierarchicalReduceScatterCost},
       {CollKind::kReduceScatter, "peer_read", buildPeerReadReduceScatter, peerReadable,
        peerReadReduceScatterCost},
       {CollKind::kBroadcast, "chain", buildChainBroadcast, rootValid, chainBroadcastCost},

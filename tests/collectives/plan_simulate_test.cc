@@ -241,7 +241,7 @@ TEST_CASE("reductions agree with the real reducer (src/reduce)", "[simulate]") {
   }
 }
 
-TEST_CASE("hierarchical AllReduce reduces across equal and unequal nodes", "[simulate]") {
+TEST_CASE("hierarchical collectives reduce and gather across equal and unequal nodes", "[simulate]") {
   // nodeOf per case: equal nodes (hierarchical), a ring order that interleaves
   // nodes, and unequal nodes (built as the flat ring).
   struct Layout {
@@ -258,16 +258,25 @@ TEST_CASE("hierarchical AllReduce reduces across equal and unequal nodes", "[sim
   };
   const DataType types[] = {DataType::kInt32, DataType::kFloat16, DataType::kFloat32, DataType::kBfloat16};
   const ReduceOp ops[] = {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kPreMulSum};
+  struct Algo {
+    BuildFn build;
+    CollKind kind;
+  };
+  const Algo algos[] = {{buildHierarchicalAllReduce, CollKind::kAllReduce},
+                        {buildHierarchicalReduceScatter, CollKind::kReduceScatter},
+                        {buildHierarchicalAllGather, CollKind::kAllGather}};
   int variant = 0;
+  for (const Algo& algo : algos)
   for (const Layout& layout : layouts) {
     const int n = static_cast<int>(layout.nodeOf.size());
     for (DataType t : types) {
       for (int o = 0; o <= 3; ++o) {  // 3: integer average
         if (o == 3 && isFloating(t)) continue;
+        if (algo.kind == CollKind::kAllGather && o != 0) continue;  // moves data only
         for (uint64_t count : {uint64_t{1}, uint64_t{37}, uint64_t{301}, uint64_t{5003}}) {
           for (bool inPlace : {false, true}) {
-            Case c{"hierarchical", buildHierarchicalAllReduce};
-            c.shape.kind = CollKind::kAllReduce;
+            Case c{"hierarchical", algo.build};
+            c.shape.kind = algo.kind;
             c.shape.dtype = t;
             c.shape.op = o == 3 ? ReduceOp::kSum : ops[o];
             c.shape.divisor = o == 3 ? n : 0;

@@ -54,6 +54,21 @@ foreach(shape 2x2 3x2)
   shoal_add_netns_perf_test(netns.alltoall.${shape} alltoall_perf ${_nodes} ${_rpn} ARGS ${_small})
 endforeach()
 
+# Flat and hierarchical forced, for the collectives that have both.
+foreach(shape 2x2 3x2)
+  string(REPLACE "x" ";" _nl ${shape})
+  list(GET _nl 0 _nodes)
+  list(GET _nl 1 _rpn)
+  foreach(algo ring hierarchical)
+    shoal_add_netns_perf_test(netns.all_reduce.${shape}.${algo} all_reduce_perf ${_nodes} ${_rpn}
+      ENV SHOAL_ALGO=${algo} ARGS ${_small})
+    shoal_add_netns_perf_test(netns.all_gather.${shape}.${algo} all_gather_perf ${_nodes} ${_rpn}
+      ENV SHOAL_ALGO=${algo} ARGS ${_small})
+    shoal_add_netns_perf_test(netns.reduce_scatter.${shape}.${algo} reduce_scatter_perf ${_nodes} ${_rpn}
+      ENV SHOAL_ALGO=${algo} ARGS ${_small})
+  endforeach()
+endforeach()
+
 # Each node's link limited to 200 Mbit/s each way by tbf.
 add_test(NAME netns.all_reduce.2x1.rate_limited
   COMMAND ${SHOAL_BASH} ${SHOAL_CLUSTER} --nodes 2 --ranks-per-node 1 --rate 200mbit --timeout 55

@@ -165,7 +165,6 @@ std::string bytesIdentifier(uint64_t b) {
 
 // clang-format off
 const std::vector<GoldenRow> kGolden = {
-    // topology, collective, bytes: algorithm, channels, segment  // modelled time
     {"1x2 shm", CollKind::kAllReduce, 8, "recursive_doubling", 1, 4 * MiB},  // 3.0 us
     {"1x2 shm", CollKind::kAllReduce, 1 * KiB, "recursive_doubling", 1, 4 * MiB},  // 3.2 us
     {"1x2 shm", CollKind::kAllReduce, 64 * KiB, "recursive_doubling", 1, 4 * MiB},  // 14.7 us
@@ -244,18 +243,18 @@ const std::vector<GoldenRow> kGolden = {
     {"2x2 net+shm", CollKind::kAllReduce, 1 * MiB, "hierarchical", 4, 4 * MiB},  // 349.0 us
     {"2x2 net+shm", CollKind::kAllReduce, 16 * MiB, "hierarchical", 4, 4 * MiB},  // 4084.6 us
     {"2x2 net+shm", CollKind::kAllReduce, 256 * MiB, "hierarchical", 4, 4 * MiB},  // 61593.6 us
-    {"2x2 net+shm", CollKind::kAllGather, 8, "ring", 1, 4 * MiB},  // 75.0 us
-    {"2x2 net+shm", CollKind::kAllGather, 1 * KiB, "ring", 1, 4 * MiB},  // 77.5 us
-    {"2x2 net+shm", CollKind::kAllGather, 64 * KiB, "ring", 2, 4 * MiB},  // 153.6 us
-    {"2x2 net+shm", CollKind::kAllGather, 1 * MiB, "ring", 4, 4 * MiB},  // 704.1 us
-    {"2x2 net+shm", CollKind::kAllGather, 16 * MiB, "ring", 4, 4 * MiB},  // 10141.3 us
-    {"2x2 net+shm", CollKind::kAllGather, 256 * MiB, "ring", 4, 4 * MiB},  // 162261.3 us
-    {"2x2 net+shm", CollKind::kReduceScatter, 8, "ring", 1, 4 * MiB},  // 75.0 us
-    {"2x2 net+shm", CollKind::kReduceScatter, 1 * KiB, "ring", 1, 4 * MiB},  // 77.7 us
-    {"2x2 net+shm", CollKind::kReduceScatter, 64 * KiB, "ring", 2, 4 * MiB},  // 160.2 us
-    {"2x2 net+shm", CollKind::kReduceScatter, 1 * MiB, "ring", 4, 4 * MiB},  // 756.6 us
-    {"2x2 net+shm", CollKind::kReduceScatter, 16 * MiB, "ring", 4, 2 * MiB},  // 10635.8 us
-    {"2x2 net+shm", CollKind::kReduceScatter, 256 * MiB, "ring", 4, 4 * MiB},  // 163100.1 us
+    {"2x2 net+shm", CollKind::kAllGather, 8, "hierarchical", 1, 4 * MiB},  // 50.0 us
+    {"2x2 net+shm", CollKind::kAllGather, 1 * KiB, "hierarchical", 1, 4 * MiB},  // 51.8 us
+    {"2x2 net+shm", CollKind::kAllGather, 64 * KiB, "hierarchical", 2, 4 * MiB},  // 109.0 us
+    {"2x2 net+shm", CollKind::kAllGather, 1 * MiB, "hierarchical", 4, 4 * MiB},  // 521.9 us
+    {"2x2 net+shm", CollKind::kAllGather, 16 * MiB, "hierarchical", 4, 4 * MiB},  // 7606.0 us
+    {"2x2 net+shm", CollKind::kAllGather, 256 * MiB, "hierarchical", 4, 4 * MiB},  // 121696.0 us
+    {"2x2 net+shm", CollKind::kReduceScatter, 8, "hierarchical", 1, 4 * MiB},  // 50.0 us
+    {"2x2 net+shm", CollKind::kReduceScatter, 1 * KiB, "hierarchical", 1, 4 * MiB},  // 52.0 us
+    {"2x2 net+shm", CollKind::kReduceScatter, 64 * KiB, "hierarchical", 2, 4 * MiB},  // 115.5 us
+    {"2x2 net+shm", CollKind::kReduceScatter, 1 * MiB, "hierarchical", 4, 4 * MiB},  // 574.3 us
+    {"2x2 net+shm", CollKind::kReduceScatter, 16 * MiB, "hierarchical", 4, 2 * MiB},  // 8035.1 us
+    {"2x2 net+shm", CollKind::kReduceScatter, 256 * MiB, "hierarchical", 4, 4 * MiB},  // 122441.6 us
     {"2x2 net+shm", CollKind::kBroadcast, 8, "chain", 1, 4 * MiB},  // 75.0 us
     {"2x2 net+shm", CollKind::kBroadcast, 1 * KiB, "chain", 1, 4 * MiB},  // 77.5 us
     {"2x2 net+shm", CollKind::kBroadcast, 64 * KiB, "chain", 2, 4 * MiB},  // 153.6 us
@@ -316,16 +315,16 @@ const std::vector<GoldenRow> kGolden = {
     {"64x16 net+shm", CollKind::kAllReduce, 1 * MiB, "recursive_doubling", 8, 4 * MiB},  // 1847.9 us
     {"64x16 net+shm", CollKind::kAllReduce, 16 * MiB, "hierarchical", 4, 4 * MiB},  // 11571.8 us
     {"64x16 net+shm", CollKind::kAllReduce, 256 * MiB, "hierarchical", 8, 4 * MiB},  // 87032.6 us
-    {"64x16 net+shm", CollKind::kAllGather, 8, "ring", 1, 4 * MiB},  // 25581.5 us
-    {"64x16 net+shm", CollKind::kAllGather, 1 * KiB, "ring", 1, 4 * MiB},  // 26413.0 us
-    {"64x16 net+shm", CollKind::kAllGather, 64 * KiB, "ring", 2, 4 * MiB},  // 52392.3 us
-    {"64x16 net+shm", CollKind::kAllGather, 1 * MiB, "ring", 8, 4 * MiB},  // 177125.8 us
+    {"64x16 net+shm", CollKind::kAllGather, 8, "hierarchical", 1, 4 * MiB},  // 1957.2 us
+    {"64x16 net+shm", CollKind::kAllGather, 1 * KiB, "hierarchical", 1, 4 * MiB},  // 2874.1 us
+    {"64x16 net+shm", CollKind::kAllGather, 64 * KiB, "hierarchical", 8, 4 * MiB},  // 12456.6 us
+    {"64x16 net+shm", CollKind::kAllGather, 1 * MiB, "hierarchical", 8, 4 * MiB},  // 160305.8 us
     {"64x16 net+shm", CollKind::kAllGather, 16 * MiB, "ring", 8, 4 * MiB},  // 2322512.3 us
     {"64x16 net+shm", CollKind::kAllGather, 256 * MiB, "ring", 8, 4 * MiB},  // 36887396.2 us
-    {"64x16 net+shm", CollKind::kReduceScatter, 8, "ring", 1, 4 * MiB},  // 25582.1 us
-    {"64x16 net+shm", CollKind::kReduceScatter, 1 * KiB, "ring", 1, 4 * MiB},  // 26482.9 us
-    {"64x16 net+shm", CollKind::kReduceScatter, 64 * KiB, "ring", 2, 4 * MiB},  // 54627.1 us
-    {"64x16 net+shm", CollKind::kReduceScatter, 1 * MiB, "ring", 8, 4 * MiB},  // 189044.6 us
+    {"64x16 net+shm", CollKind::kReduceScatter, 8, "hierarchical", 1, 4 * MiB},  // 1957.8 us
+    {"64x16 net+shm", CollKind::kReduceScatter, 1 * KiB, "hierarchical", 1, 4 * MiB},  // 2943.9 us
+    {"64x16 net+shm", CollKind::kReduceScatter, 64 * KiB, "hierarchical", 8, 4 * MiB},  // 13201.5 us
+    {"64x16 net+shm", CollKind::kReduceScatter, 1 * MiB, "hierarchical", 8, 4 * MiB},  // 172224.6 us
     {"64x16 net+shm", CollKind::kReduceScatter, 16 * MiB, "ring", 8, 1 * MiB},  // 2451962.8 us
     {"64x16 net+shm", CollKind::kReduceScatter, 256 * MiB, "ring", 8, 4 * MiB},  // 37459499.3 us
     {"64x16 net+shm", CollKind::kBroadcast, 8, "chain", 1, 4 * MiB},  // 25581.5 us

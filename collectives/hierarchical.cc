@@ -1,5 +1,6 @@
-// Hierarchical AllReduce: reduce inside each node, cross the network once per
-// shard with every local rank working in parallel, spread inside the node.
+// Hierarchical AllReduce, ReduceScatter and AllGather: work inside each node
+// over the fast link, cross the network once per shard with every local rank
+// working in parallel (on its rail), and finish inside the node.
 //
 // Vocabulary (N nodes of L ranks each; RankView::nodeOf):
 //   node ring  the ranks of this rank's node, in communicator-ring order.
@@ -16,6 +17,15 @@
 // they touch, so round r of the rail phase overlaps later rounds of the node
 // phase (different lanes). Nodes of unequal size are not offered (the flat
 // ring serves them); counts need not divide by L.
+//
+// ReduceScatter (rank (k, j) = local rank j of node k wants block (k, j)):
+// (1) per node k, a node-ring reduce-scatter of node k's blocks, so local rank
+// j holds node-partials of block (k', j) for every node k' (in scratch: one
+// block per node); (2) rail-ring reduce-scatter of those partials: each rank
+// ends with its own block. AllGather: (1) rail-ring all-gather of every
+// rank's block, so local rank j holds the blocks of all rail-j ranks; (2) per
+// node k, a node-ring all-gather of node k's blocks. Both move (N-1)/N of
+// the output per node link, against a flat ring's (NL-1)/(NL).
 #include <algorithm>
 
 #include "collectives/builders.h"
@@ -28,6 +38,7 @@ using namespace build;
 namespace {
 
 struct Groups {
+  std::vector<std::vector<int>> members;  // per node (in rail order): its ranks in ring order
   std::vector<int> node;  // this rank's node ring
   std::vector<int> rail;  // this rank's rail, node by node
   int localRank = 0;
@@ -37,7 +48,6 @@ struct Groups {
 Groups groupsOf(const RankView& view) {
   const patterns::RingOrder ring(view);
   Groups g;
-  const int myNode = view.nodeOf[view.rank];
   int nodes = 0;
   for (int n : view.nodeOf) nodes = std::max(nodes, n + 1);
   std::vector<std::vector<int>> members(static_cast<size_t>(nodes));
@@ -45,10 +55,13 @@ Groups groupsOf(const RankView& view) {
     int r = ring.rankAt(pos);
     members[view.nodeOf[r]].push_back(r);
   }
-  g.node = members[myNode];
+  std::erase_if(members, [](const std::vector<int>& m) { return m.empty(); });
+  for (const auto& m : members)
+    if (std::find(m.begin(), m.end(), view.rank) != m.end()) g.node = m;
   g.localSize = static_cast<int>(g.node.size());
   g.localRank = static_cast<int>(std::find(g.node.begin(), g.node.end(), view.rank) - g.node.begin());
   for (const auto& m : members) g.rail.push_back(m[g.localRank]);
+  g.members = std::move(members);
   return g;
 }
 
@@ -110,6 +123,80 @@ Plan buildHierarchicalAllReduce(const CollShape& shape, const RankView& view, co
     emitRingChannel(e, nodeRing, part.channel, nodeRounds, RingPhases::kReduceScatter, nodeSpec);
     emitRingChannel(e, railRing, part.channel, railRounds, RingPhases::kAllReduce, railSpec);
     emitRingChannel(e, nodeRing, part.channel, gatherRounds, RingPhases::kAllGather, ReduceSpec{});
+  }
+  return e.finish();
+}
+
+Plan buildHierarchicalReduceScatter(const CollShape& shape, const RankView& view, const AlgoParams& params) {
+  if (!hierarchicalApplies(view)) return buildRingReduceScatter(shape, view, params);
+  StepEmitter e(shape, view, "hierarchical");
+  const Groups g = groupsOf(view);
+  const patterns::RingOrder nodeRing(g.node, view.rank);
+  const patterns::RingOrder railRing(g.rail, view.rank);
+  const int N = static_cast<int>(g.rail.size());
+  const uint64_t elemSize = e.elemSize();
+  const uint64_t granule = patterns::lineGranule(elemSize);
+  const uint64_t segment = segmentElems(params, elemSize, granule);
+  const uint64_t blockBytes = shape.count * elemSize;
+  ReduceSpec nodeSpec = ReduceSpec::of(shape), railSpec = ReduceSpec::of(shape);
+  nodeSpec.divisor = 0;
+  railSpec.scaleLocal = false;
+  // Node-partials of this rank's rail blocks: one block per node.
+  const uint64_t partials = e.reserveScratch(static_cast<uint64_t>(N) * blockBytes);
+
+  for (const ChannelPart& part : channelParts(shape.count, params, granule)) {
+    std::vector<RingRound> nodeRounds, railRounds;
+    for (const patterns::ElemRange& round : patterns::segments(part.elems.count, segment, granule)) {
+      const uint64_t inBlock = (part.elems.begin + round.begin) * elemSize;
+      const uint64_t bytes = round.count * elemSize;
+      RingRound rail;
+      for (int k = 0; k < N; ++k) {
+        RingRound node;
+        for (int rank : g.members[k])
+          node.push_back(RingChunk{sendAt(rank * blockBytes + inBlock), scratchAt(partials + k * blockBytes + inBlock),
+                                   bytes});
+        nodeRounds.push_back(std::move(node));
+        rail.push_back(RingChunk{scratchAt(partials + k * blockBytes + inBlock), recvAt(inBlock), bytes});
+      }
+      railRounds.push_back(std::move(rail));
+    }
+    emitRingChannel(e, nodeRing, part.channel, nodeRounds, RingPhases::kReduceScatter, nodeSpec);
+    emitRingChannel(e, railRing, part.channel, railRounds, RingPhases::kReduceScatter, railSpec);
+  }
+  return e.finish();
+}
+
+Plan buildHierarchicalAllGather(const CollShape& shape, const RankView& view, const AlgoParams& params) {
+  if (!hierarchicalApplies(view)) return buildRingAllGather(shape, view, params);
+  StepEmitter e(shape, view, "hierarchical");
+  const Groups g = groupsOf(view);
+  const patterns::RingOrder nodeRing(g.node, view.rank);
+  const patterns::RingOrder railRing(g.rail, view.rank);
+  const int N = static_cast<int>(g.rail.size());
+  const uint64_t elemSize = e.elemSize();
+  const uint64_t granule = patterns::lineGranule(elemSize);
+  const uint64_t segment = segmentElems(params, elemSize, granule);
+  const uint64_t blockBytes = shape.count * elemSize;
+
+  for (const ChannelPart& part : channelParts(shape.count, params, granule)) {
+    std::vector<RingRound> railRounds, nodeRounds;
+    for (const patterns::ElemRange& round : patterns::segments(part.elems.count, segment, granule)) {
+      const uint64_t inBlock = (part.elems.begin + round.begin) * elemSize;
+      const uint64_t bytes = round.count * elemSize;
+      RingRound rail;
+      for (int k = 0; k < N; ++k) {
+        rail.push_back(RingChunk{sendAt(inBlock), recvAt(g.rail[k] * blockBytes + inBlock), bytes});
+        RingRound node;
+        for (int rank : g.members[k]) {
+          const Slice block = recvAt(rank * blockBytes + inBlock);
+          node.push_back(RingChunk{block, block, bytes});
+        }
+        nodeRounds.push_back(std::move(node));
+      }
+      railRounds.push_back(std::move(rail));
+    }
+    emitRingChannel(e, railRing, part.channel, railRounds, RingPhases::kAllGather, ReduceSpec{});
+    emitRingChannel(e, nodeRing, part.channel, nodeRounds, RingPhases::kAllGather, ReduceSpec{});
   }
   return e.finish();
 }
