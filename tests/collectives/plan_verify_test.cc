@@ -81,6 +81,46 @@ TEST_CASE("1024 ranks of small plans verify quickly", "[verify]") {
   }
 }
 
+TEST_CASE("64 nodes x 16 ranks: hierarchical plans verify and compute and the model prefers them", "[verify][scale]") {
+  constexpr int kNodes = 64, kLocal = 16, kRanks = kNodes * kLocal;
+  std::vector<int> nodeOf(kRanks);
+  for (int r = 0; r < kRanks; ++r) nodeOf[r] = r / kLocal;
+  CollShape shape;
+  shape.kind = CollKind::kAllReduce;
+  shape.dtype = DataType::kInt32;
+  shape.count = 4099;  // not a multiple of 16 or 64
+  auto plans = buildAll(buildHierarchicalAllReduce, shape, kRanks, AlgoParams{1, 4096}, {}, nodeOf);
+  requireOk(verifyPlans(plans), "hierarchical 64x16");
+  // Real data: rank r contributes r + i; every rank must end with the sum.
+  std::vector<std::vector<int32_t>> send(kRanks), recv(kRanks);
+  std::vector<std::vector<SimOpBuffers>> buffers(kRanks);
+  for (int r = 0; r < kRanks; ++r) {
+    send[r].resize(shape.count);
+    recv[r].assign(shape.count, -1);
+    for (size_t i = 0; i < shape.count; ++i) send[r][i] = r + static_cast<int32_t>(i);
+    buffers[r] = {SimOpBuffers{send[r].data(), recv[r].data(), nullptr}};
+  }
+  requireOk(simulatePlans(plans, buffers), "hierarchical 64x16 simulation");
+  const int64_t rankSum = int64_t{kRanks} * (kRanks - 1) / 2;
+  for (int r = 0; r < kRanks; r += 97)
+    for (size_t i = 0; i < shape.count; i += 131)
+      REQUIRE(recv[r][i] == static_cast<int32_t>(rankSum + int64_t{kRanks} * static_cast<int64_t>(i)));
+  // The cost model's predictions (network link 25 us, 12.5 GB/s; the README of
+  // docs/performance.md has this table): hierarchical wins from the middle up.
+  RankView view = viewOf(0, kRanks, {}, nodeOf);
+  CostParams net{25.0, 1.0 / 12500.0, 1.0 / 10000.0};
+  const AlgorithmEntry* ring = findAlgorithm(CollKind::kAllReduce, "ring");
+  const AlgorithmEntry* rd = findAlgorithm(CollKind::kAllReduce, "recursive_doubling");
+  const AlgorithmEntry* hier = findAlgorithm(CollKind::kAllReduce, "hierarchical");
+  for (uint64_t bytes : {uint64_t{8}, uint64_t{64} << 10, uint64_t{1} << 20, uint64_t{64} << 20, uint64_t{1} << 30}) {
+    CollShape s{CollKind::kAllReduce, DataType::kFloat32, ReduceOp::kSum, bytes / 4};
+    WARN("64x16 AllReduce " << bytes << " B: ring " << ring->estimate(s, view, net) << " us, recursive doubling "
+                            << rd->estimate(s, view, net) << " us, hierarchical " << hier->estimate(s, view, net)
+                            << " us");
+    if (bytes >= (uint64_t{64} << 20)) REQUIRE(hier->estimate(s, view, net) < ring->estimate(s, view, net));
+  }
+}
+
 // ---- negative tests: hand-made plans with one defect each ----
 
 CollShape allReduceShape(uint64_t count) {
