@@ -53,6 +53,13 @@ class Connection {
   virtual size_t pending() const = 0;
   // "rank 3 (host b, tcp 10.0.0.2:4431)", for error messages.
   virtual const std::string& peerDescription() const = 0;
+  // Where the transport has a side channel that survives the network (shm:
+  // the segment), tells the peer why this rank is failing, before the
+  // connection closes; peerFailure() is what the peer said ("" if nothing).
+  // Lets a rank whose store is unreachable still learn its neighbour's cause.
+  virtual bool carriesFailureReports() const { return false; }
+  virtual void publishFailure(std::string_view /*reason*/) {}
+  virtual std::string peerFailure() const { return {}; }
 };
 
 // What a rank publishes about itself at communicator init (through the

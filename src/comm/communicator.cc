@@ -222,7 +222,10 @@ Status Communicator::handleFailure(const Job& job, Status st) {
   }
   failurePublished_ = true;
   // Our own view first, so that ranks timing out at the same moment as we do
-  // can read it; then what the peers we depended on reported, if anything.
+  // can read it: in every connection that has a side channel (same-host peers
+  // read it even when the store is out of reach), then in the store; then
+  // what the peers we depended on reported, if anything.
+  for (auto& [key, connection] : connections_) connection->publishFailure(st.message());
   (void)request_.store->set(failureKey(rank_), st.message(), Deadline::afterMs(kFailureReportMs));
   std::vector<int> upstreamPeers = job.waitingOn();
   if (job.failedPeer() >= 0 && st.code() == Code::kRemoteError) upstreamPeers = {job.failedPeer()};
@@ -230,10 +233,13 @@ Status Communicator::handleFailure(const Job& job, Status st) {
   std::string upstreamText;
   for (int peer : upstreamPeers) {
     if (peer == rank_) continue;
-    auto upstream = request_.store->get({failureKey(peer)}, deadline);
-    if (upstream.isOk())
-      upstreamText += str("; rank ", peer, " (host ", peers_[peer].hostname,
-                          ") had failed first: ", upstream.value()[0]);
+    std::string report = peerReportThroughConnections(peer, deadline);
+    if (report.empty()) {
+      auto upstream = request_.store->get({failureKey(peer)}, deadline);
+      if (upstream.isOk()) report = upstream.value()[0];
+    }
+    if (!report.empty())
+      upstreamText += str("; rank ", peer, " (host ", peers_[peer].hostname, ") had failed first: ", report);
   }
   if (!upstreamText.empty()) {
     st = Status(st.code(), st.message() + upstreamText);
@@ -243,6 +249,23 @@ Status Communicator::handleFailure(const Job& job, Status st) {
   connections_.clear();
   setAsyncError(st);
   return st;
+}
+
+// A same-host peer's failure report from a connection's side channel. The
+// peer may fail a moment after us (both waiting on a third rank): wait for it
+// until the deadline, but only on peers with a side channel.
+std::string Communicator::peerReportThroughConnections(int peer, Deadline deadline) const {
+  std::vector<Connection*> mine;
+  for (const auto& [key, connection] : connections_)
+    if (key.first == peer && connection->carriesFailureReports()) mine.push_back(connection.get());
+  if (mine.empty()) return {};
+  Backoff backoff;
+  while (true) {
+    for (Connection* c : mine)
+      if (std::string report = c->peerFailure(); !report.empty()) return report;
+    if (deadline.expired()) return {};
+    backoff.pause();
+  }
 }
 
 std::string Communicator::failureKey(int rank) const {

@@ -99,6 +99,7 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   Result<JobPtr> enqueue(std::vector<OpRequest> ops, bool detached);
   Status waitFor(const Job& job);
   void releaseFinishedDetached();
+  std::string peerReportThroughConnections(int peer, Deadline deadline) const;
   // Pumps until every submitted job of ours has finished.
   Status waitIdle(Deadline deadline);
 

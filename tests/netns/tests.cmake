@@ -116,7 +116,6 @@ foreach(require no_hang names_lost_peer)
     ENVIRONMENT "SHOAL_PROGRESS_TIMEOUT_MS=5000"
     ENVIRONMENT_MODIFICATION "${SHOAL_NETNS_ENV_MOD}")
 endforeach()
-# Known gap (issue 5): a rank on the cut node that waits on a same-node peer
-# names only that peer, because the store holding the peer's failure report is
-# across the cut. Disabled until failure reports also travel inside a node.
-set_tests_properties(netns.link_down.2x2.names_lost_peer PROPERTIES DISABLED TRUE)
+# A rank on the cut node that waits on a same-node peer learns that peer's
+# cause through the shm segment (the store is across the cut), so it too
+# names a rank beyond the cut.

@@ -160,6 +160,23 @@ TEST_CASE("shm opener whose creator never comes fails at the deadline naming it"
   CHECK_THAT(s.message(), Catch::Contains("rank 0") && Catch::Contains("did not attach"));
 }
 
+TEST_CASE("shm carries a failing side's reason to its peer", "[shm]") {
+  PairWorld world;
+  auto pair = world.connect(0);
+  std::vector<Completion> done;
+  bool progressed = false;
+  REQUIRE(pair.second->poll(done, progressed).isOk());  // attach
+  REQUIRE(pair.first->poll(done, progressed).isOk());
+  CHECK(pair.first->carriesFailureReports());
+  CHECK(pair.second->peerFailure().empty());
+  pair.first->publishFailure("no progress waiting on rank 9 (host far)");
+  CHECK(pair.second->peerFailure() == "no progress waiting on rank 9 (host far)");
+  pair.first.reset();  // closes its side
+  Status s = receiveUntilError(*pair.second);
+  REQUIRE_FALSE(s.isOk());
+  CHECK_THAT(s.message(), Catch::Contains("it reported: no progress waiting on rank 9"));
+}
+
 TEST_CASE("shm stale segments of dead processes are removed", "[shm]") {
   // A child process creates a segment and dies without unlinking it.
   pid_t child = fork();

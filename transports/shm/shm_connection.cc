@@ -65,6 +65,21 @@ Status ShmConnection::fail(Status status) {
   return failure_;
 }
 
+void ShmConnection::publishFailure(std::string_view reason) {
+  if (!segment_.mapped()) return;
+  Header& h = segment_.header();
+  size_t n = std::min(reason.size(), kReasonBytes);
+  std::memcpy(h.reason[side_], reason.data(), n);
+  h.reasonLength[side_].store(static_cast<uint32_t>(n), std::memory_order_release);
+}
+
+std::string ShmConnection::peerFailure() const {
+  if (!segment_.mapped()) return {};
+  const Header& h = segment_.header();
+  uint32_t n = h.reasonLength[peerSide_].load(std::memory_order_acquire);
+  return std::string(h.reason[peerSide_], std::min<size_t>(n, kReasonBytes));
+}
+
 Status ShmConnection::postSend(const void* data, uint64_t bytes, uint64_t tag, uint64_t token) {
   if (!failure_.isOk()) return failure_;
   sends_.push_back() = SendOp{static_cast<const uint8_t*>(data), bytes, tag, token, 0};
@@ -246,9 +261,12 @@ Status ShmConnection::pumpRecvs(std::vector<Completion>& done, bool& progressed)
 }
 
 Status ShmConnection::checkPeer(bool attaching) {
-  if (segment_.mapped() && segment_.header().closed[peerSide_].load(std::memory_order_acquire))
+  if (segment_.mapped() && segment_.header().closed[peerSide_].load(std::memory_order_acquire)) {
+    std::string why = peerFailure();
     return remoteError(peer_, " closed its end of the shared-memory connection (communicator destroyed or "
-                       "failed) with ", pending(), " operations pending here");
+                       "failed) with ", pending(), " operations pending here",
+                       why.empty() ? std::string() : "; it reported: " + why);
+  }
   if (++idlePolls_ % 16 != 0 && !attaching) return Status::ok();  // the clock costs more than the flag
   int64_t now = nowNs();
   if (now >= nextPeerCheckNs_) {

@@ -64,6 +64,9 @@ class ShmConnection final : public Connection {
   Status poll(std::vector<Completion>& done, bool& progressed) override;
   size_t pending() const override { return sends_.size() + cmaWaits_.size() + recvs_.size(); }
   const std::string& peerDescription() const override { return peer_; }
+  bool carriesFailureReports() const override { return true; }
+  void publishFailure(std::string_view reason) override;
+  std::string peerFailure() const override;
 
   // For tests: whether large messages to the peer go by single copy.
   bool singleCopyToPeer() const { return peerCanRead_ == CmaAbility::kYes; }

@@ -23,7 +23,7 @@
 namespace shoal::shm {
 namespace {
 
-constexpr size_t kHeaderBytes = 4 * kLineBytes;  // Header rounded up
+constexpr size_t kHeaderBytes = 4096;  // Header rounded up to a page
 constexpr size_t kControlBytes = 2 * kLineBytes;
 static_assert(sizeof(Header) <= kHeaderBytes);
 static_assert(sizeof(Control) <= kControlBytes);

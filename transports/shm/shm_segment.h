@@ -26,7 +26,8 @@
 namespace shoal::shm {
 
 inline constexpr uint64_t kMagic = 0x53484f414c53484dull;  // "SHOALSHM"
-inline constexpr uint32_t kLayoutVersion = 1;
+inline constexpr uint32_t kLayoutVersion = 2;
+inline constexpr size_t kReasonBytes = 1024;
 inline constexpr size_t kSlotBytes = 64;
 inline constexpr size_t kLineBytes = 128;
 
@@ -43,6 +44,9 @@ struct alignas(kLineBytes) Header {
   alignas(kLineBytes) std::atomic<int32_t> openerPid;  // 0 until side 1 attached
   alignas(kLineBytes) std::atomic<int32_t> canRead[2];  // CmaAbility of side s reading the other side
   alignas(kLineBytes) std::atomic<int32_t> closed[2];   // side s has gone (destroyed or failed)
+  // Why side s failed (written before closed[s]); length stored last.
+  alignas(kLineBytes) std::atomic<uint32_t> reasonLength[2];
+  char reason[2][kReasonBytes];
 };
 
 // What a receiver publishes to the sender of one direction.
