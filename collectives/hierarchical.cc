@@ -65,6 +65,36 @@ Groups groupsOf(const RankView& view) {
   return g;
 }
 
+// What every hierarchical builder derives from its arguments.
+struct Hierarchy {
+  Groups groups;
+  patterns::RingOrder nodeRing, railRing;
+  int localSize, nodes;
+  uint64_t elemSize, granule, segment;  // bytes, elements, elements
+
+  Hierarchy(const StepEmitter& e, const RankView& view, const AlgoParams& params)
+      : groups(groupsOf(view)),
+        nodeRing(groups.node, view.rank),
+        railRing(groups.rail, view.rank),
+        localSize(groups.localSize),
+        nodes(static_cast<int>(groups.rail.size())),
+        elemSize(e.elemSize()),
+        granule(patterns::lineGranule(elemSize)),
+        segment(segmentElems(params, elemSize, granule)) {}
+};
+
+// The node phase applies each rank's PreMulSum scalar to its own input; the
+// rail phase then adds node sums unscaled and divides an integer average once.
+struct PhaseSpecs {
+  ReduceSpec node, rail;
+};
+PhaseSpecs phaseSpecs(const CollShape& shape) {
+  PhaseSpecs p{ReduceSpec::of(shape), ReduceSpec::of(shape)};
+  p.node.divisor = 0;
+  p.rail.scaleLocal = false;
+  return p;
+}
+
 }  // namespace
 
 bool hierarchicalApplies(const RankView& view) {
@@ -83,18 +113,11 @@ Plan buildHierarchicalAllReduce(const CollShape& shape, const RankView& view, co
   // Without equal nodes there is no hierarchy to use: the flat ring is the plan.
   if (!hierarchicalApplies(view)) return buildRingAllReduce(shape, view, params);
   StepEmitter e(shape, view, "hierarchical");
-  const Groups g = groupsOf(view);
-  const patterns::RingOrder nodeRing(g.node, view.rank);
-  const patterns::RingOrder railRing(g.rail, view.rank);
-  const int L = g.localSize, N = static_cast<int>(g.rail.size());
-  const uint64_t elemSize = e.elemSize();
-  const uint64_t granule = patterns::lineGranule(elemSize);
-  const uint64_t segment = segmentElems(params, elemSize, granule);
-  const ReduceSpec spec = ReduceSpec::of(shape);
-  // The integer average divides once, after the rail phase has the full sum.
-  ReduceSpec nodeSpec = spec, railSpec = spec;
-  nodeSpec.divisor = 0;
-  railSpec.scaleLocal = false;  // the node phase already applied each rank's scalar
+  const Hierarchy h(e, view, params);
+  const patterns::RingOrder &nodeRing = h.nodeRing, &railRing = h.railRing;
+  const int L = h.localSize, N = h.nodes;
+  const uint64_t elemSize = h.elemSize, granule = h.granule, segment = h.segment;
+  const PhaseSpecs specs = phaseSpecs(shape);
 
   for (const ChannelPart& part : channelParts(shape.count, params, granule)) {
     // A round is L blocks; a block's rail AllReduce moves N chunks of it.
@@ -120,8 +143,8 @@ Plan buildHierarchicalAllReduce(const CollShape& shape, const RankView& view, co
       railRounds.push_back(std::move(rail));
       gatherRounds.push_back(std::move(gather));
     }
-    emitRingChannel(e, nodeRing, part.channel, nodeRounds, RingPhases::kReduceScatter, nodeSpec);
-    emitRingChannel(e, railRing, part.channel, railRounds, RingPhases::kAllReduce, railSpec);
+    emitRingChannel(e, nodeRing, part.channel, nodeRounds, RingPhases::kReduceScatter, specs.node);
+    emitRingChannel(e, railRing, part.channel, railRounds, RingPhases::kAllReduce, specs.rail);
     emitRingChannel(e, nodeRing, part.channel, gatherRounds, RingPhases::kAllGather, ReduceSpec{});
   }
   return e.finish();
@@ -130,17 +153,13 @@ Plan buildHierarchicalAllReduce(const CollShape& shape, const RankView& view, co
 Plan buildHierarchicalReduceScatter(const CollShape& shape, const RankView& view, const AlgoParams& params) {
   if (!hierarchicalApplies(view)) return buildRingReduceScatter(shape, view, params);
   StepEmitter e(shape, view, "hierarchical");
-  const Groups g = groupsOf(view);
-  const patterns::RingOrder nodeRing(g.node, view.rank);
-  const patterns::RingOrder railRing(g.rail, view.rank);
-  const int N = static_cast<int>(g.rail.size());
-  const uint64_t elemSize = e.elemSize();
-  const uint64_t granule = patterns::lineGranule(elemSize);
-  const uint64_t segment = segmentElems(params, elemSize, granule);
+  const Hierarchy h(e, view, params);
+  const Groups& g = h.groups;
+  const patterns::RingOrder &nodeRing = h.nodeRing, &railRing = h.railRing;
+  const int N = h.nodes;
+  const uint64_t elemSize = h.elemSize, granule = h.granule, segment = h.segment;
   const uint64_t blockBytes = shape.count * elemSize;
-  ReduceSpec nodeSpec = ReduceSpec::of(shape), railSpec = ReduceSpec::of(shape);
-  nodeSpec.divisor = 0;
-  railSpec.scaleLocal = false;
+  const PhaseSpecs specs = phaseSpecs(shape);
   // Node-partials of this rank's rail blocks: one block per node.
   const uint64_t partials = e.reserveScratch(static_cast<uint64_t>(N) * blockBytes);
 
@@ -160,8 +179,8 @@ Plan buildHierarchicalReduceScatter(const CollShape& shape, const RankView& view
       }
       railRounds.push_back(std::move(rail));
     }
-    emitRingChannel(e, nodeRing, part.channel, nodeRounds, RingPhases::kReduceScatter, nodeSpec);
-    emitRingChannel(e, railRing, part.channel, railRounds, RingPhases::kReduceScatter, railSpec);
+    emitRingChannel(e, nodeRing, part.channel, nodeRounds, RingPhases::kReduceScatter, specs.node);
+    emitRingChannel(e, railRing, part.channel, railRounds, RingPhases::kReduceScatter, specs.rail);
   }
   return e.finish();
 }
@@ -169,13 +188,11 @@ Plan buildHierarchicalReduceScatter(const CollShape& shape, const RankView& view
 Plan buildHierarchicalAllGather(const CollShape& shape, const RankView& view, const AlgoParams& params) {
   if (!hierarchicalApplies(view)) return buildRingAllGather(shape, view, params);
   StepEmitter e(shape, view, "hierarchical");
-  const Groups g = groupsOf(view);
-  const patterns::RingOrder nodeRing(g.node, view.rank);
-  const patterns::RingOrder railRing(g.rail, view.rank);
-  const int N = static_cast<int>(g.rail.size());
-  const uint64_t elemSize = e.elemSize();
-  const uint64_t granule = patterns::lineGranule(elemSize);
-  const uint64_t segment = segmentElems(params, elemSize, granule);
+  const Hierarchy h(e, view, params);
+  const Groups& g = h.groups;
+  const patterns::RingOrder &nodeRing = h.nodeRing, &railRing = h.railRing;
+  const int N = h.nodes;
+  const uint64_t elemSize = h.elemSize, granule = h.granule, segment = h.segment;
   const uint64_t blockBytes = shape.count * elemSize;
 
   for (const ChannelPart& part : channelParts(shape.count, params, granule)) {
