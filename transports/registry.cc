@@ -67,9 +67,21 @@ Transport* findTransport(std::string_view name) {
   return nullptr;
 }
 
+// libfabric is started only when asked for (SHOAL_TRANSPORT=ofi,
+// NCCL_NET=Libfabric/OFI, or FI_PROVIDER naming a provider): opening its
+// endpoints in every process costs start-up time, and a process that exits
+// while an init is still pending crashed in libfabric's teardown
+// (docs/decisions/0002-ofi-default.md).
+bool ofiRequested() {
+  const Params& p = params();
+  return strcasecmp(p.transport.c_str(), "ofi") == 0 || strcasecmp(p.net.c_str(), "Libfabric") == 0 ||
+         strcasecmp(p.net.c_str(), "OFI") == 0 || !p.fiProvider.empty();
+}
+
 Status publishAddresses(PeerInfo& self) {
   self.addresses.clear();
   for (Transport* t : allTransports()) {
+    if (t->name() == "ofi" && !ofiRequested()) continue;
     auto addr = t->localAddress();
     if (!addr.isOk()) {
       std::lock_guard<std::mutex> lock(registry().mutex);
