@@ -13,6 +13,9 @@ Plan buildRecursiveDoublingAllReduce(const CollShape&, const RankView&, const Al
 // AllGather, ReduceScatter
 Plan buildRingAllGather(const CollShape&, const RankView&, const AlgoParams&);
 Plan buildRingReduceScatter(const CollShape&, const RankView&, const AlgoParams&);
+// Latency algorithms: ceil(log2 p) messages per rank.
+Plan buildBruckAllGather(const CollShape&, const RankView&, const AlgoParams&);
+Plan buildBruckReduceScatter(const CollShape&, const RankView&, const AlgoParams&);
 // Rooted
 Plan buildChainBroadcast(const CollShape&, const RankView&, const AlgoParams&);
 Plan buildChainReduce(const CollShape&, const RankView&, const AlgoParams&);

@@ -4,6 +4,8 @@
 #include <cmath>
 
 #include "collectives/builders.h"
+#include "collectives/patterns/bruck.h"
+#include "collectives/patterns/ring.h"
 
 namespace shoal {
 
@@ -65,6 +67,44 @@ double ringReduceScatterCost(const CollShape& s, const RankView& v, const CostPa
   Model m = model(s, v, c, true);
   return m.alpha(m.p - 1) + m.beta((m.p - 1) / m.p * m.bytes) +
          m.gamma((m.p - 1) / m.p * m.bytes);
+}
+
+// Bruck: ceil(log2 p) messages; each rank sends (p-1)/p of n, but rounds
+// past the node size cross nodes with several blocks at once, so the busiest
+// link is the larger of a rank's bytes and its node's share of the crossings.
+// Local copies (staging, and the AllGather's copy-out / the ReduceScatter's
+// sums) go through the rank's thread and are counted as reduced bytes.
+double bruckBusiestLinkBlocks(const RankView& v) {
+  const int p = v.nranks;
+  double busiest = p - 1;
+  if (v.nodeOf.size() != static_cast<size_t>(p)) return busiest;
+  const patterns::RingOrder ring(v);
+  std::vector<double> out(p, 0.0), in(p, 0.0);  // blocks leaving / entering each node
+  for (const patterns::BruckRound& r : patterns::bruckRounds(p)) {
+    for (int i = 0; i < p; ++i) {
+      const int from = v.nodeOf[ring.rankAt(i)], to = v.nodeOf[ring.rankAt(i - r.distance)];
+      if (from == to) continue;
+      out[from] += r.blocks;
+      in[to] += r.blocks;
+    }
+  }
+  for (int node = 0; node < p; ++node) busiest = std::max({busiest, out[node], in[node]});
+  return busiest;
+}
+
+double bruckCost(const CollShape& s, const RankView& v, const CostParams& c, bool reduces) {
+  Model m = model(s, v, c, true);
+  if (m.p == 1) return m.gamma(m.bytes / m.p);
+  const double block = m.bytes / m.p;
+  const double messages = static_cast<double>(patterns::bruckRounds(v.nranks).size());
+  const double copies = reduces ? 2 * (m.p - 1) * block : (m.p - 1) * block;
+  return m.alpha(messages) + m.beta(bruckBusiestLinkBlocks(v) * block) + m.gamma(copies);
+}
+double bruckAllGatherCost(const CollShape& s, const RankView& v, const CostParams& c) {
+  return bruckCost(s, v, c, false);
+}
+double bruckReduceScatterCost(const CollShape& s, const RankView& v, const CostParams& c) {
+  return bruckCost(s, v, c, true);
 }
 
 // Pipelined chain: p-1 hops of latency, the buffer once over each link.
@@ -165,9 +205,11 @@ const std::vector<AlgorithmEntry>& algorithms() {
        hierarchicalAllReduceCost},
       {CollKind::kAllReduce, "peer_read", buildPeerReadAllReduce, peerReadable, peerReadAllReduceCost},
       {CollKind::kAllGather, "ring", buildRingAllGather, always, ringAllGatherCost},
+      {CollKind::kAllGather, "bruck", buildBruckAllGather, always, bruckAllGatherCost},
       {CollKind::kAllGather, "hierarchical", buildHierarchicalAllGather, hierarchical, hierarchicalAllGatherCost},
       {CollKind::kAllGather, "peer_read", buildPeerReadAllGather, peerReadable, peerReadAllGatherCost},
       {CollKind::kReduceScatter, "ring", buildRingReduceScatter, always, ringReduceScatterCost},
+      {CollKind::kReduceScatter, "bruck", buildBruckReduceScatter, always, bruckReduceScatterCost},
       {CollKind::kReduceScatter, "hierarchical", buildHierarchicalReduceScatter, hierarchical,
        hierarchicalReduceScatterCost},
       {CollKind::kReduceScatter, "peer_read", buildPeerReadReduceScatter, peerReadable,

@@ -163,6 +163,7 @@ TEST_CASE("reductions compute the right result on every rank", "[simulate]") {
       {"ring", buildRingAllReduce, CollKind::kAllReduce},
       {"recursive_doubling", buildRecursiveDoublingAllReduce, CollKind::kAllReduce},
       {"ring", buildRingReduceScatter, CollKind::kReduceScatter},
+      {"bruck", buildBruckReduceScatter, CollKind::kReduceScatter},
       {"chain", buildChainReduce, CollKind::kReduce},
       {"peer_read", buildPeerReadAllReduce, CollKind::kAllReduce},
       {"peer_read", buildPeerReadReduceScatter, CollKind::kReduceScatter},
@@ -207,16 +208,17 @@ TEST_CASE("reductions compute the right result on every rank", "[simulate]") {
 TEST_CASE("reductions agree with the real reducer (src/reduce)", "[simulate]") {
   static const SimReducer kReal{&reduce::combine, &reduce::scale, &reduce::divide};
   const BuildFn builds[] = {buildRingAllReduce, buildRecursiveDoublingAllReduce,
-                            buildRingReduceScatter, buildChainReduce};
+                            buildRingReduceScatter, buildChainReduce, buildBruckReduceScatter};
   const CollKind kinds[] = {CollKind::kAllReduce, CollKind::kAllReduce,
-                            CollKind::kReduceScatter, CollKind::kReduce};
+                            CollKind::kReduceScatter, CollKind::kReduce,
+                            CollKind::kReduceScatter};
   const DataType types[] = {DataType::kInt8, DataType::kUint32, DataType::kInt64,
                             DataType::kFloat16, DataType::kFloat32, DataType::kFloat64,
                             DataType::kBfloat16};
   const ReduceOp ops[] = {ReduceOp::kSum, ReduceOp::kProd, ReduceOp::kMax, ReduceOp::kMin,
                           ReduceOp::kPreMulSum};
   int variant = 0;
-  for (int a = 0; a < 4; ++a) {
+  for (int a = 0; a < 5; ++a) {
     for (int nranks : {1, 2, 3, 5, 8}) {
       for (DataType t : types) {
         for (int o = 0; o <= 5; ++o) {
@@ -310,6 +312,7 @@ TEST_CASE("data movement collectives deliver every block", "[simulate]") {
   };
   const Algo algos[] = {
       {"ring", buildRingAllGather, CollKind::kAllGather},
+      {"bruck", buildBruckAllGather, CollKind::kAllGather},
       {"peer_read", buildPeerReadAllGather, CollKind::kAllGather},
       {"chain", buildChainBroadcast, CollKind::kBroadcast},
       {"pairwise", buildPairwiseAllToAll, CollKind::kAllToAll},
@@ -346,11 +349,12 @@ TEST_CASE("data movement collectives deliver every block", "[simulate]") {
 TEST_CASE("ring algorithms follow a custom ring order", "[simulate]") {
   const std::vector<int> ring = {3, 0, 5, 1, 4, 2};
   const CollKind kinds[] = {CollKind::kAllReduce, CollKind::kAllReduce, CollKind::kReduceScatter,
-                            CollKind::kAllGather, CollKind::kBroadcast, CollKind::kReduce};
+                            CollKind::kAllGather, CollKind::kBroadcast, CollKind::kReduce,
+                            CollKind::kAllGather, CollKind::kReduceScatter};
   const BuildFn builds[] = {buildRingAllReduce, buildRecursiveDoublingAllReduce,
                             buildRingReduceScatter, buildRingAllGather, buildChainBroadcast,
-                            buildChainReduce};
-  for (int a = 0; a < 6; ++a) {
+                            buildChainReduce, buildBruckAllGather, buildBruckReduceScatter};
+  for (int a = 0; a < 8; ++a) {
     for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kPreMulSum}) {
       for (bool inPlace : {false, true}) {
         Case c{"custom", builds[a]};

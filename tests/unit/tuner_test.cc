@@ -207,13 +207,13 @@ const std::vector<GoldenRow> kGolden = {
     {"1x4 shm", CollKind::kAllReduce, 1 * MiB, "peer_read", 1, 4 * MiB},  // 148.8 us
     {"1x4 shm", CollKind::kAllReduce, 16 * MiB, "peer_read", 1, 2 * MiB},  // 2255.0 us
     {"1x4 shm", CollKind::kAllReduce, 256 * MiB, "peer_read", 1, 2 * MiB},  // 36079.4 us
-    {"1x4 shm", CollKind::kAllGather, 8, "peer_read", 1, 4 * MiB},  // 6.0 us
+    {"1x4 shm", CollKind::kAllGather, 8, "bruck", 1, 4 * MiB},  // 6.0 us
     {"1x4 shm", CollKind::kAllGather, 1 * KiB, "peer_read", 1, 4 * MiB},  // 6.2 us
     {"1x4 shm", CollKind::kAllGather, 64 * KiB, "peer_read", 1, 4 * MiB},  // 16.9 us
     {"1x4 shm", CollKind::kAllGather, 1 * MiB, "peer_read", 1, 4 * MiB},  // 180.8 us
     {"1x4 shm", CollKind::kAllGather, 16 * MiB, "peer_read", 1, 2 * MiB},  // 2832.2 us
     {"1x4 shm", CollKind::kAllGather, 256 * MiB, "peer_read", 1, 2 * MiB},  // 45315.2 us
-    {"1x4 shm", CollKind::kReduceScatter, 8, "peer_read", 1, 4 * MiB},  // 6.0 us
+    {"1x4 shm", CollKind::kReduceScatter, 8, "bruck", 1, 4 * MiB},  // 6.0 us
     {"1x4 shm", CollKind::kReduceScatter, 1 * KiB, "peer_read", 1, 4 * MiB},  // 6.4 us
     {"1x4 shm", CollKind::kReduceScatter, 64 * KiB, "peer_read", 1, 4 * MiB},  // 30.0 us
     {"1x4 shm", CollKind::kReduceScatter, 1 * MiB, "peer_read", 1, 4 * MiB},  // 390.5 us
@@ -243,13 +243,13 @@ const std::vector<GoldenRow> kGolden = {
     {"2x2 net+shm", CollKind::kAllReduce, 1 * MiB, "hierarchical", 4, 4 * MiB},  // 349.0 us
     {"2x2 net+shm", CollKind::kAllReduce, 16 * MiB, "hierarchical", 4, 4 * MiB},  // 4084.6 us
     {"2x2 net+shm", CollKind::kAllReduce, 256 * MiB, "hierarchical", 4, 4 * MiB},  // 61593.6 us
-    {"2x2 net+shm", CollKind::kAllGather, 8, "hierarchical", 1, 4 * MiB},  // 50.0 us
+    {"2x2 net+shm", CollKind::kAllGather, 8, "bruck", 1, 4 * MiB},  // 50.0 us
     {"2x2 net+shm", CollKind::kAllGather, 1 * KiB, "hierarchical", 1, 4 * MiB},  // 51.8 us
     {"2x2 net+shm", CollKind::kAllGather, 64 * KiB, "hierarchical", 2, 4 * MiB},  // 109.0 us
     {"2x2 net+shm", CollKind::kAllGather, 1 * MiB, "hierarchical", 4, 4 * MiB},  // 521.9 us
     {"2x2 net+shm", CollKind::kAllGather, 16 * MiB, "hierarchical", 4, 4 * MiB},  // 7606.0 us
     {"2x2 net+shm", CollKind::kAllGather, 256 * MiB, "hierarchical", 4, 4 * MiB},  // 121696.0 us
-    {"2x2 net+shm", CollKind::kReduceScatter, 8, "hierarchical", 1, 4 * MiB},  // 50.0 us
+    {"2x2 net+shm", CollKind::kReduceScatter, 8, "bruck", 1, 4 * MiB},  // 50.0 us
     {"2x2 net+shm", CollKind::kReduceScatter, 1 * KiB, "hierarchical", 1, 4 * MiB},  // 52.0 us
     {"2x2 net+shm", CollKind::kReduceScatter, 64 * KiB, "hierarchical", 2, 4 * MiB},  // 115.5 us
     {"2x2 net+shm", CollKind::kReduceScatter, 1 * MiB, "hierarchical", 4, 4 * MiB},  // 574.3 us
@@ -315,14 +315,14 @@ const std::vector<GoldenRow> kGolden = {
     {"64x16 net+shm", CollKind::kAllReduce, 1 * MiB, "recursive_doubling", 8, 4 * MiB},  // 1847.9 us
     {"64x16 net+shm", CollKind::kAllReduce, 16 * MiB, "hierarchical", 4, 4 * MiB},  // 11571.8 us
     {"64x16 net+shm", CollKind::kAllReduce, 256 * MiB, "hierarchical", 8, 4 * MiB},  // 87032.6 us
-    {"64x16 net+shm", CollKind::kAllGather, 8, "hierarchical", 1, 4 * MiB},  // 1957.2 us
-    {"64x16 net+shm", CollKind::kAllGather, 1 * KiB, "hierarchical", 1, 4 * MiB},  // 2874.1 us
+    {"64x16 net+shm", CollKind::kAllGather, 8, "bruck", 1, 4 * MiB},  // 354.3 us
+    {"64x16 net+shm", CollKind::kAllGather, 1 * KiB, "bruck", 8, 4 * MiB},  // 2558.6 us
     {"64x16 net+shm", CollKind::kAllGather, 64 * KiB, "hierarchical", 8, 4 * MiB},  // 12456.6 us
     {"64x16 net+shm", CollKind::kAllGather, 1 * MiB, "hierarchical", 8, 4 * MiB},  // 160305.8 us
     {"64x16 net+shm", CollKind::kAllGather, 16 * MiB, "ring", 8, 4 * MiB},  // 2322512.3 us
     {"64x16 net+shm", CollKind::kAllGather, 256 * MiB, "ring", 8, 4 * MiB},  // 36887396.2 us
-    {"64x16 net+shm", CollKind::kReduceScatter, 8, "hierarchical", 1, 4 * MiB},  // 1957.8 us
-    {"64x16 net+shm", CollKind::kReduceScatter, 1 * KiB, "hierarchical", 1, 4 * MiB},  // 2943.9 us
+    {"64x16 net+shm", CollKind::kReduceScatter, 8, "bruck", 1, 4 * MiB},  // 354.9 us
+    {"64x16 net+shm", CollKind::kReduceScatter, 1 * KiB, "bruck", 8, 4 * MiB},  // 2570.2 us
     {"64x16 net+shm", CollKind::kReduceScatter, 64 * KiB, "hierarchical", 8, 4 * MiB},  // 13201.5 us
     {"64x16 net+shm", CollKind::kReduceScatter, 1 * MiB, "hierarchical", 8, 4 * MiB},  // 172224.6 us
     {"64x16 net+shm", CollKind::kReduceScatter, 16 * MiB, "ring", 8, 1 * MiB},  // 2451962.8 us
