@@ -37,11 +37,23 @@ ncclComm_t newHandle() {
   return handle;
 }
 
-// Runs a handle's init work and records the outcome in its shared state.
-Status runInit(const std::shared_ptr<ncclComm::Shared>& shared,
-               const std::function<Result<std::shared_ptr<Communicator>>()>& work) {
-  auto result = work();
+// A handle's init work: it gives up soon after *cancel is set (ncclCommAbort),
+// which outlives the call.
+using InitWork = std::function<Result<std::shared_ptr<Communicator>>(const std::atomic<bool>* cancel)>;
+
+// Runs a handle's init work and records the outcome in its shared state. An
+// abort that lands while the work runs wins over its outcome: ncclCommAbort
+// reads impl only after setting cancelInit, so a communicator that finished
+// anyway is dropped here rather than left unaborted.
+Status runInit(const std::shared_ptr<ncclComm::Shared>& shared, const InitWork& work) {
+  auto result = work(&shared->cancelInit);
   std::lock_guard<std::mutex> lock(shared->mutex);
+  if (shared->cancelInit.load()) {
+    if (result.isOk() && result.value()) result.value()->abort();
+    Status cause = result.isOk() ? Status::ok() : result.status();
+    result = error(Code::kAborted, "communicator aborted during initialization (ncclCommAbort)",
+                   cause.isOk() ? "" : "; init stopped at: ", cause.message());
+  }
   if (!result.isOk()) {
     shared->initError = result.status();
     shared->state.store(toNcclCode(result.status().code()) == ncclSuccess
@@ -58,8 +70,7 @@ Status runInit(const std::shared_ptr<ncclComm::Shared>& shared,
 // Blocking: run now. Group: defer to ncclGroupEnd. Nonblocking: run on a
 // thread and return ncclInProgress. *out is valid in every case but an
 // immediate failure.
-Status launchInit(ncclComm_t* out, ncclComm_t handle, bool blocking,
-                  std::function<Result<std::shared_ptr<Communicator>>()> work) {
+Status launchInit(ncclComm_t* out, ncclComm_t handle, bool blocking, InitWork work) {
   auto shared = handle->shared;
   if (group::active()) {
     *out = handle;
@@ -93,8 +104,9 @@ Status initRank(ncclComm_t* newcomm, int nranks, const ncclUniqueId& commId, int
   SHOAL_ASSIGN_OR_RETURN(UniqueIdContents id, decodeUniqueId(commId.internal),
       "ncclUniqueId was not made by ncclGetUniqueId");
   ncclComm_t handle = newHandle();
-  auto work = [id, nranks, rank, options]() -> Result<std::shared_ptr<Communicator>> {
-    Deadline deadline = Deadline::afterMs(params().initTimeoutMs);
+  auto work = [id, nranks, rank, options](
+                  const std::atomic<bool>* cancel) -> Result<std::shared_ptr<Communicator>> {
+    Deadline deadline = Deadline::afterMs(params().initTimeoutMs).cancelledBy(cancel);
     if (rank == 0) {
         SHOAL_TRY(startRootIfNeeded(id));
       }
@@ -107,6 +119,7 @@ Status initRank(ncclComm_t* newcomm, int nranks, const ncclUniqueId& commId, int
     req.rank = rank;
     req.nranks = nranks;
     req.options = options;
+    req.cancel = cancel;
     auto comm = std::make_shared<Communicator>(std::move(req));
     SHOAL_TRY(comm->initialize());
     return comm;
@@ -182,7 +195,8 @@ SHOAL_API(ncclResult_t, ncclCommInitAll, (ncclComm_t * comms, int ndev, const in
     }
     for (int i = 0; i < ndev; ++i) {
       threads.emplace_back([&, i] {
-        auto work = [&, i]() -> Result<std::shared_ptr<Communicator>> {
+        // No handle is visible until all are done: nothing can cancel these.
+        auto work = [&, i](const std::atomic<bool>*) -> Result<std::shared_ptr<Communicator>> {
           InitRequest req;
           req.store = store;
           req.scope = scope;
@@ -232,7 +246,9 @@ SHOAL_API(ncclResult_t, ncclCommSplit,
     }
     ncclComm_t handle = newHandle();
     handle->cudaDev = comm->cudaDev;
-    auto work = [parent, color, key, options]() { return parent->split(color, key, options); };
+    auto work = [parent, color, key, options](const std::atomic<bool>* cancel) {
+      return parent->split(color, key, options, cancel);
+    };
     return launchInit(newcomm, handle, options.blocking && parent->options().blocking,
                       std::move(work));
   });
@@ -250,17 +266,6 @@ SHOAL_API(ncclResult_t, ncclCommFinalize, (ncclComm_t comm)) {
   });
 }
 
-namespace {
-// Releases the handle; the init thread (if any) finishes on its own.
-void releaseHandle(ncclComm_t comm) {
-  if (comm->initThread.joinable()) {
-    if (comm->shared->state.load() == ncclInProgress) comm->initThread.detach();
-    else comm->initThread.join();
-  }
-  delete comm;
-}
-}  // namespace
-
 SHOAL_API(ncclResult_t, ncclCommDestroy, (ncclComm_t comm)) {
   return guard("ncclCommDestroy", [&]() -> Status {
     if (comm == nullptr) return Status::ok();
@@ -269,7 +274,7 @@ SHOAL_API(ncclResult_t, ncclCommDestroy, (ncclComm_t comm)) {
     if (comm->initThread.joinable()) comm->initThread.join();  // destroy is blocking
     Status st;
     if (auto impl = comm->shared->impl; impl && !impl->aborted()) st = impl->finalize();
-    releaseHandle(comm);
+    delete comm;
     return st;
   });
 }
@@ -279,13 +284,18 @@ SHOAL_API(ncclResult_t, ncclCommAbort, (ncclComm_t comm)) {
     if (comm == nullptr) return Status::ok();
     if (comm->magic != ncclComm::kMagic)
       return invalidArgument("comm ", static_cast<void*>(comm), " is not a live communicator");
+    // A pending init gives up within about Deadline::kCancelCheckMs; its
+    // thread is joined, never left running past the handle (a thread still
+    // in the library when the process exits can crash its static teardown).
+    comm->shared->cancelInit.store(true);
+    if (comm->initThread.joinable()) comm->initThread.join();
     std::shared_ptr<Communicator> impl;
     {
       std::lock_guard<std::mutex> lock(comm->shared->mutex);
       impl = comm->shared->impl;
     }
     if (impl) impl->abort();
-    releaseHandle(comm);
+    delete comm;
     return Status::ok();
   });
 }

@@ -25,10 +25,12 @@
 // The object behind ncclComm_t.
 struct ncclComm {
   static constexpr uint64_t kMagic = 0x73686f616c636f6dull;  // "shoalcom"
-  // State shared with a background init/split thread, which may outlive the
-  // handle after ncclCommAbort.
+  // State shared with the init/split work (on initThread, or run by
+  // ncclGroupEnd on another thread), which may still hold it while the handle
+  // goes away.
   struct Shared {
     std::atomic<int> state{ncclInProgress};  // ncclResult_t of init
+    std::atomic<bool> cancelInit{false};     // set by ncclCommAbort: the init work gives up
     std::mutex mutex;
     shoal::Status initError;
     std::shared_ptr<shoal::Communicator> impl;  // set before state = ncclSuccess

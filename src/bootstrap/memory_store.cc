@@ -22,7 +22,6 @@ class MemoryStore final : public Store {
 
   Result<std::vector<std::string>> get(const std::vector<std::string>& keys, Deadline deadline) override {
     std::unique_lock<std::mutex> lock(mutex_);
-    auto until = Clock::time_point(std::chrono::nanoseconds(deadline.atNs()));
     for (;;) {
       std::vector<std::string> values;
       values.reserve(keys.size());
@@ -33,10 +32,13 @@ class MemoryStore final : public Store {
         else values.push_back(it->second);
       }
       if (missing.empty()) return values;
+      if (deadline.cancelled())
+        return error(Code::kAborted, "memory store get: cancelled; missing: ", missing);
       if (deadline.expired())
         return error(Code::kTimeout, "memory store get: timed out; missing: ", missing);
-      if (deadline.atNs() == Deadline::never().atNs()) changed_.wait(lock);
-      else changed_.wait_until(lock, until);
+      int64_t wakeNs = deadline.wakeAtNs();  // sooner than atNs() when cancellable
+      if (wakeNs == Deadline::never().atNs()) changed_.wait(lock);
+      else changed_.wait_until(lock, Clock::time_point(std::chrono::nanoseconds(wakeNs)));
     }
   }
 

@@ -109,6 +109,8 @@ Result<Reply> TcpStore::request(uint8_t command, const std::vector<uint8_t>& bod
     }
     if (deadline.expired()) {
       waiting_.erase(id);  // a late reply is dropped by the reader
+      if (deadline.cancelled())
+        return error(Code::kAborted, what, ": cancelled while waiting for bootstrap root ", root_);
       return error(Code::kTimeout, what, ": no reply from bootstrap root ", root_, " before the deadline");
     }
     Deadline slice = Deadline::afterMs(std::min<int64_t>(deadline.remainingMs() + 1, kReaderSliceNs / 1000000));
@@ -330,8 +332,7 @@ Result<std::shared_ptr<Store>> connectStore(const UniqueIdContents& id, Deadline
   SHOAL_TRY(net::setNoDelay(fd.get()));
   SHOAL_TRY(net::setLiveness(fd.get(), net::LivenessOptions::fromParams()));
   int64_t handshakeMs = params().handshakeTimeoutMs > 0 ? params().handshakeTimeoutMs : 5000;
-  Deadline handshakeDeadline =
-      deadline.remainingMs() < handshakeMs ? deadline : Deadline::afterMs(handshakeMs);
+  Deadline handshakeDeadline = deadline.cappedMs(handshakeMs);
   if (Status s = clientHandshake(fd.get(), id, root, handshakeDeadline); !s.isOk())
     return s.withContext("bootstrap");
   SHOAL_INFO(subsys::kBootstrap, "connected to bootstrap root ", root);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "collectives/registry.h"
 #include "core/log.h"
@@ -45,7 +46,9 @@ std::string Communicator::describe() const {
 
 Status Communicator::initialize() {
   setLogRank(rank_);
-  Deadline deadline = Deadline::afterMs(params().initTimeoutMs);
+  // The flag is the caller's: it is not kept past this call.
+  const std::atomic<bool>* cancel = std::exchange(request_.cancel, nullptr);
+  Deadline deadline = Deadline::afterMs(params().initTimeoutMs).cancelledBy(cancel);
   bootstrap_ = std::make_unique<Bootstrap>(request_.store, request_.scope, rank_, nranks_);
 
   PeerInfo self;
@@ -156,7 +159,8 @@ Result<Connection*> Communicator::connectionTo(int peer, uint16_t channel) {
   opts.self = &peers_[rank_];
   opts.peer = &peers_[peer];
   opts.secret = request_.secret;
-  opts.deadline = Deadline::afterMs(params().initTimeoutMs);
+  // abort() from another thread ends a connect that waits for a peer.
+  opts.deadline = Deadline::afterMs(params().initTimeoutMs).cancelledBy(&abortFlag_);
   SHOAL_ASSIGN_OR_RETURN(auto conn, transport->connect(ckey, opts),
       describe(), ": connecting to rank ", peer, " (host ", peers_[peer].hostname, ") over ", transport->name());
   SHOAL_INFO(subsys::kInit | subsys::kNet, "Channel ",
@@ -392,9 +396,9 @@ Status Communicator::finalize() {
   return waitIdle(deadline);
 }
 
-Result<std::shared_ptr<Communicator>> Communicator::split(int color, int key,
-                                                          const CommOptions& options) {
-  Deadline deadline = Deadline::afterMs(params().initTimeoutMs);
+Result<std::shared_ptr<Communicator>> Communicator::split(int color, int key, const CommOptions& options,
+                                                          const std::atomic<bool>* cancel) {
+  Deadline deadline = Deadline::afterMs(params().initTimeoutMs).cancelledBy(cancel);
   static_assert(sizeof(int) == 4);
   SHOAL_ASSIGN_OR_RETURN(auto all, bootstrap_->allGather(str(color, ' ', key), deadline),
       describe(), ": split");
@@ -417,6 +421,7 @@ Result<std::shared_ptr<Communicator>> Communicator::split(int color, int key,
   req.rank = newRank;
   req.nranks = static_cast<int>(members.size());
   req.options = options;
+  req.cancel = cancel;
   auto child = std::make_shared<Communicator>(std::move(req));
   SHOAL_TRY(child->initialize()) << describe() << ": split color " << color;
   return child;

@@ -55,6 +55,10 @@ struct InitRequest {
   int rank = 0;
   int nranks = 1;
   CommOptions options;
+  // Once set, initialize() fails within about Deadline::kCancelCheckMs
+  // (ncclCommAbort of a communicator still initializing). Read and cleared
+  // by initialize(); the flag must outlive that call.
+  const std::atomic<bool>* cancel = nullptr;
 };
 
 // One user operation, validated, as the API layer hands it over.
@@ -104,8 +108,10 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   Status waitIdle(Deadline deadline);
 
   // ncclCommSplit: collective over this communicator. `color` < 0 means no
-  // communicator for this rank (returns null). Blocking.
-  Result<std::shared_ptr<Communicator>> split(int color, int key, const CommOptions& options);
+  // communicator for this rank (returns null). Blocking; `cancel` as in
+  // InitRequest.
+  Result<std::shared_ptr<Communicator>> split(int color, int key, const CommOptions& options,
+                                              const std::atomic<bool>* cancel = nullptr);
 
   // Asynchronous state as ncclCommGetAsyncError reports it: kInProgress while
   // init or submitted nonblocking work runs, kOk, or the first error.

@@ -1,6 +1,7 @@
 // Monotonic time and deadlines. Every wait in Shoal has one (DESIGN.md §1).
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <limits>
@@ -14,23 +15,55 @@ inline int64_t nowNs() {
       .count();
 }
 
+// A point in time to give up waiting, optionally tied to a cancel flag:
+// cancelledBy() makes it expire as soon as the flag is set (ncclCommAbort of a
+// communicator still initializing). A plain value, cheap to copy; the flag
+// must outlive every copy that is waited on.
 class Deadline {
  public:
+  // A wait on a cancellable deadline wakes at least this often to look at the flag.
+  static constexpr int64_t kCancelCheckMs = 100;
+
   static Deadline never() { return Deadline(std::numeric_limits<int64_t>::max()); }
   static Deadline afterMs(int64_t ms) {
     return ms <= 0 ? never() : Deadline(nowNs() + ms * 1000000);
   }
-  bool expired() const { return atNs_ != std::numeric_limits<int64_t>::max() && nowNs() >= atNs_; }
+  // This deadline, also expired once *flag is true (null: not cancellable).
+  Deadline cancelledBy(const std::atomic<bool>* flag) const {
+    Deadline d = *this;
+    d.cancel_ = flag;
+    return d;
+  }
+  // This deadline, or `ms` from now if that is sooner; the cancel flag carries over.
+  Deadline cappedMs(int64_t ms) const {
+    Deadline capped = afterMs(ms);
+    return (capped.atNs_ < atNs_ ? capped : *this).cancelledBy(cancel_);
+  }
+
+  bool cancelled() const { return cancel_ != nullptr && cancel_->load(std::memory_order_acquire); }
+  bool expired() const {
+    return cancelled() || (atNs_ != std::numeric_limits<int64_t>::max() && nowNs() >= atNs_);
+  }
   int64_t remainingMs() const {
+    if (cancelled()) return 0;
     if (atNs_ == std::numeric_limits<int64_t>::max()) return std::numeric_limits<int32_t>::max();
     int64_t left = (atNs_ - nowNs()) / 1000000;
     return left < 0 ? 0 : left;
   }
+  // When the deadline passes (max for never), ignoring the cancel flag.
   int64_t atNs() const { return atNs_; }
+  // When a sleeping wait should next wake to re-check: atNs(), or sooner if
+  // the deadline can be cancelled (max: sleep until woken).
+  int64_t wakeAtNs() const {
+    if (cancel_ == nullptr) return atNs_;
+    int64_t check = nowNs() + kCancelCheckMs * 1000000;
+    return check < atNs_ ? check : atNs_;
+  }
 
  private:
   explicit Deadline(int64_t atNs) : atNs_(atNs) {}
   int64_t atNs_;
+  const std::atomic<bool>* cancel_ = nullptr;
 };
 
 // Spin, then yield, then sleep: two ranks on two cores must not starve each

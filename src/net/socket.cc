@@ -19,10 +19,12 @@ namespace shoal::net {
 namespace {
 
 // poll(2) timeout for a deadline, rounded up so that we never spin on 0 ms
-// while the deadline is still in the future.
+// while the deadline is still in the future; a cancellable deadline wakes
+// every Deadline::kCancelCheckMs to look at its flag.
 int pollTimeoutMs(Deadline deadline) {
-  if (deadline.atNs() == Deadline::never().atNs()) return -1;
-  int64_t leftNs = deadline.atNs() - nowNs();
+  int64_t wakeNs = deadline.wakeAtNs();
+  if (wakeNs == Deadline::never().atNs()) return -1;
+  int64_t leftNs = wakeNs - nowNs();
   if (leftNs <= 0) return 0;
   int64_t ms = (leftNs + 999999) / 1000000;
   return static_cast<int>(std::min<int64_t>(ms, std::numeric_limits<int>::max()));
@@ -45,6 +47,13 @@ Result<bool> waitFor(int fd, short events, Deadline deadline) {
     }
     if (errno != EINTR) return errnoStatus(errno, "poll");
   }
+}
+
+// Why readExact/writeExact stopped waiting with `done` of `bytes` moved.
+Status waitEnded(Deadline deadline, std::string_view what, size_t done, size_t bytes, const char* moved) {
+  if (deadline.cancelled())
+    return error(Code::kAborted, what, ": cancelled (", done, " of ", bytes, " bytes ", moved, ")");
+  return error(Code::kTimeout, what, ": timed out (", done, " of ", bytes, " bytes ", moved, ")");
 }
 
 bool retryableConnectError(int err) {
@@ -215,6 +224,9 @@ Result<Fd> connectWithRetry(const SocketAddress& address, Deadline deadline, con
       return std::move(attempt.fd);
     }
     int64_t elapsedMs = (nowNs() - startNs) / 1000000;
+    if (deadline.cancelled())
+      return error(Code::kAborted, "connect to ", address.toString(), ": cancelled after ", elapsedMs,
+                   " ms (", attempts, attempts == 1 ? " attempt)" : " attempts)");
     if (attempt.timedOut)
       return error(Code::kTimeout, "connect to ", address.toString(), ": timed out after ", elapsedMs,
                    " ms (", attempts, " attempts)");
@@ -226,7 +238,12 @@ Result<Fd> connectWithRetry(const SocketAddress& address, Deadline deadline, con
       return error(Code::kTimeout, "connect to ", address.toString(), ": ",
                    errnoStatus(attempt.error, "last attempt").message(), "; deadline reached after ",
                    elapsedMs, " ms (", attempts, " attempts)");
-    std::this_thread::sleep_for(std::chrono::milliseconds(sleepMs));
+    // In slices, so that a cancelled deadline ends the wait promptly (the
+    // next attempt then reports it).
+    const int64_t retryAtNs = nowNs() + sleepMs * 1000000;
+    for (int64_t leftNs; (leftNs = retryAtNs - nowNs()) > 0 && !deadline.cancelled();)
+      std::this_thread::sleep_for(
+          std::chrono::nanoseconds(std::min(leftNs, Deadline::kCancelCheckMs * 1000000)));
   }
 }
 
@@ -245,7 +262,7 @@ Status readExact(int fd, void* data, size_t bytes, Deadline deadline, std::strin
     if (io.bytes == 0) {
       SHOAL_ASSIGN_OR_RETURN(bool ready, waitFor(fd, POLLIN, deadline));
       if (!ready)
-        return error(Code::kTimeout, what, ": timed out (", done, " of ", bytes, " bytes received)");
+        return waitEnded(deadline, what, done, bytes, "received");
     }
   }
   return Status::ok();
@@ -262,7 +279,7 @@ Status writeExact(int fd, const void* data, size_t bytes, Deadline deadline, std
     if (io.bytes == 0) {
       SHOAL_ASSIGN_OR_RETURN(bool ready, waitFor(fd, POLLOUT, deadline));
       if (!ready)
-        return error(Code::kTimeout, what, ": timed out (", done, " of ", bytes, " bytes sent)");
+        return waitEnded(deadline, what, done, bytes, "sent");
     }
   }
   return Status::ok();

@@ -19,6 +19,8 @@
 
 #include <catch2/catch.hpp>
 
+#include <dirent.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cctype>
@@ -691,8 +693,42 @@ TEST_CASE("Finalize then Destroy - Destroy and Abort of NULL - Abort right after
   }
 }
 
-TEST_CASE("ncclCommAbort of a nonblocking comm still initializing returns promptly", "[api]") {
+// Threads of this process now (/proc/self/task); -1 where that is unreadable.
+int threadCount() {
+  DIR* dir = ::opendir("/proc/self/task");
+  if (dir == nullptr) return -1;
+  int n = 0;
+  while (dirent* e = ::readdir(dir))
+    if (e->d_name[0] != '.') ++n;
+  ::closedir(dir);
+  return n;
+}
+
+// Waits up to 1 s for the thread count to come back to `want` (a joined
+// thread leaves /proc a moment after join returns); returns the last count.
+int threadCountSettlingAt(int want) {
+  auto t0 = Clock::now();
+  int n = threadCount();
+  while (n != want && msSince(t0) < 1000) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    n = threadCount();
+  }
+  return n;
+}
+
+// Starts what the library starts once per process (engine, transports,
+// bootstrap root), so that thread counts taken afterwards see only per-comm threads.
+void warmUpLibrary() {
   ncclUniqueId id = newId();
+  ncclComm_t solo = nullptr;
+  NCCL_OK(ncclCommInitRank(&solo, 1, id, 0));
+  NCCL_OK(ncclCommDestroy(solo));
+}
+
+TEST_CASE("ncclCommAbort of a nonblocking comm still initializing returns promptly", "[api]") {
+  warmUpLibrary();
+  ncclUniqueId id = newId();
+  const int threadsBefore = threadCount();
   ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
   cfg.blocking = 0;
   ncclComm_t comm = nullptr;
@@ -700,13 +736,78 @@ TEST_CASE("ncclCommAbort of a nonblocking comm still initializing returns prompt
   ncclResult_t rc = ncclCommInitRankConfig(&comm, 2, id, 0, &cfg);
   CHECK(rc == ncclInProgress);
   REQUIRE(comm != nullptr);
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  // Off the 100 ms rhythm of the init's waits, so the abort lands mid-wait.
+  std::this_thread::sleep_for(std::chrono::milliseconds(150));
   ncclResult_t state = ncclSuccess;
   NCCL_OK(ncclCommGetAsyncError(comm, &state));
   CHECK(state == ncclInProgress);
   auto t0 = Clock::now();
   NCCL_OK(ncclCommAbort(comm));
-  CHECK(msSince(t0) < 2000);
+  double abortMs = msSince(t0);
+  INFO("ncclCommAbort took " << abortMs << " ms");
+  CHECK(abortMs < 2000);
+  // The init thread was cancelled and joined, not left waiting for rank 1.
+  if (threadsBefore > 0) CHECK(threadCountSettlingAt(threadsBefore) == threadsBefore);
+  // The library still works.
+  ncclUniqueId again = newId();
+  ncclComm_t solo = nullptr;
+  NCCL_OK(ncclCommInitRank(&solo, 1, again, 0));
+  NCCL_OK(ncclCommDestroy(solo));
+}
+
+TEST_CASE("ncclCommAbort of a nonblocking split still initializing returns promptly", "[api][split]") {
+  World w(2);
+  const int threadsBefore = threadCount();
+  ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+  cfg.blocking = 0;
+  ncclComm_t child = nullptr;
+  // Rank 1 of the parent never splits, so the split cannot finish.
+  ncclResult_t rc = ncclCommSplit(w[0], 0, 0, &child, &cfg);
+  CHECK(rc == ncclInProgress);
+  REQUIRE(child != nullptr);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ncclResult_t state = ncclSuccess;
+  NCCL_OK(ncclCommGetAsyncError(child, &state));
+  CHECK(state == ncclInProgress);
+  auto t0 = Clock::now();
+  NCCL_OK(ncclCommAbort(child));
+  double abortMs = msSince(t0);
+  INFO("ncclCommAbort took " << abortMs << " ms");
+  CHECK(abortMs < 2000);
+  if (threadsBefore > 0) CHECK(threadCountSettlingAt(threadsBefore) == threadsBefore);
+}
+
+TEST_CASE("ncclCommAbort from another thread ends an init that ncclGroupEnd runs", "[api][group]") {
+  ncclUniqueId id = newId();
+  std::atomic<ncclComm_t> handle{nullptr};
+  ncclResult_t endRc = ncclSuccess;
+  std::string endError;
+  // Inside a group, init runs in ncclGroupEnd, which blocks: rank 1 of 2 never arrives.
+  std::thread initializer([&] {
+    ncclComm_t comm = nullptr;
+    if (ncclGroupStart() != ncclSuccess) return;
+    ncclResult_t rc = ncclCommInitRank(&comm, 2, id, 0);
+    if (rc == ncclSuccess) handle.store(comm);
+    endRc = ncclGroupEnd();
+    if (endRc != ncclSuccess) endError = lastError();
+  });
+  auto t0 = Clock::now();
+  while (handle.load() == nullptr && msSince(t0) < 5000)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ncclComm_t comm = handle.load();
+  if (comm == nullptr) {
+    initializer.join();
+    FAIL("ncclCommInitRank inside the group did not hand out a communicator");
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  t0 = Clock::now();
+  NCCL_OK(ncclCommAbort(comm));
+  initializer.join();  // ncclGroupEnd returned: the init gave up
+  double endedMs = msSince(t0);
+  INFO("ncclGroupEnd ended " << endedMs << " ms after ncclCommAbort: " << endError);
+  CHECK(endedMs < 2000);
+  CHECK(endRc != ncclSuccess);
+  CHECK(mentions(endError, "aborted"));
 }
 
 // ===========================================================================
