@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "collectives/builders.h"
 #include "collectives/patterns/bruck.h"
+#include "collectives/patterns/recursive_doubling.h"
 #include "collectives/patterns/ring.h"
 
 namespace shoal {
@@ -18,6 +20,9 @@ struct Model {
   const CostParams& c;
   double alpha(double messages) const { return messages * c.alpha_us; }
   double beta(double b) const { return b * c.beta_us_per_byte; }
+  // A message or bytes that stay inside a node (CostParams).
+  double alphaIntra(double messages) const { return alpha(messages) * c.intra_alpha_scale; }
+  double betaIntra(double b) const { return beta(b) * c.intra_beta_scale; }
   double gamma(double b) const { return b * c.gamma_us_per_byte_reduce; }
   double log2p() const { return std::ceil(std::log2(p)); }
 };
@@ -26,6 +31,21 @@ Model model(const CollShape& s, const RankView& v, const CostParams& c, bool per
   double bytes = static_cast<double>(s.count) * static_cast<double>(dataTypeSize(s.dtype));
   if (perRankBlocks) bytes *= v.nranks;
   return Model{static_cast<double>(v.nranks), bytes, c};
+}
+
+// Whether some rank's partner at that ring distance is on another node
+// (ring positions; RankView::nodeOf, empty on one node).
+bool crossesNodes(const RankView& v, const patterns::RingOrder& ring, int distance) {
+  if (v.nodeOf.size() != static_cast<size_t>(v.nranks)) return false;
+  for (int i = 0; i < ring.size(); ++i)
+    if (v.nodeOf[ring.rankAt(i)] != v.nodeOf[ring.rankAt(i + distance)]) return true;
+  return false;
+}
+
+int nodeCount(const RankView& v) {
+  int nodes = 0;
+  for (int n : v.nodeOf) nodes = std::max(nodes, n + 1);
+  return std::max(nodes, 1);
 }
 
 bool always(const CollShape&, const RankView&, const TransportCaps&) { return true; }
@@ -46,15 +66,38 @@ double ringAllReduceCost(const CollShape& s, const RankView& v, const CostParams
          m.gamma((m.p - 1) / m.p * m.bytes);
 }
 
-// n = the buffer, exchanged whole every round; +2 messages to fold a non-power of two.
+// n = the buffer, exchanged whole every round; +2 messages to fold a
+// non-power of two. Rounds whose partners all share a node (the first ones,
+// on rings that keep nodes together) cost the node's link.
 double recursiveDoublingAllReduceCost(const CollShape& s, const RankView& v,
                                       const CostParams& c) {
   Model m = model(s, v, c, false);
   if (m.p == 1) return m.gamma(m.bytes);
-  double rounds = std::floor(std::log2(m.p));
-  double folds = (std::exp2(rounds) == m.p) ? 0 : 2;
-  return m.alpha(rounds + folds) + m.beta((rounds + folds) * m.bytes) +
-         m.gamma((rounds + folds / 2) * m.bytes);
+  const patterns::RingOrder ring(v);
+  const patterns::RecursiveDoubling rd(v.nranks);
+  const bool nodesKnown = v.nodeOf.size() == static_cast<size_t>(v.nranks);
+  double cost = 0;
+  // One exchange of the buffer; `crossing` ranks of the busiest node send it
+  // across at once (0: it stays inside every node).
+  auto exchange = [&](int crossing) {
+    cost += crossing == 0 ? m.alphaIntra(1) + m.betaIntra(m.bytes)
+                          : m.alpha(1) + m.beta(crossing * m.bytes);
+  };
+  if (rd.pof2() != v.nranks) {  // fold and unfold: neighbours on the ring
+    exchange(crossesNodes(v, ring, 1) ? 1 : 0);
+    exchange(crossesNodes(v, ring, 1) ? 1 : 0);
+  }
+  for (int k = 0; k < rd.rounds(); ++k) {
+    std::vector<int> crossing(nodesKnown ? v.nranks : 0, 0);  // per node
+    for (int virt = 0; virt < rd.pof2() && nodesKnown; ++virt) {
+      const int a = ring.rankAt(rd.participantOf(virt));
+      const int b = ring.rankAt(rd.participantOf(rd.partner(virt, k)));
+      if (v.nodeOf[a] != v.nodeOf[b]) ++crossing[v.nodeOf[a]];
+    }
+    exchange(crossing.empty() ? 0 : *std::max_element(crossing.begin(), crossing.end()));
+  }
+  const double folds = rd.pof2() != v.nranks ? 1 : 0;
+  return cost + m.gamma((rd.rounds() + folds) * m.bytes);
 }
 
 // n = the gathered output (AG) or the whole input (RS).
@@ -96,9 +139,12 @@ double bruckCost(const CollShape& s, const RankView& v, const CostParams& c, boo
   Model m = model(s, v, c, true);
   if (m.p == 1) return m.gamma(m.bytes / m.p);
   const double block = m.bytes / m.p;
-  const double messages = static_cast<double>(patterns::bruckRounds(v.nranks).size());
+  const patterns::RingOrder ring(v);
+  double latency = 0;
+  for (const patterns::BruckRound& r : patterns::bruckRounds(v.nranks))
+    latency += crossesNodes(v, ring, -r.distance) ? m.alpha(1) : m.alphaIntra(1);
   const double copies = reduces ? 2 * (m.p - 1) * block : (m.p - 1) * block;
-  return m.alpha(messages) + m.beta(bruckBusiestLinkBlocks(v) * block) + m.gamma(copies);
+  return latency + m.beta(bruckBusiestLinkBlocks(v) * block) + m.gamma(copies);
 }
 double bruckAllGatherCost(const CollShape& s, const RankView& v, const CostParams& c) {
   return bruckCost(s, v, c, false);
@@ -152,27 +198,23 @@ double peerReadAllGatherCost(const CollShape& s, const RankView& v, const CostPa
   return peerReadCost(model(s, v, c, true), 2, 1, false);
 }
 
-// N nodes of L ranks: 2(L-1) node-ring and 2(N-1) rail messages; each node's
-// link carries 2(N-1)/N of the buffer, and the node phases move 2(L-1)/L of it
-// over shared memory, modelled at an eighth of a network byte's cost.
+// N nodes of L ranks: 2(L-1) node-ring messages and 2(N-1) rail messages;
+// each node's link carries 2(N-1)/N of the buffer, and the node phases move
+// 2(L-1)/L of it inside the node.
 double hierarchicalAllReduceCost(const CollShape& s, const RankView& v, const CostParams& c) {
   Model m = model(s, v, c, false);
-  int nodes = 0;
-  for (int n : v.nodeOf) nodes = std::max(nodes, n + 1);
-  const double N = std::max(nodes, 1), L = m.p / N;
-  return m.alpha(2 * (L - 1) + 2 * (N - 1)) + m.beta(2 * (N - 1) / N * m.bytes) +
-         m.beta(2 * (L - 1) / L * m.bytes) / 8 + m.gamma((m.p - 1) / m.p * m.bytes);
+  const double N = nodeCount(v), L = m.p / N;
+  return m.alphaIntra(2 * (L - 1)) + m.alpha(2 * (N - 1)) + m.beta(2 * (N - 1) / N * m.bytes) +
+         m.betaIntra(2 * (L - 1) / L * m.bytes) + m.gamma((m.p - 1) / m.p * m.bytes);
 }
 
 // AllGather / ReduceScatter (n = the whole output / input): each node's link
 // carries (N-1)/N of it; the node phase moves (L-1)/L of it over shared memory.
 double hierarchicalGatherCost(const CollShape& s, const RankView& v, const CostParams& c, bool reduces) {
   Model m = model(s, v, c, true);
-  int nodes = 0;
-  for (int n : v.nodeOf) nodes = std::max(nodes, n + 1);
-  const double N = std::max(nodes, 1), L = m.p / N;
-  return m.alpha((L - 1) + (N - 1)) + m.beta((N - 1) / N * m.bytes) + m.beta((L - 1) / L * m.bytes) / 8 +
-         (reduces ? m.gamma((m.p - 1) / m.p * m.bytes) : 0);
+  const double N = nodeCount(v), L = m.p / N;
+  return m.alphaIntra(L - 1) + m.alpha(N - 1) + m.beta((N - 1) / N * m.bytes) +
+         m.betaIntra((L - 1) / L * m.bytes) + (reduces ? m.gamma((m.p - 1) / m.p * m.bytes) : 0);
 }
 double hierarchicalAllGatherCost(const CollShape& s, const RankView& v, const CostParams& c) {
   return hierarchicalGatherCost(s, v, c, false);

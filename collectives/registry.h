@@ -30,6 +30,12 @@ struct CostParams {
   double alpha_us = 10.0;                          // per message
   double beta_us_per_byte = 1.0 / 1500.0;          // link: 1.5 GB/s
   double gamma_us_per_byte_reduce = 1.0 / 8000.0;  // reducer: 8 GB/s
+  // Across nodes, alpha and beta are the network's; a message or byte that
+  // stays inside a node costs these fractions of them (the node's link
+  // against the network's; 1 on one node). Estimates apply them to the
+  // rounds or phases that never cross a node boundary.
+  double intra_alpha_scale = 1.0;
+  double intra_beta_scale = 1.0;
 };
 
 using BuildFn = Plan (*)(const CollShape&, const RankView&, const AlgoParams&);

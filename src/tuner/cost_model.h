@@ -95,17 +95,21 @@ struct AlgorithmTerms {
   double linkBytes = 0;     // B
   double reducedBytes = 0;  // G
 };
-AlgorithmTerms decompose(const AlgorithmEntry& algorithm, const CollShape& shape,
-                         const RankView& view);
-
 // What the model needs of the topology for one algorithm.
 struct ModelContext {
   LinkModel link;                 // the slowest link class the algorithm crosses
+  // Across nodes: a message and a byte inside a node relative to `link`
+  // (CostParams::intra_*_scale), from the link table; 1 on one node.
+  double intraAlphaScale = 1.0;
+  double intraBetaScale = 1.0;
   bool copyLink = true;           // loopback or shm: the rank's thread moves the bytes
   int streams = 1;                // channels that add bandwidth
   uint64_t cacheShareBytes = 0;   // this rank's share of the cache
   int pipelineHops = 1;           // > 1: a pipelined chain of that many links
 };
+
+AlgorithmTerms decompose(const AlgorithmEntry& algorithm, const CollShape& shape,
+                         const RankView& view, const ModelContext& ctx);
 
 struct Candidate {
   int channels = 1;

@@ -148,10 +148,10 @@ bool Tuner::allowed(const AlgorithmEntry& entry) const {
   return allowListNegated_ ? !listed : listed;
 }
 
-// Flat algorithms cross the slowest link of the communicator: the network
-// when there are several nodes, else the link inside the node.
-// Hierarchical algorithms are charged at the network's costs too: their
-// estimates price the node phases as a fraction of a network byte.
+// Algorithms are charged at the slowest link of the communicator: the
+// network when there are several nodes, else the link inside the node.
+// Estimates that know which rounds or phases stay inside a node price them
+// with the node's link through the intra scales.
 ModelContext Tuner::contextFor(const AlgorithmEntry& entry, const RankView& view) const {
   const TopologySummary& s = topo_;
   LinkClass crossed = *s.intraNode;
@@ -159,6 +159,11 @@ ModelContext Tuner::contextFor(const AlgorithmEntry& entry, const RankView& view
   const MachineTopology& m = *s.machine;
   ModelContext ctx;
   ctx.link = linkFor(options_.links, crossed);
+  if (s.nnodes > 1 && crossed != *s.intraNode) {
+    const LinkModel& inside = linkFor(options_.links, *s.intraNode);
+    ctx.intraAlphaScale = std::min(1.0, inside.alphaUs / ctx.link.alphaUs);
+    ctx.intraBetaScale = std::min(1.0, inside.betaUsPerByte / ctx.link.betaUsPerByte);
+  }
   ctx.copyLink = crossed != LinkClass::kNet;
   ctx.streams = ctx.copyLink ? 1 : std::clamp(m.cores / s.maxRanksPerNode, 1, kMaxNetStreams);
   ctx.cacheShareBytes = std::max<uint64_t>(
@@ -178,7 +183,7 @@ std::pair<AlgoParams, double> Tuner::bestParams(const AlgorithmEntry& entry, con
   for (int channels : channelCandidates_) {
     CollShape part = shape;
     part.count = (shape.count + static_cast<uint64_t>(channels) - 1) / static_cast<uint64_t>(channels);
-    const AlgorithmTerms terms = decompose(entry, part, view);
+    const AlgorithmTerms terms = decompose(entry, part, view, ctx);
     for (uint64_t segment : segmentCandidates_) {
       double cost = candidateCostUs(terms, ctx, Candidate{channels, segment});
       if (first || cheaper(cost, bestCost)) {

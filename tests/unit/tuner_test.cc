@@ -237,24 +237,24 @@ const std::vector<GoldenRow> kGolden = {
     {"1x4 shm", CollKind::kAllToAll, 1 * MiB, "pairwise", 1, 4 * MiB},  // 358.5 us
     {"1x4 shm", CollKind::kAllToAll, 16 * MiB, "pairwise", 1, 2 * MiB},  // 5664.4 us
     {"1x4 shm", CollKind::kAllToAll, 256 * MiB, "pairwise", 1, 2 * MiB},  // 90630.5 us
-    {"2x2 net+shm", CollKind::kAllReduce, 8, "recursive_doubling", 1, 4 * MiB},  // 50.0 us
-    {"2x2 net+shm", CollKind::kAllReduce, 1 * KiB, "recursive_doubling", 1, 4 * MiB},  // 51.8 us
-    {"2x2 net+shm", CollKind::kAllReduce, 64 * KiB, "recursive_doubling", 2, 4 * MiB},  // 106.8 us
-    {"2x2 net+shm", CollKind::kAllReduce, 1 * MiB, "hierarchical", 4, 4 * MiB},  // 349.0 us
-    {"2x2 net+shm", CollKind::kAllReduce, 16 * MiB, "hierarchical", 4, 4 * MiB},  // 4084.6 us
-    {"2x2 net+shm", CollKind::kAllReduce, 256 * MiB, "hierarchical", 4, 4 * MiB},  // 61593.6 us
-    {"2x2 net+shm", CollKind::kAllGather, 8, "bruck", 1, 4 * MiB},  // 50.0 us
-    {"2x2 net+shm", CollKind::kAllGather, 1 * KiB, "hierarchical", 1, 4 * MiB},  // 51.8 us
-    {"2x2 net+shm", CollKind::kAllGather, 64 * KiB, "hierarchical", 2, 4 * MiB},  // 109.0 us
-    {"2x2 net+shm", CollKind::kAllGather, 1 * MiB, "hierarchical", 4, 4 * MiB},  // 521.9 us
-    {"2x2 net+shm", CollKind::kAllGather, 16 * MiB, "hierarchical", 4, 4 * MiB},  // 7606.0 us
-    {"2x2 net+shm", CollKind::kAllGather, 256 * MiB, "hierarchical", 4, 4 * MiB},  // 121696.0 us
-    {"2x2 net+shm", CollKind::kReduceScatter, 8, "bruck", 1, 4 * MiB},  // 50.0 us
-    {"2x2 net+shm", CollKind::kReduceScatter, 1 * KiB, "hierarchical", 1, 4 * MiB},  // 52.0 us
-    {"2x2 net+shm", CollKind::kReduceScatter, 64 * KiB, "hierarchical", 2, 4 * MiB},  // 115.5 us
-    {"2x2 net+shm", CollKind::kReduceScatter, 1 * MiB, "hierarchical", 4, 4 * MiB},  // 574.3 us
-    {"2x2 net+shm", CollKind::kReduceScatter, 16 * MiB, "hierarchical", 4, 2 * MiB},  // 8035.1 us
-    {"2x2 net+shm", CollKind::kReduceScatter, 256 * MiB, "hierarchical", 4, 4 * MiB},  // 122441.6 us
+    {"2x2 net+shm", CollKind::kAllReduce, 8, "recursive_doubling", 1, 4 * MiB},  // 28.0 us
+    {"2x2 net+shm", CollKind::kAllReduce, 1 * KiB, "recursive_doubling", 1, 4 * MiB},  // 29.9 us
+    {"2x2 net+shm", CollKind::kAllReduce, 64 * KiB, "recursive_doubling", 4, 4 * MiB},  // 59.1 us
+    {"2x2 net+shm", CollKind::kAllReduce, 1 * MiB, "hierarchical", 4, 4 * MiB},  // 322.5 us
+    {"2x2 net+shm", CollKind::kAllReduce, 16 * MiB, "hierarchical", 4, 4 * MiB},  // 4320.2 us
+    {"2x2 net+shm", CollKind::kAllReduce, 256 * MiB, "hierarchical", 4, 4 * MiB},  // 65744.0 us
+    {"2x2 net+shm", CollKind::kAllGather, 8, "hierarchical", 1, 4 * MiB},  // 28.0 us
+    {"2x2 net+shm", CollKind::kAllGather, 1 * KiB, "hierarchical", 1, 4 * MiB},  // 30.0 us
+    {"2x2 net+shm", CollKind::kAllGather, 64 * KiB, "hierarchical", 4, 4 * MiB},  // 59.7 us
+    {"2x2 net+shm", CollKind::kAllGather, 1 * MiB, "hierarchical", 4, 4 * MiB},  // 534.8 us
+    {"2x2 net+shm", CollKind::kAllGather, 16 * MiB, "hierarchical", 4, 4 * MiB},  // 8169.4 us
+    {"2x2 net+shm", CollKind::kAllGather, 256 * MiB, "hierarchical", 4, 4 * MiB},  // 130710.5 us
+    {"2x2 net+shm", CollKind::kReduceScatter, 8, "hierarchical", 1, 4 * MiB},  // 28.0 us
+    {"2x2 net+shm", CollKind::kReduceScatter, 1 * KiB, "hierarchical", 1, 4 * MiB},  // 30.2 us
+    {"2x2 net+shm", CollKind::kReduceScatter, 64 * KiB, "hierarchical", 4, 4 * MiB},  // 63.0 us
+    {"2x2 net+shm", CollKind::kReduceScatter, 1 * MiB, "hierarchical", 4, 4 * MiB},  // 587.2 us
+    {"2x2 net+shm", CollKind::kReduceScatter, 16 * MiB, "hierarchical", 4, 4 * MiB},  // 8558.2 us
+    {"2x2 net+shm", CollKind::kReduceScatter, 256 * MiB, "hierarchical", 4, 4 * MiB},  // 131099.2 us
     {"2x2 net+shm", CollKind::kBroadcast, 8, "chain", 1, 4 * MiB},  // 75.0 us
     {"2x2 net+shm", CollKind::kBroadcast, 1 * KiB, "chain", 1, 4 * MiB},  // 77.5 us
     {"2x2 net+shm", CollKind::kBroadcast, 64 * KiB, "chain", 2, 4 * MiB},  // 153.6 us
@@ -309,22 +309,22 @@ const std::vector<GoldenRow> kGolden = {
     {"1x8 loopback", CollKind::kAllToAll, 1 * MiB, "pairwise", 1, 4 * MiB},  // 496.3 us
     {"1x8 loopback", CollKind::kAllToAll, 16 * MiB, "pairwise", 1, 1 * MiB},  // 7941.4 us
     {"1x8 loopback", CollKind::kAllToAll, 256 * MiB, "pairwise", 1, 1 * MiB},  // 127061.9 us
-    {"64x16 net+shm", CollKind::kAllReduce, 8, "recursive_doubling", 1, 4 * MiB},  // 250.1 us
-    {"64x16 net+shm", CollKind::kAllReduce, 1 * KiB, "recursive_doubling", 1, 4 * MiB},  // 258.9 us
-    {"64x16 net+shm", CollKind::kAllReduce, 64 * KiB, "recursive_doubling", 2, 4 * MiB},  // 534.0 us
-    {"64x16 net+shm", CollKind::kAllReduce, 1 * MiB, "recursive_doubling", 8, 4 * MiB},  // 1847.9 us
-    {"64x16 net+shm", CollKind::kAllReduce, 16 * MiB, "hierarchical", 4, 4 * MiB},  // 11571.8 us
-    {"64x16 net+shm", CollKind::kAllReduce, 256 * MiB, "hierarchical", 8, 4 * MiB},  // 87032.6 us
+    {"64x16 net+shm", CollKind::kAllReduce, 8, "recursive_doubling", 1, 4 * MiB},  // 162.6 us
+    {"64x16 net+shm", CollKind::kAllReduce, 1 * KiB, "recursive_doubling", 1, 4 * MiB},  // 242.0 us
+    {"64x16 net+shm", CollKind::kAllReduce, 64 * KiB, "recursive_doubling", 8, 4 * MiB},  // 1069.4 us
+    {"64x16 net+shm", CollKind::kAllReduce, 1 * MiB, "hierarchical", 1, 4 * MiB},  // 5289.0 us
+    {"64x16 net+shm", CollKind::kAllReduce, 16 * MiB, "hierarchical", 8, 4 * MiB},  // 9784.1 us
+    {"64x16 net+shm", CollKind::kAllReduce, 256 * MiB, "hierarchical", 8, 4 * MiB},  // 91745.0 us
     {"64x16 net+shm", CollKind::kAllGather, 8, "bruck", 1, 4 * MiB},  // 354.3 us
     {"64x16 net+shm", CollKind::kAllGather, 1 * KiB, "bruck", 8, 4 * MiB},  // 2558.6 us
-    {"64x16 net+shm", CollKind::kAllGather, 64 * KiB, "hierarchical", 8, 4 * MiB},  // 12456.6 us
-    {"64x16 net+shm", CollKind::kAllGather, 1 * MiB, "hierarchical", 8, 4 * MiB},  // 160305.8 us
+    {"64x16 net+shm", CollKind::kAllGather, 64 * KiB, "hierarchical", 8, 4 * MiB},  // 12715.7 us
+    {"64x16 net+shm", CollKind::kAllGather, 1 * MiB, "hierarchical", 8, 4 * MiB},  // 171050.6 us
     {"64x16 net+shm", CollKind::kAllGather, 16 * MiB, "ring", 8, 4 * MiB},  // 2322512.3 us
     {"64x16 net+shm", CollKind::kAllGather, 256 * MiB, "ring", 8, 4 * MiB},  // 36887396.2 us
     {"64x16 net+shm", CollKind::kReduceScatter, 8, "bruck", 1, 4 * MiB},  // 354.9 us
     {"64x16 net+shm", CollKind::kReduceScatter, 1 * KiB, "bruck", 8, 4 * MiB},  // 2570.2 us
-    {"64x16 net+shm", CollKind::kReduceScatter, 64 * KiB, "hierarchical", 8, 4 * MiB},  // 13201.5 us
-    {"64x16 net+shm", CollKind::kReduceScatter, 1 * MiB, "hierarchical", 8, 4 * MiB},  // 172224.6 us
+    {"64x16 net+shm", CollKind::kReduceScatter, 64 * KiB, "hierarchical", 8, 4 * MiB},  // 13460.6 us
+    {"64x16 net+shm", CollKind::kReduceScatter, 1 * MiB, "hierarchical", 8, 1 * MiB},  // 179038.8 us
     {"64x16 net+shm", CollKind::kReduceScatter, 16 * MiB, "ring", 8, 1 * MiB},  // 2451962.8 us
     {"64x16 net+shm", CollKind::kReduceScatter, 256 * MiB, "ring", 8, 4 * MiB},  // 37459499.3 us
     {"64x16 net+shm", CollKind::kBroadcast, 8, "chain", 1, 4 * MiB},  // 25581.5 us
