@@ -68,7 +68,8 @@ double ringAllReduceCost(const CollShape& s, const RankView& v, const CostParams
 
 // n = the buffer, exchanged whole every round; +2 messages to fold a
 // non-power of two. Rounds whose partners all share a node (the first ones,
-// on rings that keep nodes together) cost the node's link.
+// on rings that keep nodes together) cost the node's link; in the others
+// every rank sends n on its own stream (as the hierarchical rails do).
 double recursiveDoublingAllReduceCost(const CollShape& s, const RankView& v,
                                       const CostParams& c) {
   Model m = model(s, v, c, false);
@@ -77,24 +78,21 @@ double recursiveDoublingAllReduceCost(const CollShape& s, const RankView& v,
   const patterns::RecursiveDoubling rd(v.nranks);
   const bool nodesKnown = v.nodeOf.size() == static_cast<size_t>(v.nranks);
   double cost = 0;
-  // One exchange of the buffer; `crossing` ranks of the busiest node send it
-  // across at once (0: it stays inside every node).
-  auto exchange = [&](int crossing) {
-    cost += crossing == 0 ? m.alphaIntra(1) + m.betaIntra(m.bytes)
-                          : m.alpha(1) + m.beta(crossing * m.bytes);
+  auto exchange = [&](bool inside) {
+    cost += inside ? m.alphaIntra(1) + m.betaIntra(m.bytes) : m.alpha(1) + m.beta(m.bytes);
   };
   if (rd.pof2() != v.nranks) {  // fold and unfold: neighbours on the ring
-    exchange(crossesNodes(v, ring, 1) ? 1 : 0);
-    exchange(crossesNodes(v, ring, 1) ? 1 : 0);
+    exchange(!crossesNodes(v, ring, 1));
+    exchange(!crossesNodes(v, ring, 1));
   }
   for (int k = 0; k < rd.rounds(); ++k) {
-    std::vector<int> crossing(nodesKnown ? v.nranks : 0, 0);  // per node
-    for (int virt = 0; virt < rd.pof2() && nodesKnown; ++virt) {
+    bool inside = true;
+    for (int virt = 0; virt < rd.pof2() && nodesKnown && inside; ++virt) {
       const int a = ring.rankAt(rd.participantOf(virt));
       const int b = ring.rankAt(rd.participantOf(rd.partner(virt, k)));
-      if (v.nodeOf[a] != v.nodeOf[b]) ++crossing[v.nodeOf[a]];
+      inside = v.nodeOf[a] == v.nodeOf[b];
     }
-    exchange(crossing.empty() ? 0 : *std::max_element(crossing.begin(), crossing.end()));
+    exchange(inside);
   }
   const double folds = rd.pof2() != v.nranks ? 1 : 0;
   return cost + m.gamma((rd.rounds() + folds) * m.bytes);
@@ -198,22 +196,25 @@ double peerReadAllGatherCost(const CollShape& s, const RankView& v, const CostPa
   return peerReadCost(model(s, v, c, true), 2, 1, false);
 }
 
-// N nodes of L ranks: 2(L-1) node-ring messages and 2(N-1) rail messages;
-// each node's link carries 2(N-1)/N of the buffer, and the node phases move
-// 2(L-1)/L of it inside the node.
+// N nodes of L ranks: 2(L-1) node-ring messages and 2(N-1) rail messages.
+// The node phases move 2(L-1)/L of the buffer inside the node; across nodes
+// each rank carries only its 1/L shard, 2(N-1)/N of it, on its own rail, the
+// L rails in parallel (one network stream each; a flat ring crosses each
+// node boundary through one rank's stream). Measured on emulated nodes
+// (docs/performance.md), unlimited veth and 1 Gbit/s alike.
 double hierarchicalAllReduceCost(const CollShape& s, const RankView& v, const CostParams& c) {
   Model m = model(s, v, c, false);
   const double N = nodeCount(v), L = m.p / N;
-  return m.alphaIntra(2 * (L - 1)) + m.alpha(2 * (N - 1)) + m.beta(2 * (N - 1) / N * m.bytes) +
+  return m.alphaIntra(2 * (L - 1)) + m.alpha(2 * (N - 1)) + m.beta(2 * (N - 1) / N * m.bytes / L) +
          m.betaIntra(2 * (L - 1) / L * m.bytes) + m.gamma((m.p - 1) / m.p * m.bytes);
 }
 
-// AllGather / ReduceScatter (n = the whole output / input): each node's link
-// carries (N-1)/N of it; the node phase moves (L-1)/L of it over shared memory.
+// AllGather / ReduceScatter (n = the whole output / input): each rank's rail
+// carries (N-1)/N of its shard; the node phase moves (L-1)/L of n inside the node.
 double hierarchicalGatherCost(const CollShape& s, const RankView& v, const CostParams& c, bool reduces) {
   Model m = model(s, v, c, true);
   const double N = nodeCount(v), L = m.p / N;
-  return m.alphaIntra(L - 1) + m.alpha(N - 1) + m.beta((N - 1) / N * m.bytes) +
+  return m.alphaIntra(L - 1) + m.alpha(N - 1) + m.beta((N - 1) / N * m.bytes / L) +
          m.betaIntra((L - 1) / L * m.bytes) + (reduces ? m.gamma((m.p - 1) / m.p * m.bytes) : 0);
 }
 double hierarchicalAllGatherCost(const CollShape& s, const RankView& v, const CostParams& c) {

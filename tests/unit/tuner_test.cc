@@ -238,23 +238,23 @@ const std::vector<GoldenRow> kGolden = {
     {"1x4 shm", CollKind::kAllToAll, 16 * MiB, "pairwise", 1, 2 * MiB},  // 5664.4 us
     {"1x4 shm", CollKind::kAllToAll, 256 * MiB, "pairwise", 1, 2 * MiB},  // 90630.5 us
     {"2x2 net+shm", CollKind::kAllReduce, 8, "recursive_doubling", 1, 4 * MiB},  // 28.0 us
-    {"2x2 net+shm", CollKind::kAllReduce, 1 * KiB, "recursive_doubling", 1, 4 * MiB},  // 29.9 us
-    {"2x2 net+shm", CollKind::kAllReduce, 64 * KiB, "recursive_doubling", 4, 4 * MiB},  // 59.1 us
-    {"2x2 net+shm", CollKind::kAllReduce, 1 * MiB, "hierarchical", 4, 4 * MiB},  // 322.5 us
-    {"2x2 net+shm", CollKind::kAllReduce, 16 * MiB, "hierarchical", 4, 4 * MiB},  // 4320.2 us
-    {"2x2 net+shm", CollKind::kAllReduce, 256 * MiB, "hierarchical", 4, 4 * MiB},  // 65744.0 us
+    {"2x2 net+shm", CollKind::kAllReduce, 1 * KiB, "recursive_doubling", 1, 4 * MiB},  // 29.1 us
+    {"2x2 net+shm", CollKind::kAllReduce, 64 * KiB, "recursive_doubling", 2, 4 * MiB},  // 64.0 us
+    {"2x2 net+shm", CollKind::kAllReduce, 1 * MiB, "hierarchical", 4, 4 * MiB},  // 217.7 us
+    {"2x2 net+shm", CollKind::kAllReduce, 16 * MiB, "hierarchical", 4, 4 * MiB},  // 2642.5 us
+    {"2x2 net+shm", CollKind::kAllReduce, 256 * MiB, "hierarchical", 4, 4 * MiB},  // 38974.9 us
     {"2x2 net+shm", CollKind::kAllGather, 8, "hierarchical", 1, 4 * MiB},  // 28.0 us
-    {"2x2 net+shm", CollKind::kAllGather, 1 * KiB, "hierarchical", 1, 4 * MiB},  // 30.0 us
-    {"2x2 net+shm", CollKind::kAllGather, 64 * KiB, "hierarchical", 4, 4 * MiB},  // 59.7 us
-    {"2x2 net+shm", CollKind::kAllGather, 1 * MiB, "hierarchical", 4, 4 * MiB},  // 534.8 us
-    {"2x2 net+shm", CollKind::kAllGather, 16 * MiB, "hierarchical", 4, 4 * MiB},  // 8169.4 us
-    {"2x2 net+shm", CollKind::kAllGather, 256 * MiB, "hierarchical", 4, 4 * MiB},  // 130710.5 us
+    {"2x2 net+shm", CollKind::kAllGather, 1 * KiB, "hierarchical", 1, 4 * MiB},  // 29.2 us
+    {"2x2 net+shm", CollKind::kAllGather, 64 * KiB, "hierarchical", 2, 4 * MiB},  // 65.1 us
+    {"2x2 net+shm", CollKind::kAllGather, 1 * MiB, "hierarchical", 4, 4 * MiB},  // 325.1 us
+    {"2x2 net+shm", CollKind::kAllGather, 16 * MiB, "hierarchical", 4, 4 * MiB},  // 4789.0 us
+    {"2x2 net+shm", CollKind::kAllGather, 256 * MiB, "hierarchical", 4, 4 * MiB},  // 76623.4 us
     {"2x2 net+shm", CollKind::kReduceScatter, 8, "hierarchical", 1, 4 * MiB},  // 28.0 us
-    {"2x2 net+shm", CollKind::kReduceScatter, 1 * KiB, "hierarchical", 1, 4 * MiB},  // 30.2 us
-    {"2x2 net+shm", CollKind::kReduceScatter, 64 * KiB, "hierarchical", 4, 4 * MiB},  // 63.0 us
-    {"2x2 net+shm", CollKind::kReduceScatter, 1 * MiB, "hierarchical", 4, 4 * MiB},  // 587.2 us
-    {"2x2 net+shm", CollKind::kReduceScatter, 16 * MiB, "hierarchical", 4, 4 * MiB},  // 8558.2 us
-    {"2x2 net+shm", CollKind::kReduceScatter, 256 * MiB, "hierarchical", 4, 4 * MiB},  // 131099.2 us
+    {"2x2 net+shm", CollKind::kReduceScatter, 1 * KiB, "hierarchical", 1, 4 * MiB},  // 29.4 us
+    {"2x2 net+shm", CollKind::kReduceScatter, 64 * KiB, "hierarchical", 2, 4 * MiB},  // 71.7 us
+    {"2x2 net+shm", CollKind::kReduceScatter, 1 * MiB, "hierarchical", 4, 4 * MiB},  // 377.5 us
+    {"2x2 net+shm", CollKind::kReduceScatter, 16 * MiB, "hierarchical", 4, 2 * MiB},  // 5156.0 us
+    {"2x2 net+shm", CollKind::kReduceScatter, 256 * MiB, "hierarchical", 4, 4 * MiB},  // 77286.6 us
     {"2x2 net+shm", CollKind::kBroadcast, 8, "chain", 1, 4 * MiB},  // 75.0 us
     {"2x2 net+shm", CollKind::kBroadcast, 1 * KiB, "chain", 1, 4 * MiB},  // 77.5 us
     {"2x2 net+shm", CollKind::kBroadcast, 64 * KiB, "chain", 2, 4 * MiB},  // 153.6 us
@@ -309,24 +309,24 @@ const std::vector<GoldenRow> kGolden = {
     {"1x8 loopback", CollKind::kAllToAll, 1 * MiB, "pairwise", 1, 4 * MiB},  // 496.3 us
     {"1x8 loopback", CollKind::kAllToAll, 16 * MiB, "pairwise", 1, 1 * MiB},  // 7941.4 us
     {"1x8 loopback", CollKind::kAllToAll, 256 * MiB, "pairwise", 1, 1 * MiB},  // 127061.9 us
-    {"64x16 net+shm", CollKind::kAllReduce, 8, "recursive_doubling", 1, 4 * MiB},  // 162.6 us
-    {"64x16 net+shm", CollKind::kAllReduce, 1 * KiB, "recursive_doubling", 1, 4 * MiB},  // 242.0 us
-    {"64x16 net+shm", CollKind::kAllReduce, 64 * KiB, "recursive_doubling", 8, 4 * MiB},  // 1069.4 us
-    {"64x16 net+shm", CollKind::kAllReduce, 1 * MiB, "hierarchical", 1, 4 * MiB},  // 5289.0 us
-    {"64x16 net+shm", CollKind::kAllReduce, 16 * MiB, "hierarchical", 8, 4 * MiB},  // 9784.1 us
-    {"64x16 net+shm", CollKind::kAllReduce, 256 * MiB, "hierarchical", 8, 4 * MiB},  // 91745.0 us
+    {"64x16 net+shm", CollKind::kAllReduce, 8, "recursive_doubling", 1, 4 * MiB},  // 162.0 us
+    {"64x16 net+shm", CollKind::kAllReduce, 1 * KiB, "recursive_doubling", 1, 4 * MiB},  // 168.3 us
+    {"64x16 net+shm", CollKind::kAllReduce, 64 * KiB, "recursive_doubling", 2, 4 * MiB},  // 363.0 us
+    {"64x16 net+shm", CollKind::kAllReduce, 1 * MiB, "recursive_doubling", 8, 4 * MiB},  // 1287.9 us
+    {"64x16 net+shm", CollKind::kAllReduce, 16 * MiB, "hierarchical", 2, 4 * MiB},  // 7245.9 us
+    {"64x16 net+shm", CollKind::kAllReduce, 256 * MiB, "hierarchical", 8, 4 * MiB},  // 25684.7 us
     {"64x16 net+shm", CollKind::kAllGather, 8, "bruck", 1, 4 * MiB},  // 354.3 us
-    {"64x16 net+shm", CollKind::kAllGather, 1 * KiB, "bruck", 8, 4 * MiB},  // 2558.6 us
-    {"64x16 net+shm", CollKind::kAllGather, 64 * KiB, "hierarchical", 8, 4 * MiB},  // 12715.7 us
-    {"64x16 net+shm", CollKind::kAllGather, 1 * MiB, "hierarchical", 8, 4 * MiB},  // 171050.6 us
-    {"64x16 net+shm", CollKind::kAllGather, 16 * MiB, "ring", 8, 4 * MiB},  // 2322512.3 us
-    {"64x16 net+shm", CollKind::kAllGather, 256 * MiB, "ring", 8, 4 * MiB},  // 36887396.2 us
+    {"64x16 net+shm", CollKind::kAllGather, 1 * KiB, "hierarchical", 1, 4 * MiB},  // 1835.4 us
+    {"64x16 net+shm", CollKind::kAllGather, 64 * KiB, "hierarchical", 8, 4 * MiB},  // 4458.1 us
+    {"64x16 net+shm", CollKind::kAllGather, 1 * MiB, "hierarchical", 8, 4 * MiB},  // 38930.1 us
+    {"64x16 net+shm", CollKind::kAllGather, 16 * MiB, "hierarchical", 8, 4 * MiB},  // 592704.4 us
+    {"64x16 net+shm", CollKind::kAllGather, 256 * MiB, "hierarchical", 8, 4 * MiB},  // 9483270.0 us
     {"64x16 net+shm", CollKind::kReduceScatter, 8, "bruck", 1, 4 * MiB},  // 354.9 us
-    {"64x16 net+shm", CollKind::kReduceScatter, 1 * KiB, "bruck", 8, 4 * MiB},  // 2570.2 us
-    {"64x16 net+shm", CollKind::kReduceScatter, 64 * KiB, "hierarchical", 8, 4 * MiB},  // 13460.6 us
-    {"64x16 net+shm", CollKind::kReduceScatter, 1 * MiB, "hierarchical", 8, 1 * MiB},  // 179038.8 us
-    {"64x16 net+shm", CollKind::kReduceScatter, 16 * MiB, "ring", 8, 1 * MiB},  // 2451962.8 us
-    {"64x16 net+shm", CollKind::kReduceScatter, 256 * MiB, "ring", 8, 4 * MiB},  // 37459499.3 us
+    {"64x16 net+shm", CollKind::kReduceScatter, 1 * KiB, "hierarchical", 1, 4 * MiB},  // 1905.3 us
+    {"64x16 net+shm", CollKind::kReduceScatter, 64 * KiB, "hierarchical", 8, 4 * MiB},  // 5203.1 us
+    {"64x16 net+shm", CollKind::kReduceScatter, 1 * MiB, "hierarchical", 8, 256 * KiB},  // 47026.7 us
+    {"64x16 net+shm", CollKind::kReduceScatter, 16 * MiB, "hierarchical", 8, 1 * MiB},  // 629347.6 us
+    {"64x16 net+shm", CollKind::kReduceScatter, 256 * MiB, "hierarchical", 8, 4 * MiB},  // 9624229.2 us
     {"64x16 net+shm", CollKind::kBroadcast, 8, "chain", 1, 4 * MiB},  // 25581.5 us
     {"64x16 net+shm", CollKind::kBroadcast, 1 * KiB, "chain", 1, 4 * MiB},  // 26413.0 us
     {"64x16 net+shm", CollKind::kBroadcast, 64 * KiB, "chain", 1, 16 * KiB},  // 39098.0 us
