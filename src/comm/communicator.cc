@@ -190,9 +190,28 @@ uint64_t Communicator::tagFor(const CollShape& s) {
 }
 
 Status Communicator::submit(std::vector<OpRequest> ops, bool wait) {
+  if (wait && nothingInFlight()) {
+    // The common blocking call: nothing of ours is queued ahead of it, so it
+    // runs on this thread without entering the engine's queue, in a job kept
+    // for the next call.
+    if (!blockingJob_) blockingJob_ = std::make_unique<Job>();
+    Job& job = *blockingJob_;
+    job.resetForReuse();
+    SHOAL_ASSIGN_OR_RETURN(bool any, prepareJob(job, ops, /*detached=*/false));
+    if (!any) return Status::ok();
+    Status st = Engine::instance().runInline(job);
+    if (!st.isOk()) st = handleFailure(job, std::move(st));
+    return st;
+  }
   SHOAL_ASSIGN_OR_RETURN(JobPtr job, enqueue(std::move(ops), /*detached=*/!wait));
   if (!job || !wait) return Status::ok();
   return waitFor(*job);
+}
+
+bool Communicator::nothingInFlight() {
+  std::lock_guard<std::mutex> lock(jobsMutex_);
+  dropFinishedDetachedLocked();
+  return inFlight_.empty();
 }
 
 Status Communicator::waitFor(const Job& job) {
@@ -207,6 +226,10 @@ Status Communicator::waitFor(const Job& job) {
 // one, so a long run of host-stream work holds only what is in flight.
 void Communicator::releaseFinishedDetached() {
   std::lock_guard<std::mutex> lock(jobsMutex_);
+  dropFinishedDetachedLocked();
+}
+
+void Communicator::dropFinishedDetachedLocked() {
   for (const auto& job : inFlight_)
     if (job->isDone() && !job->status().isOk()) setAsyncError(job->status());
   std::erase_if(inFlight_, [](const JobPtr& j) { return j->isDone(); });
@@ -277,7 +300,19 @@ std::string Communicator::failureKey(int rank) const {
 }
 
 Result<JobPtr> Communicator::enqueue(std::vector<OpRequest> ops, bool detached) {
-  bool wait = !detached;
+  auto job = std::make_shared<Job>();
+  SHOAL_ASSIGN_OR_RETURN(bool any, prepareJob(*job, ops, detached));
+  if (!any) return JobPtr();
+  Engine::instance().submit(job);
+  if (detached) {
+    std::lock_guard<std::mutex> lock(jobsMutex_);
+    inFlight_.push_back(job);
+  }
+  return job;
+}
+
+Result<bool> Communicator::prepareJob(Job& job, std::vector<OpRequest>& ops, bool detached) {
+  const bool wait = !detached;
   if (aborted()) return error(Code::kAborted, describe(), " was aborted");
   if (Status e = asyncError(); !e.isOk())
     return Status(e.code(), str(describe(), " is in an error state from an earlier operation: ",
@@ -288,21 +323,20 @@ Result<JobPtr> Communicator::enqueue(std::vector<OpRequest> ops, bool detached) 
     return op.shape.count == 0 && op.shape.kind != CollKind::kSend &&
            op.shape.kind != CollKind::kRecv;
   });
-  if (ops.empty()) return JobPtr();
+  if (ops.empty()) return false;
 
   std::vector<PlanPtr> plans;
   std::shared_ptr<const PreparedPlan> prepared;
-  auto job = std::make_shared<Job>();
   for (const OpRequest& op : ops) {
     SHOAL_ASSIGN_OR_RETURN(prepared, planFor(op.shape, ops.size() > 1),
       describe(), ": ", collKindName(op.shape.kind));
-    plans.push_back(prepared->plan);
-    job->opTags.push_back(tagFor(op.shape));
-    job->opScalars.push_back(op.scalar);
+    if (ops.size() > 1) plans.push_back(prepared->plan);
+    job.opTags.push_back(tagFor(op.shape));
+    job.opScalars.push_back(op.scalar);
   }
   if (plans.size() > 1) prepared = preparePlan(std::make_shared<Plan>(mergePlans(plans)));
   const Plan& plan = *prepared->plan;
-  SHOAL_TRY(ensureConnections(plan, job->laneConnections));
+  SHOAL_TRY(ensureConnections(plan, job.laneConnections));
 
   uint8_t* scratch = nullptr;
   if (plan.scratchBytes > 0) {
@@ -310,34 +344,29 @@ Result<JobPtr> Communicator::enqueue(std::vector<OpRequest> ops, bool detached) 
       if (scratch_.size() < plan.scratchBytes) scratch_.resize(plan.scratchBytes);
       scratch = scratch_.data();
     } else {
-      job->ownedScratch.resize(plan.scratchBytes);  // lives as long as the job
-      scratch = job->ownedScratch.data();
+      job.ownedScratch.resize(plan.scratchBytes);  // lives as long as the job
+      scratch = job.ownedScratch.data();
     }
   }
-  job->buffers.resize(ops.size() * kBuffersPerOp);
+  job.buffers.resize(ops.size() * kBuffersPerOp);
   for (size_t k = 0; k < ops.size(); ++k) {
-    job->buffers[k * kBuffersPerOp + kSendBuffer] =
+    job.buffers[k * kBuffersPerOp + kSendBuffer] =
         const_cast<uint8_t*>(static_cast<const uint8_t*>(ops[k].sendbuff));
-    job->buffers[k * kBuffersPerOp + kRecvBuffer] = static_cast<uint8_t*>(ops[k].recvbuff);
+    job.buffers[k * kBuffersPerOp + kRecvBuffer] = static_cast<uint8_t*>(ops[k].recvbuff);
     uint64_t offset = k < plan.scratchOffsets.size() ? plan.scratchOffsets[k] : 0;
-    job->buffers[k * kBuffersPerOp + kScratchBuffer] = scratch ? scratch + offset : nullptr;
+    job.buffers[k * kBuffersPerOp + kScratchBuffer] = scratch ? scratch + offset : nullptr;
   }
-  job->prepared = prepared;
-  job->queueId = reinterpret_cast<uintptr_t>(this);
-  job->abortFlag = &abortFlag_;
-  job->detached = !wait;
+  job.prepared = std::move(prepared);
+  job.queueId = reinterpret_cast<uintptr_t>(this);
+  job.abortFlag = &abortFlag_;
+  job.detached = !wait;
   if (!label_) label_ = std::make_shared<const std::string>(describe());
-  job->commLabel = label_;
-  job->kindName = collKindName(ops[0].shape.kind);
-  job->groupedOps = ops.size();
-  job->sequence = job->opTags[0] & 0xffffffffffffull;
-  SHOAL_TRACE(subsys::kColl, job->description(), " count ", ops[0].shape.count);
-  Engine::instance().submit(job);
-  if (detached) {
-    std::lock_guard<std::mutex> lock(jobsMutex_);
-    inFlight_.push_back(job);
-  }
-  return job;
+  job.commLabel = label_;
+  job.kindName = collKindName(ops[0].shape.kind);
+  job.groupedOps = ops.size();
+  job.sequence = job.opTags[0] & 0xffffffffffffull;
+  SHOAL_TRACE(subsys::kColl, job.description(), " count ", ops[0].shape.count);
+  return true;
 }
 
 Status Communicator::waitIdle(Deadline deadline) {

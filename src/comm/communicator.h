@@ -101,8 +101,14 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   // a detached one is pumped by the progress thread and tracked in asyncState().
   // Returns null when there is nothing to do (zero-count collectives).
   Result<JobPtr> enqueue(std::vector<OpRequest> ops, bool detached);
+  // Fills `job` for the operations (zero-count collectives dropped); false
+  // when nothing is left to do.
+  Result<bool> prepareJob(Job& job, std::vector<OpRequest>& ops, bool detached);
+  // No submitted job of ours is unfinished (blocking calls may then run inline).
+  bool nothingInFlight();
   Status waitFor(const Job& job);
   void releaseFinishedDetached();
+  void dropFinishedDetachedLocked();  // caller holds jobsMutex_
   std::string peerReportThroughConnections(int peer, Deadline deadline) const;
   // Pumps until every submitted job of ours has finished.
   Status waitIdle(Deadline deadline);
@@ -177,6 +183,7 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   uint64_t collSeq_ = 0;
   std::unordered_map<int, uint64_t> sendSeq_, recvSeq_;
   std::vector<JobPtr> inFlight_;        // submitted, maybe not done
+  std::unique_ptr<Job> blockingJob_;    // reused by blocking calls that run inline
 
   std::vector<CustomRedOp> redOps_;
   std::vector<bool> redOpLive_;

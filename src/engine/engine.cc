@@ -46,6 +46,25 @@ void Job::finish(Status status) {
   state_.store(status_.isOk() ? kSucceeded : kFailed, std::memory_order_release);
 }
 
+void Job::resetForReuse() {
+  buffers.clear();
+  laneConnections.clear();
+  opTags.clear();
+  opScalars.clear();
+  ownedScratch.clear();
+  detached = false;
+  state_.store(kRunning, std::memory_order_relaxed);
+  status_ = Status::ok();
+  started_ = false;
+  blockedLanes_.clear();
+  failedPeer_ = -1;
+  waitingOn_.clear();
+  completions_.clear();
+  remaining_ = 0;
+  passesSinceClock_ = 0;
+  progressSinceClock_ = false;
+}
+
 Engine& Engine::instance() {
   static Engine* engine = new Engine();  // lives for the process: jobs may outlive statics
   return *engine;
@@ -90,6 +109,19 @@ Status Engine::wait(const Job& job, Deadline deadline) {
     // pumps everything, so that other work this thread owes (other
     // communicators' jobs, detached jobs) keeps moving too.
     bool progressed = pass % 8 != 0 ? progressStarted(mine) : poll();
+    if (progressed) backoff.reset();
+    else backoff.pause();
+  }
+  return job.status();
+}
+
+Status Engine::runInline(Job& job) {
+  startJob(job);
+  Backoff backoff;
+  for (uint32_t pass = 1; !job.isDone(); ++pass) {
+    bool progressed = progressJob(job);
+    // Work this thread may owe elsewhere (other communicators' detached jobs).
+    if (pass % 8 == 0 && jobCount_.load(std::memory_order_relaxed) > 0) progressed |= poll();
     if (progressed) backoff.reset();
     else backoff.pause();
   }

@@ -78,6 +78,11 @@ class Job {
   bool detached = false;                    // nobody waits: the progress thread pumps
   std::vector<uint8_t> ownedScratch;        // detached jobs' scratch (a waiter lends its own)
 
+  // Makes a finished (or never submitted) job ready to be filled again,
+  // keeping its vectors' capacity: a communicator reuses one job for its
+  // blocking calls, so the small-message path allocates nothing.
+  void resetForReuse();
+
   // Completion, readable from any thread.
   bool isDone() const { return state_.load(std::memory_order_acquire) != kRunning; }
   // Valid once isDone().
@@ -135,6 +140,12 @@ class Engine {
   // Pumps the engine until the job is done (or the deadline passes: the job
   // keeps running and kTimeout is returned).
   Status wait(const Job& job, Deadline deadline = Deadline::never());
+  // Runs a job that was never submitted to completion on the calling thread,
+  // pumping the other queued jobs now and then. For a blocking call whose
+  // communicator has nothing else in flight: it skips the queue (no list
+  // locks, no shared ownership); the job's abort flag still fails it, and its
+  // no-progress deadline still applies.
+  Status runInline(Job& job);
   // One pass over every runnable job not being progressed by another thread
   // right now. Returns true if anything progressed.
   bool poll();
