@@ -39,7 +39,8 @@ function(shoal_add_netns_perf_test name perf nodes rpn)
 endfunction()
 
 # Every collective with the data check (-c 1) on 2x2 and 3x2 nodes, up to
-# 1 MiB. The tuner picks the algorithm (flat today).
+# 1 MiB. The tuner picks the algorithm (hierarchical or recursive doubling
+# across these nodes).
 set(_small -b 8 -e 1M -f 16 -c 1 -n 5 -w 1)
 foreach(shape 2x2 3x2)
   string(REPLACE "x" ";" _nl ${shape})
@@ -54,7 +55,8 @@ foreach(shape 2x2 3x2)
   shoal_add_netns_perf_test(netns.alltoall.${shape} alltoall_perf ${_nodes} ${_rpn} ARGS ${_small})
 endforeach()
 
-# Flat and hierarchical forced, for the collectives that have both.
+# Flat, hierarchical and the latency algorithms (recursive doubling, Bruck)
+# forced, for the collectives that have them; 3x2 is not a power of two.
 foreach(shape 2x2 3x2)
   string(REPLACE "x" ";" _nl ${shape})
   list(GET _nl 0 _nodes)
@@ -67,6 +69,12 @@ foreach(shape 2x2 3x2)
     shoal_add_netns_perf_test(netns.reduce_scatter.${shape}.${algo} reduce_scatter_perf ${_nodes} ${_rpn}
       ENV SHOAL_ALGO=${algo} ARGS ${_small})
   endforeach()
+  shoal_add_netns_perf_test(netns.all_reduce.${shape}.recursive_doubling all_reduce_perf ${_nodes}
+    ${_rpn} ENV SHOAL_ALGO=recursive_doubling ARGS ${_small})
+  shoal_add_netns_perf_test(netns.all_gather.${shape}.bruck all_gather_perf ${_nodes} ${_rpn}
+    ENV SHOAL_ALGO=bruck ARGS ${_small})
+  shoal_add_netns_perf_test(netns.reduce_scatter.${shape}.bruck reduce_scatter_perf ${_nodes} ${_rpn}
+    ENV SHOAL_ALGO=bruck ARGS ${_small})
 endforeach()
 
 # Each node's link limited to 200 Mbit/s each way by tbf.
