@@ -2,7 +2,7 @@
 # Emulated multi-node cluster on one machine: runs COMMAND as one mpirun job
 # whose "nodes" are network namespaces joined by veth pairs to a bridge.
 #
-#   cluster.sh --nodes N --ranks-per-node L [--rate RATE] [--timeout S]
+#   cluster.sh --nodes N --ranks-per-node L [--rails R] [--rate RATE] [--timeout S]
 #              [--link-down-after SECONDS NODE [--link-down-wait S]
 #               [--link-down-require error|named]]
 #              [--loopback] [--keep-logs] -- COMMAND [ARGS]
@@ -15,6 +15,11 @@
 #   namespace shoal-P-sw  bridge br0 10.77.0.254/24, ports n0..n{N-1}; mpirun runs here
 #   namespace shoal-P-nK  eth1 10.77.0.(K+1)/24 (veth peer of port nK), lo;
 #                         UTS hostname nodeK; one orted and the L ranks of node K
+#   --rails R (R > 1)     R links per node, as a cluster node with R NICs:
+#                         ethJ (J = 1..R) on bridge br(J-1), 10.77.(J-1).(K+1)/24,
+#                         switch port nK (J = 1) or nK-J; ranks get
+#                         NCCL_SOCKET_IFNAME=eth (every rail) and no FI_TCP_IFACE;
+#                         --rate and --link-down-after act on every rail
 #
 # mpirun starts one orted per node through a generated plm_rsh_agent that
 # does `ip netns exec shoal-P-nK unshare --uts` instead of ssh, exactly as it
@@ -25,7 +30,8 @@
 # variable of the caller. See README.md for why.
 #
 # After COMMAND, prints the bytes each node's link carried (tx = sent by the
-# node, rx = received by it) and exits with mpirun's status. Everything is
+# node, rx = received by it; per rail with --rails) and exits with mpirun's
+# status. Everything is
 # removed on exit, on INT/TERM/HUP and on failure.
 #
 # Without the right to make namespaces (not root, no CAP_NET_ADMIN, no
@@ -96,12 +102,13 @@ cleanup_stale() {
 
 # --- arguments --------------------------------------------------------------
 
-NODES=""; RPN=""; RATE=""; TIMEOUT=600; DOWN_AFTER=""; DOWN_NODE=""; DOWN_WAIT=30
+NODES=""; RPN=""; RAILS=1; RATE=""; TIMEOUT=600; DOWN_AFTER=""; DOWN_NODE=""; DOWN_WAIT=30
 DOWN_REQUIRE=named; FORCE_LOOPBACK=0; KEEP_LOGS=0
 while [ $# -gt 0 ]; do
   case $1 in
     --nodes) NODES=${2:-}; shift 2 ;;
     --ranks-per-node) RPN=${2:-}; shift 2 ;;
+    --rails) RAILS=${2:-}; shift 2 ;;
     --rate) RATE=${2:-}; shift 2 ;;
     --timeout) TIMEOUT=${2:-}; shift 2 ;;
     --link-down-after) DOWN_AFTER=${2:-}; DOWN_NODE=${3:-}; shift 3 ;;
@@ -119,6 +126,7 @@ done
 [ $# -gt 0 ] || die "no COMMAND after '--'"
 [[ $NODES =~ ^[1-9][0-9]*$ ]] && [ "$NODES" -le 200 ] || die "--nodes must be 1..200"
 [[ $RPN =~ ^[1-9][0-9]*$ ]] || die "--ranks-per-node must be a positive integer"
+[[ $RAILS =~ ^[1-8]$ ]] || die "--rails must be 1..8"
 [[ $TIMEOUT =~ ^[1-9][0-9]*$ ]] || die "--timeout must be whole seconds"
 [[ $DOWN_WAIT =~ ^[1-9][0-9]*$ ]] || die "--link-down-wait must be whole seconds"
 [[ $DOWN_REQUIRE =~ ^(error|named)$ ]] || die "--link-down-require must be 'error' or 'named'"
@@ -206,26 +214,37 @@ trap 'exit 129' HUP
 RUNDIR=$(mktemp -d "/tmp/$PREFIX.XXXXXX") || die "mktemp failed"
 chmod 755 "$RUNDIR"
 
+# Rail j (0-based): the node's device, the switch port of node k, the subnet.
+rail_dev() { echo "eth$(($1 + 1))"; }
+rail_port() { if [ "$2" = 0 ]; then echo "n$1"; else echo "n$1-$(($2 + 1))"; fi; }
+rail_subnet() { echo "10.77.$1"; }
+
 make_namespaces() {  # -> 0, or 1 with WHY set
-  local k err
+  local k j err
   if ! err=$(ip netns add "$SW" 2>&1); then
     WHY="cannot create network namespaces ($err)"; return 1
   fi
   MADE+=("$SW")
-  ip -n "$SW" link set lo up &&
-    ip -n "$SW" link add br0 type bridge &&
-    ip -n "$SW" addr add "$SUBNET.254/24" dev br0 &&
-    ip -n "$SW" link set br0 up || { WHY="cannot set up the bridge"; return 1; }
+  ip -n "$SW" link set lo up || { WHY="cannot set up the switch namespace"; return 1; }
+  for ((j = 0; j < RAILS; j++)); do
+    ip -n "$SW" link add "br$j" type bridge &&
+      ip -n "$SW" addr add "$(rail_subnet "$j").254/24" dev "br$j" &&
+      ip -n "$SW" link set "br$j" up || { WHY="cannot set up bridge br$j"; return 1; }
+  done
   for ((k = 0; k < NODES; k++)); do
     ip netns add "${NS[k]}" || { WHY="cannot create ${NS[k]}"; return 1; }
     MADE+=("${NS[k]}")
-    # Both ends are created directly inside their namespaces.
-    ip link add "$IFNAME" netns "${NS[k]}" type veth peer name "n$k" netns "$SW" &&
-      ip -n "$SW" link set "n$k" master br0 &&
-      ip -n "$SW" link set "n$k" up &&
-      ip -n "${NS[k]}" link set lo up &&
-      ip -n "${NS[k]}" addr add "$SUBNET.$((k + 1))/24" dev "$IFNAME" &&
-      ip -n "${NS[k]}" link set "$IFNAME" up || { WHY="cannot set up the veth of node $k"; return 1; }
+    ip -n "${NS[k]}" link set lo up || { WHY="cannot set up lo of node $k"; return 1; }
+    for ((j = 0; j < RAILS; j++)); do
+      local dev port
+      dev=$(rail_dev "$j"); port=$(rail_port "$k" "$j")
+      # Both ends are created directly inside their namespaces.
+      ip link add "$dev" netns "${NS[k]}" type veth peer name "$port" netns "$SW" &&
+        ip -n "$SW" link set "$port" master "br$j" &&
+        ip -n "$SW" link set "$port" up &&
+        ip -n "${NS[k]}" addr add "$(rail_subnet "$j").$((k + 1))/24" dev "$dev" &&
+        ip -n "${NS[k]}" link set "$dev" up || { WHY="cannot set up $dev of node $k"; return 1; }
+    done
   done
   return 0
 }
@@ -249,30 +268,36 @@ if [ -n "$RATE" ]; then
   # the rate, and no less than 64 KiB, holds for any HZ >= 100.
   BURST=$(( RATE_BPS / 100 > 65536 ? RATE_BPS / 100 : 65536 ))
   for ((k = 0; k < NODES; k++)); do
-    # node egress (its eth1) and node ingress (the bridge port's egress)
-    tc -n "${NS[k]}" qdisc add dev "$IFNAME" root tbf rate "$RATE" burst "$BURST" latency 50ms &&
-      tc -n "$SW" qdisc add dev "n$k" root tbf rate "$RATE" burst "$BURST" latency 50ms ||
-      die "tc tbf on node $k failed"
+    for ((j = 0; j < RAILS; j++)); do
+      # node egress (its device) and node ingress (the bridge port's egress)
+      tc -n "${NS[k]}" qdisc add dev "$(rail_dev "$j")" root tbf rate "$RATE" burst "$BURST" latency 50ms &&
+        tc -n "$SW" qdisc add dev "$(rail_port "$k" "$j")" root tbf rate "$RATE" burst "$BURST" latency 50ms ||
+        die "tc tbf on node $k rail $j failed"
+    done
   done
   say "every node link limited to $RATE each way (tbf burst $BURST bytes, latency 50ms)"
 fi
 
-# tx and rx bytes of node k's link, seen from the node (eth1 in its namespace).
+# tx and rx bytes of node k's rail j, seen from the node (in its namespace).
 node_counters() {
   if [ "$MODE" = netns ]; then
-    ip netns exec "${NS[$1]}" cat "/sys/class/net/$IFNAME/statistics/tx_bytes" \
-      "/sys/class/net/$IFNAME/statistics/rx_bytes" 2>/dev/null | tr '\n' ' '
+    local dev
+    dev=$(rail_dev "$2")
+    ip netns exec "${NS[$1]}" cat "/sys/class/net/$dev/statistics/tx_bytes" \
+      "/sys/class/net/$dev/statistics/rx_bytes" 2>/dev/null | tr '\n' ' '
   else
     cat /sys/class/net/lo/statistics/tx_bytes /sys/class/net/lo/statistics/rx_bytes | tr '\n' ' '
   fi
 }
 BEFORE_TX=(); BEFORE_RX=(); AFTER_TX=(); AFTER_RX=()
-read_all_counters() {  # BEFORE|AFTER: fills <name>_TX and <name>_RX per node
+read_all_counters() {  # BEFORE|AFTER: fills <name>_TX and <name>_RX, index k*RAILS+j
   # shellcheck disable=SC2034  # namerefs: written through read below
   local -n tx=$1_TX rx=$1_RX
-  local k
+  local k j
   for ((k = 0; k < NODES; k++)); do
-    read -r "tx[k]" "rx[k]" < <(node_counters "$k")
+    for ((j = 0; j < RAILS; j++)); do
+      read -r "tx[k*RAILS+j]" "rx[k*RAILS+j]" < <(node_counters "$k" "$j")
+    done
     [ "$MODE" = loopback ] && break
   done
 }
@@ -301,15 +326,19 @@ EOF
   MPIRUN+=(--hostfile "$HOSTFILE" --map-by "ppr:$RPN:node"
            --mca plm_rsh_agent "$AGENT" --mca plm_rsh_no_tree_spawn 1
            --mca oob_tcp_if_include "$SUBNET.0/24" --mca btl_tcp_if_include "$SUBNET.0/24")
-  # The caller's choice wins; say so, since the nodes only have lo and eth1.
+  # The caller's choice wins; say so, since the nodes only have lo and eth1..
+  # With several rails, "eth" names them all (NCCL's prefix match) and
+  # libfabric's tcp provider is left to list every interface.
+  IFNAMES=$IFNAME
+  [ "$RAILS" -gt 1 ] && IFNAMES=eth
   if [ "$CALLER_IFNAME" = 1 ]; then
-    say "forwarding the caller's NCCL_SOCKET_IFNAME=$NCCL_SOCKET_IFNAME (the nodes' link is $IFNAME)"
+    say "forwarding the caller's NCCL_SOCKET_IFNAME=$NCCL_SOCKET_IFNAME (the nodes' links: $IFNAMES)"
   else
-    MPIRUN+=(-x "NCCL_SOCKET_IFNAME=$IFNAME")
+    MPIRUN+=(-x "NCCL_SOCKET_IFNAME=$IFNAMES")
   fi
   if [ "$CALLER_FI_IFACE" = 1 ]; then
-    say "forwarding the caller's FI_TCP_IFACE=$FI_TCP_IFACE (the nodes' link is $IFNAME)"
-  else
+    say "forwarding the caller's FI_TCP_IFACE=$FI_TCP_IFACE (the nodes' links: $IFNAMES)"
+  elif [ "$RAILS" = 1 ]; then
     MPIRUN+=(-x "FI_TCP_IFACE=$IFNAME")
   fi
   LAUNCH=(ip netns exec "$SW")
@@ -336,7 +365,7 @@ fi
 # --- run ----------------------------------------------------------------------
 
 if [ "$MODE" = netns ]; then
-  say "$NODES nodes x $RPN ranks: namespaces $PREFIX-n0..n$((NODES - 1)), $IFNAME $SUBNET.1..$NODES/24, bridge in $SW"
+  say "$NODES nodes x $RPN ranks: namespaces $PREFIX-n0..n$((NODES - 1)), $IFNAME $SUBNET.1..$NODES/24, bridge in $SW$([ "$RAILS" -gt 1 ] && echo ", $RAILS rails (eth1..eth$RAILS)")"
 fi
 read_all_counters BEFORE
 START_NS=$(now_ns)
@@ -347,7 +376,7 @@ if [ -n "$DOWN_AFTER" ]; then
   (
     sleep "$DOWN_AFTER"
     now_ns >"$RUNDIR/down.tmp" && mv "$RUNDIR/down.tmp" "$RUNDIR/down"
-    ip -n "$SW" link set "n$DOWN_NODE" down
+    for ((j = 0; j < RAILS; j++)); do ip -n "$SW" link set "$(rail_port "$DOWN_NODE" "$j")" down; done
   ) &
   DOWN_PID=$!
 fi
@@ -378,9 +407,20 @@ read_all_counters AFTER
 echo
 if [ "$MODE" = netns ]; then
   echo "cluster.sh: bytes on each node's link during the run (tx = sent by the node, rx = received)"
-  printf '%-8s %14s %14s\n' node tx_bytes rx_bytes
+  if [ "$RAILS" = 1 ]; then
+    printf '%-8s %14s %14s\n' node tx_bytes rx_bytes
+  else
+    printf '%-8s %-6s %14s %14s\n' node rail tx_bytes rx_bytes
+  fi
   for ((k = 0; k < NODES; k++)); do
-    printf '%-8s %14d %14d\n' "node$k" $((AFTER_TX[k] - BEFORE_TX[k])) $((AFTER_RX[k] - BEFORE_RX[k]))
+    for ((j = 0; j < RAILS; j++)); do
+      i=$((k * RAILS + j))
+      if [ "$RAILS" = 1 ]; then
+        printf '%-8s %14d %14d\n' "node$k" $((AFTER_TX[i] - BEFORE_TX[i])) $((AFTER_RX[i] - BEFORE_RX[i]))
+      else
+        printf '%-8s %-6s %14d %14d\n' "node$k" "$(rail_dev "$j")" $((AFTER_TX[i] - BEFORE_TX[i])) $((AFTER_RX[i] - BEFORE_RX[i]))
+      fi
+    done
   done
 else
   echo "cluster.sh: loopback mode: no per-node links; lo carried (all nodes together, all traffic on the machine)"

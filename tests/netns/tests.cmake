@@ -127,3 +127,16 @@ endforeach()
 # A rank on the cut node that waits on a same-node peer learns that peer's
 # cause through the shm segment (the store is across the cut), so it too
 # names a rank beyond the cut.
+
+# Multi-rail: two links per node (two veth pairs, two bridges); the ofi
+# transport over libfabric's tcp;ofi_rxm stripes channels over one endpoint
+# per rail, so each rail must carry at least a third of a node's bytes.
+add_test(NAME netns.ofi.two_rails.2x1
+  COMMAND ${SHOAL_BASH} ${CMAKE_CURRENT_LIST_DIR}/check_rails.sh ${SHOAL_CLUSTER} 33
+    --nodes 2 --ranks-per-node 1 --rails 2 --timeout 55
+    -- $<TARGET_FILE:all_reduce_perf> -b 4M -e 16M -f 4 -c 1 -n 3 -w 1)
+set_tests_properties(netns.ofi.two_rails.2x1 PROPERTIES
+  LABELS netns TIMEOUT 60 SKIP_RETURN_CODE 77
+  ENVIRONMENT "SHOAL_TRANSPORT=ofi;FI_PROVIDER=tcp\\;ofi_rxm"
+  ENVIRONMENT_MODIFICATION "${SHOAL_NETNS_ENV_MOD}"
+  FAIL_REGULAR_EXPRESSION "${SHOAL_NETNS_FAIL_REGEX}")
