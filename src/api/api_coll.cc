@@ -83,7 +83,8 @@ Status dispatch(ncclComm_t handle, const std::shared_ptr<Communicator>& comm, Op
     return Status::ok();
   }
   if (HostStream* hs = findHostStream(stream)) return hs->enqueue(comm, std::move(req));
-  std::vector<OpRequest> ops;
+  thread_local std::vector<OpRequest> ops;  // keeps its capacity across calls
+  ops.clear();
   ops.push_back(std::move(req));
   bool blocking = comm->options().blocking;
   SHOAL_TRY(comm->submit(std::move(ops), /*wait=*/blocking));
@@ -110,8 +111,8 @@ Status collective(ncclComm_t handle, CollKind kind, const void* sendbuff, void* 
   bool reduces = kind == CollKind::kAllReduce || kind == CollKind::kReduce ||
                  kind == CollKind::kReduceScatter;
   if (reduces) {
-        SHOAL_TRY(convertOp(op, req.shape.dtype, *comm, req));
-      }
+    SHOAL_TRY(convertOp(op, req.shape.dtype, *comm, req));
+  }
   // Which buffers this rank uses (NCCL lets non-roots pass NULL for the others).
   bool isRoot = rooted && root == comm->rank();
   size_t n = static_cast<size_t>(comm->nranks());

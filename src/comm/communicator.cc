@@ -189,7 +189,7 @@ uint64_t Communicator::tagFor(const CollShape& s) {
   return encodeTag(s.kind, s.dtype, s.count, static_cast<int>(s.op), s.root, seq);
 }
 
-Status Communicator::submit(std::vector<OpRequest> ops, bool wait) {
+Status Communicator::submit(std::vector<OpRequest>&& ops, bool wait) {
   if (wait && nothingInFlight()) {
     // The common blocking call: nothing of ours is queued ahead of it, so it
     // runs on this thread without entering the engine's queue, in a job kept
@@ -314,9 +314,11 @@ Result<JobPtr> Communicator::enqueue(std::vector<OpRequest> ops, bool detached) 
 Result<bool> Communicator::prepareJob(Job& job, std::vector<OpRequest>& ops, bool detached) {
   const bool wait = !detached;
   if (aborted()) return error(Code::kAborted, describe(), " was aborted");
-  if (Status e = asyncError(); !e.isOk())
+  if (failed_.load(std::memory_order_acquire)) {
+    Status e = asyncError();
     return Status(e.code(), str(describe(), " is in an error state from an earlier operation: ",
                                 e.message()));
+  }
   setLogRank(rank_);
   // NCCL drops zero-count collectives; zero-byte Send/Recv still match.
   std::erase_if(ops, [](const OpRequest& op) {
@@ -394,12 +396,7 @@ Code Communicator::asyncState() {
   std::lock_guard<std::mutex> lock(jobsMutex_);
   if (inFlight_.empty()) return Code::kOk;
   Engine::instance().poll();  // polling drives completion, as in NCCL
-  for (const auto& job : inFlight_)
-    if (job->isDone() && !job->status().isOk()) {
-      std::lock_guard<std::mutex> l(asyncMutex_);
-      if (asyncError_.isOk()) asyncError_ = job->status();
-    }
-  std::erase_if(inFlight_, [](const JobPtr& j) { return j->isDone(); });
+  dropFinishedDetachedLocked();
   if (Status e = asyncError(); !e.isOk()) return e.code();
   return inFlight_.empty() ? Code::kOk : Code::kInProgress;
 }
@@ -411,7 +408,9 @@ Status Communicator::asyncError() const {
 
 void Communicator::setAsyncError(const Status& status) {
   std::lock_guard<std::mutex> lock(asyncMutex_);
-  if (asyncError_.isOk()) asyncError_ = status;
+  if (!asyncError_.isOk() || status.isOk()) return;
+  asyncError_ = status;
+  failed_.store(true, std::memory_order_release);
 }
 
 void Communicator::abort() {

@@ -95,7 +95,8 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
 
   // Submits the operations as one job (a group) and, if `wait`, pumps the
   // engine until it completes. A failure becomes the async error too.
-  Status submit(std::vector<OpRequest> ops, bool wait);
+  // `ops` keeps its capacity when the call runs inline (callers reuse it).
+  Status submit(std::vector<OpRequest>&& ops, bool wait);
   // Submits without waiting. A non-detached job must then be waited for with
   // waitFor() by the caller (a group waits for all its communicators' jobs);
   // a detached one is pumped by the progress thread and tracked in asyncState().
@@ -193,6 +194,7 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   std::atomic<Code> initState_{Code::kInProgress};
   mutable std::mutex asyncMutex_;
   Status asyncError_;
+  std::atomic<bool> failed_{false};  // asyncError_ is set: the calls' fast check
   std::mutex jobsMutex_;
   std::mutex failureMutex_;
   bool failurePublished_ = false;
