@@ -287,14 +287,20 @@ Status writeExact(int fd, const void* data, size_t bytes, Deadline deadline, std
 
 // --- partial I/O
 
-IoResult readSome(int fd, void* data, size_t bytes) {
+namespace {
+
+// One non-blocking syscall, retried on EINTR: the bytes it moved, the peer's
+// close (a read of 0 bytes when some were asked for), or its errno; EAGAIN
+// is none of them.
+template <typename Syscall>
+IoResult nonBlockingIo(Syscall syscall, bool reading, bool askedForBytes) {
   IoResult io;
   for (;;) {
-    ssize_t n = ::recv(fd, data, bytes, MSG_DONTWAIT);
-    if (n > 0) {
+    ssize_t n = syscall();
+    if (n > 0 || (n == 0 && !reading)) {
       io.bytes = static_cast<size_t>(n);
     } else if (n == 0) {
-      io.closed = bytes > 0;
+      io.closed = askedForBytes;
     } else if (errno == EINTR) {
       continue;
     } else if (errno != EAGAIN && errno != EWOULDBLOCK) {
@@ -302,59 +308,34 @@ IoResult readSome(int fd, void* data, size_t bytes) {
     }
     return io;
   }
+}
+
+msghdr messageOf(const iovec* iov, int count) {
+  msghdr msg{};
+  msg.msg_iov = const_cast<iovec*>(iov);
+  msg.msg_iovlen = static_cast<size_t>(count);
+  return msg;
+}
+
+}  // namespace
+
+IoResult readSome(int fd, void* data, size_t bytes) {
+  return nonBlockingIo([&] { return ::recv(fd, data, bytes, MSG_DONTWAIT); }, true, bytes > 0);
 }
 
 IoResult readvSome(int fd, const iovec* iov, int count) {
-  IoResult io;
-  msghdr msg{};
-  msg.msg_iov = const_cast<iovec*>(iov);
-  msg.msg_iovlen = static_cast<size_t>(count);
-  for (;;) {
-    ssize_t n = ::recvmsg(fd, &msg, MSG_DONTWAIT);
-    if (n > 0) {
-      io.bytes = static_cast<size_t>(n);
-    } else if (n == 0) {
-      io.closed = true;
-    } else if (errno == EINTR) {
-      continue;
-    } else if (errno != EAGAIN && errno != EWOULDBLOCK) {
-      io.error = errno;
-    }
-    return io;
-  }
+  msghdr msg = messageOf(iov, count);
+  return nonBlockingIo([&] { return ::recvmsg(fd, &msg, MSG_DONTWAIT); }, true, true);
 }
 
 IoResult writeSome(int fd, const void* data, size_t bytes) {
-  IoResult io;
-  for (;;) {
-    ssize_t n = ::send(fd, data, bytes, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (n >= 0) {
-      io.bytes = static_cast<size_t>(n);
-    } else if (errno == EINTR) {
-      continue;
-    } else if (errno != EAGAIN && errno != EWOULDBLOCK) {
-      io.error = errno;
-    }
-    return io;
-  }
+  return nonBlockingIo([&] { return ::send(fd, data, bytes, MSG_NOSIGNAL | MSG_DONTWAIT); }, false,
+                       bytes > 0);
 }
 
 IoResult writevSome(int fd, const iovec* iov, int count) {
-  IoResult io;
-  msghdr msg{};
-  msg.msg_iov = const_cast<iovec*>(iov);
-  msg.msg_iovlen = static_cast<size_t>(count);
-  for (;;) {
-    ssize_t n = ::sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (n >= 0) {
-      io.bytes = static_cast<size_t>(n);
-    } else if (errno == EINTR) {
-      continue;
-    } else if (errno != EAGAIN && errno != EWOULDBLOCK) {
-      io.error = errno;
-    }
-    return io;
-  }
+  msghdr msg = messageOf(iov, count);
+  return nonBlockingIo([&] { return ::sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT); }, false, true);
 }
 
 Status ioStatus(const IoResult& io, std::string_view what) {
