@@ -6,6 +6,26 @@
 
 namespace shoal::build {
 
+std::vector<RingRound> blockRounds(const CollShape& shape, const patterns::RingOrder& ring,
+                                   const ChannelPart& part, uint64_t segment, bool reduceScatter) {
+  const uint64_t elemSize = dataTypeSize(shape.dtype);
+  const uint64_t blockBytes = shape.count * elemSize;
+  std::vector<RingRound> rounds;
+  for (const patterns::ElemRange& round :
+       patterns::segments(part.elems.count, segment, patterns::lineGranule(elemSize))) {
+    const uint64_t inBlock = (part.elems.begin + round.begin) * elemSize;
+    RingRound chunks;
+    for (int j = 0; j < ring.size(); ++j) {
+      const uint64_t ofBlock = ring.rankAt(j) * blockBytes + inBlock;
+      chunks.push_back(reduceScatter
+                           ? RingChunk{sendAt(ofBlock), recvAt(inBlock), round.count * elemSize}
+                           : RingChunk{sendAt(inBlock), recvAt(ofBlock), round.count * elemSize});
+    }
+    rounds.push_back(std::move(chunks));
+  }
+  return rounds;
+}
+
 void emitRingChannel(StepEmitter& e, const patterns::RingOrder& ring, uint16_t channel,
                      const std::vector<RingRound>& rounds, RingPhases phases,
                      const ReduceSpec& spec) {

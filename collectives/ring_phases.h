@@ -37,6 +37,14 @@ using RingRound = std::vector<RingChunk>;  // indexed by ring position
 
 enum class RingPhases { kReduceScatter, kAllGather, kAllReduce };
 
+// The rounds of one channel part of a ReduceScatter or AllGather whose block
+// q (shape.count elements) belongs to rank q: chunk j of a round is the
+// segment-sized piece of block ring[j]. ReduceScatter chunks read it from
+// the send buffer and end in the recv buffer's single block; AllGather
+// chunks the reverse.
+std::vector<RingRound> blockRounds(const CollShape& shape, const patterns::RingOrder& ring,
+                                   const ChannelPart& part, uint64_t segment, bool reduceScatter);
+
 inline constexpr int kRoundsInFlight = 2;
 
 // Emits one channel's rounds. RS: each rank ends with its own chunks reduced in

@@ -20,25 +20,11 @@ Plan buildRingReduceScatter(const CollShape& shape, const RankView& view,
                             const AlgoParams& params) {
   StepEmitter e(shape, view, "ring");
   const patterns::RingOrder ring(view);
-  const int p = ring.size();
-  const uint64_t elemSize = e.elemSize();
-  const uint64_t granule = patterns::lineGranule(elemSize);
-  const uint64_t segment = segmentElems(params, elemSize, granule);
-  const uint64_t blockBytes = shape.count * elemSize;
-
+  const uint64_t granule = patterns::lineGranule(e.elemSize());
+  const uint64_t segment = segmentElems(params, e.elemSize(), granule);
   for (const ChannelPart& part : channelParts(shape.count, params, granule)) {
-    std::vector<RingRound> rounds;
-    for (const patterns::ElemRange& round : patterns::segments(part.elems.count, segment, granule)) {
-      const uint64_t inBlock = (part.elems.begin + round.begin) * elemSize;
-      RingRound chunks;
-      for (int j = 0; j < p; ++j) {
-        chunks.push_back(RingChunk{sendAt(ring.rankAt(j) * blockBytes + inBlock), recvAt(inBlock),
-                                   round.count * elemSize});
-      }
-      rounds.push_back(std::move(chunks));
-    }
-    emitRingChannel(e, ring, part.channel, rounds, RingPhases::kReduceScatter,
-                    ReduceSpec::of(shape));
+    emitRingChannel(e, ring, part.channel, blockRounds(shape, ring, part, segment, true),
+                    RingPhases::kReduceScatter, ReduceSpec::of(shape));
   }
   return e.finish();
 }
