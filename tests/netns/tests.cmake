@@ -140,3 +140,26 @@ set_tests_properties(netns.ofi.two_rails.2x1 PROPERTIES
   ENVIRONMENT "SHOAL_TRANSPORT=ofi;FI_PROVIDER=tcp\\;ofi_rxm"
   ENVIRONMENT_MODIFICATION "${SHOAL_NETNS_ENV_MOD}"
   FAIL_REGULAR_EXPRESSION "${SHOAL_NETNS_FAIL_REGEX}")
+
+# libfabric between the emulated nodes (NCCL_NET=Libfabric: ofi for peers on
+# other hosts, shm inside a node), every collective's data checked, tuner's
+# choice and hierarchical forced. (ENVIRONMENT is set here, not through
+# shoal_add_netns_perf_test, whose argument parsing would split the
+# provider list at its ';'.)
+foreach(variant tuner hierarchical)
+  set(_env "NCCL_NET=Libfabric;FI_PROVIDER=tcp\\;ofi_rxm")
+  if(variant STREQUAL hierarchical)
+    string(APPEND _env ";SHOAL_ALGO=hierarchical")
+  endif()
+  foreach(op all_reduce all_gather reduce_scatter)
+    set(_name netns.ofi.${op}.2x2.${variant})
+    add_test(NAME ${_name}
+      COMMAND ${SHOAL_BASH} ${SHOAL_CLUSTER} --nodes 2 --ranks-per-node 2 --timeout 55
+        -- $<TARGET_FILE:${op}_perf> -b 8 -e 1M -f 32 -c 1 -n 3 -w 1)
+    set_tests_properties(${_name} PROPERTIES
+      LABELS netns TIMEOUT 60 SKIP_RETURN_CODE 77
+      ENVIRONMENT "${_env}"
+      ENVIRONMENT_MODIFICATION "${SHOAL_NETNS_ENV_MOD}"
+      FAIL_REGULAR_EXPRESSION "${SHOAL_NETNS_FAIL_REGEX}")
+  endforeach()
+endforeach()
