@@ -48,9 +48,7 @@ struct Groups {
 Groups groupsOf(const RankView& view) {
   const patterns::RingOrder ring(view);
   Groups g;
-  int nodes = 0;
-  for (int n : view.nodeOf) nodes = std::max(nodes, n + 1);
-  std::vector<std::vector<int>> members(static_cast<size_t>(nodes));
+  std::vector<std::vector<int>> members(static_cast<size_t>(view.nodeCount()));
   for (int pos = 0; pos < ring.size(); ++pos) {
     int r = ring.rankAt(pos);
     members[view.nodeOf[r]].push_back(r);
@@ -98,7 +96,7 @@ PhaseSpecs phaseSpecs(const CollShape& shape) {
 }  // namespace
 
 bool hierarchicalApplies(const RankView& view) {
-  if (static_cast<int>(view.nodeOf.size()) != view.nranks || view.nranks < 2) return false;
+  if (!view.knowsNodes() || view.nranks < 2) return false;
   std::vector<int> sizes;
   for (int n : view.nodeOf) {
     if (n < 0) return false;

@@ -139,6 +139,14 @@ struct RankView {
   bool peerReads = false;
   // Node (host) index of every rank, when known (empty: one node).
   std::vector<int> nodeOf;
+
+  bool knowsNodes() const { return nodeOf.size() == static_cast<size_t>(nranks); }
+  // How many nodes nodeOf numbers (1 when it is empty).
+  int nodeCount() const {
+    int nodes = 1;
+    for (int n : nodeOf) nodes = n + 1 > nodes ? n + 1 : nodes;
+    return nodes;
+  }
 };
 
 struct AlgoParams {

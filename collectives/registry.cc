@@ -36,16 +36,10 @@ Model model(const CollShape& s, const RankView& v, const CostParams& c, bool per
 // Whether some rank's partner at that ring distance is on another node
 // (ring positions; RankView::nodeOf, empty on one node).
 bool crossesNodes(const RankView& v, const patterns::RingOrder& ring, int distance) {
-  if (v.nodeOf.size() != static_cast<size_t>(v.nranks)) return false;
+  if (!v.knowsNodes()) return false;
   for (int i = 0; i < ring.size(); ++i)
     if (v.nodeOf[ring.rankAt(i)] != v.nodeOf[ring.rankAt(i + distance)]) return true;
   return false;
-}
-
-int nodeCount(const RankView& v) {
-  int nodes = 0;
-  for (int n : v.nodeOf) nodes = std::max(nodes, n + 1);
-  return std::max(nodes, 1);
 }
 
 bool always(const CollShape&, const RankView&, const TransportCaps&) { return true; }
@@ -76,7 +70,6 @@ double recursiveDoublingAllReduceCost(const CollShape& s, const RankView& v,
   if (m.p == 1) return m.gamma(m.bytes);
   const patterns::RingOrder ring(v);
   const patterns::RecursiveDoubling rd(v.nranks);
-  const bool nodesKnown = v.nodeOf.size() == static_cast<size_t>(v.nranks);
   double cost = 0;
   auto exchange = [&](bool inside) {
     cost += inside ? m.alphaIntra(1) + m.betaIntra(m.bytes) : m.alpha(1) + m.beta(m.bytes);
@@ -87,7 +80,7 @@ double recursiveDoublingAllReduceCost(const CollShape& s, const RankView& v,
   }
   for (int k = 0; k < rd.rounds(); ++k) {
     bool inside = true;
-    for (int virt = 0; virt < rd.pof2() && nodesKnown && inside; ++virt) {
+    for (int virt = 0; virt < rd.pof2() && v.knowsNodes() && inside; ++virt) {
       const int a = ring.rankAt(rd.participantOf(virt));
       const int b = ring.rankAt(rd.participantOf(rd.partner(virt, k)));
       inside = v.nodeOf[a] == v.nodeOf[b];
@@ -118,7 +111,7 @@ double ringReduceScatterCost(const CollShape& s, const RankView& v, const CostPa
 double bruckBusiestLinkBlocks(const RankView& v) {
   const int p = v.nranks;
   double busiest = p - 1;
-  if (v.nodeOf.size() != static_cast<size_t>(p)) return busiest;
+  if (!v.knowsNodes()) return busiest;
   const patterns::RingOrder ring(v);
   std::vector<double> out(p, 0.0), in(p, 0.0);  // blocks leaving / entering each node
   for (const patterns::BruckRound& r : patterns::bruckRounds(p)) {
@@ -204,7 +197,7 @@ double peerReadAllGatherCost(const CollShape& s, const RankView& v, const CostPa
 // (docs/performance.md), unlimited veth and 1 Gbit/s alike.
 double hierarchicalAllReduceCost(const CollShape& s, const RankView& v, const CostParams& c) {
   Model m = model(s, v, c, false);
-  const double N = nodeCount(v), L = m.p / N;
+  const double N = v.nodeCount(), L = m.p / N;
   return m.alphaIntra(2 * (L - 1)) + m.alpha(2 * (N - 1)) + m.beta(2 * (N - 1) / N * m.bytes / L) +
          m.betaIntra(2 * (L - 1) / L * m.bytes) + m.gamma((m.p - 1) / m.p * m.bytes);
 }
@@ -213,7 +206,7 @@ double hierarchicalAllReduceCost(const CollShape& s, const RankView& v, const Co
 // carries (N-1)/N of its shard; the node phase moves (L-1)/L of n inside the node.
 double hierarchicalGatherCost(const CollShape& s, const RankView& v, const CostParams& c, bool reduces) {
   Model m = model(s, v, c, true);
-  const double N = nodeCount(v), L = m.p / N;
+  const double N = v.nodeCount(), L = m.p / N;
   return m.alphaIntra(L - 1) + m.alpha(N - 1) + m.beta((N - 1) / N * m.bytes / L) +
          m.betaIntra((L - 1) / L * m.bytes) + (reduces ? m.gamma((m.p - 1) / m.p * m.bytes) : 0);
 }
