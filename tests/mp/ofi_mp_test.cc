@@ -2,8 +2,9 @@
 // is its own process, SHOAL_TRANSPORT=ofi forces libfabric for every peer,
 // FI_PROVIDER picks the provider ("tcp;ofi_rxm" on lo, or shm), and only the
 // public C API is used. Covers the data of every collective at 2 and 3
-// processes, grouped send/recv, and a SIGKILLed rank making the survivors fail
-// naming it within the no-progress deadline.
+// processes (over tcp;ofi_rxm also with several channels striped over several
+// endpoints), grouped send/recv, and a SIGKILLed rank making the survivors
+// fail naming it within the no-progress deadline.
 //
 // Needs the transport registry to know "ofi" (transports/registry.cc). Every
 // run is bounded by the harness watchdog; buffers stay at or under 1 MiB.
@@ -180,10 +181,25 @@ void requirePassed(const MpResult& res) {
 
 }  // namespace
 
-TEST_CASE("mp ofi: every collective over tcp;ofi_rxm at 2 and 3 processes", "[mp][ofi]") {
+TEST_CASE("mp ofi: every collective over tcp and ofi_rxm at 2 and 3 processes", "[mp][ofi]") {
   for (int n : {2, 3}) {
     INFO("nranks " << n);
     requirePassed(runForked(ofiConfig(n, "tcp;ofi_rxm"), everyCollective));
+  }
+}
+
+// (No ';' in test names: CTest's test discovery splits a name there.)
+TEST_CASE("mp ofi: every collective over tcp and ofi_rxm, several channels over several endpoints each",
+          "[mp][ofi]") {
+  // Each process opens 3 endpoints per rail; 2 channels per peer, each
+  // striping its large messages over the 3 endpoints (3 TCP streams per
+  // channel); the data of every collective is checked.
+  for (int n : {2, 3}) {
+    INFO("nranks " << n);
+    MpConfig cfg = ofiConfig(n, "tcp;ofi_rxm");
+    cfg.env.emplace_back("NCCL_NSOCKS_PERTHREAD", "3");
+    cfg.env.emplace_back("NCCL_MIN_NCHANNELS", "2");
+    requirePassed(runForked(cfg, everyCollective));
   }
 }
 

@@ -1,9 +1,10 @@
 // ofi transport: the conformance suite through the real connect path over
-// "tcp;ofi_rxm" on lo (with and without registration and inline sends), the
-// same behaviours but the size-mismatch one over "shm" (which cannot peek),
-// plus what only ofi has: addresses,
-// provider errors, many connections on one endpoint, hellos and their
-// deadlines, the registration cache and its invalidation hook.
+// "tcp;ofi_rxm" on lo (2 and 3 endpoints per rail, with and without
+// registration and inline sends), the same behaviours but the size-mismatch
+// one over "shm" (which cannot peek), plus what only ofi has: addresses,
+// provider errors, many connections on one endpoint, several endpoints per
+// rail and messages striped over them, hellos and their deadlines, the
+// registration cache and its invalidation hook.
 //
 // Two transports in one process play two ranks; the provider is chosen per
 // transport with OfiOptions::provider (a fi_getinfo hint), so one executable
@@ -14,6 +15,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <future>
+#include <map>
 #include <optional>
 
 #include "bootstrap/bootstrap.h"
@@ -255,17 +257,28 @@ TEST_CASE("ofi shm behaviours with every buffer registered per operation (no cac
 // --- pure pieces
 
 TEST_CASE("ofi addresses are printable and round-trip", "[ofi]") {
-  ofi::Address a{"tcp;ofi_rxm", {std::string("\x02\x00\x12\x34\x7f\x00\x00\x01", 8), std::string(1, '\xff')}};
+  // Two rails, one endpoint each: the form that predates endpoints per rail.
+  ofi::Address a{"tcp;ofi_rxm", {{std::string("\x02\x00\x12\x34\x7f\x00\x00\x01", 8)}, {std::string(1, '\xff')}}};
   std::string text = ofi::formatAddress(a);
   REQUIRE(text == "tcp;ofi_rxm/020012347f000001,ff");
   Result<ofi::Address> back = ofi::parseAddress(text);
   REQUIRE(back.isOk());
   REQUIRE(back->provider == a.provider);
   REQUIRE(back->rails == a.rails);
-  for (const char* bad : {"", "/00", "shm/", "shm/0", "shm/zz", "shm/00,"}) {
+  // Every endpoint of every rail travels: '+' between a rail's endpoints.
+  ofi::Address many{"tcp;ofi_rxm", {{"\x01\x02", "\x03", "\x04\x05\x06"}, {"\x07", "\x08"}}};
+  text = ofi::formatAddress(many);
+  REQUIRE(text == "tcp;ofi_rxm/0102+03+040506,07+08");
+  back = ofi::parseAddress(text);
+  REQUIRE(back.isOk());
+  REQUIRE(back->rails == many.rails);
+  for (const char* bad : {"", "/00", "shm/", "shm/0", "shm/zz", "shm/00,", "shm/00+", "shm/+00", "shm/00,+01"}) {
     INFO(bad);
     REQUIRE_FALSE(ofi::parseAddress(bad).isOk());
   }
+  std::string tooMany = "shm/00";
+  for (int e = 1; e <= ofi::kMaxEndpointsPerRail; ++e) tooMany += "+00";
+  REQUIRE_FALSE(ofi::parseAddress(tooMany).isOk());
 }
 
 TEST_CASE("ofi wire tags keep connections and messages and kinds apart", "[ofi]") {
@@ -278,6 +291,34 @@ TEST_CASE("ofi wire tags keep connections and messages and kinds apart", "[ofi]"
   REQUIRE(helloTag() != byeTag(0));
   REQUIRE(dataTag(1, kSeqMask + 1, 8) == dataTag(1, 0, 8));  // message numbers wrap within their bits
   REQUIRE((dataTag(5, 7, 100) & ~kSizeMask) == (dataTag(5, 7, 3u << 20) & ~kSizeMask));  // what FI_PEEK ignores
+  // Striping: parts cover the message in order; a part of a message of
+  // another size never matches; the size a peer sent is recovered from what a
+  // peek of its first part (or whole message) shows.
+  REQUIRE(stripeCount(kStripeMinBytes - 1, 2) == 1);
+  REQUIRE(stripeCount(kStripeMinBytes, 1) == 1);
+  REQUIRE(stripeCount(kStripeMinBytes, 3) == 3);
+  for (uint64_t lanes : std::vector<uint64_t>{2, 3, 7, kMaxStripes}) {
+    for (uint64_t bytes : std::vector<uint64_t>{kStripeMinBytes, kStripeMinBytes + 1, (3ull << 20) + 5, 64ull << 20,
+                                                (1ull << 33) + 13}) {
+      INFO(lanes << " lanes, " << bytes << " bytes");
+      uint64_t parts = stripeCount(bytes, lanes);
+      REQUIRE(parts == lanes);
+      uint64_t at = 0;
+      for (uint64_t j = 0; j < parts; ++j) {
+        Part p = part(bytes, parts, j);
+        REQUIRE(p.offset == at);
+        REQUIRE(p.bytes >= bytes / parts);
+        at += p.bytes;
+      }
+      REQUIRE(at == bytes);
+      uint64_t bits = sizeBits(bytes, parts);
+      REQUIRE(bits == (dataTag(9, 4, bytes, parts) & kSizeMask));
+      REQUIRE(bits != sizeBits(bytes + 1, stripeCount(bytes + 1, lanes)));
+      REQUIRE(bits != sizeBits(bytes, 1));
+      REQUIRE(sentBytes(bits, part(bytes, parts, 0).bytes, lanes) == bytes);
+    }
+  }
+  REQUIRE(sentBytes(sizeBits(4096, 1), 4096, 2) == 4096);  // a whole message is what it is
   Hello hello;
   hello.commId = 0x1234567890abcdefull;
   hello.fromRank = 3;
@@ -461,6 +502,195 @@ TEST_CASE("ofi connect: a wrong secret and an absent peer time out naming the pe
   // The transports still work afterwards.
   ConnPair pair = makePair(*w.rank0, *w.rank1, 0);
   exchange(*pair.first, *pair.second, 5000, 3);
+}
+
+TEST_CASE("ofi endpoints per rail: channels stripe over min(local, peer) endpoints, data checked", "[ofi]") {
+  // Rank 0 opens 3 endpoints, rank 1 2 (NCCL_NSOCKS_PERTHREAD is read when a
+  // transport opens its rails): every connection of the pair has 2 lanes.
+  std::unique_ptr<Transport> rank0, rank1;
+  {
+    ScopedEnv env{{"NCCL_NSOCKS_PERTHREAD", "3"}};
+    rank0 = makeOfiTransport(OfiOptions{kTcp});
+    REQUIRE(rank0->localAddress().isOk());
+  }
+  {
+    ScopedEnv env{{"NCCL_NSOCKS_PERTHREAD", "2"}};
+    rank1 = makeOfiTransport(OfiOptions{kTcp});
+    REQUIRE(rank1->localAddress().isOk());
+  }
+  Result<ofi::Address> a0 = ofi::parseAddress(rank0->localAddress().value());
+  Result<ofi::Address> a1 = ofi::parseAddress(rank1->localAddress().value());
+  REQUIRE(a0.isOk());
+  REQUIRE(a1.isOk());
+  REQUIRE(a0->rails.front().size() == 3);  // every endpoint is published
+  REQUIRE(a1->rails.front().size() == 2);
+
+  // Three channels of one communicator and one of another, set up at once.
+  constexpr int kPairs = 4;
+  std::vector<ConnPair> pairs;
+  for (int k = 0; k < kPairs; ++k) pairs.push_back(makePair(*rank0, *rank1, k % 3));
+  for (auto& [a, b] : pairs) {
+    REQUIRE(dynamic_cast<ofi::OfiConnection&>(*a).laneCount() == 2);
+    REQUIRE(dynamic_cast<ofi::OfiConnection&>(*b).laneCount() == 2);
+  }
+  // Whole messages (rotating over the lanes) and striped ones, both
+  // directions on every connection at once; odd sizes leave a remainder.
+  const std::vector<uint64_t> sizes = {0, 1, 64, 4097, ofi::wire::kStripeMinBytes - 1, ofi::wire::kStripeMinBytes, (3u << 20) + 3, 333,
+                                       (8u << 20) + 1, 17};
+  struct Flow {
+    Connection* from;
+    Connection* to;
+    std::vector<std::vector<uint8_t>> out, in;
+  };
+  std::vector<Flow> flows;
+  for (size_t k = 0; k < pairs.size(); ++k)
+    for (int dir = 0; dir < 2; ++dir) {
+      Flow f{dir == 0 ? pairs[k].first.get() : pairs[k].second.get(),
+             dir == 0 ? pairs[k].second.get() : pairs[k].first.get(), {}, {}};
+      for (size_t m = 0; m < sizes.size(); ++m) {
+        f.out.emplace_back(sizes[m]);
+        for (size_t i = 0; i < sizes[m]; ++i) f.out.back()[i] = static_cast<uint8_t>(i * 131 + m * 7 + k * 3 + dir);
+        f.in.emplace_back(sizes[m], 0xEE);
+      }
+      flows.push_back(std::move(f));
+    }
+  for (size_t fi = 0; fi < flows.size(); ++fi) {
+    Flow& f = flows[fi];
+    for (size_t m = 0; m < sizes.size(); ++m) {
+      uint64_t tag = encodeTag(CollKind::kSend, DataType::kUint8, sizes[m], 0, -1, m);
+      // Receives first on odd flows, sends first on even ones.
+      if (fi % 2 == 1) REQUIRE(f.to->postRecv(f.in[m].data(), sizes[m], tag, 1000 + m).isOk());
+      REQUIRE(f.from->postSend(f.out[m].data(), sizes[m], tag, m).isOk());
+      if (fi % 2 == 0) REQUIRE(f.to->postRecv(f.in[m].data(), sizes[m], tag, 1000 + m).isOk());
+    }
+  }
+  std::map<Connection*, std::vector<Completion>> done;
+  Deadline deadline = Deadline::afterMs(60000);
+  size_t pending = 1;
+  while (pending > 0 && !deadline.expired()) {
+    pending = 0;
+    for (auto& [a, b] : pairs)
+      for (Connection* c : {a.get(), b.get()}) {
+        bool progressed = false;
+        Status st = c->poll(done[c], progressed);
+        if (!st.isOk()) FAIL(st.toString());
+        pending += c->pending();
+      }
+  }
+  REQUIRE(pending == 0);
+  for (Flow& f : flows) {
+    REQUIRE(f.out == f.in);
+    // One completion per message, in posting order, with the whole size.
+    std::vector<uint64_t> recvTokens;
+    for (const Completion& c : done[f.to])
+      if (c.token >= 1000) {
+        recvTokens.push_back(c.token);
+        REQUIRE(c.bytes == sizes[c.token - 1000]);
+      }
+    REQUIRE(recvTokens.size() == sizes.size());
+    REQUIRE(std::is_sorted(recvTokens.begin(), recvTokens.end()));
+  }
+
+  SECTION("a size mismatch between striped and whole messages names both sizes") {
+    // whole sent, striped posted; striped sent, striped posted of another size
+    for (auto [sent, posted] : {std::pair<uint64_t, uint64_t>{4096, 3u << 20},
+                                std::pair<uint64_t, uint64_t>{(3u << 20) + 1, 3u << 20}}) {
+      INFO("sent " << sent << " bytes, posted " << posted);
+      ConnPair pair = makePair(*rank0, *rank1, 1);
+      std::vector<uint8_t> out(sent, 1), in(posted, 0);
+      uint64_t tag = encodeTag(CollKind::kSend, DataType::kUint8, 1, 0, -1, 1);
+      REQUIRE(pair.first->postSend(out.data(), sent, tag, 1).isOk());
+      REQUIRE(pair.second->postRecv(in.data(), posted, tag, 2).isOk());
+      Status s = pumpBoth(*pair.first, *pair.second, 20000);
+      INFO(s.toString());
+      REQUIRE(s.code() == Code::kInvalidUsage);
+      REQUIRE_THAT(s.message(), Catch::Contains(pair.second->peerDescription()) &&
+                                    Catch::Contains(std::to_string(sent)) && Catch::Contains(std::to_string(posted)));
+    }
+  }
+  SECTION("a peer destroyed mid-message fails the survivor naming it") {
+    ConnPair pair = makePair(*rank0, *rank1, 2);
+    exchange(*pair.first, *pair.second, 5 << 20, 9);  // striped, both lanes used
+    pair.second.reset();
+    std::vector<uint8_t> in(3 << 20);
+    REQUIRE(pair.first->postRecv(in.data(), in.size(), 7, 5).isOk());  // striped: waits on both lanes
+    Deadline until = Deadline::afterMs(20000);
+    Status s;
+    std::vector<Completion> none;
+    while (s.isOk() && !until.expired()) {
+      bool progressed = false;
+      s = pair.first->poll(none, progressed);
+    }
+    INFO(s.toString());
+    REQUIRE(s.code() == Code::kRemoteError);
+    REQUIRE_THAT(s.message(), Catch::Contains(pair.first->peerDescription()));
+  }
+}
+
+TEST_CASE("ofi: a large message nobody receives yet does not hold up another connection on its endpoints",
+          "[ofi]") {
+  // Connections of different communicators share the rail's endpoints (and,
+  // over tcp;ofi_rxm, their TCP streams). X's large message arrives before
+  // its receive is posted; Y's small one, sent after it on the same
+  // endpoints, must still be delivered: the receiver posts X's receive only
+  // once Y's has completed (as a plan may, when X's buffer is still busy).
+  const std::string provider = GENERATE(as<std::string>{}, kTcp, kShm);
+  INFO(provider);
+  OfiWorld& w = world(provider);
+  ConnPair x = makePair(*w.rank0, *w.rank1, 0);
+  ConnPair y = makePair(*w.rank0, *w.rank1, 0);
+  for (uint64_t big : {uint64_t{4} << 20, (uint64_t{8} << 20) + 3, uint64_t{40} << 20}) {
+    INFO(big << " bytes");
+    std::vector<uint8_t> bigOut(big), bigIn(big, 0), smallOut(100, 7), smallIn(100, 0);
+    for (size_t i = 0; i < big; i += 4096) bigOut[i] = static_cast<uint8_t>(i >> 12);
+    REQUIRE(x.first->postSend(bigOut.data(), big, 1, 1).isOk());
+    REQUIRE(y.first->postSend(smallOut.data(), smallOut.size(), 2, 2).isOk());
+    REQUIRE(y.second->postRecv(smallIn.data(), smallIn.size(), 2, 3).isOk());
+    Deadline deadline = Deadline::afterMs(20000);
+    std::vector<Completion> done;
+    while (y.second->pending() > 0 && !deadline.expired()) {
+      bool progressed = false;
+      for (Connection* c : {x.first.get(), y.first.get(), x.second.get(), y.second.get()}) {
+        Status st = c->poll(done, progressed);
+        if (!st.isOk()) FAIL(st.toString());
+      }
+    }
+    REQUIRE(y.second->pending() == 0);
+    REQUIRE(smallIn == smallOut);
+    REQUIRE(x.second->postRecv(bigIn.data(), big, 1, 4).isOk());
+    Status s = pumpBoth(*x.first, *x.second);
+    INFO(s.toString());
+    REQUIRE(s.isOk());
+    REQUIRE(pumpBoth(*y.first, *y.second).isOk());
+    REQUIRE(bigIn == bigOut);
+  }
+}
+
+TEST_CASE("ofi conformance / tcp over ofi_rxm over three endpoints", "[ofi][conformance]") {
+  // An odd lane count: striped parts carry remainders, lanes rotate unevenly.
+  std::unique_ptr<Transport> rank0, rank1;
+  {
+    ScopedEnv env{{"SHOAL_OFI_ENDPOINTS", "3"}};
+    rank0 = makeOfiTransport(OfiOptions{kTcp});
+    rank1 = makeOfiTransport(OfiOptions{kTcp});
+    REQUIRE(rank0->localAddress().isOk());
+    REQUIRE(rank1->localAddress().isOk());
+  }
+  REQUIRE(ofi::parseAddress(rank0->localAddress().value())->rails.front().size() == 3);
+  testing::runConformanceSuite(TransportUnderTest{
+      "ofi tcp;ofi_rxm 3 endpoints", [&](int channel) { return makePair(*rank0, *rank1, channel); }, 16ull << 20});
+}
+
+TEST_CASE("ofi: SHOAL_OFI_ENDPOINTS out of range is a clear error", "[ofi]") {
+  for (const char* bad : {"0", "-2", "17"}) {
+    ScopedEnv env{{"SHOAL_OFI_ENDPOINTS", bad}};
+    std::unique_ptr<Transport> transport = makeOfiTransport(OfiOptions{kTcp});
+    Result<std::string> address = transport->localAddress();
+    REQUIRE_FALSE(address.isOk());
+    INFO(address.status().toString());
+    REQUIRE(address.status().code() == Code::kInvalidArgument);
+    REQUIRE(address.status().toString().find("SHOAL_OFI_ENDPOINTS") != std::string::npos);
+  }
 }
 
 TEST_CASE("ofi registration cache: reuse then invalidation then re-registration", "[ofi]") {

@@ -1,5 +1,6 @@
 #include "transports/ofi/ofi_connection.h"
 
+#include <algorithm>
 #include <thread>
 
 #include "core/clock.h"
@@ -18,29 +19,36 @@ constexpr int64_t kPeekIntervalNs = 50 * 1000000ll;
 
 }  // namespace
 
-OfiConnection::OfiConnection(Rail& rail, fi_addr_t peer, uint32_t recvId, uint64_t injectLimit,
-                             std::string peerDescription)
+OfiConnection::OfiConnection(Rail& rail, std::vector<fi_addr_t> peerLanes, uint16_t channel, uint32_t recvId,
+                             uint64_t injectLimit, std::string peerDescription)
     : rail_(rail),
-      peerAddress_(peer),
+      peerLanes_(std::move(peerLanes)),
+      channel_(channel),
       recvId_(recvId),
       injectLimit_(injectLimit),
       peer_(std::move(peerDescription)),
       peekable_(rail.peekWorks()) {}
 
 Status OfiConnection::start(PeerHello expected) {
+  SHOAL_CHECK(!peerLanes_.empty() && peerLanes_.size() <= static_cast<size_t>(rail_.endpointCount()),
+              "ofi lanes: ", peerLanes_.size());
   expected_ = std::move(expected);
-  bye_ = newOp();
-  bye_->kind = Op::Kind::kBye;
   Deadline deadline = Deadline::afterMs(1000);
-  for (;;) {
-    ssize_t rc = fi_trecv(rail_.endpoint(), nullptr, 0, nullptr, FI_ADDR_UNSPEC, wire::byeTag(recvId_), 0,
-                          &bye_->context);
-    if (rc == 0) break;
-    if (rc != -FI_EAGAIN || deadline.expired())
-      return systemError(peer_, ": ", fiError(rail_.api(), "fi_trecv (bye)", rc));
-    SHOAL_TRY(rail_.progress());
+  for (int lane = 0; lane < laneCount(); ++lane) {
+    Op* bye = newOp();
+    bye->kind = Op::Kind::kBye;
+    bye->lane = static_cast<uint8_t>(lane);
+    byes_.push_back(bye);
+    for (;;) {
+      ssize_t rc = fi_trecv(rail_.endpoint(lane), nullptr, 0, nullptr, FI_ADDR_UNSPEC, wire::byeTag(recvId_), 0,
+                            &bye->context);
+      if (rc == 0) break;
+      if (rc != -FI_EAGAIN || deadline.expired())
+        return systemError(peer_, ": ", fiError(rail_.api(), "fi_trecv (bye)", rc), " on endpoint ", lane);
+      SHOAL_TRY(rail_.progress());
+    }
+    bye->posted = true;
   }
-  bye_->posted = true;
   peek_ = newOp();
   peek_->kind = Op::Kind::kPeek;
   peek_->owner = this;
@@ -57,29 +65,34 @@ OfiConnection::~OfiConnection() {
     if (providerMayOwn) {
       // The provider still owns its context: cancel a receive (a send cannot be
       // recalled) and let the rail free the Op on its completion.
-      if (cancel) fi_cancel(&rail_.endpoint()->fid, &op->context);
+      if (cancel) fi_cancel(&rail_.endpoint(op->lane)->fid, &op->context);
       rail_.adoptOrphan(op);
     } else {
       rail_.releaseRegistration(*op);
       delete op;
     }
   };
-  for (Op* op : sends_) drop(op, false);
-  for (Op* op : recvs_) drop(op, true);
-  bool peerGone = bye_ == nullptr || bye_->done;
-  drop(bye_, true);
+  for (Op* op : sends_.ops) drop(op, false);
+  for (Op* op : recvs_.ops) drop(op, true);
+  // The peer is gone when it said so on every lane (or set-up never finished).
+  bool peerGone = byes_.size() < peerLanes_.size() ||
+                  std::all_of(byes_.begin(), byes_.end(), [](const Op* bye) { return bye->done; });
+  for (Op* bye : byes_) drop(bye, true);
   drop(peek_, false);
   for (Op* op : spare_) delete op;
-  // Tell the peer, so that it fails instead of waiting for us.
+  // Tell the peer, on every lane, so that it fails instead of waiting for us
+  // (a bye follows this lane's data, not the other lanes').
   if (peerRecvId_ != 0 && !peerGone) {
     Deadline flush = Deadline::afterMs(kByeFlushMs);
     size_t before = rail_.controlSendsInFlight();
     Status sent;
-    do {
-      sent = rail_.sendControl(peerAddress_, wire::byeTag(peerRecvId_), nullptr, 0);
-      if (sent.code() == Code::kAgain) (void)rail_.progress();
-    } while (sent.code() == Code::kAgain && !flush.expired());
-    // Drive the rail briefly so that the bye leaves even if no one polls it again.
+    for (int lane = 0; lane < laneCount() && (sent.isOk() || sent.code() == Code::kAgain); ++lane) {
+      do {
+        sent = rail_.sendControl(lane, peerLanes_[static_cast<size_t>(lane)], wire::byeTag(peerRecvId_), nullptr, 0);
+        if (sent.code() == Code::kAgain) (void)rail_.progress();
+      } while (sent.code() == Code::kAgain && !flush.expired());
+    }
+    // Drive the rail briefly so that the byes leave even if no one polls it again.
     while (sent.isOk() && rail_.controlSendsInFlight() > before && !flush.expired()) {
       if (!rail_.progress().isOk()) break;
       lock.unlock();
@@ -109,40 +122,51 @@ Status OfiConnection::fail(Status status) {
   return failure_;
 }
 
+void OfiConnection::plan(Queue& queue, Op::Kind kind, void* data, uint64_t bytes, uint64_t tag, uint64_t token) {
+  const uint64_t lanes = peerLanes_.size();
+  if (queue.laneSeqs.size() != lanes) queue.laneSeqs.assign(lanes, 0);
+  const uint64_t seq = queue.nextSeq++;
+  const uint64_t home = (seq + channel_) % lanes;
+  const uint64_t parts = wire::stripeCount(bytes, lanes);
+  const uint64_t sizeBits = wire::sizeBits(bytes, parts);
+  for (uint64_t j = 0; j < parts; ++j) {
+    wire::Part part = wire::part(bytes, parts, j);
+    Op* op = newOp();
+    op->kind = kind;
+    op->owner = this;
+    op->lane = static_cast<uint8_t>((home + j) % lanes);
+    op->data = static_cast<uint8_t*>(data) + part.offset;
+    op->bytes = part.bytes;
+    op->tag = tag;
+    op->token = token;
+    op->seq = seq;
+    op->laneSeq = queue.laneSeqs[op->lane]++;
+    op->messageBytes = bytes;
+    op->sizeBits = sizeBits;
+    op->last = j + 1 == parts;
+    ++partsOnLane_[op->lane];
+    queue.ops.push_back(op);
+    ++queue.unposted;
+  }
+  ++pendingMessages_;
+}
+
 Status OfiConnection::postSend(const void* data, uint64_t bytes, uint64_t tag, uint64_t token) {
   if (!failure_.isOk()) return failure_;
   if (bytes > rail_.maxMessageBytes())
     return fail(error(Code::kUnsupported, peer_, ": a message of ", bytes, " bytes exceeds the provider's limit of ",
                       rail_.maxMessageBytes()));
-  Op* op = newOp();
-  op->kind = Op::Kind::kSend;
-  op->owner = this;
-  op->data = const_cast<void*>(data);
-  op->bytes = bytes;
-  op->tag = tag;
-  op->token = token;
-  op->seq = nextSendSeq_++;
-  sends_.push_back(op);
-  ++unpostedSends_;
+  plan(sends_, Op::Kind::kSend, const_cast<void*>(data), bytes, tag, token);
   std::lock_guard<std::mutex> lock(rail_.mutex);
-  return issue(sends_, unpostedSends_);
+  return issue(sends_);
 }
 
 Status OfiConnection::postRecv(void* data, uint64_t bytes, uint64_t tag, uint64_t token) {
   if (!failure_.isOk()) return failure_;
-  Op* op = newOp();
-  op->kind = Op::Kind::kRecv;
-  op->owner = this;
-  op->data = data;
-  op->bytes = bytes;
-  op->tag = tag;
-  op->token = token;
-  op->seq = nextRecvSeq_++;
-  if (recvs_.empty()) nextPeekNs_ = nowNs() + kPeekIntervalNs;
-  recvs_.push_back(op);
-  ++unpostedRecvs_;
+  if (recvs_.ops.empty()) nextPeekNs_ = nowNs() + kPeekIntervalNs;
+  plan(recvs_, Op::Kind::kRecv, data, bytes, tag, token);
   std::lock_guard<std::mutex> lock(rail_.mutex);
-  return issue(recvs_, unpostedRecvs_);
+  return issue(recvs_);
 }
 
 bool OfiConnection::resolvePeer() {
@@ -155,14 +179,14 @@ bool OfiConnection::resolvePeer() {
   return true;
 }
 
-Status OfiConnection::issue(std::deque<Op*>& ops, size_t& unposted) {
-  if (&ops == &sends_ && unposted > 0 && !resolvePeer()) return Status::ok();  // poll() retries
-  while (unposted > 0) {
-    Op& op = *ops[ops.size() - unposted];
+Status OfiConnection::issue(Queue& queue) {
+  if (&queue == &sends_ && queue.unposted > 0 && !resolvePeer()) return Status::ok();  // poll() retries
+  while (queue.unposted > 0) {
+    Op& op = *queue.ops[queue.ops.size() - queue.unposted];
     Status s = issueOne(op);
     if (s.code() == Code::kAgain) return Status::ok();  // queued; poll() retries
     if (!s.isOk()) return fail(std::move(s));
-    --unposted;
+    --queue.unposted;
   }
   return Status::ok();
 }
@@ -174,24 +198,25 @@ Status OfiConnection::issueOne(Op& op) {
     if (!described.isOk()) return described.withContext(str(peer_, ": message #", op.seq));
   }
   void* desc = op.mr ? fi_mr_desc(op.mr->mr) : nullptr;
-  fid_ep* ep = rail_.endpoint();
+  fid_ep* ep = rail_.endpoint(op.lane);
   ssize_t rc;
   const char* call;
   if (op.kind == Op::Kind::kSend) {
-    uint64_t wireTag = wire::dataTag(peerRecvId_, op.seq, op.bytes);
+    uint64_t wireTag = wire::dataTag(peerRecvId_, op.laneSeq, 0) | op.sizeBits;
+    fi_addr_t to = peerLanes_[op.lane];
     if (inject) {
       // Inline: the provider copies the bytes now and reports no completion.
       call = "fi_tinjectdata";
-      rc = fi_tinjectdata(ep, op.data, op.bytes, op.tag, peerAddress_, wireTag);
+      rc = fi_tinjectdata(ep, op.data, op.bytes, op.tag, to, wireTag);
       if (rc == 0) op.done = true;
     } else {
       call = "fi_tsenddata";
-      rc = fi_tsenddata(ep, op.data, op.bytes, desc, op.tag, peerAddress_, wireTag, &op.context);
+      rc = fi_tsenddata(ep, op.data, op.bytes, desc, op.tag, to, wireTag, &op.context);
     }
   } else {
     call = "fi_trecv";
-    rc = fi_trecv(ep, op.data, op.bytes, desc, FI_ADDR_UNSPEC, wire::dataTag(recvId_, op.seq, op.bytes), 0,
-                  &op.context);
+    uint64_t wireTag = wire::dataTag(recvId_, op.laneSeq, 0) | op.sizeBits;
+    rc = fi_trecv(ep, op.data, op.bytes, desc, FI_ADDR_UNSPEC, wireTag, 0, &op.context);
   }
   if (rc == -FI_EAGAIN) return error(Code::kAgain, call);
   if (rc != 0) return remoteError(peer_, ": message #", op.seq, ": ", fiError(rail_.api(), call, rc));
@@ -201,57 +226,80 @@ Status OfiConnection::issueOne(Op& op) {
 
 Status OfiConnection::poll(std::vector<Completion>& done, bool& progressed) {
   if (!failure_.isOk()) return failure_;
-  if (sends_.empty() && recvs_.empty()) return Status::ok();  // idle: no call into the provider
+  if (pendingMessages_ == 0) return Status::ok();  // idle: no call into the provider
   std::lock_guard<std::mutex> lock(rail_.mutex);
-  if (Status s = rail_.progress(); !s.isOk()) return fail(s.withContext(peer_));
-  if (unpostedSends_ > 0) {
-    SHOAL_TRY(issue(sends_, unpostedSends_));
+  for (int lane = 0; lane < laneCount(); ++lane) {
+    // Endpoint 0 also while the peer's hello is unclaimed: it arrives there.
+    if (partsOnLane_[lane] == 0 && (lane != 0 || peerRecvId_ != 0)) continue;
+    if (Status s = rail_.progress(lane); !s.isOk()) return fail(s.withContext(peer_));
   }
-  if (unpostedRecvs_ > 0) {
-    SHOAL_TRY(issue(recvs_, unpostedRecvs_));
+  if (sends_.unposted > 0) {
+    SHOAL_TRY(issue(sends_));
   }
-  while (!sends_.empty() && sends_.front()->done) {
-    Op* op = sends_.front();
+  if (recvs_.unposted > 0) {
+    SHOAL_TRY(issue(recvs_));
+  }
+  while (!sends_.ops.empty() && sends_.ops.front()->done) {
+    Op* op = sends_.ops.front();
     if (op->error != 0)
-      return fail(remoteError(peer_, ": send of message #", op->seq, " (", op->bytes, " bytes) failed: ",
+      return fail(remoteError(peer_, ": send of message #", op->seq, " (", op->messageBytes, " bytes) failed: ",
                               op->errorText));
-    done.push_back(Completion{op->token, op->bytes});
-    sends_.pop_front();
+    if (op->last) {
+      done.push_back(Completion{op->token, op->messageBytes});
+      --pendingMessages_;
+    }
+    --partsOnLane_[op->lane];
+    sends_.ops.pop_front();
     recycle(op);
     progressed = true;
   }
-  while (!recvs_.empty() && recvs_.front()->done) {
-    Op* op = recvs_.front();
+  while (!recvs_.ops.empty() && recvs_.ops.front()->done) {
+    Op* op = recvs_.ops.front();
     if (Status s = finishRecv(*op); !s.isOk()) return fail(std::move(s));
-    done.push_back(Completion{op->token, op->bytes});
-    recvs_.pop_front();
+    if (op->last) {
+      done.push_back(Completion{op->token, op->messageBytes});
+      --pendingMessages_;
+    }
+    --partsOnLane_[op->lane];
+    recvs_.ops.pop_front();
     recycle(op);
     progressed = true;
     nextPeekNs_ = nowNs() + kPeekIntervalNs;
   }
   SHOAL_TRY(peekForMismatch());
-  // Everything the peer sent before its bye has been delivered by now (the
-  // endpoint keeps send-after-send order), so what is still pending never will be.
-  if (bye_->done && pending() > 0) {
-    if (bye_->error != 0)
-      return fail(remoteError(peer_, ": the connection failed: ", bye_->errorText));
-    return fail(remoteError(peer_, ": connection closed by the peer with ", pending(),
-                            pending() == 1 ? " operation" : " operations", " pending"));
+  return checkByes();
+}
+
+Status OfiConnection::checkByes() {
+  if (pendingMessages_ == 0) return Status::ok();
+  for (const Op* bye : byes_) {
+    if (!bye->done) continue;
+    if (bye->error != 0) return fail(remoteError(peer_, ": the connection failed: ", bye->errorText));
+    // Everything the peer sent on this lane before its bye has been delivered
+    // by now (send-after-send order per endpoint pair), so what still waits on
+    // this lane never will complete.
+    auto onLane = [&](const Op* op) { return op->lane == bye->lane && !op->done; };
+    if (std::any_of(sends_.ops.begin(), sends_.ops.end(), onLane) ||
+        std::any_of(recvs_.ops.begin(), recvs_.ops.end(), onLane))
+      return fail(remoteError(peer_, ": connection closed by the peer with ", pending(),
+                              pending() == 1 ? " operation" : " operations", " pending"));
   }
   return Status::ok();
 }
 
 Status OfiConnection::peekForMismatch() {
-  if (recvs_.empty() || recvs_.front()->done || !peekable_ || peek_ == nullptr) return Status::ok();
-  const Op& front = *recvs_.front();
+  if (recvs_.ops.empty() || recvs_.ops.front()->done || !peekable_ || peek_ == nullptr) return Status::ok();
+  const Op& front = *recvs_.ops.front();
   if (peek_->posted && peek_->done) {
     peek_->posted = false;
-    if (peek_->error == 0 && peek_->seq == front.seq &&
-        (peek_->gotTag & wire::kSizeMask) != wire::sizeHash(front.bytes)) {
+    if (peek_->error == 0 && peek_->seq == front.seq && peek_->lane == front.lane &&
+        (peek_->gotTag & wire::kSizeMask) != front.sizeBits) {
+      // What sits in the place of this part is (part 0 of) a message of another size.
+      uint64_t sentBytes = wire::sentBytes(peek_->gotTag & wire::kSizeMask, peek_->gotBytes, peerLanes_.size());
       std::string sent = peek_->gotDataValid ? describeTag(peek_->gotData) : std::string("a message (tag not reported)");
       return fail(invalidUsage(peer_, ": message mismatch at message #", front.seq, ": the posted receive expects ",
-                               describeTag(front.tag), ", ", front.bytes, " bytes; the peer sent ", sent, ", ",
-                               peek_->gotBytes, " bytes"));
+                               describeTag(front.tag), ", ", front.messageBytes, " bytes; the peer sent ", sent, ", ",
+                               sentBytes, " bytes"));
     }
     if (peek_->error == FI_ENOSYS || peek_->error == FI_EOPNOTSUPP) peekable_ = false;
   }
@@ -263,12 +311,13 @@ Status OfiConnection::peekForMismatch() {
   peek_->kind = Op::Kind::kPeek;
   peek_->owner = this;
   peek_->seq = front.seq;
+  peek_->lane = front.lane;
   fi_msg_tagged msg{};
   msg.addr = FI_ADDR_UNSPEC;
-  msg.tag = wire::dataTag(recvId_, front.seq, 0) & ~wire::kSizeMask;
+  msg.tag = wire::dataTag(recvId_, front.laneSeq, 0) & ~wire::kSizeMask;
   msg.ignore = wire::kSizeMask;
   msg.context = &peek_->context;
-  ssize_t rc = fi_trecvmsg(rail_.endpoint(), &msg, FI_PEEK);
+  ssize_t rc = fi_trecvmsg(rail_.endpoint(front.lane), &msg, FI_PEEK);
   if (rc == -FI_EAGAIN) return Status::ok();
   if (rc != 0) {
     // Without peeking a size mismatch is found by the engine's deadline.
@@ -282,7 +331,8 @@ Status OfiConnection::peekForMismatch() {
 
 Status OfiConnection::finishRecv(const Op& op) const {
   if (op.error != 0 && op.error != FI_ETRUNC)
-    return remoteError(peer_, ": receive of message #", op.seq, " (", op.bytes, " bytes) failed: ", op.errorText);
+    return remoteError(peer_, ": receive of message #", op.seq, " (", op.messageBytes, " bytes) failed: ",
+                       op.errorText);
   if (!op.gotDataValid)
     return internalError(peer_, ": message #", op.seq, " arrived without its tag (no immediate data)");
   bool truncated = op.error == FI_ETRUNC;
@@ -290,9 +340,12 @@ Status OfiConnection::finishRecv(const Op& op) const {
   // sent) or what was sent (rxm's rendezvous).
   uint64_t sentBytes = truncated && op.gotBytes <= op.bytes ? op.gotBytes + op.overflow : op.gotBytes;
   if (op.gotData == op.tag && sentBytes == op.bytes && !truncated) return Status::ok();
+  // Parts of one size match only parts of messages of the same size, so a
+  // part of another size is a hash collision; report what this part saw.
   std::string sent = truncated && op.overflow == 0 ? str("more than ", op.bytes) : str(sentBytes);
+  std::string expected = op.bytes == op.messageBytes ? str(op.bytes) : str(op.bytes, " of ", op.messageBytes);
   return invalidUsage(peer_, ": message mismatch at message #", op.seq, ": the posted receive expects ",
-                      describeTag(op.tag), ", ", op.bytes, " bytes; the peer sent ", describeTag(op.gotData), ", ",
+                      describeTag(op.tag), ", ", expected, " bytes; the peer sent ", describeTag(op.gotData), ", ",
                       sent, " bytes");
 }
 

@@ -1,5 +1,6 @@
-// OfiConnection: one ordered, tag-checked pipe to one peer over a libfabric
-// RDM endpoint that it shares with every other connection on its rail.
+// OfiConnection: one ordered, tag-checked pipe to one peer over one or more
+// libfabric RDM endpoints ("lanes") of its rail, which it shares with every
+// other connection on the rail.
 //
 // Role: the data path of the ofi transport (README.md has the wire format).
 // Owner: the Communicator that asked OfiTransport::connect for it; the Rail it
@@ -9,25 +10,41 @@
 // other connections on the rail (other communicators, polled by another
 // engine thread) and connect() share the endpoint.
 //
-// Matching: message n of B bytes in one direction travels with libfabric tag
-// dataTag(receiver's connection id, n, B) and Shoal's tag as immediate data;
-// the receiver posts its n-th receive with exactly that libfabric tag. So the
+// Lanes: lane j joins endpoint j of this rail to endpoint j of the peer's
+// (lanes = the fewer endpoints of the two sides); each lane numbers its own
+// messages per direction. Message n (per direction) has its home lane
+// (n + channel) % lanes. A message of at least wire::kStripeMinBytes on a
+// connection of several lanes is striped: part j goes on lane (home + j) %
+// lanes, so every lane carries one part and a large message moves over all of
+// the pair's provider connections at once (over tcp;ofi_rxm, one TCP stream
+// each), as the tcp transport stripes over its sockets; smaller messages go
+// whole on their home lane, so consecutive ones rotate over the lanes. Both
+// sides plan a message from its byte count (the receiver from its posted
+// receive), so they agree on every part's lane and lane message number.
+//
+// Matching: each part of message n of B bytes travels on its lane with
+// libfabric tag dataTag(receiver's connection id, its lane message number,
+// B, parts) and Shoal's tag as immediate data; the receiver posts the same
+// part with exactly that libfabric tag. So the
 // provider matches by position whatever order receives are posted in, keeps
-// messages that arrive before their receive (its unexpected queue; large ones
-// wait at the sender for rendezvous), and the receiver then checks Shoal's tag
-// (immediate data) and the byte count before it reports the receive. A
-// message of another size cannot match (the tag's size bits differ); a
-// receive that waits peeks (FI_PEEK, size bits ignored) every 50 ms for such
-// a message. Either mismatch fails the connection with kInvalidUsage naming
-// the peer, both tags and both sizes. Where the provider cannot peek (1.17's
-// shm takes a peek for a receive), a size mismatch waits for the engine's
-// no-progress deadline, which names the peer.
-// Completions are reported in posting order per direction.
+// messages that arrive before their receive (its unexpected queue; above
+// rxm's eager limit they wait at the sender for a rendezvous), and the
+// receiver then checks Shoal's tag
+// (immediate data) and the byte count of every part before it reports the
+// message. A message of another size cannot match (the tag's size bits
+// differ); a receive that waits peeks (FI_PEEK, size bits ignored) every 50 ms
+// for such a message, and learns the size the peer sent from what it sees
+// (wire::sentBytes). Either mismatch fails the connection with kInvalidUsage
+// naming the peer, both tags and both sizes. Where the provider cannot peek
+// (1.17's shm takes a peek for a receive; it has one lane), a size mismatch
+// waits for the engine's no-progress deadline, which names the peer.
+// Completions are reported per message, in posting order per direction.
 //
 // Closing: the destructor cancels its posted receives (their Ops become the
 // rail's orphans until the provider is done with them) and sends the peer a
-// bye; a peer that receives a bye while it still waits for operations fails
-// with kRemoteError ("closed by the peer").
+// bye on every lane; a bye arrives after everything sent before it on its lane
+// (FI_ORDER_SAS), so a peer that has a bye on a lane while it still waits for
+// an operation on that lane fails with kRemoteError ("closed by the peer").
 #pragma once
 
 #include <cstdint>
@@ -42,9 +59,12 @@ namespace shoal::ofi {
 
 class OfiConnection final : public Connection {
  public:
-  // `recvId` was allocated on `rail` (its bye receive is posted here);
-  // setPeer() completes it once the peer's hello has named its id.
-  OfiConnection(Rail& rail, fi_addr_t peer, uint32_t recvId, uint64_t injectLimit, std::string peerDescription);
+  // `recvId` was allocated on `rail` (its bye receives are posted by
+  // start()); `peerLanes` are the peer's endpoints in the AVs of this rail's
+  // endpoints 0..lanes-1; `channel` staggers which lane message 0 takes, so
+  // the channels of a pair start on different lanes.
+  OfiConnection(Rail& rail, std::vector<fi_addr_t> peerLanes, uint16_t channel, uint32_t recvId,
+                uint64_t injectLimit, std::string peerDescription);
   ~OfiConnection() override;
 
   // Who the peer is, for claiming its hello (which names the id its data
@@ -64,39 +84,57 @@ class OfiConnection final : public Connection {
   Status postSend(const void* data, uint64_t bytes, uint64_t tag, uint64_t token) override;
   Status postRecv(void* data, uint64_t bytes, uint64_t tag, uint64_t token) override;
   Status poll(std::vector<Completion>& done, bool& progressed) override;
-  size_t pending() const override { return sends_.size() + recvs_.size(); }
+  size_t pending() const override { return pendingMessages_; }
   const std::string& peerDescription() const override { return peer_; }
 
   int railIndex() const { return rail_.index(); }
+  int laneCount() const { return static_cast<int>(peerLanes_.size()); }
 
  private:
+  // One direction's queue: an Op per part, in posting order; the first
+  // `unposted` from the back wait for the provider.
+  struct Queue {
+    std::deque<Op*> ops;
+    size_t unposted = 0;
+    uint64_t nextSeq = 0;            // message number
+    std::vector<uint64_t> laneSeqs;  // next message number on each lane
+  };
+  // Queues message `data`/`bytes` as its parts (see Lanes above).
+  void plan(Queue& queue, Op::Kind kind, void* data, uint64_t bytes, uint64_t tag, uint64_t token);
+
   Op* newOp();
   void recycle(Op* op);
   // Hands queued operations to the provider in order until it pushes back
   // (rail mutex held).
-  Status issue(std::deque<Op*>& ops, size_t& unposted);
+  Status issue(Queue& queue);
   Status issueOne(Op& op);
   Status finishRecv(const Op& op) const;
   // A receive that waits may have a message of another size in its place
   // (its tag differs in the size bits, so it cannot match): look with FI_PEEK.
   Status peekForMismatch();
+  // A bye on a lane where an operation still waits: it never will complete.
+  Status checkByes();
   Status fail(Status status);
 
   Rail& rail_;
-  const fi_addr_t peerAddress_;
+  const std::vector<fi_addr_t> peerLanes_;
+  const uint64_t channel_;
   const uint32_t recvId_;
   uint32_t peerRecvId_ = 0;  // 0 until the peer's hello is claimed
   PeerHello expected_;
   const uint64_t injectLimit_;
   const std::string peer_;
-  std::deque<Op*> sends_;  // posting order; the first `unposted` from the back wait for the provider
-  std::deque<Op*> recvs_;
-  size_t unpostedSends_ = 0;
-  size_t unpostedRecvs_ = 0;
-  uint64_t nextSendSeq_ = 0;
-  uint64_t nextRecvSeq_ = 0;
+  Queue sends_;
+  Queue recvs_;
+  size_t pendingMessages_ = 0;  // posted and not reported, both directions
+  // Parts queued and not yet reported, per lane: poll() drives only the
+  // endpoints that have some, and endpoint 0 until the peer's hello is
+  // claimed (an idle endpoint would cost a provider call, over tcp;ofi_rxm a
+  // poll(2) of its sockets, on every poll: measured +4 us on an 8-byte
+  // AllReduce with 2 endpoints).
+  uint32_t partsOnLane_[kMaxEndpointsPerRail] = {};
   std::vector<Op*> spare_;
-  Op* bye_ = nullptr;
+  std::vector<Op*> byes_;  // one per lane, posted by start()
   Op* peek_ = nullptr;
   bool peekable_;
   int64_t nextPeekNs_ = 0;

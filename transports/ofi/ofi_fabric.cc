@@ -3,6 +3,7 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 
 #include "core/clock.h"
@@ -29,7 +30,30 @@ bool resolve(void* library, const char* symbol, const char* version, Fn& out) {
   return address != nullptr;
 }
 
+// Provider defaults that differ from libfabric's, given to it the only way
+// 1.17 takes them (its environment, read when it first initialises its
+// providers), and only where the user set nothing (setenv never overwrites).
+//
+// FI_OFI_RXM_EAGER_LIMIT: rxm (tcp;ofi_rxm) sends messages above 16 KiB by
+// rendezvous: the receiver must see the request and ask, and the sender must
+// then see the ask and send, so a large message moves only while both
+// processes happen to be polling; an eager message streams into the socket at
+// once, as the tcp transport's do, and (rxm's dynamic receive buffers over
+// tcp) lands straight in a posted receive. Measured on one host, 2 ranks, 64
+// MiB AllReduce: +15 % for ofi over tcp;ofi_rxm. 8 MiB covers the tuner's
+// segments (NCCL_BUFFSIZE, 4 MiB by default) with room; larger messages keep
+// the rendezvous, because rxm holds an unexpected eager message in memory
+// until its receive is posted. Every Shoal process sets the same value, and
+// rxm wants connected peers to agree. (Too late where something else in the
+// process initialised libfabric first: then only speed differs.) The value is
+// the parameter table's (params.def), which reads the user's setting if any;
+// docs/decisions/0004 says why a library writes its process's environment.
+void setProviderDefaults() {
+  ::setenv("FI_OFI_RXM_EAGER_LIMIT", std::to_string(params().ofiRxmEagerLimit).c_str(), 0);
+}
+
 Result<Api> loadOnce() {
+  setProviderDefaults();  // before the library initialises its providers
   void* library = ::dlopen("libfabric.so.1", RTLD_NOW | RTLD_LOCAL);
   if (library == nullptr) {
     const char* why = ::dlerror();
@@ -89,7 +113,7 @@ uint64_t get(const uint8_t* in, int n) {
 }
 
 constexpr uint32_t kHelloMagic = 0x464f4853;  // "SHOF"
-constexpr uint16_t kHelloVersion = 1;
+constexpr uint16_t kHelloVersion = 2;  // 2: lanes and striped messages (the data tags changed)
 constexpr size_t kHelloSigned = 48;
 constexpr int kControlSlots = 64;
 constexpr int kHelloRecvSlots = 16;
@@ -196,7 +220,8 @@ bool Rail::HelloKey::operator<(const HelloKey& o) const {
 
 Rail::Rail(const Api& api, int index) : api_(api), index_(index) {}
 
-Result<std::unique_ptr<Rail>> Rail::open(const Api& api, const fi_info& info, int index, const RailOptions& options) {
+Result<std::unique_ptr<Rail>> Rail::open(const Api& api, const fi_info& info, int index, int endpoints,
+                                         const RailOptions& options) {
   std::unique_ptr<Rail> rail(new Rail(api, index));
   Rail& r = *rail;
   r.domainName_ = info.domain_attr && info.domain_attr->name ? info.domain_attr->name : "?";
@@ -211,37 +236,42 @@ Result<std::unique_ptr<Rail>> Rail::open(const Api& api, const fi_info& info, in
   if (int rc = fi_domain(fabric, const_cast<fi_info*>(&info), &domain, nullptr); rc != 0) return fail("fi_domain", rc);
   r.domain_.reset(domain);
 
-  fi_cq_attr cqAttr{};
-  cqAttr.format = FI_CQ_FORMAT_TAGGED;
-  cqAttr.wait_obj = FI_WAIT_NONE;  // we only poll (manual progress is poll())
-  cqAttr.size = std::max<size_t>(info.tx_attr->size + info.rx_attr->size, 4096);
-  fid_cq* cq = nullptr;
-  if (int rc = fi_cq_open(domain, &cqAttr, &cq, nullptr); rc != 0) return fail("fi_cq_open", rc);
-  r.cq_.reset(cq);
+  endpoints = std::clamp(endpoints, 1, kMaxEndpointsPerRail);
+  r.endpoints_.resize(static_cast<size_t>(endpoints));
+  for (Endpoint& e : r.endpoints_) {
+    fi_cq_attr cqAttr{};
+    cqAttr.format = FI_CQ_FORMAT_TAGGED;
+    cqAttr.wait_obj = FI_WAIT_NONE;  // we only poll (manual progress is poll())
+    cqAttr.size = std::max<size_t>(info.tx_attr->size + info.rx_attr->size, 4096);
+    fid_cq* cq = nullptr;
+    if (int rc = fi_cq_open(domain, &cqAttr, &cq, nullptr); rc != 0) return fail("fi_cq_open", rc);
+    e.cq.reset(cq);
 
-  fi_av_attr avAttr{};
-  avAttr.type = FI_AV_TABLE;
-  fid_av* av = nullptr;
-  if (int rc = fi_av_open(domain, &avAttr, &av, nullptr); rc != 0) return fail("fi_av_open", rc);
-  r.av_.reset(av);
+    fi_av_attr avAttr{};
+    avAttr.type = FI_AV_TABLE;
+    fid_av* av = nullptr;
+    if (int rc = fi_av_open(domain, &avAttr, &av, nullptr); rc != 0) return fail("fi_av_open", rc);
+    e.av.reset(av);
 
-  fid_ep* ep = nullptr;
-  if (int rc = fi_endpoint(domain, const_cast<fi_info*>(&info), &ep, nullptr); rc != 0) return fail("fi_endpoint", rc);
-  r.ep_.reset(ep);
-  if (int rc = fi_ep_bind(ep, &cq->fid, FI_TRANSMIT | FI_RECV); rc != 0) return fail("fi_ep_bind(cq)", rc);
-  if (int rc = fi_ep_bind(ep, &av->fid, 0); rc != 0) return fail("fi_ep_bind(av)", rc);
-  if (int rc = fi_enable(ep); rc != 0) return fail("fi_enable", rc);
+    fid_ep* ep = nullptr;
+    if (int rc = fi_endpoint(domain, const_cast<fi_info*>(&info), &ep, nullptr); rc != 0)
+      return fail("fi_endpoint", rc);
+    e.ep.reset(ep);
+    if (int rc = fi_ep_bind(ep, &cq->fid, FI_TRANSMIT | FI_RECV); rc != 0) return fail("fi_ep_bind(cq)", rc);
+    if (int rc = fi_ep_bind(ep, &av->fid, 0); rc != 0) return fail("fi_ep_bind(av)", rc);
+    if (int rc = fi_enable(ep); rc != 0) return fail("fi_enable", rc);
 
-  std::string name(64, '\0');
-  size_t length = name.size();
-  int rc = fi_getname(&ep->fid, name.data(), &length);
-  if (rc == -FI_ETOOSMALL) {
+    std::string name(64, '\0');
+    size_t length = name.size();
+    int rc = fi_getname(&ep->fid, name.data(), &length);
+    if (rc == -FI_ETOOSMALL) {
+      name.resize(length);
+      rc = fi_getname(&ep->fid, name.data(), &length);
+    }
+    if (rc != 0) return fail("fi_getname", rc);
     name.resize(length);
-    rc = fi_getname(&ep->fid, name.data(), &length);
+    e.name = std::move(name);
   }
-  if (rc != 0) return fail("fi_getname", rc);
-  name.resize(length);
-  r.name_ = std::move(name);
 
   r.injectBytes_ = info.tx_attr->inject_size;
   r.maxMessageBytes_ = info.ep_attr->max_msg_size;
@@ -250,13 +280,20 @@ Result<std::unique_ptr<Rail>> Rail::open(const Api& api, const fi_info& info, in
   // 1.17's shm handles FI_PEEK as an ordinary receive (it would consume the message).
   r.peekWorks_ = std::strcmp(info.fabric_attr->prov_name, "shm") != 0;
   r.registerLocal_ = (r.mrMode_ & FI_MR_LOCAL) != 0 || options.alwaysRegister;
-  r.mrs_.configure(domain, ep, r.mrMode_, options.cacheRegistrations, options.cacheEntries, api.strerror);
+  size_t caches = (r.mrMode_ & FI_MR_ENDPOINT) != 0 ? r.endpoints_.size() : 1;
+  for (size_t c = 0; c < caches; ++c) {
+    r.caches_.push_back(std::make_unique<MrCache>());
+    r.caches_.back()->configure(domain, r.endpoints_[c].ep.get(), r.mrMode_, options.cacheRegistrations,
+                                options.cacheEntries, api.strerror);
+  }
 
-  // Control slots: hellos are received into them, hellos and byes sent from them.
+  // Control slots (endpoint 0): hellos are received into them, hellos and
+  // byes sent from them.
   r.arena_ = std::make_unique<uint8_t[]>(kControlSlots * kSlotBytes);
   r.slotOps_.resize(kControlSlots);
   if (r.registerLocal_) {
-    Result<MrCache::Handle*> arena = r.mrs_.acquire(r.arena_.get(), kControlSlots * kSlotBytes, MemoryPlace{});
+    Result<MrCache::Handle*> arena =
+        r.registrations(0).acquire(r.arena_.get(), kControlSlots * kSlotBytes, MemoryPlace{});
     if (!arena.isOk()) return arena.takeStatus().withContext(where);
     r.arenaMr_ = arena.value();
   }
@@ -274,12 +311,34 @@ Rail::~Rail() {
     auto& list = rails();
     list.erase(std::remove(list.begin(), list.end(), this), list.end());
   }
-  ep_.reset();  // cancels whatever is still posted; no completion follows
+  for (Endpoint& e : endpoints_) e.ep.reset();  // cancels whatever is still posted; no completion follows
   for (Op* op : orphans_) {
     releaseRegistration(*op);
     delete op;
   }
-  if (arenaMr_) mrs_.release(arenaMr_);
+  if (arenaMr_) registrations(0).release(arenaMr_);
+}
+
+std::vector<std::string> Rail::names() const {
+  std::vector<std::string> out;
+  for (const Endpoint& e : endpoints_) out.push_back(e.name);
+  return out;
+}
+
+MrCache::Stats Rail::registrationStats() const {
+  MrCache::Stats total;
+  for (const auto& cache : caches_) {
+    const MrCache::Stats& s = cache->stats();
+    total.registrations += s.registrations;
+    total.hits += s.hits;
+    total.invalidated += s.invalidated;
+    total.live += s.live;
+  }
+  return total;
+}
+
+void Rail::invalidateRegistrations(void* base, size_t bytes) {
+  for (auto& cache : caches_) cache->invalidate(base, bytes);
 }
 
 Status Rail::postHelloRecv(int slot) {
@@ -288,7 +347,7 @@ Status Rail::postHelloRecv(int slot) {
   op.kind = Op::Kind::kHelloRecv;
   op.slot = slot;
   void* desc = arenaMr_ ? fi_mr_desc(arenaMr_->mr) : nullptr;
-  ssize_t rc = fi_trecv(ep_.get(), arena_.get() + slot * kSlotBytes, kSlotBytes, desc, FI_ADDR_UNSPEC,
+  ssize_t rc = fi_trecv(endpoint(0), arena_.get() + slot * kSlotBytes, kSlotBytes, desc, FI_ADDR_UNSPEC,
                         wire::helloTag(), 0, &op.context);
   if (rc != 0) return systemError(fiError(api_, "fi_trecv (hello)", rc));
   op.posted = true;
@@ -296,20 +355,26 @@ Status Rail::postHelloRecv(int slot) {
 }
 
 Status Rail::progress() {
+  for (int lane = 0; lane < endpointCount(); ++lane) SHOAL_TRY(progress(lane));
+  return Status::ok();
+}
+
+Status Rail::progress(int lane) {
+  fid_cq* cq = endpoints_[static_cast<size_t>(lane)].cq.get();
   fi_cq_tagged_entry entries[kCqBatch];
   // Bounded so one poll cannot be held forever by a peer that keeps sending.
   for (int round = 0; round < 64; ++round) {
-    ssize_t n = fi_cq_read(cq_.get(), entries, kCqBatch);
+    ssize_t n = fi_cq_read(cq, entries, kCqBatch);
     if (n == -FI_EAGAIN) return Status::ok();
     if (n == -FI_EAVAIL) {
       char providerWords[256];
       fi_cq_err_entry err{};
       err.err_data = providerWords;
       err.err_data_size = sizeof(providerWords);
-      ssize_t rc = fi_cq_readerr(cq_.get(), &err, 0);
+      ssize_t rc = fi_cq_readerr(cq, &err, 0);
       if (rc == -FI_EAGAIN) continue;  // announced but not ready yet: read again
-      if (rc < 0) return systemError(fiError(api_, "fi_cq_readerr", rc));
-      const char* words = fi_cq_strerror(cq_.get(), err.prov_errno, err.err_data, nullptr, 0);
+      if (rc < 0) return systemError(fiError(api_, "fi_cq_readerr", rc), " (endpoint ", lane, ")");
+      const char* words = fi_cq_strerror(cq, err.prov_errno, err.err_data, nullptr, 0);
       auto* op = static_cast<Op*>(err.op_context);
       if (op == nullptr) {
         SHOAL_WARN("ofi rail ", index_, ": completion error without an operation: ", api_.strerror(err.err),
@@ -329,7 +394,7 @@ Status Rail::progress() {
       dispatch(op);
       continue;
     }
-    if (n < 0) return systemError(fiError(api_, "fi_cq_read", n));
+    if (n < 0) return systemError(fiError(api_, "fi_cq_read", n), " (endpoint ", lane, ")");
     for (ssize_t i = 0; i < n; ++i) {
       auto* op = static_cast<Op*>(entries[i].op_context);
       if (op == nullptr) continue;
@@ -388,12 +453,13 @@ void Rail::dispatch(Op* op) {
   }
 }
 
-Result<fi_addr_t> Rail::insertAddress(const std::string& name) {
-  if (auto it = addresses_.find(name); it != addresses_.end()) return it->second;
+Result<fi_addr_t> Rail::insertAddress(int lane, const std::string& name) {
+  Endpoint& e = endpoints_[static_cast<size_t>(lane)];
+  if (auto it = e.addresses.find(name); it != e.addresses.end()) return it->second;
   fi_addr_t address = FI_ADDR_NOTAVAIL;
-  int rc = fi_av_insert(av_.get(), name.data(), 1, &address, 0, nullptr);
+  int rc = fi_av_insert(e.av.get(), name.data(), 1, &address, 0, nullptr);
   if (rc != 1) return systemError(fiError(api_, "fi_av_insert", rc < 0 ? rc : -FI_EINVAL));
-  addresses_.emplace(name, address);
+  e.addresses.emplace(name, address);
   return address;
 }
 
@@ -410,18 +476,22 @@ Result<uint32_t> Rail::allocateId() {
 
 void Rail::releaseId(uint32_t id) { idsInUse_.erase(id); }
 
-Status Rail::sendControl(fi_addr_t to, uint64_t tag, const void* payload, size_t bytes) {
+Status Rail::sendControl(int lane, fi_addr_t to, uint64_t tag, const void* payload, size_t bytes) {
   if (bytes > kSlotBytes) return internalError("ofi control message of ", bytes, " bytes");
+  // The arena is registered for endpoint 0 (FI_MR_ENDPOINT); others send only byes.
+  if (bytes > 0 && lane != 0) return internalError("ofi control payload on endpoint ", lane);
   if (freeSendSlots_.empty()) return error(Code::kAgain, "ofi control slots busy");
   int slot = freeSendSlots_.back();
   Op& op = slotOps_[static_cast<size_t>(slot)];
   op.reset();
   op.kind = Op::Kind::kControlSend;
+  op.lane = static_cast<uint8_t>(lane);
   op.slot = slot;
   uint8_t* buffer = arena_.get() + slot * kSlotBytes;
   if (bytes > 0) std::memcpy(buffer, payload, bytes);
   void* desc = arenaMr_ ? fi_mr_desc(arenaMr_->mr) : nullptr;
-  ssize_t rc = fi_tsend(ep_.get(), bytes > 0 ? buffer : nullptr, bytes, bytes > 0 ? desc : nullptr, to, tag, &op.context);
+  ssize_t rc = fi_tsend(endpoint(lane), bytes > 0 ? buffer : nullptr, bytes, bytes > 0 ? desc : nullptr, to, tag,
+                        &op.context);
   if (rc == -FI_EAGAIN) return error(Code::kAgain, "ofi send queue full");
   if (rc != 0) return systemError(fiError(api_, "fi_tsend (control)", rc));
   freeSendSlots_.pop_back();
@@ -484,12 +554,12 @@ Status Rail::describe(Op& op) {
     return error(Code::kUnsupported, "a device buffer on an endpoint without FI_HMEM (the provider cannot reach GPU memory)");
   bool needed = registerLocal_ || (place.iface != FI_HMEM_SYSTEM && (mrMode_ & FI_MR_HMEM) != 0);
   if (!needed) return Status::ok();
-  SHOAL_ASSIGN_OR_RETURN(op.mr, mrs_.acquire(op.data, op.bytes, place));
+  SHOAL_ASSIGN_OR_RETURN(op.mr, registrations(op.lane).acquire(op.data, op.bytes, place));
   return Status::ok();
 }
 
 void Rail::releaseRegistration(Op& op) {
-  mrs_.release(op.mr);
+  if (op.mr != nullptr) registrations(op.lane).release(op.mr);
   op.mr = nullptr;
 }
 

@@ -1,9 +1,11 @@
 // The libfabric layer under the ofi transport: the loaded library, RAII for
-// fids, the wire tags, and the Rail (one endpoint on one NIC/domain).
+// fids, the wire tags, and the Rail (one NIC/domain and its endpoints).
 //
-// Role: OfiTransport opens one Rail per domain of the chosen provider;
-// OfiConnections post their operations on the rail of their channel and drain
-// its completion queue from their poll() (libfabric's manual progress).
+// Role: OfiTransport opens one Rail per domain of the chosen provider, with
+// one or more endpoints each (over a socket provider, one per TCP stream a
+// connection should stripe over); OfiConnections post their operations on the
+// endpoints ("lanes") of their channel's rail and drain the rail's completion
+// queues from their poll() (libfabric's manual progress).
 // Owner: the Rail belongs to its OfiTransport and outlives every connection on
 // it (the transport lives for the process).
 // Thread: every libfabric call on a rail and every field marked "mutex" is
@@ -81,13 +83,22 @@ using InfoPtr = std::unique_ptr<fi_info, InfoDeleter>;
 // --- wire tags (the 64-bit libfabric tag of every message)
 //   [63..62] kind: 0 data, 1 hello, 2 bye
 //   [61..40] data and bye: the receiving connection's id on its endpoint
-//   [39..16] data: the message number on the connection, per direction
-//   [15..0]  data: a hash of the message's byte count
+//   [39..16] data: the message number on its lane, per direction
+//   [15..0]  data: size bits, what keeps a message from matching a receive of
+//            another size: a whole message carries [15] 0 and [14..0] a hash
+//            of its byte count; a part of a message striped over s lanes
+//            carries [15] 1, [14..11] bytes % s and [10..0] a hash of the
+//            whole message's byte count.
 // Shoal's own 64-bit tag travels as the message's immediate data (cq_data).
-// The size hash keeps a message from matching a receive of another size, so
-// a size mismatch never truncates inside the provider (1.17's shm spins
-// forever on a truncated large message); the receiver finds such a message
-// with FI_PEEK, ignoring the size bits (OfiConnection::peek).
+// The size bits keep a size mismatch from truncating inside the provider
+// (1.17's shm spins forever on a truncated large message); the receiver finds
+// such a message with FI_PEEK, ignoring the size bits (OfiConnection::peek),
+// and sentBytes() recovers what the peer sent from the length and size bits
+// of what it sees (rxm's peek reports no immediate data).
+//
+// Striping (ofi_connection.h): a message of at least kStripeMinBytes on a
+// connection of s > 1 lanes travels as s parts, one per lane; part 0 has
+// bytes / s + bytes % s bytes, the others bytes / s, in order.
 namespace wire {
 inline constexpr int kIdBits = 22;
 inline constexpr int kSeqBits = 24;
@@ -98,12 +109,42 @@ inline constexpr uint64_t kSizeMask = (1ull << kSizeBits) - 1;
 inline constexpr int kIdShift = kSeqBits + kSizeBits;
 inline constexpr uint64_t kHelloKind = 1ull << 62;
 inline constexpr uint64_t kByeKind = 2ull << 62;
+inline constexpr uint64_t kStripedBit = 1ull << 15;
+inline constexpr int kRemainderShift = 11;
+inline constexpr uint64_t kMaxStripes = 16;  // the remainder's 4 bits
+// Below this a message stays whole: parts of 128 KiB and more keep the
+// per-message costs (a rendezvous, a completion) small against the bytes.
+inline constexpr uint64_t kStripeMinBytes = 256 * 1024;
+
 inline uint64_t sizeHash(uint64_t bytes) {
   uint64_t x = bytes * 0x9E3779B97F4A7C15ull;
-  return (x ^ (x >> 29) ^ (x >> 47)) & kSizeMask;
+  return x ^ (x >> 29) ^ (x >> 47);
 }
-inline uint64_t dataTag(uint32_t recvId, uint64_t seq, uint64_t bytes) {
-  return (static_cast<uint64_t>(recvId) << kIdShift) | ((seq & kSeqMask) << kSizeBits) | sizeHash(bytes);
+// How many parts a message of `bytes` travels in over `lanes` lanes.
+inline uint64_t stripeCount(uint64_t bytes, uint64_t lanes) {
+  return lanes > 1 && lanes <= kMaxStripes && bytes >= kStripeMinBytes ? lanes : 1;
+}
+struct Part {
+  uint64_t offset = 0;
+  uint64_t bytes = 0;
+};
+inline Part part(uint64_t bytes, uint64_t stripes, uint64_t index) {
+  uint64_t each = bytes / stripes, first = each + bytes % stripes;
+  return index == 0 ? Part{0, first} : Part{first + (index - 1) * each, each};
+}
+inline uint64_t sizeBits(uint64_t bytes, uint64_t stripes) {
+  if (stripes <= 1) return sizeHash(bytes) & (kStripedBit - 1);
+  return kStripedBit | ((bytes % stripes) << kRemainderShift) | (sizeHash(bytes) & ((1ull << kRemainderShift) - 1));
+}
+// The byte count of the message whose first part (or whole) is `length`
+// bytes with `bits` as its size bits, on a connection of `lanes` lanes.
+inline uint64_t sentBytes(uint64_t bits, uint64_t length, uint64_t lanes) {
+  if ((bits & kStripedBit) == 0) return length;
+  uint64_t remainder = (bits >> kRemainderShift) & (kMaxStripes - 1);
+  return length >= remainder ? lanes * (length - remainder) + remainder : length;
+}
+inline uint64_t dataTag(uint32_t recvId, uint64_t seq, uint64_t bytes, uint64_t stripes = 1) {
+  return (static_cast<uint64_t>(recvId) << kIdShift) | ((seq & kSeqMask) << kSizeBits) | sizeBits(bytes, stripes);
 }
 inline uint64_t helloTag() { return kHelloKind; }
 inline uint64_t byeTag(uint32_t recvId) { return kByeKind | (static_cast<uint64_t>(recvId) << kIdShift); }
@@ -139,6 +180,7 @@ struct Op {
   enum class Kind : uint8_t { kSend, kRecv, kBye, kPeek, kHelloRecv, kControlSend };
   fi_context2 context{};
   Kind kind = Kind::kSend;
+  uint8_t lane = 0;     // the rail's endpoint it was posted on
   bool posted = false;  // handed to the provider
   bool done = false;    // its completion (or error) arrived
   OfiConnection* owner = nullptr;
@@ -147,7 +189,11 @@ struct Op {
   uint64_t bytes = 0;
   uint64_t tag = 0;    // Shoal's tag
   uint64_t token = 0;
-  uint64_t seq = 0;    // message number on the connection
+  uint64_t seq = 0;           // message number on the connection
+  uint64_t laneSeq = 0;       // message number on its lane (the wire tag's)
+  uint64_t messageBytes = 0;  // the whole message's (a part's op carries some of it)
+  uint64_t sizeBits = 0;      // the wire tag's (wire::sizeBits)
+  bool last = true;           // the message's last part: its completion is the message's
   MrCache::Handle* mr = nullptr;
   int slot = -1;       // control slot (hello receives, control sends)
   // What the completion said.
@@ -168,10 +214,20 @@ struct RailOptions {
   size_t cacheEntries = 1024;
 };
 
-// One endpoint (and its domain, CQ and AV) on one NIC.
+// Most endpoints a rail opens (each is one more TCP stream per peer over a
+// socket provider; beyond a few they only add polling).
+inline constexpr int kMaxEndpointsPerRail = 16;
+static_assert(kMaxEndpointsPerRail <= wire::kMaxStripes, "a striped message's remainder must fit its tag bits");
+
+// One NIC: its domain and `endpoints` RDM endpoints, each with its own
+// completion queue and AV. Why several endpoints on one NIC: over tcp;ofi_rxm
+// an endpoint reaches a peer through one TCP connection, so a connection that
+// stripes its large messages over k endpoints has k streams in flight, as the
+// tcp transport has k sockets. Control traffic (hellos) uses endpoint 0; byes
+// go on every endpoint a connection uses.
 class Rail {
  public:
-  static Result<std::unique_ptr<Rail>> open(const Api& api, const fi_info& info, int index,
+  static Result<std::unique_ptr<Rail>> open(const Api& api, const fi_info& info, int index, int endpoints,
                                             const RailOptions& options);
   ~Rail();
   Rail(const Rail&) = delete;
@@ -181,10 +237,11 @@ class Rail {
 
   const Api& api() const { return api_; }
   int index() const { return index_; }
-  // The endpoint's fi_getname bytes (what peers fi_av_insert).
-  const std::string& name() const { return name_; }
+  int endpointCount() const { return static_cast<int>(endpoints_.size()); }
+  // Each endpoint's fi_getname bytes (what peers fi_av_insert), endpoint 0 first.
+  std::vector<std::string> names() const;
   const std::string& domainName() const { return domainName_; }
-  fid_ep* endpoint() const { return ep_.get(); }
+  fid_ep* endpoint(int lane) const { return endpoints_[static_cast<size_t>(lane)].ep.get(); }
   size_t injectBytes() const { return injectBytes_; }
   uint64_t maxMessageBytes() const { return maxMessageBytes_; }
   bool hmem() const { return hmem_; }
@@ -192,16 +249,24 @@ class Rail {
   bool peekWorks() const { return peekWorks_; }
 
   // All below: mutex held.
-  // Drains the completion queue and dispatches every entry to its Op. Errors
-  // here are the rail's (the CQ itself failed); an operation's error goes to it.
+  // Drains every endpoint's completion queue (which is also what drives each
+  // endpoint under manual progress) and dispatches every entry to its Op.
+  // Errors here are the rail's (a CQ itself failed); an operation's error goes
+  // to it.
   Status progress();
-  Result<fi_addr_t> insertAddress(const std::string& name);
+  // The same for endpoint `lane` alone.
+  Status progress(int lane);
+  // A peer endpoint's address in endpoint `lane`'s AV (each endpoint has its
+  // own AV, so no provider state is shared between endpoints).
+  Result<fi_addr_t> insertAddress(int lane, const std::string& name);
   // A fresh connection id (wire tags) for `owner`; released on destruction.
+  // One id serves every endpoint of the connection.
   Result<uint32_t> allocateId();
   void releaseId(uint32_t id);
-  // Sends a control message (hello: `bytes` of payload; bye: none). kAgain
-  // when the provider or the control slots push back.
-  Status sendControl(fi_addr_t to, uint64_t tag, const void* payload, size_t bytes);
+  // Sends a control message from endpoint `lane` (hello: `bytes` of payload,
+  // endpoint 0 only; bye: none). kAgain when the provider or the control
+  // slots push back.
+  Status sendControl(int lane, fi_addr_t to, uint64_t tag, const void* payload, size_t bytes);
   size_t controlSendsInFlight() const { return controlSendsInFlight_; }
   // Takes the first hello for (commId, from -> to, channel) that proves
   // `secret`; hellos that do not prove it are dropped and logged.
@@ -209,11 +274,17 @@ class Rail {
                  wire::Hello& out);
   // An Op of a destroyed connection: freed when its completion arrives.
   void adoptOrphan(Op* op);
-  // The local descriptor for [data, data + bytes), registering (through the
-  // cache) when the provider needs it; nullptr desc when it does not.
+  // The local descriptor for [data, data + bytes) on the op's lane,
+  // registering (through the cache) when the provider needs it; nullptr desc
+  // when it does not.
   Status describe(Op& op);
   void releaseRegistration(Op& op);
-  MrCache& registrations() { return mrs_; }
+  // Registrations are the domain's, so one cache serves every endpoint,
+  // except under FI_MR_ENDPOINT (a registration is bound to one endpoint):
+  // then each endpoint has its own.
+  MrCache& registrations(int lane) { return *caches_[caches_.size() == 1 ? 0 : static_cast<size_t>(lane)]; }
+  MrCache::Stats registrationStats() const;
+  void invalidateRegistrations(void* base, size_t bytes);
 
  private:
   Rail(const Api& api, int index);
@@ -221,14 +292,21 @@ class Rail {
   void dispatch(Op* op);
   void expireHellos();
 
+  // One endpoint, its completion queue and AV (declared before the endpoint,
+  // so the endpoint bound to them closes first).
+  struct Endpoint {
+    FidPtr<fid_cq> cq;
+    FidPtr<fid_av> av;
+    FidPtr<fid_ep> ep;
+    std::string name;
+    std::unordered_map<std::string, fi_addr_t> addresses;  // inserted peer names
+  };
+
   const Api& api_;
   const int index_;
   FidPtr<fid_fabric> fabric_;
   FidPtr<fid_domain> domain_;
-  FidPtr<fid_cq> cq_;
-  FidPtr<fid_av> av_;
-  FidPtr<fid_ep> ep_;
-  std::string name_;
+  std::vector<Endpoint> endpoints_;  // closed before the domain
   std::string domainName_;
   size_t injectBytes_ = 0;
   uint64_t maxMessageBytes_ = 0;
@@ -236,17 +314,16 @@ class Rail {
   bool hmem_ = false;
   bool peekWorks_ = true;
   bool registerLocal_ = false;  // FI_MR_LOCAL or SHOAL_OFI_ALWAYS_REGISTER
-  MrCache mrs_;
+  std::vector<std::unique_ptr<MrCache>> caches_;  // one, or one per endpoint (FI_MR_ENDPOINT)
 
-  // Control slots: a registered arena; the first kHelloRecvSlots stay posted
-  // for hellos, the rest carry control sends.
+  // Control slots: a registered arena (on endpoint 0); the first
+  // kHelloRecvSlots stay posted there for hellos, the rest carry control sends.
   std::unique_ptr<uint8_t[]> arena_;
   MrCache::Handle* arenaMr_ = nullptr;
   std::vector<Op> slotOps_;
   std::vector<int> freeSendSlots_;
   size_t controlSendsInFlight_ = 0;
 
-  std::unordered_map<std::string, fi_addr_t> addresses_;
   std::unordered_set<uint32_t> idsInUse_;
   uint32_t nextId_ = 1;
   struct HelloKey {

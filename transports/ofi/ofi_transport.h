@@ -5,18 +5,22 @@
 // Role: one per process (makeOfiTransport(), owned by the transport registry).
 // localAddress() loads libfabric (dlopen), picks the provider (FI_PROVIDER,
 // libfabric's own variable, filters; the API version is asked for downward
-// from the newest these headers know to 1.17), opens one endpoint per rail
-// (NIC/domain, at most SHOAL_OFI_MAX_RAILS) and returns
-// "<provider>/<hex name of rail 0>,<hex name of rail 1>...". When no provider
-// gives an FI_EP_RDM endpoint with FI_TAGGED, it returns an error saying which
-// provider and why (a forced ofi is then an error, never a fallback).
-// connect(): channel c of a pair uses rail c % min(local rails, peer rails);
-// both ranks send each other a hello (the connection id the other must tag
-// its data with, HMAC proof of the communicator's secret). The higher rank
-// waits for the lower's; the lower returns at once and claims the higher's
-// when it first sends, so set-up cannot deadlock whatever order ranks,
-// channels and communicators connect in. Many connections share one
-// endpoint, told apart by tag bits.
+// from the newest these headers know to 1.17), opens one rail per NIC/domain
+// (at most SHOAL_OFI_MAX_RAILS) with k endpoints each (k = the tcp
+// transport's sockets per connection, NCCL_SOCKET_NTHREADS x
+// NCCL_NSOCKS_PERTHREAD, over socket providers; 1 otherwise) and returns
+// "<provider>/<hex name of rail 0 endpoint 0>+<endpoint 1>...,<rail 1 ...>".
+// When no provider gives an FI_EP_RDM endpoint with FI_TAGGED, it returns an
+// error saying which provider and why (a forced ofi is then an error, never a
+// fallback).
+// connect(): channel c of a pair uses rail c % min(local rails, peer rails)
+// and stripes its messages over min(local, peer) endpoints of that rail
+// (lanes, ofi_connection.h); both ranks send each other a hello (the
+// connection id the other must tag its data with, HMAC proof of the
+// communicator's secret). The higher rank waits for the lower's; the lower
+// returns at once and claims the higher's when it first sends, so set-up
+// cannot deadlock whatever order ranks, channels and communicators connect
+// in. Many connections share each endpoint, told apart by tag bits.
 // Thread: localAddress(), canConnect() and connect() may be called from any
 // number of threads. Lock order: the transport's mutex, then a rail's.
 #pragma once
@@ -58,10 +62,13 @@ struct RegistrationStats {
 };
 RegistrationStats registrationStats();
 
-// The address a rank publishes: provider and each rail's fi_getname bytes.
+// The address a rank publishes: provider and, per rail, each endpoint's
+// fi_getname bytes. Text: "<provider>/<hex>+<hex>,<hex>+<hex>" (',' between
+// rails, '+' between a rail's endpoints; one endpoint per rail is the form
+// that predates endpoints, which still parses).
 struct Address {
   std::string provider;
-  std::vector<std::string> rails;  // raw bytes
+  std::vector<std::vector<std::string>> rails;  // [rail][endpoint]: raw bytes
 };
 std::string formatAddress(const Address& address);
 Result<Address> parseAddress(std::string_view text);
