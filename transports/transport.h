@@ -107,6 +107,12 @@ class Transport {
   // transport that one thread uses for several ranks (loopback never blocks).
   virtual Result<std::unique_ptr<Connection>> connect(const ConnectionKey& key,
                                                       const ConnectOptions& options) = 0;
+  // Whether connect(key) may wait for the peer's side (tcp and ofi: the
+  // higher rank waits for the lower's hello; the lower never waits). One
+  // thread that drives several ranks in a group connects every side that does
+  // not wait first (Communicator::connectAhead), so no side waits for a peer
+  // that the same thread would only reach later.
+  virtual bool connectWaitsForPeer(const ConnectionKey& /*key*/) const { return false; }
 };
 
 }  // namespace shoal

@@ -142,7 +142,7 @@ Result<std::shared_ptr<const PreparedPlan>> Communicator::planFor(const CollShap
   return prepared;
 }
 
-Result<Connection*> Communicator::connectionTo(int peer, uint16_t channel) {
+Result<Connection*> Communicator::connectionTo(int peer, uint16_t channel, bool unlessWaiting) {
   auto key = std::make_pair(peer, channel);
   auto it = connections_.find(key);
   if (it != connections_.end()) return it->second.get();
@@ -155,6 +155,7 @@ Result<Connection*> Communicator::connectionTo(int peer, uint16_t channel) {
       describe());
   }
   ConnectionKey ckey{commId_, rank_, peer, channel};
+  if (unlessWaiting && transport->connectWaitsForPeer(ckey)) return nullptr;
   ConnectOptions opts;
   opts.self = &peers_[rank_];
   opts.peer = &peers_[peer];
@@ -177,6 +178,17 @@ Status Communicator::ensureConnections(const Plan& plan,
   for (size_t i = 0; i < plan.lanes.size(); ++i) {
     SHOAL_ASSIGN_OR_RETURN(laneConnections[i],
                            connectionTo(plan.lanes[i].peer, plan.lanes[i].channel));
+  }
+  return Status::ok();
+}
+
+Status Communicator::connectAhead(const std::vector<OpRequest>& ops) {
+  for (const OpRequest& op : ops) {
+    if (op.shape.count == 0 && op.shape.kind != CollKind::kSend && op.shape.kind != CollKind::kRecv) continue;
+    SHOAL_ASSIGN_OR_RETURN(std::shared_ptr<const PreparedPlan> prepared, planFor(op.shape, ops.size() > 1),
+      describe(), ": ", collKindName(op.shape.kind));
+    for (const auto& lane : prepared->plan->lanes)
+      SHOAL_TRY(connectionTo(lane.peer, lane.channel, /*unlessWaiting=*/true).status());
   }
   return Status::ok();
 }

@@ -105,6 +105,11 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   // Fills `job` for the operations (zero-count collectives dropped); false
   // when nothing is left to do.
   Result<bool> prepareJob(Job& job, std::vector<OpRequest>& ops, bool detached);
+  // Makes the connections `ops` will need whose set-up does not wait for the
+  // peer (Transport::connectWaitsForPeer). A thread that drives several
+  // ranks' communicators in one group calls it for all of them before it
+  // enqueues any: then a side that waits finds its peer's side already made.
+  Status connectAhead(const std::vector<OpRequest>& ops);
   // No submitted job of ours is unfinished (blocking calls may then run inline).
   bool nothingInFlight();
   Status waitFor(const Job& job);
@@ -149,7 +154,10 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   // grouped: the op is one of several merged into one job (no peer reads).
   Result<std::shared_ptr<const PreparedPlan>> planFor(const CollShape& shape, bool grouped = false);
   Status ensureConnections(const Plan& plan, std::vector<Connection*>& laneConnections);
-  Result<Connection*> connectionTo(int peer, uint16_t channel);
+  // The connection to `peer` on `channel`, made on first use. With
+  // `unlessWaiting`, a connection whose set-up would wait for the peer is not
+  // made (nullptr).
+  Result<Connection*> connectionTo(int peer, uint16_t channel, bool unlessWaiting = false);
   uint64_t tagFor(const CollShape& shape);
   Status handleFailure(const Job& job, Status st);
   std::string failureKey(int rank) const;

@@ -63,9 +63,21 @@ Status end() {
 
   // Submit every communicator's job first, then wait for all: the jobs of
   // different communicators progress together in the engine.
+  // Several communicators from one thread (often several ranks of one
+  // process): connections that do not wait for their peer first, so that
+  // none waits for a rank this thread reaches only later.
+  std::vector<bool> failed(work.comms.size(), false);
+  if (work.comms.size() > 1)
+    for (size_t i = 0; i < work.comms.size(); ++i)
+      if (Status s = work.comms[i].comm->connectAhead(work.comms[i].ops); !s.isOk()) {
+        failed[i] = true;
+        if (result.isOk()) result = s;
+      }
   std::vector<std::pair<std::shared_ptr<Communicator>, JobPtr>> waiting;
   bool inProgress = false;
-  for (auto& c : work.comms) {
+  for (size_t i = 0; i < work.comms.size(); ++i) {
+    auto& c = work.comms[i];
+    if (failed[i]) continue;
     bool detached = !c.comm->options().blocking;
     auto job = c.comm->enqueue(std::move(c.ops), detached);
     if (!job.isOk()) {

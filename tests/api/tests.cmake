@@ -21,3 +21,14 @@ set_tests_properties(api.c99_header PROPERTIES LABELS api TIMEOUT 60)
 # collectives, groups, split, nonblocking, errors, config, memory, params.
 shoal_add_test(api_behaviour_tests LABEL api TIMEOUT 300 SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/nccl_behaviour_test.cc)
+
+# One thread driving several in-process ranks in a group, over transports whose
+# connect waits for the peer (the higher rank waits for the lower's hello):
+# the split's children connect in an order where, without connect-ahead, a
+# waiting side would wait for a rank the same thread reaches only later.
+foreach(transport tcp ofi)
+  add_test(NAME "api.split_one_thread_over_${transport}"
+    COMMAND api_behaviour_tests "ncclCommSplit: halves - duplicate - key order - ties")
+  set_tests_properties("api.split_one_thread_over_${transport}" PROPERTIES LABELS api TIMEOUT 120
+    ENVIRONMENT "SHOAL_TRANSPORT=${transport};FI_PROVIDER=tcp\\;ofi_rxm;NCCL_SOCKET_IFNAME=lo;FI_TCP_IFACE=lo;SHOAL_INIT_TIMEOUT_MS=30000")
+endforeach()

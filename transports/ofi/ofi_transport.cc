@@ -146,6 +146,8 @@ class OfiTransport final : public Transport {
   Result<std::string> localAddress() override;
   bool canConnect(const PeerInfo& self, const PeerInfo& peer) const override;
   Result<std::unique_ptr<Connection>> connect(const ConnectionKey& key, const ConnectOptions& options) override;
+  // The higher rank waits for the lower rank's hello.
+  bool connectWaitsForPeer(const ConnectionKey& key) const override { return key.selfRank > key.peerRank; }
 
  private:
   Status initialise();  // mutex_ held

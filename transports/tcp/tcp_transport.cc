@@ -157,6 +157,8 @@ class TcpTransport final : public Transport {
     return peer.address("tcp") != nullptr;
   }
   Result<std::unique_ptr<Connection>> connect(const ConnectionKey& key, const ConnectOptions& options) override;
+  // The higher rank waits for the lower rank's hello.
+  bool connectWaitsForPeer(const ConnectionKey& key) const override { return key.selfRank > key.peerRank; }
 
  private:
   Result<std::unique_ptr<Connection>> connectActive(const ConnectionKey& key, const ConnectOptions& options,
