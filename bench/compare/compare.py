@@ -36,10 +36,27 @@ LABELS = {
     "mpi_ucx": "MPI ucx",
     "gloo_ring": "Gloo ring",
     "gloo_hd": "Gloo HD",
+    "shoal_ofi_shm": "Shoal ofi shm",
+    "shoal_ofi_tcp": "Shoal ofi tcp",
+    "mpi_ofi_tcp": "MPI ofi tcp",
 }
 ORDER = list(LABELS)
-SHOAL = ("shoal_shm", "shoal_tcp")
+SHOAL = ("shoal_shm", "shoal_tcp", "shoal_ofi_shm", "shoal_ofi_tcp")
 TCP_PEERS = ("mpi_tcp", "gloo_ring", "gloo_hd")
+SHM_PEERS = ("mpi_vader", "mpi_ucx")
+
+
+def ratio_columns(cols):
+    """(Shoal line, peer lines, header) for every ratio column this table has."""
+    peers = [l for l in cols if l not in SHOAL]
+    wanted = [
+        ("shoal_shm", peers, "Shoal shm / best peer"),
+        ("shoal_tcp", [l for l in cols if l in TCP_PEERS], "Shoal tcp / best tcp peer"),
+        ("shoal_ofi_shm", [l for l in cols if l in SHM_PEERS], "Shoal ofi shm / best shm peer"),
+        ("shoal_ofi_tcp", [l for l in cols if l == "mpi_ofi_tcp"], "Shoal ofi tcp / MPI ofi tcp"),
+        ("shoal_ofi_tcp", [l for l in cols if l == "shoal_tcp"], "Shoal ofi tcp / Shoal tcp"),
+    ]
+    return [(shoal, group, head) for shoal, group, head in wanted if shoal in cols and group]
 NAME = re.compile(r"^(allreduce|allgather|reduce_scatter)_np(\d+)_r(\d+)_(\w+)\.csv$")
 
 
@@ -117,8 +134,7 @@ def tables(summary):
     for (op, np_) in sorted(summary):
         libs = summary[(op, np_)]
         cols = [l for l in ORDER if l in libs] + sorted(l for l in libs if l not in ORDER)
-        peers = [l for l in cols if l not in SHOAL]
-        tcp_peers = [l for l in cols if l in TCP_PEERS]
+        ratios = ratio_columns(cols)
         sizes = sorted({s for l in cols for s in libs[l]})
         nruns = max((v["runs"] for l in cols for v in libs[l].values()), default=0)
         inplace = [LABELS.get(l, l) for l in cols if any(v["in_place"] for v in libs[l].values())]
@@ -130,11 +146,7 @@ def tables(summary):
             notes.append("in place (the API has no out-of-place form): " + ", ".join(inplace))
         lines.append("; ".join(notes))
         lines.append("")
-        head = ["size"] + [LABELS.get(l, l) for l in cols]
-        if "shoal_shm" in cols and peers:
-            head.append("Shoal shm / best peer")
-        if "shoal_tcp" in cols and tcp_peers:
-            head.append("Shoal tcp / best tcp peer")
+        head = ["size"] + [LABELS.get(l, l) for l in cols] + [h for _, _, h in ratios]
         lines.append("| " + " | ".join(head) + " |")
         lines.append("|" + "---:|" * len(head))
         for s in sizes:
@@ -155,9 +167,7 @@ def tables(summary):
                 have = [(libs[l][s]["busbw"], l) for l in group if s in libs[l]]
                 return max(have) if have else (None, None)
 
-            for shoal, group in (("shoal_shm", peers), ("shoal_tcp", tcp_peers)):
-                if shoal not in cols or not group:
-                    continue
+            for shoal, group, _ in ratios:
                 bw, who = best(group)
                 mine = libs[shoal].get(s, {}).get("busbw")
                 r = ratio(mine, bw)
@@ -192,7 +202,9 @@ def plot(summary, out):
     styles = {"shoal_shm": ("C3", "-", 2.4), "shoal_tcp": ("C3", "--", 2.4),
               "mpi_vader": ("C0", "-", 1.4), "mpi_tcp": ("C0", "--", 1.4),
               "mpi_ucx": ("C0", ":", 1.4), "gloo_ring": ("C2", "--", 1.4),
-              "gloo_hd": ("C2", "-.", 1.4)}
+              "gloo_hd": ("C2", "-.", 1.4),
+              "shoal_ofi_shm": ("C1", "-", 2.4), "shoal_ofi_tcp": ("C1", "--", 2.4),
+              "mpi_ofi_tcp": ("C4", "--", 1.4)}
     written = []
     for (op, np_) in sorted(summary):
         libs = summary[(op, np_)]

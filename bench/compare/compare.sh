@@ -125,20 +125,29 @@ if ((MALLOC_TUNE)); then
 fi
 SWEEP=(-b "$MINB" -e "$MAXB" -f "$FACTOR" -n "$ITERS" -w "$WARMUP" -c 1)
 
-ALL_LIBS=(shoal_shm shoal_tcp mpi_vader mpi_tcp mpi_ucx gloo_ring gloo_hd)
-if [ -n "$LIBS" ]; then IFS=, read -r -a WANT <<<"$LIBS"; else WANT=("${ALL_LIBS[@]}"); fi
+DEFAULT_LIBS=(shoal_shm shoal_tcp mpi_vader mpi_tcp mpi_ucx gloo_ring gloo_hd)
+# libfabric lines (issue 4), on request with --libs: Shoal's ofi transport
+# over shm and tcp;ofi_rxm, and Open MPI's ofi MTL over tcp;ofi_rxm (4.1's
+# MTL does not start over shm here: peers/RESULTS.md; compare with mpi_vader).
+OFI_LIBS=(shoal_ofi_shm shoal_ofi_tcp mpi_ofi_tcp)
+ALL_LIBS=("${DEFAULT_LIBS[@]}" "${OFI_LIBS[@]}")
+if [ -n "$LIBS" ]; then IFS=, read -r -a WANT <<<"$LIBS"; else WANT=("${DEFAULT_LIBS[@]}"); fi
 libs_for() {  # op -> the libraries that have it
   local op=$1 l
   for l in "${WANT[@]}"; do
     case "$l" in
       gloo_ring) ((HAVE_GLOO)) && [ "$op" != reduce_scatter ] && echo "$l" ;;
       gloo_hd) ((HAVE_GLOO)) && [ "$op" != allgather ] && echo "$l" ;;
-      shoal_shm|shoal_tcp|mpi_vader|mpi_tcp|mpi_ucx) echo "$l" ;;
+      shoal_shm|shoal_tcp|mpi_vader|mpi_tcp|mpi_ucx|shoal_ofi_shm|shoal_ofi_tcp|mpi_ofi_tcp) echo "$l" ;;
       *) log "unknown library $l (known: ${ALL_LIBS[*]})" ;;
     esac
   done
 }
 declare -A SKIP=()
+
+ofi_provider() {  # shoal_ofi_shm | shoal_ofi_tcp -> libfabric provider
+  case "$1" in *_shm) echo shm ;; *) echo 'tcp;ofi_rxm' ;; esac
+}
 
 launch() {  # lib op np csv-file -> runs one launch, output to stdout
   local lib=$1 op=$2 np=$3 csv=$4 shoalbin store rc
@@ -152,6 +161,12 @@ launch() {  # lib op np csv-file -> runs one launch, output to stdout
     shoal_shm) timeout "$TIMEOUT" "${M[@]}" -x NCCL_DEBUG=INFO "$PERF/$shoalbin" "${SWEEP[@]}" --csv "$csv" ;;
     shoal_tcp) timeout "$TIMEOUT" "${M[@]}" -x NCCL_DEBUG=INFO -x SHOAL_TRANSPORT=tcp \
                  "$PERF/$shoalbin" "${SWEEP[@]}" --csv "$csv" ;;
+    shoal_ofi_shm|shoal_ofi_tcp)
+      timeout "$TIMEOUT" "${M[@]}" -x NCCL_DEBUG=INFO -x SHOAL_TRANSPORT=ofi -x FI_PROVIDER="$(ofi_provider "$lib")" \
+        "$PERF/$shoalbin" "${SWEEP[@]}" --csv "$csv" ;;
+    mpi_ofi_tcp)
+      timeout "$TIMEOUT" "${M[@]}" --mca pml cm --mca mtl ofi --mca mtl_ofi_provider_include 'tcp;ofi_rxm' \
+        -x FI_PROVIDER='tcp;ofi_rxm' "$BIN/mpi_coll_bench" -o "$op" "${SWEEP[@]}" --csv "$csv" ;;
     mpi_vader) timeout "$TIMEOUT" "${M[@]}" --mca pml ob1 --mca btl vader,self \
                  "$BIN/mpi_coll_bench" -o "$op" "${SWEEP[@]}" --csv "$csv" ;;
     mpi_tcp) timeout "$TIMEOUT" "${M[@]}" --mca pml ob1 --mca btl tcp,self \
@@ -212,8 +227,8 @@ round() {  # op np rep
       if [ "$lib" = mpi_ucx ]; then SKIP[$lib]=1; log "  mpi_ucx skipped from now on"; fi
     fi
     case "$lib" in
-      shoal_shm|shoal_tcp)
-        want=${lib#shoal_}
+      shoal_shm|shoal_tcp|shoal_ofi_*)
+        want=${lib#shoal_}; want=${want%_*}
         if grep -q ' via ' "$OUT/raw/$tag.txt" && grep ' via ' "$OUT/raw/$tag.txt" | grep -qv " via $want"; then
           log "  warning: $lib used another transport than $want: $(grep -o ' via [a-z]*' "$OUT/raw/$tag.txt" | sort | uniq -c | tr -s ' \n' ' ')"
         fi ;;
