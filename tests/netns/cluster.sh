@@ -5,7 +5,7 @@
 #   cluster.sh --nodes N --ranks-per-node L [--rails R] [--rate RATE] [--timeout S]
 #              [--link-down-after SECONDS NODE [--link-down-wait S]
 #               [--link-down-require error|named]]
-#              [--loopback] [--keep-logs] -- COMMAND [ARGS]
+#              [--loopback] [--keep-logs] [--mca NAME VALUE]... -- COMMAND [ARGS]
 #   cluster.sh --cleanup-stale      remove what dead runs left behind
 #   cluster.sh --list               namespaces of this harness (live or stale)
 #
@@ -28,6 +28,11 @@
 # NCCL_HOSTID=nodeK, NCCL_SOCKET_IFNAME=eth1 and FI_TCP_IFACE=eth1 (the last
 # two unless the caller set them), plus every NCCL_*, SHOAL_* and FI_*
 # variable of the caller. See README.md for why.
+#
+# mpirun gets --mca pml ob1 --mca btl self,vader,tcp; each --mca NAME VALUE
+# is passed on to it, and one for pml or btl replaces that default (mpirun
+# refuses a name given twice), e.g. for Open MPI's libfabric MTL:
+# --mca pml cm --mca mtl ofi --mca mtl_ofi_provider_exclude none.
 #
 # After COMMAND, prints the bytes each node's link carried (tx = sent by the
 # node, rx = received by it; per rail with --rails) and exits with mpirun's
@@ -104,6 +109,8 @@ cleanup_stale() {
 
 NODES=""; RPN=""; RAILS=1; RATE=""; TIMEOUT=600; DOWN_AFTER=""; DOWN_NODE=""; DOWN_WAIT=30
 DOWN_REQUIRE=named; FORCE_LOOPBACK=0; KEEP_LOGS=0
+# shellcheck disable=SC2054  # the commas belong to an MCA value
+MCA_PML=ob1; MCA_BTL=self,vader,tcp; MCA_MORE=()
 while [ $# -gt 0 ]; do
   case $1 in
     --nodes) NODES=${2:-}; shift 2 ;;
@@ -116,6 +123,14 @@ while [ $# -gt 0 ]; do
     --link-down-require) DOWN_REQUIRE=${2:-}; shift 2 ;;
     --loopback) FORCE_LOOPBACK=1; shift ;;
     --keep-logs) KEEP_LOGS=1; shift ;;
+    --mca)
+      [ $# -ge 3 ] && [[ -n $2 && $2 != -* && $3 != -- ]] || die "--mca needs NAME and VALUE"
+      case $2 in
+        pml) MCA_PML=$3 ;;
+        btl) MCA_BTL=$3 ;;
+        *) MCA_MORE+=(--mca "$2" "$3") ;;
+      esac
+      shift 3 ;;
     --cleanup-stale) cleanup_stale; exit 0 ;;
     --list) harness_namespaces; exit 0 ;;
     -h|--help) usage 0 ;;
@@ -304,9 +319,8 @@ read_all_counters() {  # BEFORE|AFTER: fills <name>_TX and <name>_RX, index k*RA
 
 # --- the mpirun command -------------------------------------------------------
 
-# shellcheck disable=SC2054  # the commas belong to an MCA value
 MPIRUN=(mpirun --allow-run-as-root --oversubscribe --bind-to none -np "$NP"
-        --mca pml ob1 --mca btl self,vader,tcp)
+        --mca pml "$MCA_PML" --mca btl "$MCA_BTL" "${MCA_MORE[@]}")
 WRAP=()   # rank wrapper, when one is needed
 if [ "$MODE" = netns ]; then
   HOSTFILE=$RUNDIR/hostfile
