@@ -406,15 +406,22 @@ Status Engine::postLaneSteps(Job& job, int32_t lane) {
 
 void Engine::runReady(Job& job) {
   const Plan& plan = *job.prepared->plan;
+  uint64_t computed = 0;
   while (!job.ready_.empty() && !job.isDone()) {
     uint32_t index = job.ready_.back();
-    job.ready_.pop_back();
     const Step& s = plan.steps[index];
     if (s.kind == StepKind::kSend || s.kind == StepKind::kRecv) {
+      job.ready_.pop_back();
       job.stepState_[index] = Job::kReady;
       Status st = postLaneSteps(job, s.lane);
       if (!st.isOk()) return failJob(job, std::move(st));
     } else {
+      // Transports move bytes only when polled: after this much copying and
+      // reducing the caller polls before the rest (an out-of-place AllGather's
+      // own 32 MiB copy left both links idle for its whole length).
+      if (computed >= kComputeBytesPerPass) return;
+      job.ready_.pop_back();
+      computed += s.bytes;
       Status st = runComputeStep(job, index);
       if (!st.isOk()) return failJob(job, std::move(st));
       completeStep(job, index);

@@ -163,6 +163,8 @@ class Engine {
   // Progresses one job the caller waits on, if it has started (else pumpOnce).
   bool progressStarted(Job& job);
   static constexpr uint32_t kPollsPerClockRead = 32;
+  // Copy/reduce bytes one runReady() call runs before it lets its caller poll.
+  static constexpr uint64_t kComputeBytesPerPass = 1 << 20;
   bool progressJob(Job& job);
   void runReady(Job& job);
   void startJob(Job& job);
