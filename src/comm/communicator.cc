@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "collectives/registry.h"
+#include "core/clock.h"
 #include "core/log.h"
 #include "core/params.h"
 #include "core/tag.h"
@@ -76,6 +77,7 @@ Status Communicator::initialize() {
       return invalidUsage(describe(), ": two processes claim rank ", peers_[r].rank);
   }
   topology_ = buildTopology(peers_);
+  chooseWaitSpin(self);
   rankView_.rank = rank_;
   rankView_.nranks = nranks_;
   rankView_.ring = topology_.ring;
@@ -140,6 +142,24 @@ Result<std::shared_ptr<const PreparedPlan>> Communicator::planFor(const CollShap
   auto prepared = preparePlan(plan);
   cache.emplace(shape, prepared);
   return prepared;
+}
+
+// How long waiting ranks spin before yielding (Backoff::setSpinPasses): once
+// any communicator of the process has more ranks on this machine (one kernel:
+// emulated nodes share it) than the machine has cores, yield at once, for the rest of the process (a spinning rank would
+// hold the core its peer needs; the cost the other way is ~1.5 us a wait).
+void Communicator::chooseWaitSpin(const PeerInfo& self) const {
+  if (params().waitSpin >= 0) {
+    Backoff::setSpinPasses(static_cast<uint32_t>(std::min<int64_t>(params().waitSpin, 1 << 20)));
+    return;
+  }
+  int ranksHere = static_cast<int>(
+      std::count_if(peers_.begin(), peers_.end(), [&](const PeerInfo& p) { return onSameKernel(p, self); }));
+  if (ranksHere > localMachine().cores && Backoff::spinPasses() != 0) {
+    Backoff::setSpinPasses(0);
+    SHOAL_INFO(subsys::kInit, describe(), ": ", ranksHere, " ranks on this host, ", localMachine().cores,
+               " cores: waiting ranks yield the core at once");
+  }
 }
 
 Result<Connection*> Communicator::connectionTo(int peer, uint16_t channel, bool unlessWaiting) {

@@ -158,6 +158,7 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   // `unlessWaiting`, a connection whose set-up would wait for the peer is not
   // made (nullptr).
   Result<Connection*> connectionTo(int peer, uint16_t channel, bool unlessWaiting = false);
+  void chooseWaitSpin(const PeerInfo& self) const;
   uint64_t tagFor(const CollShape& shape);
   Status handleFailure(const Job& job, Status st);
   std::string failureKey(int rank) const;

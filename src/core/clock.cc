@@ -1,13 +1,22 @@
 #include "core/clock.h"
 
+#include <atomic>
+
 #include <sched.h>
 #include <time.h>
 
 namespace shoal {
 
+namespace {
+std::atomic<uint32_t> gSpinPasses{64};
+}  // namespace
+
+void Backoff::setSpinPasses(uint32_t passes) { gSpinPasses.store(passes, std::memory_order_relaxed); }
+uint32_t Backoff::spinPasses() { return gSpinPasses.load(std::memory_order_relaxed); }
+
 void Backoff::pause() {
   ++idle_;
-  if (idle_ < 64) {
+  if (idle_ <= gSpinPasses.load(std::memory_order_relaxed)) {
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_ia32_pause();
 #endif

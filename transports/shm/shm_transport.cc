@@ -69,6 +69,16 @@ std::string describePeer(const ConnectionKey& key, const ConnectOptions& options
   return str("rank ", key.peerRank, " (host ", host, ", shm pid ", pid, ")");
 }
 
+// Both ranks published shm addresses with one boot id (one kernel).
+bool sameBootId(const PeerInfo& self, const PeerInfo& peer) {
+  const std::string* mine = self.address("shm");
+  const std::string* theirs = peer.address("shm");
+  if (!mine || !theirs) return false;
+  auto a = shm::parseAddress(*mine);
+  auto b = shm::parseAddress(*theirs);
+  return a.isOk() && b.isOk() && a.value().bootId == b.value().bootId;
+}
+
 class ShmTransport final : public Transport {
  public:
   std::string_view name() const override { return "shm"; }
@@ -88,12 +98,7 @@ class ShmTransport final : public Transport {
 
   bool canConnect(const PeerInfo& self, const PeerInfo& peer) const override {
     if (params().shmDisable || self.hostId != peer.hostId || self.processId == peer.processId) return false;
-    const std::string* mine = self.address("shm");
-    const std::string* theirs = peer.address("shm");
-    if (!mine || !theirs) return false;
-    auto a = shm::parseAddress(*mine);
-    auto b = shm::parseAddress(*theirs);
-    return a.isOk() && b.isOk() && a.value().bootId == b.value().bootId;
+    return sameBootId(self, peer);
   }
 
   Result<std::unique_ptr<Connection>> connect(const ConnectionKey& key, const ConnectOptions& options) override {
@@ -129,6 +134,8 @@ class ShmTransport final : public Transport {
 }  // namespace
 
 std::unique_ptr<Transport> makeShmTransport() { return std::make_unique<ShmTransport>(); }
+
+bool onSameKernel(const PeerInfo& a, const PeerInfo& b) { return a.hostId == b.hostId || sameBootId(a, b); }
 
 bool canReadPeerMemory(const PeerInfo& peer) {
   const std::string* text = peer.address("shm");
