@@ -168,20 +168,20 @@ const std::vector<GoldenRow> kGolden = {
     {"1x2 shm", CollKind::kAllReduce, 8, "recursive_doubling", 1, 4 * MiB},  // 3.0 us
     {"1x2 shm", CollKind::kAllReduce, 1 * KiB, "recursive_doubling", 1, 4 * MiB},  // 3.2 us
     {"1x2 shm", CollKind::kAllReduce, 64 * KiB, "recursive_doubling", 1, 4 * MiB},  // 14.7 us
-    {"1x2 shm", CollKind::kAllReduce, 1 * MiB, "peer_read", 1, 4 * MiB},  // 102.2 us
-    {"1x2 shm", CollKind::kAllReduce, 16 * MiB, "peer_read", 1, 4 * MiB},  // 1500.3 us
+    {"1x2 shm", CollKind::kAllReduce, 1 * MiB, "peer_read", 1, 4 * MiB},  // 117.2 us
+    {"1x2 shm", CollKind::kAllReduce, 16 * MiB, "peer_read", 1, 4 * MiB},  // 1515.3 us
     {"1x2 shm", CollKind::kAllReduce, 256 * MiB, "peer_read", 1, 4 * MiB},  // 23956.9 us
     {"1x2 shm", CollKind::kAllGather, 8, "ring", 1, 4 * MiB},  // 3.0 us
     {"1x2 shm", CollKind::kAllGather, 1 * KiB, "ring", 1, 4 * MiB},  // 3.1 us
-    {"1x2 shm", CollKind::kAllGather, 64 * KiB, "peer_read", 1, 4 * MiB},  // 9.6 us
-    {"1x2 shm", CollKind::kAllGather, 1 * MiB, "peer_read", 1, 4 * MiB},  // 64.3 us
-    {"1x2 shm", CollKind::kAllGather, 16 * MiB, "peer_read", 1, 4 * MiB},  // 938.1 us
+    {"1x2 shm", CollKind::kAllGather, 64 * KiB, "ring", 1, 4 * MiB},  // 10.3 us
+    {"1x2 shm", CollKind::kAllGather, 1 * MiB, "peer_read", 1, 4 * MiB},  // 71.8 us
+    {"1x2 shm", CollKind::kAllGather, 16 * MiB, "peer_read", 1, 4 * MiB},  // 945.6 us
     {"1x2 shm", CollKind::kAllGather, 256 * MiB, "peer_read", 1, 4 * MiB},  // 15009.1 us
     {"1x2 shm", CollKind::kReduceScatter, 8, "ring", 1, 4 * MiB},  // 3.0 us
     {"1x2 shm", CollKind::kReduceScatter, 1 * KiB, "ring", 1, 4 * MiB},  // 3.2 us
-    {"1x2 shm", CollKind::kReduceScatter, 64 * KiB, "peer_read", 1, 4 * MiB},  // 14.0 us
-    {"1x2 shm", CollKind::kReduceScatter, 1 * MiB, "peer_read", 1, 4 * MiB},  // 134.2 us
-    {"1x2 shm", CollKind::kReduceScatter, 16 * MiB, "peer_read", 1, 4 * MiB},  // 2056.5 us
+    {"1x2 shm", CollKind::kReduceScatter, 64 * KiB, "ring", 1, 4 * MiB},  // 14.7 us
+    {"1x2 shm", CollKind::kReduceScatter, 1 * MiB, "peer_read", 1, 4 * MiB},  // 141.7 us
+    {"1x2 shm", CollKind::kReduceScatter, 16 * MiB, "peer_read", 1, 4 * MiB},  // 2064.0 us
     {"1x2 shm", CollKind::kReduceScatter, 256 * MiB, "peer_read", 1, 4 * MiB},  // 32904.8 us
     {"1x2 shm", CollKind::kBroadcast, 8, "chain", 1, 4 * MiB},  // 3.0 us
     {"1x2 shm", CollKind::kBroadcast, 1 * KiB, "chain", 1, 4 * MiB},  // 3.1 us
@@ -203,20 +203,20 @@ const std::vector<GoldenRow> kGolden = {
     {"1x2 shm", CollKind::kAllToAll, 256 * MiB, "pairwise", 1, 4 * MiB},  // 30018.2 us
     {"1x4 shm", CollKind::kAllReduce, 8, "recursive_doubling", 1, 4 * MiB},  // 6.0 us
     {"1x4 shm", CollKind::kAllReduce, 1 * KiB, "recursive_doubling", 1, 4 * MiB},  // 6.4 us
-    {"1x4 shm", CollKind::kAllReduce, 64 * KiB, "peer_read", 1, 4 * MiB},  // 17.7 us
-    {"1x4 shm", CollKind::kAllReduce, 1 * MiB, "peer_read", 1, 4 * MiB},  // 148.8 us
-    {"1x4 shm", CollKind::kAllReduce, 16 * MiB, "peer_read", 1, 2 * MiB},  // 2255.0 us
+    {"1x4 shm", CollKind::kAllReduce, 64 * KiB, "recursive_doubling", 1, 4 * MiB},  // 29.3 us
+    {"1x4 shm", CollKind::kAllReduce, 1 * MiB, "peer_read", 1, 4 * MiB},  // 193.8 us
+    {"1x4 shm", CollKind::kAllReduce, 16 * MiB, "peer_read", 1, 4 * MiB},  // 2291.0 us
     {"1x4 shm", CollKind::kAllReduce, 256 * MiB, "peer_read", 1, 2 * MiB},  // 36079.4 us
     {"1x4 shm", CollKind::kAllGather, 8, "bruck", 1, 4 * MiB},  // 6.0 us
-    {"1x4 shm", CollKind::kAllGather, 1 * KiB, "peer_read", 1, 4 * MiB},  // 6.2 us
-    {"1x4 shm", CollKind::kAllGather, 64 * KiB, "peer_read", 1, 4 * MiB},  // 16.9 us
-    {"1x4 shm", CollKind::kAllGather, 1 * MiB, "peer_read", 1, 4 * MiB},  // 180.8 us
+    {"1x4 shm", CollKind::kAllGather, 1 * KiB, "bruck", 1, 4 * MiB},  // 6.5 us
+    {"1x4 shm", CollKind::kAllGather, 64 * KiB, "ring", 1, 4 * MiB},  // 30.8 us
+    {"1x4 shm", CollKind::kAllGather, 1 * MiB, "peer_read", 1, 4 * MiB},  // 203.3 us
     {"1x4 shm", CollKind::kAllGather, 16 * MiB, "peer_read", 1, 2 * MiB},  // 2832.2 us
     {"1x4 shm", CollKind::kAllGather, 256 * MiB, "peer_read", 1, 2 * MiB},  // 45315.2 us
     {"1x4 shm", CollKind::kReduceScatter, 8, "bruck", 1, 4 * MiB},  // 6.0 us
-    {"1x4 shm", CollKind::kReduceScatter, 1 * KiB, "peer_read", 1, 4 * MiB},  // 6.4 us
-    {"1x4 shm", CollKind::kReduceScatter, 64 * KiB, "peer_read", 1, 4 * MiB},  // 30.0 us
-    {"1x4 shm", CollKind::kReduceScatter, 1 * MiB, "peer_read", 1, 4 * MiB},  // 390.5 us
+    {"1x4 shm", CollKind::kReduceScatter, 1 * KiB, "bruck", 1, 4 * MiB},  // 6.8 us
+    {"1x4 shm", CollKind::kReduceScatter, 64 * KiB, "ring", 1, 4 * MiB},  // 44.0 us
+    {"1x4 shm", CollKind::kReduceScatter, 1 * MiB, "peer_read", 1, 4 * MiB},  // 413.0 us
     {"1x4 shm", CollKind::kReduceScatter, 16 * MiB, "peer_read", 1, 2 * MiB},  // 6187.6 us
     {"1x4 shm", CollKind::kReduceScatter, 256 * MiB, "peer_read", 1, 2 * MiB},  // 99002.3 us
     {"1x4 shm", CollKind::kBroadcast, 8, "chain", 1, 4 * MiB},  // 9.0 us
@@ -274,21 +274,21 @@ const std::vector<GoldenRow> kGolden = {
     {"2x2 net+shm", CollKind::kAllToAll, 16 * MiB, "pairwise", 4, 4 * MiB},  // 10141.3 us
     {"2x2 net+shm", CollKind::kAllToAll, 256 * MiB, "pairwise", 4, 4 * MiB},  // 162261.3 us
     {"1x8 loopback", CollKind::kAllReduce, 8, "recursive_doubling", 1, 4 * MiB},  // 3.0 us
-    {"1x8 loopback", CollKind::kAllReduce, 1 * KiB, "peer_read", 1, 4 * MiB},  // 3.1 us
-    {"1x8 loopback", CollKind::kAllReduce, 64 * KiB, "peer_read", 1, 4 * MiB},  // 10.6 us
-    {"1x8 loopback", CollKind::kAllReduce, 1 * MiB, "peer_read", 1, 4 * MiB},  // 125.3 us
-    {"1x8 loopback", CollKind::kAllReduce, 16 * MiB, "peer_read", 1, 1 * MiB},  // 1971.3 us
+    {"1x8 loopback", CollKind::kAllReduce, 1 * KiB, "recursive_doubling", 1, 4 * MiB},  // 3.4 us
+    {"1x8 loopback", CollKind::kAllReduce, 64 * KiB, "ring", 1, 4 * MiB},  // 25.5 us
+    {"1x8 loopback", CollKind::kAllReduce, 1 * MiB, "peer_read", 1, 4 * MiB},  // 160.3 us
+    {"1x8 loopback", CollKind::kAllReduce, 16 * MiB, "peer_read", 1, 4 * MiB},  // 1995.3 us
     {"1x8 loopback", CollKind::kAllReduce, 256 * MiB, "peer_read", 1, 1 * MiB},  // 31541.5 us
-    {"1x8 loopback", CollKind::kAllGather, 8, "peer_read", 1, 4 * MiB},  // 2.0 us
-    {"1x8 loopback", CollKind::kAllGather, 1 * KiB, "peer_read", 1, 4 * MiB},  // 2.2 us
-    {"1x8 loopback", CollKind::kAllGather, 64 * KiB, "peer_read", 1, 4 * MiB},  // 17.3 us
-    {"1x8 loopback", CollKind::kAllGather, 1 * MiB, "peer_read", 1, 1 * MiB},  // 248.2 us
+    {"1x8 loopback", CollKind::kAllGather, 8, "bruck", 1, 4 * MiB},  // 3.0 us
+    {"1x8 loopback", CollKind::kAllGather, 1 * KiB, "bruck", 1, 4 * MiB},  // 4.0 us
+    {"1x8 loopback", CollKind::kAllGather, 64 * KiB, "peer_read", 1, 4 * MiB},  // 34.8 us
+    {"1x8 loopback", CollKind::kAllGather, 1 * MiB, "peer_read", 1, 4 * MiB},  // 264.2 us
     {"1x8 loopback", CollKind::kAllGather, 16 * MiB, "peer_read", 1, 1 * MiB},  // 3970.7 us
     {"1x8 loopback", CollKind::kAllGather, 256 * MiB, "peer_read", 1, 1 * MiB},  // 63530.9 us
-    {"1x8 loopback", CollKind::kReduceScatter, 8, "peer_read", 1, 4 * MiB},  // 2.0 us
-    {"1x8 loopback", CollKind::kReduceScatter, 1 * KiB, "peer_read", 1, 4 * MiB},  // 2.7 us
-    {"1x8 loopback", CollKind::kReduceScatter, 64 * KiB, "peer_read", 1, 4 * MiB},  // 47.9 us
-    {"1x8 loopback", CollKind::kReduceScatter, 1 * MiB, "peer_read", 1, 1 * MiB},  // 737.5 us
+    {"1x8 loopback", CollKind::kReduceScatter, 8, "bruck", 1, 4 * MiB},  // 3.0 us
+    {"1x8 loopback", CollKind::kReduceScatter, 1 * KiB, "bruck", 1, 4 * MiB},  // 4.4 us
+    {"1x8 loopback", CollKind::kReduceScatter, 64 * KiB, "peer_read", 1, 4 * MiB},  // 65.4 us
+    {"1x8 loopback", CollKind::kReduceScatter, 1 * MiB, "peer_read", 1, 4 * MiB},  // 753.5 us
     {"1x8 loopback", CollKind::kReduceScatter, 16 * MiB, "peer_read", 1, 1 * MiB},  // 11800.1 us
     {"1x8 loopback", CollKind::kReduceScatter, 256 * MiB, "peer_read", 1, 1 * MiB},  // 188800.8 us
     {"1x8 loopback", CollKind::kBroadcast, 8, "chain", 1, 4 * MiB},  // 7.0 us
