@@ -18,6 +18,8 @@
 #include <map>
 #include <optional>
 
+#include <unistd.h>
+
 #include "bootstrap/bootstrap.h"
 #include "core/params.h"
 #include "core/tag.h"
@@ -679,6 +681,24 @@ TEST_CASE("ofi conformance / tcp over ofi_rxm over three endpoints", "[ofi][conf
   REQUIRE(ofi::parseAddress(rank0->localAddress().value())->rails.front().size() == 3);
   testing::runConformanceSuite(TransportUnderTest{
       "ofi tcp;ofi_rxm 3 endpoints", [&](int channel) { return makePair(*rank0, *rank1, channel); }, 16ull << 20});
+}
+
+TEST_CASE("ofi shm: endpoints are named by Shoal (pid, random part), so a reused pid never collides", "[ofi]") {
+  // 1.17's own names (<pid>:<n>:<n>) outlive a process that never closes its
+  // endpoint; a later process with that pid then failed fi_enable (EBUSY).
+  std::unique_ptr<Transport> a = makeOfiTransport(OfiOptions{kShm});
+  std::unique_ptr<Transport> b = makeOfiTransport(OfiOptions{kShm});
+  REQUIRE(a->localAddress().isOk());
+  REQUIRE(b->localAddress().isOk());
+  std::string nameA = ofi::parseAddress(a->localAddress().value())->rails.front().front();
+  std::string nameB = ofi::parseAddress(b->localAddress().value())->rails.front().front();
+  std::string prefix = "fi_shm://shoal-" + std::to_string(getpid()) + "-ofi-";
+  REQUIRE(nameA.rfind(prefix, 0) == 0);
+  REQUIRE(nameB.rfind(prefix, 0) == 0);
+  REQUIRE(nameA != nameB);
+  // The region exists under that name (what removeStaleSegments() looks for).
+  std::string file = "/dev/shm/" + std::string(nameA.c_str()).substr(std::strlen("fi_shm://"));
+  REQUIRE(access(file.c_str(), F_OK) == 0);
 }
 
 TEST_CASE("ofi: SHOAL_OFI_ENDPOINTS out of range is a clear error", "[ofi]") {

@@ -1,8 +1,10 @@
 #include "transports/ofi/ofi_fabric.h"
 
 #include <dlfcn.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -237,6 +239,11 @@ Result<std::unique_ptr<Rail>> Rail::open(const Api& api, const fi_info& info, in
   r.domain_.reset(domain);
 
   endpoints = std::clamp(endpoints, 1, kMaxEndpointsPerRail);
+  const bool shm = std::strcmp(info.fabric_attr->prov_name, "shm") == 0;
+  uint64_t nonceValue = 0;
+  SHOAL_TRY(net::randomBytes(&nonceValue, sizeof(nonceValue))) << where;
+  char nonce[17];
+  std::snprintf(nonce, sizeof(nonce), "%016llx", static_cast<unsigned long long>(nonceValue));
   r.endpoints_.resize(static_cast<size_t>(endpoints));
   for (Endpoint& e : r.endpoints_) {
     fi_cq_attr cqAttr{};
@@ -259,6 +266,16 @@ Result<std::unique_ptr<Rail>> Rail::open(const Api& api, const fi_info& info, in
     e.ep.reset(ep);
     if (int rc = fi_ep_bind(ep, &cq->fid, FI_TRANSMIT | FI_RECV); rc != 0) return fail("fi_ep_bind(cq)", rc);
     if (int rc = fi_ep_bind(ep, &av->fid, 0); rc != 0) return fail("fi_ep_bind(av)", rc);
+    if (shm) {
+      // 1.17's shm names its region /dev/shm/<pid>:<n>:<n> and unlinks it only
+      // when the endpoint is closed, which a process that exits with its
+      // transport open (or is killed) never does: a later process with the
+      // same pid then fails fi_enable with EBUSY. A name of Shoal's own form
+      // (pid first, then a random part) never collides, and the shm
+      // transport's removeStaleSegments() removes it once its pid is gone.
+      std::string shmName = str("fi_shm://shoal-", getpid(), "-ofi-", nonce, "-", index, "-", &e - r.endpoints_.data());
+      if (int rc = fi_setname(&ep->fid, shmName.data(), shmName.size() + 1); rc != 0) return fail("fi_setname", rc);
+    }
     if (int rc = fi_enable(ep); rc != 0) return fail("fi_enable", rc);
 
     std::string name(64, '\0');
