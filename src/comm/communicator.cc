@@ -146,8 +146,9 @@ Result<std::shared_ptr<const PreparedPlan>> Communicator::planFor(const CollShap
 
 // How long waiting ranks spin before yielding (Backoff::setSpinPasses): once
 // any communicator of the process has more ranks on this machine (one kernel:
-// emulated nodes share it) than the machine has cores, yield at once, for the rest of the process (a spinning rank would
-// hold the core its peer needs; the cost the other way is ~1.5 us a wait).
+// emulated nodes share it) than the machine has cores, yield at once, for the
+// rest of the process (a spinning rank would hold the core its peer needs;
+// the cost the other way is ~1.5 us a wait).
 void Communicator::chooseWaitSpin(const PeerInfo& self) const {
   if (params().waitSpin >= 0) {
     Backoff::setSpinPasses(static_cast<uint32_t>(std::min<int64_t>(params().waitSpin, 1 << 20)));
@@ -157,7 +158,7 @@ void Communicator::chooseWaitSpin(const PeerInfo& self) const {
       std::count_if(peers_.begin(), peers_.end(), [&](const PeerInfo& p) { return onSameKernel(p, self); }));
   if (ranksHere > localMachine().cores && Backoff::spinPasses() != 0) {
     Backoff::setSpinPasses(0);
-    SHOAL_INFO(subsys::kInit, describe(), ": ", ranksHere, " ranks on this host, ", localMachine().cores,
+    SHOAL_INFO(subsys::kInit, describe(), ": ", ranksHere, " ranks on this machine, ", localMachine().cores,
                " cores: waiting ranks yield the core at once");
   }
 }

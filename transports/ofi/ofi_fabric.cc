@@ -240,10 +240,14 @@ Result<std::unique_ptr<Rail>> Rail::open(const Api& api, const fi_info& info, in
 
   endpoints = std::clamp(endpoints, 1, kMaxEndpointsPerRail);
   const bool shm = std::strcmp(info.fabric_attr->prov_name, "shm") == 0;
-  uint64_t nonceValue = 0;
-  SHOAL_TRY(net::randomBytes(&nonceValue, sizeof(nonceValue))) << where;
-  char nonce[17];
-  std::snprintf(nonce, sizeof(nonce), "%016llx", static_cast<unsigned long long>(nonceValue));
+  std::string shmPrefix;  // shm only: see fi_setname below
+  if (shm) {
+    uint64_t nonce = 0;
+    SHOAL_TRY(net::randomBytes(&nonce, sizeof(nonce))) << where;
+    char hex[17];
+    std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(nonce));
+    shmPrefix = str("fi_shm://shoal-", getpid(), "-ofi-", hex, "-", index, "-");
+  }
   r.endpoints_.resize(static_cast<size_t>(endpoints));
   for (Endpoint& e : r.endpoints_) {
     fi_cq_attr cqAttr{};
@@ -273,7 +277,7 @@ Result<std::unique_ptr<Rail>> Rail::open(const Api& api, const fi_info& info, in
       // same pid then fails fi_enable with EBUSY. A name of Shoal's own form
       // (pid first, then a random part) never collides, and the shm
       // transport's removeStaleSegments() removes it once its pid is gone.
-      std::string shmName = str("fi_shm://shoal-", getpid(), "-ofi-", nonce, "-", index, "-", &e - r.endpoints_.data());
+      std::string shmName = str(shmPrefix, &e - r.endpoints_.data());
       if (int rc = fi_setname(&ep->fid, shmName.data(), shmName.size() + 1); rc != 0) return fail("fi_setname", rc);
     }
     if (int rc = fi_enable(ep); rc != 0) return fail("fi_enable", rc);
@@ -295,7 +299,7 @@ Result<std::unique_ptr<Rail>> Rail::open(const Api& api, const fi_info& info, in
   r.mrMode_ = info.domain_attr->mr_mode;
   r.hmem_ = (info.caps & FI_HMEM) != 0;
   // 1.17's shm handles FI_PEEK as an ordinary receive (it would consume the message).
-  r.peekWorks_ = std::strcmp(info.fabric_attr->prov_name, "shm") != 0;
+  r.peekWorks_ = !shm;
   r.registerLocal_ = (r.mrMode_ & FI_MR_LOCAL) != 0 || options.alwaysRegister;
   size_t caches = (r.mrMode_ & FI_MR_ENDPOINT) != 0 ? r.endpoints_.size() : 1;
   for (size_t c = 0; c < caches; ++c) {
