@@ -12,6 +12,7 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <string>
 #include <utility>
 
 #include "core/log.h"
@@ -55,19 +56,24 @@ Result<void*> allocateShared(size_t bytes) {
   std::string name = objectName(getpid(), sequence);
   int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
   if (fd < 0) return errnoStatus(errno, "shm_open(" + name + ")");
-  if (ftruncate(fd, static_cast<off_t>(size)) != 0) {
-    int err = errno;
+  // Reserved now, so that a full /dev/shm is this error rather than a SIGBUS
+  // at some later first write.
+  if (int err = posix_fallocate(fd, 0, static_cast<off_t>(size)); err != 0) {
     close(fd);
     shm_unlink(name.c_str());
-    return errnoStatus(err, "sizing shared allocation " + name + " (is /dev/shm big enough?)");
+    return errnoStatus(err, "reserving " + std::to_string(size) + " bytes for shared allocation " + name +
+                                " (is /dev/shm big enough?)");
   }
-  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
   int err = errno;
   close(fd);
   if (p == MAP_FAILED) {
     shm_unlink(name.c_str());
     return errnoStatus(err, "mmap of shared allocation " + name);
   }
+  // Communication buffers are committed when allocated, as device memory is,
+  // so that no collective pays a page's first write.
+  prefaultPages(p, size, PageAccess::kWrite);
   std::lock_guard<std::mutex> lock(gLocalMutex);
   gLocal[reinterpret_cast<uintptr_t>(p)] = Allocation{size, sequence};
   return p;
@@ -103,6 +109,18 @@ std::optional<SharedLocation> findShared(const void* p, size_t bytes) {
   return SharedLocation{it->second.sequence, at - it->first};
 }
 
+void prefaultPages(void* p, size_t bytes, PageAccess access) {
+  constexpr size_t kStride = 4096;  // the smallest page size Linux uses
+  auto* bytesAt = static_cast<uint8_t*>(p);
+  for (size_t offset = 0; offset < bytes; offset += kStride) {
+    std::atomic_ref<uint8_t> byte(bytesAt[offset]);
+    if (access == PageAccess::kWrite)
+      byte.fetch_or(0, std::memory_order_relaxed);  // a store that keeps the value
+    else
+      (void)byte.load(std::memory_order_relaxed);
+  }
+}
+
 const uint8_t* mapPeerAllocation(int pid, uint64_t sequence) {
   std::lock_guard<std::mutex> lock(gPeerMutex);
   for (const PeerMapping& m : gPeers)
@@ -112,9 +130,13 @@ const uint8_t* mapPeerAllocation(int pid, uint64_t sequence) {
   struct stat st {};
   void* p = MAP_FAILED;
   if (fstat(fd, &st) == 0 && st.st_size > 0)
-    p = mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_SHARED, fd, 0);
+    p = mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_SHARED | MAP_POPULATE, fd, 0);
   close(fd);
   if (p == MAP_FAILED) return nullptr;
+  // Peer reads of a size walk the whole buffer over successive calls
+  // (nccl-tests shifts each call's window through it); pay the first reads of
+  // its pages here, once, rather than a few microseconds a page in those calls.
+  prefaultPages(p, static_cast<size_t>(st.st_size), PageAccess::kRead);
   if (gPeers.size() >= kMaxPeerMappings) {
     munmap(const_cast<uint8_t*>(gPeers.front().base), gPeers.front().bytes);
     gPeers.pop_front();

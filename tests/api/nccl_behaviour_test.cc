@@ -20,6 +20,8 @@
 #include <catch2/catch.hpp>
 
 #include <dirent.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -1932,6 +1934,23 @@ TEST_CASE("ncclMemAlloc/ncclMemFree - also inside a group - foreign pointers rej
     NCCL_OK(ncclMemFree(s[r]));
     NCCL_OK(ncclMemFree(d[r]));
   }
+}
+
+TEST_CASE("ncclMemAlloc larger than /dev/shm is an error at once, not a SIGBUS at first use", "[api][memory]") {
+  struct statvfs fs {};
+  REQUIRE(statvfs("/dev/shm", &fs) == 0);
+  const size_t capacity = static_cast<size_t>(fs.f_blocks) * fs.f_frsize;
+  void* p = nullptr;
+  NCCL_EXPECT(ncclMemAlloc(&p, capacity + (size_t{1} << 30)), ncclSystemError);
+  CHECK(p == nullptr);
+  CHECK_THAT(ncclGetLastError(nullptr), Catch::Contains("/dev/shm"));
+  DIR* dir = opendir("/dev/shm");  // and nothing is left behind
+  REQUIRE(dir != nullptr);
+  const std::string mine = "shoal-" + std::to_string(getpid()) + "-mem-";
+  int left = 0;
+  while (dirent* e = readdir(dir)) left += std::string(e->d_name).rfind(mine, 0) == 0;
+  closedir(dir);
+  CHECK(left == 0);
 }
 
 TEST_CASE("ncclCommRegister/Deregister - also inside a group", "[api][memory]") {
