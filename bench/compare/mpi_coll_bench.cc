@@ -3,11 +3,14 @@
 //
 //   mpirun -np 2 --mca pml ob1 --mca btl vader,self mpi_coll_bench -o allreduce -b 8 -e 64M
 //
-// Per size: `-w` untimed calls, a barrier, `-n` timed calls; each rank's time
+// Per size: `-w` untimed calls, a barrier, `-n` timed calls (call i on the
+// buffers' window i mod (buffer / call size), as nccl-tests); each rank's time
 // per call is combined over ranks (mean with -a 1, the default as in
 // nccl-tests; max with -a 3). Then one checked call (-c 1) on fresh inputs.
 // MPI_Reduce_scatter_block is the reduce_scatter (equal blocks, as NCCL's).
 #include <mpi.h>
+
+#include <algorithm>
 
 #include "coll_common.h"
 
@@ -52,9 +55,11 @@ int main(int argc, char** argv) {
     MPI_Finalize();
     return 2;
   }
-  // Allocated and first-touched once, at the largest size (as Shoal's perf).
-  float* send = static_cast<float*>(allocPages(largest.sendCount * sizeof(float)));
-  float* recv = static_cast<float*>(allocPages(largest.recvCount * sizeof(float)));
+  // Allocated and first-touched once, at the largest size, both at the larger
+  // of the two sizes, as Shoal's perf (and nccl-tests) do.
+  const size_t bufferCount = std::max(largest.sendCount, largest.recvCount);
+  float* send = static_cast<float*>(allocPages(bufferCount * sizeof(float)));
+  float* recv = static_cast<float*>(allocPages(bufferCount * sizeof(float)));
 
   char version[MPI_MAX_LIBRARY_VERSION_STRING] = {};
   int len = 0;
@@ -69,10 +74,19 @@ int main(int argc, char** argv) {
     if (s.count == 0) continue;
     fillInput(send, s.sendCount, rank);
 
-    for (int w = 0; w < o.warmup; ++w) collective(o.op, s, send, recv);
+    // Call i uses the buffers' window i mod (buffer / call size), as
+    // nccl-tests and Shoal's perf do, so every library reads and writes the
+    // same amount of memory that is not already in cache.
+    const size_t larger = std::max(s.sendCount, s.recvCount);
+    const size_t windows = std::max<size_t>(bufferCount / larger, 1);
+    auto call = [&](int i) {
+      const size_t shift = larger * (static_cast<size_t>(i) % windows);
+      collective(o.op, s, send + shift, recv + shift);
+    };
+    for (int w = 0; w < o.warmup; ++w) call(w);
     MPI_Barrier(MPI_COMM_WORLD);
     const double start = MPI_Wtime();
-    for (int i = 0; i < o.iters; ++i) collective(o.op, s, send, recv);
+    for (int i = 0; i < o.iters; ++i) call(i);
     const double mine = (MPI_Wtime() - start) / o.iters;
     double combined = 0;
     MPI_Allreduce(&mine, &combined, 1, MPI_DOUBLE, o.average == 3 ? MPI_MAX : MPI_SUM,
