@@ -15,6 +15,7 @@
 #include "core/clock.h"
 #include "core/log.h"
 #include "core/params.h"
+#include "memory/shared_memory.h"
 #include "net/crypto.h"
 #include "transports/shm/shm_connection.h"
 
@@ -69,37 +70,14 @@ shm::CmaAbility probeSingleCopy(const shm::Address& peer) {
 
 // Single copy (the receiver's process_vm_readv) against the ring's two
 // copies, which sender and receiver make at once on their own cores: it pays
-// only where the kernel's remote read runs near memcpy speed. On the 2-core
-// development VM an in-process read of 1 MiB ran at a quarter of memcpy and
-// messages through the ring were 2.5-5x faster than single copy at every size
-// from 64 KiB to 64 MiB (ring AllReduce and AllGather, 2 ranks; malloc and
-// ncclMemAlloc buffers alike). So it is measured, once per process: best of 3
-// in-process reads of 1 MiB against memcpy (~1 ms).
+// only where the kernel's remote read runs near memcpy speed
+// (memory::remoteReadsPay). On the 2-core development VM it did not, and
+// messages through the ring were 2.5-5x faster than single copy at every
+// size from 64 KiB to 64 MiB (ring AllReduce and AllGather, 2 ranks; malloc
+// and ncclMemAlloc buffers alike).
 uint64_t autoSingleCopyMinBytes() {
-  static const uint64_t minBytes = [] {
-    constexpr size_t kBytes = 1 << 20;
-    constexpr uint64_t kWhenFast = 64 * 1024;
-    std::vector<uint8_t> from(kBytes, 1), to(kBytes, 2);
-    int64_t bestRead = INT64_MAX, bestCopy = INT64_MAX;
-    for (int i = 0; i < 3; ++i) {
-      iovec local{to.data(), kBytes};
-      iovec remote{from.data(), kBytes};
-      int64_t t0 = nowNs();
-      ssize_t got = process_vm_readv(getpid(), &local, 1, &remote, 1, 0);
-      int64_t t1 = nowNs();
-      if (got != static_cast<ssize_t>(kBytes)) return UINT64_MAX;  // not possible here at all
-      std::memcpy(to.data(), from.data(), kBytes);
-      int64_t t2 = nowNs();
-      bestRead = std::min(bestRead, t1 - t0);
-      bestCopy = std::min(bestCopy, t2 - t1);
-    }
-    bool pays = bestRead * 2 <= bestCopy * 5;  // at least 40 % of memcpy's speed
-    SHOAL_INFO(subsys::kShm | subsys::kInit, "shm: process_vm_readv of 1 MiB ", bestRead / 1000, " us, memcpy ",
-               bestCopy / 1000, " us: ", pays ? "single copy for messages from 64 KiB" :
-               "messages go through the ring (single copy does not pay here; SHOAL_SHM_CMA_MIN_BYTES overrides)");
-    return pays ? kWhenFast : UINT64_MAX;
-  }();
-  return minBytes;
+  constexpr uint64_t kWhenFast = 64 * 1024;
+  return memory::remoteReadsPay() ? kWhenFast : UINT64_MAX;
 }
 
 std::string describePeer(const ConnectionKey& key, const ConnectOptions& options, int pid) {
