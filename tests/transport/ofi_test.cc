@@ -290,6 +290,8 @@ TEST_CASE("ofi wire tags keep connections and messages and kinds apart", "[ofi]"
   REQUIRE(dataTag(1, 0, 8) != dataTag(1, 0, 9));  // a receive of another size does not match
   REQUIRE(dataTag(kMaxId, kSeqMask, ~0ull) >> 62 == 0);  // data never reaches the kind bits
   REQUIRE(byeTag(1) != dataTag(1, 0, 0));
+  REQUIRE(dataTagWithBits(7, 3, sizeBits(1 << 20, 2)) == dataTag(7, 3, 1 << 20, 2));
+  REQUIRE((dataTagWithBits(7, 3, 0) & kSizeMask) == 0);  // what a peek matches with the size bits ignored
   REQUIRE(helloTag() != byeTag(0));
   REQUIRE(dataTag(1, kSeqMask + 1, 8) == dataTag(1, 0, 8));  // message numbers wrap within their bits
   REQUIRE((dataTag(5, 7, 100) & ~kSizeMask) == (dataTag(5, 7, 3u << 20) & ~kSizeMask));  // what FI_PEEK ignores

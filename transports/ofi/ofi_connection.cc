@@ -202,7 +202,7 @@ Status OfiConnection::issueOne(Op& op) {
   ssize_t rc;
   const char* call;
   if (op.kind == Op::Kind::kSend) {
-    uint64_t wireTag = wire::dataTag(peerRecvId_, op.laneSeq, 0) | op.sizeBits;
+    uint64_t wireTag = wire::dataTagWithBits(peerRecvId_, op.laneSeq, op.sizeBits);
     fi_addr_t to = peerLanes_[op.lane];
     if (inject) {
       // Inline: the provider copies the bytes now and reports no completion.
@@ -215,7 +215,7 @@ Status OfiConnection::issueOne(Op& op) {
     }
   } else {
     call = "fi_trecv";
-    uint64_t wireTag = wire::dataTag(recvId_, op.laneSeq, 0) | op.sizeBits;
+    uint64_t wireTag = wire::dataTagWithBits(recvId_, op.laneSeq, op.sizeBits);
     rc = fi_trecv(ep, op.data, op.bytes, desc, FI_ADDR_UNSPEC, wireTag, 0, &op.context);
   }
   if (rc == -FI_EAGAIN) return error(Code::kAgain, call);
@@ -314,7 +314,7 @@ Status OfiConnection::peekForMismatch() {
   peek_->lane = front.lane;
   fi_msg_tagged msg{};
   msg.addr = FI_ADDR_UNSPEC;
-  msg.tag = wire::dataTag(recvId_, front.laneSeq, 0) & ~wire::kSizeMask;
+  msg.tag = wire::dataTagWithBits(recvId_, front.laneSeq, 0);
   msg.ignore = wire::kSizeMask;
   msg.context = &peek_->context;
   ssize_t rc = fi_trecvmsg(rail_.endpoint(front.lane), &msg, FI_PEEK);

@@ -143,8 +143,13 @@ inline uint64_t sentBytes(uint64_t bits, uint64_t length, uint64_t lanes) {
   uint64_t remainder = (bits >> kRemainderShift) & (kMaxStripes - 1);
   return length >= remainder ? lanes * (length - remainder) + remainder : length;
 }
+// The tag of message `seq` (its part's lane number) of connection `recvId`
+// whose size bits are `bits` (sizeBits()).
+inline uint64_t dataTagWithBits(uint32_t recvId, uint64_t seq, uint64_t bits) {
+  return (static_cast<uint64_t>(recvId) << kIdShift) | ((seq & kSeqMask) << kSizeBits) | (bits & kSizeMask);
+}
 inline uint64_t dataTag(uint32_t recvId, uint64_t seq, uint64_t bytes, uint64_t stripes = 1) {
-  return (static_cast<uint64_t>(recvId) << kIdShift) | ((seq & kSeqMask) << kSizeBits) | sizeBits(bytes, stripes);
+  return dataTagWithBits(recvId, seq, sizeBits(bytes, stripes));
 }
 inline uint64_t helloTag() { return kHelloKind; }
 inline uint64_t byeTag(uint32_t recvId) { return kByeKind | (static_cast<uint64_t>(recvId) << kIdShift); }
