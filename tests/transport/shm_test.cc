@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "core/params.h"
+#include "memory/shared_memory.h"
 #include "support/scoped_env.h"
 #include "transport/conformance.h"
 #include "transports/shm/shm_connection.h"
@@ -214,6 +216,29 @@ TEST_CASE("shm a peer that exits with operations pending is an error naming it",
   Status s = receiveUntilError(*cb.value());
   REQUIRE_FALSE(s.isOk());
   CHECK_THAT(s.message(), Catch::Contains("rank 0") && Catch::Contains("has exited"));
+}
+
+TEST_CASE("shm memory: pre-touching pages keeps every byte; shared allocations start zeroed and map alike",
+          "[shm]") {
+  constexpr size_t kBytes = 5 * 4096 + 123;  // pages and a tail
+  std::vector<uint8_t> data(kBytes);
+  for (size_t i = 0; i < kBytes; ++i) data[i] = static_cast<uint8_t>(i * 31 + 7);
+  const std::vector<uint8_t> before = data;
+  memory::prefaultPages(data.data(), data.size(), memory::PageAccess::kWrite);
+  memory::prefaultPages(data.data(), data.size(), memory::PageAccess::kRead);
+  REQUIRE(data == before);
+
+  auto allocated = memory::allocateShared(kBytes);
+  REQUIRE(allocated.isOk());
+  auto* p = static_cast<uint8_t*>(allocated.value());
+  CHECK(std::all_of(p, p + kBytes, [](uint8_t b) { return b == 0; }));
+  std::memcpy(p, before.data(), kBytes);
+  auto where = memory::findShared(p, kBytes);
+  REQUIRE(where.has_value());
+  const uint8_t* mapped = memory::mapPeerAllocation(getpid(), where->sequence);  // as a peer would
+  REQUIRE(mapped != nullptr);
+  CHECK(std::memcmp(mapped + where->offset, before.data(), kBytes) == 0);
+  CHECK(memory::freeShared(p));
 }
 
 TEST_CASE("shm addresses round trip and reject garbage", "[shm]") {
