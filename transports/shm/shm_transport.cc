@@ -10,9 +10,7 @@
 #include <fstream>
 #include <map>
 #include <mutex>
-#include <vector>
 
-#include "core/clock.h"
 #include "core/log.h"
 #include "core/params.h"
 #include "memory/shared_memory.h"
