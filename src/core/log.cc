@@ -10,6 +10,7 @@
 #include <string_view>
 
 #include "core/params.h"
+#include "core/process.h"
 
 namespace shoal {
 namespace {
@@ -65,7 +66,7 @@ LogConfig load() {
       if (p.debugFile[i] == '%' && i + 1 < p.debugFile.size()) {
         char k = p.debugFile[++i];
         if (k == 'h') path += c.host;
-        else if (k == 'p') path += std::to_string(getpid());
+        else if (k == 'p') path += std::to_string(currentPid());
         else path += k;
       } else {
         path += p.debugFile[i];
@@ -107,10 +108,10 @@ void logLine(LogLevel level, uint32_t /*flags*/, const char* file, int line, con
   long tid = syscall(SYS_gettid);
   std::lock_guard<std::mutex> lock(gMutex);
   if (level == LogLevel::kWarn)
-    std::fprintf(c.out, "%s:%d:%ld %s%s:%d NCCL WARN %s\n", c.host.c_str(), getpid(), tid, rank,
+    std::fprintf(c.out, "%s:%d:%ld %s%s:%d NCCL WARN %s\n", c.host.c_str(), currentPid(), tid, rank,
                  base, line, msg.c_str());
   else
-    std::fprintf(c.out, "%s:%d:%ld %sNCCL %s %s\n", c.host.c_str(), getpid(), tid, rank,
+    std::fprintf(c.out, "%s:%d:%ld %sNCCL %s %s\n", c.host.c_str(), currentPid(), tid, rank,
                  level == LogLevel::kTrace ? "TRACE" : "INFO", msg.c_str());
   std::fflush(c.out);
 }

@@ -8,6 +8,7 @@
 #include "collectives/layout.h"
 #include "core/log.h"
 #include "core/params.h"
+#include "core/process.h"
 #include "memory/shared_memory.h"
 #include "reduce/reduce.h"
 
@@ -250,7 +251,7 @@ void Engine::fillWindow(Job& job) {
   OpLayout layout = opLayout(plan.shapes[0], plan.rank, plan.nranks);
   WindowDescriptor d{};
   d.magic = kWindowMagic;
-  d.pid = static_cast<int32_t>(getpid());
+  d.pid = static_cast<int32_t>(currentPid());
   const uint8_t* bases[2] = {job.buffers[kSendBuffer], job.buffers[kRecvBuffer]};
   const uint64_t sizes[2] = {layout.sendBytes, layout.recvBytes};
   for (int b = 0; b < 2; ++b) {
@@ -273,7 +274,7 @@ Status Engine::resolvePeer(Job& job, int peer) {
   view.pid = d.pid;
   for (int b = 0; b < 2; ++b) {
     view.address[b] = d.address[b];
-    if (d.pid == static_cast<int32_t>(getpid())) {
+    if (d.pid == static_cast<int32_t>(currentPid())) {
       view.base[b] = reinterpret_cast<const uint8_t*>(d.address[b]);  // same process
     } else if (d.sharedSequence[b] != 0) {
       const uint8_t* mapped = memory::mapPeerAllocation(d.pid, d.sharedSequence[b]);

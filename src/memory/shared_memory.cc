@@ -21,6 +21,7 @@
 
 #include "core/clock.h"
 #include "core/log.h"
+#include "core/process.h"
 
 namespace shoal::memory {
 namespace {
@@ -58,7 +59,7 @@ Result<void*> allocateShared(size_t bytes) {
   size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
   size_t size = ((bytes ? bytes : 1) + page - 1) / page * page;
   uint64_t sequence = gNextSequence.fetch_add(1);
-  std::string name = objectName(getpid(), sequence);
+  std::string name = objectName(currentPid(), sequence);
   int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
   if (fd < 0) return errnoStatus(errno, "shm_open(" + name + ")");
   // Reserved now, so that a full /dev/shm is this error rather than a SIGBUS
@@ -94,7 +95,7 @@ bool freeShared(void* p) {
     gLocal.erase(it);
   }
   munmap(p, a.bytes);
-  shm_unlink(objectName(getpid(), a.sequence).c_str());
+  shm_unlink(objectName(currentPid(), a.sequence).c_str());
   return true;
 }
 
@@ -159,7 +160,7 @@ bool remoteReadsPay() {
       iovec local{to.data(), kBytes};
       iovec remote{from.data(), kBytes};
       int64_t t0 = nowNs();
-      ssize_t got = process_vm_readv(getpid(), &local, 1, &remote, 1, 0);
+      ssize_t got = process_vm_readv(currentPid(), &local, 1, &remote, 1, 0);
       int64_t t1 = nowNs();
       if (got != static_cast<ssize_t>(kBytes)) {
         SHOAL_INFO(subsys::kShm | subsys::kInit, "process_vm_readv is not possible here: no single-copy reads");

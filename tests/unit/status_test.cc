@@ -1,7 +1,11 @@
 #include <catch2/catch.hpp>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <cerrno>
 
+#include "core/process.h"
 #include "core/status.h"
 #include "core/tag.h"
 
@@ -76,4 +80,16 @@ TEST_CASE("message tags round-trip and describe the operation", "[unit]") {
   // Different counts or collectives differ.
   REQUIRE(encodeTag(CollKind::kAllReduce, DataType::kFloat32, 8, 0, -1, 3) !=
           encodeTag(CollKind::kAllGather, DataType::kFloat32, 8, 0, -1, 3));
+}
+
+TEST_CASE("currentPid is getpid, also in a forked child", "[unit]") {
+  REQUIRE(currentPid() == static_cast<int>(getpid()));
+  pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) _exit(currentPid() == static_cast<int>(getpid()) ? 0 : 1);
+  int status = 0;
+  REQUIRE(waitpid(child, &status, 0) == child);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  CHECK(currentPid() == static_cast<int>(getpid()));
 }

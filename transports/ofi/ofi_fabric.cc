@@ -11,6 +11,7 @@
 #include "core/clock.h"
 #include "core/log.h"
 #include "core/params.h"
+#include "core/process.h"
 #include "net/crypto.h"
 
 #ifdef SHOAL_OFI_WITH_CUDA
@@ -246,7 +247,7 @@ Result<std::unique_ptr<Rail>> Rail::open(const Api& api, const fi_info& info, in
     SHOAL_TRY(net::randomBytes(&nonce, sizeof(nonce))) << where;
     char hex[17];
     std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(nonce));
-    shmPrefix = str("fi_shm://shoal-", getpid(), "-ofi-", hex, "-", index, "-");
+    shmPrefix = str("fi_shm://shoal-", currentPid(), "-ofi-", hex, "-", index, "-");
   }
   r.endpoints_.resize(static_cast<size_t>(endpoints));
   for (Endpoint& e : r.endpoints_) {

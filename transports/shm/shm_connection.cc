@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "core/log.h"
+#include "core/process.h"
 #include "core/tag.h"
 
 namespace shoal::shm {
@@ -98,7 +99,7 @@ Status ShmConnection::attach() {
     if (!segment_.mapped()) return checkPeer(/*attaching=*/true);
     Header& h = segment_.header();
     h.canRead[1].store(static_cast<int32_t>(selfCanRead_), std::memory_order_relaxed);
-    h.openerPid.store(getpid(), std::memory_order_release);
+    h.openerPid.store(currentPid(), std::memory_order_release);
   }
   Header& h = segment_.header();
   if (side_ == 0) {

@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "core/log.h"
+#include "core/process.h"
 #include "memory/shared_memory.h"
 #include "net/crypto.h"
 #include "net/fd.h"
@@ -105,7 +106,7 @@ Result<Segment> Segment::create(const std::string& name, uint32_t ringBytes, std
   Header& h = *new (s.base_) Header();
   h.version = kLayoutVersion;
   h.ringBytes = ringBytes;
-  h.creatorPid = getpid();
+  h.creatorPid = currentPid();
   net::Digest proof = proofOf(secret, name);
   std::memcpy(h.proof, proof.data(), sizeof(h.proof));
   for (int side = 0; side < 2; ++side) new (&s.control(side)) Control();

@@ -13,6 +13,7 @@
 
 #include "core/log.h"
 #include "core/params.h"
+#include "core/process.h"
 #include "memory/shared_memory.h"
 #include "net/crypto.h"
 #include "transports/shm/shm_connection.h"
@@ -105,7 +106,7 @@ class ShmTransport final : public Transport {
       SHOAL_TRY(net::randomBytes(&value, sizeof(value))) << "shm probe value";
       probe_ = value | 1;
       address_ = shm::formatAddress(
-          {getpid(), readBootId(), reinterpret_cast<uint64_t>(&probe_), probe_});
+          {currentPid(), readBootId(), reinterpret_cast<uint64_t>(&probe_), probe_});
     }
     return address_;
   }
@@ -122,7 +123,7 @@ class ShmTransport final : public Transport {
     const Params& p = params();
     shm::ConnectionSetup setup;
     setup.side = key.selfRank < key.peerRank ? 0 : 1;
-    int creatorPid = setup.side == 0 ? getpid() : peer.pid;
+    int creatorPid = setup.side == 0 ? currentPid() : peer.pid;
     setup.segmentName = shm::segmentName(creatorPid, key.commId, std::min(key.selfRank, key.peerRank),
                                          std::max(key.selfRank, key.peerRank), key.channel);
     setup.secret = options.secret;

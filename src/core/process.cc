@@ -1,0 +1,27 @@
+#include "core/process.h"
+
+#include <pthread.h>
+#include <unistd.h>
+
+#include <atomic>
+
+namespace shoal {
+namespace {
+
+std::atomic<int> gPid{0};
+
+void forgetPid() { gPid.store(0, std::memory_order_relaxed); }
+
+}  // namespace
+
+int currentPid() {
+  int pid = gPid.load(std::memory_order_relaxed);
+  if (pid != 0) return pid;
+  static const bool registered = [] { return pthread_atfork(nullptr, nullptr, forgetPid) == 0; }();
+  pid = static_cast<int>(getpid());
+  // Without the fork handler a cached id could outlive a fork: do not cache.
+  if (registered) gPid.store(pid, std::memory_order_relaxed);
+  return pid;
+}
+
+}  // namespace shoal
