@@ -18,10 +18,15 @@ struct Model {
   double p;      // ranks
   double bytes;  // n of the cost table: see each estimate
   const CostParams& c;
-  double alpha(double messages) const { return messages * c.alpha_us; }
+  // Messages on the critical path, each also a wait (CostParams::reschedule_us).
+  double alpha(double messages) const { return messages * (c.alpha_us + c.reschedule_us); }
+  // Messages received besides those on the critical path.
+  double extraWaits(double messages) const { return messages * c.reschedule_us; }
   double beta(double b) const { return b * c.beta_us_per_byte; }
   // A message or bytes that stay inside a node (CostParams).
-  double alphaIntra(double messages) const { return alpha(messages) * c.intra_alpha_scale; }
+  double alphaIntra(double messages) const {
+    return messages * (c.alpha_us * c.intra_alpha_scale + c.reschedule_us);
+  }
   double betaIntra(double b) const { return beta(b) * c.intra_beta_scale; }
   double gamma(double b) const { return b * c.gamma_us_per_byte_reduce; }
   double log2p() const { return std::ceil(std::log2(p)); }
@@ -169,19 +174,20 @@ double pairwiseAllToAllCost(const CollShape& s, const RankView& v, const CostPar
 }
 
 // Peer reads: `rounds` of one zero- or 64-byte message per peer (window and
-// barriers), and (p-1)/p of n read from peers per read phase. A byte read from
-// a peer costs one memory copy, while a link (even shared memory) moves it
-// into and out of a channel: modelled as half a link byte. Each read of a
-// peer's buffer also costs a fixed setup (descriptor lookup, mapping or
-// process_vm_readv, the window's bookkeeping), priced as kPeerReadSetup
-// messages: measured 2 ranks, ncclMemAlloc buffers, peer_read AllReduce
-// 8.7 us at 16 KiB against 3.3 for recursive doubling and 3.6 for the ring,
-// ~2.5 us a read more than the rounds alone.
-constexpr double kPeerReadSetup = 2.5;
+// barriers: the round waits for all p-1 of them), and (p-1)/p of n read from
+// peers per read phase. A byte read from a peer costs one memory copy, while a
+// link (even shared memory) moves it into and out of a channel: modelled as
+// half a link byte. Each read of a peer's buffer also costs a fixed setup
+// (descriptor lookup, mapping), kPeerReadSetup messages' latency: measured 2
+// ranks, ncclMemAlloc buffers, 8 B AllReduce 2.4 us for peer_read against
+// 0.74 for recursive doubling (one round) and 1.1 for the ring (two), so
+// little beyond its three rounds.
+constexpr double kPeerReadSetup = 0.25;
 double peerReadCost(const Model& m, double rounds, double readPhases, bool reduces) {
   double read = (m.p - 1) / m.p * m.bytes;
-  return m.alpha(rounds + readPhases * (m.p - 1) * kPeerReadSetup) + m.beta(readPhases * read) / 2 +
-         (reduces ? m.gamma(read) : 0);
+  double setups = readPhases * (m.p - 1) * kPeerReadSetup;
+  return m.alpha(rounds) + m.extraWaits(rounds * (m.p - 2)) + setups * m.c.alpha_us +
+         m.beta(readPhases * read) / 2 + (reduces ? m.gamma(read) : 0);
 }
 
 double peerReadAllReduceCost(const CollShape& s, const RankView& v, const CostParams& c) {

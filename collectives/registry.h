@@ -36,6 +36,11 @@ struct CostParams {
   // rounds or phases that never cross a node boundary.
   double intra_alpha_scale = 1.0;
   double intra_beta_scale = 1.0;
+  // Added to every message a rank waits for when the ranks of its node
+  // outnumber the cores (the sender must first get a core); 0 otherwise.
+  // Estimates charge it per message received, which exceeds the critical
+  // path's messages where a rank waits on several peers in one round.
+  double reschedule_us = 0.0;
 };
 
 using BuildFn = Plan (*)(const CollShape&, const RankView&, const AlgoParams&);

@@ -94,6 +94,7 @@ AlgorithmTerms decompose(const AlgorithmEntry& algorithm, const CollShape& shape
   t.messages = algorithm.estimate(shape, view, CostParams{1.0, 0.0, 0.0, a, b});
   t.linkBytes = algorithm.estimate(shape, view, CostParams{0.0, 1.0, 0.0, a, b});
   t.reducedBytes = algorithm.estimate(shape, view, CostParams{0.0, 0.0, 1.0, a, b});
+  t.waits = algorithm.estimate(shape, view, CostParams{0.0, 0.0, 0.0, a, b, 1.0});
   return t;
 }
 
@@ -105,6 +106,7 @@ double candidateCostUs(const AlgorithmTerms& perChannel, const ModelContext& ctx
   const double segment = static_cast<double>(candidate.segmentBytes);
   const bool chain = ctx.pipelineHops > 1;
   const LinkModel& link = ctx.link;
+  const double alpha = link.alphaUs + (M > 0 ? ctx.waitUs * perChannel.waits / M : 0.0);
 
   // A chain hop forwards the whole part; other algorithms send B/M per message.
   const double messageBytes = chain ? B : (M > 0 ? B / M : 0);
@@ -125,14 +127,14 @@ double candidateCostUs(const AlgorithmTerms& perChannel, const ModelContext& ctx
     // Every piece crosses every hop; hops work on different pieces at once.
     const double move = pieceBytes * transferPerByte;
     const double reduce = pieceBytes * reducePerLinkByte;
-    const double stage = link.alphaUs + (ctx.copyLink ? move + reduce : std::max(move, reduce));
+    const double stage = alpha + (ctx.copyLink ? move + reduce : std::max(move, reduce));
     channel = (ctx.pipelineHops - 1 + pieces) * stage;
   } else {
     const double transfer = B * transferPerByte;
     const double reduce = G * link.gammaUsPerByte / cache;
     const double body = ctx.copyLink ? transfer + reduce
                                      : std::max(transfer, reduce) + std::min(transfer, reduce) / pieces;
-    channel = M * pieces * link.alphaUs + body;
+    channel = M * pieces * alpha + body;
   }
   return channel * std::max(1.0, static_cast<double>(candidate.channels) / std::max(1, ctx.streams));
 }

@@ -8,10 +8,13 @@
 //   alpha    microseconds per message (ping-pong half round trip).
 //   beta     microseconds per byte over one link (one stream).
 //   gamma    microseconds per byte reduced (the reducer, src/reduce).
-//   terms    an algorithm's registry estimate split into its three counts:
-//            messages on the critical path (M), bytes over the busiest link (B)
-//            and bytes reduced (G), by evaluating it with unit costs (every
-//            estimate is linear in alpha, beta and gamma).
+//   wait     microseconds added to each message a rank waits for when the
+//            node's ranks outnumber its cores (kOversubscribedWaitUs), else 0.
+//   terms    an algorithm's registry estimate split into its four counts:
+//            messages on the critical path (M), messages waited for (W: M,
+//            or more where a round waits on several peers), bytes over the
+//            busiest link (B) and bytes reduced (G), by evaluating it with
+//            unit costs (every estimate is linear in them).
 //   piece    one message after segmentation.
 //
 // The time of a candidate with c channels and segment s, per channel (the
@@ -23,13 +26,14 @@
 //              share of the cache (max(L2, L3 total / ranks per node)), else 1
 //   beta'    = beta / cache on copy links (loopback, shm), beta on net
 //   gamma'   = gamma / cache
+//   alpha'   = alpha + wait W / M            per message
 // ring-like (every rank sends each step; the estimate's M is sequential):
-//   channel  = M S alpha + body, where body is
+//   channel  = M S alpha' + body, where body is
 //              copy links: B beta' + G gamma' (the rank's one thread does both)
 //              net: max(B beta', G gamma') + min(B beta', G gamma') / S (the
 //              kernel and NIC move one piece while the rank reduces another)
 // pipelined chain of h hops (estimate assumes infinitely fine pipelining):
-//   stage    = alpha + piece beta' + piece (G/B) gamma'   (net: max of the two)
+//   stage    = alpha' + piece beta' + piece (G/B) gamma'   (net: max of the two)
 //   channel  = (h - 1 + S) stage
 // and over the channels:
 //   total    = channel * max(1, c / streams), or infinite when c > 1 and a
@@ -89,11 +93,19 @@ inline constexpr double kCacheSpeedup = 1.5;
 // with a piece being sent and one being received.
 inline constexpr int kSegmentsInFlight = 4;
 inline constexpr int kMaxNetStreams = 8;
+// A message waited for when ranks outnumber cores: the waiting rank yields
+// and its peer must get the core first. Fitted to 4 ranks on the 2-core
+// development VM (docs/performance.md, session 6): recursive doubling's two
+// rounds against peer_read's three rounds of three messages each put the
+// AllReduce crossover at ~128 KiB as measured, where without it the model
+// picked the six-step ring at 32-64 KiB (1.5-2x slower than both).
+inline constexpr double kOversubscribedWaitUs = 3.5;
 
 struct AlgorithmTerms {
   double messages = 0;      // M
   double linkBytes = 0;     // B
   double reducedBytes = 0;  // G
+  double waits = 0;         // W
 };
 // What the model needs of the topology for one algorithm.
 struct ModelContext {
@@ -105,6 +117,7 @@ struct ModelContext {
   bool copyLink = true;           // loopback or shm: the rank's thread moves the bytes
   int streams = 1;                // channels that add bandwidth
   uint64_t cacheShareBytes = 0;   // this rank's share of the cache
+  double waitUs = 0;              // per message waited for (oversubscribed node)
   int pipelineHops = 1;           // > 1: a pipelined chain of that many links
 };
 

@@ -169,6 +169,7 @@ ModelContext Tuner::contextFor(const AlgorithmEntry& entry, const RankView& view
   ctx.cacheShareBytes = std::max<uint64_t>(
       m.l2Bytes, m.l3Bytes * static_cast<uint64_t>(std::max(1, m.l3Count)) /
                      static_cast<uint64_t>(s.maxRanksPerNode));
+  ctx.waitUs = s.maxRanksPerNode > m.cores ? kOversubscribedWaitUs : 0.0;
   // A chain's estimate assumes infinitely fine pipelining; the model adds its fill.
   ctx.pipelineHops = std::string_view(entry.name) == "chain" ? std::max(1, view.nranks - 1) : 1;
   return ctx;

@@ -168,20 +168,20 @@ const std::vector<GoldenRow> kGolden = {
     {"1x2 shm", CollKind::kAllReduce, 8, "recursive_doubling", 1, 4 * MiB},  // 3.0 us
     {"1x2 shm", CollKind::kAllReduce, 1 * KiB, "recursive_doubling", 1, 4 * MiB},  // 3.2 us
     {"1x2 shm", CollKind::kAllReduce, 64 * KiB, "recursive_doubling", 1, 4 * MiB},  // 14.7 us
-    {"1x2 shm", CollKind::kAllReduce, 1 * MiB, "peer_read", 1, 4 * MiB},  // 117.2 us
-    {"1x2 shm", CollKind::kAllReduce, 16 * MiB, "peer_read", 1, 4 * MiB},  // 1515.3 us
+    {"1x2 shm", CollKind::kAllReduce, 1 * MiB, "peer_read", 1, 4 * MiB},  // 103.7 us
+    {"1x2 shm", CollKind::kAllReduce, 16 * MiB, "peer_read", 1, 4 * MiB},  // 1501.8 us
     {"1x2 shm", CollKind::kAllReduce, 256 * MiB, "peer_read", 1, 4 * MiB},  // 23956.9 us
     {"1x2 shm", CollKind::kAllGather, 8, "ring", 1, 4 * MiB},  // 3.0 us
     {"1x2 shm", CollKind::kAllGather, 1 * KiB, "ring", 1, 4 * MiB},  // 3.1 us
     {"1x2 shm", CollKind::kAllGather, 64 * KiB, "ring", 1, 4 * MiB},  // 10.3 us
-    {"1x2 shm", CollKind::kAllGather, 1 * MiB, "peer_read", 1, 4 * MiB},  // 71.8 us
-    {"1x2 shm", CollKind::kAllGather, 16 * MiB, "peer_read", 1, 4 * MiB},  // 945.6 us
+    {"1x2 shm", CollKind::kAllGather, 1 * MiB, "peer_read", 1, 4 * MiB},  // 65.0 us
+    {"1x2 shm", CollKind::kAllGather, 16 * MiB, "peer_read", 1, 4 * MiB},  // 938.8 us
     {"1x2 shm", CollKind::kAllGather, 256 * MiB, "peer_read", 1, 4 * MiB},  // 15009.1 us
     {"1x2 shm", CollKind::kReduceScatter, 8, "ring", 1, 4 * MiB},  // 3.0 us
     {"1x2 shm", CollKind::kReduceScatter, 1 * KiB, "ring", 1, 4 * MiB},  // 3.2 us
     {"1x2 shm", CollKind::kReduceScatter, 64 * KiB, "ring", 1, 4 * MiB},  // 14.7 us
-    {"1x2 shm", CollKind::kReduceScatter, 1 * MiB, "peer_read", 1, 4 * MiB},  // 141.7 us
-    {"1x2 shm", CollKind::kReduceScatter, 16 * MiB, "peer_read", 1, 4 * MiB},  // 2064.0 us
+    {"1x2 shm", CollKind::kReduceScatter, 1 * MiB, "peer_read", 1, 4 * MiB},  // 134.9 us
+    {"1x2 shm", CollKind::kReduceScatter, 16 * MiB, "peer_read", 1, 4 * MiB},  // 2057.3 us
     {"1x2 shm", CollKind::kReduceScatter, 256 * MiB, "peer_read", 1, 4 * MiB},  // 32904.8 us
     {"1x2 shm", CollKind::kBroadcast, 8, "chain", 1, 4 * MiB},  // 3.0 us
     {"1x2 shm", CollKind::kBroadcast, 1 * KiB, "chain", 1, 4 * MiB},  // 3.1 us
@@ -203,20 +203,20 @@ const std::vector<GoldenRow> kGolden = {
     {"1x2 shm", CollKind::kAllToAll, 256 * MiB, "pairwise", 1, 4 * MiB},  // 30018.2 us
     {"1x4 shm", CollKind::kAllReduce, 8, "recursive_doubling", 1, 4 * MiB},  // 6.0 us
     {"1x4 shm", CollKind::kAllReduce, 1 * KiB, "recursive_doubling", 1, 4 * MiB},  // 6.4 us
-    {"1x4 shm", CollKind::kAllReduce, 64 * KiB, "recursive_doubling", 1, 4 * MiB},  // 29.3 us
-    {"1x4 shm", CollKind::kAllReduce, 1 * MiB, "peer_read", 1, 4 * MiB},  // 193.8 us
-    {"1x4 shm", CollKind::kAllReduce, 16 * MiB, "peer_read", 1, 4 * MiB},  // 2291.0 us
+    {"1x4 shm", CollKind::kAllReduce, 64 * KiB, "peer_read", 1, 4 * MiB},  // 22.2 us
+    {"1x4 shm", CollKind::kAllReduce, 1 * MiB, "peer_read", 1, 4 * MiB},  // 153.3 us
+    {"1x4 shm", CollKind::kAllReduce, 16 * MiB, "peer_read", 1, 2 * MiB},  // 2255.0 us
     {"1x4 shm", CollKind::kAllReduce, 256 * MiB, "peer_read", 1, 2 * MiB},  // 36079.4 us
     {"1x4 shm", CollKind::kAllGather, 8, "bruck", 1, 4 * MiB},  // 6.0 us
     {"1x4 shm", CollKind::kAllGather, 1 * KiB, "bruck", 1, 4 * MiB},  // 6.5 us
-    {"1x4 shm", CollKind::kAllGather, 64 * KiB, "ring", 1, 4 * MiB},  // 30.8 us
-    {"1x4 shm", CollKind::kAllGather, 1 * MiB, "peer_read", 1, 4 * MiB},  // 203.3 us
+    {"1x4 shm", CollKind::kAllGather, 64 * KiB, "peer_read", 1, 4 * MiB},  // 19.2 us
+    {"1x4 shm", CollKind::kAllGather, 1 * MiB, "peer_read", 1, 4 * MiB},  // 183.0 us
     {"1x4 shm", CollKind::kAllGather, 16 * MiB, "peer_read", 1, 2 * MiB},  // 2832.2 us
     {"1x4 shm", CollKind::kAllGather, 256 * MiB, "peer_read", 1, 2 * MiB},  // 45315.2 us
     {"1x4 shm", CollKind::kReduceScatter, 8, "bruck", 1, 4 * MiB},  // 6.0 us
     {"1x4 shm", CollKind::kReduceScatter, 1 * KiB, "bruck", 1, 4 * MiB},  // 6.8 us
-    {"1x4 shm", CollKind::kReduceScatter, 64 * KiB, "ring", 1, 4 * MiB},  // 44.0 us
-    {"1x4 shm", CollKind::kReduceScatter, 1 * MiB, "peer_read", 1, 4 * MiB},  // 413.0 us
+    {"1x4 shm", CollKind::kReduceScatter, 64 * KiB, "peer_read", 1, 4 * MiB},  // 32.3 us
+    {"1x4 shm", CollKind::kReduceScatter, 1 * MiB, "peer_read", 1, 4 * MiB},  // 392.7 us
     {"1x4 shm", CollKind::kReduceScatter, 16 * MiB, "peer_read", 1, 2 * MiB},  // 6187.6 us
     {"1x4 shm", CollKind::kReduceScatter, 256 * MiB, "peer_read", 1, 2 * MiB},  // 99002.3 us
     {"1x4 shm", CollKind::kBroadcast, 8, "chain", 1, 4 * MiB},  // 9.0 us
@@ -275,20 +275,20 @@ const std::vector<GoldenRow> kGolden = {
     {"2x2 net+shm", CollKind::kAllToAll, 256 * MiB, "pairwise", 4, 4 * MiB},  // 162261.3 us
     {"1x8 loopback", CollKind::kAllReduce, 8, "recursive_doubling", 1, 4 * MiB},  // 3.0 us
     {"1x8 loopback", CollKind::kAllReduce, 1 * KiB, "recursive_doubling", 1, 4 * MiB},  // 3.4 us
-    {"1x8 loopback", CollKind::kAllReduce, 64 * KiB, "ring", 1, 4 * MiB},  // 25.5 us
-    {"1x8 loopback", CollKind::kAllReduce, 1 * MiB, "peer_read", 1, 4 * MiB},  // 160.3 us
-    {"1x8 loopback", CollKind::kAllReduce, 16 * MiB, "peer_read", 1, 4 * MiB},  // 1995.3 us
+    {"1x8 loopback", CollKind::kAllReduce, 64 * KiB, "peer_read", 1, 4 * MiB},  // 14.1 us
+    {"1x8 loopback", CollKind::kAllReduce, 1 * MiB, "peer_read", 1, 4 * MiB},  // 128.8 us
+    {"1x8 loopback", CollKind::kAllReduce, 16 * MiB, "peer_read", 1, 1 * MiB},  // 1971.3 us
     {"1x8 loopback", CollKind::kAllReduce, 256 * MiB, "peer_read", 1, 1 * MiB},  // 31541.5 us
     {"1x8 loopback", CollKind::kAllGather, 8, "bruck", 1, 4 * MiB},  // 3.0 us
     {"1x8 loopback", CollKind::kAllGather, 1 * KiB, "bruck", 1, 4 * MiB},  // 4.0 us
-    {"1x8 loopback", CollKind::kAllGather, 64 * KiB, "peer_read", 1, 4 * MiB},  // 34.8 us
-    {"1x8 loopback", CollKind::kAllGather, 1 * MiB, "peer_read", 1, 4 * MiB},  // 264.2 us
+    {"1x8 loopback", CollKind::kAllGather, 64 * KiB, "peer_read", 1, 4 * MiB},  // 19.0 us
+    {"1x8 loopback", CollKind::kAllGather, 1 * MiB, "peer_read", 1, 4 * MiB},  // 248.4 us
     {"1x8 loopback", CollKind::kAllGather, 16 * MiB, "peer_read", 1, 1 * MiB},  // 3970.7 us
     {"1x8 loopback", CollKind::kAllGather, 256 * MiB, "peer_read", 1, 1 * MiB},  // 63530.9 us
     {"1x8 loopback", CollKind::kReduceScatter, 8, "bruck", 1, 4 * MiB},  // 3.0 us
     {"1x8 loopback", CollKind::kReduceScatter, 1 * KiB, "bruck", 1, 4 * MiB},  // 4.4 us
-    {"1x8 loopback", CollKind::kReduceScatter, 64 * KiB, "peer_read", 1, 4 * MiB},  // 65.4 us
-    {"1x8 loopback", CollKind::kReduceScatter, 1 * MiB, "peer_read", 1, 4 * MiB},  // 753.5 us
+    {"1x8 loopback", CollKind::kReduceScatter, 64 * KiB, "peer_read", 1, 4 * MiB},  // 49.6 us
+    {"1x8 loopback", CollKind::kReduceScatter, 1 * MiB, "peer_read", 1, 4 * MiB},  // 737.8 us
     {"1x8 loopback", CollKind::kReduceScatter, 16 * MiB, "peer_read", 1, 1 * MiB},  // 11800.1 us
     {"1x8 loopback", CollKind::kReduceScatter, 256 * MiB, "peer_read", 1, 1 * MiB},  // 188800.8 us
     {"1x8 loopback", CollKind::kBroadcast, 8, "chain", 1, 4 * MiB},  // 7.0 us
@@ -444,6 +444,36 @@ TEST_CASE("candidate cost follows the documented formula", "[unit][tuner]") {
   // Splitting messages below alpha/beta (2 KB here) over channels is never chosen.
   AlgorithmTerms tiny{6, 6.0 * KiB, 0};
   CHECK(std::isinf(candidateCostUs(tiny, ctx, {2, 4 * MiB})));
+  // Oversubscribed: each of W waited-for messages costs waitUs more, spread
+  // over the M messages of the critical path (and paid once per piece).
+  ModelContext crowded = ctx;
+  crowded.cacheShareBytes = 0;
+  crowded.waitUs = 5.0;
+  AlgorithmTerms rounds{3, 0, 0, 9};  // three rounds waiting on three peers each
+  CHECK(candidateCostUs(rounds, crowded, {1, 4 * MiB}) == Approx(3 * 2.0 + 9 * 5.0));
+}
+
+TEST_CASE("oversubscribed nodes prefer fewer rounds; peer reads wait on every peer", "[unit][tuner]") {
+  // Registry estimates: a peer_read round waits on all p - 1 peers.
+  const AlgorithmEntry* peerRead = findAlgorithm(CollKind::kAllReduce, "peer_read");
+  const AlgorithmEntry* rd = findAlgorithm(CollKind::kAllReduce, "recursive_doubling");
+  RankView four = viewOf(4);
+  four.peerReads = true;
+  const CollShape shape = shapeOf(CollKind::kAllReduce, 64 * KiB);
+  ModelContext plain;
+  AlgorithmTerms pr = decompose(*peerRead, shape, four, plain);
+  CHECK(pr.waits == Approx(3 * 3));  // three rounds, three peers each
+  CHECK(pr.messages < pr.waits);     // on the critical path: three rounds and the read setups
+  CHECK(decompose(*rd, shape, four, plain).waits == Approx(2));
+  // 4 ranks on 4 cores read their peers at 64 KiB; on 2 cores the waits
+  // make recursive doubling's two rounds cheaper; large sizes still read.
+  TopologySummary roomy = summary(1, 4, LinkClass::kShm, LinkClass::kNet, smallMachine(4));
+  TopologySummary crowded = summary(1, 4, LinkClass::kShm, LinkClass::kNet, smallMachine(2));
+  CHECK(std::string(makeTuner(roomy)->choose(shape, viewOf(roomy))->algorithm->name) == "peer_read");
+  CHECK(std::string(makeTuner(crowded)->choose(shape, viewOf(crowded))->algorithm->name) ==
+        "recursive_doubling");
+  CHECK(std::string(makeTuner(crowded)->choose(shapeOf(CollKind::kAllReduce, 16 * MiB), viewOf(crowded))
+                        ->algorithm->name) == "peer_read");
 }
 
 TEST_CASE("forced segment size and channel bounds are honoured", "[unit][tuner]") {
