@@ -293,6 +293,12 @@ TEST_CASE("ofi wire tags keep connections and messages and kinds apart", "[ofi]"
   REQUIRE(dataTagWithBits(7, 3, sizeBits(1 << 20, 2)) == dataTag(7, 3, 1 << 20, 2));
   REQUIRE((dataTagWithBits(7, 3, 0) & kSizeMask) == 0);  // what a peek matches with the size bits ignored
   REQUIRE(helloTag() != byeTag(0));
+  // Clear-to-sends: their own kind, apart per connection and lane number.
+  REQUIRE(clearTag(kMaxId, kSeqMask) >> 62 == kClearKind >> 62);
+  REQUIRE(clearTag(1, 5) != clearTag(2, 5));
+  REQUIRE(clearTag(1, 5) != clearTag(1, 6));
+  REQUIRE(clearTag(1, 0) != byeTag(1));
+  REQUIRE(clearTag(1, 0) != dataTagWithBits(1, 0, 0));
   REQUIRE(dataTag(1, kSeqMask + 1, 8) == dataTag(1, 0, 8));  // message numbers wrap within their bits
   REQUIRE((dataTag(5, 7, 100) & ~kSizeMask) == (dataTag(5, 7, 3u << 20) & ~kSizeMask));  // what FI_PEEK ignores
   // Striping: parts cover the message in order; a part of a message of
@@ -329,6 +335,7 @@ TEST_CASE("ofi wire tags keep connections and messages and kinds apart", "[ofi]"
   hello.toRank = 9;
   hello.channel = 2;
   hello.recvId = 77;
+  hello.clearAbove = 4096;
   REQUIRE(signHello(hello, "s3cret").isOk());
   uint8_t bytes[kHelloBytes];
   encodeHello(hello, bytes);
@@ -336,7 +343,11 @@ TEST_CASE("ofi wire tags keep connections and messages and kinds apart", "[ofi]"
   REQUIRE(back.isOk());
   REQUIRE(back->commId == hello.commId);
   REQUIRE(back->recvId == 77);
+  REQUIRE(back->clearAbove == 4096);
   REQUIRE(verifyHello(back.value(), "s3cret"));
+  Hello changed = back.value();
+  changed.clearAbove = 0;  // signed too: a peer cannot be talked out of clear-to-sends
+  REQUIRE_FALSE(verifyHello(changed, "s3cret"));
   REQUIRE_FALSE(verifyHello(back.value(), "other"));
   back->recvId = 78;  // a field changed in flight
   REQUIRE_FALSE(verifyHello(back.value(), "s3cret"));
@@ -668,6 +679,56 @@ TEST_CASE("ofi: a large message nobody receives yet does not hold up another con
     REQUIRE(pumpBoth(*y.first, *y.second).isOk());
     REQUIRE(bigIn == bigOut);
   }
+}
+
+TEST_CASE("ofi shm without CMA: every large message waits for its receive (clear-to-send)", "[ofi]") {
+  // libfabric reads FI_SHM_DISABLE_CMA when it first loads: ctest runs each
+  // test case in its own process, so this one sees it. (Run together with
+  // others, the provider may keep CMA; the clear-to-sends still happen.)
+  ScopedEnv env{{"FI_SHM_DISABLE_CMA", "1"}};
+  REQUIRE(ofi::shmSendsStream());
+  OfiWorld w(kShm);
+  SECTION("a large message moves only once received; the small one behind it arrives first") {
+    ConnPair x = makePair(*w.rank0, *w.rank1, 0);
+    ConnPair y = makePair(*w.rank0, *w.rank1, 0);
+    for (uint64_t big : {uint64_t{64} << 10, (uint64_t{8} << 20) + 3}) {
+      INFO(big << " bytes");
+      std::vector<uint8_t> bigOut(big), bigIn(big, 0), smallOut(100, 7), smallIn(100, 0);
+      for (size_t i = 0; i < big; i += 4096) bigOut[i] = static_cast<uint8_t>((i >> 12) + 1);
+      REQUIRE(x.first->postSend(bigOut.data(), big, 1, 1).isOk());
+      REQUIRE(y.first->postSend(smallOut.data(), smallOut.size(), 2, 2).isOk());
+      REQUIRE(y.second->postRecv(smallIn.data(), smallIn.size(), 2, 3).isOk());
+      REQUIRE(pumpBoth(*y.first, *y.second, 20000).isOk());
+      REQUIRE(smallIn == smallOut);
+      for (int i = 0; i < 100; ++i) {  // nothing receives the big one: it does not complete
+        std::vector<Completion> done;
+        bool progressed = false;
+        REQUIRE(x.first->poll(done, progressed).isOk());
+        REQUIRE(done.empty());
+      }
+      REQUIRE(x.second->postRecv(bigIn.data(), big, 1, 4).isOk());
+      REQUIRE(pumpBoth(*x.first, *x.second).isOk());
+      REQUIRE(bigIn == bigOut);
+    }
+  }
+  SECTION("a sender waiting for a clear-to-send from a peer that goes away fails naming it") {
+    ConnPair z = makePair(*w.rank0, *w.rank1, 0);
+    exchange(*z.first, *z.second, 10, 1);  // the pair works
+    std::vector<uint8_t> out(1 << 20, 3);
+    REQUIRE(z.first->postSend(out.data(), out.size(), 5, 1).isOk());
+    z.second.reset();
+    Deadline until = Deadline::afterMs(20000);
+    Status st;
+    while (st.isOk() && !until.expired()) {
+      std::vector<Completion> done;
+      bool progressed = false;
+      st = z.first->poll(done, progressed);
+    }
+    INFO(st.toString());
+    REQUIRE(st.code() == Code::kRemoteError);
+    REQUIRE_THAT(st.message(), Catch::Contains(z.first->peerDescription()));
+  }
+  SECTION("shm behaviours") { shmBehaviours(w, 64ull << 20); }
 }
 
 TEST_CASE("ofi conformance / tcp over ofi_rxm over three endpoints", "[ofi][conformance]") {

@@ -20,11 +20,12 @@ constexpr int64_t kPeekIntervalNs = 50 * 1000000ll;
 }  // namespace
 
 OfiConnection::OfiConnection(Rail& rail, std::vector<fi_addr_t> peerLanes, uint16_t channel, uint32_t recvId,
-                             uint64_t injectLimit, std::string peerDescription)
+                             uint64_t injectLimit, uint64_t clearAbove, std::string peerDescription)
     : rail_(rail),
       peerLanes_(std::move(peerLanes)),
       channel_(channel),
       recvId_(recvId),
+      clearAbove_(clearAbove),
       injectLimit_(injectLimit),
       peer_(std::move(peerDescription)),
       peekable_(rail.peekWorks()) {}
@@ -74,6 +75,7 @@ OfiConnection::~OfiConnection() {
   };
   for (Op* op : sends_.ops) drop(op, false);
   for (Op* op : recvs_.ops) drop(op, true);
+  for (Op* op : clearances_) drop(op, true);
   // The peer is gone when it said so on every lane (or set-up never finished).
   bool peerGone = byes_.size() < peerLanes_.size() ||
                   std::all_of(byes_.begin(), byes_.end(), [](const Op* bye) { return bye->done; });
@@ -144,6 +146,17 @@ void OfiConnection::plan(Queue& queue, Op::Kind kind, void* data, uint64_t bytes
     op->messageBytes = bytes;
     op->sizeBits = sizeBits;
     op->last = j + 1 == parts;
+    if (kind == Op::Kind::kSend && clearAbove_ > 0 && op->bytes > clearAbove_) {
+      Op* clearance = newOp();
+      clearance->kind = Op::Kind::kClearance;
+      clearance->owner = this;
+      clearance->lane = op->lane;
+      clearance->seq = seq;
+      clearance->laneSeq = op->laneSeq;
+      op->clearance = clearance;
+      clearances_.push_back(clearance);
+      ++clearancesUnposted_;
+    }
     ++partsOnLane_[op->lane];
     queue.ops.push_back(op);
     ++queue.unposted;
@@ -158,6 +171,7 @@ Status OfiConnection::postSend(const void* data, uint64_t bytes, uint64_t tag, u
                       rail_.maxMessageBytes()));
   plan(sends_, Op::Kind::kSend, const_cast<void*>(data), bytes, tag, token);
   std::lock_guard<std::mutex> lock(rail_.mutex);
+  SHOAL_TRY(postClearanceRecvs());
   return issue(sends_);
 }
 
@@ -166,7 +180,8 @@ Status OfiConnection::postRecv(void* data, uint64_t bytes, uint64_t tag, uint64_
   if (recvs_.ops.empty()) nextPeekNs_ = nowNs() + kPeekIntervalNs;
   plan(recvs_, Op::Kind::kRecv, data, bytes, tag, token);
   std::lock_guard<std::mutex> lock(rail_.mutex);
-  return issue(recvs_);
+  SHOAL_TRY(issue(recvs_));
+  return sendClearances();
 }
 
 bool OfiConnection::resolvePeer() {
@@ -176,6 +191,7 @@ bool OfiConnection::resolvePeer() {
                        hello))
     return false;
   peerRecvId_ = hello.recvId;
+  peerClearAbove_ = hello.clearAbove;
   return true;
 }
 
@@ -183,10 +199,54 @@ Status OfiConnection::issue(Queue& queue) {
   if (&queue == &sends_ && queue.unposted > 0 && !resolvePeer()) return Status::ok();  // poll() retries
   while (queue.unposted > 0) {
     Op& op = *queue.ops[queue.ops.size() - queue.unposted];
+    if (op.clearance != nullptr) {
+      if (!op.clearance->done) return Status::ok();  // the receiver has not posted it yet
+      if (op.clearance->error != 0)
+        return fail(remoteError(peer_, ": waiting to send message #", op.seq, ": ", op.clearance->errorText));
+    }
     Status s = issueOne(op);
     if (s.code() == Code::kAgain) return Status::ok();  // queued; poll() retries
     if (!s.isOk()) return fail(std::move(s));
     --queue.unposted;
+    if (op.clearance != nullptr) {
+      // Only now: a send the provider pushed back still needs its clearance.
+      SHOAL_CHECK(!clearances_.empty() && clearances_.front() == op.clearance, "ofi clearances out of order");
+      clearances_.pop_front();
+      recycle(op.clearance);
+      op.clearance = nullptr;
+    } else if (op.kind == Op::Kind::kRecv && op.bytes > 0 && (peerRecvId_ == 0 || peerClearAbove_ > 0)) {
+      // Owed to a peer that wants it, or may (its hello not claimed yet).
+      owedClearances_.push_back(OwedClearance{op.lane, op.laneSeq, op.bytes});
+    }
+  }
+  return Status::ok();
+}
+
+Status OfiConnection::postClearanceRecvs() {
+  while (clearancesUnposted_ > 0) {
+    Op& op = *clearances_[clearances_.size() - clearancesUnposted_];
+    ssize_t rc = fi_trecv(rail_.endpoint(op.lane), nullptr, 0, nullptr, FI_ADDR_UNSPEC,
+                          wire::clearTag(recvId_, op.laneSeq), 0, &op.context);
+    if (rc == -FI_EAGAIN) return Status::ok();  // poll() retries
+    if (rc != 0)
+      return fail(remoteError(peer_, ": message #", op.seq, ": ", fiError(rail_.api(), "fi_trecv (clearance)", rc)));
+    op.posted = true;
+    --clearancesUnposted_;
+  }
+  return Status::ok();
+}
+
+Status OfiConnection::sendClearances() {
+  if (owedClearances_.empty() || !resolvePeer()) return Status::ok();
+  while (!owedClearances_.empty()) {
+    const OwedClearance& owed = owedClearances_.front();
+    if (peerClearAbove_ > 0 && owed.bytes > peerClearAbove_) {
+      Status s = rail_.sendControl(owed.lane, peerLanes_[owed.lane], wire::clearTag(peerRecvId_, owed.laneSeq),
+                                   nullptr, 0);
+      if (s.code() == Code::kAgain) return Status::ok();  // poll() retries
+      if (!s.isOk()) return fail(s.withContext(str(peer_, ": clear-to-send")));
+    }
+    owedClearances_.pop_front();
   }
   return Status::ok();
 }
@@ -233,12 +293,14 @@ Status OfiConnection::poll(std::vector<Completion>& done, bool& progressed) {
     if (partsOnLane_[lane] == 0 && (lane != 0 || peerRecvId_ != 0)) continue;
     if (Status s = rail_.progress(lane); !s.isOk()) return fail(s.withContext(peer_));
   }
+  SHOAL_TRY(postClearanceRecvs());
   if (sends_.unposted > 0) {
     SHOAL_TRY(issue(sends_));
   }
   if (recvs_.unposted > 0) {
     SHOAL_TRY(issue(recvs_));
   }
+  SHOAL_TRY(sendClearances());
   while (!sends_.ops.empty() && sends_.ops.front()->done) {
     Op* op = sends_.ops.front();
     if (op->error != 0)

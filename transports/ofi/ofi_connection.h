@@ -40,6 +40,18 @@
 // waits for the engine's no-progress deadline, which names the peer.
 // Completions are reported per message, in posting order per direction.
 //
+// Clear to send: where a side's provider streams large messages through a
+// shared segment in order (shmSendsStream: 1.17's shm without CMA), a message
+// nobody receives yet would hold up every later one between the two
+// endpoints, other connections' included. Such a side says so in its hello
+// (clearAbove = its inject limit) and sends no part above that size until the
+// receiver has posted the part's receive: it posts a zero-byte receive on
+// clearTag(its id, the part's lane number) when the message is queued, and
+// the receiver sends that tag once it has posted the part's receive (after
+// claiming the hello; until then it keeps the clearance). The sender's queue
+// waits at a part whose clearance has not come; the receiver posts receives in
+// the order the sender sends, so this cannot wait on a later message.
+//
 // Closing: the destructor cancels its posted receives (their Ops become the
 // rail's orphans until the provider is done with them) and sends the peer a
 // bye on every lane; a bye arrives after everything sent before it on its lane
@@ -63,8 +75,10 @@ class OfiConnection final : public Connection {
   // start()); `peerLanes` are the peer's endpoints in the AVs of this rail's
   // endpoints 0..lanes-1; `channel` staggers which lane message 0 takes, so
   // the channels of a pair start on different lanes.
+  // `clearAbove`: 0, or this side's sends of parts larger than it wait for
+  // the receiver's clear-to-send (what the hello tells the peer).
   OfiConnection(Rail& rail, std::vector<fi_addr_t> peerLanes, uint16_t channel, uint32_t recvId,
-                uint64_t injectLimit, std::string peerDescription);
+                uint64_t injectLimit, uint64_t clearAbove, std::string peerDescription);
   ~OfiConnection() override;
 
   // Who the peer is, for claiming its hello (which names the id its data
@@ -109,6 +123,11 @@ class OfiConnection final : public Connection {
   Status issue(Queue& queue);
   Status issueOne(Op& op);
   Status finishRecv(const Op& op) const;
+  // Posts the clearance receives that wait for the provider (rail mutex held).
+  Status postClearanceRecvs();
+  // Sends the clear-to-sends owed for posted receives once the peer's hello
+  // says it wants them (rail mutex held).
+  Status sendClearances();
   // A receive that waits may have a message of another size in its place
   // (its tag differs in the size bits, so it cannot match): look with FI_PEEK.
   Status peekForMismatch();
@@ -121,6 +140,8 @@ class OfiConnection final : public Connection {
   const uint64_t channel_;
   const uint32_t recvId_;
   uint32_t peerRecvId_ = 0;  // 0 until the peer's hello is claimed
+  const uint64_t clearAbove_;    // ours (see Clear to send)
+  uint64_t peerClearAbove_ = 0;  // the peer's, from its hello
   PeerHello expected_;
   const uint64_t injectLimit_;
   const std::string peer_;
@@ -133,6 +154,17 @@ class OfiConnection final : public Connection {
   // poll(2) of its sockets, on every poll: measured +4 us on an 8-byte
   // AllReduce with 2 endpoints).
   uint32_t partsOnLane_[kMaxEndpointsPerRail] = {};
+  // Sender: clearance receives in send order, the first `clearancesUnposted_`
+  // from the back not yet given to the provider. Receiver: (lane, lane
+  // number) of posted receives whose clear-to-send is not yet sent.
+  std::deque<Op*> clearances_;
+  size_t clearancesUnposted_ = 0;
+  struct OwedClearance {
+    uint8_t lane;
+    uint64_t laneSeq;
+    uint64_t bytes;
+  };
+  std::deque<OwedClearance> owedClearances_;
   std::vector<Op*> spare_;
   std::vector<Op*> byes_;  // one per lane, posted by start()
   Op* peek_ = nullptr;

@@ -12,6 +12,7 @@
 #include "core/log.h"
 #include "core/params.h"
 #include "core/process.h"
+#include "memory/shared_memory.h"
 #include "net/crypto.h"
 
 #ifdef SHOAL_OFI_WITH_CUDA
@@ -51,8 +52,19 @@ bool resolve(void* library, const char* symbol, const char* version, Fn& out) {
 // process initialised libfabric first: then only speed differs.) The value is
 // the parameter table's (params.def), which reads the user's setting if any;
 // docs/decisions/0004 says why a library writes its process's environment.
+//
+// FI_SHM_DISABLE_CMA=1 where a process's single-copy reads do not pay
+// (memory::remoteReadsPay): shm then copies large messages through its
+// segment (SAR) at memcpy speed instead of reading them with
+// process_vm_readv, which on the development VM runs at a quarter to half of
+// memcpy (2 ranks, 1-8 MiB: AllReduce 2.0-3.1 -> 5.5-6.4 GB/s). SAR streams
+// a message in order, so an unreceived one would hold up later traffic:
+// OfiConnection's clear-to-send (shmSendsStream) keeps every large message
+// until its receive is posted.
 void setProviderDefaults() {
   ::setenv("FI_OFI_RXM_EAGER_LIMIT", std::to_string(params().ofiRxmEagerLimit).c_str(), 0);
+  if (params().ofiShmDisableCma.empty() && !memory::remoteReadsPay())
+    ::setenv("FI_SHM_DISABLE_CMA", "1", 0);
 }
 
 Result<Api> loadOnce() {
@@ -116,7 +128,7 @@ uint64_t get(const uint8_t* in, int n) {
 }
 
 constexpr uint32_t kHelloMagic = 0x464f4853;  // "SHOF"
-constexpr uint16_t kHelloVersion = 2;  // 2: lanes and striped messages (the data tags changed)
+constexpr uint16_t kHelloVersion = 3;  // 2: lanes and striped messages; 3: clearAbove
 constexpr size_t kHelloSigned = 48;
 constexpr int kControlSlots = 64;
 constexpr int kHelloRecvSlots = 16;
@@ -140,6 +152,15 @@ std::vector<Rail*>& rails() {
 }
 
 }  // namespace
+
+bool shmSendsStream() {
+  // The environment, not params(): what libfabric reads, and loading may have set it.
+  const char* value = std::getenv("FI_SHM_DISABLE_CMA");
+  if (value == nullptr) return false;
+  std::string v(value);
+  for (char& c : v) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return v == "1" || v == "true" || v == "yes" || v == "on";
+}
 
 bool processUsesCuda() {
 #ifdef SHOAL_OFI_WITH_CUDA
@@ -178,7 +199,7 @@ void encodeHello(const Hello& hello, uint8_t out[kHelloBytes]) {
   put(out + 16, static_cast<uint32_t>(hello.fromRank), 4);
   put(out + 20, static_cast<uint32_t>(hello.toRank), 4);
   put(out + 24, hello.recvId, 4);
-  put(out + 28, 0, 4);
+  put(out + 28, hello.clearAbove, 4);
   std::memcpy(out + 32, hello.nonce, 16);
   std::memcpy(out + 48, hello.proof, 32);
 }
@@ -193,6 +214,7 @@ Result<Hello> decodeHello(const uint8_t* in, size_t bytes) {
   h.fromRank = static_cast<int32_t>(get(in + 16, 4));
   h.toRank = static_cast<int32_t>(get(in + 20, 4));
   h.recvId = static_cast<uint32_t>(get(in + 24, 4));
+  h.clearAbove = static_cast<uint32_t>(get(in + 28, 4));
   std::memcpy(h.nonce, in + 32, 16);
   std::memcpy(h.proof, in + 48, 32);
   if (h.fromRank < 0 || h.toRank < 0 || h.fromRank == h.toRank)
@@ -467,6 +489,7 @@ void Rail::dispatch(Op* op) {
     case Op::Kind::kRecv:
     case Op::Kind::kBye:
     case Op::Kind::kPeek:
+    case Op::Kind::kClearance:
       if (op->owner == nullptr && orphans_.erase(op) == 1) {  // its connection is gone
         releaseRegistration(*op);
         delete op;

@@ -109,6 +109,7 @@ inline constexpr uint64_t kSizeMask = (1ull << kSizeBits) - 1;
 inline constexpr int kIdShift = kSeqBits + kSizeBits;
 inline constexpr uint64_t kHelloKind = 1ull << 62;
 inline constexpr uint64_t kByeKind = 2ull << 62;
+inline constexpr uint64_t kClearKind = 3ull << 62;
 inline constexpr uint64_t kStripedBit = 1ull << 15;
 inline constexpr int kRemainderShift = 11;
 inline constexpr uint64_t kMaxStripes = 16;  // the remainder's 4 bits
@@ -153,11 +154,18 @@ inline uint64_t dataTag(uint32_t recvId, uint64_t seq, uint64_t bytes, uint64_t 
 }
 inline uint64_t helloTag() { return kHelloKind; }
 inline uint64_t byeTag(uint32_t recvId) { return kByeKind | (static_cast<uint64_t>(recvId) << kIdShift); }
+// Clear-to-send for the part numbered `seq` on its lane of connection
+// `recvId` (the sender's id, as in its hello): the receiver has posted that
+// part's receive (OfiConnection: "Clear to send").
+inline uint64_t clearTag(uint32_t recvId, uint64_t seq) {
+  return kClearKind | (static_cast<uint64_t>(recvId) << kIdShift) | ((seq & kSeqMask) << kSizeBits);
+}
 
 // The hello each side of a connection sends the other at set-up (80 bytes,
 // little-endian): u32 "SHOF", u16 version, u16 channel, u64 commId,
 // i32 fromRank, i32 toRank, u32 recvId (the sender's id for this connection:
-// the peer tags its data with it), u32 reserved, u8 nonce[16],
+// the peer tags its data with it), u32 clearAbove (0, or: send me a
+// clear-to-send before each message part larger than this), u8 nonce[16],
 // u8 proof[32] = HMAC-SHA256(secret, "shoal ofi hello v1" || bytes 0..47).
 inline constexpr size_t kHelloBytes = 80;
 struct Hello {
@@ -166,6 +174,7 @@ struct Hello {
   int32_t toRank = -1;
   uint16_t channel = 0;
   uint32_t recvId = 0;
+  uint32_t clearAbove = 0;
   uint8_t nonce[16] = {};
   uint8_t proof[32] = {};
 };
@@ -177,12 +186,19 @@ bool verifyHello(const Hello& hello, std::string_view secret);
 
 class OfiConnection;
 
+// Whether libfabric's shm provider in this process moves messages above its
+// inject size through its segment, in order (FI_SHM_DISABLE_CMA true, which
+// loading sets where single-copy reads do not pay): an unreceived one would
+// hold up every later message between the two endpoints, so each waits for
+// a clear-to-send (OfiConnection).
+bool shmSendsStream();
+
 // One operation given to the provider. The fi_context2 comes first: the
 // completion's op_context is the Op itself. The provider owns the context
 // until the completion arrives, so an Op whose connection is destroyed first
 // is "orphaned" (owner = nullptr) and the rail frees it on its completion.
 struct Op {
-  enum class Kind : uint8_t { kSend, kRecv, kBye, kPeek, kHelloRecv, kControlSend };
+  enum class Kind : uint8_t { kSend, kRecv, kBye, kPeek, kHelloRecv, kControlSend, kClearance };
   fi_context2 context{};
   Kind kind = Kind::kSend;
   uint8_t lane = 0;     // the rail's endpoint it was posted on
@@ -199,6 +215,7 @@ struct Op {
   uint64_t messageBytes = 0;  // the whole message's (a part's op carries some of it)
   uint64_t sizeBits = 0;      // the wire tag's (wire::sizeBits)
   bool last = true;           // the message's last part: its completion is the message's
+  Op* clearance = nullptr;    // a send's: the receive of its clear-to-send (null: none needed)
   MrCache::Handle* mr = nullptr;
   int slot = -1;       // control slot (hello receives, control sends)
   // What the completion said.

@@ -164,6 +164,7 @@ class OfiTransport final : public Transport {
   std::string address_;
   std::vector<std::unique_ptr<Rail>> rails_;
   uint64_t injectLimit_ = 0;
+  uint64_t clearAbove_ = 0;  // OfiConnection "Clear to send"; 0: not needed
 };
 
 std::string OfiTransport::wanted() const {
@@ -290,6 +291,9 @@ Status OfiTransport::initialise() {
   size_t inject = rails_.front()->injectBytes();
   int64_t wantedInject = params().ofiInjectBytes;
   injectLimit_ = wantedInject < 0 ? inject : std::min<uint64_t>(inject, static_cast<uint64_t>(wantedInject));
+  // Messages the provider may stream through its segment wait for a
+  // clear-to-send (OfiConnection); parts up to the inject size never stream.
+  if (provider_ == "shm" && ofi::shmSendsStream()) clearAbove_ = std::max<uint64_t>(injectLimit_, 1);
 
   uint64_t mrMode = chosen->domain_attr->mr_mode;
   std::string mrText = api->tostr(&mrMode, FI_TYPE_MR_MODE);
@@ -297,7 +301,8 @@ Status OfiTransport::initialise() {
              chosen->fabric_attr->name ? chosen->fabric_attr->name : "?", ", ", rails_.size(),
              rails_.size() == 1 ? " rail (domain " : " rails (domains ", domains, "), ", endpoints,
              endpoints == 1 ? " endpoint" : " endpoints", " per rail, mr_mode [", mrText,
-             "], inject ", injectLimit_, " B, ", (chosen->caps & FI_HMEM) ? "FI_HMEM, " : "", "libfabric ",
+             "], inject ", injectLimit_, " B, ",
+             clearAbove_ > 0 ? str("FI_SHM_DISABLE_CMA: clear-to-send above ", clearAbove_, " B, ") : std::string(), (chosen->caps & FI_HMEM) ? "FI_HMEM, " : "", "libfabric ",
              ofi::versionString(api->version()), " API ", ofi::versionString(version));
   return Status::ok();
 }
@@ -353,13 +358,14 @@ Result<std::unique_ptr<Connection>> OfiTransport::connect(const ConnectionKey& k
     Result<uint32_t> id = rail.allocateId();
     if (!id.isOk()) return id.takeStatus().withContext(what);
     connection = std::make_unique<ofi::OfiConnection>(rail, std::move(peerLanes), key.channel, id.value(),
-                                                      injectLimit_, peer);
+                                                      injectLimit_, clearAbove_, peer);
     SHOAL_TRY(connection->start({key.commId, key.peerRank, key.selfRank, key.channel, options.secret})) << what;
     hello.commId = key.commId;
     hello.fromRank = key.selfRank;
     hello.toRank = key.peerRank;
     hello.channel = key.channel;
     hello.recvId = id.value();
+    hello.clearAbove = static_cast<uint32_t>(clearAbove_);
   }
   SHOAL_TRY(wire::signHello(hello, options.secret)) << what;
   uint8_t bytes[wire::kHelloBytes];
