@@ -131,6 +131,21 @@ bool Communicator::ShapeEqual::operator()(const CollShape& a, const CollShape& b
 // The tuner is a pure function of the shape for a communicator's lifetime, so
 // a cached plan also stands for the tuner's decision: a repeated operation
 // costs one hash lookup.
+std::shared_ptr<const PreparedPlan> Communicator::mergedPlanFor(std::vector<std::shared_ptr<const PreparedPlan>> parts) {
+  std::vector<const PreparedPlan*> key;
+  key.reserve(parts.size());
+  for (const auto& part : parts) key.push_back(part.get());
+  auto it = mergedPlanCache_.find(key);
+  if (it != mergedPlanCache_.end()) return it->second.merged;
+  std::vector<PlanPtr> plans;
+  plans.reserve(parts.size());
+  for (const auto& part : parts) plans.push_back(part->plan);
+  auto merged = preparePlan(std::make_shared<Plan>(mergePlans(plans)));
+  if (mergedPlanCache_.size() >= kPlanCacheLimit) mergedPlanCache_.clear();
+  mergedPlanCache_.emplace(std::move(key), MergedPlan{std::move(parts), merged});
+  return merged;
+}
+
 Result<std::shared_ptr<const PreparedPlan>> Communicator::planFor(const CollShape& shape, bool grouped) {
   auto& cache = grouped ? groupPlanCache_ : planCache_;
   const RankView& view = grouped ? groupView_ : rankView_;
@@ -360,16 +375,16 @@ Result<bool> Communicator::prepareJob(Job& job, std::vector<OpRequest>& ops, boo
   });
   if (ops.empty()) return false;
 
-  std::vector<PlanPtr> plans;
+  std::vector<std::shared_ptr<const PreparedPlan>> parts;
   std::shared_ptr<const PreparedPlan> prepared;
   for (const OpRequest& op : ops) {
     SHOAL_ASSIGN_OR_RETURN(prepared, planFor(op.shape, ops.size() > 1),
       describe(), ": ", collKindName(op.shape.kind));
-    if (ops.size() > 1) plans.push_back(prepared->plan);
+    if (ops.size() > 1) parts.push_back(prepared);
     job.opTags.push_back(tagFor(op.shape));
     job.opScalars.push_back(op.scalar);
   }
-  if (plans.size() > 1) prepared = preparePlan(std::make_shared<Plan>(mergePlans(plans)));
+  if (parts.size() > 1) prepared = mergedPlanFor(std::move(parts));
   const Plan& plan = *prepared->plan;
   SHOAL_TRY(ensureConnections(plan, job.laneConnections));
 

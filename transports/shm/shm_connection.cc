@@ -20,17 +20,17 @@ namespace {
 
 enum FrameKind : uint32_t { kInline = 0, kSingleCopy = 1 };
 
-// The first 40 bytes of a frame's first slot; the payload follows it.
+// The first 32 bytes of a frame's first slot; the payload follows it (a
+// kSingleCopy frame's is the address of the message in the sender's memory).
 struct FrameHeader {
   std::atomic<uint64_t> stamp;  // frame number + 1; stored last
   uint64_t tag;
   uint64_t messageBytes;
-  uint64_t address;             // kSingleCopy: the payload in the sender's memory
-  uint32_t frameBytes;          // kInline: payload bytes in this frame
+  uint32_t frameBytes;          // payload bytes in this frame
   uint32_t kind;
 };
 constexpr size_t kFrameHeaderBytes = sizeof(FrameHeader);
-static_assert(kFrameHeaderBytes == 40);
+static_assert(kFrameHeaderBytes == 32);
 
 constexpr int64_t kPeerCheckIntervalNs = 10'000'000;
 // Bytes one poll() copies by process_vm_readv before returning, so other
@@ -155,7 +155,8 @@ Status ShmConnection::pumpSends(std::vector<Completion>& done, bool& progressed)
   while (!sends_.empty()) {
     SendOp& op = sends_.front();
     bool singleCopy = peerCanRead_ == CmaAbility::kYes && op.bytes >= cmaMinBytes_ && op.offset == 0;
-    uint64_t frameBytes = singleCopy ? 0 : std::min(op.bytes - op.offset, maxFrameBytes_);
+    uint64_t address = reinterpret_cast<uint64_t>(op.data);
+    uint64_t frameBytes = singleCopy ? sizeof(address) : std::min(op.bytes - op.offset, maxFrameBytes_);
     uint64_t slots = slotsFor(frameBytes);
     if (freeSlots() < slots) {
       peerConsumed_ = control.consumedSlots.load(std::memory_order_acquire);
@@ -167,14 +168,14 @@ Status ShmConnection::pumpSends(std::vector<Completion>& done, bool& progressed)
     header->messageBytes = op.bytes;
     header->frameBytes = static_cast<uint32_t>(frameBytes);
     header->kind = singleCopy ? kSingleCopy : kInline;
-    header->address = singleCopy ? reinterpret_cast<uint64_t>(op.data) : 0;
     if (frameBytes > 0) {
       // The payload runs on from the header, wrapping at the end of the ring.
+      const uint8_t* payload = singleCopy ? reinterpret_cast<const uint8_t*>(&address) : op.data + op.offset;
       uint64_t start = first * kSlotBytes + kFrameHeaderBytes;
       uint64_t ringBytes = capacity * kSlotBytes;
       uint64_t head = std::min(frameBytes, ringBytes - start);
-      std::memcpy(outRing_ + start, op.data + op.offset, head);
-      if (head < frameBytes) std::memcpy(outRing_, op.data + op.offset + head, frameBytes - head);
+      std::memcpy(outRing_ + start, payload, head);
+      if (head < frameBytes) std::memcpy(outRing_, payload + head, frameBytes - head);
     }
     header->stamp.store(++sentFrames_, std::memory_order_release);
     sentSlots_ += slots;
@@ -230,7 +231,9 @@ Status ShmConnection::pumpRecvs(std::vector<Completion>& done, bool& progressed)
     if (header->kind == kSingleCopy) {
       if (op.offset == 0 && op.bytes > 0) progressed = true;
       bool finished = false;
-      SHOAL_TRY(readSingleCopy(op, header->address, finished));
+      uint64_t address = 0;  // in the first slot (a header is 32 bytes)
+      std::memcpy(&address, inRing_ + first * kSlotBytes + kFrameHeaderBytes, sizeof(address));
+      SHOAL_TRY(readSingleCopy(op, address, finished));
       progressed = true;
       if (!finished) break;  // more in the next poll
       control.cmaReads.store(++cmaRead_, std::memory_order_release);

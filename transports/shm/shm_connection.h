@@ -7,11 +7,11 @@
 // locks, and no system call on the small-message path.
 //
 // Frames: each direction is a single-producer single-consumer ring of 64-byte
-// slots. A message travels as one or more frames; a frame is a 40-byte header
+// slots. A message travels as one or more frames; a frame is a 32-byte header
 // followed by its payload, contiguous modulo the ring. The header's `stamp`
 // (frame number + 1) is stored last with release order: the receiver polls
 // the stamp of the slot where the next frame must start ("flag in the data"),
-// so a message of up to 24 bytes costs the receiver one cache line. The
+// so a message of up to 32 bytes costs the receiver one cache line. The
 // receiver hands slots back by publishing how many it has consumed; the sender
 // reads that only when its cached copy says the ring is full.
 //
