@@ -131,6 +131,19 @@ bool Communicator::ShapeEqual::operator()(const CollShape& a, const CollShape& b
 // The tuner is a pure function of the shape for a communicator's lifetime, so
 // a cached plan also stands for the tuner's decision: a repeated operation
 // costs one hash lookup.
+Result<std::shared_ptr<const PreparedPlan>> Communicator::planFor(const CollShape& shape, bool grouped) {
+  auto& cache = grouped ? groupPlanCache_ : planCache_;
+  const RankView& view = grouped ? groupView_ : rankView_;
+  auto it = cache.find(shape);
+  if (it != cache.end()) return it->second;
+  SHOAL_ASSIGN_OR_RETURN(TunerChoice choice, tuner_->choose(shape, view));
+  auto plan = std::make_shared<Plan>(choice.algorithm->build(shape, view, choice.params));
+  if (cache.size() >= kPlanCacheLimit) cache.clear();
+  auto prepared = preparePlan(plan);
+  cache.emplace(shape, prepared);
+  return prepared;
+}
+
 std::shared_ptr<const PreparedPlan> Communicator::mergedPlanFor(std::vector<std::shared_ptr<const PreparedPlan>> parts) {
   std::vector<const PreparedPlan*> key;
   key.reserve(parts.size());
@@ -144,19 +157,6 @@ std::shared_ptr<const PreparedPlan> Communicator::mergedPlanFor(std::vector<std:
   if (mergedPlanCache_.size() >= kPlanCacheLimit) mergedPlanCache_.clear();
   mergedPlanCache_.emplace(std::move(key), MergedPlan{std::move(parts), merged});
   return merged;
-}
-
-Result<std::shared_ptr<const PreparedPlan>> Communicator::planFor(const CollShape& shape, bool grouped) {
-  auto& cache = grouped ? groupPlanCache_ : planCache_;
-  const RankView& view = grouped ? groupView_ : rankView_;
-  auto it = cache.find(shape);
-  if (it != cache.end()) return it->second;
-  SHOAL_ASSIGN_OR_RETURN(TunerChoice choice, tuner_->choose(shape, view));
-  auto plan = std::make_shared<Plan>(choice.algorithm->build(shape, view, choice.params));
-  if (cache.size() >= kPlanCacheLimit) cache.clear();
-  auto prepared = preparePlan(plan);
-  cache.emplace(shape, prepared);
-  return prepared;
 }
 
 // How long waiting ranks spin before yielding (Backoff::setSpinPasses): once

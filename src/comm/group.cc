@@ -74,8 +74,8 @@ Status end() {
         if (result.isOk()) result = s;
       }
   // One blocking communicator (a batch of sends and receives, coalesced
-  // collectives): the same inline path as an ungrouped call when nothing of
-  // its is in flight (2 ranks, grouped 8-byte send and receive: 2.9 -> 0.9 us).
+  // collectives): the same inline path as an ungrouped call when none of its
+  // work is in flight (2 ranks, grouped 8-byte send and receive: 2.9 -> 0.9 us).
   if (work.comms.size() == 1 && work.comms[0].comm->options().blocking) {
     auto& c = work.comms[0];
     return c.comm->submit(std::move(c.ops), /*wait=*/true);

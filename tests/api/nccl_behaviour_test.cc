@@ -1176,12 +1176,14 @@ TEST_CASE("Send/Recv in groups: ring - self - pairwise - ordering - zero bytes",
     World w(n);
     INFO("nranks " << n);
     const size_t N = 20011;
-    {  // ring shift (n == 1: to self)
+    // Ring shift (n == 1: to self), repeated with new buffers and data: the
+    // repeats reuse the group's cached merged plan.
+    for (int rep = 0; rep < 3; ++rep) {
       std::vector<Buf> send, recv;
       for (int r = 0; r < n; ++r) {
         send.emplace_back(t, N);
         recv.emplace_back(t, N);
-        send[r].fill([r](size_t i) { return val(r, i); });
+        send[r].fill([r, rep](size_t i) { return val(r + 10 * rep, i); });
       }
       grouped(n, [&](int r) {
         ncclResult_t rc = ncclSend(send[r].at(), N, ncclFloat, (r + 1) % n, w[r], nullptr);
@@ -1190,7 +1192,8 @@ TEST_CASE("Send/Recv in groups: ring - self - pairwise - ordering - zero bytes",
       });
       for (int r = 0; r < n; ++r) {
         int prev = (r + n - 1) % n;
-        checkBuf(recv[r], [prev](size_t i) { return val(prev, i); }, "ring rank " + std::to_string(r));
+        checkBuf(recv[r], [prev, rep](size_t i) { return val(prev + 10 * rep, i); },
+                 "ring rank " + std::to_string(r) + " repeat " + std::to_string(rep));
       }
     }
     {  // self send/recv, recv posted before send
