@@ -323,7 +323,7 @@ Status Engine::runRemoteComputeStep(Job& job, const Step& s, uint8_t* dst, const
       ReduceOp op = shape.op == ReduceOp::kPreMulSum ? ReduceOp::kSum : shape.op;
       reduce::combine(op, shape.dtype, dst + at, in[0], in[1], len / e, nullptr);
     } else {
-      std::memcpy(dst + at, in[0], len);
+      reduce::copy(dst + at, in[0], len);
     }
   }
   return Status::ok();
@@ -365,7 +365,7 @@ Status Engine::runComputeStep(Job& job, uint32_t index) {
     }
     case StepKind::kCopy:
       if (scaled) reduce::scale(shape.dtype, at(s.dst), at(s.src), count, scalar);
-      else if (at(s.dst) != at(s.src) && s.bytes > 0) std::memmove(at(s.dst), at(s.src), s.bytes);
+      else reduce::copy(at(s.dst), at(s.src), s.bytes);
       break;
     case StepKind::kDivide:
       reduce::divide(shape.dtype, at(s.dst), at(s.src), count, shape.divisor);

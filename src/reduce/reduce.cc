@@ -10,6 +10,7 @@
 
 #if defined(__x86_64__)
 #include <cpuid.h>
+#include <emmintrin.h>
 #endif
 
 #include "core/status.h"
@@ -133,6 +134,35 @@ void scale(DataType dtype, void* dst, const void* src, size_t count, const void*
   SHOAL_CHECK(scalar != nullptr, "scale needs a scalar");
   if (count == 0) return;
   active().scale[int(dtype)](dst, src, count, scalar);
+}
+
+void copy(void* dst, const void* src, size_t bytes) {
+  auto* out = static_cast<uint8_t*>(dst);
+  const auto* in = static_cast<const uint8_t*>(src);
+#if defined(__x86_64__)
+  const bool overlap = out < in + bytes && in < out + bytes;
+  if (bytes >= kStreamingCopyMinBytes && !overlap) {
+    // Non-temporal stores (SSE2, every x86-64) need 16-byte aligned
+    // destinations: an ordinary copy up to the first such address and after the last.
+    size_t head = (16 - reinterpret_cast<uintptr_t>(out) % 16) % 16;
+    std::memcpy(out, in, head);
+    size_t at = head;
+    for (; at + 64 <= bytes; at += 64) {
+      __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + at));
+      __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + at + 16));
+      __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + at + 32));
+      __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + at + 48));
+      _mm_stream_si128(reinterpret_cast<__m128i*>(out + at), a);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(out + at + 16), b);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(out + at + 32), c);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(out + at + 48), d);
+    }
+    std::memcpy(out + at, in + at, bytes - at);
+    _mm_sfence();  // ordered before whatever this thread stores next (a completion, a message)
+    return;
+  }
+#endif
+  if (out != in && bytes > 0) std::memmove(out, in, bytes);
 }
 
 void divide(DataType dtype, void* dst, const void* src, size_t count, uint64_t divisor) {

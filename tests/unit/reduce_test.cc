@@ -6,6 +6,7 @@
 // Build this file with -ffp-contract=off (tests.cmake): the reference below
 // must not fuse a*s+b either.
 #include <catch2/catch.hpp>
+#include <algorithm>
 
 #include <cmath>
 #include <cstdint>
@@ -961,3 +962,38 @@ TEST_CASE("isaName names the best path this CPU supports", "[reduce]") {
 
 }  // namespace
 }  // namespace shoal::reduce
+
+TEST_CASE("copy: every byte at every alignment, streaming or not, overlapping ranges like memmove",
+          "[reduce][copy]") {
+  const size_t big = shoal::reduce::kStreamingCopyMinBytes + 4096 + 37;  // streams, with an odd tail
+  std::vector<uint8_t> src(big + 64), dst(big + 64);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>(i * 131 + 7);
+  for (size_t bytes : {size_t{0}, size_t{1}, size_t{63}, size_t{4096}, shoal::reduce::kStreamingCopyMinBytes, big}) {
+    for (size_t dstOffset : {size_t{0}, size_t{3}, size_t{16}, size_t{33}}) {
+      for (size_t srcOffset : {size_t{0}, size_t{5}}) {
+        INFO(bytes << " bytes, dst +" << dstOffset << ", src +" << srcOffset);
+        std::fill(dst.begin(), dst.end(), uint8_t{0xEE});
+        shoal::reduce::copy(dst.data() + dstOffset, src.data() + srcOffset, bytes);
+        REQUIRE(std::memcmp(dst.data() + dstOffset, src.data() + srcOffset, bytes) == 0);
+        auto untouched = [](uint8_t v) { return v == 0xEE; };
+        REQUIRE(std::all_of(dst.begin(), dst.begin() + static_cast<ptrdiff_t>(dstOffset), untouched));  // nothing before
+        REQUIRE(std::all_of(dst.begin() + static_cast<ptrdiff_t>(dstOffset + bytes), dst.end(), untouched));  // nor after
+      }
+    }
+  }
+  // Overlapping large ranges, both directions: the result memmove gives.
+  for (ptrdiff_t shift : {ptrdiff_t{64}, ptrdiff_t{-64}, ptrdiff_t{1}}) {
+    INFO("shift " << shift);
+    std::vector<uint8_t> buffer(big + 128), expected;
+    for (size_t i = 0; i < buffer.size(); ++i) buffer[i] = static_cast<uint8_t>(i * 17 + 3);
+    expected = buffer;
+    uint8_t* from = buffer.data() + 64;
+    std::memmove(expected.data() + 64 + shift, expected.data() + 64, big);
+    shoal::reduce::copy(from + shift, from, big);
+    REQUIRE(buffer == expected);
+  }
+  // Same address: nothing to do.
+  std::vector<uint8_t> same(src.begin(), src.end());
+  shoal::reduce::copy(same.data(), same.data(), same.size());
+  REQUIRE(same == src);
+}
