@@ -214,7 +214,8 @@ Status OfiConnection::issue(Queue& queue) {
       clearances_.pop_front();
       recycle(op.clearance);
       op.clearance = nullptr;
-    } else if (op.kind == Op::Kind::kRecv && op.bytes > 0 && (peerRecvId_ == 0 || peerClearAbove_ > 0)) {
+    } else if (op.kind == Op::Kind::kRecv && op.bytes > 0 &&
+               (peerRecvId_ == 0 || (peerClearAbove_ > 0 && op.bytes > peerClearAbove_))) {
       // Owed to a peer that wants it, or may (its hello not claimed yet).
       owedClearances_.push_back(OwedClearance{op.lane, op.laneSeq, op.bytes});
     }

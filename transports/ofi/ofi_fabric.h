@@ -157,9 +157,7 @@ inline uint64_t byeTag(uint32_t recvId) { return kByeKind | (static_cast<uint64_
 // Clear-to-send for the part numbered `seq` on its lane of connection
 // `recvId` (the sender's id, as in its hello): the receiver has posted that
 // part's receive (OfiConnection: "Clear to send").
-inline uint64_t clearTag(uint32_t recvId, uint64_t seq) {
-  return kClearKind | (static_cast<uint64_t>(recvId) << kIdShift) | ((seq & kSeqMask) << kSizeBits);
-}
+inline uint64_t clearTag(uint32_t recvId, uint64_t seq) { return kClearKind | dataTagWithBits(recvId, seq, 0); }
 
 // The hello each side of a connection sends the other at set-up (80 bytes,
 // little-endian): u32 "SHOF", u16 version, u16 channel, u64 commId,

@@ -302,8 +302,9 @@ Status OfiTransport::initialise() {
              rails_.size() == 1 ? " rail (domain " : " rails (domains ", domains, "), ", endpoints,
              endpoints == 1 ? " endpoint" : " endpoints", " per rail, mr_mode [", mrText,
              "], inject ", injectLimit_, " B, ",
-             clearAbove_ > 0 ? str("FI_SHM_DISABLE_CMA: clear-to-send above ", clearAbove_, " B, ") : std::string(), (chosen->caps & FI_HMEM) ? "FI_HMEM, " : "", "libfabric ",
-             ofi::versionString(api->version()), " API ", ofi::versionString(version));
+             clearAbove_ > 0 ? str("FI_SHM_DISABLE_CMA: clear-to-send above ", clearAbove_, " B, ") : std::string(),
+             (chosen->caps & FI_HMEM) ? "FI_HMEM, " : "", "libfabric ", ofi::versionString(api->version()), " API ",
+             ofi::versionString(version));
   return Status::ok();
 }
 
