@@ -43,7 +43,7 @@ using testing::ScopedEnv;
 // Two "processes" of one provider: a transport each.
 struct OfiWorld {
   explicit OfiWorld(const std::string& provider)
-      : rank0(makeOfiTransport(OfiOptions{provider})), rank1(makeOfiTransport(OfiOptions{provider})) {
+      : provider(provider), rank0(makeOfiTransport(OfiOptions{provider})), rank1(makeOfiTransport(OfiOptions{provider})) {
     setenv("FI_TCP_IFACE", "lo", 0);
     Result<std::string> a0 = rank0->localAddress();
     Result<std::string> a1 = rank1->localAddress();
@@ -51,6 +51,7 @@ struct OfiWorld {
     REQUIRE(a0.isOk());
     REQUIRE(a1.isOk());
   }
+  std::string provider;
   std::unique_ptr<Transport> rank0;
   std::unique_ptr<Transport> rank1;
 };
@@ -231,20 +232,27 @@ void shmBehaviours(OfiWorld& w, uint64_t largeBytes) {
                                   Catch::Contains(describeTag(postedTag)));
   }
   SECTION("a destroyed peer is an error naming it") {
-    exchange(a, b, 10, 1);
-    pair.second.reset();
+    // On endpoints of their own: with CMA on (FI_SHM_DISABLE_CMA=0), the 4 MiB
+    // send below, which nobody will ever receive, stalls later large sends
+    // between the same endpoints in libfabric 1.17 shm (transports/ofi/README.md,
+    // "Closing").
+    OfiWorld own(w.provider);
+    ConnPair mine = makePair(*own.rank0, *own.rank1, 0);
+    Connection& sender = *mine.first;
+    exchange(sender, *mine.second, 10, 1);
+    mine.second.reset();
     std::vector<uint8_t> in(1000), out(4 << 20, 3);
-    REQUIRE(a.postRecv(in.data(), in.size(), 7, 5).isOk());
-    Status s = a.postSend(out.data(), out.size(), 8, 6);
+    REQUIRE(sender.postRecv(in.data(), in.size(), 7, 5).isOk());
+    Status s = sender.postSend(out.data(), out.size(), 8, 6);
     Deadline deadline = Deadline::afterMs(20000);
     std::vector<Completion> done;
     while (s.isOk() && !deadline.expired()) {
       bool progressed = false;
-      s = a.poll(done, progressed);
+      s = sender.poll(done, progressed);
     }
     INFO(s.toString());
     REQUIRE(s.code() == Code::kRemoteError);
-    REQUIRE_THAT(s.message(), Catch::Contains(a.peerDescription()));
+    REQUIRE_THAT(s.message(), Catch::Contains(sender.peerDescription()));
   }
 }
 
