@@ -51,10 +51,7 @@ bool emulatesOverSockets(const PeerInfo& self) {
   if (!text) return true;
   auto address = ofi::parseAddress(*text);
   if (!address.isOk()) return true;
-  const std::string& provider = address.value().provider;
-  for (const char* name : {"tcp", "sockets", "udp", "net"})
-    if (provider.rfind(name, 0) == 0) return true;
-  return false;
+  return ofi::runsOverSockets(address.value().provider);
 }
 
 }  // namespace

@@ -291,6 +291,17 @@ TEST_CASE("ofi addresses are printable and round-trip", "[ofi]") {
   REQUIRE_FALSE(ofi::parseAddress(tooMany).isOk());
 }
 
+TEST_CASE("ofi providers over kernel sockets are told by their layers", "[ofi]") {
+  for (const char* yes : {"tcp;ofi_rxm", "tcp", "sockets", "udp;ofi_rxd", "net", "net;ofi_rxm", "ofi_rxm;tcp"}) {
+    INFO(yes);
+    REQUIRE(ofi::runsOverSockets(yes));
+  }
+  for (const char* no : {"shm", "efa", "verbs;ofi_rxm", "psm3", "", ";", "tcpx", "netdir", "my_sockets"}) {
+    INFO(no);
+    REQUIRE_FALSE(ofi::runsOverSockets(no));
+  }
+}
+
 TEST_CASE("ofi wire tags keep connections and messages and kinds apart", "[ofi]") {
   using namespace ofi::wire;
   REQUIRE(dataTag(1, 0, 8) != dataTag(2, 0, 8));

@@ -58,9 +58,7 @@ Result<int> endpointsFor(std::string_view provider) {
                              ", or -1 to choose by provider");
     return static_cast<int>(wanted);
   }
-  bool sockets = provider.find("tcp") != std::string_view::npos || provider == "net" ||
-                 provider.rfind("net;", 0) == 0 || provider.find("sockets") != std::string_view::npos;
-  if (!sockets) return 1;
+  if (!runsOverSockets(provider)) return 1;
   int64_t n = params().socketNthreads * params().nsocksPerThread;
   return static_cast<int>(std::clamp<int64_t>(n, 1, kMaxEndpointsPerRail));
 }
