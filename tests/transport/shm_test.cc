@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <optional>
+#include <thread>
 #include <vector>
 
 #include "core/params.h"
@@ -265,6 +266,46 @@ TEST_CASE("shm canConnect needs the same host and boot and another process", "[s
   {
     ScopedEnv env{{"NCCL_SHM_DISABLE", "1"}};
     CHECK_FALSE(world.transport->canConnect(world.a, world.b));
+  }
+}
+
+// --- performance (hidden: run with "[perf]")
+
+// Both ends exchange a message at once, each on its own thread, as the two
+// ranks of a small AllReduce do; only the connection's poll in between, no
+// engine. Prints the median time per exchange for frames of one to three
+// cache lines, to tell the transport's share of small-message latency from
+// the engine's.
+TEST_CASE("shm exchange latency by message size", "[.][perf][shm]") {
+  PairWorld world;
+  ConnPair pair = world.connect(0);
+  constexpr int kIters = 50000;
+  for (uint64_t bytes : {8, 32, 40, 64, 96, 128, 256}) {
+    std::vector<double> perExchangeUs(2);
+    bool failures[2] = {false, false};
+    auto side = [&](Connection& c, int who) {
+      std::vector<uint8_t> out(bytes, static_cast<uint8_t>(who)), in(bytes);
+      std::vector<Completion> done;
+      int64_t start = 0;
+      for (int i = 0; i < kIters + 1000; ++i) {
+        if (i == 1000) start = nowNs();
+        done.clear();
+        // No assertion per poll: Catch2's cost would be what this measures.
+        bool ok = c.postRecv(in.data(), bytes, 7, 1).isOk() && c.postSend(out.data(), bytes, 7, 2).isOk();
+        while (ok && done.size() < 2) {
+          bool progressed = false;
+          ok = c.poll(done, progressed).isOk();
+        }
+        if (!ok) failures[who] = true;
+      }
+      perExchangeUs[who] = (nowNs() - start) / 1e3 / kIters;
+    };
+    std::thread other([&] { side(*pair.second, 1); });
+    side(*pair.first, 0);
+    other.join();
+    REQUIRE_FALSE(failures[0]);
+    REQUIRE_FALSE(failures[1]);
+    printf("shm exchange %4llu B: %.3f us\n", static_cast<unsigned long long>(bytes), perExchangeUs[0]);
   }
 }
 
