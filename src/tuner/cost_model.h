@@ -24,8 +24,10 @@
 //   piece    = message / S
 //   cache    = kCacheSpeedup when kSegmentsInFlight pieces fit in this rank's
 //              share of the cache (max(L2, L3 total / ranks per node)), else 1
-//   beta'    = beta / cache on copy links (loopback, shm), beta on net
-//   gamma'   = gamma / cache
+//   share    = ranks per node / cores when that exceeds 1 on copy links (the
+//              ranks take turns on the cores for their copies), else 1
+//   beta'    = beta share / cache on copy links (loopback, shm), beta on net
+//   gamma'   = gamma share / cache
 //   alpha'   = alpha + wait W / M            per message
 // ring-like (every rank sends each step; the estimate's M is sequential):
 //   channel  = M S alpha' + body, where body is
@@ -97,8 +99,9 @@ inline constexpr int kMaxNetStreams = 8;
 // and its peer must get the core first. Fitted to 4 ranks on the 2-core
 // development VM (docs/performance.md, session 6): recursive doubling's two
 // rounds against peer_read's three rounds of three messages each put the
-// AllReduce crossover at ~128 KiB as measured, where without it the model
-// picked the six-step ring at 32-64 KiB (1.5-2x slower than both).
+// AllReduce crossover at 64-128 KiB as measured (session 7: a tie at 64 KiB,
+// peer_read 1.4-2x faster at 128 KiB), where without it the model picked
+// the six-step ring at 32-64 KiB (1.5-2x slower than both).
 inline constexpr double kOversubscribedWaitUs = 3.5;
 
 struct AlgorithmTerms {

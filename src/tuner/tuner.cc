@@ -170,6 +170,14 @@ ModelContext Tuner::contextFor(const AlgorithmEntry& entry, const RankView& view
       m.l2Bytes, m.l3Bytes * static_cast<uint64_t>(std::max(1, m.l3Count)) /
                      static_cast<uint64_t>(s.maxRanksPerNode));
   ctx.waitUs = s.maxRanksPerNode > m.cores ? kOversubscribedWaitUs : 0.0;
+  if (ctx.copyLink && s.maxRanksPerNode > m.cores) {
+    // Every rank's thread copies and reduces its own bytes; when ranks
+    // outnumber cores they take turns on them, so each gets cores / ranks
+    // of a core's speed.
+    double share = static_cast<double>(s.maxRanksPerNode) / std::max(1, m.cores);
+    ctx.link.betaUsPerByte *= share;
+    ctx.link.gammaUsPerByte *= share;
+  }
   // A chain's estimate assumes infinitely fine pipelining; the model adds its fill.
   ctx.pipelineHops = std::string_view(entry.name) == "chain" ? std::max(1, view.nranks - 1) : 1;
   return ctx;

@@ -476,6 +476,29 @@ TEST_CASE("oversubscribed nodes prefer fewer rounds; peer reads wait on every pe
                         ->algorithm->name) == "peer_read");
 }
 
+TEST_CASE("oversubscribed nodes share the cores' copy speed among their ranks", "[unit][tuner]") {
+  // 4 ranks on 2 cores take turns copying: every byte costs twice what it
+  // costs with a core each, so a bandwidth-bound size costs about twice as much.
+  TopologySummary roomy = summary(1, 4, LinkClass::kShm, LinkClass::kNet, smallMachine(4));
+  TopologySummary crowded = summary(1, 4, LinkClass::kShm, LinkClass::kNet, smallMachine(2));
+  const CollShape big = shapeOf(CollKind::kAllGather, 16 * MiB);
+  TunerOptions o = testOptions();
+  o.shoalAlgo = "ring";
+  auto roomyUs = Tuner::create(roomy, o).value()->estimateUs(big, viewOf(roomy));
+  auto crowdedUs = Tuner::create(crowded, o).value()->estimateUs(big, viewOf(crowded));
+  REQUIRE(roomyUs.isOk());
+  REQUIRE(crowdedUs.isOk());
+  CHECK(crowdedUs.value() == Approx(2 * roomyUs.value()).epsilon(0.05));
+  // Measured on the 2-core development VM (docs/performance.md, session 7):
+  // AllGather and ReduceScatter with 32 KiB per rank read their peers (ring
+  // and Bruck copy every byte twice through the rings: 1.4-1.6x slower).
+  for (CollKind kind : {CollKind::kAllGather, CollKind::kReduceScatter}) {
+    INFO(collKindName(kind));
+    CHECK(std::string(makeTuner(crowded)->choose(shapeOf(kind, 32 * KiB), viewOf(crowded))->algorithm->name) ==
+          "peer_read");
+  }
+}
+
 TEST_CASE("forced segment size and channel bounds are honoured", "[unit][tuner]") {
   TunerOptions o = testOptions();
   o.segmentBytes = 256 * KiB;
