@@ -257,6 +257,8 @@ Status Communicator::submit(std::vector<OpRequest>&& ops, bool wait) {
 }
 
 bool Communicator::nothingInFlight() {
+  // The common case without the lock: a blocking call with no detached work.
+  if (!anyInFlight_.load(std::memory_order_acquire)) return true;
   std::lock_guard<std::mutex> lock(jobsMutex_);
   dropFinishedDetachedLocked();
   return inFlight_.empty();
@@ -281,6 +283,7 @@ void Communicator::dropFinishedDetachedLocked() {
   for (const auto& job : inFlight_)
     if (job->isDone() && !job->status().isOk()) setAsyncError(job->status());
   std::erase_if(inFlight_, [](const JobPtr& j) { return j->isDone(); });
+  anyInFlight_.store(!inFlight_.empty(), std::memory_order_release);
 }
 
 // A failed operation fails the communicator for good (NCCL semantics: abort
@@ -355,6 +358,7 @@ Result<JobPtr> Communicator::enqueue(std::vector<OpRequest> ops, bool detached) 
   if (detached) {
     std::lock_guard<std::mutex> lock(jobsMutex_);
     inFlight_.push_back(job);
+    anyInFlight_.store(true, std::memory_order_release);
   }
   return job;
 }
@@ -434,6 +438,7 @@ Status Communicator::waitIdle(Deadline deadline) {
   }
   std::lock_guard<std::mutex> lock(jobsMutex_);
   std::erase_if(inFlight_, [](const JobPtr& j) { return j->isDone(); });
+  anyInFlight_.store(!inFlight_.empty(), std::memory_order_release);
   return Status::ok();
 }
 

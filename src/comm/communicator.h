@@ -204,6 +204,7 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   uint64_t collSeq_ = 0;
   std::unordered_map<int, uint64_t> sendSeq_, recvSeq_;
   std::vector<JobPtr> inFlight_;        // submitted, maybe not done
+  std::atomic<bool> anyInFlight_{false};  // !inFlight_.empty(), readable without jobsMutex_
   std::unique_ptr<Job> blockingJob_;    // reused by blocking calls that run inline
 
   std::vector<CustomRedOp> redOps_;
