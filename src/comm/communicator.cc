@@ -379,17 +379,24 @@ Result<bool> Communicator::prepareJob(Job& job, std::vector<OpRequest>& ops, boo
   });
   if (ops.empty()) return false;
 
+  // A reused job (a blocking call's) that repeats its last single operation
+  // keeps its plan: no cache lookup, no reference-count traffic.
+  const bool samePlan = ops.size() == 1 && job.prepared && job.prepared->plan->shapes.size() == 1 &&
+                        ShapeEqual{}(job.prepared->plan->shapes[0], ops[0].shape);
   std::vector<std::shared_ptr<const PreparedPlan>> parts;
   std::shared_ptr<const PreparedPlan> prepared;
   for (const OpRequest& op : ops) {
-    SHOAL_ASSIGN_OR_RETURN(prepared, planFor(op.shape, ops.size() > 1),
-      describe(), ": ", collKindName(op.shape.kind));
+    if (!samePlan) {
+      SHOAL_ASSIGN_OR_RETURN(prepared, planFor(op.shape, ops.size() > 1),
+        describe(), ": ", collKindName(op.shape.kind));
+    }
     if (ops.size() > 1) parts.push_back(prepared);
     job.opTags.push_back(tagFor(op.shape));
     job.opScalars.push_back(op.scalar);
   }
   if (parts.size() > 1) prepared = mergedPlanFor(std::move(parts));
-  const Plan& plan = *prepared->plan;
+  if (!samePlan) job.prepared = std::move(prepared);
+  const Plan& plan = *job.prepared->plan;
   SHOAL_TRY(ensureConnections(plan, job.laneConnections));
 
   uint8_t* scratch = nullptr;
@@ -410,12 +417,11 @@ Result<bool> Communicator::prepareJob(Job& job, std::vector<OpRequest>& ops, boo
     uint64_t offset = k < plan.scratchOffsets.size() ? plan.scratchOffsets[k] : 0;
     job.buffers[k * kBuffersPerOp + kScratchBuffer] = scratch ? scratch + offset : nullptr;
   }
-  job.prepared = std::move(prepared);
   job.queueId = reinterpret_cast<uintptr_t>(this);
   job.abortFlag = &abortFlag_;
   job.detached = !wait;
   if (!label_) label_ = std::make_shared<const std::string>(describe());
-  job.commLabel = label_;
+  if (job.commLabel != label_) job.commLabel = label_;
   job.kindName = collKindName(ops[0].shape.kind);
   job.groupedOps = ops.size();
   job.sequence = job.opTags[0] & 0xffffffffffffull;
