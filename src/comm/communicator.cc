@@ -282,6 +282,11 @@ void Communicator::releaseFinishedDetached() {
 void Communicator::dropFinishedDetachedLocked() {
   for (const auto& job : inFlight_)
     if (job->isDone() && !job->status().isOk()) setAsyncError(job->status());
+  eraseFinishedLocked();
+}
+
+// Every removal from inFlight_ goes through here, so anyInFlight_ stays true to it.
+void Communicator::eraseFinishedLocked() {
   std::erase_if(inFlight_, [](const JobPtr& j) { return j->isDone(); });
   anyInFlight_.store(!inFlight_.empty(), std::memory_order_release);
 }
@@ -443,8 +448,7 @@ Status Communicator::waitIdle(Deadline deadline) {
     }
   }
   std::lock_guard<std::mutex> lock(jobsMutex_);
-  std::erase_if(inFlight_, [](const JobPtr& j) { return j->isDone(); });
-  anyInFlight_.store(!inFlight_.empty(), std::memory_order_release);
+  eraseFinishedLocked();
   return Status::ok();
 }
 

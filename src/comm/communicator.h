@@ -115,6 +115,7 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   Status waitFor(const Job& job);
   void releaseFinishedDetached();
   void dropFinishedDetachedLocked();  // caller holds jobsMutex_
+  void eraseFinishedLocked();         // caller holds jobsMutex_
   std::string peerReportThroughConnections(int peer, Deadline deadline) const;
   // Pumps until every submitted job of ours has finished.
   Status waitIdle(Deadline deadline);
