@@ -61,6 +61,13 @@ Status end() {
   if (!work.inits.empty()) result = runInits(work.inits);
   if (!result.isOk()) return result;
 
+  // One blocking communicator (a batch of sends and receives, coalesced
+  // collectives): the same inline path as an ungrouped call when none of its
+  // work is in flight (2 ranks, grouped 8-byte send and receive: 2.9 -> 0.9 us).
+  if (work.comms.size() == 1 && work.comms[0].comm->options().blocking) {
+    auto& c = work.comms[0];
+    return c.comm->submit(std::move(c.ops), /*wait=*/true);
+  }
   // Submit every communicator's job first, then wait for all: the jobs of
   // different communicators progress together in the engine.
   // Several communicators from one thread (often several ranks of one
@@ -73,13 +80,6 @@ Status end() {
         failed[i] = true;
         if (result.isOk()) result = s;
       }
-  // One blocking communicator (a batch of sends and receives, coalesced
-  // collectives): the same inline path as an ungrouped call when none of its
-  // work is in flight (2 ranks, grouped 8-byte send and receive: 2.9 -> 0.9 us).
-  if (work.comms.size() == 1 && work.comms[0].comm->options().blocking) {
-    auto& c = work.comms[0];
-    return c.comm->submit(std::move(c.ops), /*wait=*/true);
-  }
   std::vector<std::pair<std::shared_ptr<Communicator>, JobPtr>> waiting;
   bool inProgress = false;
   for (size_t i = 0; i < work.comms.size(); ++i) {
