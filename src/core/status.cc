@@ -45,14 +45,21 @@ int toNcclCode(Code code) {
   return 3;
 }
 
+const std::string& Status::message() const {
+  static const std::string kEmpty;
+  return message_ ? *message_ : kEmpty;
+}
+
 Status& Status::withContext(std::string_view context) {
-  if (!context.empty()) message_ = std::string(context) + ": " + message_;
+  if (context.empty()) return *this;
+  std::string joined = std::string(context) + ": " + message();
+  message_ = std::make_unique<std::string>(std::move(joined));
   return *this;
 }
 
 std::string Status::toString() const {
   if (isOk()) return "ok";
-  return std::string(codeName(code_)) + ": " + message_;
+  return std::string(codeName(code_)) + ": " + message();
 }
 
 Status errnoStatus(int err, std::string_view what) {

@@ -43,12 +43,24 @@ int toNcclCode(Code code);
 class [[nodiscard]] Status {
  public:
   Status() = default;  // ok
-  Status(Code code, std::string message) : code_(code), message_(std::move(message)) {}
+  Status(Code code, std::string message)
+      : code_(code),
+        message_(message.empty() ? nullptr : std::make_unique<std::string>(std::move(message))) {}
+  Status(const Status& other) : code_(other.code_), message_(copyMessage(other)) {}
+  Status(Status&& other) noexcept = default;
+  Status& operator=(const Status& other) {
+    if (this != &other) {
+      code_ = other.code_;
+      message_ = copyMessage(other);
+    }
+    return *this;
+  }
+  Status& operator=(Status&& other) noexcept = default;
 
   static Status ok() { return Status(); }
   bool isOk() const { return code_ == Code::kOk; }
   Code code() const { return code_; }
-  const std::string& message() const { return message_; }
+  const std::string& message() const;
 
   // Prepends "context: " to the message (outermost context first).
   Status& withContext(std::string_view context);
@@ -56,8 +68,14 @@ class [[nodiscard]] Status {
   std::string toString() const;
 
  private:
+  static std::unique_ptr<std::string> copyMessage(const Status& other) {
+    return other.message_ ? std::make_unique<std::string>(*other.message_) : nullptr;
+  }
   Code code_ = Code::kOk;
-  std::string message_;
+  // The message lives on the heap, so that the statuses every call passes
+  // along its success path are a code and a null pointer (no string to build,
+  // move and destroy). Null: empty message (ok, and kAgain on the data path).
+  std::unique_ptr<std::string> message_;
 };
 
 // Builds a message from any streamable parts: str("rank ", r, " of ", n).

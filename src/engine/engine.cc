@@ -210,7 +210,7 @@ void Engine::startJob(Job& job) {
   }
   if (plan.readsPeers) fillWindow(job);
   job.remaining_ = n;
-  job.lastProgressNs_ = nowNs();
+  job.lastProgressNs_ = 0;  // the first clock read starts the no-progress clock
   if (n == 0) job.finish(Status::ok());
 }
 
@@ -477,7 +477,7 @@ bool Engine::progressJob(Job& job) {
   if (++job.passesSinceClock_ < kPollsPerClockRead) return progressed;
   job.passesSinceClock_ = 0;
   int64_t now = nowNs();
-  if (job.progressSinceClock_) {
+  if (job.progressSinceClock_ || job.lastProgressNs_ == 0) {
     job.lastProgressNs_ = now;
     job.progressSinceClock_ = false;
   } else {

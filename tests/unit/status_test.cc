@@ -37,6 +37,28 @@ TEST_CASE("context accumulates outermost first", "[unit]") {
   REQUIRE(s.message() == "allreduce ring step 3: recv from rank 5 (host b): connection reset");
 }
 
+TEST_CASE("statuses copy their messages and carry none when empty", "[unit]") {
+  Status original(Code::kRemoteError, "rank 3 closed");
+  Status copy = original;
+  copy.withContext("AllReduce");
+  CHECK(original.message() == "rank 3 closed");
+  CHECK(copy.message() == "AllReduce: rank 3 closed");
+  copy = original;
+  CHECK(copy.message() == "rank 3 closed");
+  CHECK(copy.code() == Code::kRemoteError);
+  Status moved = std::move(copy);
+  CHECK(moved.message() == "rank 3 closed");
+
+  // Back-pressure and ok carry a code and no text.
+  Status again(Code::kAgain, "");
+  CHECK(!again.isOk());
+  CHECK(again.message().empty());
+  CHECK(Status::ok().message().empty());
+  again.withContext("send step 2");
+  CHECK(again.message() == "send step 2: ");
+  CHECK(Status::ok().toString() == "ok");
+}
+
 TEST_CASE("Result carries a value or an error with context", "[unit]") {
   auto ok = doubled(4);
   REQUIRE(ok.isOk());
