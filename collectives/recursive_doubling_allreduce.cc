@@ -57,11 +57,17 @@ Plan buildRecursiveDoublingAllReduce(const CollShape& shape, const RankView& vie
       e.recv(partner, ch, result, bytes);
       continue;
     }
+    // `partial`: where this rank's partial result is. Unscaled and unfolded,
+    // that is the send buffer itself: the first round sends from it and
+    // combines into the result (no copy step ahead of the first send).
+    Slice partial = result;
     if (rd.foldsIn(me)) {
       e.recv(ring.rankAt(me - 1), ch, slot[1], bytes);
       e.reduce(result, local, slot[1], bytes, spec.localFlags());
-    } else {
+    } else if (spec.scaleLocal) {
       e.copy(result, local, bytes, spec.localFlags());
+    } else {
+      partial = local;
     }
 
     // Rounds: exchange partial results with the partner, combine in canonical order.
@@ -70,13 +76,14 @@ Plan buildRecursiveDoublingAllReduce(const CollShape& shape, const RankView& vie
       const int partnerV = rd.partner(v, k);
       const int partner = ring.rankAt(rd.participantOf(partnerV));
       const Slice theirs = slot[k % 2];
-      e.send(partner, ch, result, bytes);
+      e.send(partner, ch, partial, bytes);
       e.recv(partner, ch, theirs, bytes);
       if (partnerV < v) {
-        e.reduce(result, theirs, result, bytes);
+        e.reduce(result, theirs, partial, bytes);
       } else {
-        e.reduce(result, result, theirs, bytes);
+        e.reduce(result, partial, theirs, bytes);
       }
+      partial = result;
     }
     if (spec.divisor > 1) e.divide(result, result, bytes);
 

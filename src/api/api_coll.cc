@@ -83,11 +83,8 @@ Status dispatch(ncclComm_t handle, const std::shared_ptr<Communicator>& comm, Op
     return Status::ok();
   }
   if (HostStream* hs = findHostStream(stream)) return hs->enqueue(comm, std::move(req));
-  thread_local std::vector<OpRequest> ops;  // keeps its capacity across calls
-  ops.clear();
-  ops.push_back(std::move(req));
   bool blocking = comm->options().blocking;
-  SHOAL_TRY(comm->submit(std::move(ops), /*wait=*/blocking));
+  SHOAL_TRY(comm->submit(std::span<const OpRequest>(&req, 1), /*wait=*/blocking));
   return blocking ? Status::ok() : Status(Code::kInProgress, "");
 }
 

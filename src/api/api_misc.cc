@@ -57,9 +57,7 @@ void unregisterHostStream(HostStream* stream) {
 }
 
 Status HostStream::enqueue(const std::shared_ptr<Communicator>& comm, OpRequest req) {
-  std::vector<OpRequest> ops;
-  ops.push_back(std::move(req));
-  SHOAL_ASSIGN_OR_RETURN(JobPtr job, comm->enqueue(std::move(ops), /*detached=*/true));
+  SHOAL_ASSIGN_OR_RETURN(JobPtr job, comm->enqueue(std::span<const OpRequest>(&req, 1), /*detached=*/true));
   if (!job) return Status::ok();
   std::lock_guard<std::mutex> lock(mutex_);
   jobs_.push_back({comm, std::move(job)});

@@ -1,6 +1,7 @@
 #include "comm/communicator.h"
 
 #include <algorithm>
+#include <iterator>
 #include <cstring>
 #include <utility>
 
@@ -237,7 +238,7 @@ uint64_t Communicator::tagFor(const CollShape& s) {
   return encodeTag(s.kind, s.dtype, s.count, static_cast<int>(s.op), s.root, seq);
 }
 
-Status Communicator::submit(std::vector<OpRequest>&& ops, bool wait) {
+Status Communicator::submit(std::span<const OpRequest> ops, bool wait) {
   if (wait && nothingInFlight()) {
     // The common blocking call: nothing of ours is queued ahead of it, so it
     // runs on this thread without entering the engine's queue, in a job kept
@@ -251,7 +252,7 @@ Status Communicator::submit(std::vector<OpRequest>&& ops, bool wait) {
     if (!st.isOk()) st = handleFailure(job, std::move(st));
     return st;
   }
-  SHOAL_ASSIGN_OR_RETURN(JobPtr job, enqueue(std::move(ops), /*detached=*/!wait));
+  SHOAL_ASSIGN_OR_RETURN(JobPtr job, enqueue(ops, /*detached=*/!wait));
   if (!job || !wait) return Status::ok();
   return waitFor(*job);
 }
@@ -355,7 +356,7 @@ std::string Communicator::failureKey(int rank) const {
   return str(request_.scope, "/failure/", rank);
 }
 
-Result<JobPtr> Communicator::enqueue(std::vector<OpRequest> ops, bool detached) {
+Result<JobPtr> Communicator::enqueue(std::span<const OpRequest> ops, bool detached) {
   auto job = std::make_shared<Job>();
   SHOAL_ASSIGN_OR_RETURN(bool any, prepareJob(*job, ops, detached));
   if (!any) return JobPtr();
@@ -368,7 +369,7 @@ Result<JobPtr> Communicator::enqueue(std::vector<OpRequest> ops, bool detached) 
   return job;
 }
 
-Result<bool> Communicator::prepareJob(Job& job, std::vector<OpRequest>& ops, bool detached) {
+Result<bool> Communicator::prepareJob(Job& job, std::span<const OpRequest> ops, bool detached) {
   const bool wait = !detached;
   if (aborted()) return error(Code::kAborted, describe(), " was aborted");
   if (failed_.load(std::memory_order_acquire)) {
@@ -378,31 +379,50 @@ Result<bool> Communicator::prepareJob(Job& job, std::vector<OpRequest>& ops, boo
   }
   setLogRank(rank_);
   // NCCL drops zero-count collectives; zero-byte Send/Recv still match.
-  std::erase_if(ops, [](const OpRequest& op) {
+  auto dropped = [](const OpRequest& op) {
     return op.shape.count == 0 && op.shape.kind != CollKind::kSend &&
            op.shape.kind != CollKind::kRecv;
-  });
-  if (ops.empty()) return false;
+  };
+  if (std::any_of(ops.begin(), ops.end(), dropped)) {
+    std::vector<OpRequest> kept;
+    std::copy_if(ops.begin(), ops.end(), std::back_inserter(kept), [&](const OpRequest& op) { return !dropped(op); });
+    if (kept.empty()) return false;
+    return prepareJob(job, kept, detached);
+  }
 
   // A reused job (a blocking call's) that repeats its last single operation
-  // keeps its plan: no cache lookup, no reference-count traffic.
+  // keeps its plan and its lanes' connections (connections are only ever
+  // added while the communicator is usable): no cache lookup, no
+  // reference-count traffic, no connection lookups.
   const bool samePlan = ops.size() == 1 && job.prepared && job.prepared->plan->shapes.size() == 1 &&
                         ShapeEqual{}(job.prepared->plan->shapes[0], ops[0].shape);
-  std::vector<std::shared_ptr<const PreparedPlan>> parts;
-  std::shared_ptr<const PreparedPlan> prepared;
-  for (const OpRequest& op : ops) {
-    if (!samePlan) {
+  job.opTags.resize(ops.size());
+  job.opScalars.resize(ops.size());
+  if (samePlan) {
+    job.opTags[0] = tagFor(ops[0].shape);
+    job.opScalars[0] = ops[0].scalar;
+  } else {
+    std::vector<std::shared_ptr<const PreparedPlan>> parts;
+    std::shared_ptr<const PreparedPlan> prepared;
+    for (size_t k = 0; k < ops.size(); ++k) {
+      const OpRequest& op = ops[k];
       SHOAL_ASSIGN_OR_RETURN(prepared, planFor(op.shape, ops.size() > 1),
         describe(), ": ", collKindName(op.shape.kind));
+      if (ops.size() > 1) parts.push_back(prepared);
+      job.opTags[k] = tagFor(op.shape);
+      job.opScalars[k] = op.scalar;
     }
-    if (ops.size() > 1) parts.push_back(prepared);
-    job.opTags.push_back(tagFor(op.shape));
-    job.opScalars.push_back(op.scalar);
+    if (parts.size() > 1) prepared = mergedPlanFor(std::move(parts));
+    job.prepared = std::move(prepared);
   }
-  if (parts.size() > 1) prepared = mergedPlanFor(std::move(parts));
-  if (!samePlan) job.prepared = std::move(prepared);
   const Plan& plan = *job.prepared->plan;
-  SHOAL_TRY(ensureConnections(plan, job.laneConnections));
+  job.sameConnections = samePlan && job.laneConnections.size() == plan.lanes.size();
+  if (!job.sameConnections) {
+    if (Status st = ensureConnections(plan, job.laneConnections); !st.isOk()) {
+      job.laneConnections.clear();  // never taken for this plan's by the next call
+      return st;
+    }
+  }
 
   uint8_t* scratch = nullptr;
   if (plan.scratchBytes > 0) {
@@ -427,7 +447,7 @@ Result<bool> Communicator::prepareJob(Job& job, std::vector<OpRequest>& ops, boo
   job.detached = !wait;
   if (!label_) label_ = std::make_shared<const std::string>(describe());
   if (job.commLabel != label_) job.commLabel = label_;
-  job.kindName = collKindName(ops[0].shape.kind);
+  job.kind = ops[0].shape.kind;
   job.groupedOps = ops.size();
   job.sequence = job.opTags[0] & 0xffffffffffffull;
   SHOAL_TRACE(subsys::kColl, job.description(), " count ", ops[0].shape.count);

@@ -21,6 +21,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -95,16 +96,15 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
 
   // Submits the operations as one job (a group) and, if `wait`, pumps the
   // engine until it completes. A failure becomes the async error too.
-  // `ops` keeps its capacity when the call runs inline (callers reuse it).
-  Status submit(std::vector<OpRequest>&& ops, bool wait);
+  Status submit(std::span<const OpRequest> ops, bool wait);
   // Submits without waiting. A non-detached job must then be waited for with
   // waitFor() by the caller (a group waits for all its communicators' jobs);
   // a detached one is pumped by the progress thread and tracked in asyncState().
   // Returns null when there is nothing to do (zero-count collectives).
-  Result<JobPtr> enqueue(std::vector<OpRequest> ops, bool detached);
+  Result<JobPtr> enqueue(std::span<const OpRequest> ops, bool detached);
   // Fills `job` for the operations (zero-count collectives dropped); false
   // when nothing is left to do.
-  Result<bool> prepareJob(Job& job, std::vector<OpRequest>& ops, bool detached);
+  Result<bool> prepareJob(Job& job, std::span<const OpRequest> ops, bool detached);
   // Makes the connections `ops` will need whose set-up does not wait for the
   // peer (Transport::connectWaitsForPeer). A thread that drives several
   // ranks' communicators in one group calls it for all of them before it

@@ -18,11 +18,11 @@ std::shared_ptr<const PreparedPlan> preparePlan(PlanPtr plan) {
   auto prepared = std::make_shared<PreparedPlan>();
   const auto& steps = plan->steps;
   size_t n = steps.size();
-  prepared->initialUnmet.resize(n);
+  prepared->initialSteps.resize(n);
   std::vector<uint32_t> counts(n + 1, 0);
   for (size_t i = 0; i < n; ++i) {
     const Step& s = steps[i];
-    prepared->initialUnmet[i] = s.depCount;
+    prepared->initialSteps[i].unmet = s.depCount;
     if (s.depCount == 0) prepared->roots.push_back(static_cast<uint32_t>(i));
     for (uint32_t d = 0; d < s.depCount; ++d) counts[plan->deps[s.depBegin + d] + 1]++;
     if (s.kind == StepKind::kSend || s.kind == StepKind::kRecv) prepared->commSteps++;
@@ -48,10 +48,7 @@ void Job::finish(Status status) {
 }
 
 void Job::resetForReuse() {
-  buffers.clear();
-  laneConnections.clear();
-  opTags.clear();
-  opScalars.clear();
+  sameConnections = false;
   ownedScratch.clear();
   detached = false;
   state_.store(kRunning, std::memory_order_relaxed);
@@ -95,7 +92,7 @@ void Engine::submit(JobPtr job) {
 }
 
 std::string Job::description() const {
-  return str(commLabel ? *commLabel : std::string("communicator"), ": ", kindName,
+  return str(commLabel ? *commLabel : std::string("communicator"), ": ", collKindName(kind),
              groupedOps > 1 ? str(" + ", groupedOps - 1, " more (group)") : "", " #", sequence,
              prepared ? str(" (", prepared->plan->algorithm, ")") : "");
 }
@@ -194,11 +191,19 @@ void Engine::startJob(Job& job) {
     if (scalar.deviceScalar)
       std::memcpy(scalar.bytes.data(), scalar.deviceScalar, dataTypeSize(plan.shapes[k].dtype));
   }
-  job.unmet_ = job.prepared->initialUnmet;
-  job.stepState_.assign(n, Job::kWaiting);
+  job.steps_ = job.prepared->initialSteps;
   job.laneCursor_.assign(plan.lanes.size(), 0);
   job.ready_ = job.prepared->roots;
   job.blockedLanes_.clear();
+  if (!job.sameConnections || job.connections_.empty()) distinctConnections(job);
+  if (plan.readsPeers) fillWindow(job);
+  job.remaining_ = n;
+  job.lastProgressNs_ = 0;  // the first clock read starts the no-progress clock
+  if (n == 0) job.finish(Status::ok());
+}
+
+void Engine::distinctConnections(Job& job) {
+  const Plan& plan = *job.prepared->plan;
   job.connections_.clear();
   job.connectionPeers_.clear();
   for (size_t lane = 0; lane < job.laneConnections.size(); ++lane) {
@@ -208,19 +213,15 @@ void Engine::startJob(Job& job) {
     job.connections_.push_back(c);
     job.connectionPeers_.push_back(plan.lanes[lane].peer);
   }
-  if (plan.readsPeers) fillWindow(job);
-  job.remaining_ = n;
-  job.lastProgressNs_ = 0;  // the first clock read starts the no-progress clock
-  if (n == 0) job.finish(Status::ok());
 }
 
 void Engine::completeStep(Job& job, uint32_t index) {
-  job.stepState_[index] = Job::kDone;
+  job.steps_[index].state = StepProgress::kDone;
   --job.remaining_;
   const PreparedPlan& p = *job.prepared;
   for (uint32_t k = p.dependentsBegin[index]; k < p.dependentsBegin[index + 1]; ++k) {
     uint32_t d = p.dependents[k];
-    if (--job.unmet_[d] == 0) job.ready_.push_back(d);
+    if (--job.steps_[d].unmet == 0) job.ready_.push_back(d);
   }
 }
 
@@ -383,7 +384,7 @@ Status Engine::postLaneSteps(Job& job, int32_t lane) {
   Connection* conn = job.laneConnections[lane];
   while (cursor < l.steps.size()) {
     uint32_t index = l.steps[cursor];
-    if (job.stepState_[index] != Job::kReady) break;
+    if (job.steps_[index].state != StepProgress::kReady) break;
     const Step& s = plan.steps[index];
     const uint16_t buffer = s.kind == StepKind::kSend ? s.src.buffer : s.dst.buffer;
     uint8_t* base = buffer == kWindowBuffer ? job.window_.data() : job.buffers[buffer];
@@ -399,7 +400,7 @@ Status Engine::postLaneSteps(Job& job, int32_t lane) {
     }
     SHOAL_TRY(st) << stepKindName(s.kind) << " step " << index << " to "
                   << conn->peerDescription();
-    job.stepState_[index] = Job::kPosted;
+    job.steps_[index].state = StepProgress::kPosted;
     ++cursor;
   }
   return Status::ok();
@@ -413,7 +414,7 @@ void Engine::runReady(Job& job) {
     const Step& s = plan.steps[index];
     if (s.kind == StepKind::kSend || s.kind == StepKind::kRecv) {
       job.ready_.pop_back();
-      job.stepState_[index] = Job::kReady;
+      job.steps_[index].state = StepProgress::kReady;
       Status st = postLaneSteps(job, s.lane);
       if (!st.isOk()) return failJob(job, std::move(st));
     } else {
@@ -492,7 +493,7 @@ Status Engine::timeoutStatus(Job& job) const {
   std::vector<std::string> peers;
   for (size_t lane = 0; lane < plan.lanes.size(); ++lane) {
     for (uint32_t index : plan.lanes[lane].steps) {
-      if (job.stepState_[index] != Job::kPosted) continue;
+      if (job.steps_[index].state != StepProgress::kPosted) continue;
       const Step& s = plan.steps[index];
       std::string what = str(s.kind == StepKind::kSend ? "send to " : "receive from ",
                              job.laneConnections[lane]->peerDescription());

@@ -41,12 +41,19 @@
 
 namespace shoal {
 
+// Where one step of a running job stands.
+struct StepProgress {
+  enum State : uint8_t { kWaiting, kReady, kPosted, kDone };
+  uint32_t unmet = 0;  // dependencies not yet done
+  State state = kWaiting;
+};
+
 // Per-plan data the engine derives once and caches next to the plan.
 struct PreparedPlan {
   PlanPtr plan;
   std::vector<uint32_t> dependentsBegin;  // CSR: dependents of step i are
   std::vector<uint32_t> dependents;       //   dependents[dependentsBegin[i] .. [i+1])
-  std::vector<uint32_t> initialUnmet;     // dependency count per step
+  std::vector<StepProgress> initialSteps; // each step waiting on all its dependencies
   std::vector<uint32_t> roots;            // steps with no dependencies
   size_t commSteps = 0;                   // Send + Recv steps
 };
@@ -64,6 +71,9 @@ class Job {
   std::shared_ptr<const PreparedPlan> prepared;
   std::vector<uint8_t*> buffers;            // per plan buffer index (3 per op)
   std::vector<Connection*> laneConnections; // per plan lane
+  // laneConnections are those of this job's last run (a reused job repeating
+  // its operation): the engine keeps what it derived from them.
+  bool sameConnections = false;
   std::vector<uint64_t> opTags;             // per op: tag carried by its messages
   std::vector<OpScalar> opScalars;          // per op
   uint64_t queueId = 0;                     // jobs of one queue run in order
@@ -71,7 +81,7 @@ class Job {
   // What the job is, for messages; built only when one is needed (never on
   // the success path): "<comm label>: AllReduce [+ n more (group)] #seq (algorithm)".
   std::shared_ptr<const std::string> commLabel;
-  const char* kindName = "";
+  CollKind kind = CollKind::kAllReduce;
   size_t groupedOps = 1;
   uint64_t sequence = 0;
   std::string description() const;
@@ -79,8 +89,9 @@ class Job {
   std::vector<uint8_t> ownedScratch;        // detached jobs' scratch (a waiter lends its own)
 
   // Makes a finished (or never submitted) job ready to be filled again,
-  // keeping its vectors' capacity: a communicator reuses one job for its
-  // blocking calls, so the small-message path allocates nothing.
+  // keeping its vectors (the submitter overwrites them) and its plan: a
+  // communicator reuses one job for its blocking calls, so the small-message
+  // path allocates nothing.
   void resetForReuse();
 
   // Completion, readable from any thread.
@@ -102,9 +113,7 @@ class Job {
   std::mutex mutex_;  // held by the thread progressing this job
   // Engine-private execution state, guarded by mutex_.
   bool started_ = false;
-  enum StepState : uint8_t { kWaiting, kReady, kPosted, kDone };
-  std::vector<uint32_t> unmet_;
-  std::vector<uint8_t> stepState_;
+  std::vector<StepProgress> steps_;
   std::vector<uint32_t> laneCursor_;
   std::vector<uint32_t> ready_;     // compute steps and newly ready comm steps
   std::vector<int32_t> blockedLanes_;  // a post returned kAgain: retried every poll
@@ -168,6 +177,8 @@ class Engine {
   bool progressJob(Job& job);
   void runReady(Job& job);
   void startJob(Job& job);
+  // The job's distinct connections and their peers, from its lanes'.
+  static void distinctConnections(Job& job);
   Status runComputeStep(Job& job, uint32_t index);
   // Peer-reading plans (Plan::readsPeers).
   void fillWindow(Job& job);
