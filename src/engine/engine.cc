@@ -448,7 +448,7 @@ bool Engine::progressJob(Job& job) {
       }
     }
   }
-  runReady(job);
+  if (!job.ready_.empty()) runReady(job);
   for (size_t c = 0; c < job.connections_.size(); ++c) {
     Connection* conn = job.connections_[c];
     if (job.isDone()) return true;

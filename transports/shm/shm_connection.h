@@ -97,6 +97,8 @@ class ShmConnection final : public Connection {
   Status pumpRecvs(std::vector<Completion>& done, bool& progressed);
   Status readSingleCopy(RecvOp& op, uint64_t address, bool& finished);
   Status checkPeer(bool attaching);
+  // The next frame of the in ring has arrived (its stamp is the next one).
+  bool frameArrived() const;
   uint64_t freeSlots();
   Status fail(Status status);
 
@@ -116,6 +118,8 @@ class ShmConnection final : public Connection {
 
   uint8_t* outRing_ = nullptr;
   const uint8_t* inRing_ = nullptr;
+  Control* outControl_ = nullptr;  // counters of the ring this side writes
+  Control* inControl_ = nullptr;   // ... and of the one it reads
   uint64_t slotMask_ = 0;
   uint64_t maxFrameBytes_ = 0;
   uint64_t sentSlots_ = 0;      // slots this side has filled (absolute)
