@@ -33,8 +33,6 @@ constexpr size_t kFrameHeaderBytes = sizeof(FrameHeader);
 static_assert(kFrameHeaderBytes == 32);
 
 constexpr int64_t kPeerCheckIntervalNs = 10'000'000;
-// Frames up to this many lines have all their lines loaded while awaited.
-constexpr uint64_t kTouchedFrameLines = 3;
 // Bytes one poll() copies by process_vm_readv before returning, so other
 // connections and steps of the same job keep moving during a huge message.
 constexpr uint64_t kSingleCopyBytesPerPoll = 4ull << 20;
@@ -136,8 +134,13 @@ Status ShmConnection::poll(std::vector<Completion>& done, bool& progressed) {
     if (Status s = checkPeer(/*attaching=*/false); !s.isOk()) return fail(std::move(s));
     return Status::ok();
   }
-  if (Status s = pumpRecvs(done, moved); !s.isOk()) return fail(std::move(s));
+  // Sends first: a receive's look at the peer's ring can miss in the cache
+  // (the peer is writing there), and stores after a missing load in program
+  // order become visible only once the load completes: receiving first held
+  // our frame back by one transfer between the cores, more the more lines it
+  // had (2 ranks, distant vCPUs: AllReduce 256 B 0.98 -> 0.64 us).
   if (Status s = pumpSends(done, moved); !s.isOk()) return fail(std::move(s));
+  if (Status s = pumpRecvs(done, moved); !s.isOk()) return fail(std::move(s));
   if (moved) {
     progressed = true;
   } else if (pending() > 0) {
@@ -152,21 +155,8 @@ uint64_t ShmConnection::freeSlots() {
 }
 
 bool ShmConnection::frameArrived() const {
-  const uint64_t first = readSlots_ & slotMask_;
-  const auto* header = reinterpret_cast<const FrameHeader*>(inRing_ + first * kSlotBytes);
-  if (header->stamp.load(std::memory_order_acquire) == readFrames_ + 1) return true;
-  // Not yet. A frame of two or three lines: load its other lines too, after
-  // the stamp, so that their transfers from the writer's core overlap the
-  // stamp's instead of following it (64 B AllReduce between distant cores
-  // 1.0 -> 0.7 us). Longer frames are left alone: lines this side holds
-  // must be taken back by the writer's stores, which costs more than it saves
-  // (1 KiB 1.1 -> 1.4 us), and the hardware prefetcher follows a long frame.
-  const RecvOp& op = recvs_.front();
-  const uint64_t lines = slotsFor(std::min(op.bytes - op.offset, maxFrameBytes_));
-  if (lines > kTouchedFrameLines) return false;
-  for (uint64_t k = 1; k < lines; ++k)
-    (void)*reinterpret_cast<const volatile uint8_t*>(inRing_ + ((first + k) & slotMask_) * kSlotBytes);
-  return false;
+  const auto* header = reinterpret_cast<const FrameHeader*>(inRing_ + (readSlots_ & slotMask_) * kSlotBytes);
+  return header->stamp.load(std::memory_order_acquire) == readFrames_ + 1;
 }
 
 Status ShmConnection::pumpSends(std::vector<Completion>& done, bool& progressed) {
