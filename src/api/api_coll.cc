@@ -20,9 +20,15 @@ using shoal::api::guard;
 namespace shoal::api {
 namespace {
 
-Status checkDataType(ncclDataType_t datatype) {
-  if (static_cast<int>(datatype) < 0 || static_cast<int>(datatype) >= ncclNumTypes)
-    return invalidArgument("invalid data type ", static_cast<int>(datatype));
+// The checks below run on every call: each keeps its message building in a
+// cold function of its own, so that the passing check inlines to a compare.
+[[gnu::cold, gnu::noinline]] Status badDataType(ncclDataType_t datatype) {
+  return invalidArgument("invalid data type ", static_cast<int>(datatype));
+}
+
+inline Status checkDataType(ncclDataType_t datatype) {
+  if (static_cast<int>(datatype) < 0 || static_cast<int>(datatype) >= ncclNumTypes) [[unlikely]]
+    return badDataType(datatype);
   return Status::ok();
 }
 
@@ -32,8 +38,13 @@ Status checkRoot(int root, const Communicator& comm) {
   return Status::ok();
 }
 
-Status checkBuffer(const void* buf, size_t count, const char* name) {
-  if (buf == nullptr && count > 0) return invalidArgument(name, " is NULL with count ", count);
+[[gnu::cold, gnu::noinline]] Status nullBuffer(size_t count, const char* name) {
+  return invalidArgument(name, " is NULL with count ", count);
+}
+
+inline Status checkBuffer(const void* buf, size_t count, const char* name) {
+  if (buf == nullptr && count > 0) [[unlikely]]
+    return nullBuffer(count, name);
   return Status::ok();
 }
 
