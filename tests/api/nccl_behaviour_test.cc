@@ -1462,6 +1462,72 @@ TEST_CASE("ncclCommGetAsyncError from a watchdog thread while collectives run", 
     checkBuf(recv[r], [](size_t i) { return val(0, i) + val(1, i); }, "AllReduce under polling");
 }
 
+TEST_CASE("repeated blocking calls from one thread per rank: new buffers, other shapes and groups in between",
+          "[api][threads]") {
+  // A blocking call that repeats its communicator's last operation reuses
+  // that call's job (plan, lane connections): every result must still come
+  // from this call's buffers, also after a call of another shape, a group
+  // or a zero-count call came in between.
+  const int n = 3;
+  World w(n);
+  const size_t count = 37, gatherCount = 5;
+  std::vector<std::string> failures(n);
+  auto rankMain = [&](int r) {
+    std::vector<float> send[2], recv[2];
+    for (int b = 0; b < 2; ++b) {
+      send[b].resize(count);
+      recv[b].resize(count);
+    }
+    std::vector<float> gatherIn(gatherCount), gatherOut(gatherCount * n);
+    auto fail = [&](const std::string& what) {
+      if (failures[r].empty()) failures[r] = what;
+    };
+    for (int it = 0; it < 60 && failures[r].empty(); ++it) {
+      const int b = it % 2;  // alternate buffers under the same shape
+      const bool inPlace = it % 7 == 3;
+      for (size_t i = 0; i < count; ++i) send[b][i] = static_cast<float>(r + it + static_cast<int>(i));
+      float* out = inPlace ? send[b].data() : recv[b].data();
+      if (ncclAllReduce(send[b].data(), out, count, ncclFloat, ncclSum, w[r], nullptr) != ncclSuccess)
+        fail("AllReduce failed: " + lastError());
+      for (size_t i = 0; i < count && failures[r].empty(); ++i) {
+        float expected = static_cast<float>(n * (it + static_cast<int>(i)) + n * (n - 1) / 2);
+        if (out[i] != expected)
+          fail("iteration " + std::to_string(it) + " element " + std::to_string(i) + ": " +
+               std::to_string(out[i]) + " != " + std::to_string(expected));
+      }
+      if (it % 3 == 1) {  // another shape in between
+        for (size_t i = 0; i < gatherCount; ++i) gatherIn[i] = static_cast<float>(100 * r + it + static_cast<int>(i));
+        if (ncclAllGather(gatherIn.data(), gatherOut.data(), gatherCount, ncclFloat, w[r], nullptr) != ncclSuccess)
+          fail("AllGather failed: " + lastError());
+        for (int q = 0; q < n; ++q)
+          for (size_t i = 0; i < gatherCount; ++i)
+            if (gatherOut[q * gatherCount + i] != static_cast<float>(100 * q + it + static_cast<int>(i)))
+              fail("AllGather iteration " + std::to_string(it) + " wrong");
+      }
+      if (it % 5 == 2) {  // a group of two operations, then a zero-count call
+        float one = static_cast<float>(r), sum = 0, all[3] = {0, 0, 0};
+        bool ok = ncclGroupStart() == ncclSuccess &&
+                  ncclAllReduce(&one, &sum, 1, ncclFloat, ncclSum, w[r], nullptr) == ncclSuccess &&
+                  ncclAllGather(&one, all, 1, ncclFloat, w[r], nullptr) == ncclSuccess;
+        ok = ncclGroupEnd() == ncclSuccess && ok;
+        if (!ok) fail("group failed: " + lastError());
+        if (sum != static_cast<float>(n * (n - 1) / 2) || all[0] != 0 || all[1] != 1 || all[2] != 2)
+          fail("group results wrong at iteration " + std::to_string(it));
+        if (ncclAllReduce(nullptr, nullptr, 0, ncclFloat, ncclSum, w[r], nullptr) != ncclSuccess)
+          fail("zero-count AllReduce failed: " + lastError());
+      }
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) threads.emplace_back(rankMain, r);
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < n; ++r) {
+    INFO("rank " << r);
+    CHECK(failures[r] == "");
+  }
+  requireWorking(w);
+}
+
 // ===========================================================================
 // Nonblocking communicators
 // ===========================================================================
