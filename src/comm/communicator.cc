@@ -419,7 +419,7 @@ Result<bool> Communicator::prepareJob(Job& job, std::span<const OpRequest> ops, 
   job.sameConnections = samePlan && job.laneConnections.size() == plan.lanes.size();
   if (!job.sameConnections) {
     if (Status st = ensureConnections(plan, job.laneConnections); !st.isOk()) {
-      job.laneConnections.clear();  // never taken for this plan's by the next call
+      job.laneConnections.clear();  // so that the next call of this shape connects again
       return st;
     }
   }
