@@ -46,8 +46,10 @@ int toNcclCode(Code code) {
 }
 
 const std::string& Status::message() const {
-  static const std::string kEmpty;
-  return message_ ? *message_ : kEmpty;
+  // Never destroyed: detached threads (the engine's progress thread) may read
+  // a status while the process exits.
+  static const std::string* const kEmpty = new std::string();
+  return message_ ? *message_ : *kEmpty;
 }
 
 Status& Status::withContext(std::string_view context) {
