@@ -24,6 +24,11 @@ uint64_t hash64(std::string_view s) {
 
 constexpr size_t kPlanCacheLimit = 512;
 
+// NCCL drops zero-count collectives; zero-byte Send/Recv still match.
+bool droppedByNccl(const OpRequest& op) {
+  return op.shape.count == 0 && op.shape.kind != CollKind::kSend && op.shape.kind != CollKind::kRecv;
+}
+
 }  // namespace
 
 Communicator::Communicator(InitRequest request)
@@ -221,7 +226,7 @@ Status Communicator::ensureConnections(const Plan& plan,
 
 Status Communicator::connectAhead(const std::vector<OpRequest>& ops) {
   for (const OpRequest& op : ops) {
-    if (op.shape.count == 0 && op.shape.kind != CollKind::kSend && op.shape.kind != CollKind::kRecv) continue;
+    if (droppedByNccl(op)) continue;
     SHOAL_ASSIGN_OR_RETURN(std::shared_ptr<const PreparedPlan> prepared, planFor(op.shape, ops.size() > 1),
       describe(), ": ", collKindName(op.shape.kind));
     for (const auto& lane : prepared->plan->lanes)
@@ -378,14 +383,9 @@ Result<bool> Communicator::prepareJob(Job& job, std::span<const OpRequest> ops, 
                                 e.message()));
   }
   setLogRank(rank_);
-  // NCCL drops zero-count collectives; zero-byte Send/Recv still match.
-  auto dropped = [](const OpRequest& op) {
-    return op.shape.count == 0 && op.shape.kind != CollKind::kSend &&
-           op.shape.kind != CollKind::kRecv;
-  };
-  if (std::any_of(ops.begin(), ops.end(), dropped)) {
+  if (std::any_of(ops.begin(), ops.end(), droppedByNccl)) {
     std::vector<OpRequest> kept;
-    std::copy_if(ops.begin(), ops.end(), std::back_inserter(kept), [&](const OpRequest& op) { return !dropped(op); });
+    std::remove_copy_if(ops.begin(), ops.end(), std::back_inserter(kept), droppedByNccl);
     if (kept.empty()) return false;
     return prepareJob(job, kept, detached);
   }

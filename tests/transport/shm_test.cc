@@ -273,7 +273,7 @@ TEST_CASE("shm canConnect needs the same host and boot and another process", "[s
 
 // Both ends exchange a message at once, each on its own thread, as the two
 // ranks of a small AllReduce do; only the connection's poll in between, no
-// engine. Prints the mean time per exchange for frames of one to three
+// engine. Prints the mean time per exchange for frames of one to five
 // cache lines, to tell the transport's share of small-message latency from
 // the engine's.
 TEST_CASE("shm exchange latency by message size", "[.][perf][shm]") {

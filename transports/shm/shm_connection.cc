@@ -238,9 +238,9 @@ Status ShmConnection::pumpRecvs(std::vector<Completion>& done, bool& progressed)
   Control& control = *inControl_;
   const uint64_t capacity = slotMask_ + 1;
   while (!recvs_.empty()) {
+    if (!frameArrived()) break;
     uint64_t first = readSlots_ & slotMask_;
     auto* header = reinterpret_cast<const FrameHeader*>(inRing_ + first * kSlotBytes);
-    if (header->stamp.load(std::memory_order_acquire) != readFrames_ + 1) break;
     RecvOp& op = recvs_.front();
     if (header->tag != op.tag || header->messageBytes != op.bytes)
       return invalidUsage(peer_, ": message mismatch: the posted receive expects ", describeTag(op.tag), ", ",
