@@ -1,6 +1,8 @@
 // Gloo's AllReduce / AllGather / ReduceScatter (float sum) under the
 // nccl-tests conventions of coll_common.h, for bench/compare. TCP device on
-// 127.0.0.1, FileStore rendezvous in --store DIR (or $GLOO_STORE_DIR; a fresh,
+// 127.0.0.1, or on the interface named by GLOO_SOCKET_IFNAME (PyTorch's
+// variable; net_compare.sh sets it to the emulated node's link), FileStore
+// rendezvous in --store DIR (or $GLOO_STORE_DIR; a fresh,
 // empty folder per launch, shared by all ranks).
 //
 //   RANK=0 SIZE=2 gloo_coll_bench --store /tmp/s -o allreduce -A ring &
@@ -151,7 +153,11 @@ int main(int argc, char** argv) {
   }
 
   gloo::transport::tcp::attr attr;
-  attr.hostname = "127.0.0.1";  // loopback only
+  if (const char* iface = std::getenv("GLOO_SOCKET_IFNAME"); iface != nullptr && *iface != '\0') {
+    attr.iface = iface;
+  } else {
+    attr.hostname = "127.0.0.1";  // loopback unless told otherwise
+  }
   auto dev = gloo::transport::tcp::CreateDevice(attr);
   auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, nranks);
   ctx->setTimeout(std::chrono::seconds(600));

@@ -4,11 +4,12 @@
 #
 #   net_compare.sh [--nodes N] [--ranks-per-node L] [--rounds R] [--rate RATE]
 #                  [-o all_reduce,all_gather,reduce_scatter] [-b MIN] [-e MAX] [-f F]
-#                  [-n ITERS] [-w WARMUP] [--lines shoal_tcp,shoal_ofi,mpi_tcp,mpi_ofi]
+#                  [-n ITERS] [-w WARMUP] [--lines shoal_tcp,shoal_ofi,mpi_tcp,mpi_ofi,gloo]
 #                  [--out FILE]
 #   net_compare.sh --report FILE     the tables again, from the raw lines of a run
 #
-# Defaults: 2 nodes x 1 rank, 3 rounds, unlimited veth, every op and line,
+# Defaults: 2 nodes x 1 rank, 3 rounds, unlimited veth, every op, the four
+# Shoal and Open MPI lines,
 # -b 16 -e 64M -f 4 -n 20 -w 5 (sizes take K/M/G suffixes).
 # Lines (every one with MALLOC_MMAP_THRESHOLD_=4294967296
 # MALLOC_TRIM_THRESHOLD_=68719476736 in its ranks, as compare.sh):
@@ -19,6 +20,12 @@
 #   mpi_ofi    mpi_coll_bench with --mca pml cm --mca mtl ofi
 #              --mca mtl_ofi_provider_exclude none, FI_PROVIDER='tcp;ofi_rxm'
 #              (pml cm fails to start unless the ofi MTL opens that provider)
+#   gloo       gloo_coll_bench (built into build/compare/bin when libgloo-dev
+#              is installed) over Gloo's tcp device on eth1 (GLOO_SOCKET_IFNAME),
+#              FileStore rendezvous in a fresh folder per launch; AllReduce and
+#              AllGather by Gloo's ring, ReduceScatter by halving-doubling.
+#              Gloo's ring AllReduce and its ReduceScatter are in place: their
+#              in-place columns stand in for the out-of-place ones.
 # With more ranks than CPUs the MPI lines get --mca mpi_yield_when_idle 1, as
 # Open MPI picks on an oversubscribed host: cluster.sh's hostfile gives each
 # node L slots, so it would spin (2x2 ranks on 2 CPUs: ~8 ms per call, not 60 us).
@@ -28,7 +35,7 @@
 # and, per launch, "op line round" followed by each table row of rank 0; at the
 # end, per op, the median out-of-place busbw (GB/s) of every line and size
 # [time us up to 64 KiB] and the ratios Shoal ofi / MPI ofi, Shoal ofi /
-# Shoal tcp and Shoal tcp / MPI tcp (on the median launch's time; > 1: the
+# Shoal tcp, Shoal tcp / MPI tcp and Shoal tcp / Gloo (on the median launch's time; > 1: the
 # first is faster). SHOAL_PERF_DIR overrides build/bench/perf.
 set -eu
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -66,13 +73,16 @@ for row in open(sys.argv[1]):
     if len(f) < 11:
         continue
     op, line, size, t, bw = f[0], f[1], int(f[3]), f[8], f[10]
+    if t == "N/A" and len(f) >= 15:  # an in-place-only algorithm (Gloo)
+        t, bw = f[12], f[14]
     try:
         runs[(op, size, line)].append((float(t), float(bw)))
     except ValueError:  # N/A
         pass
-ORDER = ["shoal_tcp", "shoal_ofi", "mpi_tcp", "mpi_ofi"]
-LABEL = {"shoal_tcp": "Shoal tcp", "shoal_ofi": "Shoal ofi", "mpi_tcp": "MPI tcp", "mpi_ofi": "MPI ofi"}
-RATIOS = [("shoal_ofi", "mpi_ofi"), ("shoal_ofi", "shoal_tcp"), ("shoal_tcp", "mpi_tcp")]
+ORDER = ["shoal_tcp", "shoal_ofi", "mpi_tcp", "mpi_ofi", "gloo"]
+LABEL = {"shoal_tcp": "Shoal tcp", "shoal_ofi": "Shoal ofi", "mpi_tcp": "MPI tcp", "mpi_ofi": "MPI ofi",
+         "gloo": "Gloo"}
+RATIOS = [("shoal_ofi", "mpi_ofi"), ("shoal_ofi", "shoal_tcp"), ("shoal_tcp", "mpi_tcp"), ("shoal_tcp", "gloo")]
 
 def human(n):
     for unit in ("B", "KiB", "MiB", "GiB"):
@@ -115,7 +125,7 @@ for op in "${OP_LIST[@]}"; do
   case $op in all_reduce|all_gather|reduce_scatter) ;; *) echo "unknown op $op" >&2; exit 2 ;; esac
 done
 for line in "${LINE_LIST[@]}"; do
-  case $line in shoal_tcp|shoal_ofi|mpi_tcp|mpi_ofi) ;; *) echo "unknown line $line" >&2; exit 2 ;; esac
+  case $line in shoal_tcp|shoal_ofi|mpi_tcp|mpi_ofi|gloo) ;; *) echo "unknown line $line" >&2; exit 2 ;; esac
 done
 [[ $ROUNDS =~ ^[1-9][0-9]*$ ]] || { echo "--rounds must be a positive integer" >&2; exit 2; }
 [ "$ROUNDS" -ge 3 ] || echo "note: --rounds $ROUNDS < 3; medians of fewer than 3 launches are not a fair comparison" >&2
@@ -133,9 +143,19 @@ if [[ ,$LINES, == *,mpi_* ]]; then
     mpicxx -DOMPI_SKIP_MPICXX -O3 -std=c++17 -o "$MPIBENCH" "$HERE/mpi_coll_bench.cc"
   fi
 fi
+GLOOBENCH=$BIN/gloo_coll_bench
+if [[ ,$LINES, == *,gloo,* ]]; then
+  dpkg -s libgloo-dev >/dev/null 2>&1 || { echo "the gloo line needs libgloo-dev (apt-get install libgloo-dev)" >&2; exit 1; }
+  if [ ! -x "$GLOOBENCH" ] || [ "$HERE/gloo_coll_bench.cc" -nt "$GLOOBENCH" ] || [ "$HERE/coll_common.h" -nt "$GLOOBENCH" ]; then
+    echo "building $GLOOBENCH" >&2
+    mkdir -p "$BIN"
+    g++ -O3 -std=c++17 -o "$GLOOBENCH" "$HERE/gloo_coll_bench.cc" -lgloo -lpthread
+  fi
+fi
 OUT=${OUT:-$(mktemp /tmp/net_compare.XXXXXX.txt)}
 LOG=$(mktemp /tmp/net_compare.launch.XXXXXX)
-trap 'rm -f "$LOG"' EXIT
+STORE=$(mktemp -d /tmp/net_compare.gloo.XXXXXX)
+trap 'rm -rf "$LOG" "$STORE"' EXIT
 CLUSTER=(bash "$ROOT/tests/netns/cluster.sh" --nodes "$NODES" --ranks-per-node "$RPN")
 [ -n "$RATE" ] && CLUSTER+=(--rate "$RATE")
 SWEEP=(-b "$MIN" -e "$MAX" -f "$FACTOR" -n "$ITERS" -w "$WARMUP" -c 0)
@@ -157,6 +177,11 @@ launch() {  # line op -> one launch through cluster.sh, its output on stdout
     mpi_ofi) env FI_PROVIDER='tcp;ofi_rxm' "${CLUSTER[@]}" "${MPI_MCA[@]}" \
                --mca pml cm --mca mtl ofi --mca mtl_ofi_provider_exclude none -- \
                "${MALLOC[@]}" "$MPIBENCH" -o "$mpiop" "${SWEEP[@]}" ;;
+    gloo) local algo=ring
+          [ "$op" = reduce_scatter ] && algo=hd
+          rm -rf "${STORE:?}"/* 2>/dev/null || true   # a fresh rendezvous per launch
+          "${CLUSTER[@]}" -- env GLOO_SOCKET_IFNAME=eth1 "${MALLOC[@]}" \
+            "$GLOOBENCH" -o "$mpiop" -A "$algo" --store "$STORE" "${SWEEP[@]}" ;;
   esac
 }
 

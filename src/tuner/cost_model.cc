@@ -116,10 +116,16 @@ double candidateCostUs(const AlgorithmTerms& perChannel, const ModelContext& ctx
     return std::numeric_limits<double>::infinity();
   const double pieces = messageBytes > segment ? messageBytes / segment : 1.0;
   const double pieceBytes = messageBytes / pieces;
-  const bool cacheResident =
-      kSegmentsInFlight * pieceBytes <= static_cast<double>(ctx.cacheShareBytes);
+  const bool cacheResident = kSegmentsInFlight * static_cast<double>(candidate.channels) * pieceBytes <=
+                             static_cast<double>(ctx.cacheShareBytes);
   const double cache = cacheResident ? kCacheSpeedup : 1.0;
-  const double transferPerByte = link.betaUsPerByte / (ctx.copyLink ? cache : 1.0);
+  // Copy links: the rank's thread copies every byte, at cache speed when
+  // resident. Net: only bytes reduced and then sent on (an AllReduce ring's
+  // second half) leave from cache; min(G, B - G) counts them (ring
+  // AllReduce: G; ReduceScatter, AllGather: 0).
+  const double hotBytes = ctx.copyLink ? B : std::max(0.0, std::min(G, B - G));
+  const double transferPerByte =
+      B > 0 ? link.betaUsPerByte * ((B - hotBytes) + hotBytes / cache) / B : link.betaUsPerByte;
   const double reducePerLinkByte = B > 0 ? G / B * link.gammaUsPerByte / cache : 0.0;
 
   double channel = 0;

@@ -22,11 +22,17 @@
 //   message  B/M bytes (a pipelined chain: B, every hop forwards the part)
 //   S        = max(1, message / s)              pieces per message
 //   piece    = message / S
-//   cache    = kCacheSpeedup when kSegmentsInFlight pieces fit in this rank's
-//              share of the cache (max(L2, L3 total / ranks per node)), else 1
+//   cache    = kCacheSpeedup when c x kSegmentsInFlight pieces (every
+//              channel's) fit in this rank's share of the cache, else 1; the share
+//              is max(L2, L3 total / ranks per node) on copy links and the L2
+//              alone on net (a NIC's DMA fills a small part of the L3, and a
+//              hypervisor may report the whole host's L3)
 //   share    = ranks per node / cores when that exceeds 1 on copy links (the
 //              ranks take turns on the cores for their copies), else 1
-//   beta'    = beta share / cache on copy links (loopback, shm), beta on net
+//   beta'    = beta share / cache on copy links (loopback, shm); on net beta
+//              for all bytes but min(G, B - G), the bytes reduced and then
+//              sent on (a ring AllReduce's second half), which leave from
+//              cache: beta / cache
 //   gamma'   = gamma share / cache
 //   alpha'   = alpha + wait W / M            per message
 // ring-like (every rank sends each step; the estimate's M is sequential):

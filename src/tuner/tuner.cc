@@ -166,9 +166,11 @@ ModelContext Tuner::contextFor(const AlgorithmEntry& entry, const RankView& view
   }
   ctx.copyLink = crossed != LinkClass::kNet;
   ctx.streams = ctx.copyLink ? 1 : std::clamp(m.cores / s.maxRanksPerNode, 1, kMaxNetStreams);
-  ctx.cacheShareBytes = std::max<uint64_t>(
-      m.l2Bytes, m.l3Bytes * static_cast<uint64_t>(std::max(1, m.l3Count)) /
-                     static_cast<uint64_t>(s.maxRanksPerNode));
+  // Data from the network counts only the core's own L2 (cost_model.h).
+  ctx.cacheShareBytes =
+      ctx.copyLink ? std::max<uint64_t>(m.l2Bytes, m.l3Bytes * static_cast<uint64_t>(std::max(1, m.l3Count)) /
+                                                       static_cast<uint64_t>(s.maxRanksPerNode))
+                   : m.l2Bytes;
   ctx.waitUs = s.maxRanksPerNode > m.cores ? kOversubscribedWaitUs : 0.0;
   if (ctx.copyLink && s.maxRanksPerNode > m.cores) {
     // Every rank's thread copies and reduces its own bytes; when ranks
