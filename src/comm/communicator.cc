@@ -111,6 +111,10 @@ Status Communicator::initialize() {
     return t.isOk() ? linkClassOfTransport(t.value()->name()) : LinkClass::kNet;
   };
   TopologySummary summary = summarizeTopology(topology_, classify, singleProcess, localMachine());
+  if (topology_.leaders.size() > 1) {
+    if (Result<Transport*> t = selectTransport(peers_[topology_.leaders[0]], peers_[topology_.leaders[1]]); t.isOk())
+      summary.netTransport = std::string(t.value()->name());
+  }
   SHOAL_ASSIGN_OR_RETURN(tuner_, Tuner::create(summary, options_.minChannels, options_.maxChannels),
       describe());
   // The root may live in rank 0's process: do not let rank 0 return (and

@@ -29,10 +29,10 @@
 //              hypervisor may report the whole host's L3)
 //   share    = ranks per node / cores when that exceeds 1 on copy links (the
 //              ranks take turns on the cores for their copies), else 1
-//   beta'    = beta share / cache on copy links (loopback, shm); on net beta
-//              for all bytes but min(G, B - G), the bytes reduced and then
-//              sent on (a ring AllReduce's second half), which leave from
-//              cache: beta / cache
+//   beta'    = beta share / cache on copy links (loopback, shm); on net
+//              beta, except over Shoal's tcp transport (netSendsFromCache)
+//              for min(G, B - G) of the bytes, those reduced and then sent
+//              on (a ring AllReduce's second half): beta / cache
 //   gamma'   = gamma share / cache
 //   alpha'   = alpha + wait W / M            per message
 // ring-like (every rank sends each step; the estimate's M is sequential):
@@ -124,6 +124,9 @@ struct ModelContext {
   double intraAlphaScale = 1.0;
   double intraBetaScale = 1.0;
   bool copyLink = true;           // loopback or shm: the rank's thread moves the bytes
+  // Net through Shoal's tcp transport: the calling core copies every byte
+  // through the kernel, so bytes it has just reduced leave from its cache.
+  bool netSendsFromCache = false;
   int streams = 1;                // channels that add bandwidth
   uint64_t cacheShareBytes = 0;   // this rank's share of the cache
   double waitUs = 0;              // per message waited for (oversubscribed node)
