@@ -88,17 +88,46 @@ Status Communicator::initialize() {
   rankView_.nranks = nranks_;
   rankView_.ring = topology_.ring;
   rankView_.nodeOf = topology_.nodeOfRank;
-  // Peer-reading algorithms need every rank to read every peer; all ranks must
-  // agree (they choose plans independently), so the local verdicts are pooled.
+  // Ranks choose plans independently, so what the tuner and the plans see must
+  // be the same on every rank, yet part of it is only known locally: whether
+  // this rank reads every peer's memory (peer-reading algorithms need all to),
+  // the transport between the first two node leaders (as the first leader
+  // chose it; each process knows only which of its own transports work), and
+  // the machine facts (combined as agreedMachine()). One exchange pools them.
   bool readsAll = true;
   for (int r = 0; r < nranks_ && readsAll; ++r) {
     if (r == rank_ || (peers_[r].processId == self.processId && peers_[r].hostId == self.hostId)) continue;
     auto chosen = selectTransport(self, peers_[r]);
     readsAll = chosen.isOk() && chosen.value()->name() == "shm" && canReadPeerMemory(peers_[r]);
   }
-  SHOAL_ASSIGN_OR_RETURN(auto verdicts, bootstrap_->allGather(readsAll ? "1" : "0", deadline),
-      describe(), ": agreeing on peer reads");
-  rankView_.peerReads = std::all_of(verdicts.begin(), verdicts.end(), [](const std::string& v) { return v == "1"; });
+  const bool firstLeader = topology_.leaders.size() > 1 && rank_ == topology_.leaders[0];
+  std::string netTransport = "-";
+  if (firstLeader) {
+    if (Result<Transport*> t = selectTransport(self, peers_[topology_.leaders[1]]); t.isOk())
+      netTransport = std::string(t.value()->name());
+  }
+  SHOAL_ASSIGN_OR_RETURN(auto answers,
+      bootstrap_->allGather(str(readsAll ? 1 : 0, ' ', netTransport, ' ', encodeMachineFacts(localMachine())),
+                            deadline),
+      describe(), ": agreeing on peer reads, transports and machine facts");
+  bool everyoneReads = true;
+  std::string agreedNetTransport;
+  std::vector<MachineTopology> machines;
+  for (int r = 0; r < nranks_; ++r) {
+    std::string_view answer = answers[r];
+    size_t first = answer.find(' ');
+    size_t second = first == std::string_view::npos ? first : answer.find(' ', first + 1);
+    if (second == std::string_view::npos)
+      return internalError(describe(), ": malformed agreement from rank ", r, ": '", answer, "'");
+    everyoneReads = everyoneReads && answer.substr(0, first) == "1";
+    std::string_view transport = answer.substr(first + 1, second - first - 1);
+    if (topology_.leaders.size() > 1 && r == topology_.leaders[0] && transport != "-")
+      agreedNetTransport = std::string(transport);
+    SHOAL_ASSIGN_OR_RETURN(MachineTopology machine, decodeMachineFacts(answer.substr(second + 1)),
+        describe(), ": rank ", r);
+    machines.push_back(std::move(machine));
+  }
+  rankView_.peerReads = everyoneReads;
   groupView_ = rankView_;
   groupView_.peerReads = false;  // peer-reading plans are single-op
 
@@ -110,11 +139,11 @@ Status Communicator::initialize() {
     Result<Transport*> t = selectTransport(peers_[a], peers_[b]);
     return t.isOk() ? linkClassOfTransport(t.value()->name()) : LinkClass::kNet;
   };
-  TopologySummary summary = summarizeTopology(topology_, classify, singleProcess, localMachine());
-  if (topology_.leaders.size() > 1) {
-    if (Result<Transport*> t = selectTransport(peers_[topology_.leaders[0]], peers_[topology_.leaders[1]]); t.isOk())
-      summary.netTransport = std::string(t.value()->name());
-  }
+  MachineTopology machine = agreedMachine(machines);
+  machine.nics = localMachine().nics;  // described in the log, not modelled
+  machine.source = localMachine().source;
+  TopologySummary summary = summarizeTopology(topology_, classify, singleProcess, std::move(machine));
+  summary.netTransport = std::move(agreedNetTransport);
   SHOAL_ASSIGN_OR_RETURN(tuner_, Tuner::create(summary, options_.minChannels, options_.maxChannels),
       describe());
   // The root may live in rank 0's process: do not let rank 0 return (and

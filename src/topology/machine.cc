@@ -8,6 +8,7 @@
 #include <fstream>
 #include <memory>
 #include <set>
+#include <sstream>
 #include <string_view>
 #include <utility>
 
@@ -156,6 +157,19 @@ const MachineTopology& localMachine() {
     return m;
   }();
   return machine;
+}
+
+std::string encodeMachineFacts(const MachineTopology& m) {
+  return str(m.packages, ' ', m.cores, ' ', m.numaNodes, ' ', m.l2Bytes, ' ', m.l3Bytes, ' ', m.l3Count, ' ',
+             m.gpus);
+}
+
+Result<MachineTopology> decodeMachineFacts(std::string_view text) {
+  MachineTopology m;
+  std::istringstream in{std::string(text)};
+  if (!(in >> m.packages >> m.cores >> m.numaNodes >> m.l2Bytes >> m.l3Bytes >> m.l3Count >> m.gpus))
+    return invalidArgument("malformed machine facts '", text, "'");
+  return m;
 }
 
 MachineTopology agreedMachine(const std::vector<MachineTopology>& machines) {

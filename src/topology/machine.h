@@ -44,4 +44,10 @@ MachineTopology agreedMachine(const std::vector<MachineTopology>& machines);
 // "1 package, 2 cores, 1 NUMA node, L2 1 MiB, L3 32 MiB, NICs: lo, eth0; GPUs: none"
 std::string describeMachine(const MachineTopology& m);
 
+// The numeric facts agreedMachine() combines, as one line of seven integers
+// (packages cores numaNodes l2Bytes l3Bytes l3Count gpus), for pooling them
+// over the bootstrap; NICs and source are not carried.
+std::string encodeMachineFacts(const MachineTopology& m);
+Result<MachineTopology> decodeMachineFacts(std::string_view text);
+
 }  // namespace shoal

@@ -77,9 +77,10 @@ struct TopologySummary {
   // Unset: loopback when singleProcess, else shm inside and net across.
   std::optional<LinkClass> intraNode;
   std::optional<LinkClass> interNode;
-  // The transport between node 0's leader and node 1's ("tcp", "ofi"; empty
-  // on one node or when unknown). The tuner's model treats Shoal's tcp
-  // transport apart (docs/decisions/0006-net-pieces-in-cache.md).
+  // The transport between node 0's leader and node 1's as node 0's leader
+  // chose it ("tcp", "ofi"; empty on one node or when unknown), the same on
+  // every rank. The tuner's model treats Shoal's tcp transport apart
+  // (docs/decisions/0006-net-pieces-in-cache.md).
   std::string netTransport;
   // The machine the ranks run on. Unset: this process's localMachine().
   std::optional<MachineTopology> machine;

@@ -772,4 +772,17 @@ TEST_CASE("machine description and agreement", "[unit][topology]") {
   CHECK(agreed.cores == 2);
   CHECK(agreed.l3Bytes == 32 * MiB);
   CHECK(agreed.gpus == 0);
+  // Pooled over the bootstrap as seven integers.
+  auto decoded = decodeMachineFacts(encodeMachineFacts(other));
+  REQUIRE(decoded.isOk());
+  CHECK(decoded->packages == 2);
+  CHECK(decoded->cores == 96);
+  CHECK(decoded->numaNodes == 2);
+  CHECK(decoded->l2Bytes == 2 * MiB);
+  CHECK(decoded->l3Bytes == 105 * MiB);
+  CHECK(decoded->l3Count == 2);
+  CHECK(decoded->gpus == 8);
+  auto malformed = decodeMachineFacts("2 96 two");
+  REQUIRE_FALSE(malformed.isOk());
+  CHECK(malformed.status().message().find("malformed machine facts '2 96 two'") != std::string::npos);
 }
