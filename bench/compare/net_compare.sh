@@ -21,8 +21,9 @@
 #              --mca mtl_ofi_provider_exclude none, FI_PROVIDER='tcp;ofi_rxm'
 #              (pml cm fails to start unless the ofi MTL opens that provider)
 #   gloo       gloo_coll_bench (built into build/compare/bin when libgloo-dev
-#              is installed) over Gloo's tcp device on eth1 (GLOO_SOCKET_IFNAME),
-#              FileStore rendezvous in a fresh folder per launch; AllReduce and
+#              is installed) over Gloo's tcp device on the node's link
+#              (cluster.sh sets GLOO_SOCKET_IFNAME), FileStore rendezvous in
+#              a fresh folder per launch; AllReduce and
 #              AllGather by Gloo's ring, ReduceScatter by halving-doubling.
 #              Gloo's ring AllReduce and its ReduceScatter are in place: their
 #              in-place columns stand in for the out-of-place ones.
@@ -73,7 +74,7 @@ for row in open(sys.argv[1]):
     if len(f) < 11:
         continue
     op, line, size, t, bw = f[0], f[1], int(f[3]), f[8], f[10]
-    if t == "N/A" and len(f) >= 15:  # an in-place-only algorithm (Gloo)
+    if line == "gloo" and t == "N/A" and len(f) >= 15:  # Gloo's in-place-only algorithms
         t, bw = f[12], f[14]
     try:
         runs[(op, size, line)].append((float(t), float(bw)))
@@ -115,6 +116,8 @@ for op in [o for o in ("all_reduce", "all_gather", "reduce_scatter") if any(k[0]
         for a, b in ratios:
             cells.append(f"{med[b][0] / med[a][0]:.2f}" if a in med and b in med and med[a][0] > 0 else "-")
         print("| " + " | ".join(cells) + " |")
+    if "gloo" in lines and op in ("all_reduce", "reduce_scatter"):
+        print("\nGloo's column: its in-place run (its ring AllReduce and its ReduceScatter are in place).")
 PY
 }
 if [ -n "$REPORT" ]; then report "$REPORT"; exit 0; fi
@@ -177,11 +180,11 @@ launch() {  # line op -> one launch through cluster.sh, its output on stdout
     mpi_ofi) env FI_PROVIDER='tcp;ofi_rxm' "${CLUSTER[@]}" "${MPI_MCA[@]}" \
                --mca pml cm --mca mtl ofi --mca mtl_ofi_provider_exclude none -- \
                "${MALLOC[@]}" "$MPIBENCH" -o "$mpiop" "${SWEEP[@]}" ;;
-    gloo) local algo=ring
+    gloo) local algo=ring store
           [ "$op" = reduce_scatter ] && algo=hd
-          rm -rf "${STORE:?}"/* 2>/dev/null || true   # a fresh rendezvous per launch
-          "${CLUSTER[@]}" -- env GLOO_SOCKET_IFNAME=eth1 "${MALLOC[@]}" \
-            "$GLOOBENCH" -o "$mpiop" -A "$algo" --store "$STORE" "${SWEEP[@]}" ;;
+          store=$(mktemp -d "$STORE/launch.XXXXXX")   # a fresh rendezvous per launch
+          "${CLUSTER[@]}" -- "${MALLOC[@]}" \
+            "$GLOOBENCH" -o "$mpiop" -A "$algo" --store "$store" "${SWEEP[@]}" ;;
   esac
 }
 

@@ -120,14 +120,16 @@ double candidateCostUs(const AlgorithmTerms& perChannel, const ModelContext& ctx
                              static_cast<double>(ctx.cacheShareBytes);
   const double cache = cacheResident ? kCacheSpeedup : 1.0;
   // Copy links: the rank's thread copies every byte, at cache speed when
-  // resident. Net over kernel sockets: only bytes reduced and then sent on
-  // (an AllReduce ring's second half) leave from cache; min(G, B - G) counts
-  // them (ring AllReduce: G; ReduceScatter, AllGather: 0).
-  const double hotBytes = ctx.copyLink            ? B
-                          : ctx.netSendsFromCache ? std::max(0.0, std::min(G, B - G))
-                                                  : 0.0;
+  // resident. Net through Shoal's tcp transport: bytes reduced and then sent
+  // on leave from cache; min(G, B - G) stands for them — exact for the ring
+  // AllReduce (the case measured), 0 for algorithms that reduce every byte
+  // they send (G = B) or reduce nothing.
+  const double bytesSentFromCache = ctx.copyLink            ? B
+                                    : ctx.netSendsFromCache ? std::max(0.0, std::min(G, B - G))
+                                                            : 0.0;
   const double transferPerByte =
-      B > 0 ? link.betaUsPerByte * ((B - hotBytes) + hotBytes / cache) / B : link.betaUsPerByte;
+      B > 0 ? link.betaUsPerByte * ((B - bytesSentFromCache) + bytesSentFromCache / cache) / B
+            : link.betaUsPerByte;
   const double reducePerLinkByte = B > 0 ? G / B * link.gammaUsPerByte / cache : 0.0;
 
   double channel = 0;

@@ -31,8 +31,8 @@
 //              ranks take turns on the cores for their copies), else 1
 //   beta'    = beta share / cache on copy links (loopback, shm); on net
 //              beta, except over Shoal's tcp transport (netSendsFromCache)
-//              for min(G, B - G) of the bytes, those reduced and then sent
-//              on (a ring AllReduce's second half): beta / cache
+//              for min(G, B - G) of the bytes, standing for those reduced
+//              and then sent on (exact for the ring AllReduce): beta / cache
 //   gamma'   = gamma share / cache
 //   alpha'   = alpha + wait W / M            per message
 // ring-like (every rank sends each step; the estimate's M is sequential):

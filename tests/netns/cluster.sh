@@ -25,8 +25,9 @@
 # does `ip netns exec shoal-P-nK unshare --uts` instead of ssh, exactly as it
 # would start daemons on a cluster; each orted runs its own PMIx server inside
 # its namespace, so ranks reach it over their own lo. Ranks get
-# NCCL_HOSTID=nodeK, NCCL_SOCKET_IFNAME=eth1 and FI_TCP_IFACE=eth1 (the last
-# two unless the caller set them), plus every NCCL_*, SHOAL_* and FI_*
+# NCCL_HOSTID=nodeK, NCCL_SOCKET_IFNAME=eth1, FI_TCP_IFACE=eth1 and
+# GLOO_SOCKET_IFNAME=eth1 (the last three unless the caller set them; lo
+# without namespaces), plus every NCCL_*, SHOAL_* and FI_*
 # variable of the caller. See README.md for why.
 #
 # mpirun gets --mca pml ob1 --mca btl self,vader,tcp; each --mca NAME VALUE
@@ -355,11 +356,13 @@ EOF
   elif [ "$RAILS" = 1 ]; then
     MPIRUN+=(-x "FI_TCP_IFACE=$IFNAME")
   fi
+  MPIRUN+=(-x "GLOO_SOCKET_IFNAME=${GLOO_SOCKET_IFNAME:-$IFNAME}")  # Gloo peers (bench/compare)
   LAUNCH=(ip netns exec "$SW")
 else
   MPIRUN+=(--mca oob_tcp_if_include lo --mca btl_tcp_if_include lo)
   [ "$CALLER_IFNAME" = 1 ] || MPIRUN+=(-x NCCL_SOCKET_IFNAME=lo)
   [ "$CALLER_FI_IFACE" = 1 ] || MPIRUN+=(-x FI_TCP_IFACE=lo)
+  MPIRUN+=(-x "GLOO_SOCKET_IFNAME=${GLOO_SOCKET_IFNAME:-lo}")
   WRAP=("$HERE/rank.sh" --hostid-div "$RPN")
   LAUNCH=()
 fi
