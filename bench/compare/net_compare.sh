@@ -138,22 +138,25 @@ for op in "${OP_LIST[@]}"; do
   [ -x "$PERF/${op}_perf" ] || { echo "$PERF/${op}_perf not found: build Shoal first" >&2; exit 1; }
 done
 BIN=$ROOT/build/compare/bin
-MPIBENCH=$BIN/mpi_coll_bench
-if [[ ,$LINES, == *,mpi_* ]]; then
-  if [ ! -x "$MPIBENCH" ] || [ "$HERE/mpi_coll_bench.cc" -nt "$MPIBENCH" ] || [ "$HERE/coll_common.h" -nt "$MPIBENCH" ]; then
-    echo "building $MPIBENCH" >&2
+# build_peer NAME COMPILER [FLAGS...] [-- LIBS...]: builds $BIN/NAME from
+# $HERE/NAME.cc when missing or older than its source or coll_common.h.
+build_peer() {
+  local name=$1 target=$BIN/$1 compile=() libs=()
+  shift
+  while [ $# -gt 0 ] && [ "$1" != -- ]; do compile+=("$1"); shift; done
+  [ $# -gt 0 ] && shift && libs=("$@")
+  if [ ! -x "$target" ] || [ "$HERE/$name.cc" -nt "$target" ] || [ "$HERE/coll_common.h" -nt "$target" ]; then
+    echo "building $target" >&2
     mkdir -p "$BIN"
-    mpicxx -DOMPI_SKIP_MPICXX -O3 -std=c++17 -o "$MPIBENCH" "$HERE/mpi_coll_bench.cc"
+    "${compile[@]}" -O3 -std=c++17 -o "$target" "$HERE/$name.cc" "${libs[@]}"
   fi
-fi
+}
+MPIBENCH=$BIN/mpi_coll_bench
+[[ ,$LINES, == *,mpi_* ]] && build_peer mpi_coll_bench mpicxx -DOMPI_SKIP_MPICXX
 GLOOBENCH=$BIN/gloo_coll_bench
 if [[ ,$LINES, == *,gloo,* ]]; then
   dpkg -s libgloo-dev >/dev/null 2>&1 || { echo "the gloo line needs libgloo-dev (apt-get install libgloo-dev)" >&2; exit 1; }
-  if [ ! -x "$GLOOBENCH" ] || [ "$HERE/gloo_coll_bench.cc" -nt "$GLOOBENCH" ] || [ "$HERE/coll_common.h" -nt "$GLOOBENCH" ]; then
-    echo "building $GLOOBENCH" >&2
-    mkdir -p "$BIN"
-    g++ -O3 -std=c++17 -o "$GLOOBENCH" "$HERE/gloo_coll_bench.cc" -lgloo -lpthread
-  fi
+  build_peer gloo_coll_bench g++ -- -lgloo -lpthread
 fi
 OUT=${OUT:-$(mktemp /tmp/net_compare.XXXXXX.txt)}
 LOG=$(mktemp /tmp/net_compare.launch.XXXXXX)

@@ -100,9 +100,8 @@ Status Communicator::initialize() {
     auto chosen = selectTransport(self, peers_[r]);
     readsAll = chosen.isOk() && chosen.value()->name() == "shm" && canReadPeerMemory(peers_[r]);
   }
-  const bool firstLeader = topology_.leaders.size() > 1 && rank_ == topology_.leaders[0];
-  std::string netTransport = "-";
-  if (firstLeader) {
+  std::string netTransport = "-";  // only node 0's leader names one
+  if (topology_.leaders.size() > 1 && rank_ == topology_.leaders[0]) {
     if (Result<Transport*> t = selectTransport(self, peers_[topology_.leaders[1]]); t.isOk())
       netTransport = std::string(t.value()->name());
   }
@@ -121,8 +120,7 @@ Status Communicator::initialize() {
       return internalError(describe(), ": malformed agreement from rank ", r, ": '", answer, "'");
     everyoneReads = everyoneReads && answer.substr(0, first) == "1";
     std::string_view transport = answer.substr(first + 1, second - first - 1);
-    if (topology_.leaders.size() > 1 && r == topology_.leaders[0] && transport != "-")
-      agreedNetTransport = std::string(transport);
+    if (transport != "-") agreedNetTransport = std::string(transport);
     SHOAL_ASSIGN_OR_RETURN(MachineTopology machine, decodeMachineFacts(answer.substr(second + 1)),
         describe(), ": rank ", r);
     machines.push_back(std::move(machine));
