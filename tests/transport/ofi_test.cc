@@ -10,6 +10,7 @@
 // transport with OfiOptions::provider (a fi_getinfo hint), so one executable
 // covers both providers. FI_PROVIDER must be unset or name the provider under
 // test (libfabric applies it to every fi_getinfo of the process).
+#include <algorithm>
 #include <catch2/catch.hpp>
 
 #include <cstdlib>
@@ -348,6 +349,16 @@ TEST_CASE("ofi wire tags keep connections and messages and kinds apart", "[ofi]"
     }
   }
   REQUIRE(sentBytes(sizeBits(4096, 1), 4096, 2) == 4096);  // a whole message is what it is
+  // Lanes: a channel's whole messages all take its own lane (so they arrive
+  // in order); a striped message puts one part on every lane.
+  for (uint64_t lanes : std::vector<uint64_t>{1, 2, 3, kMaxStripes}) {
+    for (uint64_t channel = 0; channel < 2 * lanes + 1; ++channel) {
+      REQUIRE(partLane(channel, 0, lanes) == channel % lanes);
+      std::vector<int> used(lanes, 0);
+      for (uint64_t j = 0; j < lanes; ++j) ++used[partLane(channel, j, lanes)];
+      REQUIRE(std::count(used.begin(), used.end(), 1) == static_cast<long>(lanes));
+    }
+  }
   Hello hello;
   hello.commId = 0x1234567890abcdefull;
   hello.fromRank = 3;

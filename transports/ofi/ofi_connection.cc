@@ -128,7 +128,6 @@ void OfiConnection::plan(Queue& queue, Op::Kind kind, void* data, uint64_t bytes
   const uint64_t lanes = peerLanes_.size();
   if (queue.laneSeqs.size() != lanes) queue.laneSeqs.assign(lanes, 0);
   const uint64_t seq = queue.nextSeq++;
-  const uint64_t home = (seq + channel_) % lanes;
   const uint64_t parts = wire::stripeCount(bytes, lanes);
   const uint64_t sizeBits = wire::sizeBits(bytes, parts);
   for (uint64_t j = 0; j < parts; ++j) {
@@ -136,7 +135,7 @@ void OfiConnection::plan(Queue& queue, Op::Kind kind, void* data, uint64_t bytes
     Op* op = newOp();
     op->kind = kind;
     op->owner = this;
-    op->lane = static_cast<uint8_t>((home + j) % lanes);
+    op->lane = static_cast<uint8_t>(wire::partLane(channel_, j, lanes));
     op->data = static_cast<uint8_t*>(data) + part.offset;
     op->bytes = part.bytes;
     op->tag = tag;

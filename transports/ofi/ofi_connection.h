@@ -12,13 +12,13 @@
 //
 // Lanes: lane j joins endpoint j of this rail to endpoint j of the peer's
 // (lanes = the fewer endpoints of the two sides); each lane numbers its own
-// messages per direction. Message n (per direction) has its home lane
-// (n + channel) % lanes. A message of at least wire::kStripeMinBytes on a
-// connection of several lanes is striped: part j goes on lane (home + j) %
+// messages per direction. A message of at least wire::kStripeMinBytes on a
+// connection of several lanes is striped: part j goes on lane (channel + j) %
 // lanes, so every lane carries one part and a large message moves over all of
 // the pair's provider connections at once (over tcp;ofi_rxm, one TCP stream
 // each), as the tcp transport stripes over its sockets; smaller messages go
-// whole on their home lane, so consecutive ones rotate over the lanes. Both
+// whole on the channel's own lane (channel % lanes), in order (wire::partLane
+// says why they do not rotate). Both
 // sides plan a message from its byte count (the receiver from its posted
 // receive), so they agree on every part's lane and lane message number.
 //
@@ -73,8 +73,8 @@ class OfiConnection final : public Connection {
  public:
   // `recvId` was allocated on `rail` (its bye receives are posted by
   // start()); `peerLanes` are the peer's endpoints in the AVs of this rail's
-  // endpoints 0..lanes-1; `channel` staggers which lane message 0 takes, so
-  // the channels of a pair start on different lanes.
+  // endpoints 0..lanes-1; `channel` picks the lane of its whole messages
+  // (channel % lanes), so the channels of a pair use different lanes.
   // `clearAbove`: 0, or this side's sends of parts larger than it wait for
   // the receiver's clear-to-send (what the hello tells the peer).
   OfiConnection(Rail& rail, std::vector<fi_addr_t> peerLanes, uint16_t channel, uint32_t recvId,
