@@ -113,6 +113,11 @@ class Transport {
   // not wait first (Communicator::connectAhead), so no side waits for a peer
   // that the same thread would only reach later.
   virtual bool connectWaitsForPeer(const ConnectionKey& /*key*/) const { return false; }
+  // Whether this process's CPU moves every byte through kernel sockets (tcp;
+  // ofi over a socket provider): bytes still in its cache then leave faster,
+  // which the tuner's model counts (docs/decisions/0006, 0007). Known once
+  // localAddress() has succeeded.
+  virtual bool cpuCopiesBytes() const { return false; }
 };
 
 }  // namespace shoal

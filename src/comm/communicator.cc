@@ -91,8 +91,9 @@ Status Communicator::initialize() {
   // Ranks choose plans independently, so what the tuner and the plans see must
   // be the same on every rank, yet part of it is only known locally: whether
   // this rank reads every peer's memory (peer-reading algorithms need all to),
-  // the transport between the first two node leaders (as the first leader
-  // chose it; each process knows only which of its own transports work), and
+  // the transport between the first two node leaders and whether its bytes
+  // pass through the CPU (as the first leader chose it; each process knows
+  // only which of its own transports work), and
   // the machine facts (combined as agreedMachine()). One exchange pools them.
   bool readsAll = true;
   for (int r = 0; r < nranks_ && readsAll; ++r) {
@@ -100,10 +101,10 @@ Status Communicator::initialize() {
     auto chosen = selectTransport(self, peers_[r]);
     readsAll = chosen.isOk() && chosen.value()->name() == "shm" && canReadPeerMemory(peers_[r]);
   }
-  std::string netTransport = "-";  // only node 0's leader names one
+  std::string netTransport = "- 0";  // only node 0's leader names one
   if (topology_.leaders.size() > 1 && rank_ == topology_.leaders[0]) {
     if (Result<Transport*> t = selectTransport(self, peers_[topology_.leaders[1]]); t.isOk())
-      netTransport = std::string(t.value()->name());
+      netTransport = str(t.value()->name(), ' ', t.value()->cpuCopiesBytes() ? 1 : 0);
   }
   SHOAL_ASSIGN_OR_RETURN(auto answers,
       bootstrap_->allGather(str(readsAll ? 1 : 0, ' ', netTransport, ' ', encodeMachineFacts(localMachine())),
@@ -111,18 +112,25 @@ Status Communicator::initialize() {
       describe(), ": agreeing on peer reads, transports and machine facts");
   bool everyoneReads = true;
   std::string agreedNetTransport;
+  bool agreedNetCpuCopies = false;
   std::vector<MachineTopology> machines;
   for (int r = 0; r < nranks_; ++r) {
+    // "<reads 0|1> <net transport|-> <its CPU copies 0|1> <machine facts>"
     std::string_view answer = answers[r];
-    size_t first = answer.find(' ');
-    size_t second = first == std::string_view::npos ? first : answer.find(' ', first + 1);
-    if (second == std::string_view::npos)
-      return internalError(describe(), ": malformed agreement from rank ", r, ": '", answer, "'");
-    everyoneReads = everyoneReads && answer.substr(0, first) == "1";
-    std::string_view transport = answer.substr(first + 1, second - first - 1);
-    if (transport != "-") agreedNetTransport = std::string(transport);
-    SHOAL_ASSIGN_OR_RETURN(MachineTopology machine, decodeMachineFacts(answer.substr(second + 1)),
-        describe(), ": rank ", r);
+    std::string_view words[3];
+    for (std::string_view& word : words) {
+      size_t end = answer.find(' ');
+      if (end == std::string_view::npos)
+        return internalError(describe(), ": malformed agreement from rank ", r, ": '", answers[r], "'");
+      word = answer.substr(0, end);
+      answer.remove_prefix(end + 1);
+    }
+    everyoneReads = everyoneReads && words[0] == "1";
+    if (words[1] != "-") {
+      agreedNetTransport = std::string(words[1]);
+      agreedNetCpuCopies = words[2] == "1";
+    }
+    SHOAL_ASSIGN_OR_RETURN(MachineTopology machine, decodeMachineFacts(answer), describe(), ": rank ", r);
     machines.push_back(std::move(machine));
   }
   rankView_.peerReads = everyoneReads;
@@ -142,6 +150,7 @@ Status Communicator::initialize() {
   machine.source = localMachine().source;
   TopologySummary summary = summarizeTopology(topology_, classify, singleProcess, std::move(machine));
   summary.netTransport = std::move(agreedNetTransport);
+  summary.netCpuCopies = agreedNetCpuCopies;
   SHOAL_ASSIGN_OR_RETURN(tuner_, Tuner::create(summary, options_.minChannels, options_.maxChannels),
       describe());
   // The root may live in rank 0's process: do not let rank 0 return (and

@@ -79,9 +79,11 @@ struct TopologySummary {
   std::optional<LinkClass> interNode;
   // The transport between node 0's leader and node 1's as node 0's leader
   // chose it ("tcp", "ofi"; empty on one node or when unknown), the same on
-  // every rank. The tuner's model treats Shoal's tcp transport apart
-  // (docs/decisions/0006-net-pieces-in-cache.md).
+  // every rank, and whether its CPU moves the bytes through kernel sockets
+  // (Transport::cpuCopiesBytes: tcp, ofi over tcp;ofi_rxm). The tuner's model
+  // counts cache-resident bytes as faster only then (docs/decisions/0006, 0007).
   std::string netTransport;
+  bool netCpuCopies = false;
   // The machine the ranks run on. Unset: this process's localMachine().
   std::optional<MachineTopology> machine;
 };

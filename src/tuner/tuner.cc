@@ -137,7 +137,7 @@ Result<std::unique_ptr<Tuner>> Tuner::create(const TopologySummary& topo, TunerO
   SHOAL_INFO(subsys::kTuning, "tuner: ", s.nranks, " ranks on ", s.nnodes, " node(s), ",
              s.minRanksPerNode, "-", s.maxRanksPerNode, " per node, inside ",
              linkClassName(*s.intraNode), ", across ", linkClassName(*s.interNode),
-             s.netTransport.empty() ? "" : str(" (", s.netTransport, ")"), ", machine ",
+             s.netTransport.empty() ? "" : str(" (", s.netTransport, s.netCpuCopies ? ", bytes through the CPU" : "", ")"), ", machine ",
              describeMachine(*s.machine), "; links (class alpha_us beta_GBps gamma_GBps): ",
              oneLine(formatLinkTable(o.links)));
   return t;
@@ -166,9 +166,10 @@ ModelContext Tuner::contextFor(const AlgorithmEntry& entry, const RankView& view
     ctx.intraBetaScale = std::min(1.0, inside.betaUsPerByte / ctx.link.betaUsPerByte);
   }
   ctx.copyLink = crossed != LinkClass::kNet;
-  // Measured only for Shoal's tcp transport; libfabric's tcp provider showed
-  // no gain (decision 0006), and a NIC that moves the bytes has no copy to save.
-  ctx.netSendsFromCache = !ctx.copyLink && s.netTransport == "tcp";
+  // Measured for Shoal's tcp transport (decision 0006) and libfabric's tcp
+  // provider once its channels kept to their own lanes (0007); a NIC that
+  // moves the bytes has no copy to save.
+  ctx.netSendsFromCache = !ctx.copyLink && s.netCpuCopies;
   ctx.streams = ctx.copyLink ? 1 : std::clamp(m.cores / s.maxRanksPerNode, 1, kMaxNetStreams);
   // Data from the network counts only the core's own L2 (cost_model.h).
   ctx.cacheShareBytes =
