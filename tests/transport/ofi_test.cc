@@ -382,6 +382,15 @@ TEST_CASE("ofi wire tags keep connections and messages and kinds apart", "[ofi]"
   back->recvId = 78;  // a field changed in flight
   REQUIRE_FALSE(verifyHello(back.value(), "s3cret"));
   REQUIRE_FALSE(decodeHello(bytes, sizeof(bytes) - 1).isOk());
+  // A peer of an older build (version 3 rotated whole messages over the
+  // lanes) is refused, not connected to wait on other lanes.
+  uint8_t older[sizeof(bytes)];
+  std::memcpy(older, bytes, sizeof(bytes));
+  older[4] = 3;
+  older[5] = 0;
+  Result<Hello> refused = decodeHello(older, sizeof(older));
+  REQUIRE_FALSE(refused.isOk());
+  CHECK_THAT(refused.status().message(), Catch::Contains("version 3"));
   bytes[0] ^= 1;
   REQUIRE_FALSE(decodeHello(bytes, sizeof(bytes)).isOk());
 }

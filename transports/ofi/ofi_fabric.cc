@@ -128,7 +128,7 @@ uint64_t get(const uint8_t* in, int n) {
 }
 
 constexpr uint32_t kHelloMagic = 0x464f4853;  // "SHOF"
-constexpr uint16_t kHelloVersion = 3;  // 2: lanes and striped messages; 3: clearAbove
+constexpr uint16_t kHelloVersion = 4;  // 2: lanes and striped messages; 3: clearAbove; 4: own lanes (0007)
 constexpr size_t kHelloSigned = 48;
 constexpr int kControlSlots = 64;
 constexpr int kHelloRecvSlots = 16;
