@@ -30,7 +30,8 @@
 //   share    = ranks per node / cores when that exceeds 1 on copy links (the
 //              ranks take turns on the cores for their copies), else 1
 //   beta'    = beta share / cache on copy links (loopback, shm); on net
-//              beta, except over Shoal's tcp transport (netSendsFromCache)
+//              beta, except where the CPU moves the bytes through kernel
+//              sockets (netSendsFromCache: tcp, ofi over tcp;ofi_rxm)
 //              for min(G, B - G) of the bytes, standing for those reduced
 //              and then sent on (exact for the ring AllReduce): beta / cache
 //   gamma'   = gamma share / cache
@@ -124,8 +125,9 @@ struct ModelContext {
   double intraAlphaScale = 1.0;
   double intraBetaScale = 1.0;
   bool copyLink = true;           // loopback or shm: the rank's thread moves the bytes
-  // Net through Shoal's tcp transport: the calling core copies every byte
-  // through the kernel, so bytes it has just reduced leave from its cache.
+  // Net through kernel sockets (Transport::cpuCopiesBytes: Shoal's tcp, ofi
+  // over tcp;ofi_rxm): the calling core copies every byte through the
+  // kernel, so bytes it has just reduced leave from its cache.
   bool netSendsFromCache = false;
   int streams = 1;                // channels that add bandwidth
   uint64_t cacheShareBytes = 0;   // this rank's share of the cache
