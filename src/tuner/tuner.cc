@@ -167,8 +167,9 @@ ModelContext Tuner::contextFor(const AlgorithmEntry& entry, const RankView& view
   }
   ctx.copyLink = crossed != LinkClass::kNet;
   // Measured for Shoal's tcp transport (decision 0006) and libfabric's tcp
-  // provider once its channels kept to their own lanes (0007); a NIC that
-  // moves the bytes has no copy to save.
+  // provider once its channels kept to their own lanes (0007); other socket
+  // providers are assumed alike; a NIC that moves the bytes has no copy to
+  // save.
   ctx.netSendsFromCache = !ctx.copyLink && s.netCpuCopies;
   ctx.streams = ctx.copyLink ? 1 : std::clamp(m.cores / s.maxRanksPerNode, 1, kMaxNetStreams);
   // Data from the network counts only the core's own L2 (cost_model.h).

@@ -587,7 +587,7 @@ TEST_CASE("ofi endpoints per rail: channels stripe over min(local, peer) endpoin
     REQUIRE(dynamic_cast<ofi::OfiConnection&>(*a).laneCount() == 2);
     REQUIRE(dynamic_cast<ofi::OfiConnection&>(*b).laneCount() == 2);
   }
-  // Whole messages (rotating over the lanes) and striped ones, both
+  // Whole messages (each channel on its own lane) and striped ones, both
   // directions on every connection at once; odd sizes leave a remainder.
   const std::vector<uint64_t> sizes = {0, 1, 64, 4097, ofi::wire::kStripeMinBytes - 1, ofi::wire::kStripeMinBytes, (3u << 20) + 3, 333,
                                        (8u << 20) + 1, 17};
@@ -771,7 +771,7 @@ TEST_CASE("ofi shm without CMA: every large message waits for its receive (clear
 }
 
 TEST_CASE("ofi conformance / tcp over ofi_rxm over three endpoints", "[ofi][conformance]") {
-  // An odd lane count: striped parts carry remainders, lanes rotate unevenly.
+  // An odd lane count: striped parts carry remainders.
   std::unique_ptr<Transport> rank0, rank1;
   {
     ScopedEnv env{{"SHOAL_OFI_ENDPOINTS", "3"}};

@@ -19,11 +19,11 @@ constexpr int64_t kPeekIntervalNs = 50 * 1000000ll;
 
 }  // namespace
 
-OfiConnection::OfiConnection(Rail& rail, std::vector<fi_addr_t> peerLanes, uint16_t channel, uint32_t recvId,
+OfiConnection::OfiConnection(Rail& rail, std::vector<fi_addr_t> peerLanes, uint16_t railChannel, uint32_t recvId,
                              uint64_t injectLimit, uint64_t clearAbove, std::string peerDescription)
     : rail_(rail),
       peerLanes_(std::move(peerLanes)),
-      channel_(channel),
+      railChannel_(railChannel),
       recvId_(recvId),
       clearAbove_(clearAbove),
       injectLimit_(injectLimit),
@@ -135,7 +135,7 @@ void OfiConnection::plan(Queue& queue, Op::Kind kind, void* data, uint64_t bytes
     Op* op = newOp();
     op->kind = kind;
     op->owner = this;
-    op->lane = static_cast<uint8_t>(wire::partLane(channel_, j, lanes));
+    op->lane = static_cast<uint8_t>(wire::partLane(railChannel_, j, lanes));
     op->data = static_cast<uint8_t*>(data) + part.offset;
     op->bytes = part.bytes;
     op->tag = tag;

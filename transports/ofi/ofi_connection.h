@@ -13,14 +13,15 @@
 // Lanes: lane j joins endpoint j of this rail to endpoint j of the peer's
 // (lanes = the fewer endpoints of the two sides); each lane numbers its own
 // messages per direction. A message of at least wire::kStripeMinBytes on a
-// connection of several lanes is striped: part j goes on lane (channel + j) %
-// lanes, so every lane carries one part and a large message moves over all of
-// the pair's provider connections at once (over tcp;ofi_rxm, one TCP stream
-// each), as the tcp transport stripes over its sockets; smaller messages go
-// whole on the channel's own lane (channel % lanes), in order (wire::partLane
-// says why they do not rotate). Both
-// sides plan a message from its byte count (the receiver from its posted
-// receive), so they agree on every part's lane and lane message number.
+// connection of several lanes is striped: part j goes on lane (c + j) %
+// lanes, c the channel's number on its rail (channel / rails), so every lane
+// carries one part and a large message moves over all of the pair's
+// provider connections at once (over tcp;ofi_rxm, one TCP stream each), as
+// the tcp transport stripes over its sockets; smaller messages go whole on
+// the channel's own lane (c % lanes), in order (wire::partLane says why they
+// do not rotate). Both sides plan a message from its byte count (the
+// receiver from its posted receive), so they agree on every part's lane and
+// lane message number.
 //
 // Matching: each part of message n of B bytes travels on its lane with
 // libfabric tag dataTag(receiver's connection id, its lane message number,
@@ -73,11 +74,13 @@ class OfiConnection final : public Connection {
  public:
   // `recvId` was allocated on `rail` (its bye receives are posted by
   // start()); `peerLanes` are the peer's endpoints in the AVs of this rail's
-  // endpoints 0..lanes-1; `channel` picks the lane of its whole messages
-  // (channel % lanes), so the channels of a pair use different lanes.
+  // endpoints 0..lanes-1; `railChannel` is the channel's number among the
+  // channels on this rail (channel / rails) and picks the lane of its whole
+  // messages (railChannel % lanes), so the channels of a pair on one rail
+  // use different lanes.
   // `clearAbove`: 0, or this side's sends of parts larger than it wait for
   // the receiver's clear-to-send (what the hello tells the peer).
-  OfiConnection(Rail& rail, std::vector<fi_addr_t> peerLanes, uint16_t channel, uint32_t recvId,
+  OfiConnection(Rail& rail, std::vector<fi_addr_t> peerLanes, uint16_t railChannel, uint32_t recvId,
                 uint64_t injectLimit, uint64_t clearAbove, std::string peerDescription);
   ~OfiConnection() override;
 
@@ -137,7 +140,7 @@ class OfiConnection final : public Connection {
 
   Rail& rail_;
   const std::vector<fi_addr_t> peerLanes_;
-  const uint64_t channel_;
+  const uint64_t railChannel_;  // see the constructor
   const uint32_t recvId_;
   uint32_t peerRecvId_ = 0;  // 0 until the peer's hello is claimed
   const uint64_t clearAbove_;    // ours (see Clear to send)

@@ -359,7 +359,10 @@ Result<std::unique_ptr<Connection>> OfiTransport::connect(const ConnectionKey& k
     peerAddress = peerLanes.front();  // hellos travel between endpoints 0
     Result<uint32_t> id = rail.allocateId();
     if (!id.isOk()) return id.takeStatus().withContext(what);
-    connection = std::make_unique<ofi::OfiConnection>(rail, std::move(peerLanes), key.channel, id.value(),
+    // Channels railIndex, railIndex + rails, ... share this rail: number them
+    // 0, 1, ... on it, so that they take different lanes (OfiConnection).
+    const auto railChannel = static_cast<uint16_t>(key.channel / rails);
+    connection = std::make_unique<ofi::OfiConnection>(rail, std::move(peerLanes), railChannel, id.value(),
                                                       injectLimit_, clearAbove_, peer);
     SHOAL_TRY(connection->start({key.commId, key.peerRank, key.selfRank, key.channel, options.secret})) << what;
     hello.commId = key.commId;
@@ -394,7 +397,7 @@ Result<std::unique_ptr<Connection>> OfiTransport::connect(const ConnectionKey& k
     if (options.deadline.expired())
       return error(Code::kTimeout, what, ": timed out waiting for the peer's hello (",
                    sent ? "ours was sent" : "ours could not be sent",
-                   "; is the peer connecting, with the same FI_PROVIDER and communicator secret?)");
+                   "; is the peer connecting, with the same FI_PROVIDER, communicator secret and Shoal build?)");
     backoff.pause();
   }
   SHOAL_INFO(subsys::kInit | subsys::kNet, "ofi: connected to ", peer, " channel ", key.channel, " on rail ",
