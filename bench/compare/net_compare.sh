@@ -20,8 +20,8 @@
 #   mpi_ofi    mpi_coll_bench with --mca pml cm --mca mtl ofi
 #              --mca mtl_ofi_provider_exclude none, FI_PROVIDER='tcp;ofi_rxm'
 #              (pml cm fails to start unless the ofi MTL opens that provider)
-#   gloo       gloo_coll_bench (built into build/compare/bin when libgloo-dev
-#              is installed) over Gloo's tcp device on the node's link
+#   gloo       gloo_coll_bench (built into build/compare/bin; libgloo-dev is
+#              installed with apt-get when missing) over Gloo's tcp device on the node's link
 #              (cluster.sh sets GLOO_SOCKET_IFNAME), FileStore rendezvous in
 #              a fresh folder per launch; AllReduce and
 #              AllGather by Gloo's ring, ReduceScatter by halving-doubling.
@@ -155,7 +155,11 @@ MPIBENCH=$BIN/mpi_coll_bench
 [[ ,$LINES, == *,mpi_* ]] && build_peer mpi_coll_bench mpicxx -DOMPI_SKIP_MPICXX
 GLOOBENCH=$BIN/gloo_coll_bench
 if [[ ,$LINES, == *,gloo,* ]]; then
-  dpkg -s libgloo-dev >/dev/null 2>&1 || { echo "the gloo line needs libgloo-dev (apt-get install libgloo-dev)" >&2; exit 1; }
+  # As compare.sh: install the peer's package when it is missing.
+  dpkg -s libgloo-dev >/dev/null 2>&1 ||
+    apt-get install -y --no-install-recommends libgloo-dev >/dev/null 2>&1 ||
+    { apt-get update >/dev/null 2>&1 && apt-get install -y --no-install-recommends libgloo-dev >/dev/null 2>&1; } ||
+    { echo "the gloo line needs libgloo-dev, and apt-get could not install it" >&2; exit 1; }
   build_peer gloo_coll_bench g++ -- -lgloo -lpthread
 fi
 OUT=${OUT:-$(mktemp /tmp/net_compare.XXXXXX.txt)}
