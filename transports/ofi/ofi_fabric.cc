@@ -53,6 +53,16 @@ bool resolve(void* library, const char* symbol, const char* version, Fn& out) {
 // the parameter table's (params.def), which reads the user's setting if any;
 // docs/decisions/0004 says why a library writes its process's environment.
 //
+// FI_OFI_RXM_BUFFER_SIZE: rxm's bounce buffers (its inject limit too), whose
+// pools rxm zeroes 1024 buffers at a time when an endpoint opens and when a
+// connection is first used. At libfabric's 16 KiB that is ~17 MB a pool, and
+// on a VM that pays for first touches (docs/performance.md, session 5) it
+// made ofi's init 0.75-0.93 s and its first collective 0.11-0.24 s (2
+// emulated nodes, tcp;ofi_rxm); at 4 KiB 0.47-0.54 s and 0.05 s, steady
+// state unchanged (expected messages land straight in posted receives;
+// unexpected ones of any size still arrive whole). Every process sets the
+// same value.
+//
 // FI_SHM_DISABLE_CMA=1 where a process's single-copy reads do not pay
 // (memory::remoteReadsPay): shm then copies large messages through its
 // segment (SAR) at memcpy speed instead of reading them with
@@ -63,6 +73,7 @@ bool resolve(void* library, const char* symbol, const char* version, Fn& out) {
 // until its receive is posted.
 void setProviderDefaults() {
   ::setenv("FI_OFI_RXM_EAGER_LIMIT", std::to_string(params().ofiRxmEagerLimit).c_str(), 0);
+  ::setenv("FI_OFI_RXM_BUFFER_SIZE", std::to_string(params().ofiRxmBufferSize).c_str(), 0);
   if (params().ofiShmDisableCma.empty() && !memory::remoteReadsPay())
     ::setenv("FI_SHM_DISABLE_CMA", "1", 0);
 }
