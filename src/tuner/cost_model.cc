@@ -121,9 +121,9 @@ double candidateCostUs(const AlgorithmTerms& perChannel, const ModelContext& ctx
   const double cache = cacheResident ? kCacheSpeedup : 1.0;
   // Copy links: the rank's thread copies every byte, at cache speed when
   // resident. Net through kernel sockets (netSendsFromCache): bytes reduced
-  // and then sent on leave from cache; min(G, B - G) stands for them — exact for the ring
-  // AllReduce (the case measured), 0 for algorithms that reduce every byte
-  // they send (G = B) or reduce nothing.
+  // and then sent on leave from cache; min(G, B - G) stands for them — exact
+  // for the ring AllReduce (the case measured), 0 for algorithms that reduce
+  // every byte they send (G = B) or reduce nothing.
   const double bytesSentFromCache = ctx.copyLink            ? B
                                     : ctx.netSendsFromCache ? std::max(0.0, std::min(G, B - G))
                                                             : 0.0;

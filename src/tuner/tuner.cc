@@ -137,7 +137,10 @@ Result<std::unique_ptr<Tuner>> Tuner::create(const TopologySummary& topo, TunerO
   SHOAL_INFO(subsys::kTuning, "tuner: ", s.nranks, " ranks on ", s.nnodes, " node(s), ",
              s.minRanksPerNode, "-", s.maxRanksPerNode, " per node, inside ",
              linkClassName(*s.intraNode), ", across ", linkClassName(*s.interNode),
-             s.netTransport.empty() ? "" : str(" (", s.netTransport, s.netCpuCopies ? ", bytes through the CPU" : "", ")"), ", machine ",
+             s.netTransport.empty()
+                 ? ""
+                 : str(" (", s.netTransport, s.netCpuCopies ? ", bytes through the CPU" : "", ")"),
+             ", machine ",
              describeMachine(*s.machine), "; links (class alpha_us beta_GBps gamma_GBps): ",
              oneLine(formatLinkTable(o.links)));
   return t;

@@ -146,7 +146,7 @@ class OfiTransport final : public Transport {
   Result<std::unique_ptr<Connection>> connect(const ConnectionKey& key, const ConnectOptions& options) override;
   // The higher rank waits for the lower rank's hello.
   bool connectWaitsForPeer(const ConnectionKey& key) const override { return key.selfRank > key.peerRank; }
-  bool cpuCopiesBytes() const override { return ready_.load() && overSockets_; }
+  bool cpuCopiesBytes() const override { return ready_.load() && ofi::runsOverSockets(provider_); }
 
  private:
   Status initialise();  // mutex_ held
@@ -160,7 +160,6 @@ class OfiTransport final : public Transport {
   Status initError_;
   std::atomic<bool> ready_{false};
   std::string provider_;
-  bool overSockets_ = false;  // ofi::runsOverSockets(provider_)
   std::string address_;
   std::vector<std::unique_ptr<Rail>> rails_;
   uint64_t injectLimit_ = 0;
@@ -257,7 +256,6 @@ Status OfiTransport::initialise() {
     if (std::strcmp(i->fabric_attr->prov_name, "shm") != 0) chosen = i;
   }
   provider_ = chosen->fabric_attr->prov_name;
-  overSockets_ = ofi::runsOverSockets(provider_);
 
   // Rails: one per domain (NIC) of that provider, local-only ones last resort.
   std::vector<const fi_info*> candidates;
