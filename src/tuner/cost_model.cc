@@ -117,7 +117,8 @@ double candidateCostUs(const AlgorithmTerms& perChannel, const ModelContext& ctx
   const double pieces = messageBytes > segment ? messageBytes / segment : 1.0;
   const double pieceBytes = messageBytes / pieces;
   const bool cacheResident = kSegmentsInFlight * static_cast<double>(candidate.channels) * pieceBytes <=
-                             static_cast<double>(ctx.cacheShareBytes);
+                                 static_cast<double>(ctx.cacheShareBytes) &&
+                             (!ctx.netSendsFromCache || pieceBytes <= static_cast<double>(kSocketPieceMaxBytes));
   const double cache = cacheResident ? kCacheSpeedup : 1.0;
   // Copy links: the rank's thread copies every byte, at cache speed when
   // resident. Net through kernel sockets (netSendsFromCache): bytes reduced

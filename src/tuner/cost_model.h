@@ -101,6 +101,15 @@ inline constexpr double kCacheSpeedup = 1.5;
 // Pieces of one channel a rank holds at once: two rounds in flight, each
 // with a piece being sent and one being received.
 inline constexpr int kSegmentsInFlight = 4;
+// Net through kernel sockets (ModelContext::netSendsFromCache): the largest
+// piece credited with leaving from cache. On the development VM's veth links
+// a ring AllReduce's messages of 128 KiB and more drew thousands of spurious
+// TCP fast retransmits per run (DSACK-confirmed duplicates) over Shoal's tcp
+// transport and libfabric's tcp provider alike, and ran 15-40 % slower than
+// 120 KiB ones, which drew none (docs/decisions/0008). 120 KiB: the largest
+// multiple of 8 KiB below 128 KiB; the tuner adds it to its segment sizes
+// where the rule applies.
+inline constexpr uint64_t kSocketPieceMaxBytes = 120 << 10;
 inline constexpr int kMaxNetStreams = 8;
 // A message waited for when ranks outnumber cores: the waiting rank yields
 // and its peer must get the core first. Fitted to 4 ranks on the 2-core

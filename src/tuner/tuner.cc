@@ -59,6 +59,17 @@ std::vector<uint64_t> segmentCandidates(const TunerOptions& o) {
   return out;
 }
 
+// The candidates and the largest piece credited with leaving from cache
+// through kernel sockets (cost_model.h), in order, unless forced or out of range.
+std::vector<uint64_t> withSocketPiece(std::vector<uint64_t> candidates, const TunerOptions& o) {
+  const uint64_t piece = kSocketPieceMaxBytes;
+  if (o.segmentBytes > 0 || piece < o.minSegmentBytes || piece > o.maxSegmentBytes) return candidates;
+  if (std::find(candidates.begin(), candidates.end(), piece) != candidates.end()) return candidates;
+  candidates.insert(std::find_if(candidates.begin(), candidates.end(), [&](uint64_t s) { return s < piece; }),
+                    piece);
+  return candidates;
+}
+
 // "a\nb\n" -> "a; b": log lines stay single lines.
 std::string oneLine(std::string text) {
   while (!text.empty() && text.back() == '\n') text.pop_back();
@@ -102,6 +113,7 @@ Result<std::unique_ptr<Tuner>> Tuner::create(const TopologySummary& topo, TunerO
   const TunerOptions& o = t->options_;
   t->channelCandidates_ = channelCandidates(o.minChannels, o.maxChannels);
   t->segmentCandidates_ = segmentCandidates(o);
+  t->socketSegmentCandidates_ = withSocketPiece(t->segmentCandidates_, o);
 
   t->forced_ = lower(o.shoalAlgo);
   if (!t->forced_.empty()) {
@@ -204,7 +216,7 @@ std::pair<AlgoParams, double> Tuner::bestParams(const AlgorithmEntry& entry, con
     CollShape part = shape;
     part.count = (shape.count + static_cast<uint64_t>(channels) - 1) / static_cast<uint64_t>(channels);
     const AlgorithmTerms terms = decompose(entry, part, view, ctx);
-    for (uint64_t segment : segmentCandidates_) {
+    for (uint64_t segment : ctx.netSendsFromCache ? socketSegmentCandidates_ : segmentCandidates_) {
       double cost = candidateCostUs(terms, ctx, Candidate{channels, segment});
       if (first || cheaper(cost, bestCost)) {
         best = AlgoParams{channels, segment};

@@ -318,6 +318,14 @@ read_all_counters() {  # BEFORE|AFTER: fills <name>_TX and <name>_RX, index k*RA
   done
 }
 
+# TCP segments node k's namespace sent and retransmitted since it was made
+# (/proc/net/snmp is per network namespace).
+tcp_segments() {
+  ip netns exec "${NS[$1]}" awk '$1 == "Tcp:" {
+    if (!named) { for (i = 2; i <= NF; i++) column[$i] = i; named = 1 }
+    else print $column["OutSegs"], $column["RetransSegs"] }' /proc/net/snmp
+}
+
 # --- the mpirun command -------------------------------------------------------
 
 MPIRUN=(mpirun --allow-run-as-root --oversubscribe --bind-to none -np "$NP"
@@ -438,6 +446,14 @@ if [ "$MODE" = netns ]; then
         printf '%-8s %-6s %14d %14d\n' "node$k" "$(rail_dev "$j")" $((AFTER_TX[i] - BEFORE_TX[i])) $((AFTER_RX[i] - BEFORE_RX[i]))
       fi
     done
+  done
+  # Retransmissions cost time even when spurious (a veth between namespaces
+  # on a small VM reorders segments; docs/decisions/0008).
+  echo "cluster.sh: TCP segments each node sent since its namespace was made, and how many were retransmitted"
+  printf '%-8s %14s %14s\n' node tcp_segments retransmitted
+  for ((k = 0; k < NODES; k++)); do
+    read -r out retrans < <(tcp_segments "$k")
+    printf '%-8s %14s %14s\n' "node$k" "${out:-?}" "${retrans:-?}"
   done
 else
   echo "cluster.sh: loopback mode: no per-node links; lo carried (all nodes together, all traffic on the machine)"

@@ -445,6 +445,8 @@ TEST_CASE("across nodes an AllReduce ring keeps its pieces in the L2; ReduceScat
   REQUIRE(allReduce.isOk());
   CHECK(allReduce->algorithm->name == std::string("ring"));
   CHECK(inFlight(*allReduce) <= vm.l2Bytes);
+  // And below 128 KiB (decision 0008: spurious retransmits at 128 KiB and more).
+  CHECK(allReduce->params.segmentBytes == kSocketPieceMaxBytes);
   for (CollKind kind : {CollKind::kReduceScatter, CollKind::kAllGather}) {
     auto choice = tuner->choose(shapeOf(kind, 64 * MiB), view);
     REQUIRE(choice.isOk());
@@ -457,6 +459,7 @@ TEST_CASE("across nodes an AllReduce ring keeps its pieces in the L2; ReduceScat
       makeTuner(over(twoNodes, "ofi", true), options)->choose(shapeOf(CollKind::kAllReduce, 64 * MiB), view);
   REQUIRE(overOfiSockets.isOk());
   CHECK(inFlight(*overOfiSockets) <= vm.l2Bytes);
+  CHECK(overOfiSockets->params.segmentBytes == kSocketPieceMaxBytes);
   auto overNic =
       makeTuner(over(twoNodes, "ofi", false), options)->choose(shapeOf(CollKind::kAllReduce, 64 * MiB), view);
   REQUIRE(overNic.isOk());
@@ -491,16 +494,20 @@ TEST_CASE("candidate cost follows the documented formula", "[unit][tuner]") {
   net.copyLink = false;
   net.netSendsFromCache = true;
   double hotTransfer = (1.5 * MiB + 1.5 * MiB / kCacheSpeedup) / 1000.0;
+  CHECK(candidateCostUs(terms, net, {1, 64 * KiB}) ==
+        Approx(48 * 2.0 + hotTransfer + 1.5 * MiB / 4000.0 / kCacheSpeedup / 8));
+  // Every channel holds kSegmentsInFlight pieces: 8 channels of 64 KiB
+  // pieces (2 MiB) no longer fit 1 MiB (and share the 2 streams).
+  CHECK(candidateCostUs(terms, net, {8, 64 * KiB}) ==
+        Approx(4 * (48 * 2.0 + 3.0 * MiB / 1000.0 + 1.5 * MiB / 4000.0 / 8)));
+  // Through kernel sockets a piece above kSocketPieceMaxBytes gets no cache
+  // credit, though 4 x 128 KiB would fit.
   CHECK(candidateCostUs(terms, net, {1, 128 * KiB}) ==
-        Approx(24 * 2.0 + hotTransfer + 1.5 * MiB / 4000.0 / kCacheSpeedup / 4));
-  // Every channel holds kSegmentsInFlight pieces: 4 channels of 128 KiB
-  // pieces (2 MiB) no longer fit 1 MiB.
-  CHECK(candidateCostUs(terms, net, {4, 128 * KiB}) ==
-        Approx(2 * (24 * 2.0 + 3.0 * MiB / 1000.0 + 1.5 * MiB / 4000.0 / 4)));
+        Approx(24 * 2.0 + 3.0 * MiB / 1000.0 + 1.5 * MiB / 4000.0 / 4));
   // ReduceScatter (G = B): nothing reduced is sent on, so no byte leaves from cache.
   AlgorithmTerms scatter{3, 1.5 * MiB, 1.5 * MiB};
-  CHECK(candidateCostUs(scatter, net, {1, 128 * KiB}) ==
-        Approx(12 * 2.0 + 1.5 * MiB / 1000.0 + 1.5 * MiB / 4000.0 / kCacheSpeedup / 4));
+  CHECK(candidateCostUs(scatter, net, {1, 64 * KiB}) ==
+        Approx(24 * 2.0 + 1.5 * MiB / 1000.0 + 1.5 * MiB / 4000.0 / kCacheSpeedup / 8));
   // Any other net transport: every byte at beta.
   net.netSendsFromCache = false;
   CHECK(candidateCostUs(terms, net, {1, 128 * KiB}) ==
