@@ -154,6 +154,12 @@ Status setBufferSizes(int fd, int64_t bytes) {
   return Status::ok();
 }
 
+Status setNotsentLowat(int fd, int64_t bytes) {
+  if (bytes <= 0) return Status::ok();
+  int value = static_cast<int>(std::min<int64_t>(bytes, std::numeric_limits<int>::max()));
+  return setIntOption(fd, IPPROTO_TCP, TCP_NOTSENT_LOWAT, value, "setsockopt(TCP_NOTSENT_LOWAT)");
+}
+
 // --- listen / accept / connect
 
 Result<Fd> listenOn(const SocketAddress& address, const ListenOptions& options) {

@@ -103,12 +103,11 @@ inline constexpr double kCacheSpeedup = 1.5;
 inline constexpr int kSegmentsInFlight = 4;
 // Net through kernel sockets (ModelContext::netSendsFromCache): the largest
 // piece credited with leaving from cache. On the development VM's veth links
-// a ring AllReduce's messages of 128 KiB and more drew thousands of spurious
-// TCP fast retransmits per run (DSACK-confirmed duplicates) over Shoal's tcp
-// transport and libfabric's tcp provider alike, and ran 15-40 % slower than
-// 120 KiB ones, which drew none (docs/decisions/0008). 120 KiB: the largest
-// multiple of 8 KiB below 128 KiB; the tuner adds it to its segment sizes
-// where the rule applies.
+// a ring AllReduce in 128 KiB pieces ran 1.3-2x slower than in 120 KiB or
+// 131 068-byte ones over Shoal's tcp transport and libfabric's tcp provider
+// alike (the cause in the kernel was not found; docs/decisions/0008).
+// 120 KiB: the largest multiple of 8 KiB below 128 KiB; the tuner adds it to
+// its segment sizes where the rule applies.
 inline constexpr uint64_t kSocketPieceMaxBytes = 120 << 10;
 inline constexpr int kMaxNetStreams = 8;
 // A message waited for when ranks outnumber cores: the waiting rank yields

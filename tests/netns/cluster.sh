@@ -448,7 +448,7 @@ if [ "$MODE" = netns ]; then
     done
   done
   # Retransmissions cost time even when spurious (a veth between namespaces
-  # on a small VM reorders segments; docs/decisions/0008).
+  # reorders segments sent from two cores; docs/decisions/0009).
   echo "cluster.sh: TCP segments each node sent since its namespace was made, and how many were retransmitted"
   printf '%-8s %14s %14s\n' node tcp_segments retransmitted
   for ((k = 0; k < NODES; k++)); do

@@ -263,6 +263,12 @@ TEST_CASE("socket helpers on loopback", "[net]") {
     REQUIRE(get(IPPROTO_TCP, TCP_KEEPCNT) == 3);
     REQUIRE(get(IPPROTO_TCP, TCP_USER_TIMEOUT) == 12345);
     REQUIRE(get(IPPROTO_TCP, TCP_NODELAY) == 1);
+    // Unsent bytes capped where asked; 0 keeps what the socket had.
+    int systemDefault = get(IPPROTO_TCP, TCP_NOTSENT_LOWAT);
+    REQUIRE(setNotsentLowat(client->get(), 0).isOk());
+    REQUIRE(get(IPPROTO_TCP, TCP_NOTSENT_LOWAT) == systemDefault);
+    REQUIRE(setNotsentLowat(client->get(), 16384).isOk());
+    REQUIRE(get(IPPROTO_TCP, TCP_NOTSENT_LOWAT) == 16384);
     // Keepalive detects a dead host in under a minute.
     REQUIRE(options.keepIdleS + options.keepIntervalS * options.keepCount < 60);
 

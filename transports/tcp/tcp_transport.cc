@@ -231,6 +231,7 @@ Result<std::unique_ptr<Connection>> TcpTransport::connectActive(const Connection
     net::Fd fd = std::move(connected.value());
     SHOAL_TRY(net::setNoDelay(fd.get()));
     SHOAL_TRY(net::setLiveness(fd.get(), liveness));
+    SHOAL_TRY(net::setNotsentLowat(fd.get(), params().socketNotsentLowat));
     Hello hello;
     hello.commId = key.commId;
     hello.fromRank = key.selfRank;
@@ -286,6 +287,7 @@ Result<std::unique_ptr<Connection>> TcpTransport::acceptPassive(const Connection
   for (const net::Fd& fd : lanes) {
     SHOAL_TRY(net::setNoDelay(fd.get()));
     SHOAL_TRY(net::setLiveness(fd.get(), liveness));
+    SHOAL_TRY(net::setNotsentLowat(fd.get(), params().socketNotsentLowat));
   }
   SHOAL_INFO(subsys::kInit | subsys::kNet, "tcp: accepted ", peer, " channel ", key.channel, " with ",
              lanes.size(), lanes.size() == 1 ? " socket" : " sockets");
