@@ -5,7 +5,8 @@
 #   cluster.sh --nodes N --ranks-per-node L [--rails R] [--rate RATE] [--timeout S]
 #              [--link-down-after SECONDS NODE [--link-down-wait S]
 #               [--link-down-require error|named]]
-#              [--loopback] [--keep-logs] [--mca NAME VALUE]... -- COMMAND [ARGS]
+#              [--loopback] [--keep-logs] [--mca NAME VALUE]... [--sysctl KEY=VALUE]...
+#              -- COMMAND [ARGS]
 #   cluster.sh --cleanup-stale      remove what dead runs left behind
 #   cluster.sh --list               namespaces of this harness (live or stale)
 #
@@ -20,6 +21,9 @@
 #                         switch port nK (J = 1) or nK-J; ranks get
 #                         NCCL_SOCKET_IFNAME=eth (every rail) and no FI_TCP_IFACE;
 #                         --rate and --link-down-after act on every rail
+#   --sysctl KEY=VALUE    set in every node namespace before the job (per-
+#                         namespace keys such as net.ipv4.tcp_notsent_lowat;
+#                         decision 0009's evidence); needs namespaces
 #
 # mpirun starts one orted per node through a generated plm_rsh_agent that
 # does `ip netns exec shoal-P-nK unshare --uts` instead of ssh, exactly as it
@@ -109,7 +113,7 @@ cleanup_stale() {
 # --- arguments --------------------------------------------------------------
 
 NODES=""; RPN=""; RAILS=1; RATE=""; TIMEOUT=600; DOWN_AFTER=""; DOWN_NODE=""; DOWN_WAIT=30
-DOWN_REQUIRE=named; FORCE_LOOPBACK=0; KEEP_LOGS=0
+DOWN_REQUIRE=named; FORCE_LOOPBACK=0; KEEP_LOGS=0; SYSCTLS=()
 # shellcheck disable=SC2054  # the commas belong to an MCA value
 MCA_PML=ob1; MCA_BTL=self,vader,tcp; MCA_MORE=()
 while [ $# -gt 0 ]; do
@@ -124,6 +128,9 @@ while [ $# -gt 0 ]; do
     --link-down-require) DOWN_REQUIRE=${2:-}; shift 2 ;;
     --loopback) FORCE_LOOPBACK=1; shift ;;
     --keep-logs) KEEP_LOGS=1; shift ;;
+    --sysctl)
+      [[ ${2:-} == ?*=* ]] || die "--sysctl needs KEY=VALUE"
+      SYSCTLS+=("$2"); shift 2 ;;
     --mca)
       [ $# -ge 3 ] && [[ -n $2 && $2 != -* && $3 != -- ]] || die "--mca needs NAME and VALUE"
       case $2 in
@@ -261,6 +268,9 @@ make_namespaces() {  # -> 0, or 1 with WHY set
         ip -n "${NS[k]}" addr add "$(rail_subnet "$j").$((k + 1))/24" dev "$dev" &&
         ip -n "${NS[k]}" link set "$dev" up || { WHY="cannot set up $dev of node $k"; return 1; }
     done
+    for kv in "${SYSCTLS[@]}"; do
+      ip netns exec "${NS[k]}" sysctl -q -w "$kv" >/dev/null || die "--sysctl $kv failed in node $k"
+    done
   done
   return 0
 }
@@ -275,6 +285,7 @@ if [ "$MODE" = loopback ]; then
   say "network namespaces not used: $WHY; running $NODES x $RPN ranks on loopback with NCCL_HOSTID=node<k> grouping (no per-node links)"
   if [ -n "$RATE" ]; then say "--rate needs namespaces: skipped"; exit $SKIP; fi
   if [ -n "$DOWN_AFTER" ]; then say "--link-down-after needs namespaces: skipped"; exit $SKIP; fi
+  if [ ${#SYSCTLS[@]} -gt 0 ]; then say "--sysctl needs namespaces: skipped"; exit $SKIP; fi
 fi
 
 # --- links: rate limits and counters ----------------------------------------
