@@ -117,9 +117,11 @@ double candidateCostUs(const AlgorithmTerms& perChannel, const ModelContext& ctx
   const double pieces = messageBytes > segment ? messageBytes / segment : 1.0;
   const double pieceBytes = messageBytes / pieces;
   const bool cacheResident = kSegmentsInFlight * static_cast<double>(candidate.channels) * pieceBytes <=
-                                 static_cast<double>(ctx.cacheShareBytes) &&
-                             (!ctx.netSendsFromCache || pieceBytes <= static_cast<double>(kSocketPieceMaxBytes));
+                             static_cast<double>(ctx.cacheShareBytes);
   const double cache = cacheResident ? kCacheSpeedup : 1.0;
+  // Sends through kernel sockets get the credit only up to kSocketPieceMaxBytes.
+  const double sendCache =
+      ctx.netSendsFromCache && pieceBytes > static_cast<double>(kSocketPieceMaxBytes) ? 1.0 : cache;
   // Copy links: the rank's thread copies every byte, at cache speed when
   // resident. Net through kernel sockets (netSendsFromCache): bytes reduced
   // and then sent on leave from cache; min(G, B - G) stands for them — exact
@@ -129,7 +131,7 @@ double candidateCostUs(const AlgorithmTerms& perChannel, const ModelContext& ctx
                                     : ctx.netSendsFromCache ? std::max(0.0, std::min(G, B - G))
                                                             : 0.0;
   const double transferPerByte =
-      B > 0 ? link.betaUsPerByte * ((B - bytesSentFromCache) + bytesSentFromCache / cache) / B
+      B > 0 ? link.betaUsPerByte * ((B - bytesSentFromCache) + bytesSentFromCache / sendCache) / B
             : link.betaUsPerByte;
   const double reducePerLinkByte = B > 0 ? G / B * link.gammaUsPerByte / cache : 0.0;
 

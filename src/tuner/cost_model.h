@@ -33,7 +33,8 @@
 //              beta, except where the CPU moves the bytes through kernel
 //              sockets (netSendsFromCache: tcp, ofi over tcp;ofi_rxm)
 //              for min(G, B - G) of the bytes, standing for those reduced
-//              and then sent on (exact for the ring AllReduce): beta / cache
+//              and then sent on (exact for the ring AllReduce): beta / cache,
+//              and only for pieces up to kSocketPieceMaxBytes
 //   gamma'   = gamma share / cache
 //   alpha'   = alpha + wait W / M            per message
 // ring-like (every rank sends each step; the estimate's M is sequential):
@@ -102,7 +103,8 @@ inline constexpr double kCacheSpeedup = 1.5;
 // with a piece being sent and one being received.
 inline constexpr int kSegmentsInFlight = 4;
 // Net through kernel sockets (ModelContext::netSendsFromCache): the largest
-// piece credited with leaving from cache. On the development VM's veth links
+// piece whose sends are credited with leaving from cache (its reduction keeps
+// the cache credit whatever its size). On the development VM's veth links
 // a ring AllReduce in 128 KiB pieces ran 1.3-2x slower than in 120 KiB or
 // 131 068-byte ones over Shoal's tcp transport and libfabric's tcp provider
 // alike (the cause in the kernel was not found; docs/decisions/0008).

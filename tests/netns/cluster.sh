@@ -21,9 +21,9 @@
 #                         switch port nK (J = 1) or nK-J; ranks get
 #                         NCCL_SOCKET_IFNAME=eth (every rail) and no FI_TCP_IFACE;
 #                         --rate and --link-down-after act on every rail
-#   --sysctl KEY=VALUE    set in every node namespace before the job (per-
-#                         namespace keys such as net.ipv4.tcp_notsent_lowat;
-#                         decision 0009's evidence); needs namespaces
+#   --sysctl KEY=VALUE    set in every node namespace before the job (net.*
+#                         keys only, which are per namespace, e.g.
+#                         net.ipv4.tcp_notsent_lowat; decision 0009's evidence)
 #
 # mpirun starts one orted per node through a generated plm_rsh_agent that
 # does `ip netns exec shoal-P-nK unshare --uts` instead of ssh, exactly as it
@@ -40,14 +40,14 @@
 # --mca pml cm --mca mtl ofi --mca mtl_ofi_provider_exclude none.
 #
 # After COMMAND, prints the bytes each node's link carried (tx = sent by the
-# node, rx = received by it; per rail with --rails) and exits with mpirun's
-# status. Everything is
+# node, rx = received by it; per rail with --rails), then each node's TCP
+# segments sent and retransmitted, and exits with mpirun's status. Everything is
 # removed on exit, on INT/TERM/HUP and on failure.
 #
 # Without the right to make namespaces (not root, no CAP_NET_ADMIN, no
 # iproute2), or with --loopback, the same job runs on loopback with
 # NCCL_HOSTID=nodeK grouping (ranks K*L..K*L+L-1 form node K), and a line
-# says so; --rate and --link-down-after need namespaces and are refused there
+# says so; --rate, --link-down-after and --sysctl need namespaces and are refused there
 # (exit 77, CTest's skip code for tests declared with SKIP_RETURN_CODE 77).
 set -u
 
@@ -129,7 +129,7 @@ while [ $# -gt 0 ]; do
     --loopback) FORCE_LOOPBACK=1; shift ;;
     --keep-logs) KEEP_LOGS=1; shift ;;
     --sysctl)
-      [[ ${2:-} == ?*=* ]] || die "--sysctl needs KEY=VALUE"
+      [[ ${2:-} == net.?*=* ]] || die "--sysctl needs KEY=VALUE with a net.* key (those are per namespace; others would change the host)"
       SYSCTLS+=("$2"); shift 2 ;;
     --mca)
       [ $# -ge 3 ] && [[ -n $2 && $2 != -* && $3 != -- ]] || die "--mca needs NAME and VALUE"

@@ -500,14 +500,16 @@ TEST_CASE("candidate cost follows the documented formula", "[unit][tuner]") {
   // pieces (2 MiB) no longer fit 1 MiB (and share the 2 streams).
   CHECK(candidateCostUs(terms, net, {8, 64 * KiB}) ==
         Approx(4 * (48 * 2.0 + 3.0 * MiB / 1000.0 + 1.5 * MiB / 4000.0 / 8)));
-  // Through kernel sockets a piece above kSocketPieceMaxBytes gets no cache
-  // credit, though 4 x 128 KiB would fit.
+  // Through kernel sockets a piece above kSocketPieceMaxBytes gets no credit
+  // for its sends, though 4 x 128 KiB would fit; its reduction keeps it.
   CHECK(candidateCostUs(terms, net, {1, 128 * KiB}) ==
-        Approx(24 * 2.0 + 3.0 * MiB / 1000.0 + 1.5 * MiB / 4000.0 / 4));
+        Approx(24 * 2.0 + 3.0 * MiB / 1000.0 + 1.5 * MiB / 4000.0 / kCacheSpeedup / 4));
   // ReduceScatter (G = B): nothing reduced is sent on, so no byte leaves from cache.
   AlgorithmTerms scatter{3, 1.5 * MiB, 1.5 * MiB};
   CHECK(candidateCostUs(scatter, net, {1, 64 * KiB}) ==
         Approx(24 * 2.0 + 1.5 * MiB / 1000.0 + 1.5 * MiB / 4000.0 / kCacheSpeedup / 8));
+  CHECK(candidateCostUs(scatter, net, {1, 128 * KiB}) ==
+        Approx(12 * 2.0 + 1.5 * MiB / 1000.0 + 1.5 * MiB / 4000.0 / kCacheSpeedup / 4));
   // Any other net transport: every byte at beta.
   net.netSendsFromCache = false;
   CHECK(candidateCostUs(terms, net, {1, 128 * KiB}) ==

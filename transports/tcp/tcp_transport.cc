@@ -112,6 +112,17 @@ constexpr int kMaxPendingHellos = 256;
 constexpr size_t kMaxWaitingSockets = 4096;
 constexpr int64_t kPumpSliceMs = 50;
 
+// A performance setting (docs/decisions/0009), not a condition of the
+// connection: a kernel without TCP_NOTSENT_LOWAT keeps its default, said once.
+void capUnsentBytes(int fd) {
+  Status st = net::setNotsentLowat(fd, params().socketNotsentLowat);
+  if (st.isOk()) return;
+  static std::once_flag once;
+  std::call_once(once, [&] {
+    SHOAL_WARN("tcp: SHOAL_SOCKET_NOTSENT_LOWAT not applied (", st.message(), "); sockets keep the system's setting");
+  });
+}
+
 // Which connection a socket belongs to, as the acceptor sees it.
 struct SocketKey {
   uint64_t commId;
@@ -231,7 +242,7 @@ Result<std::unique_ptr<Connection>> TcpTransport::connectActive(const Connection
     net::Fd fd = std::move(connected.value());
     SHOAL_TRY(net::setNoDelay(fd.get()));
     SHOAL_TRY(net::setLiveness(fd.get(), liveness));
-    SHOAL_TRY(net::setNotsentLowat(fd.get(), params().socketNotsentLowat));
+    capUnsentBytes(fd.get());
     Hello hello;
     hello.commId = key.commId;
     hello.fromRank = key.selfRank;
@@ -287,7 +298,7 @@ Result<std::unique_ptr<Connection>> TcpTransport::acceptPassive(const Connection
   for (const net::Fd& fd : lanes) {
     SHOAL_TRY(net::setNoDelay(fd.get()));
     SHOAL_TRY(net::setLiveness(fd.get(), liveness));
-    SHOAL_TRY(net::setNotsentLowat(fd.get(), params().socketNotsentLowat));
+    capUnsentBytes(fd.get());
   }
   SHOAL_INFO(subsys::kInit | subsys::kNet, "tcp: accepted ", peer, " channel ", key.channel, " with ",
              lanes.size(), lanes.size() == 1 ? " socket" : " sockets");
