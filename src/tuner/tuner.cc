@@ -59,8 +59,9 @@ std::vector<uint64_t> segmentCandidates(const TunerOptions& o) {
   return out;
 }
 
-// The candidates and the largest piece credited with leaving from cache
-// through kernel sockets (cost_model.h), in order, unless forced or out of range.
+// The candidates and the largest piece whose sends through kernel sockets are
+// credited with leaving from cache (cost_model.h), in order, unless forced or
+// out of range.
 std::vector<uint64_t> withSocketPiece(std::vector<uint64_t> candidates, const TunerOptions& o) {
   const uint64_t piece = kSocketPieceMaxBytes;
   if (o.segmentBytes > 0 || piece < o.minSegmentBytes || piece > o.maxSegmentBytes) return candidates;

@@ -112,15 +112,21 @@ constexpr int kMaxPendingHellos = 256;
 constexpr size_t kMaxWaitingSockets = 4096;
 constexpr int64_t kPumpSliceMs = 50;
 
-// A performance setting (docs/decisions/0009), not a condition of the
+// The options of every data socket, on both sides. The unsent-bytes cap is
+// a performance setting (docs/decisions/0009), not a condition of the
 // connection: a kernel without TCP_NOTSENT_LOWAT keeps its default, said once.
-void capUnsentBytes(int fd) {
-  Status st = net::setNotsentLowat(fd, params().socketNotsentLowat);
-  if (st.isOk()) return;
-  static std::once_flag once;
-  std::call_once(once, [&] {
-    SHOAL_WARN("tcp: SHOAL_SOCKET_NOTSENT_LOWAT not applied (", st.message(), "); sockets keep the system's setting");
-  });
+Status prepareDataSocket(int fd, const net::LivenessOptions& liveness) {
+  SHOAL_TRY(net::setNoDelay(fd));
+  SHOAL_TRY(net::setLiveness(fd, liveness));
+  Status capped = net::setNotsentLowat(fd, params().socketNotsentLowat);
+  if (!capped.isOk()) {
+    static std::once_flag once;
+    std::call_once(once, [&] {
+      SHOAL_WARN("tcp: SHOAL_SOCKET_NOTSENT_LOWAT not applied (", capped.message(),
+                 "); sockets keep the system's setting");
+    });
+  }
+  return Status::ok();
 }
 
 // Which connection a socket belongs to, as the acceptor sees it.
@@ -240,9 +246,7 @@ Result<std::unique_ptr<Connection>> TcpTransport::connectActive(const Connection
     Result<net::Fd> connected = net::connectWithRetry(address, options.deadline);
     if (!connected.isOk()) return connected.takeStatus().withContext(str("socket ", i, " of ", sockets));
     net::Fd fd = std::move(connected.value());
-    SHOAL_TRY(net::setNoDelay(fd.get()));
-    SHOAL_TRY(net::setLiveness(fd.get(), liveness));
-    capUnsentBytes(fd.get());
+    SHOAL_TRY(prepareDataSocket(fd.get(), liveness));
     Hello hello;
     hello.commId = key.commId;
     hello.fromRank = key.selfRank;
@@ -296,9 +300,7 @@ Result<std::unique_ptr<Connection>> TcpTransport::acceptPassive(const Connection
   lock.unlock();
   net::LivenessOptions liveness = net::LivenessOptions::fromParams();
   for (const net::Fd& fd : lanes) {
-    SHOAL_TRY(net::setNoDelay(fd.get()));
-    SHOAL_TRY(net::setLiveness(fd.get(), liveness));
-    capUnsentBytes(fd.get());
+    SHOAL_TRY(prepareDataSocket(fd.get(), liveness));
   }
   SHOAL_INFO(subsys::kInit | subsys::kNet, "tcp: accepted ", peer, " channel ", key.channel, " with ",
              lanes.size(), lanes.size() == 1 ? " socket" : " sockets");
