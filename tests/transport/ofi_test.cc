@@ -19,7 +19,12 @@
 #include <map>
 #include <optional>
 
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
 #include <unistd.h>
+
+#include <set>
 
 #include "bootstrap/bootstrap.h"
 #include "core/params.h"
@@ -28,6 +33,8 @@
 #include "transport/conformance.h"
 #include "transports/ofi/ofi_connection.h"
 #include "transports/ofi/ofi_fabric.h"
+#include "transports/ofi/ofi_sockets.h"
+#include "net/socket.h"
 #include "transports/ofi/ofi_transport.h"
 
 namespace shoal {
@@ -301,6 +308,34 @@ TEST_CASE("ofi providers over kernel sockets are told by their layers", "[ofi]")
     INFO(no);
     REQUIRE_FALSE(ofi::runsOverSockets(no));
   }
+}
+
+TEST_CASE("ofi endpoint names that are socket addresses are read as such, others match nothing", "[ofi]") {
+  sockaddr_in v4{};
+  v4.sin_family = AF_INET;
+  v4.sin_port = htons(5000);
+  v4.sin_addr.s_addr = htonl(0x0A000001);
+  std::string name(reinterpret_cast<const char*>(&v4), sizeof(v4));
+  REQUIRE(ofi::ProviderSockets::socketName(name) == "10.0.0.1:5000");
+  REQUIRE(ofi::ProviderSockets::socketName(" " + name).empty());  // unaligned copy still checks the family
+  sockaddr_in6 v6{};
+  v6.sin6_family = AF_INET6;
+  v6.sin6_port = htons(7);
+  v6.sin6_addr.s6_addr[15] = 1;
+  REQUIRE(ofi::ProviderSockets::socketName(std::string(reinterpret_cast<const char*>(&v6), sizeof(v6))) == "[::1]:7");
+  for (std::string other : {std::string("fi_shm://shoal-1-ofi-00-0-0"), std::string(), std::string(4, '\0'),
+                            name.substr(0, 8)}) {
+    INFO(other);
+    REQUIRE(ofi::ProviderSockets::socketName(other).empty());
+  }
+  // Without socket names there is nothing to look for.
+  ofi::ProviderSockets none(16384);
+  none.addLocal("fi_shm://x");
+  REQUIRE_FALSE(none.active());
+  REQUIRE(none.adopt() == 0);
+  ofi::ProviderSockets off(0);
+  off.addLocal(name);
+  REQUIRE_FALSE(off.active());
 }
 
 TEST_CASE("ofi wire tags keep connections and messages and kinds apart", "[ofi]") {
@@ -643,6 +678,40 @@ TEST_CASE("ofi endpoints per rail: channels stripe over min(local, peer) endpoin
       }
     REQUIRE(recvTokens.size() == sizes.size());
     REQUIRE(std::is_sorted(recvTokens.begin(), recvTokens.end()));
+  }
+
+  SECTION("libfabric's sockets of every lane get the unsent-bytes cap (decision 0010)") {
+    // A rail looks for new sockets at most every 10 ms: traffic once more
+    // after that lets the last due look run.
+    usleep(20000);
+    for (size_t k = 0; k < pairs.size(); ++k) {
+      exchange(*pairs[k].first, *pairs[k].second, 4096, 100 + k);
+      exchange(*pairs[k].second, *pairs[k].first, 4096, 200 + k);
+    }
+    std::set<std::string> local, peers;
+    for (const ofi::Address* a : {&a0.value(), &a1.value()})
+      for (const std::string& name : a->rails.front()) local.insert(ofi::ProviderSockets::socketName(name));
+    REQUIRE(local.size() == 5);
+    REQUIRE(local.count("") == 0);
+    int connected = 0, capped = 0;
+    for (int fd = 0; fd < 4096; ++fd) {
+      Result<net::SocketAddress> mine = net::localAddressOf(fd);
+      if (!mine.isOk() || mine->empty()) continue;
+      Result<net::SocketAddress> theirs = net::peerAddressOf(fd);
+      bool accepted = local.count(mine->toString()) != 0;
+      bool dialled = theirs.isOk() && !theirs->empty() && local.count(theirs->toString()) != 0;
+      if (!accepted && !dialled) continue;  // not a socket of these two transports
+      if (theirs.isOk() && !theirs->empty()) ++connected;
+      int lowat = -1;
+      socklen_t length = sizeof(lowat);
+      REQUIRE(getsockopt(fd, IPPROTO_TCP, TCP_NOTSENT_LOWAT, &lowat, &length) == 0);
+      INFO("socket " << mine->toString() << " lowat " << lowat);
+      CHECK(lowat == params().socketNotsentLowat);
+      capped += lowat == params().socketNotsentLowat;
+    }
+    // 2 lanes, each one TCP connection, both of its ends in this process.
+    REQUIRE(connected >= 4);
+    REQUIRE(capped >= connected);
   }
 
   SECTION("a size mismatch between striped and whole messages names both sizes") {

@@ -311,6 +311,7 @@ Status OfiConnection::poll(std::vector<Completion>& done, bool& progressed) {
       --pendingMessages_;
     }
     --partsOnLane_[op->lane];
+    noteLaneTraffic(op->lane);
     sends_.ops.pop_front();
     recycle(op);
     progressed = true;
@@ -323,6 +324,7 @@ Status OfiConnection::poll(std::vector<Completion>& done, bool& progressed) {
       --pendingMessages_;
     }
     --partsOnLane_[op->lane];
+    noteLaneTraffic(op->lane);
     recvs_.ops.pop_front();
     recycle(op);
     progressed = true;

@@ -157,6 +157,14 @@ class OfiConnection final : public Connection {
   // poll(2) of its sockets, on every poll: measured +4 us on an 8-byte
   // AllReduce with 2 endpoints).
   uint32_t partsOnLane_[kMaxEndpointsPerRail] = {};
+  // Lanes that have completed an operation (bit per lane): the first one on
+  // a lane tells the rail (Rail::noteNewLaneTraffic).
+  uint32_t lanesWithTraffic_ = 0;
+  void noteLaneTraffic(uint8_t lane) {
+    if ((lanesWithTraffic_ >> lane & 1u) != 0) return;
+    lanesWithTraffic_ |= 1u << lane;
+    rail_.noteNewLaneTraffic();
+  }
   // Sender: clearance receives in send order, the first `clearancesUnposted_`
   // from the back not yet given to the provider. Receiver: (lane, lane
   // number) of posted receives whose clear-to-send is not yet sent.

@@ -146,6 +146,7 @@ constexpr int kHelloRecvSlots = 16;
 constexpr size_t kSlotBytes = 128;
 constexpr size_t kMaxWaitingHellos = 4096;
 constexpr int kCqBatch = 16;
+constexpr int64_t kSocketScanIntervalNs = 10'000'000;
 
 net::Digest helloProof(const wire::Hello& hello, std::string_view secret) {
   uint8_t bytes[wire::kHelloBytes];
@@ -328,6 +329,12 @@ Result<std::unique_ptr<Rail>> Rail::open(const Api& api, const fi_info& info, in
     e.name = std::move(name);
   }
 
+  if (options.socketNotsentLowat > 0) {
+    r.sockets_ = std::make_unique<ProviderSockets>(options.socketNotsentLowat);
+    for (const Endpoint& e : r.endpoints_) r.sockets_->addLocal(e.name);
+    if (!r.sockets_->active()) r.sockets_.reset();  // names that are no socket addresses
+  }
+
   r.injectBytes_ = info.tx_attr->inject_size;
   r.maxMessageBytes_ = info.ep_attr->max_msg_size;
   r.mrMode_ = info.domain_attr->mr_mode;
@@ -415,6 +422,7 @@ Status Rail::progress() {
 }
 
 Status Rail::progress(int lane) {
+  if (socketsDue_) adoptSockets();
   fid_cq* cq = endpoints_[static_cast<size_t>(lane)].cq.get();
   fi_cq_tagged_entry entries[kCqBatch];
   // Bounded so one poll cannot be held forever by a peer that keeps sending.
@@ -516,7 +524,20 @@ Result<fi_addr_t> Rail::insertAddress(int lane, const std::string& name) {
   int rc = fi_av_insert(e.av.get(), name.data(), 1, &address, 0, nullptr);
   if (rc != 1) return systemError(fiError(api_, "fi_av_insert", rc < 0 ? rc : -FI_EINVAL));
   e.addresses.emplace(name, address);
+  if (sockets_) sockets_->addPeer(name);
   return address;
+}
+
+void Rail::adoptSockets() {
+  // A scan reads every descriptor of the process: bounded in rate, since a
+  // job's first collectives can open many lanes at once.
+  int64_t now = nowNs();
+  if (now < nextSocketScanNs_) return;
+  socketsDue_ = false;
+  nextSocketScanNs_ = now + kSocketScanIntervalNs;
+  if (int found = sockets_->adopt(); found > 0)
+    SHOAL_INFO(subsys::kNet, "ofi rail ", index_, ": TCP_NOTSENT_LOWAT ", sockets_->lowat(), " on ", found,
+               " more of the provider's sockets (", sockets_->adopted(), " in all)");
 }
 
 Result<uint32_t> Rail::allocateId() {

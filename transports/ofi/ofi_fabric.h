@@ -35,6 +35,7 @@
 
 #include "core/status.h"
 #include "transports/ofi/ofi_mr_cache.h"
+#include "transports/ofi/ofi_sockets.h"
 
 namespace shoal::ofi {
 
@@ -244,6 +245,9 @@ struct RailOptions {
   bool alwaysRegister = false;  // SHOAL_OFI_ALWAYS_REGISTER
   bool cacheRegistrations = true;
   size_t cacheEntries = 1024;
+  // Over socket providers: TCP_NOTSENT_LOWAT for the provider's sockets
+  // (ProviderSockets; SHOAL_SOCKET_NOTSENT_LOWAT); 0: leave them alone.
+  int64_t socketNotsentLowat = 0;
 };
 
 // Most endpoints a rail opens (each is one more TCP stream per peer over a
@@ -304,6 +308,9 @@ class Rail {
   // `secret`; hellos that do not prove it are dropped and logged.
   bool takeHello(uint64_t commId, int fromRank, int toRank, uint16_t channel, std::string_view secret,
                  wire::Hello& out);
+  // A connection's first completion on a lane: the provider may have opened
+  // a socket for it, which the next progress() looks for (ProviderSockets).
+  void noteNewLaneTraffic() { socketsDue_ = sockets_ != nullptr; }
   // An Op of a destroyed connection: freed when its completion arrives.
   void adoptOrphan(Op* op);
   // The local descriptor for [data, data + bytes) on the op's lane,
@@ -323,6 +330,7 @@ class Rail {
   Status postHelloRecv(int slot);
   void dispatch(Op* op);
   void expireHellos();
+  void adoptSockets();
 
   // One endpoint, its completion queue and AV (declared before the endpoint,
   // so the endpoint bound to them closes first).
@@ -370,6 +378,13 @@ class Rail {
   std::map<HelloKey, std::vector<Arrival>> hellos_;
   size_t helloCount_ = 0;
   std::unordered_set<Op*> orphans_;
+
+  // The provider's sockets (null unless RailOptions::socketNotsentLowat and
+  // our endpoints have socket addresses); looked through at most once per
+  // kSocketScanIntervalNs while due.
+  std::unique_ptr<ProviderSockets> sockets_;
+  bool socketsDue_ = false;
+  int64_t nextSocketScanNs_ = 0;
 };
 
 // Every open rail in the process (for the invalidation hook and statistics).

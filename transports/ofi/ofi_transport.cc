@@ -276,6 +276,7 @@ Status OfiTransport::initialise() {
   railOptions.alwaysRegister = params().ofiAlwaysRegister;
   railOptions.cacheRegistrations = params().ofiMrCache;
   railOptions.cacheEntries = static_cast<size_t>(std::max<int64_t>(params().ofiMrCacheEntries, 1));
+  if (ofi::runsOverSockets(provider_)) railOptions.socketNotsentLowat = params().socketNotsentLowat;
   ofi::Address address{provider_, {}};
   std::string domains;
   SHOAL_ASSIGN_OR_RETURN(int endpoints, ofi::endpointsFor(provider_));

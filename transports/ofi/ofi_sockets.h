@@ -1,0 +1,58 @@
+// ProviderSockets: the TCP sockets that libfabric's socket providers
+// (tcp;ofi_rxm) open for a rail's endpoints, found by their addresses and
+// given the tcp transport's cap on unsent bytes (TCP_NOTSENT_LOWAT).
+//
+// Why: a rank that writes megabytes into a socket at once leaves most of them
+// to be sent later from the core that receives the acknowledgements; over
+// veth links that reorders segments into tens of thousands of spurious
+// retransmissions per 64 MiB (docs/decisions/0009). The tcp transport caps
+// its own sockets; libfabric opens and owns these and has no setting for it
+// (decision 0010).
+// How: a provider connection's socket has one of our endpoints' addresses as
+// its local address (we accepted it, or it is the listening socket) or a
+// peer endpoint's address as its remote one (we connected it). adopt() looks
+// through the process's descriptors for such sockets it has not seen yet.
+// Names that are not IPv4/IPv6 socket addresses (shm, efa) match nothing.
+// Thread: not thread-safe; the owning Rail calls it under its mutex.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <unordered_set>
+
+namespace shoal::ofi {
+
+class ProviderSockets {
+ public:
+  // `notsentLowat` <= 0: adopt() does nothing.
+  explicit ProviderSockets(int64_t notsentLowat) : lowat_(notsentLowat) {}
+
+  // fi_getname bytes of one of our endpoints / of a peer's endpoint.
+  void addLocal(std::string_view name);
+  void addPeer(std::string_view name);
+  // Whether adopt() can find anything: a cap to set and our endpoints' names
+  // are socket addresses.
+  bool active() const { return lowat_ > 0 && !local_.empty() && !failed_; }
+
+  // Sets the cap on every socket of the process, not adopted before, that
+  // matches (see How). Returns how many it newly adopted. The first failing
+  // setsockopt is logged and ends adoption for good (speed only, never an error).
+  int adopt();
+  size_t adopted() const { return adopted_.size(); }
+  int64_t lowat() const { return lowat_; }
+
+  // "10.0.0.1:5000" for a sockaddr_in/sockaddr_in6 of `name`'s bytes, "" otherwise.
+  static std::string socketName(std::string_view name);
+
+ private:
+  const int64_t lowat_;
+  std::unordered_set<std::string> local_;
+  std::unordered_set<std::string> peers_;
+  std::unordered_set<ino_t> adopted_;  // socket inodes (a descriptor number can be reused)
+  bool failed_ = false;
+};
+
+}  // namespace shoal::ofi
