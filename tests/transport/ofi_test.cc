@@ -839,6 +839,63 @@ TEST_CASE("ofi shm without CMA: every large message waits for its receive (clear
   SECTION("shm behaviours") { shmBehaviours(w, 64ull << 20); }
 }
 
+TEST_CASE("ofi over tcp;ofi_rxm: parts above SHOAL_OFI_CLEAR_TO_SEND_BYTES wait for their receive, for a while",
+          "[ofi]") {
+  // rxm would otherwise take a part that arrives before its receive into
+  // memory of its own (decision 0011); the wait is for speed only, so it
+  // ends after OfiConnection's kClearanceWaitNs (100 ms). Both sides' rails
+  // are driven by a second pair on the same endpoints while nothing
+  // receives the first pair's messages. (Sent without its receive, a
+  // message of several hundred KiB can hold up rxm's stream until received:
+  // this test stops polling before the wait ends.)
+  OfiWorld& w = world(kTcp);
+  REQUIRE(params().ofiClearToSendBytes == 128 * 1024);
+  ConnPair x = makePair(*w.rank0, *w.rank1, 0);
+  ConnPair y = makePair(*w.rank0, *w.rank1, 0);
+  uint64_t round = 0;
+  // Polls x's sender until its send completes or `ms` pass; returns the
+  // milliseconds it took, -1 if it did not complete. `quietMs`: polls that
+  // begin before then must not see it complete.
+  auto pollSender = [&](int64_t ms, int64_t quietMs) -> int64_t {
+    const int64_t start = nowNs();
+    for (;;) {
+      const int64_t elapsedMs = (nowNs() - start) / 1000000;
+      if (elapsedMs > ms) return -1;
+      exchange(*y.first, *y.second, 64, ++round);
+      std::vector<Completion> done;
+      bool progressed = false;
+      REQUIRE(x.first->poll(done, progressed).isOk());
+      if (!done.empty()) {
+        INFO("completed after " << elapsedMs << " ms");
+        REQUIRE(elapsedMs >= quietMs);
+        return elapsedMs;
+      }
+    }
+  };
+  const uint64_t small = params().ofiClearToSendBytes;  // whole, at the limit: sent at once
+  const uint64_t big = (uint64_t{1} << 20) + 3;         // two striped parts above it
+  std::vector<uint8_t> smallOut(small), bigOut(big), smallIn(small, 0), bigIn(big, 0);
+  for (size_t i = 0; i < small; ++i) smallOut[i] = static_cast<uint8_t>(i * 13 + 1);
+  for (size_t i = 0; i < big; ++i) bigOut[i] = static_cast<uint8_t>(i * 7 + 3);
+  REQUIRE(x.first->postSend(smallOut.data(), small, 1, 1).isOk());
+  REQUIRE(pollSender(20000, 0) >= 0);
+  // The big one does not go while its clearances do not come (after 100 ms
+  // it would go anyway: the conformance suite's size mismatch needs that).
+  REQUIRE(x.first->postSend(bigOut.data(), big, 2, 2).isOk());
+  REQUIRE(pollSender(80, 80) == -1);
+  REQUIRE(x.second->postRecv(smallIn.data(), small, 1, 11).isOk());
+  REQUIRE(x.second->postRecv(bigIn.data(), big, 2, 12).isOk());
+  REQUIRE(pumpBoth(*x.first, *x.second).isOk());
+  REQUIRE(smallIn == smallOut);
+  REQUIRE(bigIn == bigOut);
+  // Received first, the same message goes at once.
+  std::fill(bigIn.begin(), bigIn.end(), 0);
+  REQUIRE(x.second->postRecv(bigIn.data(), big, 3, 13).isOk());
+  REQUIRE(x.first->postSend(bigOut.data(), big, 3, 3).isOk());
+  REQUIRE(pumpBoth(*x.first, *x.second, 20000).isOk());
+  REQUIRE(bigIn == bigOut);
+}
+
 TEST_CASE("ofi conformance / tcp over ofi_rxm over three endpoints", "[ofi][conformance]") {
   // An odd lane count: striped parts carry remainders.
   std::unique_ptr<Transport> rank0, rank1;

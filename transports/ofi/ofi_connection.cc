@@ -16,16 +16,22 @@ constexpr int64_t kByeFlushMs = 100;
 // How often a receive that waits looks for a message of another size in its
 // place (FI_PEEK; see wire tags in ofi_fabric.h).
 constexpr int64_t kPeekIntervalNs = 50 * 1000000ll;
+// How long a send waits for an optional clear-to-send before it goes anyway:
+// far above a ring's slot turnaround (well under a millisecond) and well
+// below any deadline, so a receive of another size, which owes no
+// clearance, still gets the message and reports the mismatch.
+constexpr int64_t kClearanceWaitNs = 100 * 1000000ll;
 
 }  // namespace
 
 OfiConnection::OfiConnection(Rail& rail, std::vector<fi_addr_t> peerLanes, uint16_t railChannel, uint32_t recvId,
-                             uint64_t injectLimit, uint64_t clearAbove, std::string peerDescription)
+                             uint64_t injectLimit, ClearToSend clearToSend, std::string peerDescription)
     : rail_(rail),
       peerLanes_(std::move(peerLanes)),
       railChannel_(railChannel),
       recvId_(recvId),
-      clearAbove_(clearAbove),
+      clearAbove_(clearToSend.above),
+      clearanceRequired_(clearToSend.required),
       injectLimit_(injectLimit),
       peer_(std::move(peerDescription)),
       peekable_(rail.peekWorks()) {}
@@ -76,6 +82,7 @@ OfiConnection::~OfiConnection() {
   for (Op* op : sends_.ops) drop(op, false);
   for (Op* op : recvs_.ops) drop(op, true);
   for (Op* op : clearances_) drop(op, true);
+  for (Op* op : abandonedClearances_) drop(op, true);
   // The peer is gone when it said so on every lane (or set-up never finished).
   bool peerGone = byes_.size() < peerLanes_.size() ||
                   std::all_of(byes_.begin(), byes_.end(), [](const Op* bye) { return bye->done; });
@@ -199,14 +206,15 @@ Status OfiConnection::issue(Queue& queue) {
   while (queue.unposted > 0) {
     Op& op = *queue.ops[queue.ops.size() - queue.unposted];
     if (op.clearance != nullptr) {
-      if (!op.clearance->done) return Status::ok();  // the receiver has not posted it yet
-      if (op.clearance->error != 0)
+      if (!op.clearance->done && !giveUpClearance(op)) return Status::ok();  // the receiver has not posted it yet
+      if (op.clearance != nullptr && op.clearance->error != 0)
         return fail(remoteError(peer_, ": waiting to send message #", op.seq, ": ", op.clearance->errorText));
     }
     Status s = issueOne(op);
     if (s.code() == Code::kAgain) return Status::ok();  // queued; poll() retries
     if (!s.isOk()) return fail(std::move(s));
     --queue.unposted;
+    clearanceWaitSinceNs_ = 0;
     if (op.clearance != nullptr) {
       // Only now: a send the provider pushed back still needs its clearance.
       SHOAL_CHECK(!clearances_.empty() && clearances_.front() == op.clearance, "ofi clearances out of order");
@@ -220,6 +228,18 @@ Status OfiConnection::issue(Queue& queue) {
     }
   }
   return Status::ok();
+}
+
+bool OfiConnection::giveUpClearance(Op& op) {
+  if (clearanceRequired_) return false;
+  int64_t now = nowNs();
+  if (clearanceWaitSinceNs_ == 0) clearanceWaitSinceNs_ = now;
+  if (now - clearanceWaitSinceNs_ < kClearanceWaitNs || !op.clearance->posted) return false;
+  SHOAL_CHECK(!clearances_.empty() && clearances_.front() == op.clearance, "ofi clearances out of order");
+  clearances_.pop_front();
+  abandonedClearances_.push_back(op.clearance);
+  op.clearance = nullptr;
+  return true;
 }
 
 Status OfiConnection::postClearanceRecvs() {
@@ -329,6 +349,10 @@ Status OfiConnection::poll(std::vector<Completion>& done, bool& progressed) {
     recycle(op);
     progressed = true;
     nextPeekNs_ = nowNs() + kPeekIntervalNs;
+  }
+  while (!abandonedClearances_.empty() && abandonedClearances_.front()->done) {  // arrived after all
+    recycle(abandonedClearances_.front());
+    abandonedClearances_.pop_front();
   }
   SHOAL_TRY(peekForMismatch());
   return checkByes();

@@ -70,6 +70,14 @@
 
 namespace shoal::ofi {
 
+// Which of a side's sends wait for the receiver's clear-to-send (see Clear
+// to send above): parts larger than `above` (0: none), as long as it takes
+// when `required`, else at most kClearanceWaitNs.
+struct ClearToSend {
+  uint64_t above = 0;
+  bool required = false;
+};
+
 class OfiConnection final : public Connection {
  public:
   // `recvId` was allocated on `rail` (its bye receives are posted by
@@ -78,10 +86,10 @@ class OfiConnection final : public Connection {
   // channels on this rail (channel / rails) and picks the lane of its whole
   // messages (railChannel % lanes), so the channels of a pair on one rail
   // use different lanes.
-  // `clearAbove`: 0, or this side's sends of parts larger than it wait for
-  // the receiver's clear-to-send (what the hello tells the peer).
+  // `clearToSend`: this side's sends that wait for the receiver's
+  // clear-to-send (`above` is what the hello tells the peer).
   OfiConnection(Rail& rail, std::vector<fi_addr_t> peerLanes, uint16_t railChannel, uint32_t recvId,
-                uint64_t injectLimit, uint64_t clearAbove, std::string peerDescription);
+                uint64_t injectLimit, ClearToSend clearToSend, std::string peerDescription);
   ~OfiConnection() override;
 
   // Who the peer is, for claiming its hello (which names the id its data
@@ -128,6 +136,10 @@ class OfiConnection final : public Connection {
   Status finishRecv(const Op& op) const;
   // Posts the clearance receives that wait for the provider (rail mutex held).
   Status postClearanceRecvs();
+  // Whether the send `op` at the head of the queue stops waiting for its
+  // optional clearance (kClearanceWaitNs passed); then its clearance moves to
+  // abandonedClearances_ and op.clearance is null.
+  bool giveUpClearance(Op& op);
   // Sends the clear-to-sends owed for posted receives once the peer's hello
   // says it wants them (rail mutex held).
   Status sendClearances();
@@ -144,6 +156,12 @@ class OfiConnection final : public Connection {
   const uint32_t recvId_;
   uint32_t peerRecvId_ = 0;  // 0 until the peer's hello is claimed
   const uint64_t clearAbove_;    // ours (see Clear to send)
+  const bool clearanceRequired_;  // ClearToSend::required
+  // Optional clearances: when the send at the head of the queue began
+  // waiting for its (0: none waits), and those given up on, still posted
+  // (recycled when they arrive late, cancelled by the destructor).
+  int64_t clearanceWaitSinceNs_ = 0;
+  std::deque<Op*> abandonedClearances_;
   uint64_t peerClearAbove_ = 0;  // the peer's, from its hello
   PeerHello expected_;
   const uint64_t injectLimit_;

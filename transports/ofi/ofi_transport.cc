@@ -63,6 +63,27 @@ Result<int> endpointsFor(std::string_view provider) {
   return static_cast<int>(std::clamp<int64_t>(n, 1, kMaxEndpointsPerRail));
 }
 
+// Which message parts wait for the receiver's clear-to-send (OfiConnection,
+// README.md).
+// - shm without CMA streams large messages through its segment in order: an
+//   unreceived one would hold up every later one, so every part above the
+//   inject size waits, as long as it takes (needed for progress).
+// - Over sockets rxm reads a part that arrives before its receive into
+//   memory of its own and copies it out later. A ring ReduceScatter's sends
+//   wait for nothing, its receives for scratch slots, so 45 % of its 1 MiB
+//   parts arrived early and it ran at half the tcp transport's speed
+//   (decision 0011). Parts above SHOAL_OFI_CLEAR_TO_SEND_BYTES (128 KiB: the
+//   AllReduce's pieces through sockets stay below it) wait, for speed only:
+//   at most OfiConnection's kClearanceWaitNs, so a receive posted with
+//   another size (which owes no clearance) still sees the message and
+//   reports the mismatch.
+ofi::ClearToSend clearToSendFor(std::string_view provider, uint64_t injectLimit) {
+  if (provider == "shm" && shmSendsStream()) return {std::max<uint64_t>(injectLimit, 1), true};
+  if (runsOverSockets(provider))
+    return {static_cast<uint64_t>(std::max<int64_t>(params().ofiClearToSendBytes, 0)), false};
+  return {};
+}
+
 }  // namespace
 
 std::string formatAddress(const Address& address) {
@@ -163,7 +184,7 @@ class OfiTransport final : public Transport {
   std::string address_;
   std::vector<std::unique_ptr<Rail>> rails_;
   uint64_t injectLimit_ = 0;
-  uint64_t clearAbove_ = 0;  // OfiConnection "Clear to send"; 0: not needed
+  ofi::ClearToSend clearToSend_;  // OfiConnection "Clear to send"
 };
 
 std::string OfiTransport::wanted() const {
@@ -291,9 +312,7 @@ Status OfiTransport::initialise() {
   size_t inject = rails_.front()->injectBytes();
   int64_t wantedInject = params().ofiInjectBytes;
   injectLimit_ = wantedInject < 0 ? inject : std::min<uint64_t>(inject, static_cast<uint64_t>(wantedInject));
-  // Messages the provider may stream through its segment wait for a
-  // clear-to-send (OfiConnection); parts up to the inject size never stream.
-  if (provider_ == "shm" && ofi::shmSendsStream()) clearAbove_ = std::max<uint64_t>(injectLimit_, 1);
+  clearToSend_ = ofi::clearToSendFor(provider_, injectLimit_);
 
   uint64_t mrMode = chosen->domain_attr->mr_mode;
   std::string mrText = api->tostr(&mrMode, FI_TYPE_MR_MODE);
@@ -302,7 +321,7 @@ Status OfiTransport::initialise() {
              rails_.size() == 1 ? " rail (domain " : " rails (domains ", domains, "), ", endpoints,
              endpoints == 1 ? " endpoint" : " endpoints", " per rail, mr_mode [", mrText,
              "], inject ", injectLimit_, " B, ",
-             clearAbove_ > 0 ? str("FI_SHM_DISABLE_CMA: clear-to-send above ", clearAbove_, " B, ") : std::string(),
+             clearToSend_.above > 0 ? str("clear-to-send above ", clearToSend_.above, " B, ") : std::string(),
              (chosen->caps & FI_HMEM) ? "FI_HMEM, " : "", "libfabric ", ofi::versionString(api->version()), " API ",
              ofi::versionString(version));
   return Status::ok();
@@ -362,14 +381,14 @@ Result<std::unique_ptr<Connection>> OfiTransport::connect(const ConnectionKey& k
     // 0, 1, ... on it, so that they take different lanes (OfiConnection).
     const auto railChannel = static_cast<uint16_t>(key.channel / rails);
     connection = std::make_unique<ofi::OfiConnection>(rail, std::move(peerLanes), railChannel, id.value(),
-                                                      injectLimit_, clearAbove_, peer);
+                                                      injectLimit_, clearToSend_, peer);
     SHOAL_TRY(connection->start({key.commId, key.peerRank, key.selfRank, key.channel, options.secret})) << what;
     hello.commId = key.commId;
     hello.fromRank = key.selfRank;
     hello.toRank = key.peerRank;
     hello.channel = key.channel;
     hello.recvId = id.value();
-    hello.clearAbove = static_cast<uint32_t>(clearAbove_);
+    hello.clearAbove = static_cast<uint32_t>(clearToSend_.above);
   }
   SHOAL_TRY(wire::signHello(hello, options.secret)) << what;
   uint8_t bytes[wire::kHelloBytes];
