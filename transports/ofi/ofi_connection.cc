@@ -16,11 +16,6 @@ constexpr int64_t kByeFlushMs = 100;
 // How often a receive that waits looks for a message of another size in its
 // place (FI_PEEK; see wire tags in ofi_fabric.h).
 constexpr int64_t kPeekIntervalNs = 50 * 1000000ll;
-// How long a send waits for an optional clear-to-send before it goes anyway:
-// far above a ring's slot turnaround (well under a millisecond) and well
-// below any deadline, so a receive of another size, which owes no
-// clearance, still gets the message and reports the mismatch.
-constexpr int64_t kClearanceWaitNs = 100 * 1000000ll;
 
 }  // namespace
 
@@ -31,7 +26,7 @@ OfiConnection::OfiConnection(Rail& rail, std::vector<fi_addr_t> peerLanes, uint1
       railChannel_(railChannel),
       recvId_(recvId),
       clearAbove_(clearToSend.above),
-      clearanceRequired_(clearToSend.required),
+      clearanceMaxWaitNs_(clearToSend.maxWaitNs),
       injectLimit_(injectLimit),
       peer_(std::move(peerDescription)),
       peekable_(rail.peekWorks()) {}
@@ -214,7 +209,7 @@ Status OfiConnection::issue(Queue& queue) {
     if (s.code() == Code::kAgain) return Status::ok();  // queued; poll() retries
     if (!s.isOk()) return fail(std::move(s));
     --queue.unposted;
-    clearanceWaitSinceNs_ = 0;
+    if (&queue == &sends_) clearanceWaitSinceNs_ = 0;  // a new send heads the queue
     if (op.clearance != nullptr) {
       // Only now: a send the provider pushed back still needs its clearance.
       SHOAL_CHECK(!clearances_.empty() && clearances_.front() == op.clearance, "ofi clearances out of order");
@@ -231,13 +226,14 @@ Status OfiConnection::issue(Queue& queue) {
 }
 
 bool OfiConnection::giveUpClearance(Op& op) {
-  if (clearanceRequired_) return false;
+  if (clearanceMaxWaitNs_ < 0) return false;
   int64_t now = nowNs();
   if (clearanceWaitSinceNs_ == 0) clearanceWaitSinceNs_ = now;
-  if (now - clearanceWaitSinceNs_ < kClearanceWaitNs || !op.clearance->posted) return false;
+  if (now - clearanceWaitSinceNs_ < clearanceMaxWaitNs_ || !op.clearance->posted) return false;
   SHOAL_CHECK(!clearances_.empty() && clearances_.front() == op.clearance, "ofi clearances out of order");
   clearances_.pop_front();
   abandonedClearances_.push_back(op.clearance);
+  ++clearancesGivenUp_;
   op.clearance = nullptr;
   return true;
 }

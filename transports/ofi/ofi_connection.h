@@ -52,6 +52,13 @@
 // claiming the hello; until then it keeps the clearance). The sender's queue
 // waits at a part whose clearance has not come; the receiver posts receives in
 // the order the sender sends, so this cannot wait on a later message.
+// rxm over kernel sockets gets it too, for parts above 128 KiB (decision
+// 0011): there an early part costs a copy out of rxm's own memory, not
+// progress, so a part waits at most ClearToSend::maxWaitNs at the head of the
+// queue and then goes without; its clearance receive stays posted
+// ("abandoned": recycled if the clearance comes after all, cancelled by the
+// destructor). That bound is what lets a receive posted with another size,
+// which owes no clearance, still see the message and report the mismatch.
 //
 // Closing: the destructor cancels its posted receives (their Ops become the
 // rail's orphans until the provider is done with them) and sends the peer a
@@ -71,11 +78,11 @@
 namespace shoal::ofi {
 
 // Which of a side's sends wait for the receiver's clear-to-send (see Clear
-// to send above): parts larger than `above` (0: none), as long as it takes
-// when `required`, else at most kClearanceWaitNs.
+// to send above): parts larger than `above` (0: none), for at most
+// `maxWaitNs` at the head of the send queue (< 0: as long as it takes).
 struct ClearToSend {
   uint64_t above = 0;
-  bool required = false;
+  int64_t maxWaitNs = -1;
 };
 
 class OfiConnection final : public Connection {
@@ -114,6 +121,10 @@ class OfiConnection final : public Connection {
 
   int railIndex() const { return rail_.index(); }
   int laneCount() const { return static_cast<int>(peerLanes_.size()); }
+  // Sends that stopped waiting for their optional clearance, and their
+  // clearances still posted (see Clear to send; tests, diagnostics).
+  uint64_t clearancesGivenUp() const { return clearancesGivenUp_; }
+  size_t clearancesAbandoned() const { return abandonedClearances_.size(); }
 
  private:
   // One direction's queue: an Op per part, in posting order; the first
@@ -137,9 +148,14 @@ class OfiConnection final : public Connection {
   // Posts the clearance receives that wait for the provider (rail mutex held).
   Status postClearanceRecvs();
   // Whether the send `op` at the head of the queue stops waiting for its
-  // optional clearance (kClearanceWaitNs passed); then its clearance moves to
+  // optional clearance (clearanceMaxWaitNs_ passed); then its clearance moves to
   // abandonedClearances_ and op.clearance is null.
   bool giveUpClearance(Op& op);
+  void noteLaneTraffic(uint8_t lane) {
+    if ((lanesWithTraffic_ >> lane & 1u) != 0) return;
+    lanesWithTraffic_ |= 1u << lane;
+    rail_.noteNewLaneTraffic();
+  }
   // Sends the clear-to-sends owed for posted receives once the peer's hello
   // says it wants them (rail mutex held).
   Status sendClearances();
@@ -156,13 +172,13 @@ class OfiConnection final : public Connection {
   const uint32_t recvId_;
   uint32_t peerRecvId_ = 0;  // 0 until the peer's hello is claimed
   const uint64_t clearAbove_;    // ours (see Clear to send)
-  const bool clearanceRequired_;  // ClearToSend::required
-  // Optional clearances: when the send at the head of the queue began
-  // waiting for its (0: none waits), and those given up on, still posted
-  // (recycled when they arrive late, cancelled by the destructor).
+  uint64_t peerClearAbove_ = 0;  // the peer's, from its hello
+  const int64_t clearanceMaxWaitNs_;  // ClearToSend::maxWaitNs
+  // When the send at the head of the queue began waiting for its clearance
+  // (0: none waits yet), and the clearances given up on, still posted.
   int64_t clearanceWaitSinceNs_ = 0;
   std::deque<Op*> abandonedClearances_;
-  uint64_t peerClearAbove_ = 0;  // the peer's, from its hello
+  uint64_t clearancesGivenUp_ = 0;
   PeerHello expected_;
   const uint64_t injectLimit_;
   const std::string peer_;
@@ -176,13 +192,8 @@ class OfiConnection final : public Connection {
   // AllReduce with 2 endpoints).
   uint32_t partsOnLane_[kMaxEndpointsPerRail] = {};
   // Lanes that have completed an operation (bit per lane): the first one on
-  // a lane tells the rail (Rail::noteNewLaneTraffic).
+  // a lane tells the rail (noteLaneTraffic, Rail::noteNewLaneTraffic).
   uint32_t lanesWithTraffic_ = 0;
-  void noteLaneTraffic(uint8_t lane) {
-    if ((lanesWithTraffic_ >> lane & 1u) != 0) return;
-    lanesWithTraffic_ |= 1u << lane;
-    rail_.noteNewLaneTraffic();
-  }
   // Sender: clearance receives in send order, the first `clearancesUnposted_`
   // from the back not yet given to the provider. Receiver: (lane, lane
   // number) of posted receives whose clear-to-send is not yet sent.

@@ -1,6 +1,9 @@
 #include "transports/ofi/ofi_sockets.h"
 
 #include <dirent.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 
 #include <cstdlib>
@@ -38,20 +41,34 @@ int ProviderSockets::adopt() {
   int found = 0;
   while (const dirent* entry = readdir(dir.get())) {
     char* end = nullptr;
-    long fd = std::strtol(entry->d_name, &end, 10);
-    if (end == entry->d_name || *end != '\0' || fd == own) continue;
+    long number = std::strtol(entry->d_name, &end, 10);
+    if (end == entry->d_name || *end != '\0' || number == own) continue;
+    const int fd = static_cast<int>(number);
     struct stat st {};
     // A descriptor closed (even reused) since readdir fails or mismatches below.
-    if (fstat(static_cast<int>(fd), &st) != 0 || !S_ISSOCK(st.st_mode) || adopted_.count(st.st_ino) != 0) continue;
-    Result<net::SocketAddress> local = net::localAddressOf(static_cast<int>(fd));
-    if (!local.isOk() || local->empty()) continue;  // not an IP socket
-    bool ours = local_.count(local->toString()) != 0;
-    if (!ours) {
-      Result<net::SocketAddress> peer = net::peerAddressOf(static_cast<int>(fd));
-      ours = peer.isOk() && !peer->empty() && peers_.count(peer->toString()) != 0;
+    if (fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
+    if (adopted_.count(st.st_ino) != 0 || settled_.count(st.st_ino) != 0) continue;
+    int protocol = 0;
+    socklen_t length = sizeof(protocol);
+    if (getsockopt(fd, SOL_SOCKET, SO_PROTOCOL, &protocol, &length) != 0 || protocol != IPPROTO_TCP) {
+      settled_.insert(st.st_ino);  // never a TCP socket (udp providers' too)
+      continue;
     }
-    if (!ours) continue;
-    if (Status s = net::setNotsentLowat(static_cast<int>(fd), lowat_); !s.isOk()) {
+    Result<net::SocketAddress> local = net::localAddressOf(fd);
+    if (!local.isOk() || local->empty()) continue;
+    Result<net::SocketAddress> peer = net::peerAddressOf(fd);
+    const bool connected = peer.isOk() && !peer->empty();
+    bool ours = local_.count(local->toString()) != 0 || (connected && peers_.count(peer->toString()) != 0);
+    if (!ours) {
+      // Its addresses cannot change once it listens or is connected.
+      int listening = 0;
+      length = sizeof(listening);
+      if (connected || (getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &length) == 0 && listening != 0))
+        settled_.insert(st.st_ino);
+      continue;
+    }
+    if (Status s = net::setNotsentLowat(fd, lowat_); !s.isOk()) {
+      if (fcntl(fd, F_GETFD) == -1) continue;  // closed while we looked
       SHOAL_WARN("ofi: could not cap the unsent bytes of libfabric's socket ", local->toString(), " (", s.message(),
                  "); its sockets keep the system's default");
       failed_ = true;

@@ -11,7 +11,7 @@
 // How: a provider connection's socket has one of our endpoints' addresses as
 // its local address (we accepted it, or it is the listening socket) or a
 // peer endpoint's address as its remote one (we connected it). adopt() looks
-// through the process's descriptors for such sockets it has not seen yet.
+// through the process's descriptors for such TCP sockets it has not seen yet.
 // Names that are not IPv4/IPv6 socket addresses (shm, efa) match nothing.
 // Thread: not thread-safe; the owning Rail calls it under its mutex.
 #pragma once
@@ -37,9 +37,10 @@ class ProviderSockets {
   // are socket addresses.
   bool active() const { return lowat_ > 0 && !local_.empty() && !failed_; }
 
-  // Sets the cap on every socket of the process, not adopted before, that
-  // matches (see How). Returns how many it newly adopted. The first failing
-  // setsockopt is logged and ends adoption for good (speed only, never an error).
+  // Sets the cap on every TCP socket of the process, not adopted before, that
+  // matches (see How). Returns how many it newly adopted. A failing
+  // setsockopt on a socket still open is logged and ends adoption for good
+  // (speed only, never an error).
   int adopt();
   size_t adopted() const { return adopted_.size(); }
   int64_t lowat() const { return lowat_; }
@@ -51,7 +52,11 @@ class ProviderSockets {
   const int64_t lowat_;
   std::unordered_set<std::string> local_;
   std::unordered_set<std::string> peers_;
-  std::unordered_set<ino_t> adopted_;  // socket inodes (a descriptor number can be reused)
+  // Socket inodes (a descriptor number can be reused): capped, and not ours
+  // for good (not TCP, or listening or connected to someone else); sockets
+  // still unconnected are looked at again.
+  std::unordered_set<ino_t> adopted_;
+  std::unordered_set<ino_t> settled_;
   bool failed_ = false;
 };
 

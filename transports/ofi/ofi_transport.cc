@@ -68,19 +68,23 @@ Result<int> endpointsFor(std::string_view provider) {
 // - shm without CMA streams large messages through its segment in order: an
 //   unreceived one would hold up every later one, so every part above the
 //   inject size waits, as long as it takes (needed for progress).
-// - Over sockets rxm reads a part that arrives before its receive into
-//   memory of its own and copies it out later. A ring ReduceScatter's sends
-//   wait for nothing, its receives for scratch slots, so 45 % of its 1 MiB
-//   parts arrived early and it ran at half the tcp transport's speed
+// - rxm over kernel sockets reads a part that arrives before its receive
+//   into memory of its own and copies it out later. A ring ReduceScatter's
+//   sends wait for nothing, its receives for scratch slots, so 45 % of its
+//   1 MiB parts arrived early and it ran at half the tcp transport's speed
 //   (decision 0011). Parts above SHOAL_OFI_CLEAR_TO_SEND_BYTES (128 KiB: the
 //   AllReduce's pieces through sockets stay below it) wait, for speed only:
-//   at most OfiConnection's kClearanceWaitNs, so a receive posted with
-//   another size (which owes no clearance) still sees the message and
-//   reports the mismatch.
+//   at most SHOAL_OFI_CLEAR_TO_SEND_WAIT_MS, so a receive posted with another
+//   size (which owes no clearance) still sees the message and reports the
+//   mismatch. Measured over tcp;ofi_rxm only; other socket providers keep
+//   their own ways.
 ofi::ClearToSend clearToSendFor(std::string_view provider, uint64_t injectLimit) {
-  if (provider == "shm" && shmSendsStream()) return {std::max<uint64_t>(injectLimit, 1), true};
-  if (runsOverSockets(provider))
-    return {static_cast<uint64_t>(std::max<int64_t>(params().ofiClearToSendBytes, 0)), false};
+  if (provider == "shm" && shmSendsStream()) return {std::max<uint64_t>(injectLimit, 1), -1};
+  if (runsOverSockets(provider) && hasLayer(provider, "ofi_rxm")) {
+    // The hello carries the threshold in 32 bits.
+    uint64_t above = static_cast<uint64_t>(std::clamp<int64_t>(params().ofiClearToSendBytes, 0, UINT32_MAX));
+    return {above, std::max<int64_t>(params().ofiClearToSendWaitMs, 0) * 1000000};
+  }
   return {};
 }
 
@@ -321,7 +325,10 @@ Status OfiTransport::initialise() {
              rails_.size() == 1 ? " rail (domain " : " rails (domains ", domains, "), ", endpoints,
              endpoints == 1 ? " endpoint" : " endpoints", " per rail, mr_mode [", mrText,
              "], inject ", injectLimit_, " B, ",
-             clearToSend_.above > 0 ? str("clear-to-send above ", clearToSend_.above, " B, ") : std::string(),
+             clearToSend_.above == 0    ? std::string()
+             : clearToSend_.maxWaitNs < 0 ? str("clear-to-send above ", clearToSend_.above, " B, ")
+                                          : str("clear-to-send above ", clearToSend_.above, " B (waits at most ",
+                                                clearToSend_.maxWaitNs / 1000000, " ms), "),
              (chosen->caps & FI_HMEM) ? "FI_HMEM, " : "", "libfabric ", ofi::versionString(api->version()), " API ",
              ofi::versionString(version));
   return Status::ok();

@@ -73,20 +73,26 @@ struct Address {
 std::string formatAddress(const Address& address);
 Result<Address> parseAddress(std::string_view text);
 
-// Whether a provider ("tcp;ofi_rxm", "shm", "efa", ...) carries its traffic
-// over kernel sockets: one of its ';'-separated layers is tcp, udp, sockets or
-// net. Such providers are not chosen by default (the tcp transport does the
-// same job directly; docs/decisions/0002) and get one endpoint per TCP stream
-// the tcp transport would open (README.md, "Rails and endpoints").
-inline bool runsOverSockets(std::string_view provider) {
+// Whether one of a provider's ';'-separated layers ("tcp;ofi_rxm": tcp and
+// ofi_rxm) is `layer`.
+inline bool hasLayer(std::string_view provider, std::string_view layer) {
   while (!provider.empty()) {
     size_t end = provider.find(';');
-    std::string_view layer = provider.substr(0, end);
-    if (layer == "tcp" || layer == "udp" || layer == "sockets" || layer == "net") return true;
+    if (provider.substr(0, end) == layer) return true;
     if (end == std::string_view::npos) break;
     provider.remove_prefix(end + 1);
   }
   return false;
+}
+
+// Whether a provider ("tcp;ofi_rxm", "shm", "efa", ...) carries its traffic
+// over kernel sockets: one of its layers is tcp, udp, sockets or net. Such
+// providers are not chosen by default (the tcp transport does the same job
+// directly; docs/decisions/0002) and get one endpoint per TCP stream the tcp
+// transport would open (README.md, "Rails and endpoints").
+inline bool runsOverSockets(std::string_view provider) {
+  return hasLayer(provider, "tcp") || hasLayer(provider, "udp") || hasLayer(provider, "sockets") ||
+         hasLayer(provider, "net");
 }
 
 }  // namespace ofi
