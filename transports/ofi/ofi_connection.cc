@@ -58,6 +58,10 @@ Status OfiConnection::start(PeerHello expected) {
 }
 
 OfiConnection::~OfiConnection() {
+  if (clearancesGivenUp_ > 0)
+    SHOAL_INFO(subsys::kNet, "ofi: ", peer_, ": ", clearancesGivenUp_,
+               " message part(s) sent without their clear-to-send (the receive came later than ",
+               clearanceMaxWaitNs_ / 1000000, " ms)");
   std::unique_lock<std::mutex> lock(rail_.mutex);
   auto drop = [&](Op* op, bool cancel) {
     if (op == nullptr) return;
