@@ -325,10 +325,12 @@ Status OfiTransport::initialise() {
              rails_.size() == 1 ? " rail (domain " : " rails (domains ", domains, "), ", endpoints,
              endpoints == 1 ? " endpoint" : " endpoints", " per rail, mr_mode [", mrText,
              "], inject ", injectLimit_, " B, ",
-             clearToSend_.above == 0    ? std::string()
-             : clearToSend_.maxWaitNs < 0 ? str("clear-to-send above ", clearToSend_.above, " B, ")
-                                          : str("clear-to-send above ", clearToSend_.above, " B (waits at most ",
-                                                clearToSend_.maxWaitNs / 1000000, " ms), "),
+             clearToSend_.above == 0
+                 ? std::string()
+                 : str("clear-to-send above ", clearToSend_.above, " B",
+                       clearToSend_.maxWaitNs < 0 ? std::string()
+                                                  : str(" (waits at most ", clearToSend_.maxWaitNs / 1000000, " ms)"),
+                       ", "),
              (chosen->caps & FI_HMEM) ? "FI_HMEM, " : "", "libfabric ", ofi::versionString(api->version()), " API ",
              ofi::versionString(version));
   return Status::ok();
