@@ -36,6 +36,7 @@ std::string PeerInfo::serialize() const {
   putString(out, hostname);
   putString(out, hostId);
   putString(out, std::to_string(processId));
+  putString(out, kernelId);
   putString(out, std::to_string(addresses.size()));
   for (const auto& [name, addr] : addresses) {
     putString(out, name);
@@ -48,7 +49,7 @@ Result<PeerInfo> PeerInfo::deserialize(std::string_view in) {
   PeerInfo p;
   std::string rank, pid, count;
   if (!getString(in, rank) || !getString(in, p.hostname) || !getString(in, p.hostId) ||
-      !getString(in, pid) || !getString(in, count))
+      !getString(in, pid) || !getString(in, p.kernelId) || !getString(in, count))
     return internalError("malformed peer info");
   p.rank = std::atoi(rank.c_str());
   p.processId = std::strtoull(pid.c_str(), nullptr, 10);

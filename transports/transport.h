@@ -69,9 +69,14 @@ struct PeerInfo {
   std::string hostname;          // for messages
   std::string hostId;            // node identity (NCCL_HOSTID or hostname+boot id)
   uint64_t processId = 0;        // unique per process on the host (pid ^ start time)
+  // The running kernel (boot id), whatever NCCL_HOSTID says: two ranks with
+  // the same one exchange bytes without leaving the machine, even between
+  // network namespaces (sameKernel()).
+  std::string kernelId;
   std::vector<std::pair<std::string, std::string>> addresses;  // transport name -> address
 
   const std::string* address(std::string_view transport) const;
+  bool sameKernel(const PeerInfo& other) const { return !kernelId.empty() && kernelId == other.kernelId; }
   std::string serialize() const;
   static Result<PeerInfo> deserialize(std::string_view bytes);
 };

@@ -63,6 +63,7 @@ Status Communicator::initialize() {
   self.hostname = localHostname();
   self.hostId = localHostId();
   self.processId = localProcessId();
+  self.kernelId = localKernelId();
   SHOAL_TRY(publishAddresses(self)) << describe();
 
   std::string mine = str(nranks_, '\n', self.serialize());

@@ -148,10 +148,16 @@ Status setLiveness(int fd, const LivenessOptions& options) {
 
 Status setBufferSizes(int fd, int64_t bytes) {
   if (bytes <= 0) return Status::ok();
+  SHOAL_TRY(setSendBuffer(fd, bytes));
   int value = static_cast<int>(std::min<int64_t>(bytes, std::numeric_limits<int>::max() / 2));
-  SHOAL_TRY(setIntOption(fd, SOL_SOCKET, SO_SNDBUF, value, "setsockopt(SO_SNDBUF)"));
   SHOAL_TRY(setIntOption(fd, SOL_SOCKET, SO_RCVBUF, value, "setsockopt(SO_RCVBUF)"));
   return Status::ok();
+}
+
+Status setSendBuffer(int fd, int64_t bytes) {
+  if (bytes <= 0) return Status::ok();
+  int value = static_cast<int>(std::min<int64_t>(bytes, std::numeric_limits<int>::max() / 2));
+  return setIntOption(fd, SOL_SOCKET, SO_SNDBUF, value, "setsockopt(SO_SNDBUF)");
 }
 
 Status setNotsentLowat(int fd, int64_t bytes) {

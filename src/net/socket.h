@@ -49,6 +49,8 @@ Status setNoDelay(int fd);
 Status setLiveness(int fd, const LivenessOptions& options);
 // SO_SNDBUF and SO_RCVBUF; bytes <= 0 leaves kernel autotuning on.
 Status setBufferSizes(int fd, int64_t bytes);
+// SO_SNDBUF alone (the kernel keeps twice `bytes`); bytes <= 0 leaves autotuning on.
+Status setSendBuffer(int fd, int64_t bytes);
 // TCP_NOTSENT_LOWAT: at most about `bytes` queued and not yet sent; <= 0 leaves the system's default.
 Status setNotsentLowat(int fd, int64_t bytes);
 

@@ -18,13 +18,17 @@ std::string localHostname() {
   return host;
 }
 
-std::string localHostId() {
-  const std::string& forced = params().hostId;
-  if (!forced.empty()) return forced;
+std::string localKernelId() {
   std::string bootId;
   std::ifstream in("/proc/sys/kernel/random/boot_id");
   std::getline(in, bootId);
-  return localHostname() + ":" + bootId;
+  return bootId;
+}
+
+std::string localHostId() {
+  const std::string& forced = params().hostId;
+  if (!forced.empty()) return forced;
+  return localHostname() + ":" + localKernelId();
 }
 
 uint64_t localProcessId() {

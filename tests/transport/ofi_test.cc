@@ -81,6 +81,7 @@ PeerInfo peerInfo(Transport& transport, int rank, const std::string& host = "") 
   info.rank = rank;
   info.hostname = rank == 0 ? "host-a" : "host-b";
   info.hostId = host.empty() ? "one-host" : host;
+  info.kernelId = "one-kernel";  // both ranks are this process
   Result<std::string> address = transport.localAddress();
   if (address.isOk()) info.addresses.emplace_back("ofi", address.value());
   return info;
@@ -328,13 +329,16 @@ TEST_CASE("ofi endpoint names that are socket addresses are read as such, others
     REQUIRE(ofi::ProviderSockets::socketName(other).empty());
   }
   // Without socket names there is nothing to look for.
-  ofi::ProviderSockets none(16384);
+  ofi::ProviderSockets none(16384, 131072);
   none.addLocal("fi_shm://x");
   REQUIRE_FALSE(none.active());
   REQUIRE(none.adopt() == 0);
-  ofi::ProviderSockets off(0);
+  ofi::ProviderSockets off(0, 0);
   off.addLocal(name);
   REQUIRE_FALSE(off.active());
+  ofi::ProviderSockets sendBufferOnly(0, 131072);
+  sendBufferOnly.addLocal(name);
+  REQUIRE(sendBufferOnly.active());
 }
 
 TEST_CASE("ofi wire tags keep connections and messages and kinds apart", "[ofi]") {
@@ -679,7 +683,7 @@ TEST_CASE("ofi endpoints per rail: channels stripe over min(local, peer) endpoin
     REQUIRE(std::is_sorted(recvTokens.begin(), recvTokens.end()));
   }
 
-  SECTION("libfabric's sockets of every lane get the unsent-bytes cap (decision 0010)") {
+  SECTION("libfabric's sockets of every lane get the unsent-bytes cap (0010) and the same-kernel send buffer (0012)") {
     // A rail looks for new sockets at most every 10 ms: traffic once more
     // after that lets the last due look run.
     usleep(20000);
@@ -692,7 +696,7 @@ TEST_CASE("ofi endpoints per rail: channels stripe over min(local, peer) endpoin
       for (const std::string& name : a->rails.front()) local.insert(ofi::ProviderSockets::socketName(name));
     REQUIRE(local.size() == 5);
     REQUIRE(local.count("") == 0);
-    int connected = 0, capped = 0;
+    int connected = 0, capped = 0, sized = 0;
     for (int fd = 0; fd < 4096; ++fd) {
       Result<net::SocketAddress> mine = net::localAddressOf(fd);
       if (!mine.isOk() || mine->empty()) continue;
@@ -707,10 +711,20 @@ TEST_CASE("ofi endpoints per rail: channels stripe over min(local, peer) endpoin
       INFO("socket " << mine->toString() << " lowat " << lowat);
       CHECK(lowat == params().socketNotsentLowat);
       capped += lowat == params().socketNotsentLowat;
+      // The peers share a kernel id: connected sockets get the send buffer
+      // (the kernel reports twice what was set), the listening ones not.
+      int sendBuffer = -1;
+      length = sizeof(sendBuffer);
+      REQUIRE(getsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sendBuffer, &length) == 0);
+      if (theirs.isOk() && !theirs->empty()) {
+        CHECK(sendBuffer == 2 * params().socketSameKernelSendBuffer);
+        sized += sendBuffer == 2 * params().socketSameKernelSendBuffer;
+      }
     }
     // 2 lanes, each one TCP connection, both of its ends in this process.
     REQUIRE(connected >= 4);
     REQUIRE(capped >= connected);
+    REQUIRE(sized == connected);
   }
 
   SECTION("a size mismatch between striped and whole messages names both sizes") {

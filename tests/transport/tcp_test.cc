@@ -50,11 +50,14 @@ TcpWorld& world() {
 
 std::atomic<uint64_t> gNextCommId{1};
 
-PeerInfo peerInfo(Transport& transport, int rank) {
+// Two hosts unless `sameKernel` (then two network namespaces of one machine,
+// as tests/netns emulates: distinct host ids, one kernel id).
+PeerInfo peerInfo(Transport& transport, int rank, bool sameKernel = false) {
   PeerInfo info;
   info.rank = rank;
   info.hostname = rank == 0 ? "host-a" : "host-b";
   info.hostId = info.hostname;
+  info.kernelId = sameKernel ? "one-kernel" : "kernel of " + info.hostname;
   Result<std::string> address = transport.localAddress();
   if (address.isOk()) info.addresses.emplace_back("tcp", address.value());
   return info;
@@ -64,8 +67,8 @@ PeerInfo peerInfo(Transport& transport, int rank) {
 // read the peer's, connect.
 Result<std::unique_ptr<Connection>> connectSide(Transport& transport, std::shared_ptr<Store> store, uint64_t commId,
                                                 int rank, int channel, const std::string& secret,
-                                                int64_t deadlineMs = 20000) {
-  PeerInfo self = peerInfo(transport, rank);
+                                                int64_t deadlineMs = 20000, bool sameKernel = false) {
+  PeerInfo self = peerInfo(transport, rank, sameKernel);
   Bootstrap bootstrap(store, str("comm", commId, "/ch", channel), rank, 2);
   Deadline deadline = Deadline::afterMs(deadlineMs);
   SHOAL_ASSIGN_OR_RETURN(std::vector<std::string> all, bootstrap.allGather(self.serialize(), deadline));
@@ -78,14 +81,16 @@ Result<std::unique_ptr<Connection>> connectSide(Transport& transport, std::share
   return transport.connect(ConnectionKey{commId, rank, 1 - rank, static_cast<uint16_t>(channel)}, options);
 }
 
-ConnPair makeTcpPair(int channel, uint64_t commId = 0, Transport* t0 = nullptr, Transport* t1 = nullptr) {
+ConnPair makeTcpPair(int channel, uint64_t commId = 0, Transport* t0 = nullptr, Transport* t1 = nullptr,
+                     bool sameKernel = false) {
   if (commId == 0) commId = gNextCommId++;
   if (!t0) t0 = world().rank0.get();
   if (!t1) t1 = world().rank1.get();
   auto store = makeMemoryStore();
   std::string secret = str("secret of comm ", commId);
-  auto acceptor = std::async(std::launch::async, [&] { return connectSide(*t1, store, commId, 1, channel, secret); });
-  Result<std::unique_ptr<Connection>> c0 = connectSide(*t0, store, commId, 0, channel, secret);
+  auto acceptor = std::async(std::launch::async,
+                             [&] { return connectSide(*t1, store, commId, 1, channel, secret, 20000, sameKernel); });
+  Result<std::unique_ptr<Connection>> c0 = connectSide(*t0, store, commId, 0, channel, secret, 20000, sameKernel);
   Result<std::unique_ptr<Connection>> c1 = acceptor.get();
   INFO("rank 0: " << c0.status().toString() << " / rank 1: " << c1.status().toString());
   REQUIRE(c0.isOk());
@@ -252,6 +257,60 @@ TEST_CASE("tcp uses NCCL_SOCKET_NTHREADS x NCCL_NSOCKS_PERTHREAD sockets", "[tcp
   REQUIRE(lanesOf(*pair.second) == expected);
   exchange(*pair.first, *pair.second, 24ull << 20, 1);
   exchange(*pair.second, *pair.first, 100, 2);
+}
+
+TEST_CASE("tcp data sockets towards a peer on this kernel get the send buffer (decision 0012)", "[tcp]") {
+  world();
+  const std::string listener = world().rank1->localAddress().value();
+  // SO_SNDBUF of the connection's sockets at both ends: rank 0 dialled
+  // rank 1's listener, rank 1 accepted on it.
+  struct Socket {
+    bool dialled;  // rank 0's end; else rank 1's accepted end
+    int sendBuffer;
+  };
+  auto sockets = [&] {
+    std::vector<Socket> found;
+    for (int fd = 0; fd < 4096; ++fd) {
+      Result<net::SocketAddress> mine = net::localAddressOf(fd);
+      Result<net::SocketAddress> theirs = net::peerAddressOf(fd);
+      if (!mine.isOk() || !theirs.isOk() || theirs->empty()) continue;
+      if (mine->toString() != listener && theirs->toString() != listener) continue;
+      int size = -1;
+      socklen_t length = sizeof(size);
+      REQUIRE(getsockopt(fd, SOL_SOCKET, SO_SNDBUF, &size, &length) == 0);
+      found.push_back({theirs->toString() == listener, size});
+    }
+    return found;
+  };
+  const int set = static_cast<int>(2 * params().socketSameKernelSendBuffer);  // the kernel doubles it
+  REQUIRE(set > 0);
+  {
+    ConnPair pair = makeTcpPair(0, 0, nullptr, nullptr, /*sameKernel=*/true);
+    std::vector<Socket> found = sockets();
+    REQUIRE(found.size() == 2u * lanesOf(*pair.first));
+    for (const Socket& socket : found) CHECK(socket.sendBuffer == set);
+    exchange(*pair.first, *pair.second, 3u << 20, 1);
+    exchange(*pair.second, *pair.first, 3u << 20, 2);
+  }
+  {
+    // Peers on other hosts keep autotuning (a long link needs its window).
+    ConnPair pair = makeTcpPair(0);
+    std::vector<Socket> found = sockets();
+    REQUIRE(found.size() == 2u * lanesOf(*pair.first));
+    for (const Socket& socket : found) CHECK(socket.sendBuffer != set);
+  }
+  {
+    // SHOAL_SOCKET_BUFFER_BYTES sizes the sockets itself and wins (the
+    // accepted ends inherit the listener's size, made before this setting).
+    ScopedEnv env{{"SHOAL_SOCKET_BUFFER_BYTES", "65536"}};
+    ConnPair pair = makeTcpPair(0, 0, nullptr, nullptr, /*sameKernel=*/true);
+    std::vector<Socket> found = sockets();
+    REQUIRE(found.size() == 2u * lanesOf(*pair.first));
+    for (const Socket& socket : found) {
+      CHECK(socket.sendBuffer != set);
+      if (socket.dialled) CHECK(socket.sendBuffer == 2 * 65536);
+    }
+  }
 }
 
 TEST_CASE("tcp set-up of many connections at once / in any order", "[tcp]") {

@@ -269,6 +269,13 @@ TEST_CASE("socket helpers on loopback", "[net]") {
     REQUIRE(get(IPPROTO_TCP, TCP_NOTSENT_LOWAT) == systemDefault);
     REQUIRE(setNotsentLowat(client->get(), 16384).isOk());
     REQUIRE(get(IPPROTO_TCP, TCP_NOTSENT_LOWAT) == 16384);
+    // The send buffer alone (the kernel keeps twice the value); 0 leaves it.
+    int receiveBuffer = get(SOL_SOCKET, SO_RCVBUF);
+    REQUIRE(setSendBuffer(client->get(), 131072).isOk());
+    REQUIRE(get(SOL_SOCKET, SO_SNDBUF) == 262144);
+    REQUIRE(setSendBuffer(client->get(), 0).isOk());
+    REQUIRE(get(SOL_SOCKET, SO_SNDBUF) == 262144);
+    REQUIRE(get(SOL_SOCKET, SO_RCVBUF) == receiveBuffer);
     // Keepalive detects a dead host in under a minute.
     REQUIRE(options.keepIdleS + options.keepIntervalS * options.keepCount < 60);
 

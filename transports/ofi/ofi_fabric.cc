@@ -329,8 +329,8 @@ Result<std::unique_ptr<Rail>> Rail::open(const Api& api, const fi_info& info, in
     e.name = std::move(name);
   }
 
-  if (options.socketNotsentLowat > 0) {
-    r.sockets_ = std::make_unique<ProviderSockets>(options.socketNotsentLowat);
+  if (options.socketNotsentLowat > 0 || options.socketSameKernelSendBuffer > 0) {
+    r.sockets_ = std::make_unique<ProviderSockets>(options.socketNotsentLowat, options.socketSameKernelSendBuffer);
     for (const Endpoint& e : r.endpoints_) r.sockets_->addLocal(e.name);
     if (!r.sockets_->active()) r.sockets_.reset();  // names that are no socket addresses
   }
@@ -517,14 +517,14 @@ void Rail::dispatch(Op* op) {
   }
 }
 
-Result<fi_addr_t> Rail::insertAddress(int lane, const std::string& name) {
+Result<fi_addr_t> Rail::insertAddress(int lane, const std::string& name, bool sameKernel) {
   Endpoint& e = endpoints_[static_cast<size_t>(lane)];
   if (auto it = e.addresses.find(name); it != e.addresses.end()) return it->second;
   fi_addr_t address = FI_ADDR_NOTAVAIL;
   int rc = fi_av_insert(e.av.get(), name.data(), 1, &address, 0, nullptr);
   if (rc != 1) return systemError(fiError(api_, "fi_av_insert", rc < 0 ? rc : -FI_EINVAL));
   e.addresses.emplace(name, address);
-  if (sockets_) sockets_->addPeer(name);
+  if (sockets_) sockets_->addPeer(name, sameKernel);
   return address;
 }
 
@@ -537,7 +537,8 @@ void Rail::adoptSockets() {
   nextSocketScanNs_ = now + kSocketScanIntervalNs;
   if (int found = sockets_->adopt(); found > 0)
     SHOAL_INFO(subsys::kNet, "ofi rail ", index_, ": TCP_NOTSENT_LOWAT ", sockets_->lowat(), " on ", found,
-               " more of the provider's sockets (", sockets_->adopted(), " in all)");
+               " more of the provider's sockets (", sockets_->adopted(), " in all; SO_SNDBUF ",
+               sockets_->sendBuffer(), " on ", sockets_->sized(), " towards peers on this kernel)");
 }
 
 Result<uint32_t> Rail::allocateId() {

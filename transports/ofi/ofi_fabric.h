@@ -248,6 +248,9 @@ struct RailOptions {
   // Over socket providers: TCP_NOTSENT_LOWAT for the provider's sockets
   // (ProviderSockets; SHOAL_SOCKET_NOTSENT_LOWAT); 0: leave them alone.
   int64_t socketNotsentLowat = 0;
+  // And SO_SNDBUF for those towards peers on this kernel (decision 0012;
+  // SHOAL_SOCKET_SAME_KERNEL_SNDBUF); 0: autotuning.
+  int64_t socketSameKernelSendBuffer = 0;
 };
 
 // Most endpoints a rail opens (each is one more TCP stream per peer over a
@@ -293,8 +296,9 @@ class Rail {
   // The same for endpoint `lane` alone.
   Status progress(int lane);
   // A peer endpoint's address in endpoint `lane`'s AV (each endpoint has its
-  // own AV, so no provider state is shared between endpoints).
-  Result<fi_addr_t> insertAddress(int lane, const std::string& name);
+  // own AV, so no provider state is shared between endpoints). `sameKernel`:
+  // the peer runs on this kernel (its sockets get the send buffer).
+  Result<fi_addr_t> insertAddress(int lane, const std::string& name, bool sameKernel);
   // A fresh connection id (wire tags) for `owner`; released on destruction.
   // One id serves every endpoint of the connection.
   Result<uint32_t> allocateId();
@@ -379,8 +383,8 @@ class Rail {
   size_t helloCount_ = 0;
   std::unordered_set<Op*> orphans_;
 
-  // The provider's sockets (null unless RailOptions::socketNotsentLowat and
-  // our endpoints have socket addresses); looked through at most once per
+  // The provider's sockets (null unless RailOptions::socketNotsentLowat or
+  // socketSameKernelSendBuffer is set and our endpoints have socket addresses); looked through at most once per
   // kSocketScanIntervalNs while due.
   std::unique_ptr<ProviderSockets> sockets_;
   bool socketsDue_ = false;

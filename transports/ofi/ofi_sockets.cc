@@ -16,12 +16,20 @@
 
 namespace shoal::ofi {
 
-std::string ProviderSockets::socketName(std::string_view name) {
-  if (name.size() < sizeof(sockaddr) || name.size() > sizeof(sockaddr_storage)) return "";
+namespace {
+
+net::SocketAddress socketAddress(std::string_view name) {
+  if (name.size() < sizeof(sockaddr) || name.size() > sizeof(sockaddr_storage)) return {};
   sockaddr_storage storage{};
   std::memcpy(&storage, name.data(), name.size());  // fi_getname bytes need not be aligned
-  net::SocketAddress address =
-      net::SocketAddress::fromSockaddr(reinterpret_cast<const sockaddr*>(&storage), static_cast<socklen_t>(name.size()));
+  return net::SocketAddress::fromSockaddr(reinterpret_cast<const sockaddr*>(&storage),
+                                          static_cast<socklen_t>(name.size()));
+}
+
+}  // namespace
+
+std::string ProviderSockets::socketName(std::string_view name) {
+  net::SocketAddress address = socketAddress(name);
   return address.empty() ? "" : address.toString();
 }
 
@@ -29,8 +37,11 @@ void ProviderSockets::addLocal(std::string_view name) {
   if (std::string text = socketName(name); !text.empty()) local_.insert(std::move(text));
 }
 
-void ProviderSockets::addPeer(std::string_view name) {
-  if (std::string text = socketName(name); !text.empty()) peers_.insert(std::move(text));
+void ProviderSockets::addPeer(std::string_view name, bool sameKernel) {
+  net::SocketAddress address = socketAddress(name);
+  if (address.empty()) return;
+  peers_.insert(address.toString());
+  if (sameKernel) sameKernelHosts_.insert(address.hostString());
 }
 
 int ProviderSockets::adopt() {
@@ -67,13 +78,17 @@ int ProviderSockets::adopt() {
         settled_.insert(st.st_ino);
       continue;
     }
-    if (Status s = net::setNotsentLowat(fd, lowat_); !s.isOk()) {
+    const bool sized = sendBuffer_ > 0 && connected && sameKernelHosts_.count(peer->hostString()) != 0;
+    Status s = net::setNotsentLowat(fd, lowat_);
+    if (s.isOk() && sized) s = net::setSendBuffer(fd, sendBuffer_);
+    if (!s.isOk()) {
       if (fcntl(fd, F_GETFD) == -1) continue;  // closed while we looked
-      SHOAL_WARN("ofi: could not cap the unsent bytes of libfabric's socket ", local->toString(), " (", s.message(),
-                 "); its sockets keep the system's default");
+      SHOAL_WARN("ofi: could not set the options of libfabric's socket ", local->toString(), " (", s.message(),
+                 "); its sockets keep the system's defaults");
       failed_ = true;
       return found;
     }
+    sized_ += sized ? 1 : 0;
     adopted_.insert(st.st_ino);
     ++found;
   }

@@ -1,6 +1,7 @@
 // ProviderSockets: the TCP sockets that libfabric's socket providers
 // (tcp;ofi_rxm) open for a rail's endpoints, found by their addresses and
-// given the tcp transport's cap on unsent bytes (TCP_NOTSENT_LOWAT).
+// given the tcp transport's cap on unsent bytes (TCP_NOTSENT_LOWAT) and,
+// towards peers on this kernel, its send buffer (SO_SNDBUF, decision 0012).
 //
 // Why: a rank that writes megabytes into a socket at once leaves most of them
 // to be sent later from the core that receives the acknowledgements; over
@@ -27,31 +28,41 @@ namespace shoal::ofi {
 
 class ProviderSockets {
  public:
-  // `notsentLowat` <= 0: adopt() does nothing.
-  explicit ProviderSockets(int64_t notsentLowat) : lowat_(notsentLowat) {}
+  // Either value <= 0: that option is left alone; both: adopt() does nothing.
+  ProviderSockets(int64_t notsentLowat, int64_t sameKernelSendBuffer)
+      : lowat_(notsentLowat), sendBuffer_(sameKernelSendBuffer) {}
 
-  // fi_getname bytes of one of our endpoints / of a peer's endpoint.
+  // fi_getname bytes of one of our endpoints / of a peer's endpoint;
+  // `sameKernel`: that peer runs on this kernel (PeerInfo::sameKernel), so
+  // sockets to or from its address get the send buffer.
   void addLocal(std::string_view name);
-  void addPeer(std::string_view name);
-  // Whether adopt() can find anything: a cap to set and our endpoints' names
-  // are socket addresses.
-  bool active() const { return lowat_ > 0 && !local_.empty() && !failed_; }
+  void addPeer(std::string_view name, bool sameKernel);
+  // Whether adopt() can find anything: an option to set and our endpoints'
+  // names are socket addresses.
+  bool active() const { return (lowat_ > 0 || sendBuffer_ > 0) && !local_.empty() && !failed_; }
 
-  // Sets the cap on every TCP socket of the process, not adopted before, that
-  // matches (see How). Returns how many it newly adopted. A failing
-  // setsockopt on a socket still open is logged and ends adoption for good
-  // (speed only, never an error).
+  // Sets the options on every TCP socket of the process, not adopted before,
+  // that matches (see How); the send buffer only on connected sockets whose
+  // remote host is a same-kernel peer's (an accepted socket's port is not
+  // the peer's endpoint port, its host is). Returns how many it newly
+  // adopted. A failing setsockopt on a socket still open is logged and ends
+  // adoption for good (speed only, never an error).
   int adopt();
   size_t adopted() const { return adopted_.size(); }
+  size_t sized() const { return sized_; }
   int64_t lowat() const { return lowat_; }
+  int64_t sendBuffer() const { return sendBuffer_; }
 
   // "10.0.0.1:5000" for a sockaddr_in/sockaddr_in6 of `name`'s bytes, "" otherwise.
   static std::string socketName(std::string_view name);
 
  private:
   const int64_t lowat_;
+  const int64_t sendBuffer_;
   std::unordered_set<std::string> local_;
   std::unordered_set<std::string> peers_;
+  std::unordered_set<std::string> sameKernelHosts_;  // SocketAddress::hostString()
+  size_t sized_ = 0;
   // Socket inodes (a descriptor number can be reused): capped, and not ours
   // for good (not TCP, or listening or connected to someone else); sockets
   // still unconnected are looked at again.

@@ -301,7 +301,11 @@ Status OfiTransport::initialise() {
   railOptions.alwaysRegister = params().ofiAlwaysRegister;
   railOptions.cacheRegistrations = params().ofiMrCache;
   railOptions.cacheEntries = static_cast<size_t>(std::max<int64_t>(params().ofiMrCacheEntries, 1));
-  if (ofi::runsOverSockets(provider_)) railOptions.socketNotsentLowat = params().socketNotsentLowat;
+  if (ofi::runsOverSockets(provider_)) {
+    railOptions.socketNotsentLowat = params().socketNotsentLowat;
+    // As the tcp transport: SHOAL_SOCKET_BUFFER_BYTES, when set, means "leave the sizes alone" here.
+    if (params().socketBufferBytes <= 0) railOptions.socketSameKernelSendBuffer = params().socketSameKernelSendBuffer;
+  }
   ofi::Address address{provider_, {}};
   std::string domains;
   SHOAL_ASSIGN_OR_RETURN(int endpoints, ofi::endpointsFor(provider_));
@@ -378,8 +382,10 @@ Result<std::unique_ptr<Connection>> OfiTransport::connect(const ConnectionKey& k
   {
     std::lock_guard<std::mutex> lock(rail.mutex);
     std::vector<fi_addr_t> peerLanes;
+    const bool sameKernel = options.self != nullptr && options.peer != nullptr && options.self->sameKernel(*options.peer);
     for (size_t lane = 0; lane < lanes; ++lane) {
-      Result<fi_addr_t> inserted = rail.insertAddress(static_cast<int>(lane), theirs.rails[railIndex][lane]);
+      Result<fi_addr_t> inserted =
+          rail.insertAddress(static_cast<int>(lane), theirs.rails[railIndex][lane], sameKernel);
       if (!inserted.isOk()) return inserted.takeStatus().withContext(str(what, " endpoint ", lane));
       peerLanes.push_back(inserted.value());
     }

@@ -112,21 +112,40 @@ constexpr int kMaxPendingHellos = 256;
 constexpr size_t kMaxWaitingSockets = 4096;
 constexpr int64_t kPumpSliceMs = 50;
 
-// The options of every data socket, on both sides. The unsent-bytes cap is
-// a performance setting (docs/decisions/0009), not a condition of the
-// connection: a kernel without TCP_NOTSENT_LOWAT keeps its default, said once.
-Status prepareDataSocket(int fd, const net::LivenessOptions& liveness) {
+// The options of every data socket, on both sides. The unsent-bytes cap
+// and the send buffer are performance settings (docs/decisions/0009, 0012),
+// not conditions of the connection: a kernel that refuses one keeps its
+// default, said once.
+void warnOnce(std::once_flag& once, const Status& refused, std::string_view setting) {
+  std::call_once(once, [&] {
+    SHOAL_WARN("tcp: ", setting, " not applied (", refused.message(), "); sockets keep the system's setting");
+  });
+}
+
+Status prepareDataSocket(int fd, const net::LivenessOptions& liveness, int64_t sendBuffer) {
   SHOAL_TRY(net::setNoDelay(fd));
   SHOAL_TRY(net::setLiveness(fd, liveness));
-  Status capped = net::setNotsentLowat(fd, params().socketNotsentLowat);
-  if (!capped.isOk()) {
+  if (Status capped = net::setNotsentLowat(fd, params().socketNotsentLowat); !capped.isOk()) {
     static std::once_flag once;
-    std::call_once(once, [&] {
-      SHOAL_WARN("tcp: SHOAL_SOCKET_NOTSENT_LOWAT not applied (", capped.message(),
-                 "); sockets keep the system's setting");
-    });
+    warnOnce(once, capped, "SHOAL_SOCKET_NOTSENT_LOWAT");
+  }
+  if (Status sized = net::setSendBuffer(fd, sendBuffer); !sized.isOk()) {
+    static std::once_flag once;
+    warnOnce(once, sized, "SHOAL_SOCKET_SAME_KERNEL_SNDBUF");
   }
   return Status::ok();
+}
+
+// SO_SNDBUF for a connection's sockets: SHOAL_SOCKET_SAME_KERNEL_SNDBUF when
+// the peer runs on this kernel and SHOAL_SOCKET_BUFFER_BYTES (which sizes
+// every socket from the start) is not set; else 0, autotuning.
+int64_t sendBufferFor(const ConnectOptions& options) {
+  if (params().socketBufferBytes > 0 || options.self == nullptr || options.peer == nullptr) return 0;
+  return options.self->sameKernel(*options.peer) ? params().socketSameKernelSendBuffer : 0;
+}
+
+std::string sendBufferNote(int64_t sendBuffer) {
+  return sendBuffer > 0 ? str(", SO_SNDBUF ", sendBuffer, " (the peer runs on this kernel)") : std::string();
 }
 
 // Which connection a socket belongs to, as the acceptor sees it.
@@ -241,12 +260,13 @@ Result<std::unique_ptr<Connection>> TcpTransport::connectActive(const Connection
   int sockets = tcp::socketsPerConnection();
   uint32_t chunkBytes = tcp::chunkBytesParam();
   net::LivenessOptions liveness = net::LivenessOptions::fromParams();
+  const int64_t sendBuffer = sendBufferFor(options);
   std::vector<net::Fd> lanes;
   for (int i = 0; i < sockets; ++i) {
     Result<net::Fd> connected = net::connectWithRetry(address, options.deadline);
     if (!connected.isOk()) return connected.takeStatus().withContext(str("socket ", i, " of ", sockets));
     net::Fd fd = std::move(connected.value());
-    SHOAL_TRY(prepareDataSocket(fd.get(), liveness));
+    SHOAL_TRY(prepareDataSocket(fd.get(), liveness, sendBuffer));
     Hello hello;
     hello.commId = key.commId;
     hello.fromRank = key.selfRank;
@@ -262,7 +282,7 @@ Result<std::unique_ptr<Connection>> TcpTransport::connectActive(const Connection
     lanes.push_back(std::move(fd));
   }
   SHOAL_INFO(subsys::kInit | subsys::kNet, "tcp: connected to ", peer, " channel ", key.channel, " with ",
-             sockets, sockets == 1 ? " socket" : " sockets");
+             sockets, sockets == 1 ? " socket" : " sockets", sendBufferNote(sendBuffer));
   return std::unique_ptr<Connection>(std::make_unique<tcp::TcpConnection>(std::move(lanes), chunkBytes, peer));
 }
 
@@ -299,11 +319,12 @@ Result<std::unique_ptr<Connection>> TcpTransport::acceptPassive(const Connection
   }
   lock.unlock();
   net::LivenessOptions liveness = net::LivenessOptions::fromParams();
+  const int64_t sendBuffer = sendBufferFor(options);
   for (const net::Fd& fd : lanes) {
-    SHOAL_TRY(prepareDataSocket(fd.get(), liveness));
+    SHOAL_TRY(prepareDataSocket(fd.get(), liveness, sendBuffer));
   }
   SHOAL_INFO(subsys::kInit | subsys::kNet, "tcp: accepted ", peer, " channel ", key.channel, " with ",
-             lanes.size(), lanes.size() == 1 ? " socket" : " sockets");
+             lanes.size(), lanes.size() == 1 ? " socket" : " sockets", sendBufferNote(sendBuffer));
   return std::unique_ptr<Connection>(std::make_unique<tcp::TcpConnection>(std::move(lanes), chunkBytes, peer));
 }
 
