@@ -36,12 +36,12 @@ std::string PeerInfo::serialize() const {
   putString(out, hostname);
   putString(out, hostId);
   putString(out, std::to_string(processId));
-  putString(out, kernelId);
   putString(out, std::to_string(addresses.size()));
   for (const auto& [name, addr] : addresses) {
     putString(out, name);
     putString(out, addr);
   }
+  putString(out, kernelId);  // last: a reader that does not know it stops before it
   return out;
 }
 
@@ -49,7 +49,7 @@ Result<PeerInfo> PeerInfo::deserialize(std::string_view in) {
   PeerInfo p;
   std::string rank, pid, count;
   if (!getString(in, rank) || !getString(in, p.hostname) || !getString(in, p.hostId) ||
-      !getString(in, pid) || !getString(in, p.kernelId) || !getString(in, count))
+      !getString(in, pid) || !getString(in, count))
     return internalError("malformed peer info");
   p.rank = std::atoi(rank.c_str());
   p.processId = std::strtoull(pid.c_str(), nullptr, 10);
@@ -60,6 +60,8 @@ Result<PeerInfo> PeerInfo::deserialize(std::string_view in) {
     if (!getString(in, name) || !getString(in, addr)) return internalError("malformed peer info");
     p.addresses.emplace_back(std::move(name), std::move(addr));
   }
+  // Absent (a writer that did not know it): "", which is never sameKernel.
+  if (!in.empty() && !getString(in, p.kernelId)) return internalError("malformed peer info");
   return p;
 }
 

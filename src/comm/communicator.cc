@@ -9,6 +9,7 @@
 #include "core/clock.h"
 #include "core/log.h"
 #include "core/params.h"
+#include "core/process.h"
 #include "core/tag.h"
 #include "transports/registry.h"
 #include "transports/shm/shm_transport.h"

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <fstream>
 
 namespace shoal {
 namespace {
@@ -22,6 +23,13 @@ int currentPid() {
   // Without the fork handler a cached id could outlive a fork: do not cache.
   if (registered) gPid.store(pid, std::memory_order_relaxed);
   return pid;
+}
+
+std::string localKernelId() {
+  std::ifstream in("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  std::getline(in, id);
+  return id;
 }
 
 }  // namespace shoal

@@ -1,13 +1,20 @@
-// The calling process's id without a system call.
+// The calling process's identity: its id without a system call, and the
+// kernel it runs on.
 //
 // glibc no longer caches getpid(), and a system call costs about a
 // microsecond on a paravirtualized guest like the development VM (1.1 us
 // measured), which peer-reading plans paid several times per operation.
 #pragma once
 
+#include <string>
+
 namespace shoal {
 
 // getpid(), read once per process and refreshed in a fork()ed child.
 int currentPid();
+
+// /proc/sys/kernel/random/boot_id ("" where unreadable): the same for every
+// process of this kernel, network namespaces and containers included.
+std::string localKernelId();
 
 }  // namespace shoal

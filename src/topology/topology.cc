@@ -5,10 +5,10 @@
 
 #include <algorithm>
 #include <ctime>
-#include <fstream>
 #include <map>
 
 #include "core/params.h"
+#include "core/process.h"
 
 namespace shoal {
 
@@ -16,13 +16,6 @@ std::string localHostname() {
   char host[256] = {};
   gethostname(host, sizeof(host) - 1);
   return host;
-}
-
-std::string localKernelId() {
-  std::string bootId;
-  std::ifstream in("/proc/sys/kernel/random/boot_id");
-  std::getline(in, bootId);
-  return bootId;
 }
 
 std::string localHostId() {

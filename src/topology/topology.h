@@ -29,9 +29,6 @@ namespace shoal {
 
 // NCCL_HOSTID if set, else hostname + ":" + /proc/sys/kernel/random/boot_id.
 std::string localHostId();
-// /proc/sys/kernel/random/boot_id ("" where unreadable): the same for every
-// process of this kernel, network namespaces included.
-std::string localKernelId();
 std::string localHostname();
 // Unique per process for the life of the machine (pid and a random nonce).
 uint64_t localProcessId();

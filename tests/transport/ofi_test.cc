@@ -341,6 +341,60 @@ TEST_CASE("ofi endpoint names that are socket addresses are read as such, others
   REQUIRE(sendBufferOnly.active());
 }
 
+TEST_CASE("ofi provider sockets: the send buffer only towards same-kernel peer hosts, accepted ones once their peer is known",
+          "[ofi]") {
+  // Plain sockets stand in for the provider's: a listener with "our
+  // endpoint's" address, a client that dials it, the accepted end.
+  Result<net::Fd> listener = net::listenOn(net::SocketAddress::parse("127.0.0.1:0").value());
+  REQUIRE(listener.isOk());
+  const net::SocketAddress listening = net::localAddressOf(listener->get()).value();
+  Result<net::Fd> client = net::connectWithRetry(listening, Deadline::afterMs(5000));
+  REQUIRE(client.isOk());
+  net::Fd accepted;
+  for (Deadline d = Deadline::afterMs(5000); !accepted && !d.expired();) accepted = net::acceptOne(listener->get()).value();
+  REQUIRE(accepted);
+  auto nameOf = [](const net::SocketAddress& address) {
+    sockaddr_in raw{};
+    REQUIRE(address.length() == sizeof(raw));
+    std::memcpy(&raw, address.raw(), sizeof(raw));
+    return std::string(reinterpret_cast<const char*>(&raw), sizeof(raw));
+  };
+  auto option = [](int fd, int level, int name) {
+    int value = -1;
+    socklen_t length = sizeof(value);
+    REQUIRE(getsockopt(fd, level, name, &value, &length) == 0);
+    return value;
+  };
+  const int sized = 2 * 131072;  // the kernel keeps twice what was set
+  {
+    ofi::ProviderSockets sockets(16384, 131072);
+    sockets.addLocal(nameOf(listening));
+    // No peer yet: the listener is ours; the accepted end comes from a host
+    // no peer has, so it waits rather than being settled without its size.
+    REQUIRE(sockets.adopt() == 1);
+    REQUIRE(option(listener->get(), IPPROTO_TCP, TCP_NOTSENT_LOWAT) == 16384);
+    REQUIRE(option(accepted.get(), IPPROTO_TCP, TCP_NOTSENT_LOWAT) != 16384);
+    // A peer on another kernel at that host: the cap, not the send buffer.
+    sockets.addPeer(nameOf(net::localAddressOf(client->get()).value()), /*sameKernel=*/false);
+    REQUIRE(sockets.adopt() == 1);
+    REQUIRE(option(accepted.get(), IPPROTO_TCP, TCP_NOTSENT_LOWAT) == 16384);
+    REQUIRE(option(accepted.get(), SOL_SOCKET, SO_SNDBUF) != sized);
+    REQUIRE(sockets.sized() == 0);
+  }
+  {
+    // The same peer on this kernel: accepted and dialled ends get both.
+    ofi::ProviderSockets sockets(0, 131072);
+    sockets.addLocal(nameOf(listening));
+    sockets.addPeer(nameOf(listening), /*sameKernel=*/true);  // the client dialled this "peer endpoint"
+    REQUIRE(sockets.adopt() == 3);
+    REQUIRE(sockets.sized() == 2);
+    REQUIRE(option(accepted.get(), SOL_SOCKET, SO_SNDBUF) == sized);
+    REQUIRE(option(client->get(), SOL_SOCKET, SO_SNDBUF) == sized);
+    REQUIRE(option(listener->get(), SOL_SOCKET, SO_SNDBUF) != sized);
+    REQUIRE(sockets.adopt() == 0);  // nothing new
+  }
+}
+
 TEST_CASE("ofi wire tags keep connections and messages and kinds apart", "[ofi]") {
   using namespace ofi::wire;
   REQUIRE(dataTag(1, 0, 8) != dataTag(2, 0, 8));

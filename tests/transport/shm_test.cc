@@ -269,6 +269,44 @@ TEST_CASE("shm canConnect needs the same host and boot and another process", "[s
   }
 }
 
+TEST_CASE("PeerInfo carries the kernel id; ranks on one kernel are told apart from other hosts", "[shm]") {
+  PeerInfo a;
+  a.rank = 3;
+  a.hostname = "node0";
+  a.hostId = "node0";
+  a.processId = 77;
+  a.kernelId = "b00t-1d";
+  a.addresses = {{"tcp", "10.0.0.1:5"}, {"ofi", "xyz"}};
+  Result<PeerInfo> back = PeerInfo::deserialize(a.serialize());
+  REQUIRE(back.isOk());
+  CHECK(back->rank == 3);
+  CHECK(back->hostId == "node0");
+  CHECK(back->processId == 77);
+  CHECK(back->kernelId == "b00t-1d");
+  CHECK(back->addresses == a.addresses);
+  // A record from a writer that had no kernel id (it ends after the
+  // addresses) reads as none, and none is never the same kernel.
+  std::string old = a.serialize();
+  old.resize(old.size() - sizeof(uint32_t) - a.kernelId.size());
+  Result<PeerInfo> oldBack = PeerInfo::deserialize(old);
+  REQUIRE(oldBack.isOk());
+  CHECK(oldBack->kernelId.empty());
+  CHECK(oldBack->addresses == a.addresses);
+  CHECK_FALSE(oldBack->sameKernel(*oldBack));
+  CHECK_FALSE(PeerInfo::deserialize(old + "xy").isOk());  // a torn field is an error
+
+  // Emulated nodes: other host ids, one kernel.
+  PeerInfo b = a;
+  b.hostId = "node1";
+  CHECK(a.sameKernel(b));
+  CHECK(onSameKernel(a, b));
+  b.kernelId = "another-boot";
+  CHECK_FALSE(a.sameKernel(b));
+  CHECK_FALSE(onSameKernel(a, b));  // no shm addresses either
+  b.hostId = a.hostId;
+  CHECK(onSameKernel(a, b));  // one host id: one machine as far as the user said
+}
+
 // --- performance (hidden: run with "[perf]")
 
 // Both ends exchange a message at once, each on its own thread, as the two

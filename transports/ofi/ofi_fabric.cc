@@ -535,10 +535,14 @@ void Rail::adoptSockets() {
   if (now < nextSocketScanNs_) return;
   socketsDue_ = false;
   nextSocketScanNs_ = now + kSocketScanIntervalNs;
-  if (int found = sockets_->adopt(); found > 0)
-    SHOAL_INFO(subsys::kNet, "ofi rail ", index_, ": TCP_NOTSENT_LOWAT ", sockets_->lowat(), " on ", found,
-               " more of the provider's sockets (", sockets_->adopted(), " in all; SO_SNDBUF ",
-               sockets_->sendBuffer(), " on ", sockets_->sized(), " towards peers on this kernel)");
+  if (int found = sockets_->adopt(); found > 0) {
+    std::string lowat = sockets_->lowat() > 0 ? str("TCP_NOTSENT_LOWAT ", sockets_->lowat(), " on ") : "options on ";
+    std::string sized = sockets_->sized() > 0 ? str("; SO_SNDBUF ", sockets_->sendBuffer(), " on ",
+                                                    sockets_->sized(), " towards peers on this kernel")
+                                              : "";
+    SHOAL_INFO(subsys::kNet, "ofi rail ", index_, ": ", lowat, found, " more of the provider's sockets (",
+               sockets_->adopted(), " in all", sized, ")");
+  }
 }
 
 Result<uint32_t> Rail::allocateId() {

@@ -384,7 +384,8 @@ class Rail {
   std::unordered_set<Op*> orphans_;
 
   // The provider's sockets (null unless RailOptions::socketNotsentLowat or
-  // socketSameKernelSendBuffer is set and our endpoints have socket addresses); looked through at most once per
+  // socketSameKernelSendBuffer is set and our endpoints have socket
+  // addresses); looked through at most once per
   // kSocketScanIntervalNs while due.
   std::unique_ptr<ProviderSockets> sockets_;
   bool socketsDue_ = false;

@@ -41,11 +41,12 @@ void ProviderSockets::addPeer(std::string_view name, bool sameKernel) {
   net::SocketAddress address = socketAddress(name);
   if (address.empty()) return;
   peers_.insert(address.toString());
+  peerHosts_.insert(address.hostString());
   if (sameKernel) sameKernelHosts_.insert(address.hostString());
 }
 
 int ProviderSockets::adopt() {
-  if (!active()) return 0;
+  if (!active() || (lowat_ <= 0 && sameKernelHosts_.empty())) return 0;
   std::unique_ptr<DIR, int (*)(DIR*)> dir(opendir("/proc/self/fd"), closedir);
   if (!dir) return 0;
   const int own = dirfd(dir.get());
@@ -78,6 +79,7 @@ int ProviderSockets::adopt() {
         settled_.insert(st.st_ino);
       continue;
     }
+    if (connected && sendBuffer_ > 0 && peerHosts_.count(peer->hostString()) == 0) continue;  // not yet known
     const bool sized = sendBuffer_ > 0 && connected && sameKernelHosts_.count(peer->hostString()) != 0;
     Status s = net::setNotsentLowat(fd, lowat_);
     if (s.isOk() && sized) s = net::setSendBuffer(fd, sendBuffer_);

@@ -34,7 +34,7 @@ class ProviderSockets {
 
   // fi_getname bytes of one of our endpoints / of a peer's endpoint;
   // `sameKernel`: that peer runs on this kernel (PeerInfo::sameKernel), so
-  // sockets to or from its address get the send buffer.
+  // sockets to or from its host get the send buffer.
   void addLocal(std::string_view name);
   void addPeer(std::string_view name, bool sameKernel);
   // Whether adopt() can find anything: an option to set and our endpoints'
@@ -44,8 +44,10 @@ class ProviderSockets {
   // Sets the options on every TCP socket of the process, not adopted before,
   // that matches (see How); the send buffer only on connected sockets whose
   // remote host is a same-kernel peer's (an accepted socket's port is not
-  // the peer's endpoint port, its host is). Returns how many it newly
-  // adopted. A failing setsockopt on a socket still open is logged and ends
+  // the peer's endpoint port, its host is). An accepted socket from a host
+  // no peer has yet (its peer dialled before we inserted its address) waits
+  // for a later look, so it is sized once the peer is known. Returns how
+  // many it newly adopted. A failing setsockopt on a socket still open is logged and ends
   // adoption for good (speed only, never an error).
   int adopt();
   size_t adopted() const { return adopted_.size(); }
@@ -61,7 +63,8 @@ class ProviderSockets {
   const int64_t sendBuffer_;
   std::unordered_set<std::string> local_;
   std::unordered_set<std::string> peers_;
-  std::unordered_set<std::string> sameKernelHosts_;  // SocketAddress::hostString()
+  std::unordered_set<std::string> peerHosts_;        // SocketAddress::hostString()
+  std::unordered_set<std::string> sameKernelHosts_;  // a subset of peerHosts_
   size_t sized_ = 0;
   // Socket inodes (a descriptor number can be reused): capped, and not ours
   // for good (not TCP, or listening or connected to someone else); sockets

@@ -7,7 +7,6 @@
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <map>
 #include <mutex>
 
@@ -45,9 +44,7 @@ Result<Address> parseAddress(std::string_view text) {
 namespace {
 
 std::string readBootId() {
-  std::ifstream in("/proc/sys/kernel/random/boot_id");
-  std::string id;
-  std::getline(in, id);
+  std::string id = localKernelId();
   return id.empty() ? std::string("unknown") : id;
 }
 
@@ -151,7 +148,9 @@ class ShmTransport final : public Transport {
 
 std::unique_ptr<Transport> makeShmTransport() { return std::make_unique<ShmTransport>(); }
 
-bool onSameKernel(const PeerInfo& a, const PeerInfo& b) { return a.hostId == b.hostId || sameBootId(a, b); }
+bool onSameKernel(const PeerInfo& a, const PeerInfo& b) {
+  return a.hostId == b.hostId || a.sameKernel(b) || sameBootId(a, b);
+}
 
 bool canReadPeerMemory(const PeerInfo& peer) {
   const std::string* text = peer.address("shm");

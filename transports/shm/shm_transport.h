@@ -25,9 +25,10 @@ std::unique_ptr<Transport> makeShmTransport();
 // peer published no shm address or SHOAL_SHM_CMA=0.
 bool canReadPeerMemory(const PeerInfo& peer);
 
-// Whether two ranks run on one kernel, i.e. share CPUs: the same boot id in
-// their shm addresses (emulated nodes, network namespaces with their own
-// NCCL_HOSTID, still do), else the same host id.
+// Whether two ranks run on one kernel, i.e. share CPUs: the same kernel id
+// (PeerInfo::sameKernel) or boot id in their shm addresses (emulated nodes,
+// network namespaces with their own NCCL_HOSTID, still do), else the same
+// host id.
 bool onSameKernel(const PeerInfo& a, const PeerInfo& b);
 
 namespace shm {

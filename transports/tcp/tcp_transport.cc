@@ -112,16 +112,16 @@ constexpr int kMaxPendingHellos = 256;
 constexpr size_t kMaxWaitingSockets = 4096;
 constexpr int64_t kPumpSliceMs = 50;
 
-// The options of every data socket, on both sides. The unsent-bytes cap
-// and the send buffer are performance settings (docs/decisions/0009, 0012),
-// not conditions of the connection: a kernel that refuses one keeps its
-// default, said once.
 void warnOnce(std::once_flag& once, const Status& refused, std::string_view setting) {
   std::call_once(once, [&] {
     SHOAL_WARN("tcp: ", setting, " not applied (", refused.message(), "); sockets keep the system's setting");
   });
 }
 
+// The options of every data socket, on both sides. The unsent-bytes cap
+// and the send buffer are performance settings (docs/decisions/0009, 0012),
+// not conditions of the connection: a kernel that refuses one keeps its
+// default, said once.
 Status prepareDataSocket(int fd, const net::LivenessOptions& liveness, int64_t sendBuffer) {
   SHOAL_TRY(net::setNoDelay(fd));
   SHOAL_TRY(net::setLiveness(fd, liveness));
