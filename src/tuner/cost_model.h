@@ -111,6 +111,15 @@ inline constexpr int kSegmentsInFlight = 4;
 // 120 KiB: the largest multiple of 8 KiB below 128 KiB; the tuner adds it to
 // its segment sizes where the rule applies.
 inline constexpr uint64_t kSocketPieceMaxBytes = 120 << 10;
+// libfabric's socket providers (ofi over tcp;ofi_rxm) pay per received
+// message about four system calls more than Shoal's tcp transport: a poll of
+// the endpoint's socket and signal pipe, a 9000-byte prefetch read before
+// the rest, and a write and read of that pipe for the completion; about
+// 1.2 us each on the development VM. Added to the net alpha where the
+// transport between nodes is ofi through the CPU, so that its AllReduce
+// takes larger pieces once their messages cost more than the cache saves
+// (16-64 MiB: 2-4 MiB; docs/performance.md, session 13).
+inline constexpr double kSocketProviderMessageUs = 5.0;
 inline constexpr int kMaxNetStreams = 8;
 // A message waited for when ranks outnumber cores: the waiting rank yields
 // and its peer must get the core first. Fitted to 4 ranks on the 2-core

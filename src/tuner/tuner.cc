@@ -176,12 +176,13 @@ ModelContext Tuner::contextFor(const AlgorithmEntry& entry, const RankView& view
   const MachineTopology& m = *s.machine;
   ModelContext ctx;
   ctx.link = linkFor(options_.links, crossed);
+  ctx.copyLink = crossed != LinkClass::kNet;
+  if (!ctx.copyLink && s.netCpuCopies && s.netTransport == "ofi") ctx.link.alphaUs += kSocketProviderMessageUs;
   if (s.nnodes > 1 && crossed != *s.intraNode) {
     const LinkModel& inside = linkFor(options_.links, *s.intraNode);
     ctx.intraAlphaScale = std::min(1.0, inside.alphaUs / ctx.link.alphaUs);
     ctx.intraBetaScale = std::min(1.0, inside.betaUsPerByte / ctx.link.betaUsPerByte);
   }
-  ctx.copyLink = crossed != LinkClass::kNet;
   // Measured for Shoal's tcp transport (decision 0006) and libfabric's tcp
   // provider once its channels kept to their own lanes (0007); other socket
   // providers are assumed alike; a NIC that moves the bytes has no copy to
