@@ -95,6 +95,8 @@ AlgorithmTerms decompose(const AlgorithmEntry& algorithm, const CollShape& shape
   t.linkBytes = algorithm.estimate(shape, view, CostParams{0.0, 1.0, 0.0, a, b});
   t.reducedBytes = algorithm.estimate(shape, view, CostParams{0.0, 0.0, 1.0, a, b});
   t.waits = algorithm.estimate(shape, view, CostParams{0.0, 0.0, 0.0, a, b, 1.0});
+  t.netMessages = ctx.netMessageSurchargeUs > 0 ? algorithm.estimate(shape, view, CostParams{1.0, 0.0, 0.0, 0.0, b})
+                                                : 0.0;
   return t;
 }
 
@@ -106,7 +108,9 @@ double candidateCostUs(const AlgorithmTerms& perChannel, const ModelContext& ctx
   const double segment = static_cast<double>(candidate.segmentBytes);
   const bool chain = ctx.pipelineHops > 1;
   const LinkModel& link = ctx.link;
-  const double alpha = link.alphaUs + (M > 0 ? ctx.waitUs * perChannel.waits / M : 0.0);
+  const double alpha = link.alphaUs + (M > 0 ? (ctx.waitUs * perChannel.waits +
+                                                 ctx.netMessageSurchargeUs * perChannel.netMessages) / M
+                                              : 0.0);
 
   // A chain hop forwards the whole part; other algorithms send B/M per message.
   const double messageBytes = chain ? B : (M > 0 ? B / M : 0);

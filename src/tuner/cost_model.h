@@ -36,7 +36,11 @@
 //              and then sent on (exact for the ring AllReduce): beta / cache,
 //              and only for pieces up to kSocketPieceMaxBytes
 //   gamma'   = gamma share / cache
-//   alpha'   = alpha + wait W / M            per message
+//   alpha'   = alpha + wait W / M + surcharge N / M     per message, where
+//              N counts the messages that cross the network (the estimate
+//              with inside-node messages at zero) and surcharge is
+//              kSocketProviderMessageUs over ofi through kernel sockets,
+//              else 0 (the net row of the link table is Shoal's tcp)
 // ring-like (every rank sends each step; the estimate's M is sequential):
 //   channel  = M S alpha' + body, where body is
 //              copy links: B beta' + G gamma' (the rank's one thread does both)
@@ -111,14 +115,16 @@ inline constexpr int kSegmentsInFlight = 4;
 // 120 KiB: the largest multiple of 8 KiB below 128 KiB; the tuner adds it to
 // its segment sizes where the rule applies.
 inline constexpr uint64_t kSocketPieceMaxBytes = 120 << 10;
-// libfabric's socket providers (ofi over tcp;ofi_rxm) pay per received
-// message about four system calls more than Shoal's tcp transport: a poll of
-// the endpoint's socket and signal pipe, a 9000-byte prefetch read before
-// the rest, and a write and read of that pipe for the completion; about
-// 1.2 us each on the development VM. Added to the net alpha where the
-// transport between nodes is ofi through the CPU, so that its AllReduce
-// takes larger pieces once their messages cost more than the cache saves
-// (16-64 MiB: 2-4 MiB; docs/performance.md, session 13).
+// libfabric's socket providers (ofi over tcp;ofi_rxm; other socket providers
+// assumed alike) pay per received message four to six system calls more
+// than Shoal's tcp transport: a poll of the endpoint's socket and signal
+// pipe, a 9000-byte prefetch read before the rest, and a write and read of
+// that pipe for the completion; about 1.2 us each on the development VM.
+// Charged to each message that crosses the network where the transport
+// between nodes is ofi through the CPU, so that its AllReduce takes larger
+// pieces once their messages cost more than the cache saves (decision 0008's
+// amendment). Fitted, not calibrated: a SHOAL_TUNER_FILE net row measured
+// over ofi would count it twice.
 inline constexpr double kSocketProviderMessageUs = 5.0;
 inline constexpr int kMaxNetStreams = 8;
 // A message waited for when ranks outnumber cores: the waiting rank yields
@@ -135,6 +141,7 @@ struct AlgorithmTerms {
   double linkBytes = 0;     // B
   double reducedBytes = 0;  // G
   double waits = 0;         // W
+  double netMessages = 0;   // N: of M, those that cross the network
 };
 // What the model needs of the topology for one algorithm.
 struct ModelContext {
@@ -151,6 +158,9 @@ struct ModelContext {
   int streams = 1;                // channels that add bandwidth
   uint64_t cacheShareBytes = 0;   // this rank's share of the cache
   double waitUs = 0;              // per message waited for (oversubscribed node)
+  // Per message that crosses the network, on top of link.alphaUs
+  // (kSocketProviderMessageUs over ofi through kernel sockets).
+  double netMessageSurchargeUs = 0;
   int pipelineHops = 1;           // > 1: a pipelined chain of that many links
 };
 

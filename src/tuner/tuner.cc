@@ -152,7 +152,11 @@ Result<std::unique_ptr<Tuner>> Tuner::create(const TopologySummary& topo, TunerO
              linkClassName(*s.intraNode), ", across ", linkClassName(*s.interNode),
              s.netTransport.empty()
                  ? ""
-                 : str(" (", s.netTransport, s.netCpuCopies ? ", bytes through the CPU" : "", ")"),
+                 : str(" (", s.netTransport, s.netCpuCopies ? ", bytes through the CPU" : "",
+                       s.netCpuCopies && s.netTransport == "ofi"
+                           ? str(", ", kSocketProviderMessageUs, " us more per message")
+                           : "",
+                       ")"),
              ", machine ",
              describeMachine(*s.machine), "; links (class alpha_us beta_GBps gamma_GBps): ",
              oneLine(formatLinkTable(o.links)));
@@ -177,7 +181,6 @@ ModelContext Tuner::contextFor(const AlgorithmEntry& entry, const RankView& view
   ModelContext ctx;
   ctx.link = linkFor(options_.links, crossed);
   ctx.copyLink = crossed != LinkClass::kNet;
-  if (!ctx.copyLink && s.netCpuCopies && s.netTransport == "ofi") ctx.link.alphaUs += kSocketProviderMessageUs;
   if (s.nnodes > 1 && crossed != *s.intraNode) {
     const LinkModel& inside = linkFor(options_.links, *s.intraNode);
     ctx.intraAlphaScale = std::min(1.0, inside.alphaUs / ctx.link.alphaUs);
@@ -188,6 +191,9 @@ ModelContext Tuner::contextFor(const AlgorithmEntry& entry, const RankView& view
   // providers are assumed alike; a NIC that moves the bytes has no copy to
   // save.
   ctx.netSendsFromCache = !ctx.copyLink && s.netCpuCopies;
+  // libfabric's socket providers make more system calls per message than the
+  // tcp transport the net row was measured with (cost_model.h).
+  if (ctx.netSendsFromCache && s.netTransport == "ofi") ctx.netMessageSurchargeUs = kSocketProviderMessageUs;
   ctx.streams = ctx.copyLink ? 1 : std::clamp(m.cores / s.maxRanksPerNode, 1, kMaxNetStreams);
   // Data from the network counts only the core's own L2 (cost_model.h).
   ctx.cacheShareBytes =

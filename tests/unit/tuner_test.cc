@@ -453,14 +453,16 @@ TEST_CASE("across nodes an AllReduce ring keeps its pieces in the L2; ReduceScat
     CHECK(inFlight(*choice) > vm.l2Bytes);
   }
   // libfabric's tcp provider copies through the CPU too (decision 0007), but
-  // pays kSocketProviderMessageUs more per message (performance.md, session
-  // 13: at 1-4 MiB 120 KiB pieces ran as fast as or faster than larger ones;
-  // at 16 MiB 4 MiB segments took 4.5-4.8 ms against 6.0, at 64 MiB 21.6-22.8
-  // against 24.7-25.6): in-cache pieces up to a few MiB, large ones above.
+  // pays kSocketProviderMessageUs more per message (decision 0008's
+  // amendment, docs/performance.md session 13): in-cache pieces up to a few
+  // MiB, large ones above.
   auto overOfiSockets = makeTuner(over(twoNodes, "ofi", true), options);
   auto ofiAt4 = overOfiSockets->choose(shapeOf(CollKind::kAllReduce, 4 * MiB), view);
   REQUIRE(ofiAt4.isOk());
   CHECK(ofiAt4->params.segmentBytes == kSocketPieceMaxBytes);
+  auto ofiAt16 = overOfiSockets->choose(shapeOf(CollKind::kAllReduce, 16 * MiB), view);
+  REQUIRE(ofiAt16.isOk());
+  CHECK(ofiAt16->params.segmentBytes >= 2 * MiB);
   auto ofiAt64 = overOfiSockets->choose(shapeOf(CollKind::kAllReduce, 64 * MiB), view);
   REQUIRE(ofiAt64.isOk());
   CHECK(ofiAt64->params.segmentBytes >= 2 * MiB);
@@ -539,6 +541,40 @@ TEST_CASE("candidate cost follows the documented formula", "[unit][tuner]") {
   crowded.waitUs = 5.0;
   AlgorithmTerms rounds{3, 0, 0, 9};  // three rounds waiting on three peers each
   CHECK(candidateCostUs(rounds, crowded, {1, 4 * MiB}) == Approx(3 * 2.0 + 9 * 5.0));
+  // Over ofi through kernel sockets each of the N messages that cross the
+  // network costs netMessageSurchargeUs more, per piece; inside-node ones not.
+  ModelContext ofi = ctx;
+  ofi.copyLink = false;
+  ofi.cacheShareBytes = 0;
+  ofi.netMessageSurchargeUs = 5.0;
+  AlgorithmTerms mixed = terms;
+  mixed.netMessages = 2;  // of the 6
+  CHECK(candidateCostUs(mixed, ofi, {1, 4 * MiB}) == Approx(whole + 2 * 5.0));
+  CHECK(candidateCostUs(mixed, ofi, {1, 128 * KiB}) == Approx(piecewise + 4 * 2 * 5.0));
+}
+
+TEST_CASE("decompose counts the messages that cross the network apart from those inside a node", "[unit][tuner]") {
+  MachineTopology vm = smallMachine(2);
+  TopologySummary twoByTwo = summary(2, 2, LinkClass::kShm, LinkClass::kNet, vm);
+  const RankView view = viewOf(twoByTwo);
+  const CollShape shape = shapeOf(CollKind::kAllReduce, 8);
+  ModelContext ctx;
+  ctx.intraAlphaScale = 0.2;
+  ctx.intraBetaScale = 0.5;
+  // Without a surcharge nothing needs N.
+  const AlgorithmEntry* hierarchical = findAlgorithm(CollKind::kAllReduce, "hierarchical");
+  REQUIRE(hierarchical != nullptr);
+  CHECK(decompose(*hierarchical, shape, view, ctx).netMessages == 0);
+  ctx.netMessageSurchargeUs = kSocketProviderMessageUs;
+  const AlgorithmTerms split = decompose(*hierarchical, shape, view, ctx);
+  // The node phases are messages at 0.2 in M and none in N; the rail phase
+  // is in both.
+  CHECK(split.netMessages > 0);
+  CHECK(split.netMessages < split.messages);
+  ctx.intraAlphaScale = 1.0;
+  const AlgorithmTerms flat = decompose(*hierarchical, shape, view, ctx);
+  CHECK(flat.netMessages == Approx(split.netMessages));
+  CHECK(flat.messages > split.messages);
 }
 
 TEST_CASE("oversubscribed nodes prefer fewer rounds; peer reads wait on every peer", "[unit][tuner]") {
