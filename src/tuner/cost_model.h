@@ -115,6 +115,12 @@ inline constexpr int kSegmentsInFlight = 4;
 // 120 KiB: the largest multiple of 8 KiB below 128 KiB; the tuner adds it to
 // its segment sizes where the rule applies.
 inline constexpr uint64_t kSocketPieceMaxBytes = 120 << 10;
+// Through kernel sockets no collective's segment is 128 KiB: besides the
+// AllReduce's slowdown above, messages of exactly 128 KiB (a ReduceScatter
+// of 1 MiB in 128 KiB segments) drew calls of 3-10 ms in most launches on
+// the development VM, and 120 KiB ones none (decision 0008's session-13
+// amendment).
+inline constexpr uint64_t kSocketPieceStallBytes = 128 << 10;
 // libfabric's socket providers (ofi over tcp;ofi_rxm; other socket providers
 // assumed alike) pay per received message four to six system calls more
 // than Shoal's tcp transport: a poll of the endpoint's socket and signal

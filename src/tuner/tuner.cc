@@ -59,12 +59,15 @@ std::vector<uint64_t> segmentCandidates(const TunerOptions& o) {
   return out;
 }
 
-// The candidates and the largest piece whose sends through kernel sockets are
-// credited with leaving from cache (cost_model.h), in order, unless forced or
-// out of range.
+// The candidates for net through kernel sockets, unless forced: without
+// kSocketPieceStallBytes (messages of exactly that size stall there,
+// cost_model.h) and with the largest piece whose sends are credited with
+// leaving from cache (kSocketPieceMaxBytes), in order, where in range.
 std::vector<uint64_t> withSocketPiece(std::vector<uint64_t> candidates, const TunerOptions& o) {
   const uint64_t piece = kSocketPieceMaxBytes;
-  if (o.segmentBytes > 0 || piece < o.minSegmentBytes || piece > o.maxSegmentBytes) return candidates;
+  if (o.segmentBytes > 0) return candidates;
+  if (candidates.size() > 1) std::erase(candidates, kSocketPieceStallBytes);
+  if (piece < o.minSegmentBytes || piece > o.maxSegmentBytes) return candidates;
   if (std::find(candidates.begin(), candidates.end(), piece) != candidates.end()) return candidates;
   candidates.insert(std::find_if(candidates.begin(), candidates.end(), [&](uint64_t s) { return s < piece; }),
                     piece);

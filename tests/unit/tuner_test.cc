@@ -470,6 +470,22 @@ TEST_CASE("across nodes an AllReduce ring keeps its pieces in the L2; ReduceScat
   auto tcpAt16 = tuner->choose(shapeOf(CollKind::kAllReduce, 16 * MiB), view);
   REQUIRE(tcpAt16.isOk());
   CHECK(tcpAt16->params.segmentBytes == kSocketPieceMaxBytes);
+  // Through kernel sockets no collective takes 128 KiB segments (messages of
+  // exactly 128 KiB stalled, decision 0008's session-13 amendment): the
+  // ReduceScatter of 1 MiB (512 KiB per rank), which took them, takes 120 KiB.
+  for (const char* transport : {"tcp", "ofi"}) {
+    auto overSockets = makeTuner(over(twoNodes, transport, true), options);
+    for (CollKind kind : {CollKind::kAllReduce, CollKind::kReduceScatter, CollKind::kAllGather})
+      for (uint64_t bytes = 64 * KiB; bytes <= 64 * MiB; bytes *= 2) {
+        auto choice = overSockets->choose(shapeOf(kind, bytes), view);
+        REQUIRE(choice.isOk());
+        INFO(transport << " " << collKindName(kind) << " " << bytes);
+        CHECK(choice->params.segmentBytes != kSocketPieceStallBytes);
+      }
+  }
+  auto reduceScatter1M = tuner->choose(shapeOf(CollKind::kReduceScatter, 512 * KiB), view);
+  REQUIRE(reduceScatter1M.isOk());
+  CHECK(reduceScatter1M->params.segmentBytes == kSocketPieceMaxBytes);
   // Over a NIC that moves the bytes, large pieces stay.
   auto overNic =
       makeTuner(over(twoNodes, "ofi", false), options)->choose(shapeOf(CollKind::kAllReduce, 64 * MiB), view);
