@@ -84,7 +84,8 @@ class Tuner {
   TunerOptions options_;
   std::vector<int> channelCandidates_;
   std::vector<uint64_t> segmentCandidates_;
-  // segmentCandidates_ and kSocketPieceMaxBytes: for net through kernel sockets.
+  // segmentCandidates_ less kSocketPieceStallBytes and with
+  // kSocketPieceMaxBytes: for net through kernel sockets.
   std::vector<uint64_t> socketSegmentCandidates_;
   std::string forced_;                 // SHOAL_ALGO, lower case
   std::vector<std::string> allowList_; // from NCCL_ALGO (lower-case Shoal names)

@@ -178,7 +178,7 @@ void runConformanceSuite(const TransportUnderTest& transport) {
   SECTION("interleaved small and large sizes") {
     std::vector<uint64_t> sizes = {0,      1,          7,       4096,     8191,      8192,  8193, 65536,
                                    131072, 131073,     3,       1 << 20,  (1 << 20) + 5, 0, 12345, 262144 + 1,
-                                   24,     4 << 20,    17,      100000,   2,         9000000};
+                                   24,     4 << 20,    17,      100000,   2,         9000000, 524288, 524289};
     Batch ab(sizes, 6, 0);
     std::reverse(sizes.begin(), sizes.end());
     Batch ba(sizes, 7, 100);

@@ -171,9 +171,10 @@ TEST_CASE("tcp conformance / four sockets and small chunks", "[tcp][conformance]
 // --- pure pieces
 
 TEST_CASE("tcp striping plan covers every byte once", "[tcp]") {
-  for (uint64_t bytes : {0ull, 1ull, 4096ull, 131072ull, 131073ull, 1000000ull, 64ull << 20, (64ull << 20) + 3}) {
+  for (uint64_t bytes : {0ull, 1ull, 4096ull, 131072ull, 131073ull, 262144ull, 524288ull, 524289ull, 655360ull,
+                         1000000ull, 64ull << 20, (64ull << 20) + 3}) {
     for (int lanes : {1, 2, 3, 8, 64}) {
-      for (uint64_t chunk : {4096ull, 131072ull}) {
+      for (uint64_t chunk : {4096ull, 131072ull, 524288ull}) {
         int slices = tcp::sliceCount(bytes, lanes, chunk);
         REQUIRE(slices >= 1);
         REQUIRE(slices <= lanes);
@@ -191,6 +192,9 @@ TEST_CASE("tcp striping plan covers every byte once", "[tcp]") {
       }
     }
   }
+  // With the default unit (512 KiB) a 256 KiB message is one slice, not two
+  // of 128 KiB (decision 0008, amendment 2).
+  REQUIRE(tcp::sliceCount(262144, 2, static_cast<uint64_t>(params().socketChunkBytes)) == 1);
   // Small messages rotate over the lanes.
   REQUIRE(tcp::planSlice(0, 10, 4, 4096, 0).lane == 0);
   REQUIRE(tcp::planSlice(5, 10, 4, 4096, 0).lane == 1);
