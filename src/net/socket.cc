@@ -160,6 +160,10 @@ Status setSendBuffer(int fd, int64_t bytes) {
   return setIntOption(fd, SOL_SOCKET, SO_SNDBUF, value, "setsockopt(SO_SNDBUF)");
 }
 
+int64_t sameKernelSendBufferFromParams() {
+  return params().socketBufferBytes > 0 ? 0 : params().socketSameKernelSendBuffer;
+}
+
 Status setNotsentLowat(int fd, int64_t bytes) {
   if (bytes <= 0) return Status::ok();
   int value = static_cast<int>(std::min<int64_t>(bytes, std::numeric_limits<int>::max()));

@@ -51,6 +51,10 @@ Status setLiveness(int fd, const LivenessOptions& options);
 Status setBufferSizes(int fd, int64_t bytes);
 // SO_SNDBUF alone (the kernel keeps twice `bytes`); bytes <= 0 leaves autotuning on.
 Status setSendBuffer(int fd, int64_t bytes);
+// The send buffer for data sockets towards a peer on this kernel
+// (SHOAL_SOCKET_SAME_KERNEL_SNDBUF, docs/decisions/0012); 0 where
+// SHOAL_SOCKET_BUFFER_BYTES sizes the sockets itself.
+int64_t sameKernelSendBufferFromParams();
 // TCP_NOTSENT_LOWAT: at most about `bytes` queued and not yet sent; <= 0 leaves the system's default.
 Status setNotsentLowat(int fd, int64_t bytes);
 

@@ -74,6 +74,10 @@ std::vector<uint64_t> withSocketPiece(std::vector<uint64_t> candidates, const Tu
   return candidates;
 }
 
+// Whether the network between nodes is libfabric over kernel sockets, whose
+// messages cost kSocketProviderMessageUs more (cost_model.h).
+bool ofiThroughSockets(const TopologySummary& s) { return s.netCpuCopies && s.netTransport == "ofi"; }
+
 // "a\nb\n" -> "a; b": log lines stay single lines.
 std::string oneLine(std::string text) {
   while (!text.empty() && text.back() == '\n') text.pop_back();
@@ -156,9 +160,7 @@ Result<std::unique_ptr<Tuner>> Tuner::create(const TopologySummary& topo, TunerO
              s.netTransport.empty()
                  ? ""
                  : str(" (", s.netTransport, s.netCpuCopies ? ", bytes through the CPU" : "",
-                       s.netCpuCopies && s.netTransport == "ofi"
-                           ? str(", ", kSocketProviderMessageUs, " us more per message")
-                           : "",
+                       ofiThroughSockets(s) ? str(", ", kSocketProviderMessageUs, " us more per message") : "",
                        ")"),
              ", machine ",
              describeMachine(*s.machine), "; links (class alpha_us beta_GBps gamma_GBps): ",
@@ -196,7 +198,7 @@ ModelContext Tuner::contextFor(const AlgorithmEntry& entry, const RankView& view
   ctx.netSendsFromCache = !ctx.copyLink && s.netCpuCopies;
   // libfabric's socket providers make more system calls per message than the
   // tcp transport the net row was measured with (cost_model.h).
-  if (ctx.netSendsFromCache && s.netTransport == "ofi") ctx.netMessageSurchargeUs = kSocketProviderMessageUs;
+  if (!ctx.copyLink && ofiThroughSockets(s)) ctx.netMessageSurchargeUs = kSocketProviderMessageUs;
   ctx.streams = ctx.copyLink ? 1 : std::clamp(m.cores / s.maxRanksPerNode, 1, kMaxNetStreams);
   // Data from the network counts only the core's own L2 (cost_model.h).
   ctx.cacheShareBytes =

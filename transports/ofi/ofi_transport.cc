@@ -9,6 +9,7 @@
 #include "core/clock.h"
 #include "core/log.h"
 #include "core/params.h"
+#include "net/socket.h"
 #include "transports/ofi/ofi_connection.h"
 #include "transports/ofi/ofi_fabric.h"
 
@@ -303,8 +304,7 @@ Status OfiTransport::initialise() {
   railOptions.cacheEntries = static_cast<size_t>(std::max<int64_t>(params().ofiMrCacheEntries, 1));
   if (ofi::runsOverSockets(provider_)) {
     railOptions.socketNotsentLowat = params().socketNotsentLowat;
-    // As the tcp transport: SHOAL_SOCKET_BUFFER_BYTES, when set, means "leave the sizes alone" here.
-    if (params().socketBufferBytes <= 0) railOptions.socketSameKernelSendBuffer = params().socketSameKernelSendBuffer;
+    railOptions.socketSameKernelSendBuffer = net::sameKernelSendBufferFromParams();
   }
   ofi::Address address{provider_, {}};
   std::string domains;

@@ -136,12 +136,11 @@ Status prepareDataSocket(int fd, const net::LivenessOptions& liveness, int64_t s
   return Status::ok();
 }
 
-// SO_SNDBUF for a connection's sockets: SHOAL_SOCKET_SAME_KERNEL_SNDBUF when
-// the peer runs on this kernel and SHOAL_SOCKET_BUFFER_BYTES (which sizes
-// every socket from the start) is not set; else 0, autotuning.
+// SO_SNDBUF for a connection's sockets: the same-kernel size when the peer
+// runs on this kernel; else 0, autotuning.
 int64_t sendBufferFor(const ConnectOptions& options) {
-  if (params().socketBufferBytes > 0 || options.self == nullptr || options.peer == nullptr) return 0;
-  return options.self->sameKernel(*options.peer) ? params().socketSameKernelSendBuffer : 0;
+  if (options.self == nullptr || options.peer == nullptr || !options.self->sameKernel(*options.peer)) return 0;
+  return net::sameKernelSendBufferFromParams();
 }
 
 std::string sendBufferNote(int64_t sendBuffer) {
