@@ -20,8 +20,9 @@ struct GroupState {
 
 thread_local GroupState tGroup;
 // Apart from tGroup: a trivially constructed thread_local is read without a
-// thread-init guard, and every collective call asks whether a group is open.
-thread_local int tDepth = 0;
+// thread-init guard, and every collective call asks whether a group is open
+// (initial-exec: a plain load, not a call to __tls_get_addr; see core/log.cc).
+[[gnu::tls_model("initial-exec")]] thread_local int tDepth = 0;
 
 Status runInits(std::vector<std::function<Status()>>& inits) {
   if (inits.size() == 1) return inits[0]();

@@ -80,12 +80,16 @@ LogConfig load() {
 std::mutex gMutex;
 LogConfig* gConfig = nullptr;
 std::atomic<bool> gLoaded{false};
-thread_local int tRank = -1;
+// Set on every collective call: the initial-exec model makes that a plain
+// store instead of a call to __tls_get_addr (4 bytes of the static TLS that
+// glibc keeps for libraries loaded later, e.g. by dlopen).
+[[gnu::tls_model("initial-exec")]] thread_local int tRank = -1;
 
 const LogConfig& config() {
   if (!gLoaded.load(std::memory_order_acquire)) {
     std::lock_guard<std::mutex> lock(gMutex);
     if (!gConfig) gConfig = new LogConfig(load());  // lives for the process
+    detail::gLogCeiling.store(static_cast<int>(gConfig->level), std::memory_order_relaxed);
     gLoaded.store(true, std::memory_order_release);
   }
   return *gConfig;
@@ -93,11 +97,15 @@ const LogConfig& config() {
 
 }  // namespace
 
-bool logEnabled(LogLevel level, uint32_t flags) {
+namespace detail {
+std::atomic<int> gLogCeiling{static_cast<int>(LogLevel::kTrace) + 1};
+
+bool logEnabledSlow(LogLevel level, uint32_t flags) {
   const LogConfig& c = config();
   if (level == LogLevel::kWarn || level == LogLevel::kVersion) return c.level >= level && c.level != LogLevel::kNone;
   return c.level >= level && (c.flags & flags) != 0;
 }
+}  // namespace detail
 
 void logLine(LogLevel level, uint32_t /*flags*/, const char* file, int line, const std::string& msg) {
   const LogConfig& c = config();
@@ -122,6 +130,7 @@ void resetLogConfig() {
   std::lock_guard<std::mutex> lock(gMutex);
   delete gConfig;
   gConfig = new LogConfig(load());
+  detail::gLogCeiling.store(static_cast<int>(gConfig->level), std::memory_order_relaxed);
   gLoaded.store(true, std::memory_order_release);
 }
 

@@ -6,6 +6,7 @@
 // while it works for a rank.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 
@@ -23,7 +24,18 @@ inline constexpr uint32_t kInit = 0x1, kColl = 0x2, kP2p = 0x4, kShm = 0x8, kNet
                           kDestroy = 0x10000, kAll = ~0u;
 }
 
-bool logEnabled(LogLevel level, uint32_t flags);
+namespace detail {
+// The most verbose level the settings let through, or above kTrace until they
+// are read: a line above it is off after one load and a compare at its call
+// site (every collective call passes a TRACE line).
+extern std::atomic<int> gLogCeiling;
+bool logEnabledSlow(LogLevel level, uint32_t flags);
+}  // namespace detail
+
+inline bool logEnabled(LogLevel level, uint32_t flags) {
+  if (static_cast<int>(level) > detail::gLogCeiling.load(std::memory_order_relaxed)) return false;
+  return detail::logEnabledSlow(level, flags);
+}
 void logLine(LogLevel level, uint32_t flags, const char* file, int line, const std::string& msg);
 void setLogRank(int rank);  // thread-local; -1 hides it
 // Re-reads the log settings (tests).

@@ -4,6 +4,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "core/log.h"
 #include "core/params.h"
 
 using namespace shoal;
@@ -20,6 +21,36 @@ TEST_CASE("parameters come from the environment with defaults", "[unit]") {
   REQUIRE(params().progressTimeoutMs == 300000);  // a bad number keeps the default
   unsetenv("SHOAL_PROGRESS_TIMEOUT_MS");
   reloadParams();
+}
+
+TEST_CASE("NCCL_DEBUG and NCCL_DEBUG_SUBSYS decide which lines pass", "[unit]") {
+  auto load = [](const char* level, const char* subsys) {
+    if (level) setenv("NCCL_DEBUG", level, 1);
+    else unsetenv("NCCL_DEBUG");
+    if (subsys) setenv("NCCL_DEBUG_SUBSYS", subsys, 1);
+    else unsetenv("NCCL_DEBUG_SUBSYS");
+    reloadParams();
+    resetLogConfig();
+  };
+  load(nullptr, nullptr);  // NCCL's default: nothing, not even warnings
+  CHECK_FALSE(logEnabled(LogLevel::kWarn, subsys::kAll));
+  CHECK_FALSE(logEnabled(LogLevel::kTrace, subsys::kColl));
+  load("WARN", nullptr);
+  CHECK(logEnabled(LogLevel::kWarn, subsys::kAll));
+  CHECK(logEnabled(LogLevel::kVersion, subsys::kAll));
+  CHECK_FALSE(logEnabled(LogLevel::kInfo, subsys::kInit));
+  load("INFO", "NET,TUNING");
+  CHECK(logEnabled(LogLevel::kInfo, subsys::kNet));
+  CHECK(logEnabled(LogLevel::kInfo, subsys::kTuning));
+  CHECK_FALSE(logEnabled(LogLevel::kInfo, subsys::kColl));
+  CHECK_FALSE(logEnabled(LogLevel::kTrace, subsys::kNet));  // above the level, whatever the subsystem
+  load("TRACE", "^NET");
+  CHECK(logEnabled(LogLevel::kTrace, subsys::kColl));
+  CHECK_FALSE(logEnabled(LogLevel::kTrace, subsys::kNet));
+  load("info", nullptr);  // case-insensitive, NCCL's default subsystems
+  CHECK(logEnabled(LogLevel::kInfo, subsys::kInit));
+  CHECK_FALSE(logEnabled(LogLevel::kTrace, subsys::kInit));
+  load(nullptr, nullptr);
 }
 
 TEST_CASE("NCCL_CONF_FILE supplies values the environment does not set", "[unit]") {
