@@ -129,6 +129,53 @@ TEST_CASE("shm single copy is used for large messages and moves data", "[shm]") 
   CHECK(shm->singleCopyToPeer());
 }
 
+TEST_CASE("shm writes a small send when it is posted, a large one when polled", "[shm]") {
+  ScopedEnv env{{"SHOAL_SHM_CMA", "0"}};
+  PairWorld world;
+  auto pair = world.connect(0);
+  std::vector<Completion> a, b;
+  // Attach both ends with one message.
+  uint64_t first = 1;
+  uint64_t got = 0;
+  REQUIRE(pair.first->postSend(&first, sizeof(first), 1, 1).isOk());
+  REQUIRE(pair.second->postRecv(&got, sizeof(got), 1, 2).isOk());
+  REQUIRE(pumpUntil(pair, 1, 1, a, b).isOk());
+  REQUIRE(got == 1);
+
+  // Small (up to 4 KiB): the receiver completes while the sender never polls.
+  std::vector<uint8_t> small(4096), smallIn(4096, 0);
+  for (size_t i = 0; i < small.size(); ++i) small[i] = static_cast<uint8_t>(i * 7 + 3);
+  REQUIRE(pair.first->postSend(small.data(), small.size(), 2, 3).isOk());
+  REQUIRE(pair.second->postRecv(smallIn.data(), smallIn.size(), 2, 4).isOk());
+  std::vector<Completion> done;
+  bool moved = false;
+  REQUIRE(pair.second->poll(done, moved).isOk());
+  REQUIRE(done.size() == 1);
+  CHECK(done[0].token == 4);
+  CHECK(smallIn == small);
+  // The send still completes through the sender's next poll, exactly once.
+  done.clear();
+  REQUIRE(pair.first->poll(done, moved).isOk());
+  REQUIRE(done.size() == 1);
+  CHECK(done[0].token == 3);
+  CHECK(pair.first->pending() == 0);
+  done.clear();
+  REQUIRE(pair.first->poll(done, moved).isOk());
+  CHECK(done.empty());
+
+  // Larger: nothing reaches the ring until the sender polls.
+  std::vector<uint8_t> large(4097, 9), largeIn(4097, 0);
+  REQUIRE(pair.first->postSend(large.data(), large.size(), 3, 5).isOk());
+  REQUIRE(pair.second->postRecv(largeIn.data(), largeIn.size(), 3, 6).isOk());
+  done.clear();
+  REQUIRE(pair.second->poll(done, moved).isOk());
+  CHECK(done.empty());
+  a.clear();
+  b.clear();
+  REQUIRE(pumpUntil(pair, 1, 1, a, b).isOk());
+  CHECK(largeIn == large);
+}
+
 TEST_CASE("shm with SHOAL_SHM_CMA=0 never reads the peer directly", "[shm]") {
   ScopedEnv env{{"SHOAL_SHM_CMA", "0"}};
   PairWorld world;

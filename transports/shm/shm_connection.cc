@@ -36,6 +36,9 @@ constexpr int64_t kPeerCheckIntervalNs = 10'000'000;
 // Bytes one poll() copies by process_vm_readv before returning, so other
 // connections and steps of the same job keep moving during a huge message.
 constexpr uint64_t kSingleCopyBytesPerPoll = 4ull << 20;
+// Sends up to this size are written by postSend when nothing is queued ahead
+// (latency-bound messages; larger ones are written by poll(), as before).
+constexpr uint64_t kWriteAtPostBytes = 4096;
 
 uint64_t slotsFor(uint64_t frameBytes) { return (kFrameHeaderBytes + frameBytes + kSlotBytes - 1) / kSlotBytes; }
 
@@ -84,6 +87,13 @@ std::string ShmConnection::peerFailure() const {
 Status ShmConnection::postSend(const void* data, uint64_t bytes, uint64_t tag, uint64_t token) {
   if (!failure_.isOk()) return failure_;
   sends_.push_back() = SendOp{static_cast<const uint8_t*>(data), bytes, tag, token, 0};
+  // A small send with nothing queued ahead of it goes into the ring now: the
+  // peer may already wait for it, and the engine posts this job's other steps
+  // (and starts its poll) before it would otherwise be written.
+  if (attached_ && sends_.size() == 1 && bytes <= kWriteAtPostBytes) {
+    bool moved = false;
+    if (Status s = pumpSends(writtenAtPost_, moved); !s.isOk()) return fail(std::move(s));
+  }
   return Status::ok();
 }
 
@@ -126,6 +136,11 @@ Status ShmConnection::poll(std::vector<Completion>& done, bool& progressed) {
   if (!attached_) {
     if (Status s = attach(); !s.isOk()) return fail(std::move(s));
     if (!attached_) return Status::ok();
+  }
+  if (!writtenAtPost_.empty()) {
+    done.insert(done.end(), writtenAtPost_.begin(), writtenAtPost_.end());
+    writtenAtPost_.clear();
+    progressed = true;
   }
   // The pass a waiting rank repeats: nothing to write, nothing arrived. Kept
   // short, since a frame that lands mid-pass is seen only at the next one.

@@ -62,7 +62,9 @@ class ShmConnection final : public Connection {
   Status postSend(const void* data, uint64_t bytes, uint64_t tag, uint64_t token) override;
   Status postRecv(void* data, uint64_t bytes, uint64_t tag, uint64_t token) override;
   Status poll(std::vector<Completion>& done, bool& progressed) override;
-  size_t pending() const override { return sends_.size() + cmaWaits_.size() + recvs_.size(); }
+  size_t pending() const override {
+    return sends_.size() + cmaWaits_.size() + recvs_.size() + writtenAtPost_.size();
+  }
   const std::string& peerDescription() const override { return peer_; }
   bool carriesFailureReports() const override { return true; }
   void publishFailure(std::string_view reason) override;
@@ -131,6 +133,7 @@ class ShmConnection final : public Connection {
   uint64_t cmaRead_ = 0;
 
   RingQueue<SendOp> sends_;
+  std::vector<Completion> writtenAtPost_;  // sends postSend wrote; the next poll() reports them
   RingQueue<CmaWait> cmaWaits_;
   RingQueue<RecvOp> recvs_;
   int64_t nextPeerCheckNs_ = 0;
