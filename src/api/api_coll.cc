@@ -102,7 +102,9 @@ Status dispatch(ncclComm_t handle, const std::shared_ptr<Communicator>& comm, Op
 Status collective(ncclComm_t handle, CollKind kind, const void* sendbuff, void* recvbuff,
                   size_t count, ncclDataType_t datatype, ncclRedOp_t op, int root,
                   cudaStream_t stream) {
-  SHOAL_ASSIGN_OR_RETURN(auto comm, readyComm(handle));
+  CommCall call(handle);
+  SHOAL_TRY(call.status());
+  const std::shared_ptr<Communicator>& comm = call.comm();
   SHOAL_TRY(checkDataType(datatype));
   OpRequest req;
   req.shape.kind = kind;
@@ -165,7 +167,9 @@ Status collective(ncclComm_t handle, CollKind kind, const void* sendbuff, void* 
 
 Status pointToPoint(ncclComm_t handle, CollKind kind, const void* sendbuff, void* recvbuff,
                     size_t count, ncclDataType_t datatype, int peer, cudaStream_t stream) {
-  SHOAL_ASSIGN_OR_RETURN(auto comm, readyComm(handle));
+  CommCall call(handle);
+  SHOAL_TRY(call.status());
+  const std::shared_ptr<Communicator>& comm = call.comm();
   SHOAL_TRY(checkDataType(datatype));
   if (peer < 0 || peer >= comm->nranks())
     return invalidArgument("invalid peer ", peer, " (nranks ", comm->nranks(), ")");

@@ -8,6 +8,7 @@
 #include "api/config.h"
 #include "bootstrap/bootstrap.h"
 #include "comm/group.h"
+#include "core/fence.h"
 #include "core/log.h"
 #include "core/params.h"
 
@@ -30,9 +31,23 @@ void logVersionOnce() {
   });
 }
 
+// How long ncclCommAbort and ncclCommDestroy wait for calls still inside the
+// communicator on other threads (they return within one engine pass of the
+// abort flag, or at a connect deadline that the flag also cancels).
+constexpr int64_t kCallsLeaveMs = 10000;
+
+// A call did not leave in time: keep the handle and its communicator rather
+// than free memory that call still uses.
+[[gnu::cold]] Status leakBusyHandle(ncclComm_t comm, const char* function) {
+  SHOAL_WARN(function, ": a call on another thread is still inside ", static_cast<void*>(comm), " after ",
+             kCallsLeaveMs, " ms; its memory is kept");
+  return Status::ok();
+}
+
 // Creates the handle and the work that initializes it; the caller decides
 // whether that work runs now, at the outermost ncclGroupEnd, or on a thread.
 ncclComm_t newHandle() {
+  enableAsymmetricFences();  // before any CommCall can use the handle
   auto* handle = new ncclComm();
   return handle;
 }
@@ -274,6 +289,9 @@ SHOAL_API(ncclResult_t, ncclCommDestroy, (ncclComm_t comm)) {
     if (comm->initThread.joinable()) comm->initThread.join();  // destroy is blocking
     Status st;
     if (auto impl = comm->shared->impl; impl && !impl->aborted()) st = impl->finalize();
+    // NCCL forbids using a communicator while destroying it; a call that
+    // does anyway is waited for rather than left with freed memory.
+    if (!api::waitForCalls(*comm, Deadline::afterMs(kCallsLeaveMs))) return leakBusyHandle(comm, "ncclCommDestroy");
     delete comm;
     return st;
   });
@@ -295,6 +313,9 @@ SHOAL_API(ncclResult_t, ncclCommAbort, (ncclComm_t comm)) {
       impl = comm->shared->impl;
     }
     if (impl) impl->abort();
+    // A call still inside on another thread (a watchdog aborting a hung
+    // collective) sees the abort flag and returns; wait for it to leave.
+    if (!api::waitForCalls(*comm, Deadline::afterMs(kCallsLeaveMs))) return leakBusyHandle(comm, "ncclCommAbort");
     delete comm;
     return Status::ok();
   });

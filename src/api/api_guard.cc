@@ -1,5 +1,8 @@
 #include "api/api_guard.h"
 
+#include <time.h>
+
+#include "core/fence.h"
 #include "core/log.h"
 
 namespace shoal::api {
@@ -26,7 +29,10 @@ ncclResult_t toResult(const Status& status) {
   return static_cast<ncclResult_t>(toNcclCode(status.code()));
 }
 
-Result<std::shared_ptr<Communicator>> readyComm(ncclComm_t comm) {
+namespace {
+
+// Why a handle cannot be used, apart from an abort; ok when it can.
+Status checkHandle(ncclComm_t comm) {
   if (comm == nullptr) return invalidArgument("comm is NULL");
   if (comm->magic != ncclComm::kMagic)
     return invalidArgument("comm ", static_cast<void*>(comm),
@@ -41,9 +47,48 @@ Result<std::shared_ptr<Communicator>> readyComm(ncclComm_t comm) {
     return Status(Code::kInvalidUsage,
                   str("communicator failed to initialize: ", comm->shared->initError.message()));
   }
+  return Status::ok();
+}
+
+[[gnu::cold, gnu::noinline]] Status abortedError(const Communicator& impl) {
+  return invalidUsage(impl.describe(), " was aborted");
+}
+
+}  // namespace
+
+Result<std::shared_ptr<Communicator>> readyComm(ncclComm_t comm) {
+  SHOAL_TRY(checkHandle(comm));
   auto impl = comm->shared->impl;
-  if (impl->aborted()) return invalidUsage(impl->describe(), " was aborted");
+  if (impl->aborted()) return abortedError(*impl);
   return impl;
+}
+
+CommCall::CommCall(ncclComm_t handle) : status_(checkHandle(handle)) {
+  if (!status_.isOk()) [[unlikely]]
+    return;
+  shared_ = handle->shared.get();
+  std::atomic<int>& inside = shared_->callsInside;
+  inside.store(inside.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  lightFence();  // the mark is visible before the abort flag is read (waitForCalls)
+  impl_ = &shared_->impl;
+  if ((*impl_)->aborted()) [[unlikely]]
+    status_ = abortedError(**impl_);
+}
+
+CommCall::~CommCall() {
+  if (shared_ == nullptr) return;
+  std::atomic<int>& inside = shared_->callsInside;
+  inside.store(inside.load(std::memory_order_relaxed) - 1, std::memory_order_release);
+}
+
+bool waitForCalls(ncclComm& comm, Deadline deadline) {
+  heavyFence();  // pairs with CommCall's light fence
+  while (comm.shared->callsInside.load(std::memory_order_acquire) > 0) {
+    if (deadline.expired()) return false;
+    timespec pause{0, 1'000'000};
+    nanosleep(&pause, nullptr);
+  }
+  return true;
 }
 
 }  // namespace shoal::api

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "comm/communicator.h"
+#include "core/clock.h"
 #include "core/status.h"
 
 #define SHOAL_EXPORT extern "C" __attribute__((visibility("default")))
@@ -34,6 +35,7 @@ struct ncclComm {
     std::mutex mutex;
     shoal::Status initError;
     std::shared_ptr<shoal::Communicator> impl;  // set before state = ncclSuccess
+    std::atomic<int> callsInside{0};            // CommCalls now using impl (api::CommCall)
   };
   uint64_t magic = kMagic;
   int cudaDev = -1;
@@ -68,5 +70,36 @@ ncclResult_t guard(const char* function, Body&& body) noexcept {
 // The communicator behind a handle, ready for use, or an error that says why
 // not (NULL, destroyed, still initializing, failed, aborted).
 Result<std::shared_ptr<Communicator>> readyComm(ncclComm_t comm);
+
+// A collective or point-to-point call's hold on its communicator, for as long
+// as the call runs, without a reference count: copying the shared_ptr costs
+// two locked instructions, ~9 ns of a ~100 ns 64-byte AllReduce on one rank.
+// The call marks itself inside the handle's shared state with a plain store
+// and a light fence (core/fence.h), then checks for abort; ncclCommAbort and
+// ncclCommDestroy set the abort flag (or finish), fence heavily and wait for
+// calls inside to leave before freeing (waitForCalls). NCCL lets one thread at
+// a time use a communicator, so the count is a plain load and store.
+class CommCall {
+ public:
+  explicit CommCall(ncclComm_t handle);
+  ~CommCall();
+  CommCall(const CommCall&) = delete;
+  CommCall& operator=(const CommCall&) = delete;
+
+  // Ok, or why the communicator cannot be used (as readyComm says).
+  const Status& status() const { return status_; }
+  // Valid while the call lives and status() is ok.
+  const std::shared_ptr<Communicator>& comm() const { return *impl_; }
+
+ private:
+  ncclComm::Shared* shared_ = nullptr;  // set once marked inside
+  const std::shared_ptr<Communicator>* impl_ = nullptr;
+  Status status_;
+};
+
+// After the communicator was aborted or finalized: waits until no CommCall is
+// inside the handle; false if one still is at the deadline (then the handle
+// must not be freed).
+bool waitForCalls(ncclComm& comm, Deadline deadline);
 
 }  // namespace shoal::api

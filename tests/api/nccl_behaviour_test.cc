@@ -779,6 +779,38 @@ TEST_CASE("ncclCommAbort of a nonblocking split still initializing returns promp
   if (threadsBefore > 0) CHECK(threadCountSettlingAt(threadsBefore) == threadsBefore);
 }
 
+TEST_CASE("ncclCommAbort from another thread ends a blocking collective and waits for it to leave",
+          "[api]") {
+  World w(2);
+  std::vector<float> buf(1024, 1.0f);
+  std::atomic<bool> started{false};
+  std::atomic<bool> returned{false};
+  ncclResult_t rc = ncclSuccess;
+  std::string error;
+  // Rank 0 waits in the AllReduce: rank 1 never calls it.
+  std::thread caller([&] {
+    started.store(true);
+    rc = ncclAllReduce(buf.data(), buf.data(), buf.size(), ncclFloat, ncclSum, w[0], nullptr);
+    error = ncclGetLastError(nullptr);
+    returned.store(true);
+  });
+  while (!started.load()) std::this_thread::yield();
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  CHECK_FALSE(returned.load());
+  auto t0 = Clock::now();
+  NCCL_OK(ncclCommAbort(w[0]));  // frees the communicator only once the call has left it
+  w.release(0);
+  double abortMs = msSince(t0);
+  caller.join();
+  INFO("ncclCommAbort took " << abortMs << " ms; the call said: " << error);
+  CHECK(abortMs < 5000);
+  CHECK(rc != ncclSuccess);
+  CHECK(mentions(error, "aborted"));
+  // The other rank is unaffected and can still go away cleanly.
+  NCCL_OK(ncclCommDestroy(w[1]));
+  w.release(1);
+}
+
 TEST_CASE("ncclCommAbort from another thread ends an init that ncclGroupEnd runs", "[api][group]") {
   ncclUniqueId id = newId();
   std::atomic<ncclComm_t> handle{nullptr};
