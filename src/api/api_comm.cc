@@ -31,17 +31,16 @@ void logVersionOnce() {
   });
 }
 
-// How long ncclCommAbort and ncclCommDestroy wait for calls still inside the
-// communicator on other threads (they return within one engine pass of the
-// abort flag, or at a connect deadline that the flag also cancels).
+// How long ncclCommAbort waits for calls still inside the communicator on
+// other threads (they return within one engine pass of the abort flag, or at
+// a connect deadline that the flag also cancels).
 constexpr int64_t kCallsLeaveMs = 10000;
 
-// A call did not leave in time: keep the handle and its communicator rather
-// than free memory that call still uses.
-[[gnu::cold]] Status leakBusyHandle(ncclComm_t comm, const char* function) {
+// A call is still inside (or no barrier could order the check): keep the
+// handle and its communicator rather than free memory that call uses.
+[[gnu::cold]] void leakBusyHandle(ncclComm_t comm, const char* function, int64_t waitedMs) {
   SHOAL_WARN(function, ": a call on another thread is still inside ", static_cast<void*>(comm), " after ",
-             kCallsLeaveMs, " ms; its memory is kept");
-  return Status::ok();
+             waitedMs, " ms; its memory is kept");
 }
 
 // Creates the handle and the work that initializes it; the caller decides
@@ -289,9 +288,12 @@ SHOAL_API(ncclResult_t, ncclCommDestroy, (ncclComm_t comm)) {
     if (comm->initThread.joinable()) comm->initThread.join();  // destroy is blocking
     Status st;
     if (auto impl = comm->shared->impl; impl && !impl->aborted()) st = impl->finalize();
-    // NCCL forbids using a communicator while destroying it; a call that
-    // does anyway is waited for rather than left with freed memory.
-    if (!api::waitForCalls(*comm, Deadline::afterMs(kCallsLeaveMs))) return leakBusyHandle(comm, "ncclCommDestroy");
+    // NCCL forbids using a communicator while destroying it, and nothing
+    // tells such a call to leave; one found inside keeps the memory it uses.
+    if (!api::waitForCalls(*comm, Deadline::afterMs(0))) {
+      leakBusyHandle(comm, "ncclCommDestroy", 0);
+      return st;
+    }
     delete comm;
     return st;
   });
@@ -315,7 +317,10 @@ SHOAL_API(ncclResult_t, ncclCommAbort, (ncclComm_t comm)) {
     if (impl) impl->abort();
     // A call still inside on another thread (a watchdog aborting a hung
     // collective) sees the abort flag and returns; wait for it to leave.
-    if (!api::waitForCalls(*comm, Deadline::afterMs(kCallsLeaveMs))) return leakBusyHandle(comm, "ncclCommAbort");
+    if (!api::waitForCalls(*comm, Deadline::afterMs(kCallsLeaveMs))) {
+      leakBusyHandle(comm, "ncclCommAbort", kCallsLeaveMs);
+      return Status::ok();
+    }
     delete comm;
     return Status::ok();
   });

@@ -71,8 +71,14 @@ CommCall::CommCall(ncclComm_t handle) : status_(checkHandle(handle)) {
   inside.store(inside.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   lightFence();  // the mark is visible before the abort flag is read (waitForCalls)
   impl_ = &shared_->impl;
-  if ((*impl_)->aborted()) [[unlikely]]
-    status_ = abortedError(**impl_);
+  if ((*impl_)->aborted()) [[unlikely]] {
+    try {
+      status_ = abortedError(**impl_);  // still marked: abort waits while it reads
+    } catch (...) {
+      inside.store(inside.load(std::memory_order_relaxed) - 1, std::memory_order_release);
+      throw;  // no destructor runs for a constructor that throws
+    }
+  }
 }
 
 CommCall::~CommCall() {
@@ -82,7 +88,7 @@ CommCall::~CommCall() {
 }
 
 bool waitForCalls(ncclComm& comm, Deadline deadline) {
-  heavyFence();  // pairs with CommCall's light fence
+  if (!heavyFence()) return false;  // pairs with CommCall's light fence
   while (comm.shared->callsInside.load(std::memory_order_acquire) > 0) {
     if (deadline.expired()) return false;
     timespec pause{0, 1'000'000};

@@ -27,16 +27,15 @@ void enableAsymmetricFences() {
   });
 }
 
-void heavyFence() {
+bool heavyFence() {
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (detail::gHeavyFenceInterrupts.load(std::memory_order_seq_cst) &&
-      membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED) == 0)
-    return;
-  // Not registered (or refused now): light fences are full fences as well,
-  // except those that read the flag as set, which cannot happen without a
-  // successful registration; if the expedited call itself fails after that,
-  // fall back to the global (slow, synchronize_rcu-based) command.
-  if (detail::gHeavyFenceInterrupts.load(std::memory_order_relaxed)) (void)membarrier(MEMBARRIER_CMD_GLOBAL);
+  // Not registered: light fences are full fences too, so this one suffices.
+  if (!detail::gHeavyFenceInterrupts.load(std::memory_order_seq_cst)) return true;
+  // Registered: light fences are compiler barriers, so every running thread
+  // must be made to execute a barrier; the global command (slower) if the
+  // expedited one is refused now.
+  if (membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED) == 0) return true;
+  return membarrier(MEMBARRIER_CMD_GLOBAL) == 0;
 }
 
 }  // namespace shoal

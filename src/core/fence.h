@@ -31,6 +31,8 @@ inline void lightFence() {
     std::atomic_thread_fence(std::memory_order_seq_cst);
 }
 
-void heavyFence();
+// False when no barrier could be forced on the other threads (membarrier
+// registered, then refused): the caller must not rely on the handshake.
+[[nodiscard]] bool heavyFence();
 
 }  // namespace shoal

@@ -17,6 +17,8 @@
 #include <nccl.h>
 #include <shoal/shoal.h>
 
+#include "api/api_guard.h"  // ncclComm's shared state: CommCall's mark
+
 #include <catch2/catch.hpp>
 
 #include <dirent.h>
@@ -795,7 +797,13 @@ TEST_CASE("ncclCommAbort from another thread ends a blocking collective and wait
     returned.store(true);
   });
   while (!started.load()) std::this_thread::yield();
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  // Abort only once the call is inside (CommCall's mark): a handle freed
+  // before the call reads it would be the test's own use-after-free.
+  auto waitStart = Clock::now();
+  while (w[0]->shared->callsInside.load() == 0 && msSince(waitStart) < 5000)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  REQUIRE(w[0]->shared->callsInside.load() == 1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
   CHECK_FALSE(returned.load());
   auto t0 = Clock::now();
   NCCL_OK(ncclCommAbort(w[0]));  // frees the communicator only once the call has left it
