@@ -43,13 +43,13 @@ bool active() { return tDepth > 0; }
 int depth() { return tDepth; }
 void start() { ++tDepth; }
 
-void addOp(std::shared_ptr<Communicator> comm, OpRequest op) {
+void addOp(const std::shared_ptr<Communicator>& comm, OpRequest op) {
   for (auto& c : tGroup.comms)
     if (c.comm == comm) {
       c.ops.push_back(std::move(op));
       return;
     }
-  tGroup.comms.push_back({std::move(comm), {std::move(op)}});
+  tGroup.comms.push_back({comm, {std::move(op)}});  // the one reference the group keeps
 }
 
 void addInit(std::function<Status()> init) { tGroup.inits.push_back(std::move(init)); }

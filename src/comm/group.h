@@ -28,7 +28,7 @@ Status end();
 Result<float> simulateEnd();
 
 // Records an operation inside the current group.
-void addOp(std::shared_ptr<Communicator> comm, OpRequest op);
+void addOp(const std::shared_ptr<Communicator>& comm, OpRequest op);
 // Records an init to run at the outermost end.
 void addInit(std::function<Status()> init);
 
