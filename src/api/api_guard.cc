@@ -75,14 +75,17 @@ CommCall::CommCall(ncclComm_t handle) : status_(checkHandle(handle)) {
     try {
       status_ = abortedError(**impl_);  // still marked: abort waits while it reads
     } catch (...) {
-      inside.store(inside.load(std::memory_order_relaxed) - 1, std::memory_order_release);
+      leave();
       throw;  // no destructor runs for a constructor that throws
     }
   }
 }
 
 CommCall::~CommCall() {
-  if (shared_ == nullptr) return;
+  if (shared_ != nullptr) leave();
+}
+
+void CommCall::leave() {
   std::atomic<int>& inside = shared_->callsInside;
   inside.store(inside.load(std::memory_order_relaxed) - 1, std::memory_order_release);
 }

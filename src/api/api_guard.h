@@ -92,6 +92,8 @@ class CommCall {
   const std::shared_ptr<Communicator>& comm() const { return *impl_; }
 
  private:
+  void leave();  // undoes the mark (release: the call's accesses come first)
+
   ncclComm::Shared* shared_ = nullptr;  // set once marked inside
   const std::shared_ptr<Communicator>* impl_ = nullptr;
   Status status_;

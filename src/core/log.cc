@@ -85,12 +85,17 @@ std::atomic<bool> gLoaded{false};
 // glibc keeps for libraries loaded later, e.g. by dlopen).
 [[gnu::tls_model("initial-exec")]] thread_local int tRank = -1;
 
+// With gMutex held: gConfig is read; publish what derives from it.
+void publishLoadedLocked() {
+  detail::gLogCeiling.store(static_cast<int>(gConfig->level), std::memory_order_relaxed);
+  gLoaded.store(true, std::memory_order_release);
+}
+
 const LogConfig& config() {
   if (!gLoaded.load(std::memory_order_acquire)) {
     std::lock_guard<std::mutex> lock(gMutex);
     if (!gConfig) gConfig = new LogConfig(load());  // lives for the process
-    detail::gLogCeiling.store(static_cast<int>(gConfig->level), std::memory_order_relaxed);
-    gLoaded.store(true, std::memory_order_release);
+    publishLoadedLocked();
   }
   return *gConfig;
 }
@@ -130,8 +135,7 @@ void resetLogConfig() {
   std::lock_guard<std::mutex> lock(gMutex);
   delete gConfig;
   gConfig = new LogConfig(load());
-  detail::gLogCeiling.store(static_cast<int>(gConfig->level), std::memory_order_relaxed);
-  gLoaded.store(true, std::memory_order_release);
+  publishLoadedLocked();
 }
 
 }  // namespace shoal
