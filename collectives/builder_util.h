@@ -64,6 +64,11 @@ class StepEmitter {
   uint32_t copy(Slice dst, Slice src, uint64_t bytes, uint8_t flags = 0);
   uint32_t divide(Slice dst, Slice src, uint64_t bytes);
 
+  // Whether `a` and `b` (`bytes` each) may share memory when the plan runs:
+  // overlapping parts of one buffer, or send and recv bytes at one address in
+  // an in-place call (only when the shape is in place).
+  bool mayOverlap(Slice a, Slice b, uint64_t bytes) const;
+
   // The local contribution alone becomes the result: dst = src (times the scalar
   // for kPreMulSum, divided for an integer average). nranks == 1 and the like.
   void finishLocal(Slice dst, Slice src, uint64_t bytes, const ReduceSpec& spec);

@@ -45,4 +45,11 @@ OpLayout opLayout(const CollShape& shape, int rank, int nranks) {
   return l;
 }
 
+bool isInPlaceCall(const CollShape& shape, const void* sendbuff, const void* recvbuff, int rank, int nranks) {
+  if (sendbuff == nullptr || recvbuff == nullptr) return false;
+  const OpLayout l = opLayout(shape, rank, nranks);
+  return l.mayAlias &&
+         reinterpret_cast<uintptr_t>(sendbuff) == reinterpret_cast<uintptr_t>(recvbuff) + static_cast<uint64_t>(l.inPlaceDelta);
+}
+
 }  // namespace shoal

@@ -31,4 +31,9 @@ struct OpLayout {
 
 OpLayout opLayout(const CollShape& shape, int rank, int nranks);
 
+// Whether a call with these buffers is in place on this rank: an in-place call
+// is defined here and sendbuff is recvbuff + inPlaceDelta (what
+// CollShape::inPlace records).
+bool isInPlaceCall(const CollShape& shape, const void* sendbuff, const void* recvbuff, int rank, int nranks);
+
 }  // namespace shoal

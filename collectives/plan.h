@@ -127,6 +127,10 @@ struct CollShape {
   int root = -1;         // Broadcast, Reduce, Gather, Scatter
   int peer = -1;         // Send, Recv
   uint64_t divisor = 0;  // > 1: integer average, divide the reduced result by it
+  // The call's buffers sit at NCCL's in-place offset (collectives/layout.h,
+  // isInPlaceCall). A plan built for false may take send and recv for
+  // disjoint memory; one built for true is also right out of place.
+  bool inPlace = false;
 };
 
 // The rank's view of the communicator, as algorithms need it.

@@ -771,6 +771,16 @@ Status simulatePlans(const std::vector<PlanPtr>& plans,
       return internalError("simulate: rank ", r, " has buffers for ", buffers[r].size(), " of ",
                            rs.plan->shapes.size(), " ops");
     rs.ops = opInfos(*rs.plan);
+    for (size_t k = 0; k < rs.ops.size(); ++k) {
+      // A plan built out of place may take the two buffers for disjoint memory.
+      const OpLayout& l = rs.ops[k].layout;
+      const auto send = reinterpret_cast<uintptr_t>(buffers[r][k].send);
+      const auto recv = reinterpret_cast<uintptr_t>(buffers[r][k].recv);
+      if (!rs.plan->shapes[k].inPlace && l.sendBytes > 0 && l.recvBytes > 0 && send != 0 && recv != 0 &&
+          send < recv + l.recvBytes && recv < send + l.sendBytes)
+        return invalidArgument("simulate: rank ", r, " op ", k,
+                               ": the plan was built out of place, the buffers overlap");
+    }
     rs.scratch.assign(rs.plan->scratchBytes, 0xA5);
     const size_t steps = rs.plan->steps.size();
     total += steps;

@@ -20,8 +20,9 @@
 //                through dependencies) write the same byte, or one writes a byte
 //                the other reads. With options.inPlace, send and recv share
 //                addresses at NCCL's in-place offsets, which covers out-of-place
-//                calls too. Inside a step, dst equals or is disjoint from its
-//                sources.
+//                calls too (builders order by bytes as if in place, even for a
+//                shape built out of place). Inside a step, dst equals or is
+//                disjoint from its sources.
 //   output       every byte of recv that the collective defines on the rank is
 //                written by some step.
 //   matching     the k-th Send on lane (r -> p, channel c) meets the k-th Recv on
@@ -37,9 +38,10 @@
 // simulatePlans() executes every rank's plan on real memory: an in-memory FIFO
 // per lane, a step runs when its dependencies are done (ready steps run in a
 // seeded random order), a Recv takes the matching Send's bytes. Send and recv
-// buffers are caller memory and may alias (in-place calls); scratch is
-// allocated here and filled with garbage first. It reports a deadlock, a size
-// mismatch or an out-of-bounds slice as an error.
+// buffers are caller memory and may alias (in-place calls) where the op's shape
+// says in place; scratch is allocated here and filled with garbage first. It
+// reports a deadlock, a size mismatch, an out-of-bounds slice or overlapping
+// buffers for a plan built out of place as an error.
 #pragma once
 
 #include <cstdint>

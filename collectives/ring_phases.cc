@@ -85,6 +85,16 @@ void emitRingChannel(StepEmitter& e, const patterns::RingOrder& ring, uint16_t c
     // Receive the previous position's partial and add the local contribution.
     const RingChunk& in = chunk(r, i - s - 2);
     if (in.bytes == 0) return;
+    if (s + 1 == rsSteps && !e.mayOverlap(in.output, in.input, in.bytes)) {
+      // Last step, output apart from the contribution (out of place): the
+      // partial lands in the output, so the receive waits for no scratch slot
+      // and is posted when the call starts. Same messages as below, so ranks
+      // may differ in placement.
+      e.recv(ring.prev(), channel, in.output, in.bytes);
+      e.reduce(in.output, in.input, in.output, in.bytes, spec.localFlags());
+      if (spec.divisor > 1) e.divide(in.output, in.output, in.bytes);
+      return;
+    }
     int slot = slots.acquire(now);
     e.recv(ring.prev(), channel, slots.slice(slot), in.bytes);
     if (s + 1 < rsSteps) {

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <utility>
 
+#include "collectives/layout.h"
 #include "collectives/registry.h"
 #include "core/clock.h"
 #include "core/log.h"
@@ -168,12 +169,18 @@ size_t Communicator::ShapeHash::operator()(const CollShape& s) const {
   h ^= (static_cast<uint64_t>(s.kind) << 8 | static_cast<uint64_t>(s.dtype) << 16 |
         static_cast<uint64_t>(s.op) << 24) + (h << 6) + (h >> 2);
   h ^= (static_cast<uint64_t>(static_cast<uint32_t>(s.root)) << 32 | static_cast<uint32_t>(s.peer)) + (h << 6);
-  return static_cast<size_t>(h ^ s.divisor);
+  return static_cast<size_t>(h ^ s.divisor ^ static_cast<uint64_t>(s.inPlace));
 }
 
 bool Communicator::ShapeEqual::operator()(const CollShape& a, const CollShape& b) const {
   return a.kind == b.kind && a.dtype == b.dtype && a.op == b.op && a.count == b.count && a.root == b.root &&
-         a.peer == b.peer && a.divisor == b.divisor;
+         a.peer == b.peer && a.divisor == b.divisor && a.inPlace == b.inPlace;
+}
+
+CollShape Communicator::placedShape(const OpRequest& op) const {
+  CollShape shape = op.shape;
+  shape.inPlace = isInPlaceCall(shape, op.sendbuff, op.recvbuff, rank_, nranks_);
+  return shape;
 }
 
 // The tuner is a pure function of the shape for a communicator's lifetime, so
@@ -269,7 +276,7 @@ Status Communicator::ensureConnections(const Plan& plan,
 Status Communicator::connectAhead(const std::vector<OpRequest>& ops) {
   for (const OpRequest& op : ops) {
     if (droppedByNccl(op)) continue;
-    SHOAL_ASSIGN_OR_RETURN(std::shared_ptr<const PreparedPlan> prepared, planFor(op.shape, ops.size() > 1),
+    SHOAL_ASSIGN_OR_RETURN(std::shared_ptr<const PreparedPlan> prepared, planFor(placedShape(op), ops.size() > 1),
       describe(), ": ", collKindName(op.shape.kind));
     for (const auto& lane : prepared->plan->lanes)
       SHOAL_TRY(connectionTo(lane.peer, lane.channel, /*unlessWaiting=*/true).status());
@@ -437,7 +444,7 @@ Result<bool> Communicator::prepareJob(Job& job, std::span<const OpRequest> ops, 
   // added while the communicator is usable): no cache lookup, no
   // reference-count traffic, no connection lookups.
   const bool samePlan = ops.size() == 1 && job.prepared && job.prepared->plan->shapes.size() == 1 &&
-                        ShapeEqual{}(job.prepared->plan->shapes[0], ops[0].shape);
+                        ShapeEqual{}(job.prepared->plan->shapes[0], placedShape(ops[0]));
   job.opTags.resize(ops.size());
   job.opScalars.resize(ops.size());
   if (samePlan) {
@@ -448,7 +455,7 @@ Result<bool> Communicator::prepareJob(Job& job, std::span<const OpRequest> ops, 
     std::shared_ptr<const PreparedPlan> prepared;
     for (size_t k = 0; k < ops.size(); ++k) {
       const OpRequest& op = ops[k];
-      SHOAL_ASSIGN_OR_RETURN(prepared, planFor(op.shape, ops.size() > 1),
+      SHOAL_ASSIGN_OR_RETURN(prepared, planFor(placedShape(op), ops.size() > 1),
         describe(), ": ", collKindName(op.shape.kind));
       if (ops.size() > 1) parts.push_back(prepared);
       job.opTags[k] = tagFor(op.shape);

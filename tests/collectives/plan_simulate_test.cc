@@ -17,6 +17,7 @@ struct Case {
   int nranks = 1;
   AlgoParams params;
   bool inPlace = false;
+  bool mixedPlacement = false;  // odd ranks call the other way (in or out of place)
   std::vector<int> ring;
   const SimReducer* reducer = nullptr;  // nullptr: the simulator's fallback
   std::vector<int> nodeOf;               // node per rank (hierarchical algorithms)
@@ -27,7 +28,17 @@ std::string describe(const Case& c) {
              reduceOpName(c.shape.op), c.shape.divisor > 1 ? " (avg)" : "", " count ",
              c.shape.count, " root ", c.shape.root, " nranks ", c.nranks, " channels ",
              c.params.channels, " segment ", c.params.segmentBytes,
-             c.inPlace ? " in-place" : " out-of-place", c.ring.empty() ? "" : " custom ring");
+             c.inPlace ? " in-place" : " out-of-place", c.mixedPlacement ? " (odd ranks the other way)" : "",
+             c.ring.empty() ? "" : " custom ring");
+}
+
+bool rankInPlace(const Case& c, int r) { return c.inPlace != (c.mixedPlacement && r % 2 == 1); }
+
+// The shape rank r's call has, as the communicator sees it (isInPlaceCall).
+CollShape placedShape(const Case& c, int r) {
+  CollShape shape = c.shape;
+  shape.inPlace = rankInPlace(c, r) && opLayout(c.shape, r, c.nranks).mayAlias;
+  return shape;
 }
 
 bool isReduction(CollKind k) {
@@ -105,7 +116,9 @@ std::vector<uint8_t> expected(const Case& c, int q, const std::vector<std::vecto
 
 void runCase(const Case& c) {
   INFO(describe(c));
-  auto plans = buildAll(c.build, c.shape, c.nranks, c.params, c.ring, c.nodeOf);
+  std::vector<PlanPtr> plans;
+  for (int r = 0; r < c.nranks; ++r)
+    plans.push_back(std::make_shared<Plan>(c.build(placedShape(c, r), viewOf(r, c.nranks, c.ring, c.nodeOf), c.params)));
   Status v = verifyPlans(plans);
   INFO(v.toString());
   REQUIRE(v.isOk());
@@ -115,7 +128,7 @@ void runCase(const Case& c) {
   std::vector<uint64_t> scalars(c.nranks, 0);
   std::vector<std::vector<SimOpBuffers>> buffers(c.nranks);
   for (int r = 0; r < c.nranks; ++r) {
-    allocate(mem[r], c.shape, r, c.nranks, c.inPlace);
+    allocate(mem[r], c.shape, r, c.nranks, rankInPlace(c, r));
     inputs[r] = makeInput(c, r);
     std::copy(inputs[r].begin(), inputs[r].end(), static_cast<uint8_t*>(mem[r].send));
     storeValue(c.shape.dtype, &scalars[r], 0, r % 2 ? 2.0 : 1.0);  // nccl-tests' mulsum
@@ -138,7 +151,7 @@ void runCase(const Case& c) {
       FAIL("rank " << q << " recv byte " << (diff.first - want.begin()) << " is "
                    << int(*diff.second) << ", expected " << int(*diff.first));
     }
-    if (!c.inPlace) {
+    if (!rankInPlace(c, q)) {
       // Inputs untouched, nothing written past the buffers or into unused ones.
       REQUIRE(std::equal(inputs[q].begin(), inputs[q].end(), mem[q].sendStore.begin()));
       REQUIRE(mem[q].sendStore.back() == kSentinel);
@@ -373,6 +386,62 @@ TEST_CASE("ring algorithms follow a custom ring order", "[simulate]") {
   }
 }
 
+TEST_CASE("ranks may call one collective some in place, some out of place", "[simulate]") {
+  // Plans differ by placement (e.g. the ring's last receive goes to the output
+  // out of place); their messages must not.
+  struct Algo {
+    const char* name;
+    BuildFn build;
+    CollKind kind;
+    std::vector<int> nodeOf;
+  };
+  const Algo algos[] = {
+      {"ring", buildRingAllReduce, CollKind::kAllReduce, {}},
+      {"ring", buildRingReduceScatter, CollKind::kReduceScatter, {}},
+      {"ring", buildRingAllGather, CollKind::kAllGather, {}},
+      {"recursive_doubling", buildRecursiveDoublingAllReduce, CollKind::kAllReduce, {}},
+      {"bruck", buildBruckReduceScatter, CollKind::kReduceScatter, {}},
+      {"hierarchical", buildHierarchicalAllReduce, CollKind::kAllReduce, {0, 0, 1, 1}},
+      {"hierarchical", buildHierarchicalReduceScatter, CollKind::kReduceScatter, {0, 0, 1, 1, 2, 2}},
+  };
+  int variant = 0;
+  for (const Algo& algo : algos) {
+    for (int nranks : {2, 3, 4, 5, 6}) {
+      if (!algo.nodeOf.empty() && static_cast<int>(algo.nodeOf.size()) != nranks) continue;
+      for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kPreMulSum}) {
+        for (bool inPlace : {false, true}) {
+          Case c{algo.name, algo.build};
+          c.shape.kind = algo.kind;
+          c.shape.dtype = DataType::kFloat32;
+          c.shape.op = algo.kind == CollKind::kAllGather ? ReduceOp::kSum : op;
+          c.shape.count = 1001;
+          c.nranks = nranks;
+          c.params = kParams[variant++ % 3];
+          c.inPlace = inPlace;
+          c.mixedPlacement = true;
+          c.nodeOf = algo.nodeOf;
+          runCase(c);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("the simulator refuses overlapping buffers for a plan built out of place", "[simulate]") {
+  CollShape shape{CollKind::kAllReduce, DataType::kFloat32, ReduceOp::kSum, 64};
+  auto plans = buildAll(buildRingAllReduce, shape, 2, AlgoParams{});
+  std::vector<float> a(64, 1), b(64, 1);
+  std::vector<std::vector<SimOpBuffers>> buffers = {{SimOpBuffers{a.data(), a.data()}},
+                                                    {SimOpBuffers{b.data(), b.data()}}};
+  Status s = simulatePlans(plans, buffers, SimOptions{});
+  REQUIRE(s.code() == Code::kInvalidArgument);
+  REQUIRE(s.message().find("built out of place") != std::string::npos);
+  shape.inPlace = true;
+  plans = buildAll(buildRingAllReduce, shape, 2, AlgoParams{});
+  REQUIRE(simulatePlans(plans, buffers, SimOptions{}).isOk());
+  REQUIRE(a[0] == 2.0f);
+}
+
 TEST_CASE("recursive doubling leaves identical bytes on every rank", "[simulate]") {
   // Values whose sum depends on the order: every rank must still agree bitwise.
   for (int nranks = 2; nranks <= 9; ++nranks) {
@@ -441,6 +510,7 @@ TEST_CASE("a group of two AllReduces runs as one merged plan", "[simulate]") {
     s.kind = CollKind::kAllReduce;
     s.dtype = DataType::kFloat32;
     s.count = 100;
+    s.inPlace = true;  // both run in place
     auto p1 = std::make_shared<Plan>(buildRingAllReduce(s, viewOf(r, nranks), AlgoParams{2, 64}));
     s.count = 33;
     auto p2 = std::make_shared<Plan>(buildRecursiveDoublingAllReduce(s, viewOf(r, nranks), {}));

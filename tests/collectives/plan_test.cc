@@ -100,6 +100,53 @@ TEST_CASE("layouts follow NCCL's in-place offsets", "[plan]") {
   REQUIRE_FALSE(opLayout(s, 0, 4).mayAlias);
 }
 
+TEST_CASE("a call is in place exactly at NCCL's offset", "[plan]") {
+  float buffer[64] = {};
+  CollShape s;
+  s.dtype = DataType::kFloat32;
+  s.count = 10;
+  s.kind = CollKind::kReduceScatter;  // recvbuff == sendbuff + rank*recvcount
+  REQUIRE(isInPlaceCall(s, buffer, buffer + 20, 2, 4));
+  REQUIRE_FALSE(isInPlaceCall(s, buffer, buffer, 2, 4));
+  REQUIRE(isInPlaceCall(s, buffer, buffer, 0, 4));
+  s.kind = CollKind::kAllGather;  // sendbuff == recvbuff + rank*sendcount
+  REQUIRE(isInPlaceCall(s, buffer + 30, buffer, 3, 4));
+  REQUIRE_FALSE(isInPlaceCall(s, buffer + 20, buffer, 3, 4));
+  s.kind = CollKind::kAllReduce;
+  REQUIRE(isInPlaceCall(s, buffer, buffer, 1, 4));
+  REQUIRE_FALSE(isInPlaceCall(s, buffer, buffer + 10, 1, 4));
+  REQUIRE_FALSE(isInPlaceCall(s, nullptr, nullptr, 1, 4));
+  s.kind = CollKind::kReduce;  // only the root's buffers may alias
+  s.root = 1;
+  REQUIRE(isInPlaceCall(s, buffer, buffer, 1, 4));
+  REQUIRE_FALSE(isInPlaceCall(s, buffer, buffer, 0, 4));
+  s.kind = CollKind::kAllToAll;
+  REQUIRE_FALSE(isInPlaceCall(s, buffer, buffer, 0, 4));
+}
+
+TEST_CASE("out of place, the ring ReduceScatter's last step receives into the output", "[plan]") {
+  // No scratch slot to wait for: every receive of 2 ranks can be posted when
+  // the call starts. In place the output holds the local contribution, so the
+  // partial goes through scratch.
+  for (int nranks : {2, 3}) {
+    for (bool inPlace : {false, true}) {
+      CollShape s{CollKind::kReduceScatter, DataType::kFloat32, ReduceOp::kSum, 4096};
+      s.inPlace = inPlace;
+      const Plan p = buildRingReduceScatter(s, viewOf(0, nranks), AlgoParams{1, 4096});
+      INFO("nranks " << nranks << (inPlace ? " in place" : " out of place") << "\n" << p.toString());
+      int intoOutput = 0, intoScratch = 0;
+      for (const Step& step : p.steps) {
+        if (step.kind != StepKind::kRecv) continue;
+        (step.dst.buffer == kRecvBuffer ? intoOutput : intoScratch) += 1;
+      }
+      const int rounds = 4;  // 16 KiB per block in 4 KiB segments
+      CHECK(intoOutput == (inPlace ? 0 : rounds));
+      CHECK(intoScratch == (inPlace ? nranks - 1 : nranks - 2) * rounds);
+      CHECK((p.scratchBytes == 0) == (!inPlace && nranks == 2));
+    }
+  }
+}
+
 TEST_CASE("the registry covers every collective", "[registry]") {
   for (int k = 0; k < kNumCollKinds; ++k) {
     auto kind = static_cast<CollKind>(k);
