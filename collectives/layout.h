@@ -31,9 +31,31 @@ struct OpLayout {
 
 OpLayout opLayout(const CollShape& shape, int rank, int nranks);
 
+// The table above for one rank: whether an in-place call is defined here
+// (OpLayout::mayAlias) and its offset (OpLayout::inPlaceDelta). Inline: every
+// call asks (isInPlaceCall).
+inline bool inPlaceOffset(const CollShape& shape, int rank, int64_t& delta) {
+  const int64_t bytes = static_cast<int64_t>(shape.count * dataTypeSize(shape.dtype));
+  delta = 0;
+  switch (shape.kind) {
+    case CollKind::kAllReduce:
+    case CollKind::kBroadcast: return true;
+    case CollKind::kReduce: return rank == shape.root;
+    case CollKind::kReduceScatter: delta = -bytes * rank; return true;
+    case CollKind::kAllGather: delta = bytes * rank; return true;
+    case CollKind::kGather: delta = bytes * shape.root; return rank == shape.root;
+    case CollKind::kScatter: delta = -bytes * shape.root; return rank == shape.root;
+    default: return false;
+  }
+}
+
 // Whether a call with these buffers is in place on this rank: an in-place call
-// is defined here and sendbuff is recvbuff + inPlaceDelta (what
-// CollShape::inPlace records).
-bool isInPlaceCall(const CollShape& shape, const void* sendbuff, const void* recvbuff, int rank, int nranks);
+// is defined here and sendbuff is recvbuff + its offset (what CollShape::inPlace
+// records).
+inline bool isInPlaceCall(const CollShape& shape, const void* sendbuff, const void* recvbuff, int rank) {
+  int64_t delta = 0;
+  return sendbuff != nullptr && recvbuff != nullptr && inPlaceOffset(shape, rank, delta) &&
+         reinterpret_cast<uintptr_t>(sendbuff) == reinterpret_cast<uintptr_t>(recvbuff) + static_cast<uint64_t>(delta);
+}
 
 }  // namespace shoal

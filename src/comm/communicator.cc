@@ -31,6 +31,11 @@ bool droppedByNccl(const OpRequest& op) {
   return op.shape.count == 0 && op.shape.kind != CollKind::kSend && op.shape.kind != CollKind::kRecv;
 }
 
+bool sameButPlacement(const CollShape& a, const CollShape& b) {
+  return a.kind == b.kind && a.dtype == b.dtype && a.op == b.op && a.count == b.count && a.root == b.root &&
+         a.peer == b.peer && a.divisor == b.divisor;
+}
+
 }  // namespace
 
 Communicator::Communicator(InitRequest request)
@@ -173,13 +178,16 @@ size_t Communicator::ShapeHash::operator()(const CollShape& s) const {
 }
 
 bool Communicator::ShapeEqual::operator()(const CollShape& a, const CollShape& b) const {
-  return a.kind == b.kind && a.dtype == b.dtype && a.op == b.op && a.count == b.count && a.root == b.root &&
-         a.peer == b.peer && a.divisor == b.divisor && a.inPlace == b.inPlace;
+  return sameButPlacement(a, b) && a.inPlace == b.inPlace;
+}
+
+bool Communicator::inPlace(const OpRequest& op) const {
+  return isInPlaceCall(op.shape, op.sendbuff, op.recvbuff, rank_);
 }
 
 CollShape Communicator::placedShape(const OpRequest& op) const {
   CollShape shape = op.shape;
-  shape.inPlace = isInPlaceCall(shape, op.sendbuff, op.recvbuff, rank_, nranks_);
+  shape.inPlace = inPlace(op);
   return shape;
 }
 
@@ -444,7 +452,8 @@ Result<bool> Communicator::prepareJob(Job& job, std::span<const OpRequest> ops, 
   // added while the communicator is usable): no cache lookup, no
   // reference-count traffic, no connection lookups.
   const bool samePlan = ops.size() == 1 && job.prepared && job.prepared->plan->shapes.size() == 1 &&
-                        ShapeEqual{}(job.prepared->plan->shapes[0], placedShape(ops[0]));
+                        sameButPlacement(job.prepared->plan->shapes[0], ops[0].shape) &&
+                        job.prepared->plan->shapes[0].inPlace == inPlace(ops[0]);
   job.opTags.resize(ops.size());
   job.opScalars.resize(ops.size());
   if (samePlan) {

@@ -106,22 +106,22 @@ TEST_CASE("a call is in place exactly at NCCL's offset", "[plan]") {
   s.dtype = DataType::kFloat32;
   s.count = 10;
   s.kind = CollKind::kReduceScatter;  // recvbuff == sendbuff + rank*recvcount
-  REQUIRE(isInPlaceCall(s, buffer, buffer + 20, 2, 4));
-  REQUIRE_FALSE(isInPlaceCall(s, buffer, buffer, 2, 4));
-  REQUIRE(isInPlaceCall(s, buffer, buffer, 0, 4));
+  REQUIRE(isInPlaceCall(s, buffer, buffer + 20, 2));
+  REQUIRE_FALSE(isInPlaceCall(s, buffer, buffer, 2));
+  REQUIRE(isInPlaceCall(s, buffer, buffer, 0));
   s.kind = CollKind::kAllGather;  // sendbuff == recvbuff + rank*sendcount
-  REQUIRE(isInPlaceCall(s, buffer + 30, buffer, 3, 4));
-  REQUIRE_FALSE(isInPlaceCall(s, buffer + 20, buffer, 3, 4));
+  REQUIRE(isInPlaceCall(s, buffer + 30, buffer, 3));
+  REQUIRE_FALSE(isInPlaceCall(s, buffer + 20, buffer, 3));
   s.kind = CollKind::kAllReduce;
-  REQUIRE(isInPlaceCall(s, buffer, buffer, 1, 4));
-  REQUIRE_FALSE(isInPlaceCall(s, buffer, buffer + 10, 1, 4));
-  REQUIRE_FALSE(isInPlaceCall(s, nullptr, nullptr, 1, 4));
+  REQUIRE(isInPlaceCall(s, buffer, buffer, 1));
+  REQUIRE_FALSE(isInPlaceCall(s, buffer, buffer + 10, 1));
+  REQUIRE_FALSE(isInPlaceCall(s, nullptr, nullptr, 1));
   s.kind = CollKind::kReduce;  // only the root's buffers may alias
   s.root = 1;
-  REQUIRE(isInPlaceCall(s, buffer, buffer, 1, 4));
-  REQUIRE_FALSE(isInPlaceCall(s, buffer, buffer, 0, 4));
+  REQUIRE(isInPlaceCall(s, buffer, buffer, 1));
+  REQUIRE_FALSE(isInPlaceCall(s, buffer, buffer, 0));
   s.kind = CollKind::kAllToAll;
-  REQUIRE_FALSE(isInPlaceCall(s, buffer, buffer, 0, 4));
+  REQUIRE_FALSE(isInPlaceCall(s, buffer, buffer, 0));
 }
 
 TEST_CASE("out of place, the ring ReduceScatter's last step receives into the output", "[plan]") {
