@@ -5,9 +5,11 @@
 // StepEmitter appends steps and derives their dependencies from the bytes they
 // touch: a step depends on every earlier step that wrote bytes it reads or
 // writes, and on every earlier step that read bytes it writes (RAW, WAW, WAR).
-// It knows the collective's in-place offset (collectives/layout.h) and treats
-// send and recv bytes that would share an address in an in-place call as the same
-// bytes, so a plan built once is race-free in and out of place. Builders add
+// Unless the shape says the buffers are disjoint (CollShape::disjointBuffers),
+// it knows the collective's in-place offset (collectives/layout.h) and treats
+// send and recv bytes that would share an address in an in-place call as the
+// same bytes, so the plan is race-free in and out of place; for disjoint
+// buffers it keeps them apart (fewer dependencies; right only out of place). Builders add
 // explicit dependencies only for ordering that is not about data (e.g. a window
 // of rounds in flight). Emission order matters: it is the step order, hence the
 // order of every lane; builders emit in a global "time" order that every rank
@@ -66,7 +68,7 @@ class StepEmitter {
 
   // Whether `a` and `b` (`bytes` each) may share memory when the plan runs:
   // overlapping parts of one buffer, or send and recv bytes at one address in
-  // an in-place call (only when the shape is in place).
+  // an in-place call (unless the shape says the buffers are disjoint).
   bool mayOverlap(Slice a, Slice b, uint64_t bytes) const;
 
   // The local contribution alone becomes the result: dst = src (times the scalar

@@ -49,13 +49,15 @@ inline bool inPlaceOffset(const CollShape& shape, int rank, int64_t& delta) {
   }
 }
 
-// Whether a call with these buffers is in place on this rank: an in-place call
-// is defined here and sendbuff is recvbuff + its offset (what CollShape::inPlace
-// records).
-inline bool isInPlaceCall(const CollShape& shape, const void* sendbuff, const void* recvbuff, int rank) {
-  int64_t delta = 0;
-  return sendbuff != nullptr && recvbuff != nullptr && inPlaceOffset(shape, rank, delta) &&
-         reinterpret_cast<uintptr_t>(sendbuff) == reinterpret_cast<uintptr_t>(recvbuff) + static_cast<uint64_t>(delta);
+// Whether a call's buffers may share memory (what CollShape::disjointBuffers
+// denies): in place, or overlapping in any other way. Cautious and cheap (every
+// call asks): pointers closer than the largest buffer any collective of this
+// count has (count x nranks elements) may overlap.
+inline bool buffersMayOverlap(const CollShape& shape, const void* sendbuff, const void* recvbuff, int nranks) {
+  if (sendbuff == nullptr || recvbuff == nullptr) return false;
+  const uint64_t extent = shape.count * dataTypeSize(shape.dtype) * static_cast<uint64_t>(nranks);
+  const auto a = reinterpret_cast<uintptr_t>(sendbuff), b = reinterpret_cast<uintptr_t>(recvbuff);
+  return (a > b ? a - b : b - a) < extent;
 }
 
 }  // namespace shoal

@@ -41,6 +41,7 @@ std::string Plan::toString() const {
     if (s.root >= 0) out << " root " << s.root;
     if (s.peer >= 0) out << " peer " << s.peer;
     if (s.divisor > 1) out << " divisor " << s.divisor;
+    if (s.disjointBuffers) out << " disjoint buffers";
     if (k + 1 == shapes.size()) out << "]";
   }
   out << " steps " << steps.size() << " lanes " << lanes.size() << " scratch " << scratchBytes

@@ -127,10 +127,11 @@ struct CollShape {
   int root = -1;         // Broadcast, Reduce, Gather, Scatter
   int peer = -1;         // Send, Recv
   uint64_t divisor = 0;  // > 1: integer average, divide the reduced result by it
-  // The call's buffers sit at NCCL's in-place offset (collectives/layout.h,
-  // isInPlaceCall). A plan built for false may take send and recv for
-  // disjoint memory; one built for true is also right out of place.
-  bool inPlace = false;
+  // The call's send and recv buffers share no byte on this rank (set from the
+  // call's buffers: buffersMayOverlap in collectives/layout.h). Only then may a
+  // plan treat them as separate memory; a plan built for false is right both
+  // in place (NCCL's offsets) and out of place.
+  bool disjointBuffers = false;
 };
 
 // The rank's view of the communicator, as algorithms need it.

@@ -72,6 +72,8 @@ std::vector<OpInfo> opInfos(const Plan& plan) {
   std::vector<OpInfo> ops(plan.shapes.size());
   for (size_t k = 0; k < ops.size(); ++k) {
     ops[k].layout = opLayout(plan.shapes[k], plan.rank, plan.nranks);
+    // A plan built for disjoint buffers never runs in place.
+    if (plan.shapes[k].disjointBuffers) ops[k].layout.mayAlias = false;
     ops[k].elemSize = dataTypeSize(plan.shapes[k].dtype);
     ops[k].scratchBegin = k < plan.scratchOffsets.size() ? plan.scratchOffsets[k] : 0;
     uint64_t end = plan.scratchBytes;
@@ -772,14 +774,18 @@ Status simulatePlans(const std::vector<PlanPtr>& plans,
                            rs.plan->shapes.size(), " ops");
     rs.ops = opInfos(*rs.plan);
     for (size_t k = 0; k < rs.ops.size(); ++k) {
-      // A plan built out of place may take the two buffers for disjoint memory.
-      const OpLayout& l = rs.ops[k].layout;
+      // Buffers that overlap must be in place, and the plan built for that.
+      const OpLayout l = opLayout(rs.plan->shapes[k], r, n);
       const auto send = reinterpret_cast<uintptr_t>(buffers[r][k].send);
       const auto recv = reinterpret_cast<uintptr_t>(buffers[r][k].recv);
-      if (!rs.plan->shapes[k].inPlace && l.sendBytes > 0 && l.recvBytes > 0 && send != 0 && recv != 0 &&
-          send < recv + l.recvBytes && recv < send + l.sendBytes)
+      const bool overlap = l.sendBytes > 0 && l.recvBytes > 0 && send != 0 && recv != 0 &&
+                           send < recv + l.recvBytes && recv < send + l.sendBytes;
+      if (!overlap) continue;
+      if (rs.plan->shapes[k].disjointBuffers)
         return invalidArgument("simulate: rank ", r, " op ", k,
-                               ": the plan was built out of place, the buffers overlap");
+                               ": the plan was built for disjoint buffers, and they overlap");
+      if (!l.mayAlias || send != recv + static_cast<uint64_t>(l.inPlaceDelta))
+        return invalidArgument("simulate: rank ", r, " op ", k, ": the buffers overlap other than in place");
     }
     rs.scratch.assign(rs.plan->scratchBytes, 0xA5);
     const size_t steps = rs.plan->steps.size();

@@ -19,10 +19,9 @@
 //   races        no two steps that may run concurrently (neither reaches the other
 //                through dependencies) write the same byte, or one writes a byte
 //                the other reads. With options.inPlace, send and recv share
-//                addresses at NCCL's in-place offsets, which covers out-of-place
-//                calls too (builders order by bytes as if in place, even for a
-//                shape built out of place). Inside a step, dst equals or is
-//                disjoint from its sources.
+//                addresses at NCCL's in-place offsets (except for ops whose
+//                shape says disjointBuffers), which covers out-of-place calls
+//                too. Inside a step, dst equals or is disjoint from its sources.
 //   output       every byte of recv that the collective defines on the rank is
 //                written by some step.
 //   matching     the k-th Send on lane (r -> p, channel c) meets the k-th Recv on
@@ -38,10 +37,10 @@
 // simulatePlans() executes every rank's plan on real memory: an in-memory FIFO
 // per lane, a step runs when its dependencies are done (ready steps run in a
 // seeded random order), a Recv takes the matching Send's bytes. Send and recv
-// buffers are caller memory and may alias (in-place calls) where the op's shape
-// says in place; scratch is allocated here and filled with garbage first. It
-// reports a deadlock, a size mismatch, an out-of-bounds slice or overlapping
-// buffers for a plan built out of place as an error.
+// buffers are caller memory and may alias at NCCL's in-place offset (unless the
+// op's shape says disjointBuffers); scratch is allocated here and filled with
+// garbage first. It reports a deadlock, a size mismatch, an out-of-bounds
+// slice or buffers that overlap where they may not as an error.
 #pragma once
 
 #include <cstdint>

@@ -86,10 +86,11 @@ void emitRingChannel(StepEmitter& e, const patterns::RingOrder& ring, uint16_t c
     const RingChunk& in = chunk(r, i - s - 2);
     if (in.bytes == 0) return;
     if (s + 1 == rsSteps && !e.mayOverlap(in.output, in.input, in.bytes)) {
-      // Last step, output apart from the contribution (out of place): the
-      // partial lands in the output, so the receive waits for no scratch slot
-      // and is posted when the call starts. Same messages as below, so ranks
-      // may differ in placement.
+      // Last step, the output apart from the contribution (disjoint buffers,
+      // or a contribution in scratch): the partial lands in the output, so the
+      // receive waits for no scratch slot (with 2 ranks every receive is
+      // posted when the call starts). Same messages as below, so ranks may
+      // differ in placement.
       e.recv(ring.prev(), channel, in.output, in.bytes);
       e.reduce(in.output, in.input, in.output, in.bytes, spec.localFlags());
       if (spec.divisor > 1) e.divide(in.output, in.output, in.bytes);

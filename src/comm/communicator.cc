@@ -174,20 +174,21 @@ size_t Communicator::ShapeHash::operator()(const CollShape& s) const {
   h ^= (static_cast<uint64_t>(s.kind) << 8 | static_cast<uint64_t>(s.dtype) << 16 |
         static_cast<uint64_t>(s.op) << 24) + (h << 6) + (h >> 2);
   h ^= (static_cast<uint64_t>(static_cast<uint32_t>(s.root)) << 32 | static_cast<uint32_t>(s.peer)) + (h << 6);
-  return static_cast<size_t>(h ^ s.divisor ^ static_cast<uint64_t>(s.inPlace));
+  h ^= s.divisor + (static_cast<uint64_t>(s.disjointBuffers) << 40) + (h << 6) + (h >> 2);
+  return static_cast<size_t>(h);
 }
 
 bool Communicator::ShapeEqual::operator()(const CollShape& a, const CollShape& b) const {
-  return sameButPlacement(a, b) && a.inPlace == b.inPlace;
+  return sameButPlacement(a, b) && a.disjointBuffers == b.disjointBuffers;
 }
 
-bool Communicator::inPlace(const OpRequest& op) const {
-  return isInPlaceCall(op.shape, op.sendbuff, op.recvbuff, rank_);
+bool Communicator::disjointBuffers(const OpRequest& op) const {
+  return !buffersMayOverlap(op.shape, op.sendbuff, op.recvbuff, nranks_);
 }
 
 CollShape Communicator::placedShape(const OpRequest& op) const {
   CollShape shape = op.shape;
-  shape.inPlace = inPlace(op);
+  shape.disjointBuffers = disjointBuffers(op);
   return shape;
 }
 
@@ -453,7 +454,7 @@ Result<bool> Communicator::prepareJob(Job& job, std::span<const OpRequest> ops, 
   // reference-count traffic, no connection lookups.
   const bool samePlan = ops.size() == 1 && job.prepared && job.prepared->plan->shapes.size() == 1 &&
                         sameButPlacement(job.prepared->plan->shapes[0], ops[0].shape) &&
-                        job.prepared->plan->shapes[0].inPlace == inPlace(ops[0]);
+                        job.prepared->plan->shapes[0].disjointBuffers == disjointBuffers(ops[0]);
   job.opTags.resize(ops.size());
   job.opScalars.resize(ops.size());
   if (samePlan) {

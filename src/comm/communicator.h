@@ -154,10 +154,10 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
  private:
   // grouped: the op is one of several merged into one job (no peer reads).
   Result<std::shared_ptr<const PreparedPlan>> planFor(const CollShape& shape, bool grouped = false);
-  // Whether op's buffers are at NCCL's in-place offset on this rank, and
-  // op.shape with inPlace so set: in-place and out-of-place calls get plans
-  // of their own (collectives/plan.h).
-  bool inPlace(const OpRequest& op) const;
+  // Whether op's send and recv buffers share no byte, and op.shape with
+  // disjointBuffers so set: calls whose buffers may overlap (in place) and
+  // calls whose buffers cannot get plans of their own (collectives/plan.h).
+  bool disjointBuffers(const OpRequest& op) const;
   CollShape placedShape(const OpRequest& op) const;
   // The plan of a group's operations merged (mergePlans), cached.
   std::shared_ptr<const PreparedPlan> mergedPlanFor(std::vector<std::shared_ptr<const PreparedPlan>> parts);

@@ -34,10 +34,11 @@ std::string describe(const Case& c) {
 
 bool rankInPlace(const Case& c, int r) { return c.inPlace != (c.mixedPlacement && r % 2 == 1); }
 
-// The shape rank r's call has, as the communicator sees it (isInPlaceCall).
+// The shape rank r's call has, as the communicator sees it
+// (buffersMayOverlap): out of place, the buffers are disjoint.
 CollShape placedShape(const Case& c, int r) {
   CollShape shape = c.shape;
-  shape.inPlace = rankInPlace(c, r) && opLayout(c.shape, r, c.nranks).mayAlias;
+  shape.disjointBuffers = !rankInPlace(c, r);
   return shape;
 }
 
@@ -427,19 +428,27 @@ TEST_CASE("ranks may call one collective some in place, some out of place", "[si
   }
 }
 
-TEST_CASE("the simulator refuses overlapping buffers for a plan built out of place", "[simulate]") {
-  CollShape shape{CollKind::kAllReduce, DataType::kFloat32, ReduceOp::kSum, 64};
-  auto plans = buildAll(buildRingAllReduce, shape, 2, AlgoParams{});
+TEST_CASE("the simulator refuses buffers that overlap where the plan does not allow it", "[simulate]") {
+  CollShape shape{CollKind::kReduceScatter, DataType::kFloat32, ReduceOp::kSum, 32};
   std::vector<float> a(64, 1), b(64, 1);
-  std::vector<std::vector<SimOpBuffers>> buffers = {{SimOpBuffers{a.data(), a.data()}},
-                                                    {SimOpBuffers{b.data(), b.data()}}};
-  Status s = simulatePlans(plans, buffers, SimOptions{});
+  // In place: rank r's recv is its send + r blocks.
+  std::vector<std::vector<SimOpBuffers>> inPlace = {{SimOpBuffers{a.data(), a.data()}},
+                                                    {SimOpBuffers{b.data(), b.data() + 32}}};
+  shape.disjointBuffers = true;
+  Status s = simulatePlans(buildAll(buildRingReduceScatter, shape, 2, AlgoParams{}), inPlace, SimOptions{});
   REQUIRE(s.code() == Code::kInvalidArgument);
-  REQUIRE(s.message().find("built out of place") != std::string::npos);
-  shape.inPlace = true;
-  plans = buildAll(buildRingAllReduce, shape, 2, AlgoParams{});
-  REQUIRE(simulatePlans(plans, buffers, SimOptions{}).isOk());
+  REQUIRE(s.message().find("built for disjoint buffers") != std::string::npos);
+  shape.disjointBuffers = false;
+  auto plans = buildAll(buildRingReduceScatter, shape, 2, AlgoParams{});
+  // Overlapping, but not at NCCL's offset (rank 1 passes recv == send).
+  std::vector<std::vector<SimOpBuffers>> skewed = {{SimOpBuffers{a.data(), a.data()}},
+                                                   {SimOpBuffers{b.data(), b.data()}}};
+  s = simulatePlans(plans, skewed, SimOptions{});
+  REQUIRE(s.code() == Code::kInvalidArgument);
+  REQUIRE(s.message().find("other than in place") != std::string::npos);
+  REQUIRE(simulatePlans(plans, inPlace, SimOptions{}).isOk());
   REQUIRE(a[0] == 2.0f);
+  REQUIRE(b[32] == 2.0f);
 }
 
 TEST_CASE("recursive doubling leaves identical bytes on every rank", "[simulate]") {
@@ -510,7 +519,6 @@ TEST_CASE("a group of two AllReduces runs as one merged plan", "[simulate]") {
     s.kind = CollKind::kAllReduce;
     s.dtype = DataType::kFloat32;
     s.count = 100;
-    s.inPlace = true;  // both run in place
     auto p1 = std::make_shared<Plan>(buildRingAllReduce(s, viewOf(r, nranks), AlgoParams{2, 64}));
     s.count = 33;
     auto p2 = std::make_shared<Plan>(buildRecursiveDoublingAllReduce(s, viewOf(r, nranks), {}));

@@ -100,38 +100,50 @@ TEST_CASE("layouts follow NCCL's in-place offsets", "[plan]") {
   REQUIRE_FALSE(opLayout(s, 0, 4).mayAlias);
 }
 
-TEST_CASE("a call is in place exactly at NCCL's offset", "[plan]") {
-  float buffer[64] = {};
+TEST_CASE("buffers count as disjoint only when they cannot overlap", "[plan]") {
+  float buffer[128] = {};
   CollShape s;
   s.dtype = DataType::kFloat32;
   s.count = 10;
-  s.kind = CollKind::kReduceScatter;  // recvbuff == sendbuff + rank*recvcount
-  REQUIRE(isInPlaceCall(s, buffer, buffer + 20, 2));
-  REQUIRE_FALSE(isInPlaceCall(s, buffer, buffer, 2));
-  REQUIRE(isInPlaceCall(s, buffer, buffer, 0));
-  s.kind = CollKind::kAllGather;  // sendbuff == recvbuff + rank*sendcount
-  REQUIRE(isInPlaceCall(s, buffer + 30, buffer, 3));
-  REQUIRE_FALSE(isInPlaceCall(s, buffer + 20, buffer, 3));
-  s.kind = CollKind::kAllReduce;
-  REQUIRE(isInPlaceCall(s, buffer, buffer, 1));
-  REQUIRE_FALSE(isInPlaceCall(s, buffer, buffer + 10, 1));
-  REQUIRE_FALSE(isInPlaceCall(s, nullptr, nullptr, 1));
-  s.kind = CollKind::kReduce;  // only the root's buffers may alias
-  s.root = 1;
-  REQUIRE(isInPlaceCall(s, buffer, buffer, 1));
-  REQUIRE_FALSE(isInPlaceCall(s, buffer, buffer, 0));
-  s.kind = CollKind::kAllToAll;
-  REQUIRE_FALSE(isInPlaceCall(s, buffer, buffer, 0));
+  s.kind = CollKind::kReduceScatter;  // in place: recvbuff == sendbuff + rank*recvcount
+  REQUIRE(buffersMayOverlap(s, buffer, buffer + 20, 4));
+  REQUIRE(buffersMayOverlap(s, buffer, buffer, 4));  // overlapping, not in place: still not disjoint
+  REQUIRE(buffersMayOverlap(s, buffer + 39, buffer, 4));
+  REQUIRE_FALSE(buffersMayOverlap(s, buffer, buffer + 40, 4));  // send is 40 floats
+  s.kind = CollKind::kAllGather;  // in place: sendbuff == recvbuff + rank*sendcount
+  REQUIRE(buffersMayOverlap(s, buffer + 30, buffer, 4));
+  REQUIRE_FALSE(buffersMayOverlap(s, buffer + 40, buffer, 4));
+  s.kind = CollKind::kAllReduce;  // cautious: 40 floats apart is still "may overlap"
+  REQUIRE(buffersMayOverlap(s, buffer, buffer, 4));
+  REQUIRE(buffersMayOverlap(s, buffer, buffer + 10, 4));
+  REQUIRE_FALSE(buffersMayOverlap(s, buffer, buffer + 100, 4));
+  REQUIRE_FALSE(buffersMayOverlap(s, nullptr, buffer, 4));  // an unused buffer
+}
+
+TEST_CASE("in-place offsets: inPlaceOffset agrees with opLayout", "[plan]") {
+  for (CollKind kind : {CollKind::kAllReduce, CollKind::kBroadcast, CollKind::kReduce, CollKind::kReduceScatter,
+                        CollKind::kAllGather, CollKind::kAllToAll, CollKind::kGather, CollKind::kScatter,
+                        CollKind::kSend, CollKind::kRecv}) {
+    for (int rank = 0; rank < 4; ++rank) {
+      CollShape s{kind, DataType::kFloat64, ReduceOp::kSum, 7};
+      s.root = 2;
+      int64_t delta = 0;
+      const bool defined = inPlaceOffset(s, rank, delta);
+      const OpLayout l = opLayout(s, rank, 4);
+      CHECK(defined == l.mayAlias);
+      CHECK(delta == l.inPlaceDelta);
+    }
+  }
 }
 
 TEST_CASE("out of place, the ring ReduceScatter's last step receives into the output", "[plan]") {
   // No scratch slot to wait for: every receive of 2 ranks can be posted when
-  // the call starts. In place the output holds the local contribution, so the
-  // partial goes through scratch.
+  // the call starts. Where the buffers may overlap (in place) the output holds
+  // the local contribution, so the partial goes through scratch.
   for (int nranks : {2, 3}) {
     for (bool inPlace : {false, true}) {
       CollShape s{CollKind::kReduceScatter, DataType::kFloat32, ReduceOp::kSum, 4096};
-      s.inPlace = inPlace;
+      s.disjointBuffers = !inPlace;
       const Plan p = buildRingReduceScatter(s, viewOf(0, nranks), AlgoParams{1, 4096});
       INFO("nranks " << nranks << (inPlace ? " in place" : " out of place") << "\n" << p.toString());
       int intoOutput = 0, intoScratch = 0;
@@ -143,6 +155,10 @@ TEST_CASE("out of place, the ring ReduceScatter's last step receives into the ou
       CHECK(intoOutput == (inPlace ? 0 : rounds));
       CHECK(intoScratch == (inPlace ? nranks - 1 : nranks - 2) * rounds);
       CHECK((p.scratchBytes == 0) == (!inPlace && nranks == 2));
+      if (!inPlace && nranks == 2) {
+        for (const Step& step : p.steps)  // nothing to wait for: posted at once
+          if (step.kind == StepKind::kRecv) CHECK(step.depCount == 0);
+      }
     }
   }
 }

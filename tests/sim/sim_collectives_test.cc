@@ -13,7 +13,9 @@
 #include <functional>
 #include <vector>
 
+#include "core/params.h"
 #include "reduce/reduce.h"
+#include "support/scoped_env.h"
 #include "support/sim_world.h"
 #include "transports/loopback/loopback_transport.h"
 
@@ -30,7 +32,10 @@ struct Case {
   size_t count;
   int root = 0;
   bool inPlace = false;
+  bool mixedPlacement = false;  // odd ranks call the other way (in or out of place)
 };
+
+bool rankInPlace(const Case& c, int rank) { return c.inPlace != (c.mixedPlacement && rank % 2 == 1); }
 
 // Small values exactly representable in every type, including fp8 e5m2 sums.
 double inputValue(const Case& c, int rank, size_t index) {
@@ -78,7 +83,7 @@ size_t recvElems(const Case& c, int n) {
 // the recv buffer inside the send buffer (reference nccl-compat §5.5).
 void placeBuffers(const Case& c, int n, int rank, uint8_t* base, size_t elem, Buffers& b) {
   size_t s = sendElems(c, n), r = recvElems(c, n);
-  if (!c.inPlace) {
+  if (!rankInPlace(c, rank)) {
     b.send[rank] = base;
     b.recv[rank] = base + s * elem + 64;
     return;
@@ -198,7 +203,7 @@ void runCase(SimWorld& world, const Case& c) {
       double got = reduce::toDouble(c.dtype, out + i * elem);
       INFO(collKindName(c.kind) << " " << dataTypeName(c.dtype) << " " << reduceOpName(c.op)
                                 << (c.avg ? " (avg)" : "") << " count " << c.count << " n " << n
-                                << (c.inPlace ? " in-place" : "") << " rank " << rank
+                                << (rankInPlace(c, rank) ? " in-place" : "") << " rank " << rank
                                 << " element " << i);
       if (c.avg && isFloating(c.dtype)) {
         REQUIRE(got == Approx(expected[rank][i]).epsilon(0.07).margin(0.07));
@@ -272,6 +277,29 @@ TEST_CASE("large pipelined operations cross segment and channel boundaries", "[s
       runCase(world, c);
     }
   }
+}
+
+TEST_CASE("ring plans per placement: one shape called in and out of place, ranks differing", "[sim]") {
+  // Out of place the ring's last step receives into the output (decision
+  // 0014): each rank keeps a plan per placement, and the messages agree.
+  {
+    shoal::testing::ScopedEnv env{{"SHOAL_ALGO", "ring"}};
+    reloadParams();
+    for (int n : {2, 3}) {
+      SimWorld world(n);
+      for (int round = 0; round < 2; ++round) {
+        for (CollKind kind : {CollKind::kReduceScatter, CollKind::kAllReduce}) {
+          for (bool mixed : {false, true}) {
+            for (bool inPlace : {false, true}) {
+              Case c{kind, DataType::kFloat32, ReduceOp::kSum, false, 1000, 0, inPlace, mixed};
+              runCase(world, c);
+            }
+          }
+        }
+      }
+    }
+  }
+  reloadParams();
 }
 
 TEST_CASE("zero-count collectives succeed and touch nothing", "[sim]") {
