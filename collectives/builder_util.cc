@@ -97,9 +97,10 @@ uint32_t StepEmitter::reduce(Slice dst, Slice local, Slice partial, uint64_t byt
               {});
 }
 
-uint32_t StepEmitter::copy(Slice dst, Slice src, uint64_t bytes, uint8_t flags) {
+uint32_t StepEmitter::copy(Slice dst, Slice src, uint64_t bytes, uint8_t flags,
+                           const std::vector<uint32_t>& extraDeps) {
   return emit(copyStep(dst, src, bytes, flags),
-              {access(src, bytes, false), access(dst, bytes, true)}, {});
+              {access(src, bytes, false), access(dst, bytes, true)}, extraDeps);
 }
 
 uint32_t StepEmitter::divide(Slice dst, Slice src, uint64_t bytes) {

@@ -63,7 +63,8 @@ class StepEmitter {
                 const std::vector<uint32_t>& extraDeps = {});
   // dst = local (times the scalar with kScaleSrc) + partial.
   uint32_t reduce(Slice dst, Slice local, Slice partial, uint64_t bytes, uint8_t flags = 0);
-  uint32_t copy(Slice dst, Slice src, uint64_t bytes, uint8_t flags = 0);
+  uint32_t copy(Slice dst, Slice src, uint64_t bytes, uint8_t flags = 0,
+                const std::vector<uint32_t>& extraDeps = {});
   uint32_t divide(Slice dst, Slice src, uint64_t bytes);
 
   // Whether `a` and `b` (`bytes` each) may share memory when the plan runs:

@@ -109,15 +109,18 @@ void emitRingChannel(StepEmitter& e, const patterns::RingOrder& ring, uint16_t c
     if (spec.divisor > 1) e.divide(in.output, in.output, in.bytes);
   };
 
-  auto allGatherStep = [&](int64_t r, int64_t s) {
+  // Returns the send's step index (-1: none).
+  auto allGatherStep = [&](int64_t r, int64_t s) -> int64_t {
     const RingChunk& out = chunk(r, i - s);
+    int64_t sent = -1;
     if (out.bytes > 0) {
       // Step 0 sends the own chunk: the AllGather input, or the reduced result.
       Slice src = (s == 0 && !reduceScatter) ? out.input : out.output;
-      e.send(ring.next(), channel, src, out.bytes);
+      sent = e.send(ring.next(), channel, src, out.bytes);
     }
     const RingChunk& in = chunk(r, i - s - 1);
     if (in.bytes > 0) e.recv(ring.prev(), channel, in.output, in.bytes);
+    return sent;
   };
 
   for (int64_t now = 0; now < endTime; ++now) {
@@ -127,14 +130,20 @@ void emitRingChannel(StepEmitter& e, const patterns::RingOrder& ring, uint16_t c
     for (int64_t r = firstRound; r <= lastRound; ++r) {
       const int64_t s = now - r * roundLag;
       if (s >= stepsPerRound) continue;
+      int64_t sent = -1;
       if (s < rsSteps) {
         reduceScatterStep(r, s, now);
       } else {
-        allGatherStep(r, s - rsSteps);
+        sent = allGatherStep(r, s - rsSteps);
       }
       if (s == 0 && !reduceScatter) {
+        // The own chunk's copy waits for its send to leave (it reads the
+        // same bytes): copies of every round at once at the start would hold
+        // the CPU while the transports, moved only when polled, sit idle.
         const RingChunk& own = chunk(r, i);
-        if (own.bytes > 0) e.copy(own.output, own.input, own.bytes);
+        std::vector<uint32_t> after;
+        if (sent >= 0) after.push_back(static_cast<uint32_t>(sent));
+        if (own.bytes > 0) e.copy(own.output, own.input, own.bytes, 0, after);
       }
     }
   }
