@@ -9,7 +9,7 @@ namespace shoal::build {
 
 namespace {
 constexpr int kUserRegion = 0;      // recv bytes, and send bytes that may alias them
-constexpr int kSendRegion = 1;      // send bytes that cannot alias recv bytes
+constexpr int kSendRegion = 1;      // send bytes of a collective that is never in place
 constexpr int kScratchRegion = 2;
 }  // namespace
 
@@ -26,7 +26,7 @@ StepEmitter::Access StepEmitter::access(Slice s, uint64_t bytes, bool write) con
   int64_t len = static_cast<int64_t>(bytes);
   switch (s.buffer) {
     case kSendBuffer:
-      if (layout_.mayAlias && !shape().disjointBuffers) return {kUserRegion, off + layout_.inPlaceDelta,
+      if (layout_.mayAlias) return {kUserRegion, off + layout_.inPlaceDelta,
                                     off + layout_.inPlaceDelta + len, write};
       return {kSendRegion, off, off + len, write};
     case kRecvBuffer: return {kUserRegion, off, off + len, write};
@@ -39,7 +39,7 @@ StepEmitter::Access StepEmitter::access(Slice s, uint64_t bytes, bool write) con
 bool StepEmitter::mayOverlap(Slice a, Slice b, uint64_t bytes) const {
   if (bytes == 0) return false;
   auto own = [](Slice s) { return s.buffer == kSendBuffer || s.buffer == kRecvBuffer || s.buffer == kScratchBuffer; };
-  if (!own(a) || !own(b)) {  // window and peer buffers: only themselves
+  if (shape().disjointBuffers || !own(a) || !own(b)) {  // each buffer only itself
     return a.buffer == b.buffer && a.offset < b.offset + bytes && b.offset < a.offset + bytes;
   }
   const Access x = access(a, bytes, false), y = access(b, bytes, false);

@@ -5,11 +5,12 @@
 // StepEmitter appends steps and derives their dependencies from the bytes they
 // touch: a step depends on every earlier step that wrote bytes it reads or
 // writes, and on every earlier step that read bytes it writes (RAW, WAW, WAR).
-// Unless the shape says the buffers are disjoint (CollShape::disjointBuffers),
-// it knows the collective's in-place offset (collectives/layout.h) and treats
+// It knows the collective's in-place offset (collectives/layout.h) and treats
 // send and recv bytes that would share an address in an in-place call as the
-// same bytes, so the plan is race-free in and out of place; for disjoint
-// buffers it keeps them apart (fewer dependencies; right only out of place). Builders add
+// same bytes, also for a shape with disjoint buffers: every plan keeps the
+// order of an in-place one, the order the transports were measured with
+// (decision 0014). What may differ by placement is where a builder puts data
+// (mayOverlap). Builders add
 // explicit dependencies only for ordering that is not about data (e.g. a window
 // of rounds in flight). Emission order matters: it is the step order, hence the
 // order of every lane; builders emit in a global "time" order that every rank

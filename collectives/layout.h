@@ -49,15 +49,26 @@ inline bool inPlaceOffset(const CollShape& shape, int rank, int64_t& delta) {
   }
 }
 
-// Whether a call's buffers may share memory (what CollShape::disjointBuffers
-// denies): in place, or overlapping in any other way. Cautious and cheap (every
-// call asks): pointers closer than the largest buffer any collective of this
-// count has (count x nranks elements) may overlap.
-inline bool buffersMayOverlap(const CollShape& shape, const void* sendbuff, const void* recvbuff, int nranks) {
+// Whether a call's buffers share memory on this rank (what
+// CollShape::disjointBuffers denies): in place, or overlapping in any other
+// way. Inline for the common collectives: every call asks.
+inline bool buffersMayOverlap(const CollShape& shape, const void* sendbuff, const void* recvbuff, int rank,
+                              int nranks) {
   if (sendbuff == nullptr || recvbuff == nullptr) return false;
-  const uint64_t extent = shape.count * dataTypeSize(shape.dtype) * static_cast<uint64_t>(nranks);
+  const uint64_t bytes = shape.count * dataTypeSize(shape.dtype);
+  uint64_t sendBytes = bytes, recvBytes = bytes;
+  switch (shape.kind) {
+    case CollKind::kAllReduce: break;
+    case CollKind::kReduceScatter: sendBytes *= static_cast<uint64_t>(nranks); break;
+    case CollKind::kAllGather: recvBytes *= static_cast<uint64_t>(nranks); break;
+    default: {
+      const OpLayout l = opLayout(shape, rank, nranks);
+      sendBytes = l.sendBytes;
+      recvBytes = l.recvBytes;
+    }
+  }
   const auto a = reinterpret_cast<uintptr_t>(sendbuff), b = reinterpret_cast<uintptr_t>(recvbuff);
-  return (a > b ? a - b : b - a) < extent;
+  return sendBytes > 0 && recvBytes > 0 && a < b + recvBytes && b < a + sendBytes;
 }
 
 }  // namespace shoal

@@ -72,8 +72,6 @@ std::vector<OpInfo> opInfos(const Plan& plan) {
   std::vector<OpInfo> ops(plan.shapes.size());
   for (size_t k = 0; k < ops.size(); ++k) {
     ops[k].layout = opLayout(plan.shapes[k], plan.rank, plan.nranks);
-    // A plan built for disjoint buffers never runs in place.
-    if (plan.shapes[k].disjointBuffers) ops[k].layout.mayAlias = false;
     ops[k].elemSize = dataTypeSize(plan.shapes[k].dtype);
     ops[k].scratchBegin = k < plan.scratchOffsets.size() ? plan.scratchOffsets[k] : 0;
     uint64_t end = plan.scratchBytes;

@@ -19,9 +19,10 @@
 //   races        no two steps that may run concurrently (neither reaches the other
 //                through dependencies) write the same byte, or one writes a byte
 //                the other reads. With options.inPlace, send and recv share
-//                addresses at NCCL's in-place offsets (except for ops whose
-//                shape says disjointBuffers), which covers out-of-place calls
-//                too. Inside a step, dst equals or is disjoint from its sources.
+//                addresses at NCCL's in-place offsets, which covers out-of-place
+//                calls too (builders order steps as if in place whatever the
+//                shape's placement). Inside a step, dst equals or is disjoint
+//                from its sources.
 //   output       every byte of recv that the collective defines on the rank is
 //                written by some step.
 //   matching     the k-th Send on lane (r -> p, channel c) meets the k-th Recv on

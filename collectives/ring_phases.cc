@@ -85,12 +85,15 @@ void emitRingChannel(StepEmitter& e, const patterns::RingOrder& ring, uint16_t c
     // Receive the previous position's partial and add the local contribution.
     const RingChunk& in = chunk(r, i - s - 2);
     if (in.bytes == 0) return;
-    if (s + 1 == rsSteps && !e.mayOverlap(in.output, in.input, in.bytes)) {
-      // Last step, the output apart from the contribution (disjoint buffers,
-      // or a contribution in scratch): the partial lands in the output, so the
-      // receive waits for no scratch slot (with 2 ranks every receive is
-      // posted when the call starts). Same messages as below, so ranks may
-      // differ in placement.
+    if (s + 1 == rsSteps && e.shape().disjointBuffers && in.input.buffer == kSendBuffer &&
+        !e.mayOverlap(in.output, in.input, in.bytes)) {
+      // Last step of a flat ring, send and recv disjoint: the partial lands
+      // in the output, so the receive waits for no scratch slot (with 2 ranks
+      // every receive is posted when the call starts). Same messages as
+      // below, so ranks may differ in placement. (A contribution in scratch,
+      // as in the hierarchical rail phase, keeps the slot: its receive would
+      // wait for the node phase's reads of the send buffer, ordered as if in
+      // place.)
       e.recv(ring.prev(), channel, in.output, in.bytes);
       e.reduce(in.output, in.input, in.output, in.bytes, spec.localFlags());
       if (spec.divisor > 1) e.divide(in.output, in.output, in.bytes);

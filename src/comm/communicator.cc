@@ -183,7 +183,7 @@ bool Communicator::ShapeEqual::operator()(const CollShape& a, const CollShape& b
 }
 
 bool Communicator::disjointBuffers(const OpRequest& op) const {
-  return !buffersMayOverlap(op.shape, op.sendbuff, op.recvbuff, nranks_);
+  return !buffersMayOverlap(op.shape, op.sendbuff, op.recvbuff, rank_, nranks_);
 }
 
 CollShape Communicator::placedShape(const OpRequest& op) const {

@@ -100,24 +100,29 @@ TEST_CASE("layouts follow NCCL's in-place offsets", "[plan]") {
   REQUIRE_FALSE(opLayout(s, 0, 4).mayAlias);
 }
 
-TEST_CASE("buffers count as disjoint only when they cannot overlap", "[plan]") {
+TEST_CASE("buffers count as disjoint exactly when they share no byte", "[plan]") {
   float buffer[128] = {};
   CollShape s;
   s.dtype = DataType::kFloat32;
   s.count = 10;
-  s.kind = CollKind::kReduceScatter;  // in place: recvbuff == sendbuff + rank*recvcount
-  REQUIRE(buffersMayOverlap(s, buffer, buffer + 20, 4));
-  REQUIRE(buffersMayOverlap(s, buffer, buffer, 4));  // overlapping, not in place: still not disjoint
-  REQUIRE(buffersMayOverlap(s, buffer + 39, buffer, 4));
-  REQUIRE_FALSE(buffersMayOverlap(s, buffer, buffer + 40, 4));  // send is 40 floats
-  s.kind = CollKind::kAllGather;  // in place: sendbuff == recvbuff + rank*sendcount
-  REQUIRE(buffersMayOverlap(s, buffer + 30, buffer, 4));
-  REQUIRE_FALSE(buffersMayOverlap(s, buffer + 40, buffer, 4));
-  s.kind = CollKind::kAllReduce;  // cautious: 40 floats apart is still "may overlap"
-  REQUIRE(buffersMayOverlap(s, buffer, buffer, 4));
-  REQUIRE(buffersMayOverlap(s, buffer, buffer + 10, 4));
-  REQUIRE_FALSE(buffersMayOverlap(s, buffer, buffer + 100, 4));
-  REQUIRE_FALSE(buffersMayOverlap(s, nullptr, buffer, 4));  // an unused buffer
+  s.kind = CollKind::kReduceScatter;  // send 40 floats, recv 10; in place: recv == send + rank*10
+  REQUIRE(buffersMayOverlap(s, buffer, buffer + 20, 2, 4));
+  REQUIRE(buffersMayOverlap(s, buffer, buffer, 2, 4));  // overlapping, not in place: not disjoint
+  REQUIRE(buffersMayOverlap(s, buffer + 9, buffer, 2, 4));
+  REQUIRE_FALSE(buffersMayOverlap(s, buffer + 10, buffer, 2, 4));  // recv ends where send starts
+  REQUIRE_FALSE(buffersMayOverlap(s, buffer, buffer + 40, 2, 4));
+  s.kind = CollKind::kAllGather;  // send 10, recv 40; in place: send == recv + rank*10
+  REQUIRE(buffersMayOverlap(s, buffer + 30, buffer, 3, 4));
+  REQUIRE_FALSE(buffersMayOverlap(s, buffer + 40, buffer, 3, 4));
+  s.kind = CollKind::kAllReduce;
+  REQUIRE(buffersMayOverlap(s, buffer, buffer, 1, 4));
+  REQUIRE(buffersMayOverlap(s, buffer, buffer + 9, 1, 4));
+  REQUIRE_FALSE(buffersMayOverlap(s, buffer, buffer + 10, 1, 4));  // adjacent
+  REQUIRE_FALSE(buffersMayOverlap(s, nullptr, buffer, 1, 4));       // an unused buffer
+  s.kind = CollKind::kBroadcast;  // a non-root does not read its send buffer
+  s.root = 0;
+  REQUIRE_FALSE(buffersMayOverlap(s, buffer, buffer, 1, 4));
+  REQUIRE(buffersMayOverlap(s, buffer, buffer, 0, 4));
 }
 
 TEST_CASE("in-place offsets: inPlaceOffset agrees with opLayout", "[plan]") {
