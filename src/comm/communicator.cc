@@ -182,10 +182,6 @@ bool Communicator::ShapeEqual::operator()(const CollShape& a, const CollShape& b
   return sameButPlacement(a, b) && a.disjointBuffers == b.disjointBuffers;
 }
 
-bool Communicator::disjointBuffers(const OpRequest& op) const {
-  return !buffersMayOverlap(op.shape, op.sendbuff, op.recvbuff, rank_, nranks_);
-}
-
 CollShape Communicator::placedShape(const OpRequest& op) const {
   CollShape shape = op.shape;
   shape.disjointBuffers = disjointBuffers(op);

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "bootstrap/bootstrap.h"
+#include "collectives/layout.h"
 #include "collectives/plan.h"
 #include "core/status.h"
 #include "core/types.h"
@@ -157,7 +158,9 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   // Whether op's send and recv buffers share no byte, and op.shape with
   // disjointBuffers so set: calls whose buffers may overlap (in place) and
   // calls whose buffers cannot get plans of their own (collectives/plan.h).
-  bool disjointBuffers(const OpRequest& op) const;
+  bool disjointBuffers(const OpRequest& op) const {  // inline: every call asks
+    return !buffersMayOverlap(op.shape, op.sendbuff, op.recvbuff, rank_, nranks_);
+  }
   CollShape placedShape(const OpRequest& op) const;
   // The plan of a group's operations merged (mergePlans), cached.
   std::shared_ptr<const PreparedPlan> mergedPlanFor(std::vector<std::shared_ptr<const PreparedPlan>> parts);
