@@ -32,8 +32,7 @@ struct OpLayout {
 OpLayout opLayout(const CollShape& shape, int rank, int nranks);
 
 // The table above for one rank: whether an in-place call is defined here
-// (OpLayout::mayAlias) and its offset (OpLayout::inPlaceDelta). Inline: every
-// call asks (isInPlaceCall).
+// (OpLayout::mayAlias) and its offset (OpLayout::inPlaceDelta).
 inline bool inPlaceOffset(const CollShape& shape, int rank, int64_t& delta) {
   const int64_t bytes = static_cast<int64_t>(shape.count * dataTypeSize(shape.dtype));
   delta = 0;
