@@ -36,16 +36,6 @@ StepEmitter::Access StepEmitter::access(Slice s, uint64_t bytes, bool write) con
   return {};
 }
 
-bool StepEmitter::mayOverlap(Slice a, Slice b, uint64_t bytes) const {
-  if (bytes == 0) return false;
-  auto own = [](Slice s) { return s.buffer == kSendBuffer || s.buffer == kRecvBuffer || s.buffer == kScratchBuffer; };
-  if (shape().disjointBuffers || !own(a) || !own(b)) {  // each buffer only itself
-    return a.buffer == b.buffer && a.offset < b.offset + bytes && b.offset < a.offset + bytes;
-  }
-  const Access x = access(a, bytes, false), y = access(b, bytes, false);
-  return x.region == y.region && x.begin < y.end && y.begin < x.end;
-}
-
 uint32_t StepEmitter::emit(Step step, std::initializer_list<Access> accesses,
                            const std::vector<uint32_t>& extraDeps) {
   const uint32_t id = static_cast<uint32_t>(plan_.steps.size());

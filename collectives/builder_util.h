@@ -10,7 +10,7 @@
 // same bytes, also for a shape with disjoint buffers: every plan keeps the
 // order of an in-place one, the order the transports were measured with
 // (decision 0014). What may differ by placement is where a builder puts data
-// (mayOverlap). Builders add
+// (shape().disjointBuffers). Builders add
 // explicit dependencies only for ordering that is not about data (e.g. a window
 // of rounds in flight). Emission order matters: it is the step order, hence the
 // order of every lane; builders emit in a global "time" order that every rank
@@ -67,11 +67,6 @@ class StepEmitter {
   uint32_t copy(Slice dst, Slice src, uint64_t bytes, uint8_t flags = 0,
                 const std::vector<uint32_t>& extraDeps = {});
   uint32_t divide(Slice dst, Slice src, uint64_t bytes);
-
-  // Whether `a` and `b` (`bytes` each) may share memory when the plan runs:
-  // overlapping parts of one buffer, or send and recv bytes at one address in
-  // an in-place call (unless the shape says the buffers are disjoint).
-  bool mayOverlap(Slice a, Slice b, uint64_t bytes) const;
 
   // The local contribution alone becomes the result: dst = src (times the scalar
   // for kPreMulSum, divided for an integer average). nranks == 1 and the like.

@@ -773,16 +773,16 @@ Status simulatePlans(const std::vector<PlanPtr>& plans,
     rs.ops = opInfos(*rs.plan);
     for (size_t k = 0; k < rs.ops.size(); ++k) {
       // Buffers that overlap must be in place, and the plan built for that.
-      const OpLayout l = opLayout(rs.plan->shapes[k], r, n);
-      const auto send = reinterpret_cast<uintptr_t>(buffers[r][k].send);
-      const auto recv = reinterpret_cast<uintptr_t>(buffers[r][k].recv);
-      const bool overlap = l.sendBytes > 0 && l.recvBytes > 0 && send != 0 && recv != 0 &&
-                           send < recv + l.recvBytes && recv < send + l.sendBytes;
-      if (!overlap) continue;
-      if (rs.plan->shapes[k].disjointBuffers)
+      const CollShape& shape = rs.plan->shapes[k];
+      const void* send = buffers[r][k].send;
+      const void* recv = buffers[r][k].recv;
+      if (!buffersMayOverlap(shape, send, recv, r, n)) continue;
+      if (shape.disjointBuffers)
         return invalidArgument("simulate: rank ", r, " op ", k,
                                ": the plan was built for disjoint buffers, and they overlap");
-      if (!l.mayAlias || send != recv + static_cast<uint64_t>(l.inPlaceDelta))
+      int64_t delta = 0;
+      if (!inPlaceOffset(shape, r, delta) ||
+          reinterpret_cast<uintptr_t>(send) != reinterpret_cast<uintptr_t>(recv) + static_cast<uint64_t>(delta))
         return invalidArgument("simulate: rank ", r, " op ", k, ": the buffers overlap other than in place");
     }
     rs.scratch.assign(rs.plan->scratchBytes, 0xA5);

@@ -85,8 +85,7 @@ void emitRingChannel(StepEmitter& e, const patterns::RingOrder& ring, uint16_t c
     // Receive the previous position's partial and add the local contribution.
     const RingChunk& in = chunk(r, i - s - 2);
     if (in.bytes == 0) return;
-    if (s + 1 == rsSteps && e.shape().disjointBuffers && in.input.buffer == kSendBuffer &&
-        !e.mayOverlap(in.output, in.input, in.bytes)) {
+    if (s + 1 == rsSteps && e.shape().disjointBuffers && in.input.buffer == kSendBuffer) {
       // Last step of a flat ring, send and recv disjoint: the partial lands
       // in the output, so the receive waits for no scratch slot (with 2 ranks
       // every receive is posted when the call starts). Same messages as

@@ -18,8 +18,8 @@
 // Reduce-scatter, step s at position i: send chunk i-s-1, receive chunk i-s-2 into
 // a scratch slot and add the local contribution to it; after step p-2 position i
 // holds the full reduction of its own chunk i in its output. (Step p-2 receives
-// straight into the output where that cannot overlap the contribution:
-// StepEmitter::mayOverlap.) All-gather, step s:
+// straight into the output where that cannot overlap the contribution in the
+// send buffer: CollShape::disjointBuffers.) All-gather, step s:
 // send chunk i-s, receive chunk i-s-1 into its output.
 #pragma once
 
