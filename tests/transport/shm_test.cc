@@ -349,7 +349,7 @@ TEST_CASE("PeerInfo carries the kernel id; ranks on one kernel are told apart fr
   CHECK(onSameKernel(a, b));
   b.kernelId = "another-boot";
   CHECK_FALSE(a.sameKernel(b));
-  CHECK_FALSE(onSameKernel(a, b));  // no shm addresses either
+  CHECK_FALSE(onSameKernel(a, b));
   b.hostId = a.hostId;
   CHECK(onSameKernel(a, b));  // one host id: one machine as far as the user said
 }

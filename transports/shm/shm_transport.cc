@@ -148,9 +148,7 @@ class ShmTransport final : public Transport {
 
 std::unique_ptr<Transport> makeShmTransport() { return std::make_unique<ShmTransport>(); }
 
-bool onSameKernel(const PeerInfo& a, const PeerInfo& b) {
-  return a.hostId == b.hostId || a.sameKernel(b) || sameBootId(a, b);
-}
+bool onSameKernel(const PeerInfo& a, const PeerInfo& b) { return a.hostId == b.hostId || a.sameKernel(b); }
 
 bool canReadPeerMemory(const PeerInfo& peer) {
   const std::string* text = peer.address("shm");

@@ -26,9 +26,8 @@ std::unique_ptr<Transport> makeShmTransport();
 bool canReadPeerMemory(const PeerInfo& peer);
 
 // Whether two ranks run on one kernel, i.e. share CPUs: the same kernel id
-// (PeerInfo::sameKernel) or boot id in their shm addresses (emulated nodes,
-// network namespaces with their own NCCL_HOSTID, still do), else the same
-// host id.
+// (PeerInfo::sameKernel: emulated nodes, network namespaces with their own
+// NCCL_HOSTID, still do), else the same host id.
 bool onSameKernel(const PeerInfo& a, const PeerInfo& b);
 
 namespace shm {
