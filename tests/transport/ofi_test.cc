@@ -264,7 +264,22 @@ void shmBehaviours(OfiWorld& w, uint64_t largeBytes) {
   }
 }
 
-TEST_CASE("ofi shm behaviours", "[ofi]") { shmBehaviours(world(kShm), 64ull << 20); }
+TEST_CASE("ofi shm behaviours", "[ofi]") {
+  // shm defaults to two endpoints per rail: large messages are striped.
+  OfiWorld& w = world(kShm);
+  REQUIRE(ofi::parseAddress(w.rank0->localAddress().value())->rails.front().size() == 2);
+  shmBehaviours(w, 64ull << 20);
+}
+
+TEST_CASE("ofi shm behaviours over one endpoint per rail", "[ofi]") {
+  std::unique_ptr<OfiWorld> w;
+  {
+    ScopedEnv env{{"SHOAL_OFI_ENDPOINTS", "1"}};
+    w = std::make_unique<OfiWorld>(kShm);
+    REQUIRE(ofi::parseAddress(w->rank0->localAddress().value())->rails.front().size() == 1);
+  }
+  shmBehaviours(*w, 16ull << 20);
+}
 
 TEST_CASE("ofi shm behaviours with every buffer registered per operation (no cache)", "[ofi]") {
   ScopedEnv env{{"SHOAL_OFI_ALWAYS_REGISTER", "1"}, {"SHOAL_OFI_MR_CACHE", "0"}};

@@ -49,8 +49,16 @@ bool localOnlyDomain(std::string_view name) { return name == "lo" || name.rfind(
 // ran 5-7 % faster, as two sockets do for the tcp transport. So these get as
 // many endpoints as the tcp transport has sockets per connection
 // (NCCL_SOCKET_NTHREADS x NCCL_NSOCKS_PERTHREAD, default 2), and both
-// transports put the same number of streams under a channel. Other providers
-// (shm: memory copies; efa, verbs: hardware queues that need no help) get one.
+// transports put the same number of streams under a channel. libfabric 1.17's
+// shm without CMA (our default here, FI_SHM_DISABLE_CMA) moves a large
+// message through the receiving endpoint's region, under that region's spin
+// lock (a third of both ranks' time went to pthread_spin_lock at 64 MiB): the
+// sender's copy in and the receiver's copy out appear to take turns. Over two
+// endpoints (two regions, two locks) one lane's copy in runs while the
+// other's copy out does (2 ranks, 64 MiB: AllGather 7.9 -> 6.0 ms, AllReduce 15.3 -> 11.9,
+// ReduceScatter 7.9 -> 5.8; an AllGather of 512 KiB-2 MiB, whose 256-512
+// KiB messages are striped too, 15-30 % slower). So shm gets two. Other
+// providers (efa, verbs: hardware queues that need no help) get one.
 Result<int> endpointsFor(std::string_view provider) {
   int64_t wanted = params().ofiEndpoints;
   if (wanted != -1) {
@@ -59,6 +67,7 @@ Result<int> endpointsFor(std::string_view provider) {
                              ", or -1 to choose by provider");
     return static_cast<int>(wanted);
   }
+  if (provider == "shm") return 2;
   if (!runsOverSockets(provider)) return 1;
   int64_t n = params().socketNthreads * params().nsocksPerThread;
   return static_cast<int>(std::clamp<int64_t>(n, 1, kMaxEndpointsPerRail));
