@@ -57,8 +57,9 @@ bool localOnlyDomain(std::string_view name) { return name == "lo" || name.rfind(
 // endpoints (two regions, two locks) one lane's copy in runs while the
 // other's copy out does (2 ranks, 64 MiB: AllGather 7.9 -> 6.0 ms, AllReduce 15.3 -> 11.9,
 // ReduceScatter 7.9 -> 5.8; an AllGather of 512 KiB-2 MiB, whose 256-512
-// KiB messages are striped too, 15-30 % slower). So shm gets two. Other
-// providers (efa, verbs: hardware queues that need no help) get one.
+// KiB messages are striped too, 15-30 % slower). So shm without CMA gets
+// two; with CMA (single-copy reads by the receiver, not measured over two)
+// one, as other providers (efa, verbs: hardware queues that need no help).
 Result<int> endpointsFor(std::string_view provider) {
   int64_t wanted = params().ofiEndpoints;
   if (wanted != -1) {
@@ -67,7 +68,7 @@ Result<int> endpointsFor(std::string_view provider) {
                              ", or -1 to choose by provider");
     return static_cast<int>(wanted);
   }
-  if (provider == "shm") return 2;
+  if (provider == "shm") return shmSendsStream() ? 2 : 1;
   if (!runsOverSockets(provider)) return 1;
   int64_t n = params().socketNthreads * params().nsocksPerThread;
   return static_cast<int>(std::clamp<int64_t>(n, 1, kMaxEndpointsPerRail));
