@@ -289,14 +289,6 @@ Status Communicator::connectAhead(const std::vector<OpRequest>& ops) {
   return Status::ok();
 }
 
-uint64_t Communicator::tagFor(const CollShape& s) {
-  uint64_t seq;
-  if (s.kind == CollKind::kSend) seq = sendSeq_[s.peer]++;
-  else if (s.kind == CollKind::kRecv) seq = recvSeq_[s.peer]++;
-  else seq = collSeq_++;
-  return encodeTag(s.kind, s.dtype, s.count, static_cast<int>(s.op), s.root, seq);
-}
-
 Status Communicator::submit(std::span<const OpRequest> ops, bool wait) {
   if (wait && nothingInFlight()) {
     // The common blocking call: nothing of ours is queued ahead of it, so it
@@ -454,7 +446,7 @@ Result<bool> Communicator::prepareJob(Job& job, std::span<const OpRequest> ops, 
   job.opTags.resize(ops.size());
   job.opScalars.resize(ops.size());
   if (samePlan) {
-    job.opTags[0] = tagFor(ops[0].shape);
+    job.opTags[0] = withSeq(job.opTags[0], nextSeq(ops[0].shape));  // same shape, same other bits
     job.opScalars[0] = ops[0].scalar;
   } else {
     std::vector<std::shared_ptr<const PreparedPlan>> parts;

@@ -31,6 +31,7 @@
 #include "collectives/layout.h"
 #include "collectives/plan.h"
 #include "core/status.h"
+#include "core/tag.h"
 #include "core/types.h"
 #include "engine/engine.h"
 #include "topology/topology.h"
@@ -170,7 +171,17 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   // made (nullptr).
   Result<Connection*> connectionTo(int peer, uint16_t channel, bool unlessWaiting = false);
   void chooseWaitSpin(const PeerInfo& self) const;
-  uint64_t tagFor(const CollShape& shape);
+  uint64_t tagFor(const CollShape& shape) {
+    return encodeTag(shape.kind, shape.dtype, shape.count, static_cast<int>(shape.op), shape.root,
+                     nextSeq(shape));
+  }
+  // The next sequence number of the shape's stream (collectives, or sends /
+  // receives per peer); every operation takes one, in call order.
+  uint64_t nextSeq(const CollShape& shape) {
+    if (shape.kind == CollKind::kSend) return sendSeq_[shape.peer]++;
+    if (shape.kind == CollKind::kRecv) return recvSeq_[shape.peer]++;
+    return collSeq_++;
+  }
   Status handleFailure(const Job& job, Status st);
   std::string failureKey(int rank) const;
 

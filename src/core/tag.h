@@ -23,6 +23,12 @@ struct TagFields {
 };
 
 uint64_t encodeTag(CollKind kind, DataType dtype, uint64_t count, int op, int root, uint64_t seq);
+// The same operation's tag with another sequence number: what encodeTag
+// gives for equal (kind, dtype, count, op, root) and `seq`.
+inline uint64_t withSeq(uint64_t tag, uint64_t seq) {
+  constexpr uint64_t kSeqMask = 0xffffffffffffull;
+  return (tag & ~kSeqMask) | (seq & kSeqMask);
+}
 TagFields decodeTag(uint64_t tag);
 // "AllReduce #12 (float)" — for mismatch messages.
 std::string describeTag(uint64_t tag);

@@ -182,6 +182,19 @@ bool Engine::pumpOnce() {
   return progressed;
 }
 
+namespace {
+
+// dst = src for the few-element vectors a small call restarts from: an
+// element loop, not vector::operator='s out-of-line call (a reused job's
+// sizes repeat, so nothing is allocated).
+template <typename T>
+void copySmall(std::vector<T>& dst, const std::vector<T>& src) {
+  if (dst.size() != src.size()) dst.resize(src.size());
+  for (size_t i = 0; i < src.size(); ++i) dst[i] = src[i];
+}
+
+}  // namespace
+
 void Engine::startJob(Job& job) {
   job.started_ = true;
   const Plan& plan = *job.prepared->plan;
@@ -191,9 +204,11 @@ void Engine::startJob(Job& job) {
     if (scalar.deviceScalar)
       std::memcpy(scalar.bytes.data(), scalar.deviceScalar, dataTypeSize(plan.shapes[k].dtype));
   }
-  job.steps_ = job.prepared->initialSteps;
-  job.laneCursor_.assign(plan.lanes.size(), 0);
-  job.ready_ = job.prepared->roots;
+  copySmall(job.steps_, job.prepared->initialSteps);
+  if (job.laneCursor_.size() != plan.lanes.size()) job.laneCursor_.resize(plan.lanes.size());
+  for (uint32_t& cursor : job.laneCursor_) cursor = 0;
+  job.ready_.clear();  // empty after the last run: keep its capacity
+  for (uint32_t root : job.prepared->roots) job.ready_.push_back(root);
   job.blockedLanes_.clear();
   if (!job.sameConnections || job.connections_.empty()) distinctConnections(job);
   if (plan.readsPeers) fillWindow(job);
@@ -215,7 +230,8 @@ void Engine::distinctConnections(Job& job) {
   }
 }
 
-void Engine::completeStep(Job& job, uint32_t index) {
+// Inlined: it runs once per step of every call, a handful of instructions.
+[[gnu::always_inline]] inline void Engine::completeStep(Job& job, uint32_t index) {
   job.steps_[index].state = StepProgress::kDone;
   --job.remaining_;
   const PreparedPlan& p = *job.prepared;

@@ -145,7 +145,7 @@ Status ShmConnection::poll(std::vector<Completion>& done, bool& progressed) {
   // The pass a waiting rank repeats: nothing to write, nothing arrived. Kept
   // short, since a frame that lands mid-pass is seen only at the next one.
   if (sends_.empty() && cmaWaits_.empty() && (recvs_.empty() || !frameArrived())) {
-    if (recvs_.empty()) return Status::ok();
+    if (recvs_.empty() || !peerCheckDue()) return Status::ok();
     if (Status s = checkPeer(/*attaching=*/false); !s.isOk()) return fail(std::move(s));
     return Status::ok();
   }
@@ -158,7 +158,7 @@ Status ShmConnection::poll(std::vector<Completion>& done, bool& progressed) {
   if (Status s = pumpRecvs(done, moved); !s.isOk()) return fail(std::move(s));
   if (moved) {
     progressed = true;
-  } else if (pending() > 0) {
+  } else if (pending() > 0 && peerCheckDue()) {
     if (Status s = checkPeer(/*attaching=*/false); !s.isOk()) return fail(std::move(s));
   }
   return Status::ok();
@@ -299,8 +299,6 @@ Status ShmConnection::pumpRecvs(std::vector<Completion>& done, bool& progressed)
 }
 
 Status ShmConnection::checkPeer(bool attaching) {
-  // Every 16th idle pass: the flag and the clock are both off the waiting path.
-  if (++idlePolls_ % 16 != 0 && !attaching) return Status::ok();
   if (segment_.mapped() && segment_.header().closed[peerSide_].load(std::memory_order_acquire)) {
     std::string why = peerFailure();
     return remoteError(peer_, " closed its end of the shared-memory connection (communicator destroyed or "

@@ -98,7 +98,11 @@ class ShmConnection final : public Connection {
   Status pumpSends(std::vector<Completion>& done, bool& progressed);
   Status pumpRecvs(std::vector<Completion>& done, bool& progressed);
   Status readSingleCopy(RecvOp& op, uint64_t address, bool& finished);
+  // Whether the peer closed, exited or (attaching) missed its deadline.
   Status checkPeer(bool attaching);
+  // Idle passes check the peer every 16th time: the flag and the clock are
+  // both off the waiting path.
+  bool peerCheckDue() { return ++idlePolls_ % 16 == 0; }
   // The next frame of the in ring has arrived (its stamp is the next one).
   bool frameArrived() const;
   uint64_t freeSlots();
