@@ -51,6 +51,11 @@ class Connection {
   virtual Status poll(std::vector<Completion>& done, bool& progressed) = 0;
   // Operations posted and not yet complete.
   virtual size_t pending() const = 0;
+  // A look far cheaper than poll(): false only when poll() would find
+  // nothing to do right now (nothing to write, nothing arrived). A waiting
+  // engine repeats it between polls, so a message is noticed within a few
+  // instructions of landing. Transports without such a look keep true.
+  virtual bool mightProgress() const { return true; }
   // "rank 3 (host b, tcp 10.0.0.2:4431)", for error messages.
   virtual const std::string& peerDescription() const = 0;
   // Where the transport has a side channel that survives the network (shm:

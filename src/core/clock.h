@@ -72,6 +72,8 @@ class Backoff {
  public:
   void pause();
   void reset() { idle_ = 0; }
+  // Still in the spinning phase: the next pause() will not yield or sleep.
+  bool spinning() const { return idle_ < spinPasses_; }
 
   // Idle passes that spin before the first yield, for every Backoff of the
   // process. Spinning wins when each waiting rank has a core (2 ranks on 2
@@ -84,6 +86,7 @@ class Backoff {
 
  private:
   uint32_t idle_ = 0;
+  uint32_t spinPasses_ = spinPasses();
 };
 
 }  // namespace shoal

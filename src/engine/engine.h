@@ -107,6 +107,8 @@ class Job {
   friend class Engine;
   static constexpr int kRunning = 0, kSucceeded = 1, kFailed = 2;
   void finish(Status status);
+  // finish(Status::ok()) without the status move: status_ is ok until a job fails.
+  void finishOk() { state_.store(kSucceeded, std::memory_order_release); }
 
   std::atomic<int> state_{kRunning};
   Status status_;
@@ -172,6 +174,11 @@ class Engine {
   // Progresses one job the caller waits on, if it has started (else pumpOnce).
   bool progressStarted(Job& job);
   static constexpr uint32_t kPollsPerClockRead = 32;
+  // Looks (Connection::mightProgress) a spinning runInline makes between two
+  // idle passes.
+  static constexpr uint32_t kQuietLooks = 8;
+  // No connection of the job might progress and it has nothing to post.
+  static bool quiet(const Job& job);
   // Copy/reduce bytes one runReady() call runs before it lets its caller poll.
   static constexpr uint64_t kComputeBytesPerPass = 1 << 20;
   bool progressJob(Job& job);

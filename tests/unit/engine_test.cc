@@ -2,7 +2,11 @@
 // reductions, deadlines, abort and peer failure — without builders or comms.
 #include <catch2/catch.hpp>
 
+#include <sys/resource.h>
+
+#include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <numeric>
 
 #include "core/params.h"
@@ -174,4 +178,100 @@ TEST_CASE("retire removes a queue's jobs", "[unit]") {
   Engine::instance().retire(14, error(Code::kAborted, "gone"));
   REQUIRE(r0.job->isDone());
   REQUIRE(r0.job->status().code() == Code::kAborted);
+}
+
+namespace {
+
+// A connection whose one incoming message lands after `landsAfterLooks`
+// calls of mightProgress(); counts what the engine asks of it.
+class ScriptedConnection : public Connection {
+ public:
+  explicit ScriptedConnection(int landsAfterLooks, bool alwaysMightProgress = false)
+      : landsAfterLooks_(landsAfterLooks), alwaysMightProgress_(alwaysMightProgress) {}
+  Status postSend(const void*, uint64_t, uint64_t, uint64_t) override {
+    return internalError("not used");
+  }
+  Status postRecv(void* data, uint64_t bytes, uint64_t, uint64_t token) override {
+    recv_ = static_cast<uint8_t*>(data);
+    bytes_ = bytes;
+    token_ = token;
+    posted_ = true;
+    return Status::ok();
+  }
+  Status poll(std::vector<Completion>& done, bool& progressed) override {
+    ++polls;
+    if (!posted_ || looks < landsAfterLooks_) return Status::ok();
+    std::memset(recv_, 0x5a, bytes_);
+    done.push_back({token_, bytes_});
+    posted_ = false;
+    progressed = true;
+    return Status::ok();
+  }
+  size_t pending() const override { return posted_ ? 1 : 0; }
+  bool mightProgress() const override {
+    ++looks;
+    return alwaysMightProgress_ || looks >= landsAfterLooks_;
+  }
+  const std::string& peerDescription() const override { return name_; }
+
+  mutable int looks = 0;
+  int polls = 0;
+
+ private:
+  const int landsAfterLooks_;
+  const bool alwaysMightProgress_;
+  const std::string name_ = "rank 1 (scripted)";
+  uint8_t* recv_ = nullptr;
+  uint64_t bytes_ = 0;
+  uint64_t token_ = 0;
+  bool posted_ = false;
+};
+
+}  // namespace
+
+TEST_CASE("a spinning inline wait looks between passes and polls once the message lands", "[unit]") {
+  Backoff::setSpinPasses(64);
+  ScriptedConnection conn(/*landsAfterLooks=*/200);
+  Rank r0;
+  fill(r0, 64, 0);
+  Job job;
+  JobPtr filled = makeJob(receiveOnlyPlan(), r0, &conn, 15);
+  job.prepared = filled->prepared;
+  job.buffers = filled->buffers;
+  job.laneConnections = filled->laneConnections;
+  job.opTags = filled->opTags;
+  job.opScalars = filled->opScalars;
+  REQUIRE(Engine::instance().runInline(job).isOk());
+  const auto* bytes = reinterpret_cast<const uint8_t*>(r0.recv.data());
+  REQUIRE(std::all_of(bytes, bytes + 256, [](uint8_t b) { return b == 0x5a; }));
+  REQUIRE(conn.looks >= 200);
+  // About one pass per kQuietLooks looks, and one right after the landing
+  // (a pass per look would be ~200 polls).
+  REQUIRE(conn.polls <= 200 / 8 + 4);
+}
+
+TEST_CASE("a connection that always might progress still lets an inline wait sleep", "[unit]") {
+  setenv("SHOAL_PROGRESS_TIMEOUT_MS", "300", 1);
+  reloadParams();
+  Backoff::setSpinPasses(64);
+  ScriptedConnection conn(/*landsAfterLooks=*/1 << 30, /*alwaysMightProgress=*/true);
+  Rank r0;
+  fill(r0, 64, 0);
+  Job job;
+  JobPtr filled = makeJob(receiveOnlyPlan(), r0, &conn, 16);
+  job.prepared = filled->prepared;
+  job.buffers = filled->buffers;
+  job.laneConnections = filled->laneConnections;
+  job.opTags = filled->opTags;
+  job.opScalars = filled->opScalars;
+  rusage before{}, after{};
+  getrusage(RUSAGE_THREAD, &before);
+  Status st = Engine::instance().runInline(job);
+  getrusage(RUSAGE_THREAD, &after);
+  REQUIRE(st.code() == Code::kTimeout);
+  // Looks that never find quiet must not hold the backoff in its spinning
+  // phase: past it the waiter sleeps, and each sleep is a voluntary switch.
+  REQUIRE(after.ru_nvcsw - before.ru_nvcsw >= 10);
+  unsetenv("SHOAL_PROGRESS_TIMEOUT_MS");
+  reloadParams();
 }

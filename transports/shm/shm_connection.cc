@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstddef>
 #include <cstring>
 #include <utility>
 
@@ -31,6 +32,7 @@ struct FrameHeader {
 };
 constexpr size_t kFrameHeaderBytes = sizeof(FrameHeader);
 static_assert(kFrameHeaderBytes == 32);
+static_assert(offsetof(FrameHeader, stamp) == 0);  // frameArrived reads it as a slot's first word
 
 constexpr int64_t kPeerCheckIntervalNs = 10'000'000;
 // Bytes one poll() copies by process_vm_readv before returning, so other
@@ -167,11 +169,6 @@ Status ShmConnection::poll(std::vector<Completion>& done, bool& progressed) {
 uint64_t ShmConnection::freeSlots() {
   uint64_t capacity = slotMask_ + 1;
   return capacity - (sentSlots_ - peerConsumed_);
-}
-
-bool ShmConnection::frameArrived() const {
-  const auto* header = reinterpret_cast<const FrameHeader*>(inRing_ + (readSlots_ & slotMask_) * kSlotBytes);
-  return header->stamp.load(std::memory_order_acquire) == readFrames_ + 1;
 }
 
 Status ShmConnection::pumpSends(std::vector<Completion>& done, bool& progressed) {

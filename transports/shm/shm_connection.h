@@ -30,6 +30,7 @@
 // naming it, never a hang.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -64,6 +65,11 @@ class ShmConnection final : public Connection {
   Status poll(std::vector<Completion>& done, bool& progressed) override;
   size_t pending() const override {
     return sends_.size() + cmaWaits_.size() + recvs_.size() + writtenAtPost_.size();
+  }
+  // False on exactly the passes poll() returns from at once (its idle path).
+  bool mightProgress() const override {
+    return !failure_.isOk() || !attached_ || !writtenAtPost_.empty() || !sends_.empty() ||
+           !cmaWaits_.empty() || (!recvs_.empty() && frameArrived());
   }
   const std::string& peerDescription() const override { return peer_; }
   bool carriesFailureReports() const override { return true; }
@@ -103,8 +109,12 @@ class ShmConnection final : public Connection {
   // Idle passes check the peer every 16th time: the flag and the clock are
   // both off the waiting path.
   bool peerCheckDue() { return ++idlePolls_ % 16 == 0; }
-  // The next frame of the in ring has arrived (its stamp is the next one).
-  bool frameArrived() const;
+  // The next frame of the in ring has arrived: its stamp (the first word of
+  // its first slot, FrameHeader::stamp) is the next one.
+  bool frameArrived() const {
+    const auto* stamp = reinterpret_cast<const std::atomic<uint64_t>*>(inRing_ + (readSlots_ & slotMask_) * kSlotBytes);
+    return stamp->load(std::memory_order_acquire) == readFrames_ + 1;
+  }
   uint64_t freeSlots();
   Status fail(Status status);
 
