@@ -232,27 +232,28 @@ class RankRunner {
     return s.shape.recvInPlaceOffset * s.eltSize * static_cast<size_t>(rank_);
   }
 
-  void startOp(const CallSizes& sizes, ncclDataType_t type, Op op, int root, bool inPlace,
-               int iteration) {
-    const size_t larger = sizes.largerBytes();
-    const size_t shiftSteps = larger ? std::max<size_t>(options_.maxBytes / larger, 1) : 1;
-    const size_t shift = larger * (static_cast<size_t>(iteration) % shiftSteps);
-    char* sendBase = regionBase(send_, sizes) + shift;
-    char* recvBase = regionBase(recv_, sizes) + shift;
+  // What every call of one size, type, operator and placement shares, worked
+  // out once: the timed loop only picks the buffer window and launches.
+  struct CallSite {
+    LaunchArgs args;        // window 0; a MulSum call creates its op per call
+    size_t windowBytes = 0; // call i uses window i mod windows, as nccl-tests does
+    size_t windows = 1;
+    Op op = Op::kNone;
+  };
 
-    ncclRedOp_t redOp = op == Op::kNone ? ncclSum : builtinRedOp(op);
-    if (op == Op::kMulSum) {
-      // Created and destroyed around every call, as nccl-tests does, so the
-      // library must let an op go right after the call that uses it returns.
-      uint64_t scalar = preMulScalarBits(type, rank_);
-      NCCL_OK(ncclRedOpCreatePreMulSum(&redOp, &scalar, type, ncclScalarHostImmediate, comm_));
-    }
-    const LaunchArgs args{
+  CallSite callSite(const CallSizes& sizes, ncclDataType_t type, Op op, int root, bool inPlace) const {
+    CallSite site;
+    site.windowBytes = sizes.largerBytes();
+    site.windows = site.windowBytes ? std::max<size_t>(options_.maxBytes / site.windowBytes, 1) : 1;
+    site.op = op;
+    char* sendBase = regionBase(send_, sizes);
+    char* recvBase = regionBase(recv_, sizes);
+    site.args = LaunchArgs{
         .sendbuff = inPlace ? recvBase + inPlaceSendOffset(sizes) : sendBase,
         .recvbuff = inPlace ? recvBase + inPlaceRecvOffset(sizes) : recvBase,
         .count = sizes.shape.paramCount,
         .type = type,
-        .op = redOp,
+        .op = op == Op::kNone ? ncclSum : builtinRedOp(op),
         .root = root,
         .rank = rank_,
         .nranks = nranks_,
@@ -260,13 +261,33 @@ class RankRunner {
         .comm = comm_,
         .stream = static_cast<cudaStream_t>(nullptr),
     };
+    return site;
+  }
+
+  void launch(const CallSite& site, size_t window) {
+    LaunchArgs args = site.args;
+    const size_t shift = site.windowBytes * window;
+    args.sendbuff = static_cast<const char*>(args.sendbuff) + shift;
+    args.recvbuff = static_cast<char*>(args.recvbuff) + shift;
+    if (site.op == Op::kMulSum) {
+      // Created and destroyed around every call, as nccl-tests does, so the
+      // library must let an op go right after the call that uses it returns.
+      uint64_t scalar = preMulScalarBits(args.type, rank_);
+      NCCL_OK(ncclRedOpCreatePreMulSum(&args.op, &scalar, args.type, ncclScalarHostImmediate, comm_));
+    }
     checkNccl(spec_.launch(args), spec_.name, __FILE__, __LINE__);
-    if (op == Op::kMulSum) NCCL_OK(ncclRedOpDestroy(redOp, comm_));
+    if (site.op == Op::kMulSum) NCCL_OK(ncclRedOpDestroy(args.op, comm_));
 
     // A host-memory op on the NULL stream has completed by now; -z 1 adds
     // the barrier.
     if (options_.blocking == 1) ctx_.world.barrier(thread_);
     ctx_.watchdog.progress();
+  }
+
+  void startOp(const CallSizes& sizes, ncclDataType_t type, Op op, int root, bool inPlace,
+               int iteration) {
+    const CallSite site = callSite(sizes, type, op, root, inPlace);
+    launch(site, static_cast<size_t>(iteration) % site.windows);
   }
 
   // Host-memory ops complete synchronously; an asynchronous error would
@@ -360,12 +381,15 @@ class RankRunner {
     checkAsyncError();
     world.barrier(thread_);
 
+    const CallSite site = callSite(sizes, type, op, root, inPlace);
+    size_t window = 0;  // (iter * aggIters + a) mod windows, without a division per call
     Clock::duration elapsed{};
     Clock::time_point start = Clock::now();
     for (int iter = 0; iter < options_.iters; ++iter) {
       if (options_.aggIters > 1) NCCL_OK(ncclGroupStart());
       for (int a = 0; a < options_.aggIters; ++a) {
-        startOp(sizes, type, op, root, inPlace, iter * options_.aggIters + a);
+        launch(site, window);
+        if (++window == site.windows) window = 0;
       }
       if (options_.aggIters > 1) NCCL_OK(ncclGroupEnd());
       if (options_.blocking == 3) {
