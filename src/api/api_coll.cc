@@ -87,7 +87,7 @@ Status convertOp(ncclRedOp_t op, DataType dtype, const Communicator& comm, OpReq
 
 Status checkDataTypePublic(ncclDataType_t datatype) { return checkDataType(datatype); }
 
-Status dispatch(ncclComm_t handle, const std::shared_ptr<Communicator>& comm, OpRequest req,
+Status dispatch(ncclComm_t handle, const std::shared_ptr<Communicator>& comm, OpRequest&& req,
                 cudaStream_t stream) {
   if (group::active()) {
     group::addOp(comm, std::move(req));

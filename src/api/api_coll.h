@@ -41,7 +41,7 @@ void unregisterHostStream(HostStream* stream);
 Status checkDataTypePublic(ncclDataType_t datatype);
 
 // Runs (or records, in a group) a validated operation; see api_coll.cc.
-Status dispatch(ncclComm_t handle, const std::shared_ptr<Communicator>& comm, OpRequest req,
+Status dispatch(ncclComm_t handle, const std::shared_ptr<Communicator>& comm, OpRequest&& req,
                 cudaStream_t stream);
 
 }  // namespace shoal::api
