@@ -10,6 +10,7 @@ namespace shoal {
 // AllReduce
 Plan buildRingAllReduce(const CollShape&, const RankView&, const AlgoParams&);
 Plan buildRecursiveDoublingAllReduce(const CollShape&, const RankView&, const AlgoParams&);
+Plan buildOneShotAllReduce(const CollShape&, const RankView&, const AlgoParams&);
 // AllGather, ReduceScatter
 Plan buildRingAllGather(const CollShape&, const RankView&, const AlgoParams&);
 Plan buildRingReduceScatter(const CollShape&, const RankView&, const AlgoParams&);

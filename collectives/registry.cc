@@ -96,6 +96,22 @@ double recursiveDoublingAllReduceCost(const CollShape& s, const RankView& v,
   return cost + m.gamma((rd.rounds() + folds) * m.bytes);
 }
 
+// n = the buffer, sent whole to every peer in one round. The p-1 messages
+// leave together: the critical path holds one message's latency (and one
+// wait, like a round of recursive doubling) plus posting the other p-2, at
+// kOneShotPostAlpha of a latency each. Every rank copies its own
+// contribution and sums p of them: p-1 reductions and one copy.
+constexpr double kOneShotPostAlpha = 0.25;
+double oneShotAllReduceCost(const CollShape& s, const RankView& v, const CostParams& c) {
+  Model m = model(s, v, c, false);
+  if (m.p == 1) return m.gamma(m.bytes);
+  const bool inside = v.nodeCount() == 1;
+  const double latency = inside ? m.alphaIntra(1) + kOneShotPostAlpha * (m.p - 2) * c.alpha_us * c.intra_alpha_scale
+                                : m.alpha(1) + kOneShotPostAlpha * (m.p - 2) * c.alpha_us;
+  const double sent = (m.p - 1) * m.bytes;
+  return latency + (inside ? m.betaIntra(sent) : m.beta(sent)) + m.gamma(m.p * m.bytes);
+}
+
 // n = the gathered output (AG) or the whole input (RS).
 double ringAllGatherCost(const CollShape& s, const RankView& v, const CostParams& c) {
   Model m = model(s, v, c, true);
@@ -250,6 +266,7 @@ const std::vector<AlgorithmEntry>& algorithms() {
       {CollKind::kAllReduce, "ring", buildRingAllReduce, always, ringAllReduceCost},
       {CollKind::kAllReduce, "recursive_doubling", buildRecursiveDoublingAllReduce, always,
        recursiveDoublingAllReduceCost},
+      {CollKind::kAllReduce, "one_shot", buildOneShotAllReduce, always, oneShotAllReduceCost},
       {CollKind::kAllReduce, "hierarchical", buildHierarchicalAllReduce, hierarchical,
        hierarchicalAllReduceCost},
       {CollKind::kAllReduce, "peer_read", buildPeerReadAllReduce, peerReadable, peerReadAllReduceCost},

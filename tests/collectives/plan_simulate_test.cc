@@ -176,6 +176,7 @@ TEST_CASE("reductions compute the right result on every rank", "[simulate]") {
   const Algo algos[] = {
       {"ring", buildRingAllReduce, CollKind::kAllReduce},
       {"recursive_doubling", buildRecursiveDoublingAllReduce, CollKind::kAllReduce},
+      {"one_shot", buildOneShotAllReduce, CollKind::kAllReduce},
       {"ring", buildRingReduceScatter, CollKind::kReduceScatter},
       {"bruck", buildBruckReduceScatter, CollKind::kReduceScatter},
       {"chain", buildChainReduce, CollKind::kReduce},
@@ -401,6 +402,7 @@ TEST_CASE("ranks may call one collective some in place, some out of place", "[si
       {"ring", buildRingReduceScatter, CollKind::kReduceScatter, {}},
       {"ring", buildRingAllGather, CollKind::kAllGather, {}},
       {"recursive_doubling", buildRecursiveDoublingAllReduce, CollKind::kAllReduce, {}},
+      {"one_shot", buildOneShotAllReduce, CollKind::kAllReduce, {}},
       {"bruck", buildBruckReduceScatter, CollKind::kReduceScatter, {}},
       {"hierarchical", buildHierarchicalAllReduce, CollKind::kAllReduce, {0, 0, 1, 1}},
       {"hierarchical", buildHierarchicalReduceScatter, CollKind::kReduceScatter, {0, 0, 1, 1, 2, 2}},
@@ -451,14 +453,15 @@ TEST_CASE("the simulator refuses buffers that overlap where the plan does not al
   REQUIRE(b[32] == 2.0f);
 }
 
-TEST_CASE("recursive doubling leaves identical bytes on every rank", "[simulate]") {
+TEST_CASE("recursive doubling and one-shot leave identical bytes on every rank", "[simulate]") {
   // Values whose sum depends on the order: every rank must still agree bitwise.
+  for (BuildFn build : {buildRecursiveDoublingAllReduce, buildOneShotAllReduce})
   for (int nranks = 2; nranks <= 9; ++nranks) {
     CollShape shape;
     shape.kind = CollKind::kAllReduce;
     shape.dtype = DataType::kFloat32;
     shape.count = 64;
-    auto plans = buildAll(buildRecursiveDoublingAllReduce, shape, nranks, AlgoParams{});
+    auto plans = buildAll(build, shape, nranks, AlgoParams{});
     REQUIRE(verifyPlans(plans).isOk());
     std::vector<std::vector<float>> send(nranks, std::vector<float>(64)), recv = send;
     std::vector<std::vector<SimOpBuffers>> buffers(nranks);

@@ -168,6 +168,51 @@ TEST_CASE("out of place, the ring ReduceScatter's last step receives into the ou
   }
 }
 
+TEST_CASE("one-shot AllReduce: every message leaves and arrives in one round", "[plan]") {
+  // Nothing a send or receive waits for (a scaled contribution waits only for
+  // its own scaling copy), p-1 of each, and the p contributions summed in rank
+  // order into the output.
+  for (int nranks : {3, 4, 7}) {
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kPreMulSum}) {
+      CollShape s{CollKind::kAllReduce, DataType::kFloat32, ReduceOp::kSum, 37};
+      s.op = op;
+      const Plan p = buildOneShotAllReduce(s, viewOf(1, nranks), AlgoParams{});
+      INFO("nranks " << nranks << " op " << static_cast<int>(op) << "\n" << p.toString());
+      int sends = 0, recvs = 0, reduces = 0;
+      for (const Step& step : p.steps) {
+        if (step.kind == StepKind::kSend) {
+          ++sends;
+          CHECK(step.depCount == (op == ReduceOp::kPreMulSum ? 1 : 0));
+        } else if (step.kind == StepKind::kRecv) {
+          ++recvs;
+          CHECK(step.depCount == 0);
+        } else if (step.kind == StepKind::kReduce) {
+          ++reduces;
+          CHECK(step.dst.buffer == kRecvBuffer);
+        }
+      }
+      CHECK(sends == nranks - 1);
+      CHECK(recvs == nranks - 1);
+      CHECK(reduces == nranks - 1);
+    }
+  }
+}
+
+TEST_CASE("one-shot AllReduce costs one round: cheaper than recursive doubling only while small", "[registry]") {
+  const AlgorithmEntry* rd = findAlgorithm(CollKind::kAllReduce, "recursive_doubling");
+  const AlgorithmEntry* oneShot = findAlgorithm(CollKind::kAllReduce, "one_shot");
+  REQUIRE(oneShot != nullptr);
+  CostParams c;
+  CollShape s{CollKind::kAllReduce, DataType::kFloat32, ReduceOp::kSum, 2};
+  CHECK(oneShot->estimate(s, viewOf(0, 4), c) < rd->estimate(s, viewOf(0, 4), c));
+  // Two ranks: the same single exchange plus a copy.
+  CHECK(rd->estimate(s, viewOf(0, 2), c) < oneShot->estimate(s, viewOf(0, 2), c));
+  // Posting p-1 messages outweighs the rounds saved among many ranks.
+  CHECK(rd->estimate(s, viewOf(0, 64), c) < oneShot->estimate(s, viewOf(0, 64), c));
+  s.count = 1 << 20;  // 4 MiB: p-1 copies of the buffer per rank
+  CHECK(rd->estimate(s, viewOf(0, 4), c) < oneShot->estimate(s, viewOf(0, 4), c));
+}
+
 TEST_CASE("the registry covers every collective", "[registry]") {
   for (int k = 0; k < kNumCollKinds; ++k) {
     auto kind = static_cast<CollKind>(k);
