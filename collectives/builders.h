@@ -11,6 +11,8 @@ namespace shoal {
 Plan buildRingAllReduce(const CollShape&, const RankView&, const AlgoParams&);
 Plan buildRecursiveDoublingAllReduce(const CollShape&, const RankView&, const AlgoParams&);
 Plan buildOneShotAllReduce(const CollShape&, const RankView&, const AlgoParams&);
+Plan buildOneShotAllGather(const CollShape&, const RankView&, const AlgoParams&);
+Plan buildOneShotReduceScatter(const CollShape&, const RankView&, const AlgoParams&);
 // AllGather, ReduceScatter
 Plan buildRingAllGather(const CollShape&, const RankView&, const AlgoParams&);
 Plan buildRingReduceScatter(const CollShape&, const RankView&, const AlgoParams&);

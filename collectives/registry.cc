@@ -96,20 +96,38 @@ double recursiveDoublingAllReduceCost(const CollShape& s, const RankView& v,
   return cost + m.gamma((rd.rounds() + folds) * m.bytes);
 }
 
-// n = the buffer, sent whole to every peer in one round. The p-1 messages
-// leave together: the critical path holds one message's latency (and one
-// wait, like a round of recursive doubling) plus posting the other p-2, at
-// kOneShotPostAlpha of a latency each. Every rank copies its own
-// contribution and sums p of them: p-1 reductions and one copy.
+// One-shot (one_shot.cc): each rank sends `sent` bytes in one round. The
+// p-1 messages leave together: the critical path holds one message's latency
+// (and one wait, like a round of recursive doubling) plus posting the other
+// p-2, at kOneShotPostAlpha of a latency each; on one node all of it stays
+// inside (the node's link), else it is priced as the network.
 constexpr double kOneShotPostAlpha = 0.25;
+double oneShotCost(const Model& m, const RankView& v, double sent, double reduced) {
+  if (m.p == 1) return m.gamma(m.bytes);
+  const CostParams& c = m.c;
+  const bool inside = v.nodeCount() == 1;
+  const double posts = kOneShotPostAlpha * (m.p - 2) * c.alpha_us;
+  if (inside) return m.alphaIntra(1) + posts * c.intra_alpha_scale + m.betaIntra(sent) + m.gamma(reduced);
+  return m.alpha(1) + posts + m.beta(sent) + m.gamma(reduced);
+}
+
+// n = the buffer, sent whole to every peer; every rank copies its own
+// contribution and sums p of them: p-1 reductions and one copy.
 double oneShotAllReduceCost(const CollShape& s, const RankView& v, const CostParams& c) {
   Model m = model(s, v, c, false);
-  if (m.p == 1) return m.gamma(m.bytes);
-  const bool inside = v.nodeCount() == 1;
-  const double latency = inside ? m.alphaIntra(1) + kOneShotPostAlpha * (m.p - 2) * c.alpha_us * c.intra_alpha_scale
-                                : m.alpha(1) + kOneShotPostAlpha * (m.p - 2) * c.alpha_us;
-  const double sent = (m.p - 1) * m.bytes;
-  return latency + (inside ? m.betaIntra(sent) : m.beta(sent)) + m.gamma(m.p * m.bytes);
+  return oneShotCost(m, v, (m.p - 1) * m.bytes, m.p * m.bytes);
+}
+
+// n = the gathered output (AG) or the whole input (RS): each rank sends
+// (p-1)/p of it. The AllGather copies its own block; the ReduceScatter sums
+// p blocks (p-1 sums and a copy).
+double oneShotAllGatherCost(const CollShape& s, const RankView& v, const CostParams& c) {
+  Model m = model(s, v, c, true);
+  return oneShotCost(m, v, (m.p - 1) / m.p * m.bytes, m.bytes / m.p);
+}
+double oneShotReduceScatterCost(const CollShape& s, const RankView& v, const CostParams& c) {
+  Model m = model(s, v, c, true);
+  return oneShotCost(m, v, (m.p - 1) / m.p * m.bytes, m.bytes);
 }
 
 // n = the gathered output (AG) or the whole input (RS).
@@ -272,10 +290,12 @@ const std::vector<AlgorithmEntry>& algorithms() {
       {CollKind::kAllReduce, "peer_read", buildPeerReadAllReduce, peerReadable, peerReadAllReduceCost},
       {CollKind::kAllGather, "ring", buildRingAllGather, always, ringAllGatherCost},
       {CollKind::kAllGather, "bruck", buildBruckAllGather, always, bruckAllGatherCost},
+      {CollKind::kAllGather, "one_shot", buildOneShotAllGather, always, oneShotAllGatherCost},
       {CollKind::kAllGather, "hierarchical", buildHierarchicalAllGather, hierarchical, hierarchicalAllGatherCost},
       {CollKind::kAllGather, "peer_read", buildPeerReadAllGather, peerReadable, peerReadAllGatherCost},
       {CollKind::kReduceScatter, "ring", buildRingReduceScatter, always, ringReduceScatterCost},
       {CollKind::kReduceScatter, "bruck", buildBruckReduceScatter, always, bruckReduceScatterCost},
+      {CollKind::kReduceScatter, "one_shot", buildOneShotReduceScatter, always, oneShotReduceScatterCost},
       {CollKind::kReduceScatter, "hierarchical", buildHierarchicalReduceScatter, hierarchical,
        hierarchicalReduceScatterCost},
       {CollKind::kReduceScatter, "peer_read", buildPeerReadReduceScatter, peerReadable,

@@ -198,6 +198,40 @@ TEST_CASE("one-shot AllReduce: every message leaves and arrives in one round", "
   }
 }
 
+TEST_CASE("one-shot AllGather and ReduceScatter: one round, straight to and from the blocks", "[plan]") {
+  for (int nranks : {3, 4, 7}) {
+    CollShape s{CollKind::kAllGather, DataType::kFloat32, ReduceOp::kSum, 37};
+    const Plan gather = buildOneShotAllGather(s, viewOf(1, nranks), AlgoParams{});
+    INFO("nranks " << nranks << "\n" << gather.toString());
+    int sends = 0, recvsIntoOutput = 0;
+    for (const Step& step : gather.steps) {
+      if (step.kind == StepKind::kSend) ++sends;
+      if (step.kind == StepKind::kRecv && step.dst.buffer == kRecvBuffer && step.depCount == 0)
+        ++recvsIntoOutput;
+    }
+    CHECK(sends == nranks - 1);
+    CHECK(recvsIntoOutput == nranks - 1);
+    CHECK(gather.scratchBytes == 0);
+
+    s.kind = CollKind::kReduceScatter;
+    const Plan scatter = buildOneShotReduceScatter(s, viewOf(1, nranks), AlgoParams{});
+    INFO(scatter.toString());
+    int reduces = 0;
+    sends = 0;
+    for (const Step& step : scatter.steps) {
+      if (step.kind == StepKind::kSend) {
+        ++sends;
+        CHECK(step.depCount == 0);
+        CHECK(step.src.buffer == kSendBuffer);
+      }
+      if (step.kind == StepKind::kRecv) CHECK(step.depCount == 0);
+      if (step.kind == StepKind::kReduce) ++reduces;
+    }
+    CHECK(sends == nranks - 1);
+    CHECK(reduces == nranks - 1);
+  }
+}
+
 TEST_CASE("one-shot AllReduce costs one round: cheaper than recursive doubling only while small", "[registry]") {
   const AlgorithmEntry* rd = findAlgorithm(CollKind::kAllReduce, "recursive_doubling");
   const AlgorithmEntry* oneShot = findAlgorithm(CollKind::kAllReduce, "one_shot");

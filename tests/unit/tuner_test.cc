@@ -214,14 +214,14 @@ const std::vector<GoldenRow> kGolden = {
     {"1x4 shm", CollKind::kAllReduce, 1 * MiB, "peer_read", 1, 4 * MiB},  // 153.3 us
     {"1x4 shm", CollKind::kAllReduce, 16 * MiB, "peer_read", 1, 2 * MiB},  // 2255.0 us
     {"1x4 shm", CollKind::kAllReduce, 256 * MiB, "peer_read", 1, 2 * MiB},  // 36079.4 us
-    {"1x4 shm", CollKind::kAllGather, 8, "bruck", 1, 4 * MiB},  // 6.0 us
-    {"1x4 shm", CollKind::kAllGather, 1 * KiB, "bruck", 1, 4 * MiB},  // 6.5 us
+    {"1x4 shm", CollKind::kAllGather, 8, "one_shot", 1, 4 * MiB},  // 4.5 us
+    {"1x4 shm", CollKind::kAllGather, 1 * KiB, "one_shot", 1, 4 * MiB},  // 4.9 us
     {"1x4 shm", CollKind::kAllGather, 64 * KiB, "peer_read", 1, 4 * MiB},  // 19.2 us
     {"1x4 shm", CollKind::kAllGather, 1 * MiB, "peer_read", 1, 4 * MiB},  // 183.0 us
     {"1x4 shm", CollKind::kAllGather, 16 * MiB, "peer_read", 1, 2 * MiB},  // 2832.2 us
     {"1x4 shm", CollKind::kAllGather, 256 * MiB, "peer_read", 1, 2 * MiB},  // 45315.2 us
-    {"1x4 shm", CollKind::kReduceScatter, 8, "bruck", 1, 4 * MiB},  // 6.0 us
-    {"1x4 shm", CollKind::kReduceScatter, 1 * KiB, "bruck", 1, 4 * MiB},  // 6.8 us
+    {"1x4 shm", CollKind::kReduceScatter, 8, "one_shot", 1, 4 * MiB},  // 4.5 us
+    {"1x4 shm", CollKind::kReduceScatter, 1 * KiB, "one_shot", 1, 4 * MiB},  // 5.1 us
     {"1x4 shm", CollKind::kReduceScatter, 64 * KiB, "peer_read", 1, 4 * MiB},  // 32.3 us
     {"1x4 shm", CollKind::kReduceScatter, 1 * MiB, "peer_read", 1, 4 * MiB},  // 392.7 us
     {"1x4 shm", CollKind::kReduceScatter, 16 * MiB, "peer_read", 1, 2 * MiB},  // 6187.6 us
@@ -286,14 +286,14 @@ const std::vector<GoldenRow> kGolden = {
     {"1x8 loopback", CollKind::kAllReduce, 1 * MiB, "peer_read", 1, 4 * MiB},  // 128.8 us
     {"1x8 loopback", CollKind::kAllReduce, 16 * MiB, "peer_read", 1, 1 * MiB},  // 1971.3 us
     {"1x8 loopback", CollKind::kAllReduce, 256 * MiB, "peer_read", 1, 1 * MiB},  // 31541.5 us
-    {"1x8 loopback", CollKind::kAllGather, 8, "bruck", 1, 4 * MiB},  // 3.0 us
-    {"1x8 loopback", CollKind::kAllGather, 1 * KiB, "bruck", 1, 4 * MiB},  // 4.0 us
+    {"1x8 loopback", CollKind::kAllGather, 8, "one_shot", 1, 4 * MiB},  // 2.5 us
+    {"1x8 loopback", CollKind::kAllGather, 1 * KiB, "one_shot", 1, 4 * MiB},  // 3.0 us
     {"1x8 loopback", CollKind::kAllGather, 64 * KiB, "peer_read", 1, 4 * MiB},  // 19.0 us
     {"1x8 loopback", CollKind::kAllGather, 1 * MiB, "peer_read", 1, 4 * MiB},  // 248.4 us
     {"1x8 loopback", CollKind::kAllGather, 16 * MiB, "peer_read", 1, 1 * MiB},  // 3970.7 us
     {"1x8 loopback", CollKind::kAllGather, 256 * MiB, "peer_read", 1, 1 * MiB},  // 63530.9 us
-    {"1x8 loopback", CollKind::kReduceScatter, 8, "bruck", 1, 4 * MiB},  // 3.0 us
-    {"1x8 loopback", CollKind::kReduceScatter, 1 * KiB, "bruck", 1, 4 * MiB},  // 4.4 us
+    {"1x8 loopback", CollKind::kReduceScatter, 8, "one_shot", 1, 4 * MiB},  // 2.5 us
+    {"1x8 loopback", CollKind::kReduceScatter, 1 * KiB, "one_shot", 1, 4 * MiB},  // 3.5 us
     {"1x8 loopback", CollKind::kReduceScatter, 64 * KiB, "peer_read", 1, 4 * MiB},  // 49.6 us
     {"1x8 loopback", CollKind::kReduceScatter, 1 * MiB, "peer_read", 1, 4 * MiB},  // 737.8 us
     {"1x8 loopback", CollKind::kReduceScatter, 16 * MiB, "peer_read", 1, 1 * MiB},  // 11800.1 us

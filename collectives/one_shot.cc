@@ -1,0 +1,138 @@
+// One-shot algorithms: every rank sends what each peer needs from it directly
+// to that peer, all in one round. One round of messages instead of log2(p)
+// (recursive doubling, Bruck) or p-1 (ring): for small buffers among few
+// ranks, where a round costs more than the bytes (ranks that share cores wait
+// for their peers' time slices once per round). The tuner weighs posting p-1
+// messages against the rounds saved (registry.cc).
+//
+//   AllReduce      the whole contribution to every peer; every rank sums all p.
+//   AllGather      the own block to every peer, received straight into the output.
+//   ReduceScatter  block q to rank q; every rank sums the p contributions to its block.
+//
+// Bit-exactness: contributions are summed in rank order, ((c0 + c1) + c2) +
+// ..., so every rank (AllReduce) holds identical bytes whatever the reducer's
+// rounding. kPreMulSum: each rank scales what it sends and its own
+// contribution once, before anything leaves; the sums are plain. Integer avg
+// divides the full sum once.
+// Scratch: one slot per rank and channel for the contributions summed here;
+// this rank's holds its own (scaled) one, so an in-place call never sums what
+// it already overwrote. A scaled ReduceScatter stages its outgoing blocks too.
+#include "collectives/builders.h"
+#include "collectives/builder_util.h"
+#include "collectives/patterns/chunking.h"
+
+namespace shoal {
+
+using namespace build;
+
+namespace {
+
+// Sums the p contributions in slots `slot(0..p-1)` into `result` in rank order.
+template <typename SlotFn>
+void sumInRankOrder(StepEmitter& e, int p, Slice result, SlotFn slot, uint64_t bytes,
+                    const ReduceSpec& spec) {
+  e.reduce(result, slot(0), slot(1), bytes);
+  for (int r = 2; r < p; ++r) e.reduce(result, result, slot(r), bytes);
+  if (spec.divisor > 1) e.divide(result, result, bytes);
+}
+
+}  // namespace
+
+Plan buildOneShotAllReduce(const CollShape& shape, const RankView& view, const AlgoParams& params) {
+  StepEmitter e(shape, view, "one_shot");
+  const int n = e.nranks();
+  const int me = e.rank();
+  const ReduceSpec spec = ReduceSpec::of(shape);
+  const uint64_t elemSize = e.elemSize();
+  const uint64_t granule = patterns::lineGranule(elemSize);
+
+  for (const ChannelPart& part : channelParts(shape.count, params, granule)) {
+    const uint64_t bytes = part.elems.count * elemSize;
+    const Slice local = sendAt(part.elems.begin * elemSize);
+    const Slice result = recvAt(part.elems.begin * elemSize);
+    const uint16_t ch = part.channel;
+    if (n == 1) {
+      e.finishLocal(result, local, bytes, spec);
+      continue;
+    }
+    const uint64_t stride = alignUp(bytes, 64);
+    const uint64_t area = e.reserveScratch(static_cast<uint64_t>(n) * stride);
+    auto slot = [&](int r) { return scratchAt(area + static_cast<uint64_t>(r) * stride); };
+
+    e.copy(slot(me), local, bytes, spec.localFlags());
+    const Slice outgoing = spec.scaleLocal ? slot(me) : local;
+    for (int k = 1; k < n; ++k) e.send((me + k) % n, ch, outgoing, bytes);
+    for (int k = 1; k < n; ++k) {
+      const int from = (me - k + n) % n;
+      e.recv(from, ch, slot(from), bytes);
+    }
+    sumInRankOrder(e, n, result, slot, bytes, spec);
+  }
+  return e.finish();
+}
+
+Plan buildOneShotAllGather(const CollShape& shape, const RankView& view, const AlgoParams& params) {
+  StepEmitter e(shape, view, "one_shot");
+  const int p = e.nranks();
+  const int me = e.rank();
+  const uint64_t elemSize = e.elemSize();
+  const uint64_t blockBytes = shape.count * elemSize;
+  for (const ChannelPart& part : channelParts(shape.count, params, patterns::lineGranule(elemSize))) {
+    const uint64_t bytes = part.elems.count * elemSize;
+    const uint64_t inBlock = part.elems.begin * elemSize;
+    const uint16_t ch = part.channel;
+    const Slice own = sendAt(inBlock);
+    auto outputOf = [&](int r) { return recvAt(static_cast<uint64_t>(r) * blockBytes + inBlock); };
+    e.copy(outputOf(me), own, bytes);
+    for (int k = 1; k < p; ++k) e.send((me + k) % p, ch, own, bytes);
+    for (int k = 1; k < p; ++k) {
+      const int from = (me - k + p) % p;
+      e.recv(from, ch, outputOf(from), bytes);
+    }
+  }
+  return e.finish();
+}
+
+Plan buildOneShotReduceScatter(const CollShape& shape, const RankView& view, const AlgoParams& params) {
+  StepEmitter e(shape, view, "one_shot");
+  const int p = e.nranks();
+  const int me = e.rank();
+  const ReduceSpec spec = ReduceSpec::of(shape);
+  const uint64_t elemSize = e.elemSize();
+  const uint64_t blockBytes = shape.count * elemSize;
+  for (const ChannelPart& part : channelParts(shape.count, params, patterns::lineGranule(elemSize))) {
+    const uint64_t bytes = part.elems.count * elemSize;
+    const uint64_t inBlock = part.elems.begin * elemSize;
+    const uint16_t ch = part.channel;
+    auto inputFor = [&](int r) { return sendAt(static_cast<uint64_t>(r) * blockBytes + inBlock); };
+    const Slice result = recvAt(inBlock);
+    if (p == 1) {
+      e.finishLocal(result, inputFor(me), bytes, spec);
+      continue;
+    }
+    const uint64_t stride = alignUp(bytes, 64);
+    const uint64_t area = e.reserveScratch(static_cast<uint64_t>(p) * stride);
+    auto slot = [&](int r) { return scratchAt(area + static_cast<uint64_t>(r) * stride); };
+    // Outgoing blocks: the input itself, or scaled copies of it (kPreMulSum).
+    uint64_t staged = 0;
+    if (spec.scaleLocal) staged = e.reserveScratch(static_cast<uint64_t>(p) * stride);
+    auto outgoing = [&](int q) {
+      return spec.scaleLocal ? scratchAt(staged + static_cast<uint64_t>(q) * stride) : inputFor(q);
+    };
+
+    e.copy(slot(me), inputFor(me), bytes, spec.localFlags());
+    for (int k = 1; k < p; ++k) {
+      const int to = (me + k) % p;
+      if (spec.scaleLocal) e.copy(outgoing(to), inputFor(to), bytes, kScaleSrc);
+      e.send(to, ch, outgoing(to), bytes);
+    }
+    for (int k = 1; k < p; ++k) {
+      const int from = (me - k + p) % p;
+      e.recv(from, ch, slot(from), bytes);
+    }
+    sumInRankOrder(e, p, result, slot, bytes, spec);
+  }
+  return e.finish();
+}
+
+}  // namespace shoal
