@@ -49,6 +49,18 @@ bool crossesNodes(const RankView& v, const patterns::RingOrder& ring, int distan
 
 bool always(const CollShape&, const RankView&, const TransportCaps&) { return true; }
 
+// One-shot algorithms are for latency-bound sizes: each message at most this
+// (a block of AllGather / ReduceScatter, the buffer of AllReduce). Beyond it
+// their p-1 copies of every byte through the channels lose to the peer reads
+// and rings, which the linear estimate sees too late: 4 ranks on 2 cores,
+// per-rank block 8 KiB one-shot 14-18 us against peer_read 21-27, 32 KiB
+// level (AllGather) or behind (ReduceScatter 31-34 against 25-28), 128 KiB
+// 65-99 against 40-72 (docs/performance.md, session 17).
+constexpr uint64_t kOneShotMaxMessageBytes = 16 << 10;
+bool oneShotSize(const CollShape& s, const RankView&, const TransportCaps&) {
+  return s.count * dataTypeSize(s.dtype) <= kOneShotMaxMessageBytes;
+}
+
 bool rootValid(const CollShape& s, const RankView& v, const TransportCaps&) {
   return s.root >= 0 && s.root < v.nranks;
 }
@@ -284,18 +296,18 @@ const std::vector<AlgorithmEntry>& algorithms() {
       {CollKind::kAllReduce, "ring", buildRingAllReduce, always, ringAllReduceCost},
       {CollKind::kAllReduce, "recursive_doubling", buildRecursiveDoublingAllReduce, always,
        recursiveDoublingAllReduceCost},
-      {CollKind::kAllReduce, "one_shot", buildOneShotAllReduce, always, oneShotAllReduceCost},
+      {CollKind::kAllReduce, "one_shot", buildOneShotAllReduce, oneShotSize, oneShotAllReduceCost},
       {CollKind::kAllReduce, "hierarchical", buildHierarchicalAllReduce, hierarchical,
        hierarchicalAllReduceCost},
       {CollKind::kAllReduce, "peer_read", buildPeerReadAllReduce, peerReadable, peerReadAllReduceCost},
       {CollKind::kAllGather, "ring", buildRingAllGather, always, ringAllGatherCost},
       {CollKind::kAllGather, "bruck", buildBruckAllGather, always, bruckAllGatherCost},
-      {CollKind::kAllGather, "one_shot", buildOneShotAllGather, always, oneShotAllGatherCost},
+      {CollKind::kAllGather, "one_shot", buildOneShotAllGather, oneShotSize, oneShotAllGatherCost},
       {CollKind::kAllGather, "hierarchical", buildHierarchicalAllGather, hierarchical, hierarchicalAllGatherCost},
       {CollKind::kAllGather, "peer_read", buildPeerReadAllGather, peerReadable, peerReadAllGatherCost},
       {CollKind::kReduceScatter, "ring", buildRingReduceScatter, always, ringReduceScatterCost},
       {CollKind::kReduceScatter, "bruck", buildBruckReduceScatter, always, bruckReduceScatterCost},
-      {CollKind::kReduceScatter, "one_shot", buildOneShotReduceScatter, always, oneShotReduceScatterCost},
+      {CollKind::kReduceScatter, "one_shot", buildOneShotReduceScatter, oneShotSize, oneShotReduceScatterCost},
       {CollKind::kReduceScatter, "hierarchical", buildHierarchicalReduceScatter, hierarchical,
        hierarchicalReduceScatterCost},
       {CollKind::kReduceScatter, "peer_read", buildPeerReadReduceScatter, peerReadable,
