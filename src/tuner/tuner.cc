@@ -24,7 +24,7 @@ struct NcclAlgoName {
 const std::vector<NcclAlgoName>& ncclAlgoNames() {
   static const std::vector<NcclAlgoName> names = {
       {"ring", {"ring", "chain", "pairwise", "direct", "p2p"}},
-      {"tree", {"recursive_doubling", "bruck", "chain", "direct", "pairwise", "p2p"}},
+      {"tree", {"recursive_doubling", "bruck", "one_shot", "chain", "direct", "pairwise", "p2p"}},
       {"collnetdirect", {}}, {"collnetchain", {}}, {"nvls", {}}, {"nvlstree", {}}, {"pat", {}}};
   return names;
 }
