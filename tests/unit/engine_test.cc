@@ -227,6 +227,16 @@ class ScriptedConnection : public Connection {
   bool posted_ = false;
 };
 
+// Engine::runInline takes a job that was never submitted, as a
+// communicator's reused blocking job is: `job` gets what `filled` holds.
+void fillLike(Job& job, const Job& filled) {
+  job.prepared = filled.prepared;
+  job.buffers = filled.buffers;
+  job.laneConnections = filled.laneConnections;
+  job.opTags = filled.opTags;
+  job.opScalars = filled.opScalars;
+}
+
 }  // namespace
 
 TEST_CASE("a spinning inline wait looks between passes and polls once the message lands", "[unit]") {
@@ -235,12 +245,7 @@ TEST_CASE("a spinning inline wait looks between passes and polls once the messag
   Rank r0;
   fill(r0, 64, 0);
   Job job;
-  JobPtr filled = makeJob(receiveOnlyPlan(), r0, &conn, 15);
-  job.prepared = filled->prepared;
-  job.buffers = filled->buffers;
-  job.laneConnections = filled->laneConnections;
-  job.opTags = filled->opTags;
-  job.opScalars = filled->opScalars;
+  fillLike(job, *makeJob(receiveOnlyPlan(), r0, &conn, 15));
   REQUIRE(Engine::instance().runInline(job).isOk());
   const auto* bytes = reinterpret_cast<const uint8_t*>(r0.recv.data());
   REQUIRE(std::all_of(bytes, bytes + 256, [](uint8_t b) { return b == 0x5a; }));
@@ -258,12 +263,7 @@ TEST_CASE("a connection that always might progress still lets an inline wait sle
   Rank r0;
   fill(r0, 64, 0);
   Job job;
-  JobPtr filled = makeJob(receiveOnlyPlan(), r0, &conn, 16);
-  job.prepared = filled->prepared;
-  job.buffers = filled->buffers;
-  job.laneConnections = filled->laneConnections;
-  job.opTags = filled->opTags;
-  job.opScalars = filled->opScalars;
+  fillLike(job, *makeJob(receiveOnlyPlan(), r0, &conn, 16));
   rusage before{}, after{};
   getrusage(RUSAGE_THREAD, &before);
   Status st = Engine::instance().runInline(job);
