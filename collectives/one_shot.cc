@@ -17,6 +17,8 @@
 // Scratch: one slot per rank and channel for the contributions summed here;
 // this rank's holds its own (scaled) one, so an in-place call never sums what
 // it already overwrote. A scaled ReduceScatter stages its outgoing blocks too.
+#include <optional>
+
 #include "collectives/builders.h"
 #include "collectives/builder_util.h"
 #include "collectives/patterns/chunking.h"
@@ -26,6 +28,27 @@ namespace shoal {
 using namespace build;
 
 namespace {
+
+// One 64-byte aligned scratch slot of `bytes` per rank, reserved together.
+class RankSlots {
+ public:
+  RankSlots(StepEmitter& e, int p, uint64_t bytes)
+      : stride_(alignUp(bytes, 64)), area_(e.reserveScratch(static_cast<uint64_t>(p) * stride_)) {}
+  Slice operator()(int r) const { return scratchAt(area_ + static_cast<uint64_t>(r) * stride_); }
+
+ private:
+  uint64_t stride_;
+  uint64_t area_;
+};
+
+// One receive from every peer, nearest predecessor first, into `into(from)`.
+template <typename IntoFn>
+void receiveFromEveryPeer(StepEmitter& e, int me, int p, uint16_t channel, uint64_t bytes, IntoFn into) {
+  for (int k = 1; k < p; ++k) {
+    const int from = (me - k + p) % p;
+    e.recv(from, channel, into(from), bytes);
+  }
+}
 
 // Sums the p contributions in slots `slot(0..p-1)` into `result` in rank order.
 template <typename SlotFn>
@@ -55,17 +78,11 @@ Plan buildOneShotAllReduce(const CollShape& shape, const RankView& view, const A
       e.finishLocal(result, local, bytes, spec);
       continue;
     }
-    const uint64_t stride = alignUp(bytes, 64);
-    const uint64_t area = e.reserveScratch(static_cast<uint64_t>(n) * stride);
-    auto slot = [&](int r) { return scratchAt(area + static_cast<uint64_t>(r) * stride); };
-
+    const RankSlots slot(e, n, bytes);
     e.copy(slot(me), local, bytes, spec.localFlags());
     const Slice outgoing = spec.scaleLocal ? slot(me) : local;
     for (int k = 1; k < n; ++k) e.send((me + k) % n, ch, outgoing, bytes);
-    for (int k = 1; k < n; ++k) {
-      const int from = (me - k + n) % n;
-      e.recv(from, ch, slot(from), bytes);
-    }
+    receiveFromEveryPeer(e, me, n, ch, bytes, slot);
     sumInRankOrder(e, n, result, slot, bytes, spec);
   }
   return e.finish();
@@ -85,10 +102,7 @@ Plan buildOneShotAllGather(const CollShape& shape, const RankView& view, const A
     auto outputOf = [&](int r) { return recvAt(static_cast<uint64_t>(r) * blockBytes + inBlock); };
     e.copy(outputOf(me), own, bytes);
     for (int k = 1; k < p; ++k) e.send((me + k) % p, ch, own, bytes);
-    for (int k = 1; k < p; ++k) {
-      const int from = (me - k + p) % p;
-      e.recv(from, ch, outputOf(from), bytes);
-    }
+    receiveFromEveryPeer(e, me, p, ch, bytes, outputOf);
   }
   return e.finish();
 }
@@ -110,15 +124,11 @@ Plan buildOneShotReduceScatter(const CollShape& shape, const RankView& view, con
       e.finishLocal(result, inputFor(me), bytes, spec);
       continue;
     }
-    const uint64_t stride = alignUp(bytes, 64);
-    const uint64_t area = e.reserveScratch(static_cast<uint64_t>(p) * stride);
-    auto slot = [&](int r) { return scratchAt(area + static_cast<uint64_t>(r) * stride); };
+    const RankSlots slot(e, p, bytes);
     // Outgoing blocks: the input itself, or scaled copies of it (kPreMulSum).
-    uint64_t staged = 0;
-    if (spec.scaleLocal) staged = e.reserveScratch(static_cast<uint64_t>(p) * stride);
-    auto outgoing = [&](int q) {
-      return spec.scaleLocal ? scratchAt(staged + static_cast<uint64_t>(q) * stride) : inputFor(q);
-    };
+    std::optional<RankSlots> staged;
+    if (spec.scaleLocal) staged.emplace(e, p, bytes);
+    auto outgoing = [&](int q) { return staged ? (*staged)(q) : inputFor(q); };
 
     e.copy(slot(me), inputFor(me), bytes, spec.localFlags());
     for (int k = 1; k < p; ++k) {
@@ -126,10 +136,7 @@ Plan buildOneShotReduceScatter(const CollShape& shape, const RankView& view, con
       if (spec.scaleLocal) e.copy(outgoing(to), inputFor(to), bytes, kScaleSrc);
       e.send(to, ch, outgoing(to), bytes);
     }
-    for (int k = 1; k < p; ++k) {
-      const int from = (me - k + p) % p;
-      e.recv(from, ch, slot(from), bytes);
-    }
+    receiveFromEveryPeer(e, me, p, ch, bytes, slot);
     sumInRankOrder(e, p, result, slot, bytes, spec);
   }
   return e.finish();
