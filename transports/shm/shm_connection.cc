@@ -146,7 +146,7 @@ Status ShmConnection::poll(std::vector<Completion>& done, bool& progressed) {
   }
   // The pass a waiting rank repeats: nothing to write, nothing arrived. Kept
   // short, since a frame that lands mid-pass is seen only at the next one.
-  if (sends_.empty() && cmaWaits_.empty() && (recvs_.empty() || !frameArrived())) {
+  if (!hasWork()) {
     if (recvs_.empty() || !peerCheckDue()) return Status::ok();
     if (Status s = checkPeer(/*attaching=*/false); !s.isOk()) return fail(std::move(s));
     return Status::ok();

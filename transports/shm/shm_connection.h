@@ -68,8 +68,7 @@ class ShmConnection final : public Connection {
   }
   // False on exactly the passes poll() returns from at once (its idle path).
   bool mightProgress() const override {
-    return !failure_.isOk() || !attached_ || !writtenAtPost_.empty() || !sends_.empty() ||
-           !cmaWaits_.empty() || (!recvs_.empty() && frameArrived());
+    return !failure_.isOk() || !attached_ || !writtenAtPost_.empty() || hasWork();
   }
   const std::string& peerDescription() const override { return peer_; }
   bool carriesFailureReports() const override { return true; }
@@ -109,6 +108,11 @@ class ShmConnection final : public Connection {
   // Idle passes check the peer every 16th time: the flag and the clock are
   // both off the waiting path.
   bool peerCheckDue() { return ++idlePolls_ % 16 == 0; }
+  // Something to write, a single-copy send to see read, or a frame arrived
+  // for a posted receive: what poll()'s idle path checks.
+  bool hasWork() const {
+    return !sends_.empty() || !cmaWaits_.empty() || (!recvs_.empty() && frameArrived());
+  }
   // The next frame of the in ring has arrived: its stamp (the first word of
   // its first slot, FrameHeader::stamp) is the next one.
   bool frameArrived() const {
