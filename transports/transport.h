@@ -27,6 +27,7 @@
 
 #include "core/clock.h"
 #include "core/status.h"
+#include "core/types.h"
 
 namespace shoal {
 
@@ -36,6 +37,20 @@ struct Completion {
   uint64_t bytes = 0;
 };
 
+// A receive whose bytes are not stored as they arrive but combined:
+// dst = reduce(received, other) or reduce(other, received), in that operand
+// order, with reduce::combine's meaning of op, dtype and scalar. The engine
+// asks for it where a plan receives into scratch only to reduce it once
+// (docs/decisions/0015); dst and other stay valid until the completion.
+struct ReduceOnReceive {
+  uint8_t* dst = nullptr;
+  const uint8_t* other = nullptr;
+  bool receivedFirst = false;
+  ReduceOp op = ReduceOp::kSum;
+  DataType dtype = DataType::kFloat32;
+  const void* scalar = nullptr;
+};
+
 class Connection {
  public:
   virtual ~Connection() = default;
@@ -43,9 +58,26 @@ class Connection {
   // Queues a message. `data` stays valid and unchanged until its completion.
   // Posting never blocks; it may return kAgain under back-pressure.
   virtual Status postSend(const void* data, uint64_t bytes, uint64_t tag, uint64_t token) = 0;
+  // Like postSend, but a send that has finished already (its bytes are in
+  // the transport's memory) sets `finished`, and poll() will not report it:
+  // the engine completes it at once. Default: never finished at post.
+  virtual Status postSendOrFinish(const void* data, uint64_t bytes, uint64_t tag, uint64_t token,
+                                  bool& finished) {
+    finished = false;
+    return postSend(data, bytes, tag, token);
+  }
   // Queues a receive of exactly `bytes` into `data`, matched to the next
   // incoming message in order.
   virtual Status postRecv(void* data, uint64_t bytes, uint64_t tag, uint64_t token) = 0;
+  // Whether postRecvReduce takes a receive of `bytes` now: where the
+  // transport's own copy out of its memory can be the reduction (shm frames).
+  virtual bool reducesOnReceive(uint64_t /*bytes*/) const { return false; }
+  // Like postRecv, matched in the same order, but the bytes are combined
+  // into r.dst (see ReduceOnReceive). Only after reducesOnReceive(bytes).
+  virtual Status postRecvReduce(const ReduceOnReceive& /*r*/, uint64_t /*bytes*/, uint64_t /*tag*/,
+                                uint64_t /*token*/) {
+    return internalError("this transport does not reduce on receive");
+  }
   // Moves bytes without blocking; appends finished operations to `done` and
   // sets `progressed` when any byte moved. An error fails the connection for good.
   virtual Status poll(std::vector<Completion>& done, bool& progressed) = 0;

@@ -14,6 +14,76 @@
 
 namespace shoal {
 
+namespace {
+
+bool isOpBuffer(uint16_t buffer) { return buffer != kWindowBuffer && !isPeerBuffer(buffer); }
+bool isScratch(uint16_t buffer) { return isOpBuffer(buffer) && buffer % kBuffersPerOp == kScratchBuffer; }
+bool sameSlice(const Slice& a, const Slice& b) { return a.buffer == b.buffer && a.offset == b.offset; }
+
+// Receives whose scratch slice exactly one Reduce reads and nothing else in
+// the plan touches (no other step reads or writes a byte of it): the
+// transport may reduce the bytes as they arrive (decision 0015). Slots reused
+// by later rounds (rings) are left alone; the small-message plans (recursive
+// doubling, one-shot) keep a slot per receive.
+std::vector<PreparedPlan::ReduceOnReceiveStep> findReducesOnReceive(const Plan& plan,
+                                                                   const PreparedPlan& prepared) {
+  struct Access {
+    uint16_t buffer;
+    uint64_t begin, end;
+    uint32_t step;
+  };
+  std::vector<Access> accesses;
+  uint64_t longest = 0;
+  auto note = [&](const Slice& slice, uint64_t bytes, uint32_t step) {
+    if (!isScratch(slice.buffer) || bytes == 0) return;
+    accesses.push_back({slice.buffer, slice.offset, slice.offset + bytes, step});
+    longest = std::max(longest, bytes);
+  };
+  bool anyCandidate = false;
+  for (uint32_t i = 0; i < plan.steps.size(); ++i) {
+    const Step& s = plan.steps[i];
+    switch (s.kind) {
+      case StepKind::kSend: note(s.src, s.bytes, i); break;
+      case StepKind::kRecv: note(s.dst, s.bytes, i); anyCandidate |= isScratch(s.dst.buffer); break;
+      case StepKind::kReduce: note(s.src2, s.bytes, i); [[fallthrough]];
+      case StepKind::kCopy:
+      case StepKind::kDivide: note(s.src, s.bytes, i); note(s.dst, s.bytes, i); break;
+    }
+  }
+  if (!anyCandidate) return {};
+  auto byPlace = [](const Access& a, const Access& b) {
+    return a.buffer != b.buffer ? a.buffer < b.buffer : a.begin < b.begin;
+  };
+  std::sort(accesses.begin(), accesses.end(), byPlace);
+  bool any = false;
+  std::vector<PreparedPlan::ReduceOnReceiveStep> result(plan.steps.size());
+  for (uint32_t i = 0; i < plan.steps.size(); ++i) {
+    const Step& r = plan.steps[i];
+    if (r.kind != StepKind::kRecv || !isScratch(r.dst.buffer) || r.bytes == 0) continue;
+    if (prepared.dependentsBegin[i + 1] - prepared.dependentsBegin[i] != 1) continue;
+    const uint32_t di = prepared.dependents[prepared.dependentsBegin[i]];
+    const Step& d = plan.steps[di];
+    if (d.kind != StepKind::kReduce || d.op != r.op || d.bytes != r.bytes) continue;
+    const bool first = sameSlice(d.src, r.dst);
+    if (first == sameSlice(d.src2, r.dst)) continue;  // neither, or both operands
+    if (!isOpBuffer(d.dst.buffer) || !isOpBuffer((first ? d.src2 : d.src).buffer)) continue;
+    // Everything that touches a byte of the slot is the receive or its Reduce.
+    const uint64_t begin = r.dst.offset, end = r.dst.offset + r.bytes;
+    const Access earliest{r.dst.buffer, begin > longest ? begin - longest : 0, 0, 0};
+    auto from = std::lower_bound(accesses.begin(), accesses.end(), earliest, byPlace);
+    bool alone = true;
+    for (auto it = from; it != accesses.end() && it->buffer == r.dst.buffer && it->begin < end && alone; ++it)
+      alone = it->end <= begin || it->step == i || it->step == di;
+    if (!alone) continue;
+    result[i] = {di, first};
+    any = true;
+  }
+  if (!any) return {};
+  return result;
+}
+
+}  // namespace
+
 std::shared_ptr<const PreparedPlan> preparePlan(PlanPtr plan) {
   auto prepared = std::make_shared<PreparedPlan>();
   const auto& steps = plan->steps;
@@ -38,6 +108,7 @@ std::shared_ptr<const PreparedPlan> preparePlan(PlanPtr plan) {
       prepared->dependents[fill[dep]++] = static_cast<uint32_t>(i);
     }
   }
+  prepared->reduceOnReceive = findReducesOnReceive(*plan, *prepared);
   prepared->plan = std::move(plan);
   return prepared;
 }
@@ -271,6 +342,33 @@ void Engine::distinctConnections(Job& job) {
   }
 }
 
+void Engine::completeReducedReceive(Job& job, uint32_t index) {
+  // The receive's one dependent is its Reduce (findReducesOnReceive), which
+  // waited on nothing else when the receive was posted.
+  const uint32_t reduce = job.prepared->reduceOnReceive[index].reduce;
+  job.steps_[index].state = StepProgress::kDone;
+  --job.remaining_;
+  job.steps_[reduce].unmet = 0;
+  completeStep(job, reduce);
+}
+
+ReduceOnReceive Engine::reduceOnReceiveFor(const Job& job, uint32_t reduceStep, bool receivedFirst) const {
+  // The same reduction runComputeStep would do for this step.
+  const Plan& plan = *job.prepared->plan;
+  const Step& d = plan.steps[reduceStep];
+  const CollShape& shape = plan.shapes[d.op];
+  const bool scaled = (d.flags & kScaleSrc) && shape.op == ReduceOp::kPreMulSum;
+  const Slice& other = receivedFirst ? d.src2 : d.src;
+  ReduceOnReceive r;
+  r.dst = job.buffers[d.dst.buffer] + d.dst.offset;
+  r.other = job.buffers[other.buffer] + other.offset;
+  r.receivedFirst = receivedFirst;
+  r.op = shape.op == ReduceOp::kPreMulSum && !scaled ? ReduceOp::kSum : shape.op;
+  r.dtype = shape.dtype;
+  r.scalar = job.opScalars.empty() ? nullptr : job.opScalars[d.op].bytes.data();
+  return r;
+}
+
 namespace {
 
 // What a rank tells its peers about its buffers in a peer-reading plan.
@@ -435,9 +533,21 @@ Status Engine::postLaneSteps(Job& job, int32_t lane) {
     const uint16_t buffer = s.kind == StepKind::kSend ? s.src.buffer : s.dst.buffer;
     uint8_t* base = buffer == kWindowBuffer ? job.window_.data() : job.buffers[buffer];
     uint64_t tag = job.opTags[s.op];
+    // A receive whose Reduce waits on it alone goes to a transport that can
+    // reduce the bytes as they arrive (decision 0015).
+    const PreparedPlan::ReduceOnReceiveStep* fused =
+        s.kind == StepKind::kRecv && !job.prepared->reduceOnReceive.empty() &&
+                job.prepared->reduceOnReceive[index].reduce != PreparedPlan::kNoReduce &&
+                job.steps_[job.prepared->reduceOnReceive[index].reduce].unmet == 1 &&
+                conn->reducesOnReceive(s.bytes)
+            ? &job.prepared->reduceOnReceive[index]
+            : nullptr;
+    bool sent = false;
     Status st = s.kind == StepKind::kSend
-                    ? conn->postSend(base + s.src.offset, s.bytes, tag, index)
-                    : conn->postRecv(base + s.dst.offset, s.bytes, tag, index);
+                    ? conn->postSendOrFinish(base + s.src.offset, s.bytes, tag, index, sent)
+                : fused ? conn->postRecvReduce(reduceOnReceiveFor(job, fused->reduce, fused->receivedFirst),
+                                               s.bytes, tag, index)
+                        : conn->postRecv(base + s.dst.offset, s.bytes, tag, index);
     if (st.code() == Code::kAgain) {
       if (std::find(job.blockedLanes_.begin(), job.blockedLanes_.end(), lane) ==
           job.blockedLanes_.end())
@@ -446,8 +556,9 @@ Status Engine::postLaneSteps(Job& job, int32_t lane) {
     }
     SHOAL_TRY(st) << stepKindName(s.kind) << " step " << index << " to "
                   << conn->peerDescription();
-    job.steps_[index].state = StepProgress::kPosted;
+    job.steps_[index].state = fused ? StepProgress::kPostedReduce : StepProgress::kPosted;
     ++cursor;
+    if (sent) completeStep(job, index);
   }
   return Status::ok();
 }
@@ -506,7 +617,11 @@ bool Engine::progressJob(Job& job) {
       failJob(job, std::move(st));
       return true;
     }
-    for (const Completion& c : job.completions_) completeStep(job, static_cast<uint32_t>(c.token));
+    for (const Completion& c : job.completions_) {
+      const auto index = static_cast<uint32_t>(c.token);
+      if (job.steps_[index].state == StepProgress::kPostedReduce) completeReducedReceive(job, index);
+      else completeStep(job, index);
+    }
     progressed |= moved || !job.completions_.empty();
   }
   if (!job.ready_.empty()) {
@@ -539,7 +654,9 @@ Status Engine::timeoutStatus(Job& job) const {
   std::vector<std::string> peers;
   for (size_t lane = 0; lane < plan.lanes.size(); ++lane) {
     for (uint32_t index : plan.lanes[lane].steps) {
-      if (job.steps_[index].state != StepProgress::kPosted) continue;
+      if (job.steps_[index].state != StepProgress::kPosted &&
+          job.steps_[index].state != StepProgress::kPostedReduce)
+        continue;
       const Step& s = plan.steps[index];
       std::string what = str(s.kind == StepKind::kSend ? "send to " : "receive from ",
                              job.laneConnections[lane]->peerDescription());

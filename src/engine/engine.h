@@ -43,7 +43,9 @@ namespace shoal {
 
 // Where one step of a running job stands.
 struct StepProgress {
-  enum State : uint8_t { kWaiting, kReady, kPosted, kDone };
+  // kPostedReduce: a receive posted as postRecvReduce; its one Reduce is
+  // done by the transport and completes with it.
+  enum State : uint8_t { kWaiting, kReady, kPosted, kPostedReduce, kDone };
   uint32_t unmet = 0;  // dependencies not yet done
   State state = kWaiting;
 };
@@ -56,6 +58,16 @@ struct PreparedPlan {
   std::vector<StepProgress> initialSteps; // each step waiting on all its dependencies
   std::vector<uint32_t> roots;            // steps with no dependencies
   size_t commSteps = 0;                   // Send + Recv steps
+  // Receives that may be posted as postRecvReduce (decision 0015): for step
+  // i, the one Reduce that reads its scratch slice (kNoReduce: none), and
+  // whether the received bytes are that Reduce's first operand. Empty when
+  // the plan has none.
+  static constexpr uint32_t kNoReduce = UINT32_MAX;
+  struct ReduceOnReceiveStep {
+    uint32_t reduce = kNoReduce;
+    bool receivedFirst = false;
+  };
+  std::vector<ReduceOnReceiveStep> reduceOnReceive;
 };
 std::shared_ptr<const PreparedPlan> preparePlan(PlanPtr plan);
 
@@ -196,6 +208,9 @@ class Engine {
   Status runRemoteComputeStep(Job& job, const Step& s, uint8_t* dst, const Slice* sources, int count);
   Status postLaneSteps(Job& job, int32_t lane);
   void completeStep(Job& job, uint32_t index);
+  // A receive posted as postRecvReduce finished: it and its Reduce are done.
+  void completeReducedReceive(Job& job, uint32_t index);
+  ReduceOnReceive reduceOnReceiveFor(const Job& job, uint32_t reduceStep, bool receivedFirst) const;
   void failJob(Job& job, Status status);
   Status timeoutStatus(Job& job) const;
   void drainIncoming();

@@ -396,3 +396,98 @@ TEST_CASE("shm exchange latency by message size", "[.][perf][shm]") {
 
 }  // namespace
 }  // namespace shoal
+
+namespace shoal {
+namespace {
+
+// Receives `count` floats from pair.first into pair.second as a reduction:
+// dst = received * 3 + other (received first, PreMulSum) or other * 3 + received.
+void checkReducingReceive(ConnPair& pair, size_t count, bool receivedFirst, bool inPlace, uint64_t tag) {
+  std::vector<float> sent(count), other(count), dst(count, -1.0f);
+  for (size_t i = 0; i < count; ++i) {
+    sent[i] = static_cast<float>(i % 1000) * 0.5f + 1.0f;
+    other[i] = static_cast<float>(i % 777) * 0.25f - 3.0f;
+  }
+  const std::vector<float> otherBefore = other;
+  const float scalar = 3.0f;
+  ReduceOnReceive r;
+  r.dst = reinterpret_cast<uint8_t*>(inPlace ? other.data() : dst.data());
+  r.other = reinterpret_cast<const uint8_t*>(other.data());
+  r.receivedFirst = receivedFirst;
+  r.op = ReduceOp::kPreMulSum;
+  r.dtype = DataType::kFloat32;
+  r.scalar = &scalar;
+  const uint64_t bytes = count * sizeof(float);
+  REQUIRE(pair.second->reducesOnReceive(bytes));
+  REQUIRE(pair.second->postRecvReduce(r, bytes, tag, 2).isOk());
+  REQUIRE(pair.first->postSend(sent.data(), bytes, tag, 1).isOk());
+  std::vector<Completion> a, b;
+  REQUIRE(pumpUntil(pair, 1, 1, a, b).isOk());
+  CHECK(b[0].token == 2);
+  const std::vector<float>& got = inPlace ? other : dst;
+  for (size_t i = 0; i < count; ++i) {
+    float want = receivedFirst ? sent[i] * scalar + otherBefore[i] : otherBefore[i] * scalar + sent[i];
+    INFO("element " << i << " of " << count);
+    REQUIRE(got[i] == want);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("shm reduces a receive out of its ring, in operand order, across frames and the ring's end",
+          "[shm]") {
+  // A 64 KiB ring: frames of at most 16 KiB, so 40 000 bytes take three
+  // frames, and repeated messages wrap around the ring's end.
+  ScopedEnv env{{"SHOAL_SHM_CMA", "0"}, {"SHOAL_SHM_FIFO_BYTES", "65536"}};
+  PairWorld world;
+  auto pair = world.connect(0);
+  uint64_t first = 1, got = 0;
+  std::vector<Completion> a, b;
+  REQUIRE(pair.second->postRecv(&got, sizeof(got), 1, 1).isOk());
+  REQUIRE(pair.first->postSend(&first, sizeof(first), 1, 1).isOk());
+  REQUIRE(pumpUntil(pair, 1, 1, a, b).isOk());  // both ends attached
+  uint64_t tag = 10;
+  for (int round = 0; round < 4; ++round) {
+    for (size_t count : {size_t{2}, size_t{7}, size_t{1024}, size_t{10000}}) {
+      for (bool receivedFirst : {false, true}) {
+        for (bool inPlace : {false, true}) {
+          INFO("count " << count << " received first " << receivedFirst << " in place " << inPlace);
+          checkReducingReceive(pair, count, receivedFirst, inPlace, ++tag);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("shm reduces a receive that the peer sent by single copy (thresholds differ)", "[shm]") {
+  PairWorld world;
+  uint64_t id = freshCommId();
+  ConnectOptions oa{&world.a, &world.b, "secret", Deadline::afterMs(10000)};
+  ConnectOptions ob{&world.b, &world.a, "secret", Deadline::afterMs(10000)};
+  ConnPair pair;
+  {
+    ScopedEnv env{{"SHOAL_SHM_CMA", "1"}, {"SHOAL_SHM_CMA_MIN_BYTES", "100"}};
+    auto ca = world.transport->connect({id, 0, 1, 0}, oa);
+    REQUIRE(ca.isOk());
+    pair.first = std::move(ca).value();
+  }
+  {
+    ScopedEnv env{{"SHOAL_SHM_CMA", "1"}, {"SHOAL_SHM_CMA_MIN_BYTES", "1048576"}};
+    auto cb = world.transport->connect({id, 1, 0, 0}, ob);
+    REQUIRE(cb.isOk());
+    pair.second = std::move(cb).value();
+  }
+  uint64_t first = 1, got = 0;
+  std::vector<Completion> a, b;
+  REQUIRE(pair.second->postRecv(&got, sizeof(got), 1, 1).isOk());
+  REQUIRE(pair.first->postSend(&first, sizeof(first), 1, 1).isOk());
+  REQUIRE(pumpUntil(pair, 1, 1, a, b).isOk());
+  auto* sender = dynamic_cast<shm::ShmConnection*>(pair.first.get());
+  REQUIRE(sender != nullptr);
+  REQUIRE(sender->singleCopyToPeer());
+  // 4096 bytes: single copy by the sender's threshold, a frame by the receiver's.
+  checkReducingReceive(pair, 1024, /*receivedFirst=*/false, /*inPlace=*/false, 20);
+  checkReducingReceive(pair, 1024, /*receivedFirst=*/true, /*inPlace=*/true, 21);
+}
+
+}  // namespace shoal

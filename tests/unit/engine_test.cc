@@ -12,6 +12,7 @@
 #include "core/params.h"
 #include "core/tag.h"
 #include "engine/engine.h"
+#include "reduce/reduce.h"
 #include "transports/loopback/loopback_transport.h"
 
 using namespace shoal;
@@ -274,4 +275,157 @@ TEST_CASE("a connection that always might progress still lets an inline wait sle
   REQUIRE(after.ru_nvcsw - before.ru_nvcsw >= 10);
   unsetenv("SHOAL_PROGRESS_TIMEOUT_MS");
   reloadParams();
+}
+
+namespace {
+
+// The receive's slot as the engine sees it after preparePlan.
+PreparedPlan::ReduceOnReceiveStep fusedOf(const PlanPtr& plan, uint32_t recvStep) {
+  auto prepared = preparePlan(plan);
+  if (prepared->reduceOnReceive.empty()) return {};
+  return prepared->reduceOnReceive[recvStep];
+}
+
+std::shared_ptr<Plan> handPlan() {
+  auto plan = std::make_shared<Plan>();
+  plan->rank = 0;
+  plan->nranks = 2;
+  plan->shapes.push_back(CollShape{CollKind::kAllReduce, DataType::kFloat32, ReduceOp::kSum, 64});
+  plan->scratchBytes = 512;
+  return plan;
+}
+
+// A peer that sends one message of floats: every send finishes at post, and
+// a receive may be posted as a reduction, which the connection carries out
+// (and counts) when it "arrives" at the first poll.
+class ReducingConnection : public Connection {
+ public:
+  explicit ReducingConnection(std::vector<float> incoming) : incoming_(std::move(incoming)) {}
+  Status postSend(const void*, uint64_t, uint64_t, uint64_t) override { return internalError("not used"); }
+  Status postSendOrFinish(const void*, uint64_t, uint64_t, uint64_t, bool& finished) override {
+    finished = true;
+    ++sendsFinishedAtPost;
+    return Status::ok();
+  }
+  Status postRecv(void* data, uint64_t bytes, uint64_t, uint64_t token) override {
+    recv_ = static_cast<uint8_t*>(data);
+    bytes_ = bytes;
+    token_ = token;
+    return Status::ok();
+  }
+  bool reducesOnReceive(uint64_t) const override { return reduces; }
+  Status postRecvReduce(const ReduceOnReceive& r, uint64_t bytes, uint64_t, uint64_t token) override {
+    reduce_ = r;
+    bytes_ = bytes;
+    token_ = token;
+    ++reducingReceives;
+    return Status::ok();
+  }
+  Status poll(std::vector<Completion>& done, bool& progressed) override {
+    if (bytes_ == 0) return Status::ok();
+    const auto* in = reinterpret_cast<const uint8_t*>(incoming_.data());
+    if (recv_ != nullptr) {
+      std::memcpy(recv_, in, bytes_);
+    } else {
+      const uint8_t* a = reduce_.receivedFirst ? in : reduce_.other;
+      const uint8_t* b = reduce_.receivedFirst ? reduce_.other : in;
+      reduce::combine(reduce_.op, reduce_.dtype, reduce_.dst, a, b, bytes_ / 4, reduce_.scalar);
+    }
+    done.push_back({token_, bytes_});
+    bytes_ = 0;
+    progressed = true;
+    return Status::ok();
+  }
+  size_t pending() const override { return bytes_ != 0 ? 1 : 0; }
+  const std::string& peerDescription() const override { return name_; }
+
+  bool reduces = true;
+  int reducingReceives = 0;
+  int sendsFinishedAtPost = 0;
+
+ private:
+  std::vector<float> incoming_;
+  const std::string name_ = "rank 1 (reducing)";
+  uint8_t* recv_ = nullptr;
+  ReduceOnReceive reduce_;
+  uint64_t bytes_ = 0;
+  uint64_t token_ = 0;
+};
+
+}  // namespace
+
+TEST_CASE("a receive into scratch read by one Reduce alone may be reduced as it arrives", "[unit]") {
+  SECTION("the exchange: send, receive into scratch, recv = send + scratch") {
+    auto f = fusedOf(exchangePlan(0, 1, 256, 1), 1);
+    CHECK(f.reduce == 2);
+    CHECK_FALSE(f.receivedFirst);
+  }
+  SECTION("the received bytes as the first operand") {
+    auto plan = handPlan();
+    PlanBuilder b(*plan);
+    uint32_t r = b.recv(1, {kScratchBuffer, 0}, 256);
+    b.reduce({kRecvBuffer, 0}, {kScratchBuffer, 0}, {kSendBuffer, 0}, 256, {r});
+    finalizePlan(*plan);
+    auto f = fusedOf(plan, 0);
+    CHECK(f.reduce == 1);
+    CHECK(f.receivedFirst);
+  }
+  SECTION("not when another step reads the slot too") {
+    auto plan = handPlan();
+    PlanBuilder b(*plan);
+    uint32_t r = b.recv(1, {kScratchBuffer, 0}, 256);
+    uint32_t d = b.reduce({kRecvBuffer, 0}, {kSendBuffer, 0}, {kScratchBuffer, 0}, 256, {r});
+    b.send(1, {kScratchBuffer, 128}, 64, {d});  // reads part of the slot after the reduce
+    finalizePlan(*plan);
+    CHECK(fusedOf(plan, 0).reduce == PreparedPlan::kNoReduce);
+  }
+  SECTION("not when a later receive reuses the slot") {
+    auto plan = handPlan();
+    PlanBuilder b(*plan);
+    uint32_t r = b.recv(1, {kScratchBuffer, 0}, 256);
+    uint32_t d = b.reduce({kRecvBuffer, 0}, {kSendBuffer, 0}, {kScratchBuffer, 0}, 256, {r});
+    uint32_t r2 = b.recv(1, {kScratchBuffer, 0}, 256, {d});
+    b.reduce({kRecvBuffer, 0}, {kRecvBuffer, 0}, {kScratchBuffer, 0}, 256, {r2});
+    finalizePlan(*plan);
+    CHECK(fusedOf(plan, 0).reduce == PreparedPlan::kNoReduce);
+  }
+  SECTION("not when the receive lands in the user's buffer") {
+    auto plan = handPlan();
+    PlanBuilder b(*plan);
+    uint32_t r = b.recv(1, {kRecvBuffer, 0}, 256);
+    b.reduce({kRecvBuffer, 0}, {kSendBuffer, 0}, {kRecvBuffer, 0}, 256, {r});
+    finalizePlan(*plan);
+    CHECK(fusedOf(plan, 0).reduce == PreparedPlan::kNoReduce);
+  }
+}
+
+TEST_CASE("the engine hands a lone Reduce to a transport that reduces on receive", "[unit]") {
+  Rank r0;
+  fill(r0, 64, 1);  // send = 1, 2, 3, ...
+  std::vector<float> incoming(64);
+  std::iota(incoming.begin(), incoming.end(), 1000.0f);
+  // The exchange's Reduce also waits for the send (as builders' plans do,
+  // decision 0014): a send that finishes at post lets the receive go fused.
+  auto plan = handPlan();
+  {
+    PlanBuilder b(*plan);
+    uint32_t s = b.send(1, {kSendBuffer, 0}, 256);
+    uint32_t r = b.recv(1, {kScratchBuffer, 0}, 256);
+    b.reduce({kRecvBuffer, 0}, {kSendBuffer, 0}, {kScratchBuffer, 0}, 256, {s, r});
+    finalizePlan(*plan);
+  }
+  for (bool reduces : {true, false}) {
+    INFO("the transport reduces on receive: " << reduces);
+    ReducingConnection conn(incoming);
+    conn.reduces = reduces;
+    fill(r0, 64, 1);
+    Job job;
+    fillLike(job, *makeJob(plan, r0, &conn, 17));
+    REQUIRE(Engine::instance().runInline(job).isOk());
+    for (size_t i = 0; i < 64; ++i) REQUIRE(r0.recv[i] == r0.send[i] + incoming[i]);
+    CHECK(conn.sendsFinishedAtPost == 1);
+    CHECK(conn.reducingReceives == (reduces ? 1 : 0));
+    // Fused, the scratch slot is never written.
+    CHECK((r0.scratch[0] == -1) == reduces);
+  }
 }

@@ -15,6 +15,7 @@
 #include "core/log.h"
 #include "core/process.h"
 #include "core/tag.h"
+#include "reduce/reduce.h"
 
 namespace shoal::shm {
 namespace {
@@ -87,6 +88,15 @@ std::string ShmConnection::peerFailure() const {
 }
 
 Status ShmConnection::postSend(const void* data, uint64_t bytes, uint64_t tag, uint64_t token) {
+  bool finished = false;
+  SHOAL_TRY(postSendOrFinish(data, bytes, tag, token, finished));
+  if (finished) writtenAtPost_.push_back({token, bytes});  // reported by the next poll()
+  return Status::ok();
+}
+
+Status ShmConnection::postSendOrFinish(const void* data, uint64_t bytes, uint64_t tag, uint64_t token,
+                                       bool& finished) {
+  finished = false;
   if (!failure_.isOk()) return failure_;
   sends_.push_back() = SendOp{static_cast<const uint8_t*>(data), bytes, tag, token, 0};
   // A small send with nothing queued ahead of it goes into the ring now: the
@@ -95,6 +105,10 @@ Status ShmConnection::postSend(const void* data, uint64_t bytes, uint64_t tag, u
   if (attached_ && sends_.size() == 1 && bytes <= kWriteAtPostBytes) {
     bool moved = false;
     if (Status s = pumpSends(writtenAtPost_, moved); !s.isOk()) return fail(std::move(s));
+    if (sends_.empty() && !singleCopySend(bytes, 0)) {  // written whole: the last completion added
+      writtenAtPost_.pop_back();
+      finished = true;
+    }
   }
   return Status::ok();
 }
@@ -103,6 +117,28 @@ Status ShmConnection::postRecv(void* data, uint64_t bytes, uint64_t tag, uint64_
   if (!failure_.isOk()) return failure_;
   recvs_.push_back() = RecvOp{static_cast<uint8_t*>(data), bytes, tag, token, 0};
   return Status::ok();
+}
+
+Status ShmConnection::postRecvReduce(const ReduceOnReceive& r, uint64_t bytes, uint64_t tag, uint64_t token) {
+  if (!failure_.isOk()) return failure_;
+  RecvOp& op = recvs_.push_back();
+  op = RecvOp{nullptr, bytes, tag, token, 0};
+  op.reduces = true;
+  op.reduce = r;
+  return Status::ok();
+}
+
+void ShmConnection::deliver(RecvOp& op, const uint8_t* from, uint64_t n) {
+  if (!op.reduces) {
+    std::memcpy(op.data + op.offset, from, n);
+    return;
+  }
+  // Frames end on 32-byte boundaries of the message (ring slots are 64 bytes,
+  // a header 32) and single copies arrive whole: whole elements every time.
+  const ReduceOnReceive& r = op.reduce;
+  const uint8_t* other = r.other + op.offset;
+  reduce::combine(r.op, r.dtype, r.dst + op.offset, r.receivedFirst ? from : other,
+                  r.receivedFirst ? other : from, n / dataTypeSize(r.dtype), r.scalar);
 }
 
 Status ShmConnection::attach() {
@@ -185,7 +221,7 @@ Status ShmConnection::pumpSends(std::vector<Completion>& done, bool& progressed)
   const uint64_t capacity = slotMask_ + 1;
   while (!sends_.empty()) {
     SendOp& op = sends_.front();
-    bool singleCopy = peerCanRead_ == CmaAbility::kYes && op.bytes >= cmaMinBytes_ && op.offset == 0;
+    bool singleCopy = singleCopySend(op.bytes, op.offset);
     uint64_t address = reinterpret_cast<uint64_t>(op.data);
     uint64_t frameBytes = singleCopy ? sizeof(address) : std::min(op.bytes - op.offset, maxFrameBytes_);
     uint64_t slots = slotsFor(frameBytes);
@@ -264,8 +300,22 @@ Status ShmConnection::pumpRecvs(std::vector<Completion>& done, bool& progressed)
       bool finished = false;
       uint64_t address = 0;  // in the first slot (a header is 32 bytes)
       std::memcpy(&address, inRing_ + first * kSlotBytes + kFrameHeaderBytes, sizeof(address));
-      SHOAL_TRY(readSingleCopy(op, address, finished));
+      // A reducing receive sent by single copy (the peer's threshold differs
+      // from ours) is read whole into staging, then reduced.
+      RecvOp staging = op;
+      if (op.reduces) {
+        staged_.resize(op.bytes);
+        staging.data = staged_.data();
+        staging.reduces = false;
+      }
+      RecvOp& target = op.reduces ? staging : op;
+      SHOAL_TRY(readSingleCopy(target, address, finished));
       progressed = true;
+      if (op.reduces) {
+        op.offset = 0;
+        if (finished) deliver(op, staged_.data(), op.bytes);
+        op.offset = staging.offset;  // bytes staged so far
+      }
       if (!finished) break;  // more in the next poll
       control.cmaReads.store(++cmaRead_, std::memory_order_release);
     } else {
@@ -277,10 +327,13 @@ Status ShmConnection::pumpRecvs(std::vector<Completion>& done, bool& progressed)
       uint64_t ringBytes = capacity * kSlotBytes;
       uint64_t head = std::min(frameBytes, ringBytes - start);
       if (frameBytes > 0) {
-        std::memcpy(op.data + op.offset, inRing_ + start, head);
-        if (head < frameBytes) std::memcpy(op.data + op.offset + head, inRing_, frameBytes - head);
+        deliver(op, inRing_ + start, head);
+        op.offset += head;
+        if (head < frameBytes) {
+          deliver(op, inRing_, frameBytes - head);
+          op.offset += frameBytes - head;
+        }
       }
-      op.offset += frameBytes;
       slots = slotsFor(frameBytes);
     }
     readSlots_ += slots;

@@ -62,6 +62,14 @@ class ShmConnection final : public Connection {
 
   Status postSend(const void* data, uint64_t bytes, uint64_t tag, uint64_t token) override;
   Status postRecv(void* data, uint64_t bytes, uint64_t tag, uint64_t token) override;
+  Status postSendOrFinish(const void* data, uint64_t bytes, uint64_t tag, uint64_t token,
+                          bool& finished) override;
+  // Frames copied out of the ring (not read by single copy) can be reduced
+  // out of it instead.
+  bool reducesOnReceive(uint64_t bytes) const override {
+    return attached_ && !(selfCanRead_ == CmaAbility::kYes && bytes >= cmaMinBytes_);
+  }
+  Status postRecvReduce(const ReduceOnReceive& r, uint64_t bytes, uint64_t tag, uint64_t token) override;
   Status poll(std::vector<Completion>& done, bool& progressed) override;
   size_t pending() const override {
     return sends_.size() + cmaWaits_.size() + recvs_.size() + writtenAtPost_.size();
@@ -92,6 +100,8 @@ class ShmConnection final : public Connection {
     uint64_t tag = 0;
     uint64_t token = 0;
     uint64_t offset = 0;  // payload bytes already received
+    bool reduces = false;  // postRecvReduce: `reduce` says where the bytes go, data is null
+    ReduceOnReceive reduce;
   };
   struct CmaWait {
     uint64_t token = 0;
@@ -103,6 +113,8 @@ class ShmConnection final : public Connection {
   Status pumpSends(std::vector<Completion>& done, bool& progressed);
   Status pumpRecvs(std::vector<Completion>& done, bool& progressed);
   Status readSingleCopy(RecvOp& op, uint64_t address, bool& finished);
+  // Delivers `n` payload bytes at `from` to a receive, at its offset.
+  void deliver(RecvOp& op, const uint8_t* from, uint64_t n);
   // Whether the peer closed, exited or (attaching) missed its deadline.
   Status checkPeer(bool attaching);
   // Idle passes check the peer every 16th time: the flag and the clock are
@@ -120,6 +132,10 @@ class ShmConnection final : public Connection {
     return stamp->load(std::memory_order_acquire) == readFrames_ + 1;
   }
   uint64_t freeSlots();
+  // A send's next frame carries only its address (the peer reads it directly).
+  bool singleCopySend(uint64_t bytes, uint64_t offset) const {
+    return peerCanRead_ == CmaAbility::kYes && bytes >= cmaMinBytes_ && offset == 0;
+  }
   Status fail(Status status);
 
   const int side_;
@@ -135,6 +151,7 @@ class ShmConnection final : public Connection {
   const Deadline attachDeadline_;
   const std::string peer_;
   bool attached_ = false;
+  std::vector<uint8_t> staged_;  // a reducing receive that came by single copy
 
   uint8_t* outRing_ = nullptr;
   const uint8_t* inRing_ = nullptr;
