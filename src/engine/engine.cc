@@ -352,6 +352,17 @@ void Engine::completeReducedReceive(Job& job, uint32_t index) {
   completeStep(job, reduce);
 }
 
+const PreparedPlan::ReduceOnReceiveStep* Engine::reduceOnReceiveNow(const Job& job, uint32_t recvStep,
+                                                                    const Connection& conn) const {
+  // A receive whose Reduce waits on it alone, to a transport that can reduce
+  // the bytes as they arrive (decision 0015).
+  const auto& table = job.prepared->reduceOnReceive;
+  if (table.empty() || table[recvStep].reduce == PreparedPlan::kNoReduce) return nullptr;
+  if (job.steps_[table[recvStep].reduce].unmet != 1) return nullptr;
+  if (!conn.reducesOnReceive(job.prepared->plan->steps[recvStep].bytes)) return nullptr;
+  return &table[recvStep];
+}
+
 ReduceOnReceive Engine::reduceOnReceiveFor(const Job& job, uint32_t reduceStep, bool receivedFirst) const {
   // The same reduction runComputeStep would do for this step.
   const Plan& plan = *job.prepared->plan;
@@ -533,15 +544,8 @@ Status Engine::postLaneSteps(Job& job, int32_t lane) {
     const uint16_t buffer = s.kind == StepKind::kSend ? s.src.buffer : s.dst.buffer;
     uint8_t* base = buffer == kWindowBuffer ? job.window_.data() : job.buffers[buffer];
     uint64_t tag = job.opTags[s.op];
-    // A receive whose Reduce waits on it alone goes to a transport that can
-    // reduce the bytes as they arrive (decision 0015).
     const PreparedPlan::ReduceOnReceiveStep* fused =
-        s.kind == StepKind::kRecv && !job.prepared->reduceOnReceive.empty() &&
-                job.prepared->reduceOnReceive[index].reduce != PreparedPlan::kNoReduce &&
-                job.steps_[job.prepared->reduceOnReceive[index].reduce].unmet == 1 &&
-                conn->reducesOnReceive(s.bytes)
-            ? &job.prepared->reduceOnReceive[index]
-            : nullptr;
+        s.kind == StepKind::kRecv ? reduceOnReceiveNow(job, index, *conn) : nullptr;
     bool sent = false;
     Status st = s.kind == StepKind::kSend
                     ? conn->postSendOrFinish(base + s.src.offset, s.bytes, tag, index, sent)

@@ -210,6 +210,10 @@ class Engine {
   void completeStep(Job& job, uint32_t index);
   // A receive posted as postRecvReduce finished: it and its Reduce are done.
   void completeReducedReceive(Job& job, uint32_t index);
+  // The receive's entry in PreparedPlan::reduceOnReceive when it can go as
+  // postRecvReduce now, else null.
+  const PreparedPlan::ReduceOnReceiveStep* reduceOnReceiveNow(const Job& job, uint32_t recvStep,
+                                                              const Connection& conn) const;
   ReduceOnReceive reduceOnReceiveFor(const Job& job, uint32_t reduceStep, bool receivedFirst) const;
   void failJob(Job& job, Status status);
   Status timeoutStatus(Job& job) const;
