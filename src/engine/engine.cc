@@ -20,6 +20,19 @@ bool isOpBuffer(uint16_t buffer) { return buffer != kWindowBuffer && !isPeerBuff
 bool isScratch(uint16_t buffer) { return isOpBuffer(buffer) && buffer % kBuffersPerOp == kScratchBuffer; }
 bool sameSlice(const Slice& a, const Slice& b) { return a.buffer == b.buffer && a.offset == b.offset; }
 
+// Whether a step's (first) source enters multiplied by the op's PreMulSum scalar.
+bool scalesSource(const Step& s, const CollShape& shape) {
+  return (s.flags & kScaleSrc) && shape.op == ReduceOp::kPreMulSum;
+}
+// The reduce::combine op of a Reduce step: PreMulSum scales only a flagged
+// source; otherwise its partial results are summed.
+ReduceOp combineOpOf(const Step& s, const CollShape& shape) {
+  return shape.op == ReduceOp::kPreMulSum && !scalesSource(s, shape) ? ReduceOp::kSum : shape.op;
+}
+const void* scalarOf(const Job& job, uint16_t op) {
+  return job.opScalars.empty() ? nullptr : job.opScalars[op].bytes.data();
+}
+
 // Receives whose scratch slice exactly one Reduce reads and nothing else in
 // the plan touches (no other step reads or writes a byte of it): the
 // transport may reduce the bytes as they arrive (decision 0015). Slots reused
@@ -368,15 +381,14 @@ ReduceOnReceive Engine::reduceOnReceiveFor(const Job& job, uint32_t reduceStep, 
   const Plan& plan = *job.prepared->plan;
   const Step& d = plan.steps[reduceStep];
   const CollShape& shape = plan.shapes[d.op];
-  const bool scaled = (d.flags & kScaleSrc) && shape.op == ReduceOp::kPreMulSum;
   const Slice& other = receivedFirst ? d.src2 : d.src;
   ReduceOnReceive r;
   r.dst = job.buffers[d.dst.buffer] + d.dst.offset;
   r.other = job.buffers[other.buffer] + other.offset;
   r.receivedFirst = receivedFirst;
-  r.op = shape.op == ReduceOp::kPreMulSum && !scaled ? ReduceOp::kSum : shape.op;
+  r.op = combineOpOf(d, shape);
   r.dtype = shape.dtype;
-  r.scalar = job.opScalars.empty() ? nullptr : job.opScalars[d.op].bytes.data();
+  r.scalar = scalarOf(job, d.op);
   return r;
 }
 
@@ -511,16 +523,13 @@ Status Engine::runComputeStep(Job& job, uint32_t index) {
     return job.buffers[slice.buffer] + slice.offset;
   };
   size_t count = s.bytes / dataTypeSize(shape.dtype);
-  bool scaled = (s.flags & kScaleSrc) && shape.op == ReduceOp::kPreMulSum;
-  const void* scalar = job.opScalars.empty() ? nullptr : job.opScalars[s.op].bytes.data();
+  const void* scalar = scalarOf(job, s.op);
   switch (s.kind) {
-    case StepKind::kReduce: {
-      ReduceOp op = shape.op == ReduceOp::kPreMulSum && !scaled ? ReduceOp::kSum : shape.op;
-      reduce::combine(op, shape.dtype, at(s.dst), at(s.src), at(s.src2), count, scalar);
+    case StepKind::kReduce:
+      reduce::combine(combineOpOf(s, shape), shape.dtype, at(s.dst), at(s.src), at(s.src2), count, scalar);
       break;
-    }
     case StepKind::kCopy:
-      if (scaled) reduce::scale(shape.dtype, at(s.dst), at(s.src), count, scalar);
+      if (scalesSource(s, shape)) reduce::scale(shape.dtype, at(s.dst), at(s.src), count, scalar);
       else reduce::copy(at(s.dst), at(s.src), s.bytes);
       break;
     case StepKind::kDivide:

@@ -121,24 +121,21 @@ Status ShmConnection::postRecv(void* data, uint64_t bytes, uint64_t tag, uint64_
 
 Status ShmConnection::postRecvReduce(const ReduceOnReceive& r, uint64_t bytes, uint64_t tag, uint64_t token) {
   if (!failure_.isOk()) return failure_;
-  RecvOp& op = recvs_.push_back();
-  op = RecvOp{nullptr, bytes, tag, token, 0};
-  op.reduces = true;
-  op.reduce = r;
+  recvs_.push_back() = RecvOp{nullptr, bytes, tag, token, 0, /*reduces=*/true, r};
   return Status::ok();
 }
 
-void ShmConnection::deliver(RecvOp& op, const uint8_t* from, uint64_t n) {
+void ShmConnection::deliver(const RecvOp& op, uint64_t at, const uint8_t* from, uint64_t n) {
   if (!op.reduces) {
-    std::memcpy(op.data + op.offset, from, n);
+    std::memcpy(op.data + at, from, n);
     return;
   }
   // Frames end on 32-byte boundaries of the message (ring slots are 64 bytes,
   // a header 32) and single copies arrive whole: whole elements every time.
   const ReduceOnReceive& r = op.reduce;
-  const uint8_t* other = r.other + op.offset;
-  reduce::combine(r.op, r.dtype, r.dst + op.offset, r.receivedFirst ? from : other,
-                  r.receivedFirst ? other : from, n / dataTypeSize(r.dtype), r.scalar);
+  const uint8_t* other = r.other + at;
+  reduce::combine(r.op, r.dtype, r.dst + at, r.receivedFirst ? from : other, r.receivedFirst ? other : from,
+                  n / dataTypeSize(r.dtype), r.scalar);
 }
 
 Status ShmConnection::attach() {
@@ -261,11 +258,11 @@ Status ShmConnection::pumpSends(std::vector<Completion>& done, bool& progressed)
   return Status::ok();
 }
 
-Status ShmConnection::readSingleCopy(RecvOp& op, uint64_t address, bool& finished) {
+Status ShmConnection::readSingleCopy(RecvOp& op, uint8_t* into, uint64_t address, bool& finished) {
   uint64_t budget = kSingleCopyBytesPerPoll;
   while (op.offset < op.bytes && budget > 0) {
     uint64_t want = std::min(op.bytes - op.offset, budget);
-    iovec local{op.data + op.offset, want};
+    iovec local{into + op.offset, want};
     iovec remote{reinterpret_cast<void*>(address + op.offset), want};
     ssize_t got = process_vm_readv(peerPid_, &local, 1, &remote, 1, 0);
     if (got < 0) {
@@ -302,21 +299,11 @@ Status ShmConnection::pumpRecvs(std::vector<Completion>& done, bool& progressed)
       std::memcpy(&address, inRing_ + first * kSlotBytes + kFrameHeaderBytes, sizeof(address));
       // A reducing receive sent by single copy (the peer's threshold differs
       // from ours) is read whole into staging, then reduced.
-      RecvOp staging = op;
-      if (op.reduces) {
-        staged_.resize(op.bytes);
-        staging.data = staged_.data();
-        staging.reduces = false;
-      }
-      RecvOp& target = op.reduces ? staging : op;
-      SHOAL_TRY(readSingleCopy(target, address, finished));
+      if (op.reduces) staged_.resize(op.bytes);
+      SHOAL_TRY(readSingleCopy(op, op.reduces ? staged_.data() : op.data, address, finished));
       progressed = true;
-      if (op.reduces) {
-        op.offset = 0;
-        if (finished) deliver(op, staged_.data(), op.bytes);
-        op.offset = staging.offset;  // bytes staged so far
-      }
       if (!finished) break;  // more in the next poll
+      if (op.reduces) deliver(op, 0, staged_.data(), op.bytes);
       control.cmaReads.store(++cmaRead_, std::memory_order_release);
     } else {
       uint64_t frameBytes = header->frameBytes;
@@ -327,13 +314,10 @@ Status ShmConnection::pumpRecvs(std::vector<Completion>& done, bool& progressed)
       uint64_t ringBytes = capacity * kSlotBytes;
       uint64_t head = std::min(frameBytes, ringBytes - start);
       if (frameBytes > 0) {
-        deliver(op, inRing_ + start, head);
-        op.offset += head;
-        if (head < frameBytes) {
-          deliver(op, inRing_, frameBytes - head);
-          op.offset += frameBytes - head;
-        }
+        deliver(op, op.offset, inRing_ + start, head);
+        if (head < frameBytes) deliver(op, op.offset + head, inRing_, frameBytes - head);
       }
+      op.offset += frameBytes;
       slots = slotsFor(frameBytes);
     }
     readSlots_ += slots;

@@ -112,9 +112,11 @@ class ShmConnection final : public Connection {
   Status attach();
   Status pumpSends(std::vector<Completion>& done, bool& progressed);
   Status pumpRecvs(std::vector<Completion>& done, bool& progressed);
-  Status readSingleCopy(RecvOp& op, uint64_t address, bool& finished);
-  // Delivers `n` payload bytes at `from` to a receive, at its offset.
-  void deliver(RecvOp& op, const uint8_t* from, uint64_t n);
+  // Reads the rest of a single-copy message into `into` (the receive's
+  // buffer, or staging), advancing op.offset.
+  Status readSingleCopy(RecvOp& op, uint8_t* into, uint64_t address, bool& finished);
+  // Delivers `n` payload bytes at `from` to a receive, at message offset `at`.
+  void deliver(const RecvOp& op, uint64_t at, const uint8_t* from, uint64_t n);
   // Whether the peer closed, exited or (attaching) missed its deadline.
   Status checkPeer(bool attaching);
   // Idle passes check the peer every 16th time: the flag and the clock are
