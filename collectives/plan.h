@@ -142,6 +142,9 @@ struct RankView {
   // Every peer's memory is readable from this rank (same process, or a
   // same-host process this one may read): peer-reading algorithms apply.
   bool peerReads = false;
+  // A node's ranks outnumber its cores: they take turns on them, so no two
+  // ranks can be counted on to run at the same time.
+  bool ranksTakeTurns = false;
   // Node (host) index of every rank, when known (empty: one node).
   std::vector<int> nodeOf;
 

@@ -157,6 +157,8 @@ Status Communicator::initialize() {
   machine.nics = localMachine().nics;  // described in the log, not modelled
   machine.source = localMachine().source;
   TopologySummary summary = summarizeTopology(topology_, classify, singleProcess, std::move(machine));
+  const int cores = summary.machine ? summary.machine->cores : localMachine().cores;
+  rankView_.ranksTakeTurns = groupView_.ranksTakeTurns = summary.maxRanksPerNode > cores;
   summary.netTransport = std::move(agreedNetTransport);
   summary.netCpuCopies = agreedNetCpuCopies;
   SHOAL_ASSIGN_OR_RETURN(tuner_, Tuner::create(summary, options_.minChannels, options_.maxChannels),

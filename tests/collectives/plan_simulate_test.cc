@@ -320,6 +320,13 @@ TEST_CASE("hierarchical collectives reduce and gather across equal and unequal n
   CHECK_FALSE(hierarchicalApplies(viewOf(0, 4)));
 }
 
+// The peer-read AllGather as a node whose ranks outnumber its cores builds it.
+Plan buildPeerReadAllGatherTakingTurns(const CollShape& shape, const RankView& view, const AlgoParams& params) {
+  RankView turns = view;
+  turns.ranksTakeTurns = true;
+  return buildPeerReadAllGather(shape, turns, params);
+}
+
 TEST_CASE("data movement collectives deliver every block", "[simulate]") {
   struct Algo {
     const char* name;
@@ -331,6 +338,7 @@ TEST_CASE("data movement collectives deliver every block", "[simulate]") {
       {"bruck", buildBruckAllGather, CollKind::kAllGather},
       {"one_shot", buildOneShotAllGather, CollKind::kAllGather},
       {"peer_read", buildPeerReadAllGather, CollKind::kAllGather},
+      {"peer_read, ranks take turns", buildPeerReadAllGatherTakingTurns, CollKind::kAllGather},
       {"chain", buildChainBroadcast, CollKind::kBroadcast},
       {"pairwise", buildPairwiseAllToAll, CollKind::kAllToAll},
       {"direct", buildDirectGather, CollKind::kGather},
@@ -359,6 +367,21 @@ TEST_CASE("data movement collectives deliver every block", "[simulate]") {
           }
         }
       }
+    }
+  }
+}
+
+TEST_CASE("peer-read AllGather of blocks several chunks long", "[simulate]") {
+  // Blocks of 2 chunks and a few elements past a 4 MiB boundary (the chunk).
+  for (int nranks : {2, 3}) {
+    for (bool inPlace : {false, true}) {
+      Case c{"peer_read", inPlace ? buildPeerReadAllGather : buildPeerReadAllGatherTakingTurns};
+      c.shape.kind = CollKind::kAllGather;
+      c.shape.dtype = DataType::kFloat32;
+      c.shape.count = (uint64_t{8} << 20) / 4 + 37;
+      c.nranks = nranks;
+      c.inPlace = inPlace;
+      runCase(c);
     }
   }
 }

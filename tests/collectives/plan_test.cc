@@ -2,6 +2,9 @@
 // algorithm registry.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <span>
+
 #include "collectives/plan_test_util.h"
 
 namespace shoal::testing {
@@ -230,6 +233,63 @@ TEST_CASE("one-shot AllGather and ReduceScatter: one round, straight to and from
     CHECK(sends == nranks - 1);
     CHECK(reduces == nranks - 1);
   }
+}
+
+TEST_CASE("peer-read AllGather: every rank copies the same source chunk at the same point", "[plan]") {
+  // 2.5 chunks of 4 MiB per block: three chunks, the last one short.
+  const uint64_t count = (uint64_t{10} << 20) / 4;
+  for (int nranks : {2, 4}) {
+    std::vector<std::vector<std::pair<int, uint64_t>>> orders;  // per rank: (source rank, offset)
+    for (int r = 0; r < nranks; ++r) {
+      CollShape s{CollKind::kAllGather, DataType::kFloat32, ReduceOp::kSum, count};
+      const Plan plan = buildPeerReadAllGather(s, viewOf(r, nranks), AlgoParams{});
+      INFO("rank " << r << " of " << nranks << "\n" << plan.toString());
+      std::vector<std::pair<int, uint64_t>> order;
+      int previous = -1;
+      for (uint32_t i = 0; i < plan.steps.size(); ++i) {
+        const Step& step = plan.steps[i];
+        if (step.kind != StepKind::kCopy) continue;
+        const int source = step.src.buffer == kSendBuffer ? r : peerOfBuffer(step.src.buffer);
+        CHECK(step.dst.offset == static_cast<uint64_t>(source) * count * 4 + step.src.offset);
+        order.emplace_back(source, step.src.offset);
+        // Each copy waits for the one before it, so the engine runs them in this order.
+        if (previous >= 0) {
+          const auto deps = std::span(plan.deps).subspan(step.depBegin, step.depCount);
+          CHECK(std::find(deps.begin(), deps.end(), static_cast<uint32_t>(previous)) != deps.end());
+        }
+        previous = static_cast<int>(i);
+      }
+      REQUIRE(order.size() == 3u * static_cast<size_t>(nranks));
+      orders.push_back(order);
+    }
+    for (int r = 1; r < nranks; ++r) CHECK(orders[r] == orders[0]);
+    CHECK(orders[0][0] == std::pair<int, uint64_t>{0, 0});
+    CHECK(orders[0][1] == std::pair<int, uint64_t>{1, 0});
+    CHECK(orders[0][nranks] == std::pair<int, uint64_t>{0, uint64_t{4} << 20});
+  }
+}
+
+TEST_CASE("peer-read AllGather where ranks take turns: no copy waits for another", "[plan]") {
+  // Ranks that outnumber the cores do not run together: a rank copies its own
+  // block at once and each peer's as soon as that peer's window is there.
+  RankView view = viewOf(2, 4);
+  view.ranksTakeTurns = true;
+  CollShape s{CollKind::kAllGather, DataType::kFloat32, ReduceOp::kSum, (uint64_t{10} << 20) / 4};
+  const Plan plan = buildPeerReadAllGather(s, view, AlgoParams{});
+  INFO(plan.toString());
+  int copies = 0;
+  for (const Step& step : plan.steps) {
+    if (step.kind != StepKind::kCopy) continue;
+    ++copies;
+    CHECK(step.bytes == s.count * 4);
+    if (step.src.buffer == kSendBuffer) {
+      CHECK(step.depCount == 0);
+    } else {
+      REQUIRE(step.depCount == 1);
+      CHECK(plan.steps[plan.deps[step.depBegin]].kind == StepKind::kRecv);
+    }
+  }
+  CHECK(copies == 4);
 }
 
 TEST_CASE("one-shot AllReduce costs one round: cheaper than recursive doubling only while small", "[registry]") {
