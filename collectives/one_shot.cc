@@ -15,8 +15,9 @@
 // contribution once, before anything leaves; the sums are plain. Integer avg
 // divides the full sum once.
 // Scratch: one slot per rank and channel for the contributions summed here;
-// this rank's holds its own (scaled) one, so an in-place call never sums what
-// it already overwrote. A scaled ReduceScatter stages its outgoing blocks too.
+// this rank's holds its own one where it is scaled, or where an in-place call
+// would otherwise sum what it already overwrote (else the sum reads the send
+// buffer). A scaled ReduceScatter stages its outgoing blocks too.
 #include <optional>
 
 #include "collectives/builders.h"
@@ -79,11 +80,19 @@ Plan buildOneShotAllReduce(const CollShape& shape, const RankView& view, const A
       continue;
     }
     const RankSlots slot(e, n, bytes);
-    e.copy(slot(me), local, bytes, spec.localFlags());
+    // The own contribution is summed straight from the send buffer unless it
+    // is scaled first, or an in-place sum would overwrite it before reading it
+    // (the running sum starts at rank 0 and 1: only a later rank's input is
+    // read after the result was written). Sends go first either way: a copy
+    // ahead of them delays what the peers wait for.
+    const bool stageOwn = spec.scaleLocal || (!e.shape().disjointBuffers && me >= 2);
+    if (spec.scaleLocal) e.copy(slot(me), local, bytes, spec.localFlags());
     const Slice outgoing = spec.scaleLocal ? slot(me) : local;
     for (int k = 1; k < n; ++k) e.send((me + k) % n, ch, outgoing, bytes);
+    if (stageOwn && !spec.scaleLocal) e.copy(slot(me), local, bytes);
     receiveFromEveryPeer(e, me, n, ch, bytes, slot);
-    sumInRankOrder(e, n, result, slot, bytes, spec);
+    auto contribution = [&](int r) { return r == me && !stageOwn ? local : slot(r); };
+    sumInRankOrder(e, n, result, contribution, bytes, spec);
   }
   return e.finish();
 }
@@ -100,8 +109,8 @@ Plan buildOneShotAllGather(const CollShape& shape, const RankView& view, const A
     const uint16_t ch = part.channel;
     const Slice own = sendAt(inBlock);
     auto outputOf = [&](int r) { return recvAt(static_cast<uint64_t>(r) * blockBytes + inBlock); };
-    e.copy(outputOf(me), own, bytes);
     for (int k = 1; k < p; ++k) e.send((me + k) % p, ch, own, bytes);
+    e.copy(outputOf(me), own, bytes);  // after the sends: the peers wait for those
     receiveFromEveryPeer(e, me, p, ch, bytes, outputOf);
   }
   return e.finish();

@@ -201,6 +201,36 @@ TEST_CASE("one-shot AllReduce: every message leaves and arrives in one round", "
   }
 }
 
+TEST_CASE("one-shot AllReduce sums the own contribution from the send buffer where it can", "[plan]") {
+  // Nothing ahead of the sends; the own contribution is staged in scratch only
+  // where an in-place sum would overwrite it first (a rank after the first two)
+  // or where it is scaled.
+  for (int nranks : {2, 3, 4}) {
+    for (int rank = 0; rank < nranks; ++rank) {
+      for (bool disjoint : {false, true}) {
+        for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kPreMulSum}) {
+          CollShape s{CollKind::kAllReduce, DataType::kFloat32, op, 37};
+          s.disjointBuffers = disjoint;
+          const Plan p = buildOneShotAllReduce(s, viewOf(rank, nranks), AlgoParams{});
+          INFO("rank " << rank << "/" << nranks << (disjoint ? " disjoint" : " in place") << " op "
+                       << static_cast<int>(op) << "\n" << p.toString());
+          const bool staged = op == ReduceOp::kPreMulSum || (!disjoint && rank >= 2);
+          int copies = 0;
+          bool readsSendBuffer = false;
+          for (const Step& step : p.steps) {
+            if (step.kind == StepKind::kCopy) ++copies;
+            if (step.kind == StepKind::kReduce)
+              readsSendBuffer |= step.src.buffer == kSendBuffer || step.src2.buffer == kSendBuffer;
+          }
+          CHECK(copies == (staged ? 1 : 0));
+          CHECK(readsSendBuffer == !staged);
+          if (op == ReduceOp::kSum) CHECK(p.steps.front().kind == StepKind::kSend);
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("one-shot AllGather and ReduceScatter: one round, straight to and from the blocks", "[plan]") {
   for (int nranks : {3, 4, 7}) {
     CollShape s{CollKind::kAllGather, DataType::kFloat32, ReduceOp::kSum, 37};
@@ -215,6 +245,7 @@ TEST_CASE("one-shot AllGather and ReduceScatter: one round, straight to and from
     CHECK(sends == nranks - 1);
     CHECK(recvsIntoOutput == nranks - 1);
     CHECK(gather.scratchBytes == 0);
+    CHECK(gather.steps.front().kind == StepKind::kSend);  // the own copy after what peers wait for
 
     s.kind = CollKind::kReduceScatter;
     const Plan scatter = buildOneShotReduceScatter(s, viewOf(1, nranks), AlgoParams{});
