@@ -157,12 +157,11 @@ Status Communicator::initialize() {
   machine.nics = localMachine().nics;  // described in the log, not modelled
   machine.source = localMachine().source;
   TopologySummary summary = summarizeTopology(topology_, classify, singleProcess, std::move(machine));
-  const int cores = summary.machine ? summary.machine->cores : localMachine().cores;
-  rankView_.ranksTakeTurns = groupView_.ranksTakeTurns = summary.maxRanksPerNode > cores;
   summary.netTransport = std::move(agreedNetTransport);
   summary.netCpuCopies = agreedNetCpuCopies;
   SHOAL_ASSIGN_OR_RETURN(tuner_, Tuner::create(summary, options_.minChannels, options_.maxChannels),
       describe());
+  rankView_.ranksTakeTurns = groupView_.ranksTakeTurns = tuner_->ranksTakeTurns();
   // The root may live in rank 0's process: do not let rank 0 return (and
   // perhaps exit) before every rank is done with it.
   SHOAL_TRY(bootstrap_->finish(deadline)) << describe() << ": finishing bootstrap";

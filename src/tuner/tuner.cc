@@ -205,8 +205,8 @@ ModelContext Tuner::contextFor(const AlgorithmEntry& entry, const RankView& view
       ctx.copyLink ? std::max<uint64_t>(m.l2Bytes, m.l3Bytes * static_cast<uint64_t>(std::max(1, m.l3Count)) /
                                                        static_cast<uint64_t>(s.maxRanksPerNode))
                    : m.l2Bytes;
-  ctx.waitUs = s.maxRanksPerNode > m.cores ? kOversubscribedWaitUs : 0.0;
-  if (ctx.copyLink && s.maxRanksPerNode > m.cores) {
+  ctx.waitUs = ranksTakeTurns() ? kOversubscribedWaitUs : 0.0;
+  if (ctx.copyLink && ranksTakeTurns()) {
     // Every rank's thread copies and reduces its own bytes; when ranks
     // outnumber cores they take turns on them, so each gets cores / ranks
     // of a core's speed.

@@ -69,6 +69,9 @@ class Tuner {
 
   // The summary with every default filled in (machine included).
   const TopologySummary& summary() const { return topo_; }
+  // A node's ranks outnumber the machine's cores: they take turns on them
+  // (the model shares a core's speed among them; RankView::ranksTakeTurns).
+  bool ranksTakeTurns() const { return topo_.maxRanksPerNode > topo_.machine->cores; }
   const LinkTable& links() const { return options_.links; }
 
  private:
