@@ -3,6 +3,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstdlib>
 #include <cstring>
 
 #include "collectives/layout.h"
@@ -152,13 +154,16 @@ Engine& Engine::instance() {
   return *engine;
 }
 
-Engine::~Engine() {
-  {
-    std::lock_guard<std::mutex> lock(submitMutex_);
-    stopping_ = true;
-  }
+Engine::~Engine() { stopProgressThread(); }
+
+void Engine::stopProgressThread() {
+  std::unique_lock<std::mutex> lock(submitMutex_);
+  stopping_ = true;
   wake_.notify_all();
-  if (progressThread_.joinable()) progressThread_.join();
+  // A thread calling exit() from inside a job (a test's failing rank) must not
+  // wait for itself; otherwise the loop ends within one pass and one pause.
+  if (progressThreadPid_ != ::getpid() || std::this_thread::get_id() == progressThreadId_) return;
+  progressStopped_.wait_for(lock, std::chrono::seconds(2), [&] { return !progressThreadRunning_; });
 }
 
 void Engine::submit(JobPtr job) {
@@ -720,9 +725,19 @@ void Engine::removeJobs(Predicate shouldRemove) {
 
 void Engine::ensureProgressThread() {
   std::lock_guard<std::mutex> lock(submitMutex_);
-  if (progressThread_.joinable() || stopping_) return;
-  progressThread_ = std::thread([this] { progressThreadMain(); });
-  progressThread_.detach();  // the engine lives for the process
+  // One per process. A child forked after the parent started its thread has
+  // no such thread (fork copies only the caller): it starts its own.
+  const pid_t self = ::getpid();
+  if (progressThreadPid_ == self || stopping_) return;
+  progressThreadPid_ = self;
+  progressThreadRunning_ = true;
+  std::thread thread([this] { progressThreadMain(); });
+  progressThreadId_ = thread.get_id();
+  // Detached: the engine lives for the process. At exit the thread is stopped
+  // (below) before static destructors run, since a job's pass may touch them.
+  thread.detach();
+  static std::once_flag atExit;
+  std::call_once(atExit, [] { std::atexit([] { instance().stopProgressThread(); }); });
 }
 
 void Engine::progressThreadMain() {
@@ -731,7 +746,11 @@ void Engine::progressThreadMain() {
     {
       std::unique_lock<std::mutex> lock(submitMutex_);
       wake_.wait(lock, [&] { return stopping_ || detachedCount_.load() > 0; });
-      if (stopping_) return;
+      if (stopping_) {
+        progressThreadRunning_ = false;
+        progressStopped_.notify_all();
+        return;
+      }
     }
     if (poll()) backoff.reset();
     else backoff.pause();

@@ -34,6 +34,8 @@
 #include <thread>
 #include <vector>
 
+#include <sys/types.h>
+
 #include "collectives/plan.h"
 #include "core/clock.h"
 #include "core/status.h"
@@ -223,7 +225,10 @@ class Engine {
   template <typename Predicate>
   void removeJobs(Predicate shouldRemove);
   void progressThreadMain();
+  // Starts the process's one progress thread unless it runs.
   void ensureProgressThread();
+  // Ends the progress thread (process exit), waiting a bounded time for it.
+  void stopProgressThread();
 
   std::mutex listMutex_;
   std::mutex submitMutex_;
@@ -232,9 +237,14 @@ class Engine {
   std::atomic<size_t> jobCount_{0};
   std::atomic<size_t> detachedCount_{0};
 
-  std::thread progressThread_;
-  std::condition_variable wake_;      // with submitMutex_
-  bool stopping_ = false;             // guarded by submitMutex_
+  // The progress thread, all guarded by submitMutex_: the process that
+  // started it (0: none yet), its id, and whether its loop still runs.
+  pid_t progressThreadPid_ = 0;
+  std::thread::id progressThreadId_;
+  bool progressThreadRunning_ = false;
+  std::condition_variable wake_;             // with submitMutex_
+  std::condition_variable progressStopped_;  // with submitMutex_
+  bool stopping_ = false;                    // guarded by submitMutex_
 };
 
 }  // namespace shoal

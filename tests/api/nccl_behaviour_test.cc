@@ -781,6 +781,54 @@ TEST_CASE("ncclCommAbort of a nonblocking split still initializing returns promp
   if (threadsBefore > 0) CHECK(threadCountSettlingAt(threadsBefore) == threadsBefore);
 }
 
+// Detached work (nonblocking communicators, host streams, nonblocking
+// groups) is pumped by the process's one progress thread: however many
+// operations run, the thread count stays what it was after the first.
+TEST_CASE("detached operations share one progress thread per process", "[api][nonblocking]") {
+  warmUpLibrary();
+  ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+  cfg.blocking = 0;
+  ncclComm_t nb = nullptr;
+  ncclResult_t rc = ncclCommInitRankConfig(&nb, 1, newId(), 0, &cfg);
+  REQUIRE((rc == ncclInProgress || rc == ncclSuccess));
+  REQUIRE(waitAsync(nb) == ncclSuccess);
+  ncclComm_t blocking = nullptr;
+  NCCL_OK(ncclCommInitRank(&blocking, 1, newId(), 0));
+  shoalHostStream_t hs = nullptr;
+  NCCL_OK(shoalHostStreamCreate(&hs));
+
+  std::vector<float> send(64), recv(64, 0.0f);
+  int threadsAfterFirst = -1;
+  const int rounds = 300;
+  for (int i = 0; i < rounds; ++i) {
+    std::fill(send.begin(), send.end(), static_cast<float>(i));
+    // Nonblocking, alone and in a group.
+    rc = ncclAllReduce(send.data(), recv.data(), send.size(), ncclFloat, ncclSum, nb, nullptr);
+    REQUIRE((rc == ncclInProgress || rc == ncclSuccess));
+    REQUIRE(waitAsync(nb) == ncclSuccess);
+    REQUIRE(recv[63] == static_cast<float>(i));
+    NCCL_OK(ncclGroupStart());
+    NCCL_OK(ncclBroadcast(send.data(), recv.data(), send.size(), ncclFloat, 0, nb, nullptr));
+    rc = ncclGroupEnd();
+    REQUIRE((rc == ncclInProgress || rc == ncclSuccess));
+    REQUIRE(waitAsync(nb) == ncclSuccess);
+    // A host stream on a blocking communicator.
+    NCCL_OK(ncclAllReduce(send.data(), recv.data(), send.size(), ncclFloat, ncclSum, blocking,
+                          reinterpret_cast<cudaStream_t>(hs)));
+    NCCL_OK(shoalHostStreamSynchronize(hs));
+    REQUIRE(recv[0] == static_cast<float>(i));
+    if (i == 0) threadsAfterFirst = threadCount();
+  }
+  const int threadsAfterAll = threadCount();
+  INFO("threads after the first round " << threadsAfterFirst << ", after " << rounds << ": "
+                                        << threadsAfterAll);
+  REQUIRE(threadsAfterFirst > 0);
+  CHECK(threadsAfterAll == threadsAfterFirst);
+  NCCL_OK(shoalHostStreamDestroy(hs));
+  NCCL_OK(ncclCommDestroy(blocking));
+  NCCL_OK(ncclCommDestroy(nb));
+}
+
 TEST_CASE("ncclCommAbort from another thread ends a blocking collective and waits for it to leave",
           "[api]") {
   World w(2);
