@@ -42,6 +42,7 @@ std::string PeerInfo::serialize() const {
     putString(out, addr);
   }
   putString(out, kernelId);  // last: a reader that does not know it stops before it
+  putString(out, gpu);       // after it, for the same reason
   return out;
 }
 
@@ -62,6 +63,7 @@ Result<PeerInfo> PeerInfo::deserialize(std::string_view in) {
   }
   // Absent (a writer that did not know it): "", which is never sameKernel.
   if (!in.empty() && !getString(in, p.kernelId)) return internalError("malformed peer info");
+  if (!in.empty() && !getString(in, p.gpu)) return internalError("malformed peer info");
   return p;
 }
 

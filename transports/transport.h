@@ -110,6 +110,9 @@ struct PeerInfo {
   // the same one exchange bytes without leaving the machine, even between
   // network namespaces (sameKernel()).
   std::string kernelId;
+  // The GPU of a device communicator's rank ("GPU-<uuid>", the same in every
+  // process), empty for host communicators.
+  std::string gpu;
   std::vector<std::pair<std::string, std::string>> addresses;  // transport name -> address
 
   const std::string* address(std::string_view transport) const;

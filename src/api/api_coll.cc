@@ -89,10 +89,19 @@ Status checkDataTypePublic(ncclDataType_t datatype) { return checkDataType(datat
 
 Status dispatch(ncclComm_t handle, const std::shared_ptr<Communicator>& comm, OpRequest&& req,
                 cudaStream_t stream) {
+  if (comm->usesCuda()) [[unlikely]] {
+    SHOAL_ASSIGN_OR_RETURN(req.streamOrdered, comm->streamOrdered(req));
+    if (req.streamOrdered) {
+      if (findHostStream(stream))
+        return invalidArgument("a Shoal host stream was passed with memory CUDA knows; pass a CUDA stream");
+      req.stream = stream;
+    }
+  }
   if (group::active()) {
     group::addOp(comm, std::move(req));
     return Status::ok();
   }
+  if (req.streamOrdered) return comm->submitStreamOrdered(std::span<const OpRequest>(&req, 1));
   if (HostStream* hs = findHostStream(stream)) return hs->enqueue(comm, std::move(req));
   bool blocking = comm->options().blocking;
   SHOAL_TRY(comm->submit(std::span<const OpRequest>(&req, 1), /*wait=*/blocking));

@@ -370,7 +370,9 @@ SHOAL_API(ncclResult_t, ncclCommCuDevice, (const ncclComm_t comm, int* device)) 
   return guard("ncclCommCuDevice", [&]() -> Status {
     if (device == nullptr) return invalidArgument("device is NULL");
     SHOAL_ASSIGN_OR_RETURN(auto impl, api::readyComm(comm));
-    *device = comm->cudaDev;
+    // The device current when the communicator was made, where CUDA is in
+    // use; otherwise the device it was created for (ncclCommInitAll's list).
+    *device = impl->cudaDevice() >= 0 ? impl->cudaDevice() : comm->cudaDev;
     return Status::ok();
   });
 }

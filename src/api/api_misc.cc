@@ -13,6 +13,7 @@
 
 #include "api/api_coll.h"
 #include "api/api_guard.h"
+#include "cuda/driver.h"
 #include "engine/engine.h"
 #include "memory/shared_memory.h"
 #include "transports/ofi/ofi_transport.h"
@@ -93,6 +94,18 @@ bool HostStream::idle() {
 SHOAL_API(ncclResult_t, ncclMemAlloc, (void** ptr, size_t size)) {
   return guard("ncclMemAlloc", [&]() -> Status {
     if (ptr == nullptr) return invalidArgument("ptr is NULL");
+    // As NCCL: memory of the current CUDA device when a context is current
+    // (cuMem, exportable as a file descriptor); host memory that same-host
+    // peers may map otherwise.
+    if (cuda::Driver* driver = cuda::Driver::inUse()) {
+      SHOAL_ASSIGN_OR_RETURN(std::optional<cuda::DeviceIdentity> device, driver->currentDevice(),
+                             "ncclMemAlloc");
+      if (device) {
+        SHOAL_ASSIGN_OR_RETURN(*ptr, driver->deviceAlloc(size), "ncclMemAlloc of ", size,
+                               " bytes on CUDA device ", device->ordinal);
+        return Status::ok();
+      }
+    }
     SHOAL_ASSIGN_OR_RETURN(*ptr, memory::allocateShared(size), "ncclMemAlloc of ", size, " bytes");
     return Status::ok();
   });
@@ -101,6 +114,8 @@ SHOAL_API(ncclResult_t, ncclMemAlloc, (void** ptr, size_t size)) {
 SHOAL_API(ncclResult_t, ncclMemFree, (void* ptr)) {
   return guard("ncclMemFree", [&]() -> Status {
     if (ptr == nullptr) return Status::ok();
+    if (cuda::Driver* driver = cuda::Driver::inUse(); driver && driver->deviceFree(ptr))
+      return Status::ok();
     if (size_t bytes = memory::allocationBytes(ptr)) ofiInvalidateRegistrations(ptr, bytes);
     if (!memory::freeShared(ptr))
       return invalidArgument("ncclMemFree: ", ptr, " was not returned by ncclMemAlloc");

@@ -1,5 +1,7 @@
 #include "comm/communicator.h"
 
+#include "comm/stream_bridge.h"
+
 #include <algorithm>
 #include <iterator>
 #include <cstring>
@@ -71,6 +73,7 @@ Status Communicator::initialize() {
   self.hostId = localHostId();
   self.processId = localProcessId();
   self.kernelId = localKernelId();
+  SHOAL_TRY(findCudaDevice(self));
   SHOAL_TRY(publishAddresses(self)) << describe();
 
   std::string mine = str(nranks_, '\n', self.serialize());
@@ -91,6 +94,7 @@ Status Communicator::initialize() {
       return invalidUsage(describe(), ": two processes claim rank ", peers_[r].rank);
   }
   topology_ = buildTopology(peers_);
+  logSharedGpus();
   chooseWaitSpin(self);
   rankView_.rank = rank_;
   rankView_.nranks = nranks_;
@@ -277,6 +281,129 @@ Status Communicator::ensureConnections(const Plan& plan,
                            connectionTo(plan.lanes[i].peer, plan.lanes[i].channel));
   }
   return Status::ok();
+}
+
+Status Communicator::findCudaDevice(PeerInfo& self) {
+  cuda_ = cuda::Driver::inUse();
+  if (cuda_ == nullptr) {
+    SHOAL_INFO(subsys::kInit, describe(), ": host memory (",
+               cuda::Driver::built() ? "this process does not use CUDA" : "built without CUDA", ")");
+    return Status::ok();
+  }
+  SHOAL_ASSIGN_OR_RETURN(std::optional<cuda::DeviceIdentity> device, cuda_->currentDevice(),
+                         describe(), ": the current CUDA device");
+  if (device) {
+    cudaDevice_ = device->ordinal;
+    self.gpu = device->uuidText();
+    SHOAL_INFO(subsys::kInit, describe(), ": CUDA device ", cudaDevice_, " (", self.gpu,
+               "); device buffers are staged through pinned host memory");
+  } else {
+    SHOAL_INFO(subsys::kInit, describe(), ": CUDA is in use but no context is current; "
+               "device buffers use the context current at each call");
+  }
+  return Status::ok();
+}
+
+void Communicator::logSharedGpus() const {
+  // Several ranks on one GPU are allowed (docs/cuda.md); say so once.
+  for (int r = 0; r < nranks_; ++r)
+    if (r != rank_ && !peers_[r].gpu.empty() && peers_[r].gpu == peers_[rank_].gpu) {
+      SHOAL_INFO(subsys::kInit, describe(), ": rank ", r, " uses the same GPU (", peers_[r].gpu, ")");
+      return;
+    }
+}
+
+Result<bool> Communicator::streamOrdered(const OpRequest& op) {
+  if (cuda_ == nullptr) return false;
+  if (!bridge_) {
+    SHOAL_ASSIGN_OR_RETURN(std::optional<cuda::DeviceIdentity> device, cuda_->currentDevice(),
+                           describe(), ": the current CUDA device");
+    cuda::DeviceIdentity identity = device ? *device : cuda::DeviceIdentity{};
+    if (!device) {
+      // No context: the buffers cannot be device memory of this thread's;
+      // classify them anyway (a CUDA error never means "host pointer").
+      SHOAL_ASSIGN_OR_RETURN(cuda::MemoryKind kind, cuda_->memoryKind(op.sendbuff ? op.sendbuff : op.recvbuff));
+      if (!cuda::knownToCuda(kind)) return false;
+      return invalidUsage(describe(), ": ", cuda::memoryKindName(kind),
+                          " buffers need a current CUDA context on the calling thread");
+    }
+    bridge_ = std::make_unique<StreamBridge>(*cuda_, identity);
+  }
+  return bridge_->streamOrdered(op, rank_, nranks_);
+}
+
+Result<Communicator::StreamSubmission> Communicator::beginStreamOrdered(std::span<const OpRequest> ops) {
+  if (!bridge_) return internalError(describe(), ": stream-ordered operation without a bridge");
+  if (aborted()) return error(Code::kAborted, describe(), " was aborted");
+  StreamSubmission submission;
+  std::vector<OpRequest> kept;
+  std::remove_copy_if(ops.begin(), ops.end(), std::back_inserter(kept), droppedByNccl);
+  if (kept.empty()) return submission;  // nothing reaches the stream
+  for (const OpRequest& op : kept) {
+    SHOAL_ASSIGN_OR_RETURN(bool capturing, cuda_->isCapturing(op.stream), describe());
+    if (capturing)
+      return invalidUsage(describe(), ": ", collKindName(op.shape.kind),
+                          " on a stream that is being captured into a CUDA graph: Shoal does not "
+                          "replay collectives in graphs yet (call it outside the capture)");
+  }
+  SHOAL_ASSIGN_OR_RETURN(StreamBridge::Staged staged, bridge_->stage(kept, rank_, nranks_), describe());
+  auto held = std::make_shared<StreamBridge::Staged>(std::move(staged));
+  StreamBridge::Staged& st = *held;
+  submission.synchronous = bridge_->waitMode() == cuda::WaitMode::kSynchronous;
+  if (submission.synchronous) {
+    if (Status s = bridge_->copyIn(st, kept); !s.isOk()) {
+      bridge_->release(st);
+      return StatusBuilder(std::move(s)) << describe();
+    }
+    Result<JobPtr> job = enqueue(st.ops, /*detached=*/false);
+    if (!job.isOk()) {
+      bridge_->release(st);
+      return job.takeStatus();
+    }
+    submission.job = job.value();
+  } else {
+    // The stream's work first: a job whose stream work could not be
+    // enqueued never takes a sequence number its peers would wait for.
+    if (Status s = bridge_->enqueue(st, kept); !s.isOk()) {
+      if (s.code() != Code::kUnsupported) return StatusBuilder(std::move(s)) << describe();
+      // The device refused stream memory operations: synchronous from now on.
+      return beginStreamOrdered(ops);
+    }
+    auto job = std::make_shared<Job>();
+    Result<bool> any = prepareJob(*job, st.ops, /*detached=*/true);
+    if (!any.isOk() || !any.value()) {
+      StreamBridge::releaseStream(st);  // the stream goes on; its slot comes back once it has
+      if (!any.isOk()) return any.takeStatus();
+      return submission;
+    }
+    job->streamReady = st.ready;
+    job->streamDone = st.done;
+    job->streamSeq = st.seq;
+    Engine::instance().submit(job);
+    {
+      std::lock_guard<std::mutex> lock(jobsMutex_);
+      inFlight_.push_back(job);
+      anyInFlight_.store(true, std::memory_order_release);
+    }
+    submission.job = job;
+  }
+  submission.ops = std::move(kept);
+  submission.staged = std::move(held);
+  return submission;
+}
+
+Status Communicator::finishStreamOrdered(StreamSubmission& submission) {
+  if (!submission.synchronous || !submission.job) return Status::ok();
+  auto& staged = *static_cast<StreamBridge::Staged*>(submission.staged.get());
+  Status st = waitFor(*submission.job);
+  if (st.isOk()) st = bridge_->copyOut(staged, submission.ops);
+  bridge_->release(staged);
+  return st;
+}
+
+Status Communicator::submitStreamOrdered(std::span<const OpRequest> ops) {
+  SHOAL_ASSIGN_OR_RETURN(StreamSubmission submission, beginStreamOrdered(ops));
+  return finishStreamOrdered(submission);
 }
 
 Status Communicator::connectAhead(const std::vector<OpRequest>& ops) {
@@ -529,7 +656,11 @@ Code Communicator::asyncState() {
   Engine::instance().poll();  // polling drives completion, as in NCCL
   dropFinishedDetachedLocked();
   if (Status e = asyncError(); !e.isOk()) return e.code();
-  return inFlight_.empty() ? Code::kOk : Code::kInProgress;
+  // Work in a CUDA stream's order is the stream's to finish, as in NCCL:
+  // only the rest is still in progress.
+  bool inProgress = std::any_of(inFlight_.begin(), inFlight_.end(),
+                                [](const JobPtr& j) { return j->streamDone == nullptr; });
+  return inProgress ? Code::kInProgress : Code::kOk;
 }
 
 Status Communicator::asyncError() const {

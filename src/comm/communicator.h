@@ -33,6 +33,7 @@
 #include "core/status.h"
 #include "core/tag.h"
 #include "core/types.h"
+#include "cuda/driver.h"
 #include "engine/engine.h"
 #include "topology/topology.h"
 #include "transports/transport.h"
@@ -70,6 +71,10 @@ struct OpRequest {
   const void* sendbuff = nullptr;
   void* recvbuff = nullptr;
   OpScalar scalar;        // PreMulSum / float ncclAvg
+  // The caller's CUDA stream (cudaStream_t), and whether the operation runs
+  // in its order (its buffers are memory CUDA knows; StreamBridge).
+  void* stream = nullptr;
+  bool streamOrdered = false;
 };
 
 // A user-created reduction operator (ncclRedOpCreatePreMulSum).
@@ -77,6 +82,8 @@ struct CustomRedOp {
   DataType dtype;
   OpScalar scalar;
 };
+
+class StreamBridge;
 
 class Communicator : public std::enable_shared_from_this<Communicator> {
  public:
@@ -95,6 +102,28 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   const std::vector<PeerInfo>& peers() const { return peers_; }
   uint64_t commId() const { return commId_; }
   std::string describe() const;  // "comm 3f2a.. rank 1/4 (host a)"
+
+  // CUDA (docs/cuda.md). A communicator created in a process that uses CUDA
+  // runs operations on memory CUDA knows in their stream's order; its device
+  // is the current context's at init (-1: none was current).
+  bool usesCuda() const { return cuda_ != nullptr; }
+  int cudaDevice() const { return cudaDevice_; }
+  // Whether op runs in its stream's order; an invalid argument when it mixes
+  // memory CUDA knows with pageable host memory.
+  Result<bool> streamOrdered(const OpRequest& op);
+  // A stream-ordered submission (every op streamOrdered). With stream memory
+  // operations the job waits in the engine for its stream and the call
+  // returns at once; synchronously, finishStreamOrdered waits for it and
+  // copies the outputs back.
+  struct StreamSubmission {
+    JobPtr job;
+    bool synchronous = false;
+    std::vector<OpRequest> ops;  // as the caller passed them
+    std::shared_ptr<void> staged;  // the StreamBridge::Staged it uses
+  };
+  Result<StreamSubmission> beginStreamOrdered(std::span<const OpRequest> ops);
+  Status finishStreamOrdered(StreamSubmission& submission);
+  Status submitStreamOrdered(std::span<const OpRequest> ops);
 
   // Submits the operations as one job (a group) and, if `wait`, pumps the
   // engine until it completes. A failure becomes the async error too.
@@ -171,6 +200,9 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   // made (nullptr).
   Result<Connection*> connectionTo(int peer, uint16_t channel, bool unlessWaiting = false);
   void chooseWaitSpin(const PeerInfo& self) const;
+  // Init: whether the process uses CUDA and the current device (self.gpu).
+  Status findCudaDevice(PeerInfo& self);
+  void logSharedGpus() const;
   uint64_t tagFor(const CollShape& shape) {
     return encodeTag(shape.kind, shape.dtype, shape.count, static_cast<int>(shape.op), shape.root,
                      nextSeq(shape));
@@ -230,6 +262,10 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   std::vector<CustomRedOp> redOps_;
   std::vector<bool> redOpLive_;
   mutable std::mutex redOpMutex_;
+
+  cuda::Driver* cuda_ = nullptr;         // set at init when the process uses CUDA
+  int cudaDevice_ = -1;
+  std::unique_ptr<StreamBridge> bridge_;  // made by the first stream-ordered operation
 
   std::atomic<bool> abortFlag_{false};
   std::atomic<Code> initState_{Code::kInProgress};

@@ -1,5 +1,6 @@
 #include "comm/group.h"
 
+#include <algorithm>
 #include <thread>
 #include <vector>
 
@@ -37,6 +38,34 @@ Status runInits(std::vector<std::function<Status()>>& inits) {
   return Status::ok();
 }
 
+// A group whose communicators all run in stream order: every submission is
+// made first (the jobs of one thread's several ranks then wait in the engine
+// together), then synchronous ones are waited for and copied back.
+Status endStreamOrdered(std::vector<CommOps>& comms) {
+  for (const auto& c : comms)
+    if (!c.ops[0].streamOrdered)
+      return invalidArgument("a group mixes communicators on memory CUDA knows with communicators "
+                             "on pageable host memory");
+  Status result;
+  std::vector<std::pair<Communicator*, Communicator::StreamSubmission>> begun;
+  if (comms.size() > 1)
+    for (auto& c : comms)
+      if (Status s = c.comm->connectAhead(c.ops); !s.isOk()) return s;
+  for (auto& c : comms) {
+    auto submission = c.comm->beginStreamOrdered(c.ops);
+    if (!submission.isOk()) {
+      if (result.isOk()) result = submission.takeStatus();
+      continue;
+    }
+    begun.emplace_back(c.comm.get(), std::move(submission).value());
+  }
+  for (auto& [comm, submission] : begun) {
+    Status st = comm->finishStreamOrdered(submission);
+    if (!st.isOk() && result.isOk()) result = st;
+  }
+  return result;
+}
+
 }  // namespace
 
 bool active() { return tDepth > 0; }
@@ -63,6 +92,16 @@ Status end() {
   Status result;
   if (!work.inits.empty()) result = runInits(work.inits);
   if (!result.isOk()) return result;
+
+  // Operations in CUDA stream order go to their streams (StreamBridge).
+  for (const auto& c : work.comms) {
+    size_t ordered = std::count_if(c.ops.begin(), c.ops.end(),
+                                   [](const OpRequest& op) { return op.streamOrdered; });
+    if (ordered != 0 && ordered != c.ops.size())
+      return invalidArgument(c.comm->describe(), ": a group mixes operations on memory CUDA knows "
+                             "with operations on pageable host memory");
+  }
+  if (!work.comms.empty() && work.comms[0].ops[0].streamOrdered) return endStreamOrdered(work.comms);
 
   // One blocking communicator (a batch of sends and receives, coalesced
   // collectives): the same inline path as an ungrouped call when none of its

@@ -128,7 +128,21 @@ std::shared_ptr<const PreparedPlan> preparePlan(PlanPtr plan) {
   return prepared;
 }
 
+bool Job::streamReached() const {
+  return static_cast<int64_t>(__atomic_load_n(streamReady, __ATOMIC_ACQUIRE) - streamSeq) >= 0;
+}
+
+void Job::releaseStream() {
+  // The outputs in staging, including non-temporal stores, are visible
+  // before the stream copies them out.
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_sfence();
+#endif
+  __atomic_store_n(streamDone, streamSeq, __ATOMIC_RELEASE);
+}
+
 void Job::finish(Status status) {
+  if (streamDone) releaseStream();
   status_ = std::move(status);
   state_.store(status_.isOk() ? kSucceeded : kFailed, std::memory_order_release);
 }
@@ -137,6 +151,9 @@ void Job::resetForReuse() {
   sameConnections = false;
   ownedScratch.clear();
   detached = false;
+  streamReady = nullptr;
+  streamDone = nullptr;
+  streamSeq = 0;
   state_.store(kRunning, std::memory_order_relaxed);
   status_ = Status::ok();
   started_ = false;
@@ -283,6 +300,14 @@ bool Engine::pumpOnce() {
     std::unique_lock<std::mutex> jobLock(job.mutex_, std::try_to_lock);
     if (!jobLock.owns_lock() || job.isDone()) continue;
     if (!job.started_) {
+      if (job.streamReady && !job.streamReached()) {
+        // Its stream has not reached it: no deadline runs, but abort ends it.
+        if (job.abortFlag && job.abortFlag->load(std::memory_order_relaxed)) {
+          failJob(job, error(Code::kAborted, "the communicator was aborted"));
+          anyDone = true;
+        }
+        continue;
+      }
       startJob(job);
       progressed = true;
     }

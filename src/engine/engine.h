@@ -100,6 +100,16 @@ class Job {
   uint64_t sequence = 0;
   std::string description() const;
   bool detached = false;                    // nobody waits: the progress thread pumps
+  // A job in a CUDA stream's order (device memory, docs/cuda.md): it starts
+  // once the stream has written *streamReady >= streamSeq (its inputs are
+  // staged); until then no deadline runs. However it ends (done, failed,
+  // aborted, retired) it writes *streamDone = streamSeq, so that the stream,
+  // which waits for that word, never waits forever. Pinned host words; null
+  // for every other job.
+  const uint64_t* streamReady = nullptr;
+  uint64_t* streamDone = nullptr;
+  uint64_t streamSeq = 0;
+  bool streamReached() const;
   std::vector<uint8_t> ownedScratch;        // detached jobs' scratch (a waiter lends its own)
 
   // Makes a finished (or never submitted) job ready to be filled again,
@@ -122,7 +132,12 @@ class Job {
   static constexpr int kRunning = 0, kSucceeded = 1, kFailed = 2;
   void finish(Status status);
   // finish(Status::ok()) without the status move: status_ is ok until a job fails.
-  void finishOk() { state_.store(kSucceeded, std::memory_order_release); }
+  void finishOk() {
+    if (streamDone) [[unlikely]]
+      releaseStream();
+    state_.store(kSucceeded, std::memory_order_release);
+  }
+  void releaseStream();
 
   std::atomic<int> state_{kRunning};
   Status status_;

@@ -1,0 +1,307 @@
+#include "comm/stream_bridge.h"
+
+#include <algorithm>
+#include <chrono>
+#include <thread>
+
+#include "collectives/layout.h"
+#include "core/clock.h"
+#include "core/log.h"
+#include "core/params.h"
+
+namespace shoal {
+namespace {
+
+uint64_t alignUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+uint64_t loadWord(const uint64_t* word) { return __atomic_load_n(word, __ATOMIC_ACQUIRE); }
+
+bool reached(const uint64_t* word, uint64_t seq) {
+  return static_cast<int64_t>(loadWord(word) - seq) >= 0;
+}
+
+// The streams of a submission, first use first: the first leads.
+std::vector<cuda::StreamHandle> streamsOf(std::span<const OpRequest> ops) {
+  std::vector<cuda::StreamHandle> streams;
+  for (const OpRequest& op : ops)
+    if (std::find(streams.begin(), streams.end(), op.stream) == streams.end())
+      streams.push_back(op.stream);
+  return streams;
+}
+
+}  // namespace
+
+StreamBridge::StreamBridge(cuda::Driver& driver, cuda::DeviceIdentity device)
+    : driver_(driver), device_(device) {}
+
+StreamBridge::~StreamBridge() {
+  // A stream may still copy out of a slot or write its words (the engine
+  // released it, but the stream runs behind). Wait for every busy slot's
+  // "released"; what a stream never releases within the deadline is left
+  // allocated rather than freed under it.
+  Deadline deadline = Deadline::afterMs(std::max<int64_t>(params().progressTimeoutMs, 1000));
+  Backoff backoff;
+  bool leak = false;
+  for (;;) {
+    bool busy = false;
+    for (const auto& slot : slots_)
+      if (slot->busy && !reached(slot->words + kReleased, slot->seq)) busy = true;
+    if (!busy) break;
+    if (deadline.expired()) {
+      SHOAL_WARN("CUDA: a stream has not passed this communicator's staged operations; their "
+                 "pinned staging is left allocated");
+      leak = true;
+      break;
+    }
+    backoff.pause();
+  }
+  if (leak) return;
+  for (const auto& slot : slots_) driver_.hostFree(slot->staging);
+  for (uint64_t* page : doorbellPages_) driver_.hostFree(page);
+}
+
+Result<bool> StreamBridge::streamOrdered(const OpRequest& op, int rank, int nranks) {
+  const OpLayout layout = opLayout(op.shape, rank, nranks);
+  struct Use {
+    const void* ptr;
+    const char* name;
+  } uses[3] = {{layout.sendBytes ? op.sendbuff : nullptr, "sendbuff"},
+               {layout.recvBytes ? op.recvbuff : nullptr, "recvbuff"},
+               {op.scalar.deviceScalar, "the PreMulSum scalar"}};
+  const char* hostName = nullptr;
+  const char* cudaName = nullptr;
+  cuda::MemoryKind cudaKind = cuda::MemoryKind::kHost;
+  for (const Use& use : uses) {
+    if (use.ptr == nullptr) continue;
+    SHOAL_ASSIGN_OR_RETURN(cuda::MemoryKind kind, driver_.memoryKind(use.ptr), use.name);
+    if (cuda::knownToCuda(kind)) {
+      if (!cudaName) {
+        cudaName = use.name;
+        cudaKind = kind;
+      }
+    } else if (!hostName && use.ptr != op.scalar.deviceScalar) {
+      hostName = use.name;
+    }
+  }
+  if (cudaName && hostName)
+    return invalidArgument(cudaName, " is ", cuda::memoryKindName(cudaKind), " memory but ",
+                           hostName, " is pageable host memory: one operation cannot mix them "
+                           "(use device buffers, or host buffers with a NULL stream)");
+  return cudaName != nullptr;
+}
+
+Status StreamBridge::newDoorbellPage() {
+  SHOAL_ASSIGN_OR_RETURN(void* page, driver_.hostAlloc(kSlotsPerPage * kWordsPerSlot * sizeof(uint64_t)),
+                         "CUDA: pinned words for stream-ordered operations");
+  auto* words = static_cast<uint64_t*>(page);
+  std::fill(words, words + kSlotsPerPage * kWordsPerSlot, 0);
+  doorbellPages_.push_back(words);
+  for (uint64_t i = 0; i < kSlotsPerPage; ++i) freeWords_.push_back(words + i * kWordsPerSlot);
+  return Status::ok();
+}
+
+void StreamBridge::reclaim() {
+  for (auto& slot : slots_)
+    if (slot->busy && reached(slot->words + kReleased, slot->seq)) slot->busy = false;
+  // Keep at most the parameter's worth of idle staging, the largest first to go.
+  uint64_t kept = 0;
+  for (const auto& slot : slots_) kept += slot->stagingBytes;
+  const auto limit = static_cast<uint64_t>(std::max<int64_t>(params().cudaStagingBytes, 0));
+  while (kept > limit) {
+    Slot* largest = nullptr;
+    for (auto& slot : slots_)
+      if (!slot->busy && slot->stagingBytes > 0 && (!largest || slot->stagingBytes > largest->stagingBytes))
+        largest = slot.get();
+    if (!largest) break;
+    driver_.hostFree(largest->staging);
+    kept -= largest->stagingBytes;
+    largest->staging = nullptr;
+    largest->stagingBytes = 0;
+  }
+}
+
+Result<size_t> StreamBridge::takeSlot(uint64_t stagingBytes) {
+  reclaim();
+  // The idle slot whose staging fits best; else the idle slot with the most.
+  size_t best = slots_.size();
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    const Slot& s = *slots_[i];
+    if (s.busy) continue;
+    if (best == slots_.size()) {
+      best = i;
+      continue;
+    }
+    const Slot& b = *slots_[best];
+    bool fits = s.stagingBytes >= stagingBytes, bestFits = b.stagingBytes >= stagingBytes;
+    if ((fits && (!bestFits || s.stagingBytes < b.stagingBytes)) ||
+        (!fits && !bestFits && s.stagingBytes > b.stagingBytes))
+      best = i;
+  }
+  if (best == slots_.size()) {
+    if (freeWords_.empty()) {
+      SHOAL_TRY(newDoorbellPage());
+    }
+    auto slot = std::make_unique<Slot>();
+    slot->words = freeWords_.back();
+    freeWords_.pop_back();
+    slots_.push_back(std::move(slot));
+  }
+  Slot& slot = *slots_[best];
+  if (slot.stagingBytes < stagingBytes) {
+    driver_.hostFree(slot.staging);
+    slot.staging = nullptr;
+    slot.stagingBytes = 0;
+    SHOAL_ASSIGN_OR_RETURN(void* staging, driver_.hostAlloc(stagingBytes),
+                           "CUDA: ", stagingBytes, " bytes of pinned staging");
+    slot.staging = static_cast<uint8_t*>(staging);
+    slot.stagingBytes = stagingBytes;
+  }
+  return best;
+}
+
+Result<StreamBridge::Staged> StreamBridge::stage(std::span<const OpRequest> ops, int rank, int nranks) {
+  std::vector<Placement> placements(ops.size());
+  uint64_t total = 0;
+  for (size_t k = 0; k < ops.size(); ++k) {
+    const OpRequest& op = ops[k];
+    const OpLayout layout = opLayout(op.shape, rank, nranks);
+    Placement& p = placements[k];
+    p.sendBytes = op.sendbuff ? layout.sendBytes : 0;
+    p.recvBytes = op.recvbuff ? layout.recvBytes : 0;
+    p.outBegin = std::min(layout.outputBegin, p.recvBytes);
+    p.outEnd = std::min(layout.outputEnd, p.recvBytes);
+    const auto send = reinterpret_cast<uintptr_t>(op.sendbuff);
+    const auto recv = reinterpret_cast<uintptr_t>(op.recvbuff);
+    if (p.sendBytes && p.recvBytes && send < recv + p.recvBytes && recv < send + p.sendBytes) {
+      // Overlapping (in place): one staged range over both, same offsets.
+      const uintptr_t begin = std::min(send, recv);
+      const uintptr_t end = std::max(send + p.sendBytes, recv + p.recvBytes);
+      p.sendOffset = total + (send - begin);
+      p.recvOffset = total + (recv - begin);
+      total = alignUp(total + (end - begin), kAlign);
+    } else {
+      p.sendOffset = total;
+      total = alignUp(total + p.sendBytes, kAlign);
+      p.recvOffset = total;
+      total = alignUp(total + p.recvBytes, kAlign);
+    }
+    if (op.scalar.deviceScalar) {
+      p.stagedScalar = true;
+      p.scalarOffset = total;
+      total = alignUp(total + sizeof(op.scalar.bytes), kAlign);
+    }
+  }
+  SHOAL_ASSIGN_OR_RETURN(size_t index, takeSlot(std::max<uint64_t>(total, kAlign)));
+  Slot& slot = *slots_[index];
+  slot.busy = true;
+  slot.seq = nextSeq_++;
+  slot.placements = std::move(placements);
+  Staged staged;
+  staged.slot = index;
+  staged.seq = slot.seq;
+  staged.ready = slot.words + kReady;
+  staged.done = slot.words + kDone;
+  staged.ops.assign(ops.begin(), ops.end());
+  for (size_t k = 0; k < ops.size(); ++k) {
+    const Placement& p = slot.placements[k];
+    OpRequest& op = staged.ops[k];
+    // A buffer this rank does not use stays null (non-roots of rooted calls).
+    op.sendbuff = p.sendBytes ? slot.staging + p.sendOffset : nullptr;
+    op.recvbuff = p.recvBytes ? slot.staging + p.recvOffset : nullptr;
+    if (p.stagedScalar) op.scalar.deviceScalar = slot.staging + p.scalarOffset;
+    op.streamOrdered = false;  // the engine sees host memory
+  }
+  return staged;
+}
+
+Status StreamBridge::copyInputs(const Slot& slot, std::span<const OpRequest> ops,
+                                cuda::StreamHandle stream, bool async) {
+  for (size_t k = 0; k < ops.size(); ++k) {
+    const Placement& p = slot.placements[k];
+    const OpRequest& op = ops[k];
+    auto copy = [&](void* dst, const void* src, size_t bytes) {
+      return async ? driver_.copyAsync(dst, src, bytes, stream) : driver_.copy(dst, src, bytes);
+    };
+    if (p.sendBytes) {
+      SHOAL_TRY(copy(slot.staging + p.sendOffset, op.sendbuff, p.sendBytes)) << "staging sendbuff";
+    }
+    if (p.stagedScalar) {
+      SHOAL_TRY(copy(slot.staging + p.scalarOffset, op.scalar.deviceScalar,
+                     dataTypeSize(op.shape.dtype))) << "staging the PreMulSum scalar";
+    }
+  }
+  return Status::ok();
+}
+
+Status StreamBridge::copyOutputs(const Slot& slot, std::span<const OpRequest> ops,
+                                 cuda::StreamHandle stream, bool async) {
+  for (size_t k = 0; k < ops.size(); ++k) {
+    const Placement& p = slot.placements[k];
+    if (p.outEnd <= p.outBegin) continue;
+    auto* dst = static_cast<uint8_t*>(ops[k].recvbuff) + p.outBegin;
+    const uint8_t* src = slot.staging + p.recvOffset + p.outBegin;
+    size_t bytes = p.outEnd - p.outBegin;
+    SHOAL_TRY(async ? driver_.copyAsync(dst, src, bytes, stream) : driver_.copy(dst, src, bytes))
+        << "copying recvbuff back";
+  }
+  return Status::ok();
+}
+
+Status StreamBridge::enqueue(const Staged& staged, std::span<const OpRequest> ops) {
+  Slot& slot = *slots_[staged.slot];
+  const std::vector<cuda::StreamHandle> streams = streamsOf(ops);
+  cuda::StreamHandle lead = streams[0];
+  std::vector<cuda::EventHandle> events;
+  auto destroyEvents = [&] {
+    for (cuda::EventHandle e : events) driver_.destroyEvent(e);  // freed once their work is done
+  };
+  Status st = [&]() -> Status {
+    // The lead stream starts after every stream's earlier work.
+    for (size_t i = 1; i < streams.size(); ++i) {
+      SHOAL_ASSIGN_OR_RETURN(cuda::EventHandle e, driver_.createEvent());
+      events.push_back(e);
+      SHOAL_TRY(driver_.recordEvent(e, streams[i]));
+      SHOAL_TRY(driver_.streamWaitEvent(lead, e));
+    }
+    SHOAL_TRY(copyInputs(slot, ops, lead, /*async=*/true));
+    SHOAL_TRY(driver_.writeValueAsync(slot.words + kReady, staged.seq, lead));
+    SHOAL_TRY(driver_.waitValueAsync(slot.words + kDone, staged.seq, lead));
+    SHOAL_TRY(copyOutputs(slot, ops, lead, /*async=*/true));
+    SHOAL_TRY(driver_.writeValueAsync(slot.words + kReleased, staged.seq, lead));
+    // Every stream's later work comes after the outputs.
+    if (streams.size() > 1) {
+      SHOAL_ASSIGN_OR_RETURN(cuda::EventHandle e, driver_.createEvent());
+      events.push_back(e);
+      SHOAL_TRY(driver_.recordEvent(e, lead));
+      for (size_t i = 1; i < streams.size(); ++i) SHOAL_TRY(driver_.streamWaitEvent(streams[i], e));
+    }
+    return Status::ok();
+  }();
+  destroyEvents();
+  if (st.isOk()) return st;
+  if (st.code() == Code::kUnsupported) driver_.memOpsUnsupported(device_.ordinal);
+  // Nothing may wait on a job that will not run: release the stream, then
+  // wait until it has passed whatever was enqueued before freeing the slot.
+  releaseStream(staged);
+  // Once the stream has run all of it, the slot is free; a stream that
+  // cannot be synchronized keeps it (never free memory a stream may write).
+  if (driver_.synchronize(lead).isOk()) slot.busy = false;
+  return st;
+}
+
+void StreamBridge::releaseStream(const Staged& staged) {
+  __atomic_store_n(staged.done, staged.seq, __ATOMIC_RELEASE);
+}
+
+Status StreamBridge::copyIn(const Staged& staged, std::span<const OpRequest> ops) {
+  for (cuda::StreamHandle s : streamsOf(ops)) SHOAL_TRY(driver_.synchronize(s));
+  return copyInputs(*slots_[staged.slot], ops, nullptr, /*async=*/false);
+}
+
+Status StreamBridge::copyOut(const Staged& staged, std::span<const OpRequest> ops) {
+  return copyOutputs(*slots_[staged.slot], ops, nullptr, /*async=*/false);
+}
+
+void StreamBridge::release(const Staged& staged) { slots_[staged.slot]->busy = false; }
+
+}  // namespace shoal

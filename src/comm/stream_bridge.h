@@ -1,0 +1,118 @@
+// StreamBridge: a communicator's device-memory operations in CUDA stream
+// order (docs/cuda.md).
+//
+// Role: the engine runs host plans on host memory. For an operation on
+// memory CUDA knows (device, managed or pinned host), the bridge stages it:
+// on the user's stream it enqueues copies of the inputs into pinned staging,
+// a stream memory operation that writes the job's "ready" word, a wait for
+// its "done" word, copies of the outputs back and a write of its "released"
+// word; the engine runs the unchanged plan on the staging once it reads
+// "ready" and writes "done" however the job ends (Job::streamReady/Done), so
+// no stream waits forever. Where the device has no stream memory operations
+// (or SHOAL_CUDA_WAIT=sync) the call synchronizes its streams and runs the
+// job itself, copying synchronously.
+//
+// Staging is pinned host memory in slots, reused once the stream has written
+// a slot's "released" word; the slots keep at most SHOAL_CUDA_STAGING_BYTES
+// between operations. Every word a stream waits on lives in this process's
+// pinned memory, so the engine can always release it.
+//
+// Threading: stage(), enqueue() and release() run on the communicator's
+// calling thread (NCCL: one thread uses a communicator at a time) with the
+// stream's context current; the engine only reads and writes the words.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "core/status.h"
+#include "cuda/driver.h"
+
+namespace shoal {
+
+class StreamBridge {
+ public:
+  StreamBridge(cuda::Driver& driver, cuda::DeviceIdentity device);
+  // Waits (bounded) until every stream has passed the operations staged here,
+  // then frees the staging; memory a stream may still write is never freed.
+  ~StreamBridge();
+  StreamBridge(const StreamBridge&) = delete;
+  StreamBridge& operator=(const StreamBridge&) = delete;
+
+  const cuda::DeviceIdentity& device() const { return device_; }
+  cuda::WaitMode waitMode() { return driver_.waitMode(device_.ordinal); }
+
+  // Whether op runs in stream order: some buffer it uses is memory CUDA
+  // knows. A call that mixes such memory with pageable host memory is an
+  // invalid argument, with the reason.
+  Result<bool> streamOrdered(const OpRequest& op, int rank, int nranks);
+
+  // One staged submission: the operations rewritten onto staging and the
+  // slot whose words and staging they use.
+  struct Staged {
+    std::vector<OpRequest> ops;
+    const uint64_t* ready = nullptr;
+    uint64_t* done = nullptr;
+    uint64_t seq = 0;
+    size_t slot = 0;
+  };
+  // Takes a slot with staging for the operations and rewrites them onto it
+  // (zero-byte buffers stay null; buffers that overlap keep their relation,
+  // so in-place calls stay in place).
+  Result<Staged> stage(std::span<const OpRequest> ops, int rank, int nranks);
+  // Enqueues the staged operations on their streams (memory operations
+  // mode): inputs in, ready, wait for done, outputs out, released. Several
+  // streams are joined to the first with events, and wait for it at the end.
+  // On failure nothing is left waiting: the slot's done word is written.
+  Status enqueue(const Staged& staged, std::span<const OpRequest> ops);
+  // Synchronous mode: waits for the streams, copies the inputs in; after the
+  // job ran, copyOut copies the outputs back.
+  Status copyIn(const Staged& staged, std::span<const OpRequest> ops);
+  Status copyOut(const Staged& staged, std::span<const OpRequest> ops);
+  // Gives the slot back now (a submission that never reached a stream, or
+  // a synchronous one that finished).
+  void release(const Staged& staged);
+  // Lets the stream go on past a submission the engine will never run.
+  static void releaseStream(const Staged& staged);
+
+ private:
+  // Where one operation's buffers sit in its slot's staging.
+  struct Placement {
+    uint64_t sendBytes = 0, recvBytes = 0;
+    uint64_t outBegin = 0, outEnd = 0;  // recv bytes the operation defines
+    uint64_t sendOffset = 0, recvOffset = 0, scalarOffset = 0;
+    bool stagedScalar = false;
+  };
+  struct Slot {
+    uint64_t* words = nullptr;  // [0] ready, [1] done, [2] released
+    uint8_t* staging = nullptr;
+    uint64_t stagingBytes = 0;
+    uint64_t seq = 0;
+    bool busy = false;          // handed out; free again once words[2] >= seq
+    std::vector<Placement> placements;
+  };
+  static constexpr int kReady = 0, kDone = 1, kReleased = 2;
+  static constexpr uint64_t kWordsPerSlot = 8;  // one cache line each
+  static constexpr uint64_t kSlotsPerPage = 64;
+  static constexpr uint64_t kAlign = 256;       // as cudaMalloc aligns
+
+  Result<size_t> takeSlot(uint64_t stagingBytes);
+  void reclaim();
+  Status newDoorbellPage();
+  // Copies every op's inputs into (or outputs out of) its staging; async on
+  // each op's stream's lead stream, or synchronous.
+  Status copyInputs(const Slot& slot, std::span<const OpRequest> ops, cuda::StreamHandle stream, bool async);
+  Status copyOutputs(const Slot& slot, std::span<const OpRequest> ops, cuda::StreamHandle stream, bool async);
+
+  cuda::Driver& driver_;
+  const cuda::DeviceIdentity device_;
+  std::vector<std::unique_ptr<Slot>> slots_;
+  std::vector<uint64_t*> doorbellPages_;
+  std::vector<uint64_t*> freeWords_;
+  uint64_t nextSeq_ = 1;
+};
+
+}  // namespace shoal

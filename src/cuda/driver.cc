@@ -1,0 +1,375 @@
+#include "cuda/driver.h"
+
+#include <cstdio>
+
+#include "core/log.h"
+#include "core/params.h"
+
+#if SHOAL_HAVE_CUDA
+#include <cuda.h>
+#include <dlfcn.h>
+
+#include <atomic>
+#include <map>
+#include <mutex>
+#endif
+
+namespace shoal::cuda {
+
+const char* memoryKindName(MemoryKind kind) {
+  switch (kind) {
+    case MemoryKind::kHost: return "host";
+    case MemoryKind::kPinnedHost: return "pinned host";
+    case MemoryKind::kDevice: return "device";
+    case MemoryKind::kManaged: return "managed";
+  }
+  return "?";
+}
+
+const char* waitModeName(WaitMode mode) {
+  return mode == WaitMode::kMemOps ? "stream memory operations" : "synchronous";
+}
+
+std::string DeviceIdentity::uuidText() const {
+  char text[48];
+  const uint8_t* u = uuid.data();
+  std::snprintf(text, sizeof text,
+                "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0],
+                u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13],
+                u[14], u[15]);
+  return text;
+}
+
+#if !SHOAL_HAVE_CUDA
+
+// Built without the toolkit: host memory only.
+bool Driver::built() { return false; }
+Driver* Driver::inUse() { return nullptr; }
+Result<MemoryKind> Driver::memoryKind(const void*) { return MemoryKind::kHost; }
+Result<std::optional<DeviceIdentity>> Driver::currentDevice() {
+  return std::optional<DeviceIdentity>();
+}
+WaitMode Driver::waitMode(int) { return WaitMode::kSynchronous; }
+void Driver::memOpsUnsupported(int) {}
+Result<bool> Driver::isCapturing(StreamHandle) { return false; }
+static Status notBuilt() { return error(Code::kCudaError, "built without CUDA"); }
+Status Driver::copyAsync(void*, const void*, size_t, StreamHandle) { return notBuilt(); }
+Status Driver::copy(void*, const void*, size_t) { return notBuilt(); }
+Status Driver::writeValueAsync(uint64_t*, uint64_t, StreamHandle) { return notBuilt(); }
+Status Driver::waitValueAsync(const uint64_t*, uint64_t, StreamHandle) { return notBuilt(); }
+Status Driver::synchronize(StreamHandle) { return notBuilt(); }
+Result<EventHandle> Driver::createEvent() { return notBuilt(); }
+void Driver::destroyEvent(EventHandle) {}
+Status Driver::recordEvent(EventHandle, StreamHandle) { return notBuilt(); }
+Status Driver::streamWaitEvent(StreamHandle, EventHandle) { return notBuilt(); }
+Result<void*> Driver::hostAlloc(size_t) { return notBuilt(); }
+void Driver::hostFree(void*) {}
+Result<void*> Driver::deviceAlloc(size_t) { return notBuilt(); }
+bool Driver::deviceFree(void*) { return false; }
+
+#else
+
+// The driver API version whose signatures Shoal was written against: every
+// entry point is asked for as it was in CUDA 12.0 (the _v2 stream memory
+// operations and cuGetProcAddress_v2 exist from there on).
+constexpr int kApiVersion = 12000;
+
+#define SHOAL_CUDA_ENTRY_POINTS(X)                                                       \
+  X(cuInit) X(cuGetErrorString) X(cuGetErrorName) X(cuCtxGetCurrent) X(cuCtxGetDevice)   \
+  X(cuDeviceGetUuid) X(cuDeviceGetAttribute) X(cuPointerGetAttributes)                   \
+  X(cuStreamIsCapturing) X(cuMemcpyAsync) X(cuMemcpy) X(cuStreamWriteValue64)            \
+  X(cuStreamWaitValue64) X(cuStreamSynchronize) X(cuEventCreate) X(cuEventDestroy)       \
+  X(cuEventRecord) X(cuStreamWaitEvent) X(cuMemHostAlloc) X(cuMemFreeHost)               \
+  X(cuMemHostGetDevicePointer) X(cuMemGetAllocationGranularity) X(cuMemCreate)           \
+  X(cuMemRelease) X(cuMemAddressReserve) X(cuMemAddressFree) X(cuMemMap) X(cuMemUnmap)   \
+  X(cuMemSetAccess)
+
+struct Driver::Api {
+#define SHOAL_CUDA_FIELD(name) decltype(&::name) name = nullptr;
+  SHOAL_CUDA_ENTRY_POINTS(SHOAL_CUDA_FIELD)
+#undef SHOAL_CUDA_FIELD
+
+  std::mutex mutex;  // guards the maps below
+  std::map<int, WaitMode> waitModes;
+  struct DeviceAllocation {
+    size_t bytes;
+    CUmemGenericAllocationHandle handle;
+  };
+  std::map<uintptr_t, DeviceAllocation> deviceAllocations;
+};
+
+namespace {
+
+// "cuMemcpyAsync failed: CUDA_ERROR_INVALID_VALUE (invalid argument)".
+Status cudaError(Driver::Api& api, const char* what, CUresult rc) {
+  const char* name = nullptr;
+  const char* text = nullptr;
+  if (api.cuGetErrorName) (void)api.cuGetErrorName(rc, &name);
+  if (api.cuGetErrorString) (void)api.cuGetErrorString(rc, &text);
+  return error(Code::kCudaError, what, " failed: ", name ? name : "CUDA error ",
+               name ? "" : std::to_string(static_cast<int>(rc)), text ? " (" : "", text ? text : "",
+               text ? ")" : "");
+}
+
+#define SHOAL_CU(call)                                              \
+  do {                                                              \
+    CUresult shoal_rc_ = api_->call;                                \
+    if (shoal_rc_ != CUDA_SUCCESS) return cudaError(*api_, #call, shoal_rc_); \
+  } while (0)
+
+// Loads the entry points from a driver library the process already has.
+// Null (with the reason at INFO) when it has none or it is unusable.
+Driver::Api* loadApi() {
+  const std::string& path = params().cudaDriver;
+  void* lib = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+  if (lib == nullptr) return nullptr;  // the process does not use CUDA
+  using GetProcAddress = CUresult (*)(const char*, void**, int, cuuint64_t,
+                                      CUdriverProcAddressQueryResult*);
+  auto getProc = reinterpret_cast<GetProcAddress>(::dlsym(lib, "cuGetProcAddress_v2"));
+  if (getProc == nullptr) {
+    SHOAL_INFO(subsys::kInit, "CUDA: ", path, " has no cuGetProcAddress_v2 (driver older than 12.0): host memory only");
+    return nullptr;
+  }
+  auto api = std::make_unique<Driver::Api>();
+  bool complete = true;
+#define SHOAL_CUDA_RESOLVE(name)                                                        \
+  {                                                                                      \
+    void* fn = nullptr;                                                                  \
+    CUdriverProcAddressQueryResult found = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;         \
+    if (getProc(#name, &fn, kApiVersion, CU_GET_PROC_ADDRESS_DEFAULT, &found) != CUDA_SUCCESS || \
+        fn == nullptr) {                                                                 \
+      SHOAL_INFO(subsys::kInit, "CUDA: ", path, " lacks ", #name);                       \
+      complete = false;                                                                  \
+    }                                                                                    \
+    api->name = reinterpret_cast<decltype(api->name)>(fn);                               \
+  }
+  SHOAL_CUDA_ENTRY_POINTS(SHOAL_CUDA_RESOLVE)
+#undef SHOAL_CUDA_RESOLVE
+  if (!complete) {
+    SHOAL_WARN("CUDA: the driver ", path, " lacks entry points Shoal needs: host memory only");
+    return nullptr;
+  }
+  CUresult rc = api->cuInit(0);
+  if (rc != CUDA_SUCCESS) {
+    SHOAL_INFO(subsys::kInit, "CUDA: cuInit failed (", static_cast<int>(rc), "): host memory only");
+    return nullptr;
+  }
+  SHOAL_INFO(subsys::kInit, "CUDA: using the driver API of ", path,
+             " (device memory is staged through pinned host memory)");
+  return api.release();  // lives for the process, as the library does
+}
+
+}  // namespace
+
+bool Driver::built() { return true; }
+
+Driver* Driver::inUse() {
+  static std::atomic<Driver*> found{nullptr};
+  static std::mutex loadMutex;
+  if (Driver* d = found.load(std::memory_order_acquire)) return d;
+  std::lock_guard<std::mutex> lock(loadMutex);
+  if (Driver* d = found.load(std::memory_order_relaxed)) return d;
+  Api* api = loadApi();
+  if (api == nullptr) return nullptr;
+  auto* driver = new Driver(api);
+  found.store(driver, std::memory_order_release);
+  return driver;
+}
+
+Result<MemoryKind> Driver::memoryKind(const void* ptr) {
+  if (ptr == nullptr) return MemoryKind::kHost;
+  unsigned int type = 0;
+  int managed = 0;  // CU_POINTER_ATTRIBUTE_IS_MANAGED is a bool: read into a zeroed int
+  CUpointer_attribute attrs[2] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_IS_MANAGED};
+  void* data[2] = {&type, &managed};
+  SHOAL_CU(cuPointerGetAttributes(2, attrs, data, reinterpret_cast<CUdeviceptr>(ptr)));
+  if (managed & 0xff) return MemoryKind::kManaged;
+  switch (type) {
+    case CU_MEMORYTYPE_DEVICE:
+    case CU_MEMORYTYPE_ARRAY: return MemoryKind::kDevice;
+    case CU_MEMORYTYPE_HOST: return MemoryKind::kPinnedHost;
+    case 0: return MemoryKind::kHost;
+    default:
+      return error(Code::kCudaError, "cuPointerGetAttributes: unknown memory type ", type, " for ",
+                   ptr);
+  }
+}
+
+Result<std::optional<DeviceIdentity>> Driver::currentDevice() {
+  CUcontext ctx = nullptr;
+  SHOAL_CU(cuCtxGetCurrent(&ctx));
+  if (ctx == nullptr) return std::optional<DeviceIdentity>();
+  CUdevice dev = 0;
+  SHOAL_CU(cuCtxGetDevice(&dev));
+  DeviceIdentity id;
+  id.ordinal = static_cast<int>(dev);
+  CUuuid uuid{};
+  SHOAL_CU(cuDeviceGetUuid(&uuid, dev));
+  static_assert(sizeof uuid.bytes == 16);
+  for (int i = 0; i < 16; ++i) id.uuid[i] = static_cast<uint8_t>(uuid.bytes[i]);
+  return std::optional<DeviceIdentity>(id);
+}
+
+WaitMode Driver::waitMode(int device) {
+  std::lock_guard<std::mutex> lock(api_->mutex);
+  auto it = api_->waitModes.find(device);
+  if (it != api_->waitModes.end()) return it->second;
+  const std::string& want = params().cudaWait;
+  WaitMode mode = WaitMode::kSynchronous;
+  std::string why;
+  if (want == "sync") {
+    why = "SHOAL_CUDA_WAIT=sync";
+  } else {
+    int memOps = 0;
+    CUresult rc = api_->cuDeviceGetAttribute(
+        &memOps, CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS, static_cast<CUdevice>(device));
+    if (rc == CUDA_SUCCESS && memOps) {
+      mode = WaitMode::kMemOps;
+      why = "the device has 64-bit stream memory operations";
+    } else {
+      why = "the device has no 64-bit stream memory operations";
+      if (want == "memops") SHOAL_WARN("CUDA: SHOAL_CUDA_WAIT=memops, but device ", device, " has none");
+    }
+  }
+  api_->waitModes[device] = mode;
+  SHOAL_INFO(subsys::kInit, "CUDA: device ", device, ": streams hand operations to Shoal by ",
+             waitModeName(mode), " (", why, ")");
+  return mode;
+}
+
+void Driver::memOpsUnsupported(int device) {
+  std::lock_guard<std::mutex> lock(api_->mutex);
+  api_->waitModes[device] = WaitMode::kSynchronous;
+  SHOAL_INFO(subsys::kInit, "CUDA: device ", device,
+             ": a stream memory operation was refused as unsupported: synchronous from now on");
+}
+
+Result<bool> Driver::isCapturing(StreamHandle stream) {
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  SHOAL_CU(cuStreamIsCapturing(static_cast<CUstream>(stream), &status));
+  return status != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
+Status Driver::copyAsync(void* dst, const void* src, size_t bytes, StreamHandle stream) {
+  if (bytes == 0) return Status::ok();
+  SHOAL_CU(cuMemcpyAsync(reinterpret_cast<CUdeviceptr>(dst), reinterpret_cast<CUdeviceptr>(src),
+                         bytes, static_cast<CUstream>(stream)));
+  return Status::ok();
+}
+
+Status Driver::copy(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return Status::ok();
+  SHOAL_CU(cuMemcpy(reinterpret_cast<CUdeviceptr>(dst), reinterpret_cast<CUdeviceptr>(src), bytes));
+  return Status::ok();
+}
+
+Status Driver::writeValueAsync(uint64_t* word, uint64_t value, StreamHandle stream) {
+  CUdeviceptr at = 0;
+  SHOAL_CU(cuMemHostGetDevicePointer(&at, word, 0));
+  CUresult rc = api_->cuStreamWriteValue64(static_cast<CUstream>(stream), at, value,
+                                           CU_STREAM_WRITE_VALUE_DEFAULT);
+  if (rc == CUDA_ERROR_NOT_SUPPORTED) return error(Code::kUnsupported, "cuStreamWriteValue64 is not supported");
+  if (rc != CUDA_SUCCESS) return cudaError(*api_, "cuStreamWriteValue64", rc);
+  return Status::ok();
+}
+
+Status Driver::waitValueAsync(const uint64_t* word, uint64_t value, StreamHandle stream) {
+  CUdeviceptr at = 0;
+  SHOAL_CU(cuMemHostGetDevicePointer(&at, const_cast<uint64_t*>(word), 0));
+  CUresult rc = api_->cuStreamWaitValue64(static_cast<CUstream>(stream), at, value,
+                                          CU_STREAM_WAIT_VALUE_GEQ);
+  if (rc == CUDA_ERROR_NOT_SUPPORTED) return error(Code::kUnsupported, "cuStreamWaitValue64 is not supported");
+  if (rc != CUDA_SUCCESS) return cudaError(*api_, "cuStreamWaitValue64", rc);
+  return Status::ok();
+}
+
+Status Driver::synchronize(StreamHandle stream) {
+  SHOAL_CU(cuStreamSynchronize(static_cast<CUstream>(stream)));
+  return Status::ok();
+}
+
+Result<EventHandle> Driver::createEvent() {
+  CUevent event = nullptr;
+  SHOAL_CU(cuEventCreate(&event, CU_EVENT_DISABLE_TIMING));
+  return static_cast<EventHandle>(event);
+}
+
+void Driver::destroyEvent(EventHandle event) {
+  if (event) (void)api_->cuEventDestroy(static_cast<CUevent>(event));
+}
+
+Status Driver::recordEvent(EventHandle event, StreamHandle stream) {
+  SHOAL_CU(cuEventRecord(static_cast<CUevent>(event), static_cast<CUstream>(stream)));
+  return Status::ok();
+}
+
+Status Driver::streamWaitEvent(StreamHandle stream, EventHandle event) {
+  SHOAL_CU(cuStreamWaitEvent(static_cast<CUstream>(stream), static_cast<CUevent>(event), 0));
+  return Status::ok();
+}
+
+Result<void*> Driver::hostAlloc(size_t bytes) {
+  void* ptr = nullptr;
+  SHOAL_CU(cuMemHostAlloc(&ptr, bytes == 0 ? 1 : bytes, CU_MEMHOSTALLOC_PORTABLE));
+  return ptr;
+}
+
+void Driver::hostFree(void* ptr) {
+  if (ptr) (void)api_->cuMemFreeHost(ptr);
+}
+
+Result<void*> Driver::deviceAlloc(size_t bytes) {
+  SHOAL_ASSIGN_OR_RETURN(std::optional<DeviceIdentity> device, currentDevice());
+  if (!device) return error(Code::kInvalidUsage, "no CUDA context is current on this thread");
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = device->ordinal;
+  size_t granularity = 0;
+  SHOAL_CU(cuMemGetAllocationGranularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
+  if (granularity == 0) granularity = 2u << 20;
+  size_t size = (std::max<size_t>(bytes, 1) + granularity - 1) / granularity * granularity;
+  CUmemGenericAllocationHandle handle = 0;
+  SHOAL_CU(cuMemCreate(&handle, size, &prop, 0));
+  CUdeviceptr at = 0;
+  CUresult rc = api_->cuMemAddressReserve(&at, size, granularity, 0, 0);
+  if (rc == CUDA_SUCCESS) {
+    rc = api_->cuMemMap(at, size, 0, handle, 0);
+    if (rc == CUDA_SUCCESS) {
+      CUmemAccessDesc access{};
+      access.location = prop.location;
+      access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+      rc = api_->cuMemSetAccess(at, size, &access, 1);
+      if (rc != CUDA_SUCCESS) (void)api_->cuMemUnmap(at, size);
+    }
+    if (rc != CUDA_SUCCESS) (void)api_->cuMemAddressFree(at, size);
+  }
+  if (rc != CUDA_SUCCESS) {
+    (void)api_->cuMemRelease(handle);
+    return cudaError(*api_, "ncclMemAlloc: mapping a cuMem allocation", rc);
+  }
+  std::lock_guard<std::mutex> lock(api_->mutex);
+  api_->deviceAllocations[static_cast<uintptr_t>(at)] = {size, handle};
+  return reinterpret_cast<void*>(at);
+}
+
+bool Driver::deviceFree(void* ptr) {
+  Api::DeviceAllocation allocation{};
+  {
+    std::lock_guard<std::mutex> lock(api_->mutex);
+    auto it = api_->deviceAllocations.find(reinterpret_cast<uintptr_t>(ptr));
+    if (it == api_->deviceAllocations.end()) return false;
+    allocation = it->second;
+    api_->deviceAllocations.erase(it);
+  }
+  auto at = reinterpret_cast<CUdeviceptr>(ptr);
+  (void)api_->cuMemUnmap(at, allocation.bytes);
+  (void)api_->cuMemAddressFree(at, allocation.bytes);
+  (void)api_->cuMemRelease(allocation.handle);
+  return true;
+}
+
+#endif  // SHOAL_HAVE_CUDA
+
+}  // namespace shoal::cuda

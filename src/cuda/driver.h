@@ -1,0 +1,106 @@
+// Driver: the one place Shoal calls CUDA (the driver API of libcuda.so.1).
+//
+// Role: answers what kind of memory a pointer is, which GPU the calling
+// thread's context is on, and enqueues the stream work of a device-memory
+// operation (copies, stream memory operations, events). It never loads CUDA
+// into a process that does not use it: Driver::inUse() finds libcuda only
+// when the process already has it loaded (dlopen with RTLD_NOLOAD), resolves
+// every entry point through cuGetProcAddress, and links nothing at build
+// time (libnccl.so.2 has no NEEDED entry on a CUDA library). SHOAL_CUDA_DRIVER
+// names another driver library (tests load a stand-in, tests/cudafake).
+//
+// Threading: every method may be called from any thread; CUDA calls need the
+// context the caller made current (the user's thread: its stream's context).
+// The engine's threads never call CUDA: the words a stream writes and waits
+// for are plain pinned host memory that the engine reads and writes.
+//
+// Without the CUDA toolkit at build time (SHOAL_HAVE_CUDA unset) inUse() is
+// always null and the library runs on host memory only.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "core/status.h"
+
+namespace shoal::cuda {
+
+// CUstream / cudaStream_t and CUevent, which are pointers, without cuda.h.
+using StreamHandle = void*;
+using EventHandle = void*;
+
+// What CUDA says a pointer is. kHost: memory CUDA does not know (pageable).
+enum class MemoryKind : uint8_t { kHost, kPinnedHost, kDevice, kManaged };
+const char* memoryKindName(MemoryKind kind);
+// Memory only stream order may touch: device or managed memory, and pinned
+// host memory (which a GPU may be writing).
+inline bool knownToCuda(MemoryKind kind) { return kind != MemoryKind::kHost; }
+
+struct DeviceIdentity {
+  int ordinal = -1;                 // in this process (CUDA_VISIBLE_DEVICES applies)
+  std::array<uint8_t, 16> uuid{};   // the same GPU has the same UUID in every process
+  std::string uuidText() const;     // "GPU-xxxxxxxx-xxxx-..."
+};
+
+// How a stream and the engine hand a job over (docs/cuda.md).
+enum class WaitMode : uint8_t {
+  kMemOps,       // cuStreamWriteValue64 / cuStreamWaitValue64 on pinned words
+  kSynchronous,  // the caller synchronizes its stream and runs the job itself
+};
+const char* waitModeName(WaitMode mode);
+
+class Driver {
+ public:
+  // The driver when this process uses CUDA (its driver library is loaded and
+  // initializes), else null. Looked up again on every call until found; once
+  // found it stays for the process.
+  static Driver* inUse();
+  // Whether the library was built with the device-memory path.
+  static bool built();
+
+  Result<MemoryKind> memoryKind(const void* ptr);
+  // The device of the context current on the calling thread; nullopt when no
+  // context is current.
+  Result<std::optional<DeviceIdentity>> currentDevice();
+  // How stream-ordered jobs synchronize with the engine on `device`: stream
+  // memory operations where the device has them (SHOAL_CUDA_WAIT may ask for
+  // less), else synchronous. Logged once per device at INFO.
+  WaitMode waitMode(int device);
+  // A memory operation failed as unsupported: later jobs on the device go synchronous.
+  void memOpsUnsupported(int device);
+
+  Result<bool> isCapturing(StreamHandle stream);
+  Status copyAsync(void* dst, const void* src, size_t bytes, StreamHandle stream);
+  Status copy(void* dst, const void* src, size_t bytes);
+  // Stream memory operations on a 64-bit word of pinned host memory: the
+  // stream writes `value` once its earlier work is done; waits until
+  // (int64_t)(*word - value) >= 0 before running later work.
+  Status writeValueAsync(uint64_t* word, uint64_t value, StreamHandle stream);
+  Status waitValueAsync(const uint64_t* word, uint64_t value, StreamHandle stream);
+  Status synchronize(StreamHandle stream);
+
+  Result<EventHandle> createEvent();
+  void destroyEvent(EventHandle event);
+  Status recordEvent(EventHandle event, StreamHandle stream);
+  Status streamWaitEvent(StreamHandle stream, EventHandle event);
+
+  // Pinned host memory (portable: every context may use it).
+  Result<void*> hostAlloc(size_t bytes);
+  void hostFree(void* ptr);
+  // Device memory for ncclMemAlloc on a device: a cuMem allocation of the
+  // current context's device, exportable as a POSIX file descriptor.
+  Result<void*> deviceAlloc(size_t bytes);
+  // False when ptr is not an allocation of deviceAlloc.
+  bool deviceFree(void* ptr);
+
+  struct Api;  // the resolved entry points (driver.cc)
+
+ private:
+  explicit Driver(Api* api) : api_(api) {}
+  Api* api_;
+};
+
+}  // namespace shoal::cuda

@@ -1,0 +1,595 @@
+// Device buffers and CUDA streams through the public API, on the driver
+// stand-in (tests/cudafake): every collective and point-to-point operation in
+// stream order, as threads and as processes over shm and tcp; the mixed-buffer
+// error; a call that returns before its stream reaches it; stream delays
+// longer than the no-progress deadline; abort and a killed peer releasing
+// the stream; multi-stream groups; the graph-capture refusal; the
+// synchronous fallback. What the stand-in cannot prove: tests/cudafake/README.md.
+#include <catch2/catch.hpp>
+
+#include <cuda.h>
+#include <nccl.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cudafake/fake_cuda.h"
+#include "support/mp_harness.h"
+
+namespace {
+
+// The library loads the stand-in this binary links (before anything reads
+// the parameters).
+const bool kDriverNamed = setenv("SHOAL_CUDA_DRIVER", SHOAL_CUDAFAKE_LIB, 0) == 0;
+
+using Clock = std::chrono::steady_clock;
+double msSince(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+#define CU_OK(call) REQUIRE((call) == CUDA_SUCCESS)
+#define NCCL_OK(call)                                                        \
+  do {                                                                       \
+    ncclResult_t nccl_rc_ = (call);                                          \
+    INFO(#call << ": " << ncclGetErrorString(nccl_rc_) << " / " << ncclGetLastError(nullptr)); \
+    REQUIRE(nccl_rc_ == ncclSuccess);                                        \
+  } while (0)
+
+// Makes device 0's primary context current on the calling thread.
+void useDevice0() {
+  REQUIRE(cuInit(0) == CUDA_SUCCESS);
+  CUdevice dev = 0;
+  REQUIRE(cuDeviceGet(&dev, 0) == CUDA_SUCCESS);
+  CUcontext ctx = nullptr;
+  REQUIRE(cuDevicePrimaryCtxRetain(&ctx, dev) == CUDA_SUCCESS);
+  REQUIRE(cuCtxSetCurrent(ctx) == CUDA_SUCCESS);
+}
+
+CUstream newStream() {
+  CUstream s = nullptr;
+  REQUIRE(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+  return s;
+}
+
+// A device buffer of n floats holding f(i).
+struct DeviceFloats {
+  CUdeviceptr ptr = 0;
+  size_t n = 0;
+  explicit DeviceFloats(size_t count, const std::function<float(size_t)>& f = nullptr) : n(count) {
+    REQUIRE(cuMemAlloc(&ptr, std::max<size_t>(n, 1) * sizeof(float)) == CUDA_SUCCESS);
+    std::vector<float> host(n, -1.0f);
+    if (f)
+      for (size_t i = 0; i < n; ++i) host[i] = f(i);
+    if (n) REQUIRE(cuMemcpyHtoD(ptr, host.data(), n * sizeof(float)) == CUDA_SUCCESS);
+  }
+  ~DeviceFloats() { cuMemFree(ptr); }
+  DeviceFloats(const DeviceFloats&) = delete;
+  float* at(size_t i = 0) const { return reinterpret_cast<float*>(ptr) + i; }
+  std::vector<float> read() const {
+    std::vector<float> host(n);
+    if (n) REQUIRE(cuMemcpyDtoH(host.data(), ptr, n * sizeof(float)) == CUDA_SUCCESS);
+    return host;
+  }
+};
+
+float val(int rank, size_t i) { return static_cast<float>((rank + 1) * 1000 + i % 1000); }
+
+// Runs body(rank, comm, stream) on n threads, each with its own communicator
+// of one clique, device 0 current and a stream of its own.
+void onThreads(int n, const std::function<void(int, ncclComm_t, CUstream)>& body) {
+  ncclUniqueId id;
+  NCCL_OK(ncclGetUniqueId(&id));
+  std::vector<std::thread> threads;
+  std::vector<std::string> failures(n);
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      cuInit(0);
+      CUcontext ctx = nullptr;
+      cuDevicePrimaryCtxRetain(&ctx, 0);
+      cuCtxSetCurrent(ctx);
+      CUstream s = nullptr;
+      cuStreamCreate(&s, CU_STREAM_NON_BLOCKING);
+      ncclComm_t comm = nullptr;
+      if (ncclCommInitRank(&comm, n, id, r) != ncclSuccess) {
+        failures[r] = std::string("init: ") + ncclGetLastError(nullptr);
+        return;
+      }
+      body(r, comm, s);
+      cuStreamSynchronize(s);
+      ncclCommDestroy(comm);
+      cuStreamDestroy(s);
+    });
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < n; ++r) {
+    INFO("rank " << r << ": " << failures[r]);
+    CHECK(failures[r].empty());
+  }
+}
+
+// The body runs on a thread without Catch2's assertions (not thread-safe):
+// it records mismatches, checked afterwards.
+struct Mismatches {
+  std::atomic<int> count{0};
+  std::string first;
+  std::mutex mutex;
+  void expect(bool ok, const std::string& what) {
+    if (ok) return;
+    if (count.fetch_add(1) == 0) {
+      std::lock_guard<std::mutex> lock(mutex);
+      first = what;
+    }
+  }
+};
+
+// Every collective and Send/Recv on device buffers at rank r of n; returns
+// through `bad` any wrong element.
+void everyCollective(int r, int n, ncclComm_t comm, CUstream s, Mismatches& bad) {
+  const size_t N = 1000;
+  auto check = [&](const DeviceFloats& buf, const std::function<float(size_t)>& want, const char* what) {
+    cuStreamSynchronize(s);
+    std::vector<float> got = buf.read();
+    for (size_t i = 0; i < got.size(); ++i)
+      if (got[i] != want(i)) {
+        std::ostringstream m;
+        m << what << " rank " << r << " element " << i << ": " << got[i] << " want " << want(i);
+        bad.expect(false, m.str());
+        return;
+      }
+  };
+  auto sum = [&](size_t i) {
+    float t = 0;
+    for (int q = 0; q < n; ++q) t += val(q, i);
+    return t;
+  };
+  DeviceFloats send(N, [&](size_t i) { return val(r, i); });
+  {
+    DeviceFloats recv(N);
+    bad.expect(ncclAllReduce(send.at(), recv.at(), N, ncclFloat, ncclSum, comm, s) == ncclSuccess, "AllReduce call");
+    check(recv, sum, "AllReduce");
+  }
+  {
+    DeviceFloats inplace(N, [&](size_t i) { return val(r, i); });
+    bad.expect(ncclAllReduce(inplace.at(), inplace.at(), N, ncclFloat, ncclMax, comm, s) == ncclSuccess, "AllReduce in place");
+    check(inplace, [&](size_t i) { return val(n - 1, i); }, "AllReduce max in place");
+  }
+  {
+    DeviceFloats recv(N * n);
+    bad.expect(ncclAllGather(send.at(), recv.at(), N, ncclFloat, comm, s) == ncclSuccess, "AllGather call");
+    check(recv, [&](size_t i) { return val(static_cast<int>(i / N), i % N); }, "AllGather");
+  }
+  {
+    DeviceFloats big(N * n, [&](size_t i) { return val(r, i); });
+    DeviceFloats recv(N);
+    bad.expect(ncclReduceScatter(big.at(), recv.at(), N, ncclFloat, ncclSum, comm, s) == ncclSuccess, "ReduceScatter call");
+    check(recv, [&](size_t i) { return sum(r * N + i); }, "ReduceScatter");
+  }
+  {
+    const int root = n - 1;
+    DeviceFloats recv(N);
+    bad.expect(ncclBroadcast(send.at(), recv.at(), N, ncclFloat, root, comm, s) == ncclSuccess, "Broadcast call");
+    check(recv, [&](size_t i) { return val(root, i); }, "Broadcast");
+    DeviceFloats red(N);
+    bad.expect(ncclReduce(send.at(), red.at(), N, ncclFloat, ncclSum, 0, comm, s) == ncclSuccess, "Reduce call");
+    if (r == 0) check(red, sum, "Reduce");
+  }
+  {
+    const size_t per = 100;
+    DeviceFloats a2a(per * n, [&](size_t i) { return val(r, i); });
+    DeviceFloats recv(per * n);
+    bad.expect(ncclAlltoAll(a2a.at(), recv.at(), per, ncclFloat, comm, s) == ncclSuccess, "AlltoAll call");
+    check(recv, [&](size_t i) { return val(static_cast<int>(i / per), r * per + i % per); }, "AlltoAll");
+    DeviceFloats gathered(per * n);
+    bad.expect(ncclGather(a2a.at(), gathered.at(), per, ncclFloat, 0, comm, s) == ncclSuccess, "Gather call");
+    if (r == 0) check(gathered, [&](size_t i) { return val(static_cast<int>(i / per), i % per); }, "Gather");
+    DeviceFloats part(per);
+    bad.expect(ncclScatter(a2a.at(), part.at(), per, ncclFloat, 0, comm, s) == ncclSuccess, "Scatter call");
+    check(part, [&](size_t i) { return val(0, r * per + i); }, "Scatter");
+  }
+  {
+    // A ring of Send/Recv in one group.
+    DeviceFloats recv(N);
+    const int to = (r + 1) % n, from = (r + n - 1) % n;
+    ncclGroupStart();
+    ncclSend(send.at(), N, ncclFloat, to, comm, s);
+    ncclRecv(recv.at(), N, ncclFloat, from, comm, s);
+    bad.expect(ncclGroupEnd() == ncclSuccess, "Send/Recv group");
+    check(recv, [&](size_t i) { return val(from, i); }, "Send/Recv");
+  }
+}
+
+std::string readFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+}  // namespace
+
+TEST_CASE("device pointers go to the stream path - host pointers stay on the host path - mixing them is an invalid argument", "[cudafake]") {
+  useDevice0();
+  CUstream s = newStream();
+  ncclUniqueId id;
+  NCCL_OK(ncclGetUniqueId(&id));
+  ncclComm_t comm = nullptr;
+  NCCL_OK(ncclCommInitRank(&comm, 1, id, 0));
+  int dev = -1;
+  NCCL_OK(ncclCommCuDevice(comm, &dev));
+  CHECK(dev == 0);
+
+  DeviceFloats send(256, [](size_t i) { return static_cast<float>(i); });
+  DeviceFloats recv(256);
+  const auto copiesBefore = shoalFakeCudaCallCount("cuMemcpyAsync");
+  NCCL_OK(ncclAllReduce(send.at(), recv.at(), 256, ncclFloat, ncclSum, comm, s));
+  CHECK(shoalFakeCudaCallCount("cuMemcpyAsync") > copiesBefore);  // staged on the stream
+  CU_OK(cuStreamSynchronize(s));
+  std::vector<float> got = recv.read();
+  for (size_t i = 0; i < got.size(); ++i) REQUIRE(got[i] == static_cast<float>(i));
+
+  // Host buffers: the host path, complete on return, no stream work.
+  std::vector<float> hsend(64, 3.0f), hrecv(64, 0.0f);
+  const auto memcpysBefore = shoalFakeCudaCallCount("cuMemcpyAsync");
+  NCCL_OK(ncclAllReduce(hsend.data(), hrecv.data(), 64, ncclFloat, ncclSum, comm, s));
+  CHECK(hrecv[63] == 3.0f);
+  CHECK(shoalFakeCudaCallCount("cuMemcpyAsync") == memcpysBefore);
+
+  // Pinned host memory is memory CUDA knows: stream order.
+  void* pinned = nullptr;
+  CU_OK(cuMemHostAlloc(&pinned, 64 * sizeof(float), 0));
+  std::fill_n(static_cast<float*>(pinned), 64, 5.0f);
+  NCCL_OK(ncclAllReduce(pinned, recv.at(), 64, ncclFloat, ncclSum, comm, s));
+  CU_OK(cuStreamSynchronize(s));
+  CHECK(recv.read()[10] == 5.0f);
+
+  // Device send, pageable recv (and the other way round): refused with the reason.
+  CHECK(ncclAllReduce(send.at(), hrecv.data(), 64, ncclFloat, ncclSum, comm, s) == ncclInvalidArgument);
+  std::string why = ncclGetLastError(comm);
+  INFO(why);
+  CHECK(why.find("cannot mix") != std::string::npos);
+  CHECK(why.find("sendbuff is device memory") != std::string::npos);
+  CHECK(ncclBroadcast(hsend.data(), recv.at(), 64, ncclFloat, 0, comm, s) == ncclInvalidArgument);
+  // The communicator is still usable after refusals.
+  NCCL_OK(ncclAllReduce(send.at(), recv.at(), 256, ncclFloat, ncclSum, comm, s));
+  CU_OK(cuStreamSynchronize(s));
+  CHECK(recv.read()[255] == 255.0f);
+  CU_OK(cuMemFreeHost(pinned));
+  NCCL_OK(ncclCommDestroy(comm));
+  CU_OK(cuStreamDestroy(s));
+}
+
+TEST_CASE("a device collective returns before its stream reaches it and a later consumer sees the result", "[cudafake]") {
+  useDevice0();
+  Mismatches bad;
+  std::atomic<double> slowestCallMs{0};
+  onThreads(2, [&](int r, ncclComm_t comm, CUstream s) {
+    DeviceFloats send(4096, [&](size_t i) { return val(r, i); });
+    DeviceFloats recv(4096);
+    shoalFakeCudaStreamDelay(s, 500);  // like a long kernel before the collective
+    auto t0 = Clock::now();
+    bad.expect(ncclAllReduce(send.at(), recv.at(), 4096, ncclFloat, ncclSum, comm, s) == ncclSuccess, "call");
+    double ms = msSince(t0);
+    double prev = slowestCallMs.load();
+    while (ms > prev && !slowestCallMs.compare_exchange_weak(prev, ms)) {}
+    // The consumer, enqueued after the collective: a copy out to host memory.
+    std::vector<float> host(4096, -1.0f);
+    cuMemcpyDtoHAsync(host.data(), recv.ptr, 4096 * sizeof(float), s);
+    cuStreamSynchronize(s);
+    for (size_t i = 0; i < host.size(); ++i)
+      if (host[i] != val(0, i) + val(1, i)) {
+        bad.expect(false, "consumer saw element " + std::to_string(i) + " = " + std::to_string(host[i]));
+        break;
+      }
+  });
+  INFO(bad.first);
+  CHECK(bad.count == 0);
+  INFO("slowest ncclAllReduce call " << slowestCallMs.load() << " ms");
+  CHECK(slowestCallMs.load() < 400);  // it did not wait for the 500 ms delay
+}
+
+TEST_CASE("every collective on device buffers with 1 to 4 ranks as threads", "[cudafake]") {
+  useDevice0();
+  for (int n : {1, 2, 3, 4}) {
+    Mismatches bad;
+    onThreads(n, [&](int r, ncclComm_t comm, CUstream s) { everyCollective(r, n, comm, s, bad); });
+    INFO(n << " ranks: " << bad.first);
+    CHECK(bad.count == 0);
+  }
+}
+
+TEST_CASE("several data types and operators on device buffers", "[cudafake]") {
+  useDevice0();
+  Mismatches bad;
+  onThreads(3, [&](int r, ncclComm_t comm, CUstream s) {
+    const size_t N = 777;
+    // int32 sum and max, double avg, bf16 sum (exact small integers).
+    std::vector<int32_t> ints(N);
+    for (size_t i = 0; i < N; ++i) ints[i] = static_cast<int32_t>(i) * (r + 1) - 5;
+    CUdeviceptr di = 0, dout = 0;
+    cuMemAlloc(&di, N * 8);
+    cuMemAlloc(&dout, N * 8);
+    cuMemcpyHtoD(di, ints.data(), N * 4);
+    bad.expect(ncclAllReduce(reinterpret_cast<void*>(di), reinterpret_cast<void*>(dout), N, ncclInt32, ncclSum, comm, s) == ncclSuccess, "int sum");
+    std::vector<int32_t> got(N);
+    cuStreamSynchronize(s);
+    cuMemcpyDtoH(got.data(), dout, N * 4);
+    for (size_t i = 0; i < N; ++i)
+      bad.expect(got[i] == static_cast<int32_t>(i) * 6 - 15, "int32 sum element " + std::to_string(i));
+    bad.expect(ncclAllReduce(reinterpret_cast<void*>(di), reinterpret_cast<void*>(dout), N, ncclInt32, ncclMax, comm, s) == ncclSuccess, "int max");
+    cuStreamSynchronize(s);
+    cuMemcpyDtoH(got.data(), dout, N * 4);
+    for (size_t i = 1; i < N; ++i)
+      bad.expect(got[i] == static_cast<int32_t>(i) * 3 - 5, "int32 max element " + std::to_string(i));
+    std::vector<double> dbl(N, static_cast<double>(r + 1) * 1.5);
+    cuMemcpyHtoD(di, dbl.data(), N * 8);
+    bad.expect(ncclAllReduce(reinterpret_cast<void*>(di), reinterpret_cast<void*>(dout), N, ncclFloat64, ncclAvg, comm, s) == ncclSuccess, "double avg");
+    std::vector<double> gotd(N);
+    cuStreamSynchronize(s);
+    cuMemcpyDtoH(gotd.data(), dout, N * 8);
+    for (size_t i = 0; i < N; ++i)
+      bad.expect(std::abs(gotd[i] - 3.0) < 1e-12, "double avg element " + std::to_string(i));
+    // PreMulSum with a device scalar: read in stream order.
+    double two = 2.0;
+    CUdeviceptr scalar = 0;
+    cuMemAlloc(&scalar, 8);
+    cuMemcpyHtoD(scalar, &two, 8);
+    ncclRedOp_t premul;
+    bad.expect(ncclRedOpCreatePreMulSum(&premul, reinterpret_cast<void*>(scalar), ncclFloat64, ncclScalarDevice, comm) == ncclSuccess, "premul create");
+    bad.expect(ncclAllReduce(reinterpret_cast<void*>(di), reinterpret_cast<void*>(dout), N, ncclFloat64, premul, comm, s) == ncclSuccess, "premul");
+    cuStreamSynchronize(s);
+    cuMemcpyDtoH(gotd.data(), dout, N * 8);
+    for (size_t i = 0; i < N; ++i)
+      bad.expect(gotd[i] == 2.0 * (1.5 + 3.0 + 4.5), "premulsum element " + std::to_string(i));
+    ncclRedOpDestroy(premul, comm);
+    cuMemFree(scalar);
+    cuMemFree(di);
+    cuMemFree(dout);
+  });
+  INFO(bad.first);
+  CHECK(bad.count == 0);
+}
+
+TEST_CASE("a group with operations on two streams is ordered after both and before their later work", "[cudafake]") {
+  useDevice0();
+  Mismatches bad;
+  onThreads(2, [&](int r, ncclComm_t comm, CUstream s) {
+    CUstream other = nullptr;
+    cuStreamCreate(&other, CU_STREAM_NON_BLOCKING);
+    DeviceFloats a(500, [&](size_t i) { return val(r, i); });
+    DeviceFloats b(500);
+    DeviceFloats ra(500), rb(500);
+    // b is written on the other stream after a delay: the group must wait for it.
+    shoalFakeCudaStreamDelay(other, 300);
+    std::vector<float> hb(500);
+    for (size_t i = 0; i < 500; ++i) hb[i] = val(r, i) * 2;
+    cuMemcpyHtoDAsync(b.ptr, hb.data(), 500 * sizeof(float), other);
+    ncclGroupStart();
+    ncclAllReduce(a.at(), ra.at(), 500, ncclFloat, ncclSum, comm, s);
+    ncclAllReduce(b.at(), rb.at(), 500, ncclFloat, ncclSum, comm, other);
+    bad.expect(ncclGroupEnd() == ncclSuccess, "group end");
+    // A consumer on the other stream sees the group's result.
+    std::vector<float> host(500, -1.0f);
+    cuMemcpyDtoHAsync(host.data(), rb.ptr, 500 * sizeof(float), other);
+    cuStreamSynchronize(other);
+    cuStreamSynchronize(s);
+    for (size_t i = 0; i < 500; ++i)
+      bad.expect(host[i] == 2 * (val(0, i) + val(1, i)), "second stream's result element " + std::to_string(i));
+    std::vector<float> got = ra.read();
+    for (size_t i = 0; i < 500; ++i)
+      bad.expect(got[i] == val(0, i) + val(1, i), "first stream's result element " + std::to_string(i));
+    cuStreamDestroy(other);
+  });
+  INFO(bad.first);
+  CHECK(bad.count == 0);
+}
+
+TEST_CASE("a collective on a capturing stream is refused with ncclInvalidUsage", "[cudafake]") {
+  useDevice0();
+  CUstream s = newStream();
+  ncclUniqueId id;
+  NCCL_OK(ncclGetUniqueId(&id));
+  ncclComm_t comm = nullptr;
+  NCCL_OK(ncclCommInitRank(&comm, 1, id, 0));
+  DeviceFloats buf(64, [](size_t i) { return static_cast<float>(i); });
+  CU_OK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED));
+  CHECK(ncclAllReduce(buf.at(), buf.at(), 64, ncclFloat, ncclSum, comm, s) == ncclInvalidUsage);
+  std::string why = ncclGetLastError(comm);
+  INFO(why);
+  CHECK(why.find("captured into a CUDA graph") != std::string::npos);
+  CUgraph graph = nullptr;
+  CU_OK(cuStreamEndCapture(s, &graph));
+  if (graph) cuGraphDestroy(graph);
+  // Outside the capture it runs.
+  NCCL_OK(ncclAllReduce(buf.at(), buf.at(), 64, ncclFloat, ncclSum, comm, s));
+  CU_OK(cuStreamSynchronize(s));
+  CHECK(buf.read()[63] == 63.0f);
+  NCCL_OK(ncclCommDestroy(comm));
+  CU_OK(cuStreamDestroy(s));
+}
+
+// Processes: each rank a forked child with its own stand-in state.
+namespace {
+
+shoal::testing::MpResult forkedRanks(int n, const std::string& transport,
+                                     std::vector<std::pair<std::string, std::string>> env,
+                                     const std::function<int(shoal::testing::MpChild&, ncclComm_t, CUstream)>& body,
+                                     int hardLimitMs = 60000) {
+  shoal::testing::MpConfig cfg;
+  cfg.nranks = n;
+  cfg.hardLimitMs = hardLimitMs;
+  cfg.env = std::move(env);
+  cfg.env.emplace_back("SHOAL_TRANSPORT", transport);
+  return shoal::testing::runForked(cfg, [&](shoal::testing::MpChild& child) -> int {
+    if (cuInit(0) != CUDA_SUCCESS) return 10;
+    CUcontext ctx = nullptr;
+    if (cuDevicePrimaryCtxRetain(&ctx, 0) != CUDA_SUCCESS || cuCtxSetCurrent(ctx) != CUDA_SUCCESS) return 11;
+    CUstream s = nullptr;
+    if (cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) return 12;
+    ncclUniqueId id;
+    if (!child.uniqueId(&id)) return 13;
+    ncclComm_t comm = nullptr;
+    if (ncclCommInitRank(&comm, child.nranks(), id, child.rank()) != ncclSuccess) {
+      child.log(std::string("init: ") + ncclGetLastError(nullptr));
+      return 14;
+    }
+    int rc = body(child, comm, s);
+    child.barrier();
+    return rc;
+  });
+}
+
+}  // namespace
+
+TEST_CASE("every collective on device buffers as processes over shm and tcp", "[cudafake][mp]") {
+  for (const char* transport : {"shm", "tcp"})
+    for (int n : {2, 3}) {
+      auto result = forkedRanks(n, transport, {}, [&](shoal::testing::MpChild& child, ncclComm_t comm, CUstream s) {
+        Mismatches bad;
+        everyCollective(child.rank(), child.nranks(), comm, s, bad);
+        if (bad.count) child.log(bad.first);
+        cuStreamSynchronize(s);
+        ncclCommDestroy(comm);
+        return bad.count == 0 ? 0 : 1;
+      });
+      INFO(transport << " " << n << " ranks\n" << result.report());
+      CHECK(result.allPassed());
+    }
+}
+
+TEST_CASE("a stream delay longer than the no-progress deadline does not fail the job", "[cudafake][mp]") {
+  auto result = forkedRanks(2, "shm", {{"SHOAL_PROGRESS_TIMEOUT_MS", "300"}},
+                            [&](shoal::testing::MpChild& child, ncclComm_t comm, CUstream s) {
+    DeviceFloats send(1000, [&](size_t i) { return val(child.rank(), i); });
+    DeviceFloats recv(1000);
+    shoalFakeCudaStreamDelay(s, 1200);  // four deadlines
+    if (ncclAllReduce(send.at(), recv.at(), 1000, ncclFloat, ncclSum, comm, s) != ncclSuccess) return 2;
+    if (cuStreamSynchronize(s) != CUDA_SUCCESS) return 3;
+    ncclResult_t async = ncclSuccess;
+    ncclCommGetAsyncError(comm, &async);
+    if (async != ncclSuccess) {
+      child.log(std::string("async error: ") + ncclGetLastError(comm));
+      return 4;
+    }
+    std::vector<float> got = recv.read();
+    for (size_t i = 0; i < got.size(); ++i)
+      if (got[i] != val(0, i) + val(1, i)) return 5;
+    ncclCommDestroy(comm);
+    return 0;
+  });
+  INFO(result.report());
+  CHECK(result.allPassed());
+}
+
+TEST_CASE("a killed peer releases the stream within the deadline with the error in ncclCommGetAsyncError", "[cudafake][mp]") {
+  auto result = forkedRanks(2, "tcp", {{"SHOAL_PROGRESS_TIMEOUT_MS", "2000"}},
+                            [&](shoal::testing::MpChild& child, ncclComm_t comm, CUstream s) {
+    DeviceFloats buf(1000, [&](size_t i) { return val(child.rank(), i); });
+    if (ncclAllReduce(buf.at(), buf.at(), 1000, ncclFloat, ncclSum, comm, s) != ncclSuccess) return 2;
+    cuStreamSynchronize(s);
+    if (child.rank() == 1) {
+      child.barrier();
+      ::kill(::getpid(), SIGKILL);  // dies between collectives
+    }
+    child.barrier();
+    ::usleep(100000);
+    auto t0 = Clock::now();
+    if (ncclAllReduce(buf.at(), buf.at(), 1000, ncclFloat, ncclSum, comm, s) != ncclSuccess) return 3;
+    if (cuStreamSynchronize(s) != CUDA_SUCCESS) return 4;  // released, not stuck
+    double ms = msSince(t0);
+    ncclResult_t async = ncclSuccess;
+    ncclCommGetAsyncError(comm, &async);
+    std::string why = ncclGetLastError(comm);
+    child.log("stream released after " + std::to_string(ms) + " ms, async " + ncclGetErrorString(async) + ": " + why);
+    if (async == ncclSuccess || async == ncclInProgress) return 5;
+    if (ms > 15000) return 6;
+    ncclCommAbort(comm);
+    return 0;
+  });
+  INFO(result.report());
+  REQUIRE(result.ranks.size() == 2);
+  CHECK(result.ranks[0].exited);
+  CHECK(result.ranks[0].exitCode == 0);
+  CHECK(result.ranks[1].termSignal == SIGKILL);
+}
+
+TEST_CASE("ncclCommAbort releases a stream whose collective waits for a peer that never calls", "[cudafake]") {
+  useDevice0();
+  ncclUniqueId id;
+  NCCL_OK(ncclGetUniqueId(&id));
+  ncclComm_t comms[2] = {nullptr, nullptr};
+  NCCL_OK(ncclGroupStart());
+  for (int r = 0; r < 2; ++r) NCCL_OK(ncclCommInitRank(&comms[r], 2, id, r));
+  NCCL_OK(ncclGroupEnd());
+  CUstream s = newStream();
+  DeviceFloats buf(1000, [](size_t i) { return static_cast<float>(i); });
+  // Rank 0 calls, rank 1 never does: rank 0's stream waits in the collective.
+  NCCL_OK(ncclAllReduce(buf.at(), buf.at(), 1000, ncclFloat, ncclSum, comms[0], s));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  CHECK(cuStreamQuery(s) == CUDA_ERROR_NOT_READY);
+  auto t0 = Clock::now();
+  NCCL_OK(ncclCommAbort(comms[0]));
+  CU_OK(cuStreamSynchronize(s));
+  double ms = msSince(t0);
+  INFO("stream released " << ms << " ms after the abort");
+  CHECK(ms < 2000);
+  NCCL_OK(ncclCommDestroy(comms[1]));
+  CU_OK(cuStreamDestroy(s));
+}
+
+TEST_CASE("without stream memory operations the synchronous fallback is chosen - logged - and correct", "[cudafake][mp]") {
+  char logPath[] = "/tmp/shoal-cudafake-log-XXXXXX";
+  int fd = mkstemp(logPath);
+  REQUIRE(fd >= 0);
+  close(fd);
+  auto result = forkedRanks(2, "shm",
+                            {{"SHOAL_FAKECUDA_NO_MEMOPS", "1"}, {"NCCL_DEBUG", "INFO"},
+                             {"NCCL_DEBUG_SUBSYS", "INIT"}, {"NCCL_DEBUG_FILE", std::string(logPath) + ".%p"}},
+                            [&](shoal::testing::MpChild& child, ncclComm_t comm, CUstream s) {
+    Mismatches bad;
+    everyCollective(child.rank(), child.nranks(), comm, s, bad);
+    if (bad.count) child.log(bad.first);
+    ncclCommDestroy(comm);
+    return bad.count == 0 ? 0 : 1;
+  });
+  INFO(result.report());
+  CHECK(result.allPassed());
+  std::string log;
+  for (const auto& r : result.ranks) log += readFile(std::string(logPath) + "." + std::to_string(r.pid));
+  INFO(log);
+  CHECK(log.find("by synchronous (the device has no 64-bit stream memory operations)") != std::string::npos);
+  for (const auto& r : result.ranks) ::unlink((std::string(logPath) + "." + std::to_string(r.pid)).c_str());
+  ::unlink(logPath);
+}
+
+TEST_CASE("with stream memory operations they are chosen and logged", "[cudafake][mp]") {
+  char logPath[] = "/tmp/shoal-cudafake-log-XXXXXX";
+  int fd = mkstemp(logPath);
+  REQUIRE(fd >= 0);
+  close(fd);
+  auto result = forkedRanks(1, "shm",
+                            {{"NCCL_DEBUG", "INFO"}, {"NCCL_DEBUG_SUBSYS", "INIT"}, {"NCCL_DEBUG_FILE", logPath}},
+                            [&](shoal::testing::MpChild& child, ncclComm_t comm, CUstream s) {
+    DeviceFloats buf(10, [](size_t i) { return static_cast<float>(i); });
+    if (ncclAllReduce(buf.at(), buf.at(), 10, ncclFloat, ncclSum, comm, s) != ncclSuccess) return 1;
+    cuStreamSynchronize(s);
+    ncclCommDestroy(comm);
+    (void)child;
+    return 0;
+  });
+  INFO(result.report());
+  CHECK(result.allPassed());
+  std::string log = readFile(logPath);
+  INFO(log);
+  CHECK(log.find("by stream memory operations") != std::string::npos);
+  CHECK(log.find("CUDA device 0 (GPU-") != std::string::npos);
+  ::unlink(logPath);
+}

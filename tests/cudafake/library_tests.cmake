@@ -1,0 +1,32 @@
+# The library on device buffers, against the driver stand-in (label cudafake;
+# docs/cuda.md). Included after tests.cmake, which builds shoal_cudafake.
+#   cudafake_device_tests  links the stand-in, so the process "uses CUDA"
+#   cudafake_no_cuda_test  does not: the library must never load it
+# A fixed path for the stand-in (compiled into the tests that name it).
+set(SHOAL_CUDAFAKE_DIR ${PROJECT_BINARY_DIR}/tests/cudafake)
+set_target_properties(shoal_cudafake PROPERTIES LIBRARY_OUTPUT_DIRECTORY ${SHOAL_CUDAFAKE_DIR})
+set(SHOAL_CUDAFAKE_LIB ${SHOAL_CUDAFAKE_DIR}/libshoal_cudafake.so)
+
+add_executable(cudafake_device_tests ${CMAKE_CURRENT_LIST_DIR}/device_collectives_test.cc
+  ${PROJECT_SOURCE_DIR}/tests/support/mp_harness.cc)
+target_link_libraries(cudafake_device_tests PRIVATE shoal_static shoal_cudafake shoal_cuda_headers
+  shoal_catch_main Catch2::Catch2)
+target_include_directories(cudafake_device_tests PRIVATE ${PROJECT_SOURCE_DIR}/tests)
+catch_discover_tests(cudafake_device_tests PROPERTIES LABELS cudafake TIMEOUT 300
+  ENVIRONMENT "NCCL_SOCKET_IFNAME=lo")
+# catch_discover_tests passes one ENVIRONMENT entry intact (a second becomes a
+# property name): each test sets the rest itself, from these definitions.
+target_compile_definitions(cudafake_device_tests PRIVATE SHOAL_CUDAFAKE_LIB="${SHOAL_CUDAFAKE_LIB}")
+
+add_executable(cudafake_no_cuda_test ${CMAKE_CURRENT_LIST_DIR}/no_cuda_test.cc)
+target_link_libraries(cudafake_no_cuda_test PRIVATE shoal_static shoal_catch_main Catch2::Catch2)
+add_dependencies(cudafake_no_cuda_test shoal_cudafake)
+catch_discover_tests(cudafake_no_cuda_test PROPERTIES LABELS cudafake TIMEOUT 120
+  ENVIRONMENT "NCCL_SOCKET_IFNAME=lo")
+target_compile_definitions(cudafake_no_cuda_test PRIVATE SHOAL_CUDAFAKE_LIB="${SHOAL_CUDAFAKE_LIB}"
+  SHOAL_NO_CUDA_LOG="${SHOAL_CUDAFAKE_DIR}/no_cuda_test.log")
+
+# libnccl.so.2 names no CUDA library (it loads the driver at run time).
+add_test(NAME cudafake.no_cuda_needed
+  COMMAND sh -c "! readelf -d \"$1\" | grep NEEDED | grep -iE 'cuda|nvidia'" sh $<TARGET_FILE:nccl>)
+set_tests_properties(cudafake.no_cuda_needed PROPERTIES LABELS cudafake TIMEOUT 30)
