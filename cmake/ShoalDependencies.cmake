@@ -27,7 +27,10 @@ if(NOT SHOAL_WITH_CUDA STREQUAL "OFF")
     add_library(shoal_cuda_headers INTERFACE)
     target_include_directories(shoal_cuda_headers SYSTEM INTERFACE ${CUDAToolkit_INCLUDE_DIRS})
     target_compile_definitions(shoal_cuda_headers INTERFACE SHOAL_HAVE_CUDA=1)
-    message(STATUS "shoal: CUDA toolkit ${CUDAToolkit_VERSION} found: device-memory path built")
+    # nvcc compiles the wait kernel to PTX (optional: without it there is none).
+    find_program(SHOAL_NVCC nvcc HINTS ${CUDAToolkit_BIN_DIR})
+    message(STATUS "shoal: CUDA toolkit ${CUDAToolkit_VERSION} found: device-memory path built"
+      " (wait kernel: ${SHOAL_NVCC})")
   elseif(SHOAL_WITH_CUDA STREQUAL "ON")
     message(FATAL_ERROR "shoal: SHOAL_WITH_CUDA=ON but the CUDA toolkit was not found")
   else()

@@ -249,6 +249,8 @@ Status StreamBridge::copyOutputs(const Slot& slot, std::span<const OpRequest> op
 
 Status StreamBridge::enqueue(const Staged& staged, std::span<const OpRequest> ops) {
   Slot& slot = *slots_[staged.slot];
+  const cuda::WaitMode mode = waitMode();
+  slot.words[kSeqSource] = staged.seq;
   const std::vector<cuda::StreamHandle> streams = streamsOf(ops);
   cuda::StreamHandle lead = streams[0];
   std::vector<cuda::EventHandle> events;
@@ -264,10 +266,22 @@ Status StreamBridge::enqueue(const Staged& staged, std::span<const OpRequest> op
       SHOAL_TRY(driver_.streamWaitEvent(lead, e));
     }
     SHOAL_TRY(copyInputs(slot, ops, lead, /*async=*/true));
-    SHOAL_TRY(driver_.writeValueAsync(slot.words + kReady, staged.seq, lead));
-    SHOAL_TRY(driver_.waitValueAsync(slot.words + kDone, staged.seq, lead));
+    if (mode == cuda::WaitMode::kMemOps) {
+      SHOAL_TRY(driver_.writeValueAsync(slot.words + kReady, staged.seq, lead));
+      SHOAL_TRY(driver_.waitValueAsync(slot.words + kDone, staged.seq, lead));
+    } else {
+      // Without memory operations: the words are written by copies of the
+      // slot's sequence word (stable until the slot is released), and a
+      // one-thread kernel waits.
+      SHOAL_TRY(driver_.copyAsync(slot.words + kReady, slot.words + kSeqSource, sizeof(uint64_t), lead));
+      SHOAL_TRY(driver_.launchWait(slot.words + kDone, staged.seq, lead));
+    }
     SHOAL_TRY(copyOutputs(slot, ops, lead, /*async=*/true));
-    SHOAL_TRY(driver_.writeValueAsync(slot.words + kReleased, staged.seq, lead));
+    if (mode == cuda::WaitMode::kMemOps) {
+      SHOAL_TRY(driver_.writeValueAsync(slot.words + kReleased, staged.seq, lead));
+    } else {
+      SHOAL_TRY(driver_.copyAsync(slot.words + kReleased, slot.words + kSeqSource, sizeof(uint64_t), lead));
+    }
     // Every stream's later work comes after the outputs.
     if (streams.size() > 1) {
       SHOAL_ASSIGN_OR_RETURN(cuda::EventHandle e, driver_.createEvent());

@@ -63,8 +63,9 @@ class StreamBridge {
   // (zero-byte buffers stay null; buffers that overlap keep their relation,
   // so in-place calls stay in place).
   Result<Staged> stage(std::span<const OpRequest> ops, int rank, int nranks);
-  // Enqueues the staged operations on their streams (memory operations
-  // mode): inputs in, ready, wait for done, outputs out, released. Several
+  // Enqueues the staged operations on their streams (memory operations or
+  // wait kernel mode): inputs in, ready, wait for done, outputs out,
+  // released. Several
   // streams are joined to the first with events, and wait for it at the end.
   // On failure nothing is left waiting: the slot's done word is written.
   Status enqueue(const Staged& staged, std::span<const OpRequest> ops);
@@ -87,14 +88,14 @@ class StreamBridge {
     bool stagedScalar = false;
   };
   struct Slot {
-    uint64_t* words = nullptr;  // [0] ready, [1] done, [2] released
+    uint64_t* words = nullptr;  // [0] ready, [1] done, [2] released, [3] seq (copy source)
     uint8_t* staging = nullptr;
     uint64_t stagingBytes = 0;
     uint64_t seq = 0;
     bool busy = false;          // handed out; free again once words[2] >= seq
     std::vector<Placement> placements;
   };
-  static constexpr int kReady = 0, kDone = 1, kReleased = 2;
+  static constexpr int kReady = 0, kDone = 1, kReleased = 2, kSeqSource = 3;
   static constexpr uint64_t kWordsPerSlot = 8;  // one cache line each
   static constexpr uint64_t kSlotsPerPage = 64;
   static constexpr uint64_t kAlign = 256;       // as cudaMalloc aligns

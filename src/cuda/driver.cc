@@ -27,7 +27,12 @@ const char* memoryKindName(MemoryKind kind) {
 }
 
 const char* waitModeName(WaitMode mode) {
-  return mode == WaitMode::kMemOps ? "stream memory operations" : "synchronous";
+  switch (mode) {
+    case WaitMode::kMemOps: return "stream memory operations";
+    case WaitMode::kWaitKernel: return "a wait kernel";
+    case WaitMode::kSynchronous: return "synchronous";
+  }
+  return "?";
 }
 
 std::string DeviceIdentity::uuidText() const {
@@ -57,6 +62,7 @@ Status Driver::copyAsync(void*, const void*, size_t, StreamHandle) { return notB
 Status Driver::copy(void*, const void*, size_t) { return notBuilt(); }
 Status Driver::writeValueAsync(uint64_t*, uint64_t, StreamHandle) { return notBuilt(); }
 Status Driver::waitValueAsync(const uint64_t*, uint64_t, StreamHandle) { return notBuilt(); }
+Status Driver::launchWait(const uint64_t*, uint64_t, StreamHandle) { return notBuilt(); }
 Status Driver::synchronize(StreamHandle) { return notBuilt(); }
 Result<EventHandle> Driver::createEvent() { return notBuilt(); }
 void Driver::destroyEvent(EventHandle) {}
@@ -82,7 +88,7 @@ constexpr int kApiVersion = 12000;
   X(cuEventRecord) X(cuStreamWaitEvent) X(cuMemHostAlloc) X(cuMemFreeHost)               \
   X(cuMemHostGetDevicePointer) X(cuMemGetAllocationGranularity) X(cuMemCreate)           \
   X(cuMemRelease) X(cuMemAddressReserve) X(cuMemAddressFree) X(cuMemMap) X(cuMemUnmap)   \
-  X(cuMemSetAccess)
+  X(cuMemSetAccess) X(cuModuleLoadData) X(cuModuleGetFunction) X(cuLaunchKernel)
 
 struct Driver::Api {
 #define SHOAL_CUDA_FIELD(name) decltype(&::name) name = nullptr;
@@ -91,12 +97,15 @@ struct Driver::Api {
 
   std::mutex mutex;  // guards the maps below
   std::map<int, WaitMode> waitModes;
+  std::map<CUcontext, CUfunction> waitKernels;  // loaded per context
   struct DeviceAllocation {
     size_t bytes;
     CUmemGenericAllocationHandle handle;
   };
   std::map<uintptr_t, DeviceAllocation> deviceAllocations;
 };
+
+extern const char kWaitKernelPtx[];  // wait_kernel.cu as PTX; empty without nvcc
 
 namespace {
 
@@ -210,27 +219,68 @@ Result<std::optional<DeviceIdentity>> Driver::currentDevice() {
   return std::optional<DeviceIdentity>(id);
 }
 
+// The wait kernel of the calling thread's context, loaded on first use.
+// Caller holds api.mutex.
+static Result<CUfunction> waitKernelLocked(Driver::Api& api) {
+  CUcontext ctx = nullptr;
+  CUresult rc = api.cuCtxGetCurrent(&ctx);
+  if (rc != CUDA_SUCCESS) return cudaError(api, "cuCtxGetCurrent", rc);
+  if (ctx == nullptr) return error(Code::kInvalidUsage, "no CUDA context is current");
+  auto it = api.waitKernels.find(ctx);
+  if (it != api.waitKernels.end()) return it->second;
+  if (kWaitKernelPtx[0] == '\0') return error(Code::kUnsupported, "built without nvcc: no wait kernel");
+  CUmodule module = nullptr;
+  rc = api.cuModuleLoadData(&module, kWaitKernelPtx);
+  if (rc != CUDA_SUCCESS) return cudaError(api, "cuModuleLoadData (wait kernel)", rc);
+  CUfunction fn = nullptr;
+  rc = api.cuModuleGetFunction(&fn, module, "shoal_wait_u64");
+  if (rc != CUDA_SUCCESS) return cudaError(api, "cuModuleGetFunction (shoal_wait_u64)", rc);
+  api.waitKernels[ctx] = fn;  // the module lives as long as the context
+  return fn;
+}
+
+// The first of the modes, from `from` down, that the device supports.
+static WaitMode chooseWaitMode(Driver::Api& api, int device, WaitMode from, std::string& why) {
+  if (from == WaitMode::kMemOps) {
+    int memOps = 0;
+    CUresult rc = api.cuDeviceGetAttribute(
+        &memOps, CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS, static_cast<CUdevice>(device));
+    if (rc == CUDA_SUCCESS && memOps) {
+      why = "the device has 64-bit stream memory operations";
+      return WaitMode::kMemOps;
+    }
+    why = "the device has no 64-bit stream memory operations";
+  }
+  if (from != WaitMode::kSynchronous) {
+    Result<CUfunction> kernel = waitKernelLocked(api);
+    if (kernel.isOk()) {
+      why += str(why.empty() ? "" : ", ", "the wait kernel loaded");
+      return WaitMode::kWaitKernel;
+    }
+    why += str(why.empty() ? "" : "; ", "no wait kernel: ", kernel.status().message());
+  }
+  return WaitMode::kSynchronous;
+}
+
 WaitMode Driver::waitMode(int device) {
   std::lock_guard<std::mutex> lock(api_->mutex);
   auto it = api_->waitModes.find(device);
   if (it != api_->waitModes.end()) return it->second;
   const std::string& want = params().cudaWait;
-  WaitMode mode = WaitMode::kSynchronous;
+  WaitMode from = WaitMode::kMemOps;
   std::string why;
   if (want == "sync") {
+    from = WaitMode::kSynchronous;
     why = "SHOAL_CUDA_WAIT=sync";
-  } else {
-    int memOps = 0;
-    CUresult rc = api_->cuDeviceGetAttribute(
-        &memOps, CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS, static_cast<CUdevice>(device));
-    if (rc == CUDA_SUCCESS && memOps) {
-      mode = WaitMode::kMemOps;
-      why = "the device has 64-bit stream memory operations";
-    } else {
-      why = "the device has no 64-bit stream memory operations";
-      if (want == "memops") SHOAL_WARN("CUDA: SHOAL_CUDA_WAIT=memops, but device ", device, " has none");
-    }
+  } else if (want == "kernel") {
+    from = WaitMode::kWaitKernel;
+    why = "SHOAL_CUDA_WAIT=kernel";
+  } else if (want != "auto" && want != "memops") {
+    SHOAL_WARN("CUDA: SHOAL_CUDA_WAIT=", want, " is not auto, memops, kernel or sync: auto");
   }
+  WaitMode mode = chooseWaitMode(*api_, device, from, why);
+  if ((want == "memops" && mode != WaitMode::kMemOps) || (want == "kernel" && mode != WaitMode::kWaitKernel))
+    SHOAL_WARN("CUDA: SHOAL_CUDA_WAIT=", want, " cannot be honoured on device ", device, ": ", why);
   api_->waitModes[device] = mode;
   SHOAL_INFO(subsys::kInit, "CUDA: device ", device, ": streams hand operations to Shoal by ",
              waitModeName(mode), " (", why, ")");
@@ -239,9 +289,26 @@ WaitMode Driver::waitMode(int device) {
 
 void Driver::memOpsUnsupported(int device) {
   std::lock_guard<std::mutex> lock(api_->mutex);
-  api_->waitModes[device] = WaitMode::kSynchronous;
-  SHOAL_INFO(subsys::kInit, "CUDA: device ", device,
-             ": a stream memory operation was refused as unsupported: synchronous from now on");
+  std::string why = "a stream memory operation was refused as unsupported";
+  WaitMode mode = chooseWaitMode(*api_, device, WaitMode::kWaitKernel, why);
+  api_->waitModes[device] = mode;
+  SHOAL_INFO(subsys::kInit, "CUDA: device ", device, ": ", why, ": ", waitModeName(mode),
+             " from now on");
+}
+
+Status Driver::launchWait(const uint64_t* word, uint64_t value, StreamHandle stream) {
+  CUfunction fn = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(api_->mutex);
+    SHOAL_ASSIGN_OR_RETURN(fn, waitKernelLocked(*api_));
+  }
+  CUdeviceptr at = 0;
+  SHOAL_CU(cuMemHostGetDevicePointer(&at, const_cast<uint64_t*>(word), 0));
+  unsigned long long target = value;
+  CUdeviceptr noAbort = 0;  // the engine releases the word itself on abort
+  void* args[] = {&at, &target, &noAbort};
+  SHOAL_CU(cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, static_cast<CUstream>(stream), args, nullptr));
+  return Status::ok();
 }
 
 Result<bool> Driver::isCapturing(StreamHandle stream) {

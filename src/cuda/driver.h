@@ -48,6 +48,7 @@ struct DeviceIdentity {
 // How a stream and the engine hand a job over (docs/cuda.md).
 enum class WaitMode : uint8_t {
   kMemOps,       // cuStreamWriteValue64 / cuStreamWaitValue64 on pinned words
+  kWaitKernel,   // words copied by cuMemcpyAsync; a one-thread kernel waits
   kSynchronous,  // the caller synchronizes its stream and runs the job itself
 };
 const char* waitModeName(WaitMode mode);
@@ -65,11 +66,14 @@ class Driver {
   // The device of the context current on the calling thread; nullopt when no
   // context is current.
   Result<std::optional<DeviceIdentity>> currentDevice();
-  // How stream-ordered jobs synchronize with the engine on `device`: stream
-  // memory operations where the device has them (SHOAL_CUDA_WAIT may ask for
-  // less), else synchronous. Logged once per device at INFO.
+  // How stream-ordered jobs synchronize with the engine on `device`, the
+  // first that works of: stream memory operations, the wait kernel,
+  // synchronous (SHOAL_CUDA_WAIT may start lower). Decided on the calling
+  // thread with the device's context current (the kernel is loaded then, not
+  // at a later first launch); logged once per device at INFO.
   WaitMode waitMode(int device);
-  // A memory operation failed as unsupported: later jobs on the device go synchronous.
+  // A memory operation failed as unsupported: later jobs on the device use
+  // the next mode.
   void memOpsUnsupported(int device);
 
   Result<bool> isCapturing(StreamHandle stream);
@@ -80,6 +84,9 @@ class Driver {
   // (int64_t)(*word - value) >= 0 before running later work.
   Status writeValueAsync(uint64_t* word, uint64_t value, StreamHandle stream);
   Status waitValueAsync(const uint64_t* word, uint64_t value, StreamHandle stream);
+  // The wait kernel: the stream's later work waits until
+  // (int64_t)(*word - value) >= 0 (waitMode kWaitKernel only).
+  Status launchWait(const uint64_t* word, uint64_t value, StreamHandle stream);
   Status synchronize(StreamHandle stream);
 
   Result<EventHandle> createEvent();

@@ -23,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/params.h"
 #include "cudafake/fake_cuda.h"
 #include "support/mp_harness.h"
 
@@ -521,7 +522,9 @@ TEST_CASE("a killed peer releases the stream within the deadline with the error 
   CHECK(result.ranks[1].termSignal == SIGKILL);
 }
 
-TEST_CASE("ncclCommAbort releases a stream whose collective waits for a peer that never calls", "[cudafake]") {
+namespace {
+
+void abortReleasesStream() {
   useDevice0();
   ncclUniqueId id;
   NCCL_OK(ncclGetUniqueId(&id));
@@ -545,29 +548,82 @@ TEST_CASE("ncclCommAbort releases a stream whose collective waits for a peer tha
   CU_OK(cuStreamDestroy(s));
 }
 
-TEST_CASE("without stream memory operations the synchronous fallback is chosen - logged - and correct", "[cudafake][mp]") {
+}  // namespace
+
+TEST_CASE("ncclCommAbort releases a stream whose collective waits for a peer that never calls", "[cudafake]") {
+  abortReleasesStream();
+}
+
+TEST_CASE("ncclCommAbort releases a stream waiting in the wait kernel", "[cudafake]") {
+  // This process's first device operation decides the mode (ctest runs each
+  // case in a process of its own).
+  setenv("SHOAL_CUDA_WAIT", "kernel", 1);
+  shoal::reloadParams();
+  const auto launchesBefore = shoalFakeCudaCallCount("cuLaunchKernel");
+  abortReleasesStream();
+  CHECK(shoalFakeCudaCallCount("cuLaunchKernel") > launchesBefore);
+}
+
+namespace {
+
+// Every collective at 2 processes over shm with the stand-in's knobs `env`,
+// a stream delay too; returns the ranks' INFO logs.
+std::string fallbackRun(std::vector<std::pair<std::string, std::string>> env, int64_t& kernelLaunches) {
   char logPath[] = "/tmp/shoal-cudafake-log-XXXXXX";
   int fd = mkstemp(logPath);
   REQUIRE(fd >= 0);
   close(fd);
-  auto result = forkedRanks(2, "shm",
-                            {{"SHOAL_FAKECUDA_NO_MEMOPS", "1"}, {"NCCL_DEBUG", "INFO"},
-                             {"NCCL_DEBUG_SUBSYS", "INIT"}, {"NCCL_DEBUG_FILE", std::string(logPath) + ".%p"}},
-                            [&](shoal::testing::MpChild& child, ncclComm_t comm, CUstream s) {
+  env.emplace_back("NCCL_DEBUG", "INFO");
+  env.emplace_back("NCCL_DEBUG_SUBSYS", "INIT");
+  env.emplace_back("NCCL_DEBUG_FILE", std::string(logPath) + ".%p");
+  auto result = forkedRanks(2, "shm", env, [&](shoal::testing::MpChild& child, ncclComm_t comm, CUstream s) {
     Mismatches bad;
     everyCollective(child.rank(), child.nranks(), comm, s, bad);
+    DeviceFloats late(100, [&](size_t i) { return val(child.rank(), i); });
+    shoalFakeCudaStreamDelay(s, 200);
+    bad.expect(ncclAllReduce(late.at(), late.at(), 100, ncclFloat, ncclSum, comm, s) == ncclSuccess, "delayed call");
+    cuStreamSynchronize(s);
+    std::vector<float> got = late.read();
+    for (size_t i = 0; i < got.size(); ++i)
+      bad.expect(got[i] == val(0, i) + val(1, i), "delayed AllReduce element " + std::to_string(i));
     if (bad.count) child.log(bad.first);
+    child.log("kernel launches " + std::to_string(shoalFakeCudaCallCount("cuLaunchKernel")));
     ncclCommDestroy(comm);
     return bad.count == 0 ? 0 : 1;
   });
   INFO(result.report());
   CHECK(result.allPassed());
+  kernelLaunches = 0;
+  for (const auto& r : result.ranks) {
+    size_t at = r.log.find("kernel launches ");
+    if (at != std::string::npos) kernelLaunches += std::atoll(r.log.c_str() + at + 16);
+  }
   std::string log;
-  for (const auto& r : result.ranks) log += readFile(std::string(logPath) + "." + std::to_string(r.pid));
-  INFO(log);
-  CHECK(log.find("by synchronous (the device has no 64-bit stream memory operations)") != std::string::npos);
-  for (const auto& r : result.ranks) ::unlink((std::string(logPath) + "." + std::to_string(r.pid)).c_str());
+  for (const auto& r : result.ranks) {
+    std::string path = std::string(logPath) + "." + std::to_string(r.pid);
+    log += readFile(path);
+    ::unlink(path.c_str());
+  }
   ::unlink(logPath);
+  return log;
+}
+
+}  // namespace
+
+TEST_CASE("without stream memory operations the wait kernel is chosen - logged - and correct", "[cudafake][mp]") {
+  int64_t launches = 0;
+  std::string log = fallbackRun({{"SHOAL_FAKECUDA_NO_MEMOPS", "1"}}, launches);
+  INFO(log);
+  CHECK(log.find("by a wait kernel (the device has no 64-bit stream memory operations, the wait kernel loaded)") != std::string::npos);
+  CHECK(launches > 0);
+}
+
+TEST_CASE("without stream memory operations or kernels the synchronous fallback is chosen - logged - and correct", "[cudafake][mp]") {
+  int64_t launches = 0;
+  std::string log = fallbackRun({{"SHOAL_FAKECUDA_NO_MEMOPS", "1"}, {"SHOAL_FAKECUDA_NO_KERNELS", "1"}}, launches);
+  INFO(log);
+  CHECK(log.find("by synchronous (the device has no 64-bit stream memory operations; no wait kernel") != std::string::npos);
+  CHECK(launches == 0);
 }
 
 TEST_CASE("with stream memory operations they are chosen and logged", "[cudafake][mp]") {
