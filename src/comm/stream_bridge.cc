@@ -120,7 +120,42 @@ void StreamBridge::reclaim() {
   }
 }
 
+void StreamBridge::throttle(uint64_t stagingBytes) {
+  // Staging held by operations still on their streams, and what this one
+  // needs, stay within the bound: wait for earlier operations to leave their
+  // slots (their streams and the engine move on without this thread). The
+  // wait is bounded, so a stream held back by later work of this thread (an
+  // event it has yet to record) costs time, not a hang: after it the
+  // staging goes over the bound, said once at INFO.
+  const auto limit = static_cast<uint64_t>(std::max<int64_t>(params().cudaStagingBytes, 0));
+  auto busyBytes = [&] {
+    uint64_t bytes = 0;
+    for (const auto& slot : slots_)
+      if (slot->busy) bytes += slot->stagingBytes;
+    return bytes;
+  };
+  if (busyBytes() == 0 || busyBytes() + stagingBytes <= limit) return;
+  Deadline deadline = Deadline::afterMs(kThrottleMs);
+  Backoff backoff;
+  while (true) {
+    reclaim();
+    const uint64_t busy = busyBytes();
+    if (busy == 0 || busy + stagingBytes <= limit) return;
+    if (deadline.expired()) {
+      if (!overBoundLogged_) {
+        overBoundLogged_ = true;
+        SHOAL_INFO(subsys::kAlloc, "CUDA: operations still on their streams hold ", busy,
+                   " bytes of staging; this one adds ", stagingBytes, ", over SHOAL_CUDA_STAGING_BYTES=",
+                   limit, " (the streams are more than ", kThrottleMs, " ms behind)");
+      }
+      return;
+    }
+    backoff.pause();
+  }
+}
+
 Result<size_t> StreamBridge::takeSlot(uint64_t stagingBytes) {
+  throttle(stagingBytes);
   reclaim();
   // The idle slot whose staging fits best; else the idle slot with the most.
   size_t best = slots_.size();

@@ -100,6 +100,11 @@ class StreamBridge {
   static constexpr uint64_t kSlotsPerPage = 64;
   static constexpr uint64_t kAlign = 256;       // as cudaMalloc aligns
 
+  // Waits (at most kThrottleMs) while the staging of operations still on
+  // their streams plus stagingBytes exceeds SHOAL_CUDA_STAGING_BYTES.
+  void throttle(uint64_t stagingBytes);
+  static constexpr int64_t kThrottleMs = 2000;
+  bool overBoundLogged_ = false;
   Result<size_t> takeSlot(uint64_t stagingBytes);
   void reclaim();
   Status newDoorbellPage();

@@ -452,7 +452,7 @@ shoal::testing::MpResult forkedRanks(int n, const std::string& transport,
 
 TEST_CASE("every collective on device buffers as processes over shm and tcp", "[cudafake][mp]") {
   for (const char* transport : {"shm", "tcp"})
-    for (int n : {2, 3}) {
+    for (int n : {2, 3, 4}) {
       auto result = forkedRanks(n, transport, {}, [&](shoal::testing::MpChild& child, ncclComm_t comm, CUstream s) {
         Mismatches bad;
         everyCollective(child.rank(), child.nranks(), comm, s, bad);
@@ -648,4 +648,66 @@ TEST_CASE("with stream memory operations they are chosen and logged", "[cudafake
   CHECK(log.find("by stream memory operations") != std::string::npos);
   CHECK(log.find("CUDA device 0 (GPU-") != std::string::npos);
   ::unlink(logPath);
+}
+
+TEST_CASE("the no-progress deadline releases a stream whose peer never calls", "[cudafake][mp]") {
+  auto result = forkedRanks(2, "shm", {{"SHOAL_PROGRESS_TIMEOUT_MS", "500"}},
+                            [&](shoal::testing::MpChild& child, ncclComm_t comm, CUstream s) {
+    if (child.rank() == 1) return 0;  // never calls; stays until rank 0 is done (barrier)
+    DeviceFloats buf(1000, [](size_t i) { return static_cast<float>(i); });
+    auto t0 = Clock::now();
+    if (ncclAllReduce(buf.at(), buf.at(), 1000, ncclFloat, ncclSum, comm, s) != ncclSuccess) return 2;
+    if (cuStreamSynchronize(s) != CUDA_SUCCESS) return 3;
+    double ms = msSince(t0);
+    ncclResult_t async = ncclSuccess;
+    ncclCommGetAsyncError(comm, &async);
+    child.log("stream released after " + std::to_string(ms) + " ms, async " + ncclGetErrorString(async));
+    if (async == ncclSuccess || async == ncclInProgress) return 4;
+    if (ms > 10000) return 5;
+    ncclCommAbort(comm);
+    return 0;
+  });
+  INFO(result.report());
+  CHECK(result.allPassed());
+}
+
+TEST_CASE("staging stays within SHOAL_CUDA_STAGING_BYTES between operations and is freed with the communicator", "[cudafake]") {
+  setenv("SHOAL_CUDA_STAGING_BYTES", "1048576", 1);
+  shoal::reloadParams();
+  useDevice0();
+  CUstream s = newStream();
+  DeviceFloats big(4u << 20, [](size_t i) { return static_cast<float>(i % 100); });  // 16 MiB
+  DeviceFloats small(16, [](size_t i) { return static_cast<float>(i); });
+  const int allocationsBefore = shoalFakeCudaLiveAllocations();
+  ncclUniqueId id;
+  NCCL_OK(ncclGetUniqueId(&id));
+  ncclComm_t comm = nullptr;
+  NCCL_OK(ncclCommInitRank(&comm, 1, id, 0));
+  // Registration of device memory is accepted (and only recorded).
+  void* handle = nullptr;
+  NCCL_OK(ncclCommRegister(comm, big.at(), big.n * sizeof(float), &handle));
+  // Twenty 16 MiB calls queued behind a slow stream: each needs 16 MiB of
+  // staging, more than the bound, so each waits until the one before has
+  // left its slot rather than pinning 320 MiB.
+  shoalFakeCudaStreamDelay(s, 200);
+  int mostAllocations = 0;
+  for (int round = 0; round < 20; ++round) {
+    NCCL_OK(ncclAllReduce(big.at(), big.at(), big.n, ncclFloat, ncclSum, comm, s));
+    mostAllocations = std::max(mostAllocations, shoalFakeCudaLiveAllocations());
+  }
+  CU_OK(cuStreamSynchronize(s));
+  CHECK(big.read()[99] == 99.0f);
+  INFO("most live allocations while queued: " << mostAllocations);
+  CHECK(mostAllocations <= allocationsBefore + 3);
+  // One more call reclaims: the 16 MiB slot is over the 1 MiB bound and goes.
+  NCCL_OK(ncclAllReduce(small.at(), small.at(), 16, ncclFloat, ncclSum, comm, s));
+  CU_OK(cuStreamSynchronize(s));
+  const int allocationsDuring = shoalFakeCudaLiveAllocations();
+  INFO("live stand-in allocations: before " << allocationsBefore << ", between operations "
+                                             << allocationsDuring);
+  CHECK(allocationsDuring <= allocationsBefore + 3);  // doorbell page + at most two small slots
+  NCCL_OK(ncclCommDeregister(comm, handle));
+  NCCL_OK(ncclCommDestroy(comm));
+  CHECK(shoalFakeCudaLiveAllocations() == allocationsBefore);
+  CU_OK(cuStreamDestroy(s));
 }
