@@ -208,6 +208,15 @@ void everyCollective(int r, int n, ncclComm_t comm, CUstream s, Mismatches& bad)
   }
 }
 
+// A one-rank communicator made with device 0 current (a device communicator).
+ncclComm_t soloComm() {
+  ncclUniqueId id;
+  NCCL_OK(ncclGetUniqueId(&id));
+  ncclComm_t comm = nullptr;
+  NCCL_OK(ncclCommInitRank(&comm, 1, id, 0));
+  return comm;
+}
+
 std::string readFile(const std::string& path) {
   std::ifstream in(path);
   std::stringstream ss;
@@ -220,10 +229,7 @@ std::string readFile(const std::string& path) {
 TEST_CASE("device pointers go to the stream path - host pointers stay on the host path - mixing them is an invalid argument", "[cudafake]") {
   useDevice0();
   CUstream s = newStream();
-  ncclUniqueId id;
-  NCCL_OK(ncclGetUniqueId(&id));
-  ncclComm_t comm = nullptr;
-  NCCL_OK(ncclCommInitRank(&comm, 1, id, 0));
+  ncclComm_t comm = soloComm();
   int dev = -1;
   NCCL_OK(ncclCommCuDevice(comm, &dev));
   CHECK(dev == 0);
@@ -396,10 +402,7 @@ TEST_CASE("a group with operations on two streams is ordered after both and befo
 TEST_CASE("a collective on a capturing stream is refused with ncclInvalidUsage", "[cudafake]") {
   useDevice0();
   CUstream s = newStream();
-  ncclUniqueId id;
-  NCCL_OK(ncclGetUniqueId(&id));
-  ncclComm_t comm = nullptr;
-  NCCL_OK(ncclCommInitRank(&comm, 1, id, 0));
+  ncclComm_t comm = soloComm();
   DeviceFloats buf(64, [](size_t i) { return static_cast<float>(i); });
   CU_OK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED));
   CHECK(ncclAllReduce(buf.at(), buf.at(), 64, ncclFloat, ncclSum, comm, s) == ncclInvalidUsage);
@@ -679,10 +682,7 @@ TEST_CASE("staging stays within SHOAL_CUDA_STAGING_BYTES between operations and 
   DeviceFloats big(4u << 20, [](size_t i) { return static_cast<float>(i % 100); });  // 16 MiB
   DeviceFloats small(16, [](size_t i) { return static_cast<float>(i); });
   const int allocationsBefore = shoalFakeCudaLiveAllocations();
-  ncclUniqueId id;
-  NCCL_OK(ncclGetUniqueId(&id));
-  ncclComm_t comm = nullptr;
-  NCCL_OK(ncclCommInitRank(&comm, 1, id, 0));
+  ncclComm_t comm = soloComm();
   // Registration of device memory is accepted (and only recorded).
   void* handle = nullptr;
   NCCL_OK(ncclCommRegister(comm, big.at(), big.n * sizeof(float), &handle));
