@@ -13,4 +13,4 @@ cmake --build build-nocuda -j"$(nproc)" --target nccl
 export NCCL_SOCKET_IFNAME=lo FI_TCP_IFACE=lo
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 cd build
-ctest --output-on-failure --timeout 900 "$@"
+ctest --output-on-failure --no-tests=error --timeout 900 "$@"

@@ -12,7 +12,7 @@ add_executable(cudafake_device_tests ${CMAKE_CURRENT_LIST_DIR}/device_collective
 target_link_libraries(cudafake_device_tests PRIVATE shoal_static shoal_cudafake shoal_cuda_headers
   shoal_catch_main Catch2::Catch2)
 target_include_directories(cudafake_device_tests PRIVATE ${PROJECT_SOURCE_DIR}/tests)
-catch_discover_tests(cudafake_device_tests PROPERTIES LABELS cudafake TIMEOUT 300
+catch_discover_tests(cudafake_device_tests EXTRA_ARGS -w NoTests PROPERTIES LABELS cudafake TIMEOUT 300
   ENVIRONMENT "NCCL_SOCKET_IFNAME=lo")
 # catch_discover_tests passes one ENVIRONMENT entry intact (a second becomes a
 # property name): each test sets the rest itself, from these definitions.
@@ -21,7 +21,7 @@ target_compile_definitions(cudafake_device_tests PRIVATE SHOAL_CUDAFAKE_LIB="${S
 add_executable(cudafake_no_cuda_test ${CMAKE_CURRENT_LIST_DIR}/no_cuda_test.cc)
 target_link_libraries(cudafake_no_cuda_test PRIVATE shoal_static shoal_catch_main Catch2::Catch2)
 add_dependencies(cudafake_no_cuda_test shoal_cudafake)
-catch_discover_tests(cudafake_no_cuda_test PROPERTIES LABELS cudafake TIMEOUT 120
+catch_discover_tests(cudafake_no_cuda_test EXTRA_ARGS -w NoTests PROPERTIES LABELS cudafake TIMEOUT 120
   ENVIRONMENT "NCCL_SOCKET_IFNAME=lo")
 target_compile_definitions(cudafake_no_cuda_test PRIVATE SHOAL_CUDAFAKE_LIB="${SHOAL_CUDAFAKE_LIB}"
   SHOAL_NO_CUDA_LOG="${SHOAL_CUDAFAKE_DIR}/no_cuda_test.log")

@@ -28,4 +28,4 @@ target_link_libraries(cudafake_selftest PRIVATE shoal_cudafake shoal_catch_main 
 if(TARGET shoal_warnings)
   target_link_libraries(cudafake_selftest PRIVATE shoal_warnings)
 endif()
-catch_discover_tests(cudafake_selftest PROPERTIES LABELS cudafake TIMEOUT 120)
+catch_discover_tests(cudafake_selftest EXTRA_ARGS -w NoTests PROPERTIES LABELS cudafake TIMEOUT 120)

@@ -936,7 +936,7 @@ bool sendCompletes(Connection& sender, ConnPair& driver, int64_t ms) {
   return false;
 }
 
-TEST_CASE("ofi over tcp;ofi_rxm: parts above SHOAL_OFI_CLEAR_TO_SEND_BYTES wait for their receive", "[ofi]") {
+TEST_CASE("ofi over tcp+ofi_rxm: parts above SHOAL_OFI_CLEAR_TO_SEND_BYTES wait for their receive", "[ofi]") {
   // rxm would otherwise take a part that arrives before its receive into
   // memory of its own (decision 0011). A wait longer than the test makes the
   // hold deterministic; nothing receives x's messages until the end.
@@ -960,7 +960,7 @@ TEST_CASE("ofi over tcp;ofi_rxm: parts above SHOAL_OFI_CLEAR_TO_SEND_BYTES wait 
   REQUIRE(bigIn == bigOut);
 }
 
-TEST_CASE("ofi over tcp;ofi_rxm: a part whose clear-to-send is late goes without it, the late one is dropped",
+TEST_CASE("ofi over tcp+ofi_rxm: a part whose clear-to-send is late goes without it, the late one is dropped",
           "[ofi]") {
   // The wait is for speed only (SHOAL_OFI_CLEAR_TO_SEND_WAIT_MS): after it the
   // part goes; the clearance the receiver sends once it posts the receive

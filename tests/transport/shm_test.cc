@@ -266,7 +266,7 @@ TEST_CASE("shm a peer that exits with operations pending is an error naming it",
   CHECK_THAT(s.message(), Catch::Contains("rank 0") && Catch::Contains("has exited"));
 }
 
-TEST_CASE("shm memory: pre-touching pages keeps every byte; shared allocations start zeroed and map alike",
+TEST_CASE("shm memory: pre-touching pages keeps every byte - shared allocations start zeroed and map alike",
           "[shm]") {
   constexpr size_t kBytes = 5 * 4096 + 123;  // pages and a tail
   std::vector<uint8_t> data(kBytes);
@@ -316,13 +316,14 @@ TEST_CASE("shm canConnect needs the same host and boot and another process", "[s
   }
 }
 
-TEST_CASE("PeerInfo carries the kernel id; ranks on one kernel are told apart from other hosts", "[shm]") {
+TEST_CASE("PeerInfo carries the kernel id - ranks on one kernel are told apart from other hosts", "[shm]") {
   PeerInfo a;
   a.rank = 3;
   a.hostname = "node0";
   a.hostId = "node0";
   a.processId = 77;
   a.kernelId = "b00t-1d";
+  a.gpu = "GPU-00000000-0000-0000-0000-000000000001";
   a.addresses = {{"tcp", "10.0.0.1:5"}, {"ofi", "xyz"}};
   Result<PeerInfo> back = PeerInfo::deserialize(a.serialize());
   REQUIRE(back.isOk());
@@ -330,10 +331,19 @@ TEST_CASE("PeerInfo carries the kernel id; ranks on one kernel are told apart fr
   CHECK(back->hostId == "node0");
   CHECK(back->processId == 77);
   CHECK(back->kernelId == "b00t-1d");
+  CHECK(back->gpu == a.gpu);
   CHECK(back->addresses == a.addresses);
+  // A record from a writer that knew no GPU (it ends after the kernel id)
+  // reads as a host rank.
+  std::string noGpu = a.serialize();
+  noGpu.resize(noGpu.size() - sizeof(uint32_t) - a.gpu.size());
+  Result<PeerInfo> noGpuBack = PeerInfo::deserialize(noGpu);
+  REQUIRE(noGpuBack.isOk());
+  CHECK(noGpuBack->kernelId == "b00t-1d");
+  CHECK(noGpuBack->gpu.empty());
   // A record from a writer that had no kernel id (it ends after the
   // addresses) reads as none, and none is never the same kernel.
-  std::string old = a.serialize();
+  std::string old = noGpu;
   old.resize(old.size() - sizeof(uint32_t) - a.kernelId.size());
   Result<PeerInfo> oldBack = PeerInfo::deserialize(old);
   REQUIRE(oldBack.isOk());

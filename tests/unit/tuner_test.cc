@@ -396,7 +396,7 @@ TEST_CASE("print the golden table", "[.print]") {
 
 // ---- cost model properties ----------------------------------------------------
 
-TEST_CASE("copy links never gain from channels; the network does", "[unit][tuner]") {
+TEST_CASE("copy links never gain from channels - the network does", "[unit][tuner]") {
   const RankView view = viewOf(4);
   for (uint64_t bytes : kSizes) {
     auto shm = makeTuner(summary(1, 4, LinkClass::kShm, LinkClass::kNet, smallMachine(64)));
@@ -410,7 +410,7 @@ TEST_CASE("copy links never gain from channels; the network does", "[unit][tuner
   CHECK(busy->choose(shapeOf(CollKind::kAllReduce, 256 * MiB), view)->params.channels == 1);
 }
 
-TEST_CASE("shm segments fit the cache share; no cache means large segments", "[unit][tuner]") {
+TEST_CASE("shm segments fit the cache share - no cache means large segments", "[unit][tuner]") {
   const RankView view = viewOf(4);
   auto cached = makeTuner(summary(1, 4, LinkClass::kShm, LinkClass::kNet, smallMachine(4)));
   uint64_t segment = cached->choose(shapeOf(CollKind::kAllReduce, 256 * MiB), view)->params.segmentBytes;
@@ -422,7 +422,7 @@ TEST_CASE("shm segments fit the cache share; no cache means large segments", "[u
         4 * MiB);
 }
 
-TEST_CASE("across nodes an AllReduce ring keeps its pieces in the L2; ReduceScatter and AllGather do not need to",
+TEST_CASE("across nodes an AllReduce ring keeps its pieces in the L2 - ReduceScatter and AllGather do not need to",
           "[unit][tuner]") {
   // 2 nodes x 1 rank, the development VM's shape: a 1 MiB L2 and an L3 so
   // large (a hypervisor reporting the host's) that it must not count for
@@ -593,7 +593,7 @@ TEST_CASE("decompose counts the messages that cross the network apart from those
   CHECK(flat.messages > split.messages);
 }
 
-TEST_CASE("oversubscribed nodes prefer fewer rounds; peer reads wait on every peer", "[unit][tuner]") {
+TEST_CASE("oversubscribed nodes prefer fewer rounds - peer reads wait on every peer", "[unit][tuner]") {
   // Registry estimates: a peer_read round waits on all p - 1 peers.
   const AlgorithmEntry* peerRead = findAlgorithm(CollKind::kAllReduce, "peer_read");
   const AlgorithmEntry* rd = findAlgorithm(CollKind::kAllReduce, "recursive_doubling");
