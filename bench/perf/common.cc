@@ -10,25 +10,40 @@
 //              pointer caching)
 //   check      one untimed op on fresh verifiable data, then a comparison
 //
+// Memory (--memory): host memory from ncclMemAlloc with the NULL stream, where
+// every call has completed when it returns; or CUDA device memory, where each
+// rank thread binds a device (RankDevice) before it makes its communicator,
+// so that ncclMemAlloc returns device memory and the communicator is a device
+// one, and passes its stream to every call. Device buffers are never touched
+// by host code: data goes through host vectors and synchronous copies, and
+// the stream is synchronized before the clock is read at the end of a timed
+// loop, before data is checked and before the barriers between phases.
+//
 // Threads: the main thread parses flags, prints the preamble and starts one
-// RankRunner thread per local rank; each runner owns its communicator and
-// buffers. Global rank 0's runner prints the table rows.
+// RankRunner thread per local rank; each runner owns its communicator,
+// buffers and device binding. Global rank 0's runner prints the table rows.
 #include "common.h"
 
 #include <libgen.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "device.h"
 #include "options.h"
 #include "report.h"
 #include "world.h"
@@ -102,6 +117,13 @@ class Watchdog {
   std::thread thread_;
 };
 
+// Where this process's ranks keep their buffers, as every process agreed.
+struct MemoryPlan {
+  bool device = false;
+  std::vector<int> devices;  // CUDA device of each local rank thread; -1: host memory
+  std::string line;          // "# Memory: ..." for the preamble (process 0's)
+};
+
 // What every rank thread of this process shares.
 struct RunContext {
   const Options& options;
@@ -111,6 +133,7 @@ struct RunContext {
   int ncclVersion;
   Report* report;  // global rank 0 only
   Watchdog& watchdog;
+  const MemoryPlan& memory;
 };
 
 // The byte sizes of one call.
@@ -135,6 +158,12 @@ class RankRunner {
         nranks_(context.world.rankCount()) {}
 
   void run() {
+    // The context must be current before the communicator is made: that
+    // makes it a device communicator, and ncclMemAlloc return device memory.
+    if (ctx_.memory.device) {
+      device_ = std::make_unique<RankDevice>(ctx_.memory.devices[static_cast<size_t>(thread_)],
+                                             options_.streamNull);
+    }
     initCommunicator();
     allocateBuffers();
     for (ncclDataType_t type : options_.types) {
@@ -142,8 +171,10 @@ class RankRunner {
         for (int root : roots()) timeTest(type, op, root);
       }
     }
+    completeOps();
     freeBuffers();
     NCCL_OK(ncclCommDestroy(comm_));
+    device_.reset();
   }
 
   // Checks of this rank that found a wrong element (the footer's count).
@@ -183,6 +214,16 @@ class RankRunner {
                   count, rank_, nranks_);
       Process::abortJob(2);
     }
+    if (device_) {
+      int cudaDevice = -1;
+      NCCL_OK(ncclCommCuDevice(comm_, &cudaDevice));
+      if (cudaDevice != device_->ordinal()) {
+        std::printf("rank %d: the communicator is on CUDA device %d, expected %d (is the library "
+                    "built with CUDA?)\n",
+                    rank_, cudaDevice, device_->ordinal());
+        Process::abortJob(2);
+      }
+    }
     ctx_.watchdog.progress();
   }
 
@@ -199,8 +240,24 @@ class RankRunner {
     NCCL_OK(ncclGroupEnd());
     // Defined contents, so that unchecked runs do not reduce NaNs or
     // denormals, which would time differently.
-    std::memset(send_, 0, bufferBytes_);
-    std::memset(recv_, 0, bufferBytes_);
+    fillBytes(send_, 0, bufferBytes_);
+    fillBytes(recv_, 0, bufferBytes_);
+  }
+
+  // ---- Buffer contents, in either memory ------------------------------------
+
+  void fillBytes(char* p, unsigned char value, size_t bytes) {
+    if (device_) {
+      device_->fill(p, value, bytes);
+    } else {
+      std::memset(p, value, bytes);
+    }
+  }
+
+  // Waits until this rank's operations so far have completed: stream order
+  // in device memory; host-memory calls have completed when they return.
+  void completeOps() {
+    if (device_) device_->synchronize();
   }
 
   void freeBuffers() {
@@ -259,7 +316,7 @@ class RankRunner {
         .nranks = nranks_,
         .ncclVersion = ctx_.ncclVersion,
         .comm = comm_,
-        .stream = static_cast<cudaStream_t>(nullptr),
+        .stream = device_ ? device_->stream() : static_cast<cudaStream_t>(nullptr),
     };
     return site;
   }
@@ -278,8 +335,9 @@ class RankRunner {
     checkNccl(spec_.launch(args), spec_.name, __FILE__, __LINE__);
     if (site.op == Op::kMulSum) NCCL_OK(ncclRedOpDestroy(args.op, comm_));
 
-    // A host-memory op on the NULL stream has completed by now; -z 1 adds
-    // the barrier.
+    // -z 1 and 2 wait for the op (a host-memory op on the NULL stream has
+    // completed by now); -z 1 adds the barrier.
+    if (options_.blocking == 1 || options_.blocking == 2) completeOps();
     if (options_.blocking == 1) ctx_.world.barrier(thread_);
     ctx_.watchdog.progress();
   }
@@ -290,8 +348,8 @@ class RankRunner {
     launch(site, static_cast<size_t>(iteration) % site.windows);
   }
 
-  // Host-memory ops complete synchronously; an asynchronous error would
-  // still be reported here, as nccl-tests polls for it while it waits.
+  // Call after completeOps(): an error of stream-ordered work is reported
+  // here, as nccl-tests polls for it while it waits.
   void checkAsyncError() {
     ncclResult_t asyncError = ncclSuccess;
     NCCL_OK(ncclCommGetAsyncError(comm_, &asyncError));
@@ -303,16 +361,23 @@ class RankRunner {
   bool receivesResult(int root) const { return !spec_.onlyRootReceives || rank_ == root; }
 
   // Poisons the receive region, writes this rank's input where the op reads
-  // it, and computes the expected receive region.
+  // it, and computes the expected receive region. In device memory the input
+  // is made in a host vector and copied to the same place on the device.
   DataPattern prepareData(const CallSizes& sizes, ncclDataType_t type, Op op, int root,
                           bool inPlace, uint64_t seed, bool withExpected) {
     DataPattern pattern(type, op, nranks_, seed);
     char* recvRegion = regionBase(recv_, sizes) + (inPlace ? inPlaceRecvOffset(sizes) : 0);
-    constexpr int kPoison = 0xa5;  // never produced by the patterns' small values
-    std::memset(recvRegion, kPoison, sizes.recvBytes());
+    constexpr unsigned char kPoison = 0xa5;  // never produced by the patterns' small values
+    fillBytes(recvRegion, kPoison, sizes.recvBytes());
     char* input = inPlace ? regionBase(recv_, sizes) + inPlaceSendOffset(sizes)
                           : regionBase(send_, sizes);
-    pattern.writeInput(input, rank_, sizes.shape.sendCount);
+    if (device_) {
+      hostMirror_.resize(std::max(hostMirror_.size(), sizes.sendBytes()));
+      pattern.writeInput(hostMirror_.data(), rank_, sizes.shape.sendCount);
+      device_->copyToDevice(input, hostMirror_.data(), sizes.sendBytes());
+    } else {
+      pattern.writeInput(input, rank_, sizes.shape.sendCount);
+    }
     if (withExpected && receivesResult(root)) {
       expected_.resize(sizes.recvBytes());
       pattern.writeExpected(expected_.data(), sizes.shape.recvCount, [&](size_t k) {
@@ -323,10 +388,15 @@ class RankRunner {
     return pattern;
   }
 
-  int64_t countWrong(const DataPattern& pattern, const CallSizes& sizes, int root,
-                     bool inPlace) const {
+  // Call after completeOps().
+  int64_t countWrong(const DataPattern& pattern, const CallSizes& sizes, int root, bool inPlace) {
     if (!receivesResult(root)) return 0;
     const char* recvRegion = regionBase(recv_, sizes) + (inPlace ? inPlaceRecvOffset(sizes) : 0);
+    if (device_) {
+      hostMirror_.resize(std::max(hostMirror_.size(), sizes.recvBytes()));
+      device_->copyToHost(hostMirror_.data(), recvRegion, sizes.recvBytes());
+      recvRegion = hostMirror_.data();
+    }
     return static_cast<int64_t>(
         pattern.countMismatches(recvRegion, expected_.data(), sizes.shape.recvCount));
   }
@@ -344,6 +414,7 @@ class RankRunner {
       if (next <= size) break;
       size = next;
     }
+    completeOps();
     checkAsyncError();
 
     const char* typeName = typeInfo(type).name;
@@ -378,12 +449,14 @@ class RankRunner {
 
     // One untimed op, so that connections and plans exist before timing.
     startOp(sizes, type, op, root, inPlace, 0);
+    completeOps();
     checkAsyncError();
     world.barrier(thread_);
 
     const CallSite site = callSite(sizes, type, op, root, inPlace);
     size_t window = 0;  // (iter * aggIters + a) mod windows, without a division per call
-    Clock::duration elapsed{};
+    Clock::duration elapsed{};     // until the ops completed
+    Clock::duration cpuElapsed{};  // until the calls returned (-C)
     Clock::time_point start = Clock::now();
     for (int iter = 0; iter < options_.iters; ++iter) {
       if (options_.aggIters > 1) NCCL_OK(ncclGroupStart());
@@ -394,16 +467,21 @@ class RankRunner {
       if (options_.aggIters > 1) NCCL_OK(ncclGroupEnd());
       if (options_.blocking == 3) {
         // The per-iteration barrier is not part of the measured time.
+        cpuElapsed += Clock::now() - start;
+        completeOps();
         elapsed += Clock::now() - start;
         world.barrier(thread_);
         start = Clock::now();
       }
     }
+    cpuElapsed += Clock::now() - start;
+    completeOps();
     elapsed += Clock::now() - start;
     checkAsyncError();
 
     const double ops = static_cast<double>(options_.iters) * options_.aggIters;
-    const double mySeconds = std::chrono::duration<double>(elapsed).count() / ops;
+    const double mySeconds =
+        std::chrono::duration<double>(options_.reportCpuTime ? cpuElapsed : elapsed).count() / ops;
     const double seconds = world.combineTime(thread_, mySeconds, options_.average);
     Measurement m;
     m.timeUs = seconds * 1e6;
@@ -421,6 +499,7 @@ class RankRunner {
         const DataPattern pattern =
             prepareData(sizes, type, op, root, inPlace, ++checkSeed_, true);
         startOp(sizes, type, op, root, inPlace, 0);
+        completeOps();
         checkAsyncError();
         const int64_t mine = countWrong(pattern, sizes, root, inPlace);
         if (mine) ++failedChecks_;
@@ -438,6 +517,8 @@ class RankRunner {
   const int thread_;
   const int rank_;
   const int nranks_;
+  std::unique_ptr<RankDevice> device_;  // device memory only
+  std::vector<char> hostMirror_;      // device memory: host side of the copies
   ncclComm_t comm_ = nullptr;
   char* send_ = nullptr;
   char* recv_ = nullptr;
@@ -449,27 +530,119 @@ class RankRunner {
   int64_t failedChecks_ = 0;
 };
 
+// Decides where this process's ranks keep their buffers (--memory) and on
+// which device each rank is, then checks that every process agrees. Empty
+// (after process 0 printed why) when the job cannot run. Loads CUDA unless
+// the memory is host memory.
+std::optional<MemoryPlan> planMemory(const Options& options, const Process& process,
+                                     const World& world) {
+  MemoryPlan plan;
+  std::string error;      // this process cannot run as asked
+  std::string noDevice;   // why "auto" means host memory here
+  if (options.memory != MemoryMode::kHost) {
+    std::string problem = loadDriver();
+    if (problem.empty() && deviceCount() < 1) problem = driverPath() + " reports no CUDA device";
+    if (problem.empty()) {
+      plan.device = true;
+    } else if (options.memory == MemoryMode::kDevice) {
+      error = "--memory device: no usable CUDA device: " + problem;
+    } else {
+      noDevice = problem;
+    }
+  }
+
+  plan.devices.assign(static_cast<size_t>(options.threads), -1);
+  if (plan.device) {
+    const int count = deviceCount();
+    // nccl-tests' NCCL_TESTS_DEVICE puts every rank on one device.
+    int only = -1;
+    if (const char* text = std::getenv("NCCL_TESTS_DEVICE")) {
+      errno = 0;
+      char* end = nullptr;
+      const long value = std::strtol(text, &end, 10);
+      if (errno != 0 || end == text || *end != '\0' || value < 0 || value >= count) {
+        error = "NCCL_TESTS_DEVICE=" + std::string(text) + ": not one of the " +
+                std::to_string(count) + " CUDA device(s) this process sees";
+      }
+      only = static_cast<int>(value);
+    }
+    for (int t = 0; t < options.threads; ++t) {
+      plan.devices[static_cast<size_t>(t)] = only >= 0 ? only : world.globalRank(t) % count;
+    }
+    // Ranks of one process on one device share its NULL stream: the first
+    // rank's collective would hold the stream while it waits for the
+    // second's, queued behind it.
+    std::vector<int> sorted = plan.devices;
+    std::sort(sorted.begin(), sorted.end());
+    const auto shared = std::adjacent_find(sorted.begin(), sorted.end());
+    if (options.streamNull && error.empty() && shared != sorted.end()) {
+      error = "-y 1: several ranks of one process on CUDA device " + std::to_string(*shared) +
+              " would share its NULL stream and wait for each other forever; use -y 0, more "
+              "devices, or one rank per process (--procs)";
+    }
+  }
+
+  // Every process stops, or none: the others would wait for it forever.
+  const std::string errors = process.gatherText(error.empty() ? std::string() : error + "\n");
+  if (process.sumOverProcesses(error.empty() ? 0 : 1) != 0) {
+    std::set<std::string> seen;  // the same reason once, not once per process
+    std::istringstream lines(errors);
+    for (std::string line; std::getline(lines, line);) {
+      if (seen.insert(line).second) std::printf("%s\n", line.c_str());
+    }
+    return std::nullopt;
+  }
+  // Host and device communicators in one job would not match.
+  const int64_t onDevice = process.sumOverProcesses(plan.device ? 1 : 0);
+  if (onDevice != 0 && onDevice != process.count()) {
+    if (process.isMain()) {
+      std::printf("--memory auto: %lld of %d processes found a CUDA device, the others did not; "
+                  "choose with --memory host or --memory device\n",
+                  static_cast<long long>(onDevice), process.count());
+    }
+    return std::nullopt;
+  }
+
+  const char* chosen = options.memory == MemoryMode::kAuto ? " (auto)" : "";
+  if (plan.device) {
+    plan.line = "# Memory: device" + std::string(chosen) + ", CUDA driver " + driverPath() + ", " +
+                std::to_string(deviceCount()) + " device(s), " +
+                (options.streamNull ? "the NULL stream (-y 1)" : "one non-blocking stream per rank");
+  } else if (options.memory == MemoryMode::kAuto) {
+    plan.line = "# Memory: host (auto: " + noDevice + ")";
+  } else {
+    plan.line = "# Memory: host";
+  }
+  return plan;
+}
+
 }  // namespace
 
 int runPerf(int argc, char** argv, const CollectiveSpec& spec) {
   setlinebuf(stdout);
-  const Process process = Process::init(&argc, &argv);
+  // First of all: --procs forks here, before anything calls NCCL or CUDA.
+  const Process process = Process::init(&argc, &argv, procsInArgs(argc, argv));
 
   int ncclVersion = 0;
   NCCL_OK(ncclGetVersion(&ncclVersion));
   const ParseResult parsed = parseOptions(argc, argv, ncclVersion, process.isMain());
-  if (!parsed.options) {
-    process.finalize();
-    return parsed.exitStatus;
-  }
+  if (!parsed.options) return process.finalize(parsed.exitStatus);
   const Options& options = *parsed.options;
+  const int forked = process.launch() == Process::Launch::kForked ? process.count() : 1;
+  if (options.procs != forked) {  // procsInArgs and parseOptions disagree: a bug
+    if (process.isMain()) {
+      std::printf("internal error: --procs %d, but %d processes were forked\n", options.procs, forked);
+    }
+    return process.finalize(1);
+  }
   World world(process, options.threads);
   const int nranks = world.rankCount();
   if (spec.rooted && options.root >= nranks) {
     if (process.isMain()) std::printf("invalid root %d for %d ranks\n", options.root, nranks);
-    process.finalize();
-    return 1;
+    return process.finalize(1);
   }
+  const std::optional<MemoryPlan> memory = planMemory(options, process, world);
+  if (!memory) return process.finalize(1);
 
   std::string program = argv[0];
   program = basename(program.data());
@@ -477,8 +650,8 @@ int runPerf(int argc, char** argv, const CollectiveSpec& spec) {
   if (process.isMain()) report.emplace(options, program, spec.name, nranks);
 
   const std::string devices =
-      process.gatherText(describeLocalRanks(world.globalRank(0), options.threads));
-  if (report) report->printPreamble(ncclVersion, devices);
+      process.gatherText(describeLocalRanks(world.globalRank(0), memory->devices));
+  if (report) report->printPreamble(ncclVersion, memory->line, devices);
 
   ncclUniqueId id{};
   if (process.isMain()) NCCL_OK(ncclGetUniqueId(&id));
@@ -488,7 +661,7 @@ int runPerf(int argc, char** argv, const CollectiveSpec& spec) {
   int64_t failedChecks = 0;
   {
     Watchdog watchdog(options.timeoutSeconds);
-    const RunContext context{options, spec, world, id, ncclVersion, nullptr, watchdog};
+    const RunContext context{options, spec, world, id, ncclVersion, nullptr, watchdog, *memory};
     RunContext printerContext = context;
     printerContext.report = report ? &*report : nullptr;
 
@@ -509,8 +682,7 @@ int runPerf(int argc, char** argv, const CollectiveSpec& spec) {
     ok &= report->printFooter(failedChecks);
     ok &= report->writeFiles(ncclVersion);
   }
-  process.finalize();
-  return ok ? 0 : 1;
+  return process.finalize(ok ? 0 : 1);
 }
 
 }  // namespace shoal::perf

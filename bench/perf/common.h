@@ -2,13 +2,16 @@
 //
 // Role: each benchmark binary is one small file that describes its collective
 // as a CollectiveSpec and calls runPerf. runPerf owns everything else:
-// flags (reference/nccl-compat.md §7.2), launch (MPI processes times rank
-// threads), communicator and buffer setup through the public NCCL C API only,
-// timing, data checks, and nccl-tests' output (§7.4-7.6) plus CSV/JSON.
+// flags (reference/nccl-compat.md §7.2), launch (MPI or forked processes
+// times rank threads), communicator and buffer setup through the public NCCL
+// C API only, timing, data checks, and nccl-tests' output (§7.4-7.6) plus
+// CSV/JSON.
 //
-// Memory is host memory from ncclMemAlloc, and every call passes the NULL
-// stream: with Shoal such an operation has completed when the call (or the
-// outermost ncclGroupEnd) returns, so time is host wall-clock time.
+// Memory (--memory) is host memory from ncclMemAlloc with the NULL stream:
+// with Shoal such an operation has completed when the call (or the outermost
+// ncclGroupEnd) returns, so time is host wall-clock time; or CUDA device
+// memory from ncclMemAlloc with a context current, with each rank's stream
+// passed to every call and synchronized before the clock is read.
 #pragma once
 
 #include <nccl.h>

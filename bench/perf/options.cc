@@ -7,11 +7,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 namespace shoal::perf {
 namespace {
 
-enum LongOnly { kCsv = 1000, kJson };
+enum LongOnly { kCsv = 1000, kJson, kProcs, kMemory };
 
 constexpr struct option kLongOptions[] = {
     {"nthreads", required_argument, nullptr, 't'},
@@ -42,6 +43,8 @@ constexpr struct option kLongOptions[] = {
     {"device_implementation", required_argument, nullptr, 'D'},
     {"csv", required_argument, nullptr, kCsv},
     {"json", required_argument, nullptr, kJson},
+    {"procs", required_argument, nullptr, kProcs},
+    {"memory", required_argument, nullptr, kMemory},
     {"help", no_argument, nullptr, 'h'},
     {nullptr, 0, nullptr, 0},
 };
@@ -51,6 +54,9 @@ void printUsage(const char* program) {
   std::printf(
       "USAGE: %s\n"
       "\t[-t,--nthreads <rank threads per process>]\n"
+      "\t[--procs <processes to fork, no MPI needed; ranks = procs x threads>]\n"
+      "\t[--memory <host/device/auto: buffers in host memory or CUDA device memory; auto = device "
+      "when a CUDA driver reports a device>]\n"
       "\t[-g,--ngpus <ranks per thread: 1>]\n"
       "\t[-b,--minbytes <min size in bytes, K/M/G suffixes>]\n"
       "\t[-e,--maxbytes <max size in bytes>]\n"
@@ -68,8 +74,10 @@ void printUsage(const char* program) {
       "\t[-r,--root <root, -1 for all roots>]\n"
       "\t[-z,--blocking <0: no, 1: barrier after each op, 2: no barrier, "
       "3: barrier per iteration, not timed>]\n"
-      "\t[-y,--stream_null <0/1> (host memory always uses the NULL stream)]\n"
+      "\t[-y,--stream_null <0/1: device memory on the NULL stream instead of a created one; host "
+      "memory always uses NULL>]\n"
       "\t[-T,--timeout <seconds without progress before aborting>]\n"
+      "\t[-G,--cudagraph <0: CUDA graph launches are not supported>]\n"
       "\t[-C,--report_cputime <0/1>]\n"
       "\t[-a,--average <0: rank 0, 1: avg, 2: min, 3: max>]\n"
       "\t[-u,--unalign <misalign buffers by this many elements>]\n"
@@ -131,7 +139,8 @@ ParseResult parseOptions(int argc, char** argv, int ncclVersion, bool verbose) {
     return ParseResult{std::nullopt, 1};
   };
 
-  optind = 1;
+  optind = 0;  // glibc: start a new scan from scratch
+  opterr = verbose ? 1 : 0;  // getopt's own messages too: one process prints
   for (;;) {
     const int c = getopt_long(argc, argv, kShortOptions, kLongOptions, nullptr);
     if (c == -1) break;
@@ -205,8 +214,16 @@ ParseResult parseOptions(int argc, char** argv, int ncclVersion, bool verbose) {
         options.timeoutSeconds = static_cast<int>(value);
         break;
       case 'G':
-        // CUDA graphs capture device work; host-memory collectives have none.
-        if (!parseInt(optarg, 0, 0, &value)) return fail("graph launches (-G, only 0)", optarg);
+        // Shoal refuses collectives on a capturing stream (docs/cuda.md), so
+        // there is nothing to replay, in either memory.
+        if (!parseInt(optarg, 0, 0, &value)) {
+          if (verbose) {
+            std::printf("invalid -G '%s': CUDA graph launches are not supported (Shoal refuses "
+                        "collectives on a capturing stream); use -G 0\n",
+                        optarg);
+          }
+          return ParseResult{std::nullopt, 1};
+        }
         break;
       case 'C':
         if (!parseInt(optarg, 0, 1, &value)) return fail("report_cputime (-C)", optarg);
@@ -222,6 +239,21 @@ ParseResult parseOptions(int argc, char** argv, int ncclVersion, bool verbose) {
         break;
       case kCsv:
         options.csvPath = optarg;
+        break;
+      case kProcs:
+        if (!parseInt(optarg, 1, kMaxProcs, &value)) return fail("process count (--procs)", optarg);
+        options.procs = static_cast<int>(value);
+        break;
+      case kMemory:
+        if (std::strcmp(optarg, "host") == 0) {
+          options.memory = MemoryMode::kHost;
+        } else if (std::strcmp(optarg, "device") == 0) {
+          options.memory = MemoryMode::kDevice;
+        } else if (std::strcmp(optarg, "auto") == 0) {
+          options.memory = MemoryMode::kAuto;
+        } else {
+          return fail("memory (--memory host, device or auto)", optarg);
+        }
         break;
       case 'u':
         if (!parseInt(optarg, 0, 1 << 20, &value)) return fail("unalign (-u)", optarg);
@@ -273,6 +305,26 @@ ParseResult parseOptions(int argc, char** argv, int ncclVersion, bool verbose) {
     return fail("datatype", typeName);
   }
   return ParseResult{options, 0};
+}
+
+int procsInArgs(int argc, char** argv) {
+  // getopt_long permutes the array it scans: scan a copy.
+  std::vector<char*> args(argv, argv + argc);
+  args.push_back(nullptr);
+  const int savedOpterr = opterr;
+  opterr = 0;  // parseOptions reports bad options
+  optind = 0;  // glibc: start a new scan from scratch
+  int procs = 1;
+  for (;;) {
+    const int c = getopt_long(argc, args.data(), kShortOptions, kLongOptions, nullptr);
+    if (c == -1) break;
+    if (c != kProcs) continue;
+    long value = 0;
+    procs = parseInt(optarg, 1, kMaxProcs, &value) ? static_cast<int>(value) : 1;
+  }
+  opterr = savedOpterr;
+  optind = 0;
+  return procs;
 }
 
 }  // namespace shoal::perf

@@ -15,8 +15,13 @@
 
 namespace shoal::perf {
 
+// Where the benchmark's buffers live (--memory).
+enum class MemoryMode { kAuto, kHost, kDevice };
+
 struct Options {
   int threads = 1;                // -t: rank threads per process
+  int procs = 1;                  // --procs: forked processes (ranks = procs x threads)
+  MemoryMode memory = MemoryMode::kAuto;  // --memory
   size_t minBytes = 32u << 20;    // -b
   size_t maxBytes = 32u << 20;    // -e
   size_t stepBytes = 1u << 20;    // -i
@@ -33,7 +38,7 @@ struct Options {
   bool allTypes = false;
   int root = 0;                   // -r: -1 runs every root
   int blocking = 0;               // -z: 0, 1 (barrier per op), 2, 3 (barrier per iteration)
-  bool streamNull = false;        // -y: accepted; Shoal's host benchmarks always use NULL
+  bool streamNull = false;        // -y 1: device memory uses the NULL stream; host memory always does
   int timeoutSeconds = 0;         // -T: 0 = none
   bool reportCpuTime = false;     // -C
   TimeAggregation average = TimeAggregation::kAverage;  // -a
@@ -52,5 +57,15 @@ struct ParseResult {
 // Prints usage or errors (to stdout when `verbose`) and returns the options.
 // `ncclVersion` (from ncclGetVersion) selects which types and ops "all" means.
 ParseResult parseOptions(int argc, char** argv, int ncclVersion, bool verbose);
+
+// The most processes --procs forks.
+constexpr int kMaxProcs = 1024;
+
+// The value of --procs in argv as parseOptions will read it (the last one;
+// also --procs=N and unambiguous prefixes of the name), without printing
+// anything: for Process::init, which forks before the full parse. 1 when the
+// option is absent or its value is not in [1, kMaxProcs] (parseOptions then
+// reports it). Leaves getopt's state reset.
+int procsInArgs(int argc, char** argv);
 
 }  // namespace shoal::perf

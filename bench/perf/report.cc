@@ -9,6 +9,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "device.h"
+
 namespace shoal::perf {
 namespace {
 
@@ -86,14 +88,22 @@ std::string formatFitted(double value, int width) {
   return text;
 }
 
-std::string describeLocalRanks(int firstRank, int count) {
+std::string describeLocalRanks(int firstRank, const std::vector<int>& devices) {
   const std::string host = shortHostName();
-  const std::string cpu = cpuModel();
+  std::string cpu;
   std::string lines;
-  for (int i = 0; i < count; ++i) {
+  for (size_t i = 0; i < devices.size(); ++i) {
+    std::string where;
+    if (devices[i] < 0) {
+      if (cpu.empty()) cpu = cpuModel();
+      where = "[host] " + cpu;
+    } else {
+      where = describeDevice(devices[i]);
+    }
     char line[512];
-    std::snprintf(line, sizeof line, "#  Rank %2d Group %2d Pid %6d on %10s device %2d [host] %s\n",
-                  firstRank + i, 0, static_cast<int>(getpid()), host.c_str(), -1, cpu.c_str());
+    std::snprintf(line, sizeof line, "#  Rank %2d Group %2d Pid %6d on %10s device %2d %s\n",
+                  firstRank + static_cast<int>(i), 0, static_cast<int>(getpid()), host.c_str(),
+                  devices[i], where.c_str());
     lines += line;
   }
   return lines;
@@ -105,7 +115,8 @@ Report::Report(const Options& options, std::string program, std::string collecti
       collective_(std::move(collective)),
       nranks_(nranks) {}
 
-void Report::printPreamble(int ncclVersion, const std::string& deviceLines) const {
+void Report::printPreamble(int ncclVersion, const std::string& memoryLine,
+                           const std::string& deviceLines) const {
   const Options& o = options_;
   std::printf("# nccl-tests version %s nccl-headers=%d nccl-library=%d\n", kNcclTestsVersion,
               NCCL_VERSION_CODE, ncclVersion);
@@ -128,7 +139,7 @@ void Report::printPreamble(int ncclVersion, const std::string& deviceLines) cons
   }
   if (!o.jsonPath.empty()) std::printf("# Writing JSON output to %s\n", o.jsonPath.c_str());
   if (!o.csvPath.empty()) std::printf("# Writing CSV output to %s\n", o.csvPath.c_str());
-  std::printf("#\n# Using devices\n%s", deviceLines.c_str());
+  std::printf("%s\n#\n# Using devices\n%s", memoryLine.c_str(), deviceLines.c_str());
 }
 
 void Report::printTableHeader() const {

@@ -27,8 +27,10 @@ class Report {
  public:
   Report(const Options& options, std::string program, std::string collective, int nranks);
 
-  // "# nccl-tests version ..." through the "# Using devices" lines.
-  void printPreamble(int ncclVersion, const std::string& deviceLines) const;
+  // "# nccl-tests version ..." through the "# Using devices" lines;
+  // `memoryLine` ("# Memory: ...") says where the buffers are.
+  void printPreamble(int ncclVersion, const std::string& memoryLine,
+                     const std::string& deviceLines) const;
   void printTableHeader() const;
 
   // One table row: start, then out-of-place and in-place measurements, end.
@@ -75,7 +77,9 @@ std::string formatFitted(double value, int width);
 std::string shortHostName();
 
 // "#  Rank  0 Group  0 Pid  1234 on   hostname device -1 [host] <cpu>" for
-// ranks [firstRank, firstRank + count) of this process.
-std::string describeLocalRanks(int firstRank, int count);
+// ranks [firstRank, firstRank + devices.size()) of this process, where
+// devices[i] is the CUDA device of rank firstRank + i, or -1 for host memory
+// ("device  0 [0000:07:00] <GPU name>" then, as nccl-tests prints it).
+std::string describeLocalRanks(int firstRank, const std::vector<int>& devices);
 
 }  // namespace shoal::perf

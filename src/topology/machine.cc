@@ -148,6 +148,10 @@ const MachineTopology& localMachine() {
     MachineTopology m;
     if (discovered.isOk()) {
       m = std::move(discovered).value();
+    } else if (discovered.status().code() == Code::kUnsupported) {
+      // Built without hwloc: the expected path, not a warning.
+      SHOAL_INFO(subsys::kGraph | subsys::kInit, "topology: built without hwloc; using sysconf and sysfs");
+      m = discoverMachineFromSystem();
     } else {
       SHOAL_WARN("topology: hwloc discovery failed (", discovered.status().toString(),
                  "); using sysconf and sysfs");

@@ -30,3 +30,22 @@ target_compile_definitions(cudafake_no_cuda_test PRIVATE SHOAL_CUDAFAKE_LIB="${S
 add_test(NAME cudafake.no_cuda_needed
   COMMAND sh -c "! readelf -d \"$1\" | grep NEEDED | grep -iE 'cuda|nvidia'" sh $<TARGET_FILE:nccl>)
 set_tests_properties(cudafake.no_cuda_needed PROPERTIES LABELS cudafake TIMEOUT 30)
+
+# The benchmarks on device buffers (--memory device) through the stand-in,
+# ranks as threads and as forked processes, data checked.
+if(TARGET all_reduce_perf)
+  function(shoal_add_device_perf_test name perf)
+    add_test(NAME ${name} COMMAND $<TARGET_FILE:${perf}> --memory device ${ARGN})
+    set_tests_properties(${name} PROPERTIES LABELS cudafake TIMEOUT 180
+      ENVIRONMENT "NCCL_SOCKET_IFNAME=lo;SHOAL_CUDA_DRIVER=${SHOAL_CUDAFAKE_LIB}"
+      PASS_REGULAR_EXPRESSION "Out of bounds values : 0 OK"
+      FAIL_REGULAR_EXPRESSION "${SHOAL_PERF_FAIL_REGEX}|Memory: host")
+  endfunction()
+  shoal_add_device_perf_test(cudafake.perf.all_reduce.t3 all_reduce_perf -t 3 -b 8 -e 1M -f 8 -c 1 -n 3)
+  shoal_add_device_perf_test(cudafake.perf.all_reduce.procs2.all_ops_types all_reduce_perf --procs 2
+    -b 8 -e 16K -f 8 -c 1 -n 2 -o all -d all)
+  shoal_add_device_perf_test(cudafake.perf.all_gather.procs2x2 all_gather_perf --procs 2 -t 2 -b 8 -e 256K -f 8 -c 1 -n 3)
+  shoal_add_device_perf_test(cudafake.perf.reduce_scatter.procs3 reduce_scatter_perf --procs 3 -b 8 -e 256K -f 8 -c 1 -n 3)
+  shoal_add_device_perf_test(cudafake.perf.broadcast.t2 broadcast_perf -t 2 -b 8 -e 256K -f 8 -c 1 -n 3 -r -1)
+  shoal_add_device_perf_test(cudafake.perf.sendrecv.procs2 sendrecv_perf --procs 2 -b 8 -e 256K -f 8 -c 1 -n 3)
+endif()

@@ -9,7 +9,7 @@ if(NOT TARGET all_reduce_perf)
   return()
 endif()
 
-set(SHOAL_PERF_FAIL_REGEX "FAILED|NCCL failure|Test timeout")
+set(SHOAL_PERF_FAIL_REGEX "FAILED|NCCL failure|CUDA failure|Test timeout")
 
 # Thread mode needs no MPI and runs wherever the benchmarks are built.
 # shoal_add_thread_perf_test(<test name> <perf target> <nthreads> <perf args>...)
@@ -37,6 +37,9 @@ shoal_add_thread_perf_test(perf.alltoall.t4 alltoall_perf 4 -b 8 -e 256K -f 4 -c
 shoal_add_thread_perf_test(perf.sendrecv.t4 sendrecv_perf 4 -b 8 -e 256K -f 4 -c 1)
 shoal_add_thread_perf_test(perf.gather.t3 gather_perf 3 -b 8 -e 256K -f 4 -c 1 -r -1)
 shoal_add_thread_perf_test(perf.scatter.t3 scatter_perf 3 -b 8 -e 256K -f 4 -c 1 -r -1)
+# Ranks as forked processes without MPI (--procs): the launcher of GPU machines.
+shoal_add_thread_perf_test(perf.all_reduce.procs3 all_reduce_perf 1 --procs 3 -b 8 -e 1M -f 4 -c 1)
+shoal_add_thread_perf_test(perf.all_gather.procs2x2 all_gather_perf 2 --procs 2 -b 8 -e 256K -f 4 -c 1)
 
 # The perf binaries speak MPI only when built with it (SHOAL_PERF_MPI);
 # without it, mpirun would start N unrelated one-rank jobs.

@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# Shoal on a machine with an NVIDIA GPU: build from a clean checkout, run the
+# benchmarks on device buffers (threads and forked processes, data checked),
+# and torch.distributed through LD_PRELOAD.
+#
+# Needs: the CUDA toolkit (nvcc, headers; /usr/local/cuda or on PATH), cmake,
+# a C++20 compiler, and a CUDA driver with a GPU. Uses ninja when present.
+# Does not need hwloc, libfabric, MPI, Catch2 or pkg-config (all switched
+# off here); PyTorch is optional (the torch stage is skipped without it).
+#
+#   bash tools/gpu/check.sh [OUTDIR]       (default: $OUT, else ./gpu-check)
+#   STAGES="build perf torch" selects stages; RANKS="1 2 4" the rank counts;
+#   PERF_MAX=64M the sweep's largest size; BIG=1G the bandwidth run's size.
+#
+# Each stage runs under a time limit and writes OUTDIR/<stage>.log; a failed
+# stage never stops the later ones. The last lines (also OUTDIR/summary.txt)
+# give one PASS/FAIL/SKIP line per stage. Exit status: 0 when nothing failed.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+ROOT=$PWD
+OUTDIR=${1:-${OUT:-$ROOT/gpu-check}}
+mkdir -p "$OUTDIR"
+STAGES=${STAGES:-"probe build perf torch"}
+RANKS=${RANKS:-"1 2 4"}
+PERF_MAX=${PERF_MAX:-64M}
+BIG=${BIG:-1G}
+BUILD=${BUILD_DIR:-$ROOT/build-gpu}
+export PYTHONUNBUFFERED=1 NCCL_DEBUG=${NCCL_DEBUG:-WARN} NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME:-lo}
+export PATH=$PATH:/usr/local/cuda/bin
+SUMMARY=$OUTDIR/summary.txt
+: >"$SUMMARY"
+
+note() { echo "$*" | tee -a "$SUMMARY"; }
+wants() { [[ " $STAGES " == *" $1 "* ]]; }
+
+# stage NAME LIMIT_S COMMAND...: runs COMMAND under a limit, logs, records
+# (status 77: skipped, with the log's last line as the reason).
+stage() {
+  local name=$1 limit=$2
+  shift 2
+  if ! wants "$name"; then note "SKIP $name (not in STAGES)"; return 0; fi
+  local t0=$SECONDS
+  echo "=== $name (limit ${limit}s)" | tee "$OUTDIR/$name.log"
+  timeout -k 5 "$limit" bash -c "$*" 2>&1 | tee -a "$OUTDIR/$name.log"
+  local rc=${PIPESTATUS[0]}
+  local took=$((SECONDS - t0))
+  if ((rc == 0)); then note "PASS $name (${took}s)"
+  elif ((rc == 77)); then note "SKIP $name: $(tail -1 "$OUTDIR/$name.log")"
+  elif ((rc == 124 || rc == 137)); then note "FAIL $name: over ${limit}s"
+  else note "FAIL $name: status $rc (${took}s)"; fi
+  return 0
+}
+
+probe() {
+  nvidia-smi -L || true
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv || true
+  nvcc --version | tail -2 || true
+  cmake --version | head -1
+  python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version())' 2>&1 || true
+  which mpirun ninja pkg-config 2>&1 || true
+}
+
+build() {
+  local gen=()
+  command -v ninja >/dev/null && gen=(-G Ninja)
+  rm -rf "$BUILD"
+  # As on a machine without them: no hwloc/libfabric (pkg-config off), no
+  # MPI, no Catch2 (tests off); the CUDA path required.
+  cmake -S "$ROOT" -B "$BUILD" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release \
+    -DSHOAL_WITH_CUDA=ON -DSHOAL_WITH_MPI=OFF -DSHOAL_BUILD_TESTS=OFF \
+    -DCMAKE_DISABLE_FIND_PACKAGE_PkgConfig=ON -DCMAKE_DISABLE_FIND_PACKAGE_benchmark=ON || return 1
+  cmake --build "$BUILD" -j"$(nproc)" --target nccl all_reduce_perf all_gather_perf \
+    reduce_scatter_perf broadcast_perf sendrecv_perf || return 1
+  if readelf -d "$BUILD/src/api/libnccl.so.2" | grep NEEDED | grep -iE 'cuda|nvidia'; then
+    echo "libnccl.so.2 names a CUDA library"; return 1
+  fi
+  echo "built: $(ls "$BUILD"/src/api/libnccl.so.2)"
+}
+
+# One benchmark run; fails on a non-zero status or any wrong element.
+perf_run() {
+  local bin=$1
+  shift
+  local log
+  log=$(timeout -k 5 120 "$BUILD/bench/perf/$bin" --memory device "$@" 2>&1)
+  local rc=$?
+  echo "$log"
+  if ((rc != 0)) || ! grep -q "Out of bounds values : 0 OK" <<<"$log"; then
+    echo "FAILED: $bin --memory device $* (status $rc)"
+    return 1
+  fi
+}
+
+perf() {
+  local failed=0
+  for bin in all_reduce_perf all_gather_perf reduce_scatter_perf broadcast_perf sendrecv_perf; do
+    for n in $RANKS; do
+      echo "--- $bin: $n ranks as threads"
+      perf_run "$bin" -t "$n" -b 8 -e "$PERF_MAX" -f 8 -n 5 -w 2 -c 1 || failed=1
+      if ((n > 1)); then
+        echo "--- $bin: $n ranks as processes"
+        perf_run "$bin" --procs "$n" -b 8 -e "$PERF_MAX" -f 8 -n 5 -w 2 -c 1 || failed=1
+      fi
+    done
+  done
+  echo "--- all_reduce_perf: every type and operator, 2 processes"
+  perf_run all_reduce_perf --procs 2 -b 1K -e 1M -f 32 -d all -o all -n 2 -w 1 -c 1 || failed=1
+  echo "--- all_reduce_perf: 2 processes, $BIG, bandwidth"
+  perf_run all_reduce_perf --procs 2 -b "$BIG" -e "$BIG" -n 5 -w 2 -c 1 || failed=1
+  return $failed
+}
+
+torch_stage() {
+  if ! python3 -c 'import torch, torch.distributed' 2>/dev/null; then
+    echo "PyTorch is not installed"; return 77
+  fi
+  local lib
+  lib=$(readlink -f "$BUILD/src/api/libnccl.so.2")
+  NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT LD_PRELOAD=$lib \
+    python3 -m torch.distributed.run --standalone --nproc_per_node 2 "$ROOT/tools/gpu/torch_check.py"
+}
+
+stage probe 60 "$(declare -f probe); probe"
+stage build 180 "$(declare -f build); ROOT='$ROOT' BUILD='$BUILD' build"
+stage perf 360 "$(declare -f perf perf_run); BUILD='$BUILD' RANKS='$RANKS' PERF_MAX='$PERF_MAX' BIG='$BIG' perf"
+stage torch 180 "$(declare -f torch_stage); ROOT='$ROOT' BUILD='$BUILD' torch_stage"
+
+echo "=== summary"
+cat "$SUMMARY"
+! grep -q '^FAIL' "$SUMMARY"
