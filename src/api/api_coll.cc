@@ -10,6 +10,7 @@
 
 #include "api/api_guard.h"
 
+#include <climits>
 #include <cstring>
 #include "comm/group.h"
 #include "reduce/reduce.h"
@@ -45,6 +46,23 @@ Status checkRoot(int root, const Communicator& comm) {
 inline Status checkBuffer(const void* buf, size_t count, const char* name) {
   if (buf == nullptr && count > 0) [[unlikely]]
     return nullBuffer(count, name);
+  return Status::ok();
+}
+
+[[gnu::cold, gnu::noinline]] Status sizeOverflows(size_t count, size_t elementSize, size_t blocks) {
+  return invalidArgument("count ", count, blocks > 1 ? str(" x ", blocks, " ranks") : std::string(),
+                         " x ", elementSize, "-byte elements overflows the address space");
+}
+
+// The largest buffer a call describes (count x blocks elements) must fit in
+// ssize_t bytes: a wrapped size would move the wrong bytes.
+inline Status checkSize(size_t count, ncclDataType_t datatype, size_t blocks) {
+  const size_t elementSize = dataTypeSize(static_cast<DataType>(datatype));
+  size_t elements = 0, bytes = 0;
+  if (__builtin_mul_overflow(count, blocks, &elements) ||
+      __builtin_mul_overflow(elements, elementSize, &bytes) ||
+      bytes > static_cast<size_t>(SSIZE_MAX)) [[unlikely]]
+    return sizeOverflows(count, elementSize, blocks);
   return Status::ok();
 }
 
@@ -135,6 +153,10 @@ Status collective(ncclComm_t handle, CollKind kind, const void* sendbuff, void* 
   // Which buffers this rank uses (NCCL lets non-roots pass NULL for the others).
   bool isRoot = rooted && root == comm->rank();
   size_t n = static_cast<size_t>(comm->nranks());
+  const bool perRankBlocks = kind == CollKind::kAllGather || kind == CollKind::kReduceScatter ||
+                             kind == CollKind::kGather || kind == CollKind::kScatter ||
+                             kind == CollKind::kAllToAll;
+  SHOAL_TRY(checkSize(count, datatype, perRankBlocks ? n : 1));
   switch (kind) {
     case CollKind::kBroadcast:
       if (isRoot) {
@@ -191,6 +213,7 @@ Status pointToPoint(ncclComm_t handle, CollKind kind, const void* sendbuff, void
   req.recvbuff = recvbuff;
   SHOAL_TRY(checkBuffer(kind == CollKind::kSend ? sendbuff : recvbuff, count,
                         kind == CollKind::kSend ? "sendbuff" : "recvbuff"));
+  SHOAL_TRY(checkSize(count, datatype, 1));
   return dispatch(handle, comm, std::move(req), stream);
 }
 

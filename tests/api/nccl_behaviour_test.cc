@@ -30,6 +30,7 @@
 #include <cctype>
 #include <chrono>
 #include <cmath>
+#include <climits>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -2260,4 +2261,35 @@ TEST_CASE("shoalCommDumpState describes a communicator", "[api][diagnostics]") {
   CHECK(std::strlen(tiny) < sizeof(tiny));
   NCCL_EXPECT(shoalCommDumpState(nullptr, buf, sizeof(buf)), ncclInvalidArgument);
   NCCL_EXPECT(shoalCommDumpState(w[0], nullptr, 10), ncclInvalidArgument);
+}
+
+TEST_CASE("a count whose byte size overflows is an invalid argument before any byte moves", "[api]") {
+  World w(2);
+  float buf[4] = {1, 2, 3, 4};
+  const size_t huge = SIZE_MAX / 2;  // x 4-byte floats wraps size_t
+  auto expectOverflow = [&](ncclResult_t rc, const char* what) {
+    INFO(what << ": " << lastError());
+    CHECK(rc == ncclInvalidArgument);
+    CHECK(lastError().find("overflows") != std::string::npos);
+  };
+  expectOverflow(ncclAllReduce(buf, buf, huge, ncclFloat, ncclSum, w[0], nullptr), "AllReduce");
+  expectOverflow(ncclBroadcast(buf, buf, huge, ncclFloat, 0, w[0], nullptr), "Broadcast");
+  expectOverflow(ncclSend(buf, huge, ncclFloat, 1, w[0], nullptr), "Send");
+  expectOverflow(ncclRecv(buf, huge, ncclFloat, 1, w[0], nullptr), "Recv");
+  // Fits as count x element size, overflows ssize_t as count x element size x ranks.
+  const size_t perRank = static_cast<size_t>(SSIZE_MAX) / 4 / 2 + 1;
+  expectOverflow(ncclAllGather(buf, buf, perRank, ncclFloat, w[0], nullptr), "AllGather");
+  expectOverflow(ncclReduceScatter(buf, buf, perRank, ncclFloat, ncclSum, w[0], nullptr), "ReduceScatter");
+  expectOverflow(ncclAlltoAll(buf, buf, perRank, ncclFloat, w[0], nullptr), "AlltoAll");
+  // A size just under the limit is not refused for its size (count x 1 byte).
+  ncclResult_t rc = ncclAllReduce(nullptr, nullptr, static_cast<size_t>(SSIZE_MAX), ncclInt8, ncclSum, w[0], nullptr);
+  CHECK(rc == ncclInvalidArgument);
+  CHECK(lastError().find("is NULL") != std::string::npos);  // the NULL buffer, not the size
+  // The communicators still work.
+  float a[4] = {1, 1, 1, 1}, b[4] = {1, 1, 1, 1};
+  NCCL_OK(ncclGroupStart());
+  NCCL_OK(ncclAllReduce(a, a, 4, ncclFloat, ncclSum, w[0], nullptr));
+  NCCL_OK(ncclAllReduce(b, b, 4, ncclFloat, ncclSum, w[1], nullptr));
+  NCCL_OK(ncclGroupEnd());
+  CHECK(a[3] == 2.0f);
 }
