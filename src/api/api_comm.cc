@@ -47,8 +47,7 @@ constexpr int64_t kCallsLeaveMs = 10000;
 // whether that work runs now, at the outermost ncclGroupEnd, or on a thread.
 ncclComm_t newHandle() {
   enableAsymmetricFences();  // before any CommCall can use the handle
-  auto* handle = new ncclComm();
-  return handle;
+  return api::allocateHandle();
 }
 
 // A handle's init work: it gives up soon after *cancel is set (ncclCommAbort),
@@ -98,7 +97,7 @@ Status launchInit(ncclComm_t* out, ncclComm_t handle, bool blocking, InitWork wo
   }
   Status st = runInit(shared, work);
   if (!st.isOk()) {
-    delete handle;
+    api::releaseHandle(handle);
     *out = nullptr;
     return st;
   }
@@ -227,7 +226,7 @@ SHOAL_API(ncclResult_t, ncclCommInitAll, (ncclComm_t * comms, int ndev, const in
     for (auto& t : threads) t.join();
     for (int i = 0; i < ndev; ++i)
       if (!results[i].isOk()) {
-        for (auto* h : handles) delete h;
+        for (auto* h : handles) api::releaseHandle(h);
         return results[i];
       }
     for (int i = 0; i < ndev; ++i) comms[i] = handles[i];
@@ -283,8 +282,7 @@ SHOAL_API(ncclResult_t, ncclCommFinalize, (ncclComm_t comm)) {
 SHOAL_API(ncclResult_t, ncclCommDestroy, (ncclComm_t comm)) {
   return guard("ncclCommDestroy", [&]() -> Status {
     if (comm == nullptr) return Status::ok();
-    if (comm->magic != ncclComm::kMagic)
-      return invalidArgument("comm ", static_cast<void*>(comm), " is not a live communicator");
+    if (comm->magic != ncclComm::kMagic) return api::deadHandle(comm);
     if (comm->initThread.joinable()) comm->initThread.join();  // destroy is blocking
     Status st;
     if (auto impl = comm->shared->impl; impl && !impl->aborted()) st = impl->finalize();
@@ -294,7 +292,7 @@ SHOAL_API(ncclResult_t, ncclCommDestroy, (ncclComm_t comm)) {
       leakBusyHandle(comm, "ncclCommDestroy", 0);
       return st;
     }
-    delete comm;
+    api::releaseHandle(comm);
     return st;
   });
 }
@@ -302,8 +300,7 @@ SHOAL_API(ncclResult_t, ncclCommDestroy, (ncclComm_t comm)) {
 SHOAL_API(ncclResult_t, ncclCommAbort, (ncclComm_t comm)) {
   return guard("ncclCommAbort", [&]() -> Status {
     if (comm == nullptr) return Status::ok();
-    if (comm->magic != ncclComm::kMagic)
-      return invalidArgument("comm ", static_cast<void*>(comm), " is not a live communicator");
+    if (comm->magic != ncclComm::kMagic) return api::deadHandle(comm);
     // A pending init gives up within about Deadline::kCancelCheckMs; its
     // thread is joined, never left running past the handle (a thread still
     // in the library when the process exits can crash its static teardown).
@@ -321,7 +318,7 @@ SHOAL_API(ncclResult_t, ncclCommAbort, (ncclComm_t comm)) {
       leakBusyHandle(comm, "ncclCommAbort", kCallsLeaveMs);
       return Status::ok();
     }
-    delete comm;
+    api::releaseHandle(comm);
     return Status::ok();
   });
 }
@@ -329,8 +326,7 @@ SHOAL_API(ncclResult_t, ncclCommAbort, (ncclComm_t comm)) {
 SHOAL_API(ncclResult_t, ncclCommGetAsyncError, (ncclComm_t comm, ncclResult_t* asyncError)) {
   return guard("ncclCommGetAsyncError", [&]() -> Status {
     if (asyncError == nullptr) return invalidArgument("asyncError is NULL");
-    if (comm == nullptr || comm->magic != ncclComm::kMagic)
-      return invalidArgument("comm is not a live communicator");
+    if (comm == nullptr || comm->magic != ncclComm::kMagic) return api::deadHandle(comm);
     int state = comm->shared->state.load(std::memory_order_acquire);
     if (state != ncclSuccess) {
       *asyncError = static_cast<ncclResult_t>(state);

@@ -1,5 +1,8 @@
 #include "api/api_guard.h"
 
+#include <deque>
+#include <mutex>
+
 #include <time.h>
 
 #include "core/fence.h"
@@ -31,12 +34,58 @@ ncclResult_t toResult(const Status& status) {
 
 namespace {
 
+struct HandlePool {
+  std::mutex mutex;
+  std::deque<ncclComm*> released;  // oldest first
+};
+HandlePool& handlePool() {
+  static auto* pool = new HandlePool();  // lives for the process, as the handles do
+  return *pool;
+}
+
+}  // namespace
+
+ncclComm* allocateHandle() {
+  HandlePool& pool = handlePool();
+  {
+    std::lock_guard<std::mutex> lock(pool.mutex);
+    if (pool.released.size() > kHandleQuarantine) {
+      ncclComm* reused = pool.released.front();
+      pool.released.pop_front();
+      reused->cudaDev = -1;
+      reused->shared = std::make_shared<ncclComm::Shared>();
+      reused->magic = ncclComm::kMagic;
+      return reused;
+    }
+  }
+  return new ncclComm();
+}
+
+void releaseHandle(ncclComm* handle) {
+  if (handle->initThread.joinable()) handle->initThread.join();
+  handle->shared.reset();
+  handle->magic = ncclComm::kDeadMagic;
+  HandlePool& pool = handlePool();
+  std::lock_guard<std::mutex> lock(pool.mutex);
+  pool.released.push_back(handle);
+}
+
+Status deadHandle(const ncclComm* handle) {
+  if (handle == nullptr) return invalidArgument("comm is NULL");
+  if (handle->magic == ncclComm::kDeadMagic)
+    return invalidArgument("comm ", static_cast<const void*>(handle),
+                           " was destroyed (ncclCommDestroy or ncclCommAbort) and cannot be used");
+  return invalidArgument("comm ", static_cast<const void*>(handle),
+                         " is not a communicator (never created)");
+}
+
+namespace {
+
 // Why a handle cannot be used, apart from an abort; ok when it can.
 Status checkHandle(ncclComm_t comm) {
   if (comm == nullptr) return invalidArgument("comm is NULL");
-  if (comm->magic != ncclComm::kMagic)
-    return invalidArgument("comm ", static_cast<void*>(comm),
-                           " is not a live communicator (destroyed or never created)");
+  if (comm->magic != ncclComm::kMagic) [[unlikely]]
+    return deadHandle(comm);
   int state = comm->shared->state.load(std::memory_order_acquire);
   if (state == ncclInProgress)
     return invalidArgument(

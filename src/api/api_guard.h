@@ -37,6 +37,9 @@ struct ncclComm {
     std::shared_ptr<shoal::Communicator> impl;  // set before state = ncclSuccess
     std::atomic<int> callsInside{0};            // CommCalls now using impl (api::CommCall)
   };
+  // What a handle's memory holds after ncclCommDestroy/Abort: handles are
+  // never freed (api::releaseHandle), so a late use reads this, not freed memory.
+  static constexpr uint64_t kDeadMagic = 0x73686f616c646561ull;  // "shoaldea"
   uint64_t magic = kMagic;
   int cudaDev = -1;
   std::shared_ptr<Shared> shared = std::make_shared<Shared>();
@@ -47,6 +50,19 @@ struct ncclComm {
 };
 
 namespace shoal::api {
+
+// Handles are allocated here and never returned to the allocator: a released
+// handle keeps kDeadMagic (a use after destroy, or a second destroy, is a
+// clear ncclInvalidArgument, never a read of freed memory) and is reused only
+// after kHandleQuarantine later releases, so memory stays bounded by the
+// live handles plus the quarantine. A handle older than that may name a newer
+// communicator (docs/nccl-compat.md).
+inline constexpr size_t kHandleQuarantine = 4096;
+ncclComm* allocateHandle();
+// Drops the handle's shared state and marks it dead. No call may be inside.
+void releaseHandle(ncclComm* handle);
+// Why a handle that is not live cannot be used.
+Status deadHandle(const ncclComm* handle);
 
 // Records the message for ncclGetLastError and logs it at WARN.
 void setLastError(const Status& status);

@@ -214,8 +214,7 @@ SHOAL_EXPORT ncclResult_t shoalHostStreamDestroy(shoalHostStream_t s) {
 SHOAL_EXPORT ncclResult_t shoalCommDumpState(ncclComm_t comm, char* buf, size_t len) {
   return guard("shoalCommDumpState", [&]() -> Status {
     if (buf == nullptr || len == 0) return invalidArgument("buf is NULL or len is 0");
-    if (comm == nullptr || comm->magic != ncclComm::kMagic)
-      return invalidArgument("comm is not a live communicator");
+    if (comm == nullptr || comm->magic != ncclComm::kMagic) return api::deadHandle(comm);
     std::string text = comm->shared->impl ? comm->shared->impl->dumpState()
                                           : std::string("communicator still initializing\n");
     std::snprintf(buf, len, "%s", text.c_str());

@@ -2293,3 +2293,37 @@ TEST_CASE("a count whose byte size overflows is an invalid argument before any b
   NCCL_OK(ncclGroupEnd());
   CHECK(a[3] == 2.0f);
 }
+
+TEST_CASE("a destroyed or aborted handle is a clear invalid argument - never a read of freed memory", "[api]") {
+  ncclComm_t destroyed = nullptr, aborted = nullptr;
+  NCCL_OK(ncclCommInitRank(&destroyed, 1, newId(), 0));
+  NCCL_OK(ncclCommInitRank(&aborted, 1, newId(), 0));
+  NCCL_OK(ncclCommDestroy(destroyed));
+  NCCL_OK(ncclCommAbort(aborted));
+  float buf[4] = {1, 2, 3, 4};
+  for (ncclComm_t dead : {destroyed, aborted}) {
+    auto expectDead = [&](ncclResult_t rc, const char* what) {
+      INFO(what << ": " << lastError());
+      CHECK(rc == ncclInvalidArgument);
+      CHECK(lastError().find("was destroyed") != std::string::npos);
+    };
+    expectDead(ncclAllReduce(buf, buf, 4, ncclFloat, ncclSum, dead, nullptr), "AllReduce");
+    int count = 0;
+    expectDead(ncclCommCount(dead, &count), "CommCount");
+    ncclResult_t async = ncclSuccess;
+    expectDead(ncclCommGetAsyncError(dead, &async), "GetAsyncError");
+    expectDead(ncclCommDestroy(dead), "second destroy");
+    expectDead(ncclCommAbort(dead), "abort after destroy");
+    char text[64];
+    expectDead(shoalCommDumpState(dead, text, sizeof text), "DumpState");
+  }
+  // Many communicators later the library still works (dead handles are
+  // reused only after a quarantine, and never freed).
+  for (int i = 0; i < 50; ++i) {
+    ncclComm_t c = nullptr;
+    NCCL_OK(ncclCommInitRank(&c, 1, newId(), 0));
+    NCCL_OK(ncclAllReduce(buf, buf, 4, ncclFloat, ncclSum, c, nullptr));
+    NCCL_OK(ncclCommDestroy(c));
+  }
+  CHECK(buf[3] == 4.0f);
+}
