@@ -12,6 +12,7 @@
 
 #include <climits>
 #include <cstring>
+#include "comm/call_check.h"
 #include "comm/group.h"
 #include "reduce/reduce.h"
 
@@ -118,6 +119,9 @@ Status dispatch(ncclComm_t handle, const std::shared_ptr<Communicator>& comm, Op
   if (group::active()) {
     group::addOp(comm, std::move(req));
     return Status::ok();
+  }
+  if (callCheckEnabled()) [[unlikely]] {
+    SHOAL_TRY(checkCallsAgree(*comm, std::span<const OpRequest>(&req, 1)));
   }
   if (req.streamOrdered) return comm->submitStreamOrdered(std::span<const OpRequest>(&req, 1));
   if (HostStream* hs = findHostStream(stream)) return hs->enqueue(comm, std::move(req));

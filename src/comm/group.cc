@@ -1,5 +1,7 @@
 #include "comm/group.h"
 
+#include "comm/call_check.h"
+
 #include <algorithm>
 #include <thread>
 #include <vector>
@@ -25,6 +27,9 @@ thread_local GroupState tGroup;
 // (initial-exec: a plain load, not a call to __tls_get_addr; see core/log.cc).
 [[gnu::tls_model("initial-exec")]] thread_local int tDepth = 0;
 
+// Runs the functions concurrently (one thread each when several) and returns
+// the first error: inits of one clique, or call checks, must not wait for
+// each other on one thread.
 Status runInits(std::vector<std::function<Status()>>& inits) {
   if (inits.size() == 1) return inits[0]();
   std::vector<Status> results(inits.size());
@@ -92,6 +97,14 @@ Status end() {
   Status result;
   if (!work.inits.empty()) result = runInits(work.inits);
   if (!result.isOk()) return result;
+
+  // SHOAL_CHECK_MODE=1: every communicator's part of the group is compared
+  // with its peers first (concurrently: one thread may drive several ranks).
+  if (callCheckEnabled()) {
+    std::vector<std::function<Status()>> checks;
+    for (auto& c : work.comms) checks.push_back([&c] { return checkCallsAgree(*c.comm, c.ops); });
+    SHOAL_TRY(runInits(checks));
+  }
 
   // Operations in CUDA stream order go to their streams (StreamBridge).
   for (const auto& c : work.comms) {

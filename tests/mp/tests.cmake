@@ -4,3 +4,8 @@
 shoal_add_test(mp_tests LABEL mp TIMEOUT 300 SOURCES
   mp/mp_test.cc
   support/mp_harness.cc)
+
+# SHOAL_CHECK_MODE=1: mismatched calls fail every involved rank.
+shoal_add_test(mp_check_mode_tests LABEL mp TIMEOUT 120 SOURCES
+  mp/check_mode_test.cc
+  support/mp_harness.cc)
