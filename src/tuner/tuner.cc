@@ -135,6 +135,7 @@ Result<std::unique_ptr<Tuner>> Tuner::create(const TopologySummary& topo, TunerO
     }
   }
   std::string algo = lower(o.algo);
+  t->allowListSet_ = !algo.empty();
   if (!algo.empty()) {
     t->allowListNegated_ = algo[0] == '^';
     if (t->allowListNegated_) algo.erase(0, 1);
@@ -168,8 +169,15 @@ Result<std::unique_ptr<Tuner>> Tuner::create(const TopologySummary& topo, TunerO
   return t;
 }
 
+void Tuner::warnForcedMissing(CollKind kind) const {
+  std::lock_guard<std::mutex> lock(logMutex_);
+  if (forcedMissingWarned_.insert(static_cast<int>(kind)).second)
+    SHOAL_WARN("SHOAL_ALGO=", forced_, " has no ", collKindName(kind),
+               " algorithm: the tuner chooses one for ", collKindName(kind));
+}
+
 bool Tuner::allowed(const AlgorithmEntry& entry) const {
-  if (allowList_.empty()) return true;
+  if (!allowListSet_) return true;
   bool listed = std::find(allowList_.begin(), allowList_.end(), entry.name) != allowList_.end();
   return allowListNegated_ ? !listed : listed;
 }
@@ -254,16 +262,34 @@ Result<std::pair<TunerChoice, double>> Tuner::decide(const CollShape& shape,
     }
   };
   auto all = candidates(shape.kind);
-  if (!forced_.empty()) {
-    for (const AlgorithmEntry* e : all)
-      if (forced_ == e->name && e->supports(shape, view, caps)) consider(e);
-  }
-  for (int pass = 0; pass < 2 && !choice.algorithm; ++pass) {
+  const bool pointToPoint = shape.kind == CollKind::kSend || shape.kind == CollKind::kRecv;
+  if (!forced_.empty() && !pointToPoint) {
+    // A forced algorithm runs where it can, or the call fails (as NCCL fails a
+    // call that NCCL_ALGO leaves without an algorithm): a benchmark or test
+    // that forces one never measures another.
+    bool exists = false;
     for (const AlgorithmEntry* e : all) {
-      if (!e->supports(shape, view, caps)) continue;
-      if (pass == 0 && !allowed(*e)) continue;  // pass 1: the allow list left nothing
-      consider(e);
+      if (forced_ != e->name) continue;
+      exists = true;
+      if (e->supports(shape, view, caps)) consider(e);
     }
+    if (exists && !choice.algorithm)
+      return invalidUsage("SHOAL_ALGO=", forced_, " cannot run ", collKindName(shape.kind), " of ",
+                          operationBytes(shape), " bytes on ", view.nranks, " rank(s) of ", topo_.nnodes,
+                          " node(s) (it does not apply there); unset SHOAL_ALGO or choose another");
+    if (!exists) warnForcedMissing(shape.kind);
+  }
+  if (!choice.algorithm) {
+    for (const AlgorithmEntry* e : all)
+      if (allowed(*e) && e->supports(shape, view, caps)) consider(e);
+  }
+  if (!choice.algorithm && allowListSet_ && !pointToPoint)
+    return invalidUsage("no algorithm available for ", collKindName(shape.kind), " of ",
+                        operationBytes(shape), " bytes with ", dataTypeName(shape.dtype),
+                        ": NCCL_ALGO was set to ", options_.algo);
+  if (!choice.algorithm) {
+    for (const AlgorithmEntry* e : all)
+      if (e->supports(shape, view, caps)) consider(e);  // Send/Recv ignore NCCL_ALGO, as in NCCL
   }
   if (!choice.algorithm)
     return internalError("no algorithm supports ", collKindName(shape.kind), " of ",

@@ -93,6 +93,10 @@ class Tuner {
   std::string forced_;                 // SHOAL_ALGO, lower case
   std::vector<std::string> allowList_; // from NCCL_ALGO (lower-case Shoal names)
   bool allowListNegated_ = false;
+  bool allowListSet_ = false;           // NCCL_ALGO was set (its list may map to nothing)
+  // Collective kinds SHOAL_ALGO names no algorithm of, warned once each.
+  mutable std::set<int> forcedMissingWarned_;  // guarded by logMutex_
+  void warnForcedMissing(CollKind kind) const;
   mutable std::mutex logMutex_;
   mutable std::set<std::pair<int, int>> logged_;
 };

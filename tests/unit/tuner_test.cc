@@ -692,6 +692,54 @@ TEST_CASE("NCCL_ALGO and SHOAL_ALGO: bad names are init errors, good ones steer"
   CHECK_THAT(fromEnv.status().message(), Catch::Contains("NCCL_ALGO=Ring;Nope"));
 }
 
+TEST_CASE("a forced algorithm that cannot run is an error - never a silent substitute", "[unit][tuner]") {
+  // One node: hierarchical does not apply (it needs several nodes).
+  const TopologySummary oneNode = summary(1, 4, LinkClass::kShm, LinkClass::kNet, smallMachine(4));
+  {
+    TunerOptions o = testOptions();
+    o.shoalAlgo = "hierarchical";
+    auto tuner = makeTuner(oneNode, o);
+    auto choice = tuner->choose(shapeOf(CollKind::kAllReduce, 8), viewOf(oneNode));
+    REQUIRE_FALSE(choice.isOk());
+    CHECK(choice.status().code() == Code::kInvalidUsage);
+    CHECK_THAT(choice.status().message(), Catch::Contains("SHOAL_ALGO=hierarchical cannot run AllReduce of 8 bytes"));
+    CHECK_FALSE(tuner->estimateUs(shapeOf(CollKind::kAllReduce, 8), viewOf(oneNode)).isOk());
+    // Send/Recv have one algorithm: SHOAL_ALGO does not apply to them.
+    CollShape send = shapeOf(CollKind::kSend, 64);
+    send.peer = 1;
+    CHECK(tuner->choose(send, viewOf(oneNode)).isOk());
+  }
+  {
+    // one_shot is offered up to 16 KiB: beyond, forcing it fails.
+    TunerOptions o = testOptions();
+    o.shoalAlgo = "one_shot";
+    auto tuner = makeTuner(oneNode, o);
+    auto small = tuner->choose(shapeOf(CollKind::kAllReduce, 1 * KiB), viewOf(oneNode));
+    REQUIRE(small.isOk());
+    CHECK(std::string(small->algorithm->name) == "one_shot");
+    CHECK(tuner->choose(shapeOf(CollKind::kAllReduce, 64 * MiB), viewOf(oneNode)).status().code() ==
+          Code::kInvalidUsage);
+  }
+  {
+    // A name with no algorithm for this collective: the tuner's choice (one WARN).
+    TunerOptions o = testOptions();
+    o.shoalAlgo = "bruck";
+    auto choice = makeTuner(oneNode, o)->choose(shapeOf(CollKind::kAllReduce, 1 * KiB), viewOf(oneNode));
+    REQUIRE(choice.isOk());
+    CHECK(std::string(choice->algorithm->name) != "bruck");
+  }
+  {
+    // NCCL_ALGO naming only algorithms Shoal does not have leaves nothing:
+    // ncclInvalidUsage, as NCCL ("NCCL_ALGO was set to ...").
+    TunerOptions o = testOptions();
+    o.algo = "NVLS";
+    auto choice = makeTuner(oneNode, o)->choose(shapeOf(CollKind::kAllReduce, 1 * KiB), viewOf(oneNode));
+    REQUIRE_FALSE(choice.isOk());
+    CHECK(choice.status().code() == Code::kInvalidUsage);
+    CHECK_THAT(choice.status().message(), Catch::Contains("NCCL_ALGO was set to NVLS"));
+  }
+}
+
 TEST_CASE("SHOAL_TUNER_FILE parsing", "[unit][tuner]") {
   const LinkTable base = testLinks();
   SECTION("a good file overrides the classes it lists") {
