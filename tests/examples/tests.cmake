@@ -19,7 +19,7 @@ set(SHOAL_EXAMPLES_FAIL_REGEX "MISMATCH| failed: ")
 function(shoal_add_example_test name example nthreads)
   add_test(NAME ${name} COMMAND $<TARGET_FILE:${example}> -t ${nthreads} --check ${ARGN})
   set_tests_properties(${name} PROPERTIES
-    LABELS sim
+    LABELS "sim;examples"
     TIMEOUT 60
     ENVIRONMENT "NCCL_SOCKET_IFNAME=lo;FI_TCP_IFACE=lo"
     FAIL_REGULAR_EXPRESSION "${SHOAL_EXAMPLES_FAIL_REGEX}")
@@ -62,7 +62,7 @@ function(shoal_add_mpi_example_test name example nprocesses)
   add_test(NAME ${name}
     COMMAND ${SHOAL_EXAMPLES_MPIRUN} -np ${nprocesses} $<TARGET_FILE:${example}> --check ${ARGN})
   set_tests_properties(${name} PROPERTIES
-    LABELS mpi
+    LABELS "mpi;examples"
     TIMEOUT 60
     FAIL_REGULAR_EXPRESSION "${SHOAL_EXAMPLES_FAIL_REGEX}")
 endfunction()

@@ -45,9 +45,10 @@
 # removed on exit, on INT/TERM/HUP and on failure.
 #
 # Without the right to make namespaces (not root, no CAP_NET_ADMIN, no
-# iproute2), or with --loopback, the same job runs on loopback with
-# NCCL_HOSTID=nodeK grouping (ranks K*L..K*L+L-1 form node K), and a line
-# says so; --rate, --link-down-after and --sysctl need namespaces and are refused there
+# iproute2) the run fails (exit 2), unless SHOAL_NETNS_ALLOW_LOOPBACK=1: then,
+# as with --loopback, the same job runs on loopback with NCCL_HOSTID=nodeK
+# grouping (ranks K*L..K*L+L-1 form node K), and a REDUCED line says so;
+# --rate, --link-down-after and --sysctl need namespaces and are refused there
 # (exit 77, CTest's skip code for tests declared with SKIP_RETURN_CODE 77).
 set -u
 
@@ -282,7 +283,13 @@ if [ "$MODE" = netns ] && ! make_namespaces; then
 fi
 
 if [ "$MODE" = loopback ]; then
-  say "network namespaces not used: $WHY; running $NODES x $RPN ranks on loopback with NCCL_HOSTID=node<k> grouping (no per-node links)"
+  # Emulated nodes without namespaces test much less (no per-node links): only
+  # with --loopback or SHOAL_NETNS_ALLOW_LOOPBACK=1 does a run go on (or skip)
+  # that way; otherwise it fails, so that a test run cannot pass on less.
+  if [ "$FORCE_LOOPBACK" != 1 ] && [ "${SHOAL_NETNS_ALLOW_LOOPBACK:-0}" != 1 ]; then
+    die "network namespaces not used: $WHY (set SHOAL_NETNS_ALLOW_LOOPBACK=1 to run on loopback instead)"
+  fi
+  say "REDUCED: network namespaces not used: $WHY; running $NODES x $RPN ranks on loopback with NCCL_HOSTID=node<k> grouping (no per-node links)"
   if [ -n "$RATE" ]; then say "--rate needs namespaces: skipped"; exit $SKIP; fi
   if [ -n "$DOWN_AFTER" ]; then say "--link-down-after needs namespaces: skipped"; exit $SKIP; fi
   if [ ${#SYSCTLS[@]} -gt 0 ]; then say "--sysctl needs namespaces: skipped"; exit $SKIP; fi
