@@ -1439,8 +1439,16 @@ TEST_CASE("ncclGroupSimulateEnd estimates and runs nothing", "[api][group]") {
   NCCL_EXPECT(ncclGroupSimulateEnd(nullptr), ncclInvalidArgument);
   ncclSimInfo_t info = NCCL_SIM_INFO_INITIALIZER;
   NCCL_OK(ncclGroupSimulateEnd(&info));
-  CHECK(info.estimatedTime >= 0.0f);
+  CHECK(info.estimatedTime > 0.0f);
   CHECK(info.estimatedTime != NCCL_UNDEF_FLOAT);
+  // The tuner's model: 1000x the bytes costs more time.
+  std::vector<float> big(4096 * 1000);
+  NCCL_OK(ncclGroupStart());
+  for (int r = 0; r < 2; ++r)
+    NCCL_OK(ncclAllReduce(big.data(), big.data(), big.size(), ncclFloat, ncclSum, w[r], nullptr));
+  ncclSimInfo_t bigInfo = NCCL_SIM_INFO_INITIALIZER;
+  NCCL_OK(ncclGroupSimulateEnd(&bigInfo));
+  CHECK(bigInfo.estimatedTime > info.estimatedTime);
   for (int r = 0; r < 2; ++r) checkBuf(recv[r], [](size_t) { return -3; }, "simulation runs nothing");
   NCCL_EXPECT(ncclGroupEnd(), ncclInvalidUsage);  // the simulated group is closed
   requireWorking(w);
@@ -1902,11 +1910,11 @@ TEST_CASE("bad arguments fail at once with a reason and leave the communicator u
       {"AllReduce negative datatype", [&] { return ncclAllReduce(s, d, 16, negType, ncclSum, c, nullptr); }, ncclInvalidArgument, "type"},
       {"Broadcast bad datatype", [&] { return ncclBroadcast(s, d, 16, badType, 0, c, nullptr); }, ncclInvalidArgument, "type"},
       {"Send bad datatype", [&] { return ncclSend(s, 16, badType, 1, c, nullptr); }, ncclInvalidArgument, "type"},
-      {"AllReduce op ncclNumOps (never created)", [&] { return ncclAllReduce(s, d, 16, ncclFloat, ncclNumOps, c, nullptr); }, ncclInvalidArgument, "op"},
-      {"AllReduce op -1", [&] { return ncclAllReduce(s, d, 16, ncclFloat, static_cast<ncclRedOp_t>(-1), c, nullptr); }, ncclInvalidArgument, "op"},
-      {"AllReduce op ncclMaxRedOp", [&] { return ncclAllReduce(s, d, 16, ncclFloat, ncclMaxRedOp, c, nullptr); }, ncclInvalidArgument, "op"},
-      {"ReduceScatter bad op", [&] { return ncclReduceScatter(s, d, 8, ncclFloat, static_cast<ncclRedOp_t>(99), c, nullptr); }, ncclInvalidArgument, "op"},
-      {"Reduce bad op", [&] { return ncclReduce(s, d, 16, ncclFloat, static_cast<ncclRedOp_t>(-5), 0, c, nullptr); }, ncclInvalidArgument, "op"},
+      {"AllReduce op ncclNumOps (never created)", [&] { return ncclAllReduce(s, d, 16, ncclFloat, ncclNumOps, c, nullptr); }, ncclInvalidArgument, "reduction operator"},
+      {"AllReduce op -1", [&] { return ncclAllReduce(s, d, 16, ncclFloat, static_cast<ncclRedOp_t>(-1), c, nullptr); }, ncclInvalidArgument, "reduction operator"},
+      {"AllReduce op ncclMaxRedOp", [&] { return ncclAllReduce(s, d, 16, ncclFloat, ncclMaxRedOp, c, nullptr); }, ncclInvalidArgument, "reduction operator"},
+      {"ReduceScatter bad op", [&] { return ncclReduceScatter(s, d, 8, ncclFloat, static_cast<ncclRedOp_t>(99), c, nullptr); }, ncclInvalidArgument, "reduction operator"},
+      {"Reduce bad op", [&] { return ncclReduce(s, d, 16, ncclFloat, static_cast<ncclRedOp_t>(-5), 0, c, nullptr); }, ncclInvalidArgument, "reduction operator"},
       {"Broadcast root -1", [&] { return ncclBroadcast(s, d, 16, ncclFloat, -1, c, nullptr); }, ncclInvalidArgument, "root"},
       {"Broadcast root n", [&] { return ncclBroadcast(s, d, 16, ncclFloat, n, c, nullptr); }, ncclInvalidArgument, "root"},
       {"Bcast root n", [&] { return ncclBcast(d, 16, ncclFloat, n, c, nullptr); }, ncclInvalidArgument, "root"},
@@ -2254,8 +2262,20 @@ TEST_CASE("Shoal host streams make host-memory collectives asynchronous", "[api]
 TEST_CASE("shoalCommDumpState describes a communicator", "[api][diagnostics]") {
   World w(2);
   char buf[4096];
+  // After a collective: the communicator, its collectives, its connection to
+  // the peer and no error.
+  float a[4] = {1, 1, 1, 1}, b[4] = {1, 1, 1, 1};
+  NCCL_OK(ncclGroupStart());
+  NCCL_OK(ncclAllReduce(a, a, 4, ncclFloat, ncclSum, w[0], nullptr));
+  NCCL_OK(ncclAllReduce(b, b, 4, ncclFloat, ncclSum, w[1], nullptr));
+  NCCL_OK(ncclGroupEnd());
   NCCL_OK(shoalCommDumpState(w[0], buf, sizeof(buf)));
-  CHECK(std::strlen(buf) > 0);
+  const std::string text = buf;
+  INFO(text);
+  CHECK(text.find("rank 0/2") != std::string::npos);
+  CHECK(text.find("collectives issued: 1") != std::string::npos);
+  CHECK(text.find("rank 1") != std::string::npos);  // the connection's peer
+  CHECK(text.find("async error: none") != std::string::npos);
   char tiny[8];
   NCCL_OK(shoalCommDumpState(w[0], tiny, sizeof(tiny)));
   CHECK(std::strlen(tiny) < sizeof(tiny));

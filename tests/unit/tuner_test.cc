@@ -890,7 +890,8 @@ TEST_CASE("machine discovery finds plausible facts", "[unit][topology]") {
     WARN("hwloc: " << hw.status().toString());
   }
   check(localMachine());
-  CHECK(&localMachine() == &localMachine());  // discovered once
+  // The process's machine is what discovery finds (hwloc where it works).
+  CHECK(describeMachine(localMachine()) == describeMachine(hw.isOk() ? *hw : discoverMachineFromSystem()));
 }
 
 TEST_CASE("machine description and agreement", "[unit][topology]") {
