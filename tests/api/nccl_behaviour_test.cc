@@ -709,12 +709,14 @@ int threadCount() {
   return n;
 }
 
-// Waits up to 1 s for the thread count to come back to `want` (a joined
-// thread leaves /proc a moment after join returns); returns the last count.
+// Waits up to 10 s for the thread count to come back to `want` (a joined
+// thread leaves /proc a moment after join returns; on a loaded 2-core
+// machine that moment can be long); returns the last count. Only a wrong
+// count takes the whole wait.
 int threadCountSettlingAt(int want) {
   auto t0 = Clock::now();
   int n = threadCount();
-  while (n != want && msSince(t0) < 1000) {
+  while (n != want && msSince(t0) < 10000) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
     n = threadCount();
   }

@@ -21,6 +21,10 @@
 #                         switch port nK (J = 1) or nK-J; ranks get
 #                         NCCL_SOCKET_IFNAME=eth (every rail) and no FI_TCP_IFACE;
 #                         --rate and --link-down-after act on every rail
+#   --link-down-after SECONDS NODE: NODE's link goes down SECONDS after every
+#                         rank touched $SHOAL_TEST_READY_FILE (set per rank;
+#                         the program's sign that it is in its loop), or after
+#                         launch if one ends first
 #   --sysctl KEY=VALUE    set in every node namespace before the job (net.*
 #                         keys only, which are per namespace, e.g.
 #                         net.ipv4.tcp_notsent_lowat; decision 0009's evidence)
@@ -417,6 +421,14 @@ JOB_PID=$!
 
 if [ -n "$DOWN_AFTER" ]; then
   (
+    # SECONDS after every rank is in its loop (touched its ready file), or
+    # after launch for a program that never says so: start-up time, which
+    # varies on a loaded machine, is not counted.
+    for ((i = 0; i < TIMEOUT * 10; i++)); do
+      [ "$(find "$RUNDIR/ranks" -name '*.ready' | wc -l)" -ge "$NP" ] && break
+      [ "$(find "$RUNDIR/ranks" -name '*.status' | wc -l)" -gt 0 ] && break
+      sleep 0.1
+    done
     sleep "$DOWN_AFTER"
     now_ns >"$RUNDIR/down.tmp" && mv "$RUNDIR/down.tmp" "$RUNDIR/down"
     for ((j = 0; j < RAILS; j++)); do ip -n "$SW" link set "$(rail_port "$DOWN_NODE" "$j")" down; done

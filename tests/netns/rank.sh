@@ -5,7 +5,8 @@
 #                  placed by slot, so node K holds ranks K*L..K*L+L-1)
 #  --log-dir DIR   link-down mode: copy the rank's stdout and stderr to
 #                  DIR/rank<R>.log and, when it ends, write
-#                  "<exit status> <end time ns> <NCCL_HOSTID>" to DIR/rank<R>.status
+#                  "<exit status> <end time ns> <NCCL_HOSTID>" to DIR/rank<R>.status;
+#                  SHOAL_TEST_READY_FILE=DIR/rank<R>.ready for the program
 set -u
 DIV=""; LOGDIR=""
 while [ $# -gt 0 ]; do
@@ -20,6 +21,8 @@ RANK=${OMPI_COMM_WORLD_RANK:?rank.sh runs under mpirun}
 [ -n "$DIV" ] && export NCCL_HOSTID=node$((RANK / DIV))
 [ -n "$LOGDIR" ] || exec "$@"
 
+# The program may touch this file once it is ready (link-down timing).
+export SHOAL_TEST_READY_FILE=$LOGDIR/rank$RANK.ready
 LOG=$LOGDIR/rank$RANK.log
 : >"$LOG"
 "$@" > >(tee -a "$LOG") 2> >(tee -a "$LOG" >&2)

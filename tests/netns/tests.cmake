@@ -104,7 +104,8 @@ set_tests_properties(netns.harness_cleanup PROPERTIES
   LABELS netns TIMEOUT 60 SKIP_RETURN_CODE 77)
 
 # A node's link goes down in the middle of back-to-back allreduces (node 1 of
-# 2x2 at +4 s, no-progress deadline 5 s). cluster.sh prints one line per rank
+# 2x2, 4 s after every rank completed its first one, however long start-up
+# took; no-progress deadline 5 s). cluster.sh prints one line per rank
 # and exits 0 only if every rank ended with an error within 15 s of the cut:
 #   .no_hang          any error will do
 #   .names_lost_peer  each rank's error also names a rank beyond the cut
