@@ -32,3 +32,26 @@ foreach(transport tcp ofi)
   set_tests_properties("api.split_one_thread_over_${transport}" PROPERTIES LABELS api TIMEOUT 120
     ENVIRONMENT "SHOAL_TRANSPORT=${transport};FI_PROVIDER=tcp\\;ofi_rxm;NCCL_SOCKET_IFNAME=lo;FI_TCP_IFACE=lo;SHOAL_INIT_TIMEOUT_MS=30000")
 endforeach()
+
+# LD_PRELOAD swap under a binary built against NVIDIA's nccl.h and linked with
+# NVIDIA's libnccl.so.2 (registered with ldconfig where the CUDA toolkit is
+# installed): with Shoal preloaded, Shoal serves it; without, NVIDIA does.
+find_library(SHOAL_NVIDIA_NCCL NAMES libnccl.so.2 nccl
+  PATHS /usr/local/cuda/lib /usr/local/cuda/lib64 /usr/local/cuda-13.0/lib NO_DEFAULT_PATH)
+find_path(SHOAL_NVIDIA_NCCL_INCLUDE nccl.h PATHS /usr/local/cuda/include NO_DEFAULT_PATH)
+if(SHOAL_NVIDIA_NCCL AND SHOAL_NVIDIA_NCCL_INCLUDE)
+  add_executable(api_preload_probe ${CMAKE_CURRENT_LIST_DIR}/preload_probe.c)
+  target_include_directories(api_preload_probe BEFORE PRIVATE ${SHOAL_NVIDIA_NCCL_INCLUDE})
+  target_link_libraries(api_preload_probe PRIVATE ${SHOAL_NVIDIA_NCCL} ${CMAKE_DL_LIBS})
+  # As a user's binary: no build rpath to NVIDIA's folder (ldconfig finds it).
+  set_target_properties(api_preload_probe PROPERTIES SKIP_BUILD_RPATH ON)
+  add_test(NAME api.preload_swaps_nvidia_nccl COMMAND api_preload_probe shoal)
+  set_tests_properties(api.preload_swaps_nvidia_nccl PROPERTIES LABELS api TIMEOUT 60
+    ENVIRONMENT "LD_PRELOAD=$<TARGET_FILE:nccl>;NCCL_SOCKET_IFNAME=lo")
+  add_test(NAME api.preload_probe_without_preload_is_nvidia COMMAND api_preload_probe nvidia)
+  set_tests_properties(api.preload_probe_without_preload_is_nvidia PROPERTIES LABELS api TIMEOUT 60)
+else()
+  add_test(NAME api.preload_swaps_nvidia_nccl COMMAND sh -c
+    "echo 'NVIDIA libnccl.so.2 or nccl.h not found under /usr/local/cuda: LD_PRELOAD swap not tested'; exit 77")
+  set_tests_properties(api.preload_swaps_nvidia_nccl PROPERTIES LABELS api SKIP_RETURN_CODE 77)
+endif()
