@@ -488,11 +488,14 @@ Status Communicator::handleFailure(const Job& job, Status st) {
   // can read it: in every connection that has a side channel (same-host peers
   // read it even when the store is out of reach), then in the store; then
   // what the peers we depended on reported, if anything.
+  // An abort (a watchdog on another thread) ends these waits at once: the
+  // peers that abort too never publish a report.
+  const Deadline reportDeadline = Deadline::afterMs(kFailureReportMs).cancelledBy(&abortFlag_);
   for (auto& [key, connection] : connections_) connection->publishFailure(st.message());
-  (void)request_.store->set(failureKey(rank_), st.message(), Deadline::afterMs(kFailureReportMs));
+  (void)request_.store->set(failureKey(rank_), st.message(), reportDeadline);
   std::vector<int> upstreamPeers = job.waitingOn();
   if (job.failedPeer() >= 0 && st.code() == Code::kRemoteError) upstreamPeers = {job.failedPeer()};
-  Deadline deadline = Deadline::afterMs(kFailureReportMs);
+  Deadline deadline = reportDeadline;
   std::string upstreamText;
   for (int peer : upstreamPeers) {
     if (peer == rank_) continue;
@@ -506,7 +509,7 @@ Status Communicator::handleFailure(const Job& job, Status st) {
   }
   if (!upstreamText.empty()) {
     st = Status(st.code(), st.message() + upstreamText);
-    (void)request_.store->set(failureKey(rank_), st.message(), Deadline::afterMs(kFailureReportMs));
+    (void)request_.store->set(failureKey(rank_), st.message(), reportDeadline);
   }
   Engine::instance().retire(reinterpret_cast<uintptr_t>(this), st);
   connections_.clear();
