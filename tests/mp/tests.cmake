@@ -9,3 +9,8 @@ shoal_add_test(mp_tests LABEL mp TIMEOUT 300 SOURCES
 shoal_add_test(mp_check_mode_tests LABEL mp TIMEOUT 120 SOURCES
   mp/check_mode_test.cc
   support/mp_harness.cc)
+
+# Environment settings and scalar residence through forked ranks.
+shoal_add_test(mp_env_tests LABEL mp TIMEOUT 120 SOURCES
+  mp/env_test.cc
+  support/mp_harness.cc)
