@@ -603,18 +603,11 @@ World::Value World::collective(int thread, Value value, Combine how, bool isReal
       break;
     case Combine::kSum:
     case Combine::kAverage:
-      if (arrived_ > 0) {
-        accumulator_.real += value.real;
-        accumulator_.integer += value.integer;
-      }
+      if (arrived_ > 0) fold(accumulator_, value, how);
       break;
     case Combine::kMin:
-      accumulator_.real = std::min(accumulator_.real, value.real);
-      accumulator_.integer = std::min(accumulator_.integer, value.integer);
-      break;
     case Combine::kMax:
-      accumulator_.real = std::max(accumulator_.real, value.real);
-      accumulator_.integer = std::max(accumulator_.integer, value.integer);
+      fold(accumulator_, value, how);
       break;
     case Combine::kNone:
       break;
@@ -637,6 +630,28 @@ World::Value World::collective(int thread, Value value, Combine how, bool isReal
   return result_;
 }
 
+// acc = acc (+, min, max) v, as `how` says; kRank0 and kNone keep acc.
+void World::fold(Value& acc, const Value& v, Combine how) {
+  switch (how) {
+    case Combine::kSum:
+    case Combine::kAverage:
+      acc.real += v.real;
+      acc.integer += v.integer;
+      break;
+    case Combine::kMin:
+      acc.real = std::min(acc.real, v.real);
+      acc.integer = std::min(acc.integer, v.integer);
+      break;
+    case Combine::kMax:
+      acc.real = std::max(acc.real, v.real);
+      acc.integer = std::max(acc.integer, v.integer);
+      break;
+    case Combine::kRank0:
+    case Combine::kNone:
+      break;
+  }
+}
+
 World::Value World::acrossProcesses(Value value, Combine how, bool isReal) const {
   if (process_.count() <= 1) return value;
   Value combined = value;
@@ -656,16 +671,9 @@ World::Value World::acrossProcesses(Value value, Combine how, bool isReal) const
             switch (how) {
               case Combine::kSum:
               case Combine::kAverage:
-                total.real += v.real;
-                total.integer += v.integer;
-                break;
               case Combine::kMin:
-                total.real = std::min(total.real, v.real);
-                total.integer = std::min(total.integer, v.integer);
-                break;
               case Combine::kMax:
-                total.real = std::max(total.real, v.real);
-                total.integer = std::max(total.integer, v.integer);
+                fold(total, v, how);
                 break;
               case Combine::kRank0:
               case Combine::kNone:

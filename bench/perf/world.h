@@ -97,6 +97,7 @@ class World {
     double real = 0;
     int64_t integer = 0;
   };
+  static void fold(Value& acc, const Value& v, Combine how);
   Value collective(int thread, Value value, Combine how, bool isReal);
   Value acrossProcesses(Value value, Combine how, bool isReal) const;
 
