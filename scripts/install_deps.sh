@@ -3,7 +3,7 @@
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 pkgs=(build-essential cmake pkg-config catch2 libfabric-dev libfabric-bin libhwloc-dev
-      libopenmpi-dev openmpi-bin libbenchmark-dev iproute2 python3)
+      libopenmpi-dev openmpi-bin libbenchmark-dev iproute2 python3 clang libclang-rt-14-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

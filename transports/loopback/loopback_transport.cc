@@ -90,6 +90,9 @@ Result<LoopbackFaults> LoopbackFaults::parse(const std::string& spec) {
     char* end = nullptr;
     long long v = std::strtoll(item.c_str() + eq + 1, &end, 0);
     if (!end || *end != '\0') return invalidArgument("loopback fault '", item, "': bad number");
+    // The delay is added to the clock in ns: refuse what would overflow it.
+    if (name == "delay_us" && v > INT64_MAX / 2000)
+      return invalidArgument("loopback fault '", item, "': delay too large");
     if (name == "delay_us") f.delayUs = v;
     else if (name == "reorder_seed") f.reorderSeed = static_cast<uint64_t>(v);
     else if (name == "fail_nth") f.failNth = v;

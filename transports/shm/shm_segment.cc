@@ -133,7 +133,9 @@ Result<Segment> Segment::tryOpen(const std::string& name, std::string_view secre
   s.base_ = static_cast<uint8_t*>(base);
   Header& h = s.header();
   if (h.magic.load(std::memory_order_acquire) != kMagic) return Segment();  // not initialised yet
-  if (h.version != kLayoutVersion || s.bytes_ != totalBytes(h.ringBytes))
+  // The ring size sizes every ring access (slot mask, frame limit): only the
+  // sizes ringBytesFor() makes (a power of two, 64 KiB..256 MiB) are safe.
+  if (h.version != kLayoutVersion || s.bytes_ != totalBytes(h.ringBytes) || h.ringBytes != ringBytesFor(h.ringBytes))
     return systemError("shared-memory segment ", name, " has layout version ", h.version, " and ", s.bytes_,
                        " bytes; this library expects version ", kLayoutVersion,
                        " (both ranks must load the same Shoal build)");
