@@ -122,6 +122,10 @@ Result<UniqueIdContents> createUniqueId() {
   if (!p.commId.empty()) {
     Result<net::SocketAddress> address = net::SocketAddress::resolve(p.commId);
     if (!address.isOk()) return address.takeStatus().withContext("NCCL_COMM_ID");
+    // Every rank must reach the root at this address: a port chosen by the
+    // kernel (0) could not be known to them, and the id would be refused.
+    if (address.value().port() == 0)
+      return invalidArgument("NCCL_COMM_ID=", p.commId, ": the root's port is 0 (give a fixed port)");
     id.magic = kCommIdMagic;
     id.address = address.value().toString();
     commIdSecret(id.address, id.secret);

@@ -500,6 +500,15 @@ TEST_CASE("NCCL_COMM_ID: deterministic id / rank 0 starts the root", "[bootstrap
   tampered.secret[3] ^= 1;
   REQUIRE(startRootIfNeeded(tampered).code() == Code::kInvalidArgument);
 
+  // Port 0 cannot name a root every rank reaches: refused at creation (an id
+  // made from it would be refused by every rank's decode).
+  setenv("NCCL_COMM_ID", "127.0.0.1:0", 1);
+  reloadParams();
+  Result<UniqueIdContents> portZero = createUniqueId();
+  REQUIRE_FALSE(portZero.isOk());
+  CHECK(portZero.status().code() == Code::kInvalidArgument);
+  CHECK(portZero.status().message().find("port is 0") != std::string::npos);
+
   unsetenv("NCCL_COMM_ID");
   unsetenv("NCCL_SOCKET_RETRY_CNT");
   unsetenv("NCCL_SOCKET_RETRY_SLEEP_MSEC");
