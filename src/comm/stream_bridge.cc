@@ -14,11 +14,6 @@ namespace {
 
 uint64_t alignUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
-uint64_t loadWord(const uint64_t* word) { return __atomic_load_n(word, __ATOMIC_ACQUIRE); }
-
-bool reached(const uint64_t* word, uint64_t seq) {
-  return static_cast<int64_t>(loadWord(word) - seq) >= 0;
-}
 
 // The streams of a submission, first use first: the first leads.
 std::vector<cuda::StreamHandle> streamsOf(std::span<const OpRequest> ops) {
@@ -28,6 +23,9 @@ std::vector<cuda::StreamHandle> streamsOf(std::span<const OpRequest> ops) {
       streams.push_back(op.stream);
   return streams;
 }
+
+// SHOAL_CUDA_STAGING_BYTES, never negative.
+uint64_t stagingLimit() { return static_cast<uint64_t>(std::max<int64_t>(params().cudaStagingBytes, 0)); }
 
 }  // namespace
 
@@ -45,7 +43,7 @@ StreamBridge::~StreamBridge() {
   for (;;) {
     bool busy = false;
     for (const auto& slot : slots_)
-      if (slot->busy && !reached(slot->words + kReleased, slot->seq)) busy = true;
+      if (slot->busy && !streamWordReached(slot->words + kReleased, slot->seq)) busy = true;
     if (!busy) break;
     if (deadline.expired()) {
       SHOAL_WARN("CUDA: a stream has not passed this communicator's staged operations; their "
@@ -102,11 +100,11 @@ Status StreamBridge::newDoorbellPage() {
 
 void StreamBridge::reclaim() {
   for (auto& slot : slots_)
-    if (slot->busy && reached(slot->words + kReleased, slot->seq)) slot->busy = false;
+    if (slot->busy && streamWordReached(slot->words + kReleased, slot->seq)) slot->busy = false;
   // Keep at most the parameter's worth of idle staging, the largest first to go.
   uint64_t kept = 0;
   for (const auto& slot : slots_) kept += slot->stagingBytes;
-  const auto limit = static_cast<uint64_t>(std::max<int64_t>(params().cudaStagingBytes, 0));
+  const uint64_t limit = stagingLimit();
   while (kept > limit) {
     Slot* largest = nullptr;
     for (auto& slot : slots_)
@@ -127,7 +125,7 @@ void StreamBridge::throttle(uint64_t stagingBytes) {
   // wait is bounded, so a stream held back by later work of this thread (an
   // event it has yet to record) costs time, not a hang: after it the
   // staging goes over the bound, said once at INFO.
-  const auto limit = static_cast<uint64_t>(std::max<int64_t>(params().cudaStagingBytes, 0));
+  const uint64_t limit = stagingLimit();
   auto busyBytes = [&] {
     uint64_t bytes = 0;
     for (const auto& slot : slots_)
@@ -339,7 +337,7 @@ Status StreamBridge::enqueue(const Staged& staged, std::span<const OpRequest> op
 }
 
 void StreamBridge::releaseStream(const Staged& staged) {
-  __atomic_store_n(staged.done, staged.seq, __ATOMIC_RELEASE);
+  writeStreamWord(staged.done, staged.seq);
 }
 
 Status StreamBridge::copyIn(const Staged& staged, std::span<const OpRequest> ops) {

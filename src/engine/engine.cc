@@ -128,9 +128,7 @@ std::shared_ptr<const PreparedPlan> preparePlan(PlanPtr plan) {
   return prepared;
 }
 
-bool Job::streamReached() const {
-  return static_cast<int64_t>(__atomic_load_n(streamReady, __ATOMIC_ACQUIRE) - streamSeq) >= 0;
-}
+bool Job::streamReached() const { return streamWordReached(streamReady, streamSeq); }
 
 void Job::releaseStream() {
   // The outputs in staging, including non-temporal stores, are visible
@@ -138,7 +136,7 @@ void Job::releaseStream() {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_sfence();
 #endif
-  __atomic_store_n(streamDone, streamSeq, __ATOMIC_RELEASE);
+  writeStreamWord(streamDone, streamSeq);
 }
 
 void Job::finish(Status status) {

@@ -73,6 +73,16 @@ struct PreparedPlan {
 };
 std::shared_ptr<const PreparedPlan> preparePlan(PlanPtr plan);
 
+// The 64-bit words a CUDA stream and the engine hand a job over with (pinned
+// host memory, docs/cuda.md): a word has reached `seq` once
+// (int64_t)(*word - seq) >= 0, the compare cuStreamWaitValue64 makes.
+inline bool streamWordReached(const uint64_t* word, uint64_t seq) {
+  return static_cast<int64_t>(__atomic_load_n(word, __ATOMIC_ACQUIRE) - seq) >= 0;
+}
+inline void writeStreamWord(uint64_t* word, uint64_t value) {
+  __atomic_store_n(word, value, __ATOMIC_RELEASE);
+}
+
 // What an operation's Reduce steps need besides the plan: the PreMulSum scalar.
 struct OpScalar {
   std::array<uint8_t, 16> bytes{};  // one element of the op's dtype (host immediate)
