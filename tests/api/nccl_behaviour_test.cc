@@ -1504,16 +1504,16 @@ TEST_CASE("4 threads over tcp on 127.0.0.1 (SHOAL_TRANSPORT=tcp)", "[api][thread
   requireNoErrors(errors);
 }
 
-TEST_CASE("ncclCommInitRankScalable with one id from 3 threads", "[api][threads]") {
-  const int n = 3;
-  ncclUniqueId id = newId();
+// Every rank passes the same nId ids (PyTorch makes one per 128 ranks, each
+// by a different rank, and all-gathers them through its store).
+static void initScalableAndRun(int n, const std::vector<ncclUniqueId>& ids) {
   std::vector<std::string> errors(n);
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r)
     threads.emplace_back([&, r] {
       ncclComm_t comm = nullptr;
-      ncclUniqueId ids[1] = {id};
-      ncclResult_t rc = ncclCommInitRankScalable(&comm, n, r, 1, ids, nullptr);
+      std::vector<ncclUniqueId> mine = ids;  // each rank its own copy, as after a store exchange
+      ncclResult_t rc = ncclCommInitRankScalable(&comm, n, r, static_cast<int>(mine.size()), mine.data(), nullptr);
       if (rc != ncclSuccess) {
         errors[r] = std::string("init: ") + ncclGetErrorString(rc) + ": " + lastError();
         return;
@@ -1523,6 +1523,24 @@ TEST_CASE("ncclCommInitRankScalable with one id from 3 threads", "[api][threads]
     });
   for (auto& t : threads) t.join();
   requireNoErrors(errors);
+}
+
+TEST_CASE("ncclCommInitRankScalable with one id from 3 threads", "[api][threads]") {
+  initScalableAndRun(3, {newId()});
+}
+
+TEST_CASE("ncclCommInitRankScalable with three ids, each made separately, from 4 threads", "[api][threads]") {
+  initScalableAndRun(4, {newId(), newId(), newId()});
+}
+
+TEST_CASE("ncclCommInitRankScalable: nId < 1 or a NULL array is an invalid argument", "[api]") {
+  ncclComm_t comm = nullptr;
+  ncclUniqueId id = newId();
+  REQUIRE(ncclCommInitRankScalable(&comm, 1, 0, 0, &id, nullptr) == ncclInvalidArgument);
+  CHECK(std::string(ncclGetLastError(nullptr)).find("nId 0") != std::string::npos);
+  REQUIRE(ncclCommInitRankScalable(&comm, 1, 0, 1, nullptr, nullptr) == ncclInvalidArgument);
+  CHECK(std::string(ncclGetLastError(nullptr)).find("commIds") != std::string::npos);
+  CHECK(comm == nullptr);
 }
 
 TEST_CASE("ncclCommGetAsyncError from a watchdog thread while collectives run", "[api][threads]") {

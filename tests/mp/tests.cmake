@@ -14,3 +14,8 @@ shoal_add_test(mp_check_mode_tests LABEL mp TIMEOUT 120 SOURCES
 shoal_add_test(mp_env_tests LABEL mp TIMEOUT 120 SOURCES
   mp/env_test.cc
   support/mp_harness.cc)
+
+# Mismatched calls without the check mode: the message tags fail both ranks.
+shoal_add_test(mp_mismatch_tests LABEL mp TIMEOUT 120 SOURCES
+  mp/mismatch_test.cc
+  support/mp_harness.cc)
