@@ -3,9 +3,15 @@
 // Keys: "<scope>/ag/<round>/<rank>". Round r's get returning means every rank
 // has set its round-r key, hence finished reading every earlier round; so
 // after round r each rank erases its key of the previous allGather, and a long
-// job keeps at most two rounds in the store. finish() uses "<scope>/done/<round>/<rank>"; rank 0
-// erases those once it has them all.
+// job keeps at most two rounds in the store. finish() uses
+// "<scope>/done/<round>/<rank>": a rank records it after reading the last
+// round, so once rank 0 has them all it erases them and that round's keys.
+// leave() uses "<scope>/left/<rank>"; failure reports are
+// "<scope>/failure/<rank>". A finished communicator's scope is empty once
+// every rank has left it, so the store holds keys only for live communicators.
 #include "bootstrap/bootstrap.h"
+
+#include <algorithm>
 
 #include "core/log.h"
 
@@ -30,6 +36,15 @@ std::string formatRanks(const std::vector<int>& ranks) {
 
 Bootstrap::Bootstrap(std::shared_ptr<Store> store, std::string scope, int rank, int size)
     : store_(std::move(store)), scope_(std::move(scope)), rank_(rank), size_(size) {}
+
+Bootstrap::~Bootstrap() {
+  if (!finished_ || left_) return;
+  if (Status s = leave(Deadline::afterMs(kLeaveMs)); !s.isOk())
+    SHOAL_INFO(subsys::kBootstrap, "bootstrap leave of ", scope_, " (rank ", rank_, "): ", s.message(),
+               "; its keys stay until the id is released");
+}
+
+std::string Bootstrap::failureKey(int rank) const { return str(scope_, "/failure/", rank); }
 
 // The error for a get that timed out: which ranks' keys are missing.
 Status Bootstrap::missingRanks(const std::vector<std::string>& keys, const std::vector<int>& ranks,
@@ -83,9 +98,12 @@ Status Bootstrap::finish(Deadline deadline) {
     Status s = store_->set(keyOf(rank_), "", deadline);
     if (s.code() == Code::kRemoteError) {
       SHOAL_INFO(subsys::kBootstrap, what, ": the root went away after our record (", s.message(), ")");
-      return Status::ok();
+      s = Status::ok();
     }
-    return s.withContext(what);
+    if (!s.isOk()) return s.withContext(what);
+    lastGatherRound_ = -1;  // rank 0 erases it
+    finished_ = true;
+    return Status::ok();
   }
   std::vector<std::string> keys;
   std::vector<int> ranks;
@@ -93,15 +111,48 @@ Status Bootstrap::finish(Deadline deadline) {
     keys.push_back(keyOf(r));
     ranks.push_back(r);
   }
-  if (keys.empty()) return Status::ok();
-  Result<std::vector<std::string>> done = store_->get(keys, deadline);
-  if (!done.isOk()) {
-    Status failed = done.takeStatus();
-    if (failed.code() != Code::kTimeout) return failed.withContext(what);
-    SHOAL_TRY(missingRanks(keys, ranks, failed, what));
+  if (!keys.empty()) {
+    Result<std::vector<std::string>> done = store_->get(keys, deadline);
+    if (!done.isOk()) {
+      Status failed = done.takeStatus();
+      if (failed.code() != Code::kTimeout) return failed.withContext(what);
+      SHOAL_TRY(missingRanks(keys, ranks, failed, what));
+    }
   }
-  if (Status s = store_->erase(keys, deadline); !s.isOk())
-    SHOAL_WARN(what, ": could not erase the records: ", s.message());
+  // Every rank recorded its finish after reading the last allGather: nobody
+  // reads that round again.
+  if (lastGatherRound_ >= 0) {
+    for (int r = 0; r < size_; ++r) keys.push_back(str(scope_, "/ag/", lastGatherRound_, "/", r));
+    lastGatherRound_ = -1;
+  }
+  if (!keys.empty())
+    if (Status s = store_->erase(keys, deadline); !s.isOk())
+      SHOAL_WARN(what, ": could not erase the records: ", s.message());
+  finished_ = true;
+  return Status::ok();
+}
+
+Status Bootstrap::leave(Deadline deadline) {
+  if (!finished_ || left_) return Status::ok();
+  left_ = true;
+  auto leftKey = [&](int rank) { return str(scope_, "/left/", rank); };
+  std::string what = str("bootstrap leave of ", scope_, " (rank ", rank_, " of ", size_, ", store ",
+                         store_->describe(), ")");
+  if (Status s = store_->set(leftKey(rank_), "", deadline); !s.isOk()) return s.withContext(what);
+  std::vector<std::string> left;
+  for (int r = 0; r < size_; ++r) left.push_back(leftKey(r));
+  // The store orders the records: whoever sees all of them after its own is
+  // last (two ranks may both be; erasing twice is harmless).
+  SHOAL_ASSIGN_OR_RETURN(std::vector<bool> present, store_->check(left, deadline), what);
+  if (!std::all_of(present.begin(), present.end(), [](bool p) { return p; })) return Status::ok();
+  std::vector<std::string> keys = std::move(left);
+  for (int r = 0; r < size_; ++r) {
+    keys.push_back(failureKey(r));
+    // Our last allGather round is everyone's: each allGather since finish()
+    // was collective.
+    if (lastGatherRound_ >= 0) keys.push_back(str(scope_, "/ag/", lastGatherRound_, "/", r));
+  }
+  if (Status s = store_->erase(keys, deadline); !s.isOk()) return s.withContext(what);
   return Status::ok();
 }
 

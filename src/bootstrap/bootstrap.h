@@ -48,7 +48,8 @@ Result<UniqueIdContents> decodeUniqueId(const char in[UniqueIdContents::kBytes])
 
 // Makes a fresh id and starts the root store server in this process (listening
 // on the interface chosen by NCCL_SOCKET_IFNAME, or at NCCL_COMM_ID). The server
-// lives until the process exits.
+// lives until the process exits; the id until the last rank that used it
+// disconnects, or, never used, until the process exits (root_server.h).
 Result<UniqueIdContents> createUniqueId();
 // For an id made from NCCL_COMM_ID (magic 0x0280028002800280, whose root is
 // not started by createUniqueId): starts the root at the id's address if no
@@ -62,9 +63,16 @@ std::shared_ptr<Store> makeMemoryStore();
 
 class Bootstrap {
  public:
+  // How long the destructor's leave() may wait for the store.
+  static constexpr int64_t kLeaveMs = 1000;
+
   // `scope` namespaces every key (e.g. the communicator id), so that several
   // communicators share one store.
   Bootstrap(std::shared_ptr<Store> store, std::string scope, int rank, int size);
+  // Leaves the scope (leave()) if finish() succeeded and leave() was not called.
+  ~Bootstrap();
+  Bootstrap(const Bootstrap&) = delete;
+  Bootstrap& operator=(const Bootstrap&) = delete;
 
   int rank() const { return rank_; }
   int size() const { return size_; }
@@ -81,8 +89,19 @@ class Bootstrap {
   // that it no longer needs the root and returns; rank 0 returns once all have
   // (on its deadline the error lists who did not). A non-zero rank treats a
   // root that vanishes while answering its record as done: the root vanishes
-  // only once rank 0 has them all, or with rank 0 itself.
+  // only once rank 0 has them all, or with rank 0 itself. Rank 0 then erases
+  // the last allGather's keys: every rank has read them.
   Status finish(Deadline deadline);
+  // This rank is done with the scope for good (its communicator is being
+  // destroyed); only after a successful finish(), otherwise a no-op. The last
+  // rank to leave erases what the scope still holds: every rank's last
+  // allGather key, the leave records and the failure reports. Never waits for
+  // another rank: a rank that never leaves (it died) leaves those keys to the
+  // tenant's end (root_server.h).
+  Status leave(Deadline deadline);
+  // Where a failing rank publishes why (Communicator::handleFailure), so that
+  // leave() can erase it.
+  std::string failureKey(int rank) const;
 
  private:
   Status missingRanks(const std::vector<std::string>& keys, const std::vector<int>& ranks, const Status& failed,
@@ -94,6 +113,8 @@ class Bootstrap {
   int size_;
   uint64_t round_ = 0;            // rounds of allGather and finish, in call order
   int64_t lastGatherRound_ = -1;  // this rank's allGather key still in the store
+  bool finished_ = false;         // finish() succeeded: every rank took part
+  bool left_ = false;
 };
 
 }  // namespace shoal

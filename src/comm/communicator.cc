@@ -534,9 +534,7 @@ std::string Communicator::peerReportThroughConnections(int peer, Deadline deadli
   }
 }
 
-std::string Communicator::failureKey(int rank) const {
-  return str(request_.scope, "/failure/", rank);
-}
+std::string Communicator::failureKey(int rank) const { return bootstrap_->failureKey(rank); }
 
 Result<JobPtr> Communicator::enqueue(std::span<const OpRequest> ops, bool detached) {
   auto job = std::make_shared<Job>();
