@@ -3,12 +3,16 @@
 #include <poll.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <unordered_map>
 #include <vector>
 
@@ -40,7 +44,11 @@ struct Waiter {
 
 // One id served by the root: its key space and its waiting GETs.
 struct Tenant {
+  uint64_t magic = 0;
   std::string key;  // HMAC key derived from the secret
+  bool permanent = false;   // emptied, not dropped, when its clients leave (NCCL_COMM_ID)
+  bool used = false;        // a client proved the secret since the tenant was last emptied
+  size_t connections = 0;   // conns whose `tenant` is this one, in any phase
   std::unordered_map<std::string, std::string> values;
   std::unordered_map<uint64_t, Waiter> waiters;
   // key -> waiters that counted it missing (may name waiters already gone).
@@ -75,11 +83,20 @@ struct RootServer::State {
   int64_t handshakeTimeoutNs = 0;
   net::LivenessOptions liveness;
 
-  std::mutex tenantsMutex;  // guards `tenants` insertions; Tenant contents are the thread's
+  // Guards the `tenants` map (added to by any thread, erased from by the
+  // server thread); Tenant contents are the server thread's.
+  mutable std::mutex tenantsMutex;
   std::unordered_map<uint64_t, std::unique_ptr<Tenant>> tenants;
+
+  // Written by the server thread, read by usage().
+  std::atomic<size_t> storedValues{0};
+  std::atomic<size_t> connectionCount{0};
 
   // Everything below is touched only by the server thread.
   std::map<uint64_t, Conn> conns;
+  // Waiters that have a deadline, soonest first: timers cost the same however
+  // many tenants exist.
+  std::set<std::tuple<int64_t, Tenant*, uint64_t>> waiterDeadlines;
   uint64_t nextConnId = 1;
   int pendingHandshakes = 0;
   net::RejectLog rejects{"bootstrap root"};
@@ -104,6 +121,8 @@ struct RootServer::State {
   void reapClosed();
   int pollTimeoutMs(int64_t now);
   void dropWaiter(Tenant& tenant, uint64_t waiterId);
+  void releaseTenant(Tenant& tenant);
+  void addTenant(uint64_t magic, const uint8_t secret[32], bool permanent);
   Tenant* findTenant(uint64_t magic);
   void reply(uint64_t connId, uint64_t requestId, uint8_t status,
              const std::vector<std::string>& strings, bool withCount);
@@ -133,7 +152,7 @@ Result<RootServer*> RootServer::start(const net::SocketAddress& address, bool fi
     std::lock_guard<std::mutex> lock(listMutex);
     everyServer->push_back(server);
   }
-  if (firstSecret) server->addTenant(firstMagic, firstSecret);
+  if (firstSecret) server->state_->addTenant(firstMagic, firstSecret, /*permanent=*/true);
   State* s = server->state_.get();
   std::thread([s] { s->run(); }).detach();
   SHOAL_INFO(subsys::kBootstrap, "bootstrap root listening on ", s->address.toString());
@@ -141,15 +160,32 @@ Result<RootServer*> RootServer::start(const net::SocketAddress& address, bool fi
 }
 
 void RootServer::addTenant(uint64_t magic, const uint8_t secret[32]) {
-  std::lock_guard<std::mutex> lock(state_->tenantsMutex);
-  auto& slot = state_->tenants[magic];
+  state_->addTenant(magic, secret, /*permanent=*/false);
+}
+
+void RootServer::State::addTenant(uint64_t magic, const uint8_t secret[32], bool permanent) {
+  std::lock_guard<std::mutex> lock(tenantsMutex);
+  auto& slot = tenants[magic];
   if (!slot) {
     slot = std::make_unique<Tenant>();
+    slot->magic = magic;
     slot->key = deriveKey(secret, magic);
   }
+  slot->permanent = slot->permanent || permanent;
 }
 
 const net::SocketAddress& RootServer::address() const { return state_->address; }
+
+RootServer::Usage RootServer::usage() const {
+  Usage u;
+  {
+    std::lock_guard<std::mutex> lock(state_->tenantsMutex);
+    u.tenants = state_->tenants.size();
+  }
+  u.storedValues = state_->storedValues.load(std::memory_order_relaxed);
+  u.connections = state_->connectionCount.load(std::memory_order_relaxed);
+  return u;
+}
 
 Tenant* RootServer::State::findTenant(uint64_t magic) {
   std::lock_guard<std::mutex> lock(tenantsMutex);
@@ -199,11 +235,7 @@ int RootServer::State::pollTimeoutMs(int64_t now) {
   for (const auto& [id, conn] : conns)
     if (conn.phase == Phase::kHello || conn.phase == Phase::kProof)
       next = std::min(next, conn.handshakeDeadlineNs);
-  {
-    std::lock_guard<std::mutex> lock(tenantsMutex);  // the map, not the Tenants, is shared
-    for (const auto& [magic, tenant] : tenants)
-      for (const auto& [wid, w] : tenant->waiters) next = std::min(next, w.deadlineNs);
-  }
+  if (!waiterDeadlines.empty()) next = std::min(next, std::get<0>(*waiterDeadlines.begin()));
   int64_t ms = (next - now + 999999) / 1000000;
   return static_cast<int>(std::clamp<int64_t>(ms, 0, 1000));
 }
@@ -228,6 +260,7 @@ void RootServer::State::acceptNew() {
     conn.peer = peer;
     conn.handshakeDeadlineNs = nowNs() + handshakeTimeoutNs;
     ++pendingHandshakes;
+    connectionCount.fetch_add(1, std::memory_order_relaxed);
     uint64_t id = conn.id;
     conns.emplace(id, std::move(conn));
   }
@@ -265,7 +298,9 @@ void RootServer::State::onHello(Conn& conn) {
   if (tag != kHandshakeTag) return close(conn, "not a Shoal bootstrap hello", false);
   if (version != kVersion) return close(conn, str("unsupported protocol version ", version), false);
   conn.tenant = findTenant(magic);
-  if (conn.tenant == nullptr) return close(conn, "unknown ncclUniqueId (stale or foreign job)", false);
+  if (conn.tenant == nullptr)
+    return close(conn, "unknown ncclUniqueId (stale, its communicators all destroyed, or a foreign job)", false);
+  ++conn.tenant->connections;  // until reapClosed: the tenant outlives its connections
   if (Status s = net::randomBytes(conn.nonceS, kNonceBytes); !s.isOk())
     return close(conn, s.message(), false);
   net::Digest mac = serverMac(conn.tenant->key, conn.nonceC, conn.nonceS);
@@ -285,6 +320,7 @@ void RootServer::State::onProof(Conn& conn) {
     return close(conn, "wrong proof of the id's secret", false);
   Writer w(conn.out);
   w.u32(kAcceptTag);
+  conn.tenant->used = true;
   conn.phase = Phase::kReady;
   --pendingHandshakes;
   flush(conn);
@@ -370,6 +406,7 @@ void RootServer::State::handleSet(Conn& conn, uint64_t requestId, Reader& r) {
   if (!r.ok() || !r.atEnd()) return reply(conn.id, requestId, kBadRequest, {"malformed SET"}, false);
   Tenant& tenant = *conn.tenant;
   bool isNew = tenant.values.insert_or_assign(key, std::move(value)).second;
+  if (isNew) storedValues.fetch_add(1, std::memory_order_relaxed);
   // The setter's reply goes out before any waiter is answered: a waiter may be
   // the process that hosts this root and exit as soon as it is answered.
   reply(conn.id, requestId, kOk, {}, false);
@@ -386,6 +423,7 @@ void RootServer::State::handleGet(Conn& conn, uint64_t requestId, Reader& r) {
   waiter.requestId = requestId;
   waiter.deadlineNs = timeoutMs == kNoTimeout ? INT64_MAX : nowNs() + int64_t(timeoutMs) * 1000000;
   uint64_t waiterId = tenant.nextWaiterId++;
+  if (waiter.deadlineNs != INT64_MAX) waiterDeadlines.emplace(waiter.deadlineNs, &tenant, waiterId);
   tenant.waiters.emplace(waiterId, std::move(waiter));
   answerIfComplete(tenant, waiterId);
 }
@@ -411,6 +449,7 @@ bool RootServer::State::answerIfComplete(Tenant& tenant, uint64_t waiterId) {
   for (const auto& key : w.keys) values.push_back(tenant.values[key]);
   reply(w.connId, w.requestId, kOk, values, true);
   if (auto c = conns.find(w.connId); c != conns.end()) flush(c->second);
+  waiterDeadlines.erase({w.deadlineNs, &tenant, waiterId});
   tenant.waiters.erase(it);
   return true;
 }
@@ -430,7 +469,9 @@ void RootServer::State::onKeySet(Tenant& tenant, const std::string& key) {
 void RootServer::State::handleErase(Conn& conn, uint64_t requestId, Reader& r) {
   std::vector<std::string> keys;
   if (!readKeys(r, keys)) return reply(conn.id, requestId, kBadRequest, {"malformed ERASE"}, false);
-  for (const auto& key : keys) conn.tenant->values.erase(key);
+  size_t erased = 0;
+  for (const auto& key : keys) erased += conn.tenant->values.erase(key);
+  storedValues.fetch_sub(erased, std::memory_order_relaxed);
   reply(conn.id, requestId, kOk, {}, false);
 }
 
@@ -450,14 +491,9 @@ void RootServer::State::expire(int64_t now) {
   for (auto& [id, conn] : conns)
     if ((conn.phase == Phase::kHello || conn.phase == Phase::kProof) && now >= conn.handshakeDeadlineNs)
       close(conn, "no handshake within SHOAL_HANDSHAKE_TIMEOUT_MS", false);
-  std::vector<std::pair<Tenant*, uint64_t>> expired;
-  {
-    std::lock_guard<std::mutex> lock(tenantsMutex);
-    for (auto& [magic, tenant] : tenants)
-      for (auto& [wid, w] : tenant->waiters)
-        if (now >= w.deadlineNs) expired.emplace_back(tenant.get(), wid);
-  }
-  for (auto [tenant, wid] : expired) {
+  while (!waiterDeadlines.empty() && std::get<0>(*waiterDeadlines.begin()) <= now) {
+    auto [deadlineNs, tenant, wid] = *waiterDeadlines.begin();
+    waiterDeadlines.erase(waiterDeadlines.begin());
     auto it = tenant->waiters.find(wid);
     if (it == tenant->waiters.end()) continue;
     std::vector<std::string> missing;
@@ -473,6 +509,7 @@ void RootServer::State::expire(int64_t now) {
 void RootServer::State::dropWaiter(Tenant& tenant, uint64_t waiterId) {
   auto it = tenant.waiters.find(waiterId);
   if (it == tenant.waiters.end()) return;
+  waiterDeadlines.erase({it->second.deadlineNs, &tenant, waiterId});
   for (const auto& key : it->second.keys) {
     auto list = tenant.waitingOn.find(key);
     if (list == tenant.waitingOn.end()) continue;
@@ -493,6 +530,9 @@ void RootServer::State::flush(Conn& conn) {
   }
   conn.out.clear();
   conn.outStart = 0;
+  // A connection lives as long as its communicator: one large reply must not
+  // pin its buffer for that long.
+  if (conn.out.capacity() > (8u << 20)) conn.out.shrink_to_fit();
 }
 
 void RootServer::State::close(Conn& conn, std::string_view why, bool quiet) {
@@ -518,9 +558,30 @@ void RootServer::State::reapClosed() {
       for (const auto& [wid, w] : tenant->waiters)
         if (w.connId == it->first) gone.push_back(wid);
       for (uint64_t wid : gone) dropWaiter(*tenant, wid);
+      if (--tenant->connections == 0 && tenant->used) releaseTenant(*tenant);
     }
     it = conns.erase(it);
+    connectionCount.fetch_sub(1, std::memory_order_relaxed);
   }
+}
+
+// The last client of a used tenant left: no rank can use the id any more
+// (root_server.h), so nothing it holds is needed.
+void RootServer::State::releaseTenant(Tenant& tenant) {
+  storedValues.fetch_sub(tenant.values.size(), std::memory_order_relaxed);
+  if (tenant.permanent) {
+    // The next communicator from NCCL_COMM_ID reuses the id and its scope:
+    // it must not read this one's leftovers.
+    tenant.values = {};
+    tenant.waitingOn = {};
+    tenant.used = false;
+    return;
+  }
+  char magic[20];
+  std::snprintf(magic, sizeof(magic), "%016llx", static_cast<unsigned long long>(tenant.magic));
+  SHOAL_INFO(subsys::kBootstrap, "bootstrap root: id ", magic, " released (its last client left)");
+  std::lock_guard<std::mutex> lock(tenantsMutex);
+  tenants.erase(tenant.magic);
 }
 
 }  // namespace shoal

@@ -4,6 +4,17 @@
 // ncclUniqueId this process created. One server per listen address; each id
 // it serves is a "tenant" with its own key space and its own secret (the
 // client's hello names the id's magic; the handshake proves the secret).
+//
+// Tenant lifetime: a tenant is dropped, with every key in it, when the last
+// client connected to it leaves after at least one client proved the secret.
+// Every rank of a communicator keeps its connection until its communicator
+// and every split of it are destroyed, and all ranks are connected before any
+// can finish init, so by then nobody can use the id again (NCCL does not allow
+// reusing an id either). An id that no client ever used stays until the
+// process exits, as NCCL's root does. The NCCL_COMM_ID tenant (the first
+// tenant given to start()) serves every communicator made from that variable:
+// it is emptied instead of dropped. The loop's per-pass work is bounded by the
+// connections and the pending GETs, not by the number of tenants.
 // Owner: the process. A server is started on first need and lives until the
 // process exits: it is deliberately never destroyed, and its thread is
 // detached and touches only the server's own heap state (and the logger,
@@ -44,11 +55,24 @@ class RootServer {
   // The bound address (with the actual port).
   const net::SocketAddress& address() const;
 
+  // What the server holds now, for tests and diagnostics (any thread; the
+  // figures are read without stopping the server, each one exact at its read).
+  struct Usage {
+    size_t tenants = 0;       // ids served, used or not
+    size_t storedValues = 0;  // keys held, over every tenant
+    size_t connections = 0;   // clients connected, in any phase
+  };
+  Usage usage() const;
+
   struct State;  // private; defined in root_server.cc
 
  private:
   explicit RootServer(std::unique_ptr<State> state);
   std::unique_ptr<State> state_;
 };
+
+// The root of this process's random ids (nullptr before the first
+// createUniqueId); for tests and diagnostics.
+RootServer* processRootServer();
 
 }  // namespace shoal

@@ -152,6 +152,12 @@ Result<UniqueIdContents> createUniqueId() {
   return id;
 }
 
+RootServer* processRootServer() {
+  Registry& reg = registry();
+  std::lock_guard<std::mutex> lock(reg.mutex);
+  return reg.defaultServer;
+}
+
 Status startRootIfNeeded(const UniqueIdContents& id) {
   if (id.magic != kCommIdMagic) return Status::ok();
   Result<net::SocketAddress> address = net::SocketAddress::resolve(id.address);

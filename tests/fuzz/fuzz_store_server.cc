@@ -48,7 +48,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   state.handshakeTimeoutNs = 5'000'000'000;
   {
     auto tenant = std::make_unique<Tenant>();
+    tenant->magic = kTenantMagic;
     tenant->key = deriveKey(kTenantSecret, kTenantMagic);
+    // Emptied, not dropped, when its last client leaves: `tenant` below
+    // stays valid while the release path still runs.
+    tenant->permanent = true;
     state.tenants.emplace(kTenantMagic, std::move(tenant));
   }
   Tenant* tenant = state.tenants.at(kTenantMagic).get();
@@ -71,6 +75,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     } else {
       conn.phase = Phase::kReady;
       conn.tenant = tenant;
+      ++tenant->connections;  // as onHello and onProof count it
+      tenant->used = true;
     }
     conn.in.swap(spareIn[c]);
     conn.in.clear();
@@ -127,5 +133,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   FUZZ_CHECK(state.conns.empty(), "connections left after reapClosed");
   FUZZ_CHECK(state.pendingHandshakes == 0, "pendingHandshakes is %d with no connection", state.pendingHandshakes);
   FUZZ_CHECK(tenant->waiters.empty(), "%zu waiters left after their connections closed", tenant->waiters.size());
+  FUZZ_CHECK(state.waiterDeadlines.empty(), "%zu waiter deadlines left with no waiter", state.waiterDeadlines.size());
+  FUZZ_CHECK(tenant->connections == 0, "the tenant counts %zu connections with none left", tenant->connections);
+  FUZZ_CHECK(tenant->values.empty() && !tenant->used, "the tenant was not emptied when its last client left");
+  FUZZ_CHECK(state.storedValues == 0, "storedValues is %zu with the tenant empty", state.storedValues.load());
   return 0;
 }

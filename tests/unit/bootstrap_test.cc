@@ -2,7 +2,10 @@
 // allGather/barrier, the root's defences, NCCL_COMM_ID. Loopback only.
 #include <catch2/catch.hpp>
 
+#include <nccl.h>
+
 #include <atomic>
+#include <barrier>
 #include <cstdlib>
 #include <cstring>
 #include <future>
@@ -60,6 +63,33 @@ std::vector<Status> runRanks(int ranks, const std::function<Status(int)>& fn) {
   std::vector<Status> out;
   for (auto& f : futures) out.push_back(f.get());
   return out;
+}
+
+bool sameUsage(const RootServer::Usage& a, const RootServer::Usage& b) {
+  return a.tenants == b.tenants && a.storedValues == b.storedValues && a.connections == b.connections;
+}
+
+// The root's figures once they equal `want` (closes and erasures reach it a
+// moment after the client moved on), or the last ones after 10 s.
+RootServer::Usage settledUsage(const RootServer& root, const RootServer::Usage& want) {
+  Deadline deadline = Deadline::afterMs(10000);
+  RootServer::Usage now = root.usage();
+  while (!sameUsage(now, want) && !deadline.expired()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    now = root.usage();
+  }
+  return now;
+}
+
+void checkUsage(const RootServer::Usage& got, const RootServer::Usage& want) {
+  CHECK(got.tenants == want.tenants);
+  CHECK(got.storedValues == want.storedValues);
+  CHECK(got.connections == want.connections);
+}
+
+Status ncclStatus(ncclResult_t rc, const char* what) {
+  if (rc == ncclSuccess) return Status::ok();
+  return internalError(what, ": ", ncclGetErrorString(rc), " (", ncclGetLastError(nullptr), ")");
 }
 
 void requireAllOk(const std::vector<Status>& statuses) {
@@ -211,13 +241,15 @@ TEST_CASE("Bootstrap allGather and barrier across 4 threads", "[bootstrap]") {
   SECTION("tcp store, one connection per rank") {
     Result<UniqueIdContents> id = createUniqueId();
     REQUIRE(id.isOk());
+    // Connected throughout: the root drops an id, keys and all, when its last
+    // client leaves.
+    auto store = mustConnect(id.value());
     requireAllOk(runRanks(4, [&](int rank) -> Status {
       SHOAL_ASSIGN_OR_RETURN(std::shared_ptr<Store> store, connectStore(id.value(), Deadline::afterMs(10000)));
       return gatherRounds(store, "tcp", rank, 4, 25);
     }));
     // Old rounds were erased; only the last round (50th allGather: 25 gathers
-    // + 25 barriers) is left.
-    auto store = mustConnect(id.value());
+    // + 25 barriers) is left: without finish(), nobody knows all have read it.
     auto exists = store->check({"tcp/ag/0/0", "tcp/ag/0/3", "tcp/ag/48/1", "tcp/ag/49/0", "tcp/ag/49/3"},
                                Deadline::afterMs(5000));
     REQUIRE(exists.isOk());
@@ -495,6 +527,22 @@ TEST_CASE("NCCL_COMM_ID: deterministic id / rank 0 starts the root", "[bootstrap
     SHOAL_ASSIGN_OR_RETURN(std::shared_ptr<Store> store, connectStore(a.value(), Deadline::afterMs(10000)));
     return gatherRounds(store, "comm-id", rank, 3, 2);
   }));
+  // Every communicator made from NCCL_COMM_ID uses this one id and scope:
+  // once its clients have left, the root empties it (the last round,
+  // "comm-id/ag/3/*", is gone) and serves the next communicator.
+  Deadline emptied = Deadline::afterMs(10000);
+  for (;;) {
+    auto probe = mustConnect(a.value());
+    Result<std::vector<bool>> left = probe->check({"comm-id/ag/3/0"}, Deadline::afterMs(1000));
+    REQUIRE(left.isOk());
+    if (!left.value()[0]) break;
+    REQUIRE_FALSE(emptied.expired());
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  requireAllOk(runRanks(3, [&](int rank) -> Status {
+    SHOAL_ASSIGN_OR_RETURN(std::shared_ptr<Store> store, connectStore(a.value(), Deadline::afterMs(10000)));
+    return gatherRounds(store, "comm-id", rank, 3, 2);
+  }));
 
   UniqueIdContents tampered = a.value();
   tampered.secret[3] ^= 1;
@@ -517,6 +565,157 @@ TEST_CASE("NCCL_COMM_ID: deterministic id / rank 0 starts the root", "[bootstrap
   REQUIRE(random.isOk());
   REQUIRE(random->magic != 0x0280028002800280ull);
   REQUIRE(startRootIfNeeded(random.value()).isOk());  // nothing to do
+}
+
+
+TEST_CASE("Bootstrap: finish erases the last round, the last rank to leave empties the scope", "[bootstrap]") {
+  auto store = makeMemoryStore();
+  constexpr int kRanks = 3;
+  std::vector<std::unique_ptr<Bootstrap>> ranks;
+  for (int r = 0; r < kRanks; ++r) ranks.push_back(std::make_unique<Bootstrap>(store, "s", r, kRanks));
+  auto exist = [&](const std::vector<std::string>& keys) {
+    Result<std::vector<bool>> e = store->check(keys, Deadline::afterMs(1000));
+    REQUIRE(e.isOk());
+    return e.value();
+  };
+  const std::vector<bool> none(kRanks, false), all(kRanks, true);
+
+  // As a communicator's init: two allGathers (rounds 0, 1), then finish (2).
+  requireAllOk(runRanks(kRanks, [&](int rank) -> Status {
+    for (int i = 0; i < 2; ++i) SHOAL_TRY(ranks[rank]->allGather("x", Deadline::afterMs(10000)).status());
+    return ranks[rank]->finish(Deadline::afterMs(10000));
+  }));
+  CHECK(exist({"s/ag/0/0", "s/ag/0/1", "s/ag/0/2"}) == none);
+  CHECK(exist({"s/ag/1/0", "s/ag/1/1", "s/ag/1/2"}) == none);
+  CHECK(exist({"s/done/2/1", "s/done/2/2"}) == std::vector<bool>{false, false});
+
+  // Later use (a split's allGather, round 3) and a failure report.
+  requireAllOk(runRanks(kRanks, [&](int rank) { return ranks[rank]->barrier(Deadline::afterMs(10000)); }));
+  REQUIRE(store->set(ranks[1]->failureKey(1), "rank 1 failed", Deadline::afterMs(1000)).isOk());
+  CHECK(exist({"s/ag/3/0", "s/ag/3/1", "s/ag/3/2"}) == all);
+
+  // Rank 2 never leaves (it died): the others do not wait for it.
+  int64_t start = nowNs();
+  REQUIRE(ranks[0]->leave(Deadline::afterMs(10000)).isOk());
+  REQUIRE(ranks[1]->leave(Deadline::afterMs(10000)).isOk());
+  CHECK((nowNs() - start) / 1000000 < 1000);
+  CHECK(exist({"s/ag/3/0", "s/ag/3/1", "s/ag/3/2"}) == all);
+  CHECK(exist({"s/left/0", "s/left/1", "s/left/2"}) == std::vector<bool>{true, true, false});
+
+  // The last to leave erases everything the scope holds.
+  ranks[2].reset();  // its destructor leaves
+  CHECK(exist({"s/ag/3/0", "s/ag/3/1", "s/ag/3/2"}) == none);
+  CHECK(exist({"s/left/0", "s/left/1", "s/left/2"}) == none);
+  CHECK(exist({"s/failure/1"}) == std::vector<bool>{false});
+  REQUIRE(ranks[0]->leave(Deadline::afterMs(1000)).isOk());  // once only
+  CHECK(exist({"s/left/0"}) == std::vector<bool>{false});
+
+  // A scope that never finished is not left: its ranks may not all have
+  // arrived, and a record nobody completes would stay.
+  {
+    Bootstrap unfinished(store, "u", 0, 2);
+    REQUIRE(unfinished.leave(Deadline::afterMs(1000)).isOk());
+  }
+  CHECK(exist({"u/left/0"}) == std::vector<bool>{false});
+
+  // One rank: finish erases its own last round.
+  Bootstrap single(store, "one", 0, 1);
+  REQUIRE(single.allGather("x", Deadline::afterMs(1000)).isOk());
+  REQUIRE(single.finish(Deadline::afterMs(1000)).isOk());
+  CHECK(exist({"one/ag/0/0"}) == std::vector<bool>{false});
+}
+
+TEST_CASE("the root keeps nothing of destroyed communicators: ids, keys and clients back to baseline",
+          "[bootstrap]") {
+  useLoopback();
+  // Starts the root. This id is never used: it stays (as NCCL's root would)
+  // and is part of the baseline.
+  ncclUniqueId unused;
+  REQUIRE(ncclGetUniqueId(&unused) == ncclSuccess);
+  RootServer* root = processRootServer();
+  REQUIRE(root != nullptr);
+  RootServer::Usage baseline = root->usage();
+  baseline.connections = 0;  // earlier cases' clients may still be closing
+  baseline = settledUsage(*root, baseline);
+  REQUIRE(baseline.connections == 0);
+
+  constexpr int kRanks = 3;
+  constexpr int kComms = 12;
+  std::vector<UniqueIdContents> used;
+  for (int c = 0; c < kComms; ++c) {
+    ncclUniqueId id;
+    REQUIRE(ncclGetUniqueId(&id) == ncclSuccess);
+    used.push_back(decodeUniqueId(id.internal).value());
+    CHECK(root->usage().tenants == baseline.tenants + 1);
+    requireAllOk(runRanks(kRanks, [&](int rank) -> Status {
+      ncclComm_t comm = nullptr, child = nullptr, grandchild = nullptr;
+      SHOAL_TRY(ncclStatus(ncclCommInitRank(&comm, kRanks, id, rank), "init"));
+      // A split of a split, as a job carves out groups; one rank sits out.
+      SHOAL_TRY(ncclStatus(ncclCommSplit(comm, 0, -rank, &child, nullptr), "split"));
+      int color = rank == 0 ? NCCL_SPLIT_NOCOLOR : 1;
+      SHOAL_TRY(ncclStatus(ncclCommSplit(child, color, rank, &grandchild, nullptr), "split of the split"));
+      if (grandchild) {
+        SHOAL_TRY(ncclStatus(ncclCommDestroy(grandchild), "destroy"));
+      }
+      SHOAL_TRY(ncclStatus(ncclCommDestroy(child), "destroy"));
+      return ncclStatus(c % 2 == 0 ? ncclCommDestroy(comm) : ncclCommAbort(comm), "destroy or abort");
+    }));
+    checkUsage(settledUsage(*root, baseline), baseline);
+  }
+  // A released id is refused like a foreign one.
+  Result<std::shared_ptr<Store>> late = connectStore(used.back(), Deadline::afterMs(5000));
+  REQUIRE(late.status().code() == Code::kRemoteError);
+  CHECK_THAT(late.status().message(), Catch::Contains("does not serve this ncclUniqueId"));
+}
+
+TEST_CASE("a live communicator's keys at the root stay flat while splits of splits come and go",
+          "[bootstrap]") {
+  useLoopback();
+  ncclUniqueId unused;  // starts the root
+  REQUIRE(ncclGetUniqueId(&unused) == ncclSuccess);
+  RootServer* root = processRootServer();
+  REQUIRE(root != nullptr);
+  RootServer::Usage baseline = root->usage();
+  baseline.connections = 0;
+  baseline = settledUsage(*root, baseline);
+  ncclUniqueId id;
+  REQUIRE(ncclGetUniqueId(&id) == ncclSuccess);
+
+  constexpr int kRanks = 3;
+  constexpr int kSplits = 20;
+  std::barrier sync(kRanks + 1);  // the ranks and this thread
+  std::vector<std::future<Status>> ranks;
+  for (int rank = 0; rank < kRanks; ++rank)
+    ranks.push_back(std::async(std::launch::async, [&, rank]() -> Status {
+      ncclComm_t parent = nullptr;
+      Status st = ncclStatus(ncclCommInitRank(&parent, kRanks, id, rank), "init");
+      for (int i = 0; i < kSplits && st.isOk(); ++i) {
+        ncclComm_t child = nullptr, grandchild = nullptr;
+        st = ncclStatus(ncclCommSplit(parent, 0, rank, &child, nullptr), "split");
+        if (st.isOk()) st = ncclStatus(ncclCommSplit(child, 0, rank, &grandchild, nullptr), "split of the split");
+        if (grandchild) (void)ncclCommDestroy(grandchild);
+        if (child) (void)ncclCommDestroy(child);
+      }
+      sync.arrive_and_wait();  // every child destroyed; the parent lives
+      sync.arrive_and_wait();  // measured
+      if (parent) (void)ncclCommDestroy(parent);
+      return st;
+    }));
+  sync.arrive_and_wait();
+  // What stays while the parent lives: its last allGather (the last split's),
+  // one key per rank; nothing of the 40 destroyed children.
+  RootServer::Usage live = baseline;
+  live.tenants += 1;
+  live.storedValues += kRanks;
+  live.connections += kRanks;
+  checkUsage(settledUsage(*root, live), live);
+  sync.arrive_and_wait();
+  for (auto& r : ranks) {
+    Status st = r.get();
+    INFO(st.toString());
+    REQUIRE(st.isOk());
+  }
+  checkUsage(settledUsage(*root, baseline), baseline);
 }
 
 }  // namespace shoal
