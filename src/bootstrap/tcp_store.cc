@@ -171,6 +171,9 @@ void TcpStore::readSlice(Deadline until) {
     start += 4 + len;
   }
   in_.erase(in_.begin(), in_.begin() + static_cast<ptrdiff_t>(start));
+  // The connection lives as long as its communicator: one large reply must
+  // not pin its buffer for that long.
+  if (in_.empty() && in_.capacity() > (8u << 20)) in_.shrink_to_fit();
   delivered_.notify_all();
 }
 
