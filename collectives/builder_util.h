@@ -1,4 +1,4 @@
-// Builder utilities shared by every algorithm in collectives/ (DESIGN.md §3).
+// Builder utilities shared by every algorithm in collectives/ (docs/design.md, Plans).
 //
 // Role: used only inside builders, on the caller's thread, for one plan at a time.
 //

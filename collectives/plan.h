@@ -1,4 +1,4 @@
-// Plan and Step: a collective algorithm as data (DESIGN.md §3).
+// Plan and Step: a collective algorithm as data (docs/design.md, Plans).
 //
 // Role: a builder (collectives/<algorithm>.cc) is a pure function from
 // (CollShape, RankView, AlgoParams) to the Plan one rank executes. A Plan does no
@@ -10,8 +10,8 @@
 // Vocabulary used by every builder:
 //   buffer   one of the op's buffers: kSendBuffer (user input), kRecvBuffer (user
 //            output) or kScratchBuffer (engine-provided, plan.scratchBytes long).
-//            Send and recv may alias in user calls (in-place variants, DESIGN
-//            nccl-compat §5.5); builders must be correct when they do: never write
+//            Send and recv may alias in user calls (in-place variants at
+//            NCCL's offsets, collectives/layout.h); builders must be correct when they do: never write
 //            a recv byte whose send byte at the same address is still to be read.
 //            Plans with Plan::readsPeers may also name, for reading only,
 //            another rank's send or recv buffer of the same op

@@ -1,4 +1,4 @@
-// The plan verifier and the reference simulator (DESIGN.md §3).
+// The plan verifier and the reference simulator (docs/design.md, Plans).
 //
 // Role: tests and debug builds check plans with these before trusting them; both
 // are pure functions of the plans (no I/O, no engine, no transport), callable

@@ -1,12 +1,12 @@
 // The algorithm registry: one explicit table of every collective algorithm
-// (DESIGN.md §3, §8).
+// (docs/design.md, Plans and Tuner).
 //
 // Role: the tuner (src/tuner) asks candidates(kind) for the algorithms of a
 // collective, filters them with supports() and picks the cheapest estimate();
 // the communicator then calls build(). Entries are immutable static data;
 // every function here is pure and thread-safe.
 //
-// Cost model (reference/fabric-and-peers.md §4): alpha per message on the
+// Cost model (docs/design.md, Tuner): alpha per message on the
 // critical path, beta per byte over the busiest link, gamma per byte reduced.
 // Estimates are in microseconds and only need to rank algorithms correctly.
 #pragma once

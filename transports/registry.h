@@ -1,7 +1,7 @@
 // Transport registry: the process-wide transports and the choice per peer.
 //
 // Role: owns one Transport of each kind for the life of the process and picks,
-// for each peer, the first viable one in priority order (DESIGN.md §4):
+// for each peer, the first viable one in priority order (docs/design.md, Transports):
 //   same process -> loopback; same host -> shm; otherwise -> ofi with a
 //   hardware provider, else tcp.
 // SHOAL_TRANSPORT forces a kind for every peer; NCCL_NET=Socket forces tcp and

@@ -1,4 +1,4 @@
-// Transport and Connection: how bytes move between two ranks (DESIGN.md §4).
+// Transport and Connection: how bytes move between two ranks (docs/design.md, Transports).
 //
 // Role: a Transport exists once per kind per process (transports/registry.cc)
 // and makes Connections; a Connection is one non-blocking, ordered pipe to one

@@ -1,5 +1,5 @@
-// Ring order arithmetic (DESIGN.md §3): positions, neighbours and distances on
-// the ring a RankView defines.
+// Ring order arithmetic (docs/design.md, Plans): positions, neighbours and
+// distances on the ring a RankView defines.
 //
 // Role: pure value used by the ring and chain builders. A ring is a permutation
 // of communicator ranks (RankView::ring; identity when empty). "Position" is an

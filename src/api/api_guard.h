@@ -1,4 +1,4 @@
-// The C boundary (DESIGN.md §7): every extern "C" entry validates its
+// The C boundary (docs/design.md, C boundary): every extern "C" entry validates its
 // arguments, calls one C++ method and translates the Status. Exceptions are
 // caught here and nowhere else on the caller's side.
 //

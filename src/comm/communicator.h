@@ -1,4 +1,4 @@
-// Communicator: the glue behind ncclComm_t (DESIGN.md §2).
+// Communicator: the glue behind ncclComm_t (docs/design.md, Nouns).
 //
 // Role: knows its rank, size, peers and topology; owns its Connections (made
 // lazily, the first time a plan needs a lane), its plan cache and its scratch

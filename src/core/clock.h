@@ -1,4 +1,5 @@
-// Monotonic time and deadlines. Every wait in Shoal has one (DESIGN.md §1).
+// Monotonic time and deadlines. Every wait in Shoal has one (docs/design.md,
+// Principles).
 #pragma once
 
 #include <atomic>
@@ -67,7 +68,8 @@ class Deadline {
 };
 
 // Spin, then yield, then sleep: two ranks on two cores must not starve each
-// other (DESIGN.md §5). Call pause() once per idle iteration; reset() on progress.
+// other (docs/design.md, Threading). Call pause() once per idle iteration;
+// reset() on progress.
 class Backoff {
  public:
   void pause();

@@ -1,4 +1,4 @@
-// Parameters: the one registry of tunables (DESIGN.md §9).
+// Parameters: the one registry of tunables (docs/design.md, Parameters and logging).
 //
 // Role: every environment variable Shoal reads is declared once in params.def.
 // No other code calls getenv. Values are read from the environment (and from

@@ -2,7 +2,7 @@
 //
 // Role: every fallible internal function returns Status or Result<T>; the C ABI
 // layer (src/api) is the only place a Status becomes an ncclResult_t. Exceptions
-// never cross a thread or the C ABI (DESIGN.md §6).
+// never cross a thread or the C ABI (docs/design.md, Errors).
 //
 // Context is added on every hop with SHOAL_TRY(expr) << "what we were doing", so
 // a final message reads "allreduce ring step 3: recv from rank 5 (...): reset".

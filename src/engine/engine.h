@@ -1,4 +1,4 @@
-// Engine: the one executor of Plans over Connections (DESIGN.md §2, §5).
+// Engine: the one executor of Plans over Connections (docs/design.md, Nouns and Threading).
 //
 // Role: posts ready Send/Recv steps to their lane's Connection in lane order,
 // runs Reduce/Copy/Divide steps on the CPU, polls Connections, releases

@@ -1,5 +1,5 @@
 // Shared memory: allocations other processes of this host can map, and reads
-// of other processes' memory (DESIGN.md §4, zero copy within a host).
+// of other processes' memory (docs/design.md, Transports).
 //
 // Role: ncclMemAlloc allocates through allocateShared(): a POSIX shared-memory
 // object "/shoal-<pid>-mem-<seq>" mapped here, so a peer that is told

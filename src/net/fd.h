@@ -1,7 +1,7 @@
 // Fd: RAII owner of one file descriptor.
 //
 // Role: every socket, pipe or eventfd Shoal opens is wrapped in an Fd the moment
-// it exists (DESIGN.md §11.3), so that no error path can leak it.
+// it exists (docs/design.md, Style: RAII at birth), so that no error path can leak it.
 // Owner: whoever holds the Fd; move-only. Thread: not synchronised — an Fd is
 // used by the one object that owns it (closing an fd another thread is polling
 // is a bug of the owner, not of Fd).

@@ -4,7 +4,7 @@
 // Role: pure functions and plain values; the Tuner (tuner.h) enumerates
 // candidates and keeps the cheapest. Thread-safe.
 //
-// Vocabulary (DESIGN.md §3, reference/fabric-and-peers.md §4):
+// Vocabulary (docs/design.md, Tuner):
 //   alpha    microseconds per message (ping-pong half round trip).
 //   beta     microseconds per byte over one link (one stream).
 //   gamma    microseconds per byte reduced (the reducer, src/reduce).

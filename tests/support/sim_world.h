@@ -1,6 +1,7 @@
 // SimWorld: N ranks of one communicator in one process, one thread.
 //
-// Role: the harness of sim tests (DESIGN.md §1 "Everything has a fake"). Ranks
+// Role: the harness of sim tests (docs/design.md, Principles: "Everything has
+// a fake"). Ranks
 // share an in-memory store and talk over the loopback transport; an operation
 // round enqueues every rank's job and then pumps the engine from this thread
 // until all are done, so a test is deterministic apart from the loopback

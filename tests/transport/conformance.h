@@ -1,5 +1,5 @@
 // Transport conformance suite: the behaviour every Connection must have,
-// written once and run on every transport (DESIGN.md §11.10).
+// written once and run on every transport (docs/design.md, Style: one behaviour suite).
 //
 // How to use it for a transport: describe how to make a connected pair and
 // call runConformanceSuite from one Catch2 TEST_CASE:

@@ -1,6 +1,6 @@
 // Loopback transport: connections between ranks that live in one process.
 //
-// Role: the reference semantics of a Connection (DESIGN.md §4), the fake under
+// Role: the reference semantics of a Connection (docs/design.md, Transports), the fake under
 // every in-process test, and the real transport of ncclCommInitAll and of
 // ranks run as threads (bench/perf -t N). A message is copied once, straight
 // from the sender's buffer into the matched receive.
