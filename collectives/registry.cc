@@ -55,7 +55,7 @@ bool always(const CollShape&, const RankView&, const TransportCaps&) { return tr
 // and rings, which the linear estimate sees too late: 4 ranks on 2 cores,
 // per-rank block 8 KiB one-shot 14-18 us against peer_read 21-27, 32 KiB
 // level (AllGather) or behind (ReduceScatter 31-34 against 25-28), 128 KiB
-// 65-99 against 40-72 (docs/performance.md, session 17).
+// 65-99 against 40-72 (measured 2026-12-01).
 constexpr uint64_t kOneShotMaxMessageBytes = 16 << 10;
 bool oneShotSize(const CollShape& s, const RankView&, const TransportCaps&) {
   return s.count * dataTypeSize(s.dtype) <= kOneShotMaxMessageBytes;

@@ -1,5 +1,5 @@
 // The copies of a same-host AllGather in two orders, N threads standing for N
-// ranks (issue 3, docs/performance.md session 19): mode 0 copies block by
+// ranks (collectives/peer_read.cc): mode 0 copies block by
 // block, own block first (every thread reads a different source at any
 // moment); mode 1 copies chunk by chunk with the sources in the same order on
 // every thread (threads that run together read the same lines at about the

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Interleaved sweep of Shoal's algorithms across emulated nodes
-# (tests/netns/cluster.sh), for the flat / latency / hierarchical / tuner
-# comparison in docs/performance.md.
+# (tests/netns/cluster.sh): the flat ring, the latency algorithm,
+# hierarchical and the tuner's pick side by side.
 #
 #   cluster_sweep.sh [--nodes N] [--ranks-per-node L] [--rounds R] [--rate RATE]
 #                    [-b MIN] [-e MAX] [-n ITERS] [-w WARMUP] [-o OUT.txt]

@@ -126,9 +126,9 @@ fi
 SWEEP=(-b "$MINB" -e "$MAXB" -f "$FACTOR" -n "$ITERS" -w "$WARMUP" -c 1)
 
 DEFAULT_LIBS=(shoal_shm shoal_tcp mpi_vader mpi_tcp mpi_ucx gloo_ring gloo_hd)
-# libfabric lines (issue 4), on request with --libs: Shoal's ofi transport
+# libfabric lines, on request with --libs: Shoal's ofi transport
 # over shm and tcp;ofi_rxm, and Open MPI's ofi MTL over tcp;ofi_rxm (4.1's
-# MTL does not start over shm here: peers/RESULTS.md; compare with mpi_vader).
+# MTL does not start over shm: "init returned failure"; compare with mpi_vader).
 OFI_LIBS=(shoal_ofi_shm shoal_ofi_tcp mpi_ofi_tcp)
 ALL_LIBS=("${DEFAULT_LIBS[@]}" "${OFI_LIBS[@]}")
 if [ -n "$LIBS" ]; then IFS=, read -r -a WANT <<<"$LIBS"; else WANT=("${DEFAULT_LIBS[@]}"); fi

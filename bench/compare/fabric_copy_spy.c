@@ -1,5 +1,5 @@
-/* Counts the large memory copies libfabric makes inside a process (issue 4,
- * docs/decisions/0007-ofi-lanes-per-channel.md).
+/* Counts the large memory copies libfabric makes inside a process
+ * (docs/decisions/0007-ofi-lanes-per-channel.md).
  *
  * rxm over libfabric's tcp provider places an expected message straight into
  * the posted receive (the kernel copies it there); a message that arrives

@@ -23,7 +23,7 @@
 // `-n` timed calls, per-rank time per call combined over ranks (mean with
 // -a 1, max with -a 3), then one checked call on fresh inputs.
 //
-// Note (peers/RESULTS.md): Gloo's tcp pair sizes SO_SNDBUF from the first
+// Note: Gloo's tcp pair sizes SO_SNDBUF from the first
 // message it sends; --prime runs one 64 MiB allreduce first to avoid the small
 // send buffer that a small first message leaves (off by default, as an
 // application would run).

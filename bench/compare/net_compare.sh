@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Shoal next to Open MPI across emulated nodes (tests/netns/cluster.sh), over
-# TCP sockets and over libfabric (tcp;ofi_rxm), side by side in one run (issue 4).
+# TCP sockets and over libfabric (tcp;ofi_rxm), side by side in one run.
 #
 #   net_compare.sh [--nodes N] [--ranks-per-node L] [--rounds R] [--rate RATE]
 #                  [-o all_reduce,all_gather,reduce_scatter] [-b MIN] [-e MAX] [-f F]

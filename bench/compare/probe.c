@@ -1,4 +1,4 @@
-/* Host-contention probe for bench/compare (peers/RESULTS.md, "Noise").
+/* Host-contention probe for bench/compare (docs/performance.md, "The machine").
  *
  * Two processes (parent on CPU 0, child on CPU 1 where there are two CPUs)
  * play ping-pong with a 1 MiB message through shared memory, both spinning:

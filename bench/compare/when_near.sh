@@ -1,7 +1,8 @@
 #!/bin/bash
 # Waits for the VM's two vCPUs to sit close (the placement in which Shoal's
 # smallest shared-memory collectives were measured behind Open MPI's vader,
-# docs/performance.md sessions 14-15), then runs a command once.
+# docs/performance.md, "Small messages with the vCPUs near"), then runs a
+# command once.
 #
 #   bench/compare/when_near.sh [--below US] [--every S] [--for S] -- COMMAND...
 #

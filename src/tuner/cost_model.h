@@ -118,8 +118,8 @@ inline constexpr uint64_t kSocketPieceMaxBytes = 120 << 10;
 // Through kernel sockets no collective's segment is 128 KiB: besides the
 // AllReduce's slowdown above, messages of exactly 128 KiB (a ReduceScatter
 // of 1 MiB in 128 KiB segments) drew calls of 3-10 ms in most launches on
-// the development VM, and 120 KiB ones none (decision 0008's session-13
-// amendment).
+// the development VM, and 120 KiB ones none (decision 0008, amendment
+// "messages of exactly 128 KiB").
 inline constexpr uint64_t kSocketPieceStallBytes = 128 << 10;
 // libfabric's socket providers (ofi over tcp;ofi_rxm; other socket providers
 // assumed alike) pay per received message four to six system calls more
@@ -128,17 +128,17 @@ inline constexpr uint64_t kSocketPieceStallBytes = 128 << 10;
 // that pipe for the completion; about 1.2 us each on the development VM.
 // Charged to each message that crosses the network where the transport
 // between nodes is ofi through the CPU, so that its AllReduce takes larger
-// pieces once their messages cost more than the cache saves (decision 0008's
-// amendment). Fitted, not calibrated: a SHOAL_TUNER_FILE net row measured
+// pieces once their messages cost more than the cache saves (decision 0008,
+// amendment "ofi's dearer messages"). Fitted, not calibrated: a SHOAL_TUNER_FILE net row measured
 // over ofi would count it twice.
 inline constexpr double kSocketProviderMessageUs = 5.0;
 inline constexpr int kMaxNetStreams = 8;
 // A message waited for when ranks outnumber cores: the waiting rank yields
 // and its peer must get the core first. Fitted to 4 ranks on the 2-core
-// development VM (docs/performance.md, session 6): recursive doubling's two
-// rounds against peer_read's three rounds of three messages each put the
-// AllReduce crossover at 64-128 KiB as measured (session 7: a tie at 64 KiB,
-// peer_read 1.4-2x faster at 128 KiB), where without it the model picked
+// development VM (2026-11-30): recursive doubling's two rounds against
+// peer_read's three rounds of three messages each put the AllReduce
+// crossover at 64-128 KiB as measured (a tie at 64 KiB, peer_read 1.4-2x
+// faster at 128 KiB), where without it the model picked
 // the six-step ring at 32-64 KiB (1.5-2x slower than both).
 inline constexpr double kOversubscribedWaitUs = 3.5;
 

@@ -106,7 +106,7 @@ TEST_CASE("64 nodes x 16 ranks: hierarchical plans verify and compute and the mo
     for (size_t i = 0; i < shape.count; i += 131)
       REQUIRE(recv[r][i] == static_cast<int32_t>(rankSum + int64_t{kRanks} * static_cast<int64_t>(i)));
   // The cost model's predictions (network link 25 us, 12.5 GB/s; inside a
-  // node 1 us, 50 GB/s; docs/performance.md has this table): hierarchical
+  // node 1 us, 50 GB/s; docs/performance.md quotes them): hierarchical
   // wins from the middle up.
   RankView view = viewOf(0, kRanks, {}, nodeOf);
   CostParams net{25.0, 1.0 / 12500.0, 1.0 / 10000.0, 1.0 / 25.0, 12.5 / 50.0};

@@ -56,7 +56,7 @@ bool resolve(void* library, const char* symbol, const char* version, Fn& out) {
 // FI_OFI_RXM_BUFFER_SIZE: rxm's bounce buffers (its inject limit too), whose
 // pools rxm zeroes 1024 buffers at a time when an endpoint opens and when a
 // connection is first used. At libfabric's 16 KiB that is ~17 MB a pool, and
-// on a VM that pays for first touches (docs/performance.md, session 5) it
+// on a VM that pays for first touches (docs/performance.md, "The machine") it
 // made ofi's init 0.75-0.93 s and its first collective 0.11-0.24 s (2
 // emulated nodes, tcp;ofi_rxm); at 4 KiB 0.47-0.54 s and 0.05 s, steady
 // state unchanged (expected messages land straight in posted receives;
