@@ -31,6 +31,9 @@ using namespace bootstrap_wire;
 namespace {
 
 constexpr size_t kReadChunkBytes = 256 << 10;
+// A connection lives as long as its communicator: buffers beyond this are
+// released once empty rather than kept for that long.
+constexpr size_t kIdleBufferBytes = 64 << 10;
 constexpr int kMaxAcceptsPerWakeup = 64;
 
 // A GET waiting for keys.
@@ -94,6 +97,7 @@ struct RootServer::State {
 
   // Everything below is touched only by the server thread.
   std::map<uint64_t, Conn> conns;
+  std::vector<uint8_t> readChunk;  // every connection reads into this
   // Waiters that have a deadline, soonest first: timers cost the same however
   // many tenants exist.
   std::set<std::tuple<int64_t, Tenant*, uint64_t>> waiterDeadlines;
@@ -330,10 +334,11 @@ void RootServer::State::onProof(Conn& conn) {
 
 void RootServer::State::readFrames(Conn& conn) {
   for (;;) {
-    size_t have = conn.in.size();
-    conn.in.resize(have + kReadChunkBytes);
-    net::IoResult io = net::readSome(conn.fd.get(), conn.in.data() + have, kReadChunkBytes);
-    conn.in.resize(have + io.bytes);
+    // Read into the server's one chunk and keep only what arrived: an idle
+    // connection holds no read buffer (one root serves every rank of a job).
+    if (readChunk.empty()) readChunk.resize(kReadChunkBytes);
+    net::IoResult io = net::readSome(conn.fd.get(), readChunk.data(), readChunk.size());
+    conn.in.insert(conn.in.end(), readChunk.data(), readChunk.data() + io.bytes);
     if (io.closed) return close(conn, "client closed", /*quiet=*/true);
     if (!io.ok()) return close(conn, std::strerror(io.error), /*quiet=*/true);
     if (io.bytes == 0) break;
@@ -358,7 +363,7 @@ void RootServer::State::readFrames(Conn& conn) {
     }
     if (io.bytes < kReadChunkBytes) break;
   }
-  if (conn.in.capacity() > (8u << 20) && conn.in.empty()) conn.in.shrink_to_fit();
+  if (conn.in.empty() && conn.in.capacity() > kIdleBufferBytes) conn.in.shrink_to_fit();
   flush(conn);
 }
 
@@ -530,9 +535,7 @@ void RootServer::State::flush(Conn& conn) {
   }
   conn.out.clear();
   conn.outStart = 0;
-  // A connection lives as long as its communicator: one large reply must not
-  // pin its buffer for that long.
-  if (conn.out.capacity() > (8u << 20)) conn.out.shrink_to_fit();
+  if (conn.out.capacity() > kIdleBufferBytes) conn.out.shrink_to_fit();
 }
 
 void RootServer::State::close(Conn& conn, std::string_view why, bool quiet) {

@@ -58,8 +58,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   Tenant* tenant = state.tenants.at(kTenantMagic).get();
 
   // Each connection's input buffer keeps its capacity from one input to the
-  // next, as a long-lived connection's does (readFrames grows it by 256 KiB
-  // per read; a fresh one per input would spend the run in mmap).
+  // next, as a long-lived connection's does (a fresh one per input would
+  // spend the run in allocation).
   static std::vector<uint8_t> spareIn[kConns];
   int clientEnd[kConns];
   int64_t start = nowNs();
