@@ -8,6 +8,7 @@
 #include <catch2/catch.hpp>
 #include <algorithm>
 
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -26,6 +27,7 @@
 #include "reduce/numerics.h"
 #include "reduce/reduce.h"
 #include "reduce/reduce_internal.h"
+#include "support/number_formats.h"
 
 namespace shoal::reduce {
 namespace {
@@ -51,53 +53,15 @@ struct IsaList {
 };
 
 // ---- Small formats described independently of numerics.h ----------------------
-
-struct Format {
-  DataType type;
-  int bits;         // 8 or 16
-  uint32_t maxCode; // largest finite positive code
-  uint32_t overflowCode;
-  uint32_t nanCode;
-};
-
-Format formatOf(DataType t) {
-  switch (t) {
-    case DataType::kFloat16: return {t, 16, 0x7BFF, 0x7C00, 0x7FFF};
-    case DataType::kBfloat16: return {t, 16, 0x7F7F, 0x7F80, 0x7FFF};
-    case DataType::kFloat8e4m3: return {t, 8, 0x7E, kFp8Saturate ? 0x7Eu : 0x7Fu, 0x7F};
-    case DataType::kFloat8e5m2: return {t, 8, 0x7B, kFp8Saturate ? 0x7Bu : 0x7Cu, 0x7F};
-    default: FAIL("not a small format"); return {};
-  }
-}
-
-// Value of a code from the format definition (double; NaN for NaN codes).
-double refValue(DataType t, uint32_t c) {
-  int ebits, mbits, bias;
-  switch (t) {
-    case DataType::kFloat16: ebits = 5, mbits = 10, bias = 15; break;
-    case DataType::kBfloat16: ebits = 8, mbits = 7, bias = 127; break;
-    case DataType::kFloat8e4m3: ebits = 4, mbits = 3, bias = 7; break;
-    case DataType::kFloat8e5m2: ebits = 5, mbits = 2, bias = 15; break;
-    default: return 0;
-  }
-  const int total = 1 + ebits + mbits;
-  const bool neg = (c >> (total - 1)) & 1;
-  const uint32_t e = (c >> mbits) & ((1u << ebits) - 1);
-  const uint32_t m = c & ((1u << mbits) - 1);
-  double v;
-  if (t == DataType::kFloat8e4m3) {
-    if (e == 15 && m == 7) return std::nan("");
-  } else if (e == (1u << ebits) - 1) {
-    if (m != 0) return std::nan("");
-    return neg ? -INFINITY : INFINITY;
-  }
-  if (e == 0) {
-    v = std::ldexp(double(m), 1 - bias - mbits);
-  } else {
-    v = std::ldexp(double(m + (1u << mbits)), int(e) - bias - mbits);
-  }
-  return neg ? -v : v;
-}
+//
+// tests/support/number_formats.h writes them from their definitions, with
+// literal codes, never the implementation's constants (fp8 overflow: NCCL's
+// __NV_SATFINITE; NaN: the canonical positive NaN); its sources are there.
+using testing::Format;
+using testing::formatOf;
+using testing::isNanCode;
+using testing::refRound;
+using testing::refValue;
 
 uint32_t toCode(DataType t, float f) {
   switch (t) {
@@ -116,39 +80,6 @@ float fromCode(DataType t, uint32_t c) {
     case DataType::kFloat8e5m2: return e5m2ToFloat(uint8_t(c));
     default: return 0;
   }
-}
-
-bool isNanCode(const Format& f, uint32_t c) { return std::isnan(refValue(f.type, c)); }
-
-// Rounding by definition: the nearest code, ties to the even code, by search.
-uint32_t refRound(const Format& f, double x) {
-  if (std::isnan(x)) return f.nanCode;
-  const uint32_t sign = std::signbit(x) ? (1u << (f.bits - 1)) : 0u;
-  const double ax = std::fabs(x);
-  // Largest code whose value <= ax (codes are monotone in value).
-  uint32_t lo = 0, hi = f.maxCode;
-  if (ax >= refValue(f.type, f.maxCode)) {
-    lo = f.maxCode;
-  } else {
-    while (hi - lo > 1) {
-      const uint32_t mid = (lo + hi) / 2;
-      (refValue(f.type, mid) <= ax ? lo : hi) = mid;
-    }
-  }
-  const double vlo = refValue(f.type, lo);
-  if (vlo == ax) return lo | sign;
-  const uint32_t up = lo + 1;
-  const double vup = lo == f.maxCode ? vlo + (vlo - refValue(f.type, lo - 1)) : refValue(f.type, up);
-  uint32_t pick;
-  if (ax - vlo < vup - ax) {
-    pick = lo;
-  } else if (ax - vlo > vup - ax) {
-    pick = up;
-  } else {
-    pick = (lo & 1) ? up : lo;
-  }
-  if (pick > f.maxCode) return isNanCode(f, f.overflowCode) ? f.nanCode : f.overflowCode | sign;
-  return pick | sign;
 }
 
 // ---- Conversion tests ------------------------------------------------------------
@@ -172,7 +103,7 @@ TEST_CASE("small formats: every code converts to its exact value and back", "[re
       }
       // With NCCL's saturating fp8 rounding an infinite code (e5m2) converts
       // back to the largest finite value of its sign.
-      const bool saturatedInf = kFp8Saturate && std::isinf(want) && f.bits == 8;
+      const bool saturatedInf = std::isinf(want) && f.bits == 8;
       if (!saturatedInf && toCode(t, got) != c)
         FAIL("code " << c << " roundtrip gave " << toCode(t, got));
       // toDouble / fromDouble agree.
@@ -269,6 +200,161 @@ TEST_CASE("float to small format: random floats against the search reference",
       const uint32_t got = toCode(t, x);
       const uint32_t want = refRound(f, double(x));
       if (got != want) FAIL("0x" << std::hex << bits << " gave 0x" << got << " want 0x" << want);
+    }
+  }
+}
+
+// Hand-written codes for chosen floats, each derived from the format's
+// definition (sources in tests/support/number_formats.h; fp8 overflow is
+// NCCL's __NV_SATFINITE, not the format's): exact values, ties to even, the smallest subnormal and half of it,
+// the largest subnormal, the smallest normal, just below and at the midpoint
+// to overflow, beyond it, infinities, NaN and negative zero.
+struct HandCode {
+  DataType type;
+  float in;
+  uint32_t want;  // kAnyNan: any NaN code of the format
+  const char* why;
+};
+constexpr uint32_t kAnyNan = ~0u;
+
+bool isNanByDefinition(DataType t, uint32_t c) {
+  switch (t) {
+    case DataType::kFloat16: return (c & 0x7C00) == 0x7C00 && (c & 0x03FF) != 0;
+    case DataType::kBfloat16: return (c & 0x7F80) == 0x7F80 && (c & 0x007F) != 0;
+    case DataType::kFloat8e4m3: return (c & 0x7F) == 0x7F;
+    case DataType::kFloat8e5m2: return (c & 0x7C) == 0x7C && (c & 0x03) != 0;
+    default: return false;
+  }
+}
+
+std::vector<HandCode> handCodes() {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  const float fmax = std::numeric_limits<float>::max();
+  const float third = 0x1.555556p-2f;  // float(1/3), 0x3EAAAAAB
+  const DataType h = DataType::kFloat16, b = DataType::kBfloat16, e4 = DataType::kFloat8e4m3,
+                 e5 = DataType::kFloat8e5m2;
+  return {
+      // binary16: 1 sign, 5 exponent (bias 15), 10 fraction bits.
+      {h, 1.0f, 0x3C00, "1"},
+      {h, -0.0f, 0x8000, "negative zero"},
+      {h, 0x1.002p0f, 0x3C00, "1+2^-11: tie of 0x3C00/0x3C01, to even"},
+      {h, 0x1.006p0f, 0x3C02, "1+3*2^-11: tie of 0x3C01/0x3C02, to even"},
+      {h, 0x1.002004p0f, 0x3C01, "1+2^-11+2^-22: above the tie"},
+      {h, 2049.0f, 0x6800, "2049: tie of 2048/2050, to even"},
+      {h, third, 0x3555, "1/3: 1.0101010101b x 2^-2, rest below half"},
+      {h, 0x1p-24f, 0x0001, "smallest subnormal 2^-24"},
+      {h, 0x1p-25f, 0x0000, "2^-25: tie of 0/0x0001, to even"},
+      {h, 0x1.000002p-25f, 0x0001, "just above 2^-25"},
+      {h, -0x1p-25f, 0x8000, "-2^-25: negative zero"},
+      {h, 0x1.8p-24f, 0x0002, "3*2^-25: tie of 0x0001/0x0002, to even"},
+      {h, 0x1.ff8p-15f, 0x03FF, "largest subnormal 1023*2^-24"},
+      {h, 0x1p-14f, 0x0400, "smallest normal 2^-14"},
+      {h, 65504.0f, 0x7BFF, "max finite 65504"},
+      {h, 0x1.ffdffep15f, 0x7BFF, "just below 65520, halfway to 2^16"},
+      {h, 65520.0f, 0x7C00, "65520: tie of 0x7BFF/inf, to the even inf"},
+      {h, 65536.0f, 0x7C00, "2^16 overflows to inf"},
+      {h, inf, 0x7C00, "inf"},
+      {h, -inf, 0xFC00, "-inf"},
+      {h, nan, kAnyNan, "NaN"},
+      // bfloat16: the top 16 bits of binary32, rounded to nearest even.
+      {b, 1.0f, 0x3F80, "1"},
+      {b, -0.0f, 0x8000, "negative zero"},
+      {b, 0x1.01p0f, 0x3F80, "1+2^-8: tie of 0x3F80/0x3F81, to even"},
+      {b, 0x1.03p0f, 0x3F82, "1+3*2^-8: tie of 0x3F81/0x3F82, to even"},
+      {b, 0x1.010002p0f, 0x3F81, "just above 1+2^-8"},
+      {b, third, 0x3EAB, "1/3: 0x3EAAAAAB, low half 0xAAAB above 0x8000"},
+      {b, 0x1p-133f, 0x0001, "smallest subnormal 2^-133"},
+      {b, 0x1p-134f, 0x0000, "2^-134: tie of 0/0x0001, to even"},
+      {b, 0x1.8p-133f, 0x0002, "3*2^-134: tie of 0x0001/0x0002, to even"},
+      {b, 0x1p-149f, 0x0000, "float's smallest subnormal"},
+      {b, 0x1p-126f, 0x0080, "smallest normal 2^-126"},
+      {b, 0x1.fep127f, 0x7F7F, "max finite (2-2^-7)*2^127"},
+      {b, 0x1.fefffep127f, 0x7F7F, "just below halfway to 2^128"},
+      {b, 0x1.ffp127f, 0x7F80, "halfway to 2^128: tie of 0x7F7F/inf, to the even inf"},
+      {b, fmax, 0x7F80, "FLT_MAX overflows to inf"},
+      {b, inf, 0x7F80, "inf"},
+      {b, -inf, 0xFF80, "-inf"},
+      {b, nan, kAnyNan, "NaN"},
+      {b, std::bit_cast<float>(0x7F800001u), kAnyNan, "NaN with only a low payload bit: not inf"},
+      // OCP E4M3: bias 7, 3 fraction bits, no infinities, max 448 = 0x7E.
+      {e4, 1.0f, 0x38, "1"},
+      {e4, -0.0f, 0x80, "negative zero"},
+      {e4, 0x1.1p0f, 0x38, "1+2^-4: tie of 0x38/0x39, to even"},
+      {e4, 0x1.3p0f, 0x3A, "1+3*2^-4: tie of 0x39/0x3A, to even"},
+      {e4, 0x1.100002p0f, 0x39, "just above 1+2^-4"},
+      {e4, third, 0x2B, "1/3: 1.011b x 2^-2 = 0.34375 is nearest"},
+      {e4, 0x1p-9f, 0x01, "smallest subnormal 2^-9"},
+      {e4, 0x1p-10f, 0x00, "2^-10: tie of 0/0x01, to even"},
+      {e4, 0x1.000002p-10f, 0x01, "just above 2^-10"},
+      {e4, -0x1p-10f, 0x80, "-2^-10: negative zero"},
+      {e4, 0x1.8p-9f, 0x02, "3*2^-10: tie of 0x01/0x02, to even"},
+      {e4, 0x1.cp-7f, 0x07, "largest subnormal 7*2^-9"},
+      {e4, 0x1.ep-7f, 0x08, "7.5*2^-9: tie of 0x07/0x08, to even"},
+      {e4, 0x1p-6f, 0x08, "smallest normal 2^-6"},
+      {e4, 0x1.affffep8f, 0x7D, "just below 432, halfway from 416 to 448"},
+      {e4, 432.0f, 0x7E, "432: tie of 0x7D/0x7E, to even"},
+      {e4, 0x1.bffffep8f, 0x7E, "just below max finite"},
+      {e4, 448.0f, 0x7E, "max finite 448"},
+      {e4, 464.0f, 0x7E, "464, halfway to 480: tie, to the even 448"},
+      {e4, 480.0f, 0x7E, "480: beyond, SATFINITE (NaN without it)"},
+      {e4, -1000.0f, 0xFE, "-1000: SATFINITE"},
+      {e4, fmax, 0x7E, "FLT_MAX: SATFINITE"},
+      {e4, inf, 0x7E, "inf: SATFINITE"},
+      {e4, -inf, 0xFE, "-inf: SATFINITE"},
+      {e4, nan, kAnyNan, "NaN"},
+      // OCP E5M2: bias 15, 2 fraction bits, inf 0x7C, max 57344 = 0x7B.
+      {e5, 1.0f, 0x3C, "1"},
+      {e5, -0.0f, 0x80, "negative zero"},
+      {e5, 0x1.2p0f, 0x3C, "1+2^-3: tie of 0x3C/0x3D, to even"},
+      {e5, 0x1.6p0f, 0x3E, "1+3*2^-3: tie of 0x3D/0x3E, to even"},
+      {e5, 0x1.200002p0f, 0x3D, "just above 1+2^-3"},
+      {e5, third, 0x35, "1/3: 1.01b x 2^-2 = 0.3125 is nearest"},
+      {e5, 0x1p-16f, 0x01, "smallest subnormal 2^-16"},
+      {e5, 0x1p-17f, 0x00, "2^-17: tie of 0/0x01, to even"},
+      {e5, 0x1.000002p-17f, 0x01, "just above 2^-17"},
+      {e5, -0x1p-17f, 0x80, "-2^-17: negative zero"},
+      {e5, 0x1.8p-16f, 0x02, "3*2^-17: tie of 0x01/0x02, to even"},
+      {e5, 0x1.8p-15f, 0x03, "largest subnormal 3*2^-16"},
+      {e5, 0x1.cp-15f, 0x04, "3.5*2^-16: tie of 0x03/0x04, to even"},
+      {e5, 0x1p-14f, 0x04, "smallest normal 2^-14"},
+      {e5, 57344.0f, 0x7B, "max finite 57344"},
+      {e5, 0x1.dffffep15f, 0x7B, "just below 61440, halfway to 2^16"},
+      {e5, 61440.0f, 0x7B, "61440: the tie would give inf; SATFINITE"},
+      {e5, 65536.0f, 0x7B, "2^16: SATFINITE (inf without it)"},
+      {e5, inf, 0x7B, "inf: SATFINITE"},
+      {e5, -inf, 0xFB, "-inf: SATFINITE"},
+      {e5, nan, kAnyNan, "NaN"},
+  };
+}
+
+TEST_CASE("float to small format: hand-written codes from the format definitions",
+          "[reduce][convert][isa]") {
+  auto check = [](const HandCode& c, uint32_t got, const char* how) {
+    INFO(dataTypeName(c.type) << " " << c.why << " via " << how << ": got 0x" << std::hex << got);
+    if (c.want == kAnyNan) {
+      CHECK(isNanByDefinition(c.type, got));
+      CHECK(got == (c.type == DataType::kFloat16 || c.type == DataType::kBfloat16 ? 0x7FFFu : 0x7Fu));
+    } else {
+      CHECK(got == c.want);
+    }
+  };
+  IsaList isas;
+  for (const HandCode& c : handCodes()) {
+    check(c, toCode(c.type, c.in), "the scalar conversion");
+    uint32_t viaDouble = 0;
+    fromDouble(c.type, double(c.in), &viaDouble);
+    check(c, viaDouble, "fromDouble");
+    // The vector paths' own conversions, 33 copies to fill whole registers
+    // and a tail (fp8 ones round through half and are only meant for results
+    // of one operation: checked through combine).
+    if (dataTypeSize(c.type) != 2) continue;
+    const std::vector<float> in(33, c.in);
+    std::vector<uint16_t> out(in.size());
+    for (const std::string& isa : isas.names) {
+      REQUIRE(setIsaForTesting(isa.c_str()));
+      fromFloatForTesting(c.type, out.data(), in.data(), in.size());
+      for (uint16_t got : out) check(c, got, isa.c_str());
     }
   }
 }
@@ -799,11 +885,16 @@ TEST_CASE("combine: documented numerics", "[reduce][combine][isa]") {
     REQUIRE(run<uint16_t>(ReduceOp::kSum, DataType::kFloat16, 0x7BFF, 0x4C00) == 0x7C00);
     REQUIRE(run<uint16_t>(ReduceOp::kSum, DataType::kFloat16, 0x7BFF, 0x4B00) == 0x7BFF);
     REQUIRE(run<uint16_t>(ReduceOp::kSum, DataType::kBfloat16, 0x7F7F, 0x7F7F) == 0x7F80);
-    // fp8: 448 + 32 = 480 is beyond e4m3; 57344 + 8192 is beyond e5m2.
-    REQUIRE(run<uint8_t>(ReduceOp::kSum, DataType::kFloat8e4m3, 0x7E, 0x68) ==
-            (kFp8Saturate ? 0x7E : 0x7F));
-    REQUIRE(run<uint8_t>(ReduceOp::kSum, DataType::kFloat8e5m2, 0x7B, 0x70) ==
-            (kFp8Saturate ? 0x7B : 0x7C));
+    // fp8 (codes: e4m3 0x7E 448, 0x68 64, 0x60 32, 0x58 16; e5m2 0x7B 57344,
+    // 0x70 8192, 0xC0 -2): sums beyond the largest finite value saturate to
+    // it, as NCCL's __NV_SATFINITE conversions do (NaN or inf without it);
+    // 448 + 16 = 464 is the tie between 448 and 480 and goes to the even 448.
+    REQUIRE(run<uint8_t>(ReduceOp::kSum, DataType::kFloat8e4m3, 0x7E, 0x68) == 0x7E);
+    REQUIRE(run<uint8_t>(ReduceOp::kSum, DataType::kFloat8e4m3, 0xFE, 0xE8) == 0xFE);
+    REQUIRE(run<uint8_t>(ReduceOp::kSum, DataType::kFloat8e4m3, 0x7E, 0x60) == 0x7E);
+    REQUIRE(run<uint8_t>(ReduceOp::kSum, DataType::kFloat8e4m3, 0x7E, 0x58) == 0x7E);
+    REQUIRE(run<uint8_t>(ReduceOp::kSum, DataType::kFloat8e5m2, 0x7B, 0x70) == 0x7B);
+    REQUIRE(run<uint8_t>(ReduceOp::kProd, DataType::kFloat8e5m2, 0x7B, 0xC0) == 0xFB);
     // Subnormals: the two smallest halves add exactly.
     REQUIRE(run<uint16_t>(ReduceOp::kSum, DataType::kFloat16, 0x0001, 0x0001) == 0x0002);
     REQUIRE(run<uint8_t>(ReduceOp::kSum, DataType::kFloat8e4m3, 0x01, 0x01) == 0x02);
