@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cmath>
 
 #include "collectives/plan_test_util.h"
 #include "reduce/reduce.h"
@@ -60,35 +61,46 @@ std::vector<uint8_t> makeInput(const Case& c, int r) {
   return in;
 }
 
-// Reduction of `bytes` at `offset` of every rank's input.
-std::vector<uint8_t> reduced(const Case& c, const std::vector<std::vector<uint8_t>>& inputs,
-                             const std::vector<uint64_t>& scalars, uint64_t offset,
-                             uint64_t bytes) {
-  const SimReducer& red = fallbackReducer();
-  const DataType t = c.shape.dtype;
-  const size_t count = bytes / dataTypeSize(t);
-  std::vector<uint8_t> acc(bytes), term(bytes);
-  for (int r = 0; r < c.nranks; ++r) {
-    const uint8_t* in = inputs[r].data() + offset;
-    if (c.shape.op == ReduceOp::kPreMulSum) {
-      red.scale(t, term.data(), in, count, &scalars[r]);
-    } else {
-      std::copy(in, in + bytes, term.begin());
-    }
-    if (r == 0) {
-      acc = term;
-    } else {
-      ReduceOp op = c.shape.op == ReduceOp::kPreMulSum ? ReduceOp::kSum : c.shape.op;
-      red.combine(op, t, acc.data(), term.data(), acc.data(), count, nullptr);
-    }
+// The scalar of rank r for kPreMulSum (nccl-tests' mulsum: 1 on even ranks,
+// 2 on odd ones).
+double preMulScalar(int r) { return r % 2 ? 2.0 : 1.0; }
+
+double combineExact(ReduceOp op, double a, double b) {
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kPreMulSum: return a + b;
+    case ReduceOp::kProd: return a * b;
+    case ReduceOp::kMax: return std::max(a, b);
+    case ReduceOp::kMin: return std::min(a, b);
   }
-  if (c.shape.divisor > 1) red.divide(t, acc.data(), acc.data(), count, c.shape.divisor);
-  return acc;
+  return 0;
+}
+
+// Reduction of `bytes` at `offset` of every rank's input, in closed form: the
+// inputs are small integers (inputValue), so every partial result is exact in
+// every type and order, and the value is computed here in double (integer
+// average: the sum divided by the divisor, truncated toward zero), never by a
+// reducer of the library's.
+std::vector<uint8_t> reduced(const Case& c, uint64_t offset, uint64_t bytes) {
+  const DataType t = c.shape.dtype;
+  const uint64_t es = dataTypeSize(t);
+  std::vector<uint8_t> out(bytes);
+  for (uint64_t k = 0; k < bytes / es; ++k) {
+    const uint64_t i = offset / es + k;
+    double acc = 0;
+    for (int r = 0; r < c.nranks; ++r) {
+      double x = inputValue(t, c.shape.op, r, i);
+      if (c.shape.op == ReduceOp::kPreMulSum) x *= preMulScalar(r);
+      acc = r == 0 ? x : combineExact(c.shape.op, acc, x);
+    }
+    if (c.shape.divisor > 1) acc = std::trunc(acc / static_cast<double>(c.shape.divisor));
+    storeValue(t, out.data(), k, acc);
+  }
+  return out;
 }
 
 // What rank q's recv buffer must hold in [outputBegin, outputEnd).
-std::vector<uint8_t> expected(const Case& c, int q, const std::vector<std::vector<uint8_t>>& in,
-                              const std::vector<uint64_t>& scalars) {
+std::vector<uint8_t> expected(const Case& c, int q, const std::vector<std::vector<uint8_t>>& in) {
   const uint64_t B = c.shape.count * dataTypeSize(c.shape.dtype);
   const int root = c.shape.root;
   std::vector<uint8_t> out;
@@ -96,9 +108,9 @@ std::vector<uint8_t> expected(const Case& c, int q, const std::vector<std::vecto
     out.insert(out.end(), v.begin() + off, v.begin() + off + n);
   };
   switch (c.shape.kind) {
-    case CollKind::kAllReduce: return reduced(c, in, scalars, 0, B);
-    case CollKind::kReduceScatter: return reduced(c, in, scalars, q * B, B);
-    case CollKind::kReduce: return q == root ? reduced(c, in, scalars, 0, B) : out;
+    case CollKind::kAllReduce: return reduced(c, 0, B);
+    case CollKind::kReduceScatter: return reduced(c, q * B, B);
+    case CollKind::kReduce: return q == root ? reduced(c, 0, B) : out;
     case CollKind::kAllGather:
       for (int r = 0; r < c.nranks; ++r) append(in[r], 0, B);
       return out;
@@ -132,7 +144,7 @@ void runCase(const Case& c) {
     allocate(mem[r], c.shape, r, c.nranks, rankInPlace(c, r));
     inputs[r] = makeInput(c, r);
     std::copy(inputs[r].begin(), inputs[r].end(), static_cast<uint8_t*>(mem[r].send));
-    storeValue(c.shape.dtype, &scalars[r], 0, r % 2 ? 2.0 : 1.0);  // nccl-tests' mulsum
+    storeValue(c.shape.dtype, &scalars[r], 0, preMulScalar(r));
     buffers[r] = {SimOpBuffers{mem[r].send, mem[r].recv, &scalars[r]}};
   }
   SimOptions options;
@@ -144,7 +156,7 @@ void runCase(const Case& c) {
 
   for (int q = 0; q < c.nranks; ++q) {
     const OpLayout l = opLayout(c.shape, q, c.nranks);
-    const std::vector<uint8_t> want = expected(c, q, inputs, scalars);
+    const std::vector<uint8_t> want = expected(c, q, inputs);
     REQUIRE(want.size() == l.outputEnd - l.outputBegin);
     const uint8_t* got = static_cast<const uint8_t*>(mem[q].recv) + l.outputBegin;
     auto diff = std::mismatch(want.begin(), want.end(), got);

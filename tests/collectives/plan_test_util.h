@@ -13,6 +13,7 @@
 #include "collectives/plan.h"
 #include "collectives/plan_verify.h"
 #include "collectives/registry.h"
+#include "support/number_formats.h"
 
 namespace shoal::testing {
 
@@ -37,41 +38,10 @@ inline std::vector<PlanPtr> buildAll(BuildFn build, const CollShape& shape, int 
   return plans;
 }
 
-// Exactly representable small values, stored as dtype.
+// Exactly representable small values, stored as dtype by the formats'
+// definitions (never the library's conversions).
 inline void storeValue(DataType t, void* base, size_t i, double v) {
-  char* p = static_cast<char*>(base) + i * dataTypeSize(t);
-  auto put = [&](auto x) { std::memcpy(p, &x, sizeof(x)); };
-  switch (t) {
-    case DataType::kInt8: put(static_cast<int8_t>(v)); break;
-    case DataType::kUint8: put(static_cast<uint8_t>(v)); break;
-    case DataType::kInt32: put(static_cast<int32_t>(v)); break;
-    case DataType::kUint32: put(static_cast<uint32_t>(v)); break;
-    case DataType::kInt64: put(static_cast<int64_t>(v)); break;
-    case DataType::kUint64: put(static_cast<uint64_t>(v)); break;
-    case DataType::kFloat32: put(static_cast<float>(v)); break;
-    case DataType::kFloat64: put(v); break;
-    case DataType::kBfloat16: {
-      float f = static_cast<float>(v);
-      uint32_t bits;
-      std::memcpy(&bits, &f, 4);
-      put(static_cast<uint16_t>(bits >> 16));  // exact for the values tests use
-      break;
-    }
-    case DataType::kFloat16: {
-      float f = static_cast<float>(v);
-      uint32_t bits;
-      std::memcpy(&bits, &f, 4);
-      uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000);
-      uint16_t h = sign;
-      if ((bits & 0x7fffffff) != 0) {  // normal halves only (small integers, halves)
-        uint32_t exp = ((bits >> 23) & 0xff) - 127 + 15;
-        h = static_cast<uint16_t>(sign | (exp << 10) | ((bits & 0x7fffff) >> 13));
-      }
-      put(h);
-      break;
-    }
-    default: put(static_cast<uint8_t>(v)); break;
-  }
+  encodeExact(t, v, static_cast<char*>(base) + i * dataTypeSize(t));
 }
 
 inline bool isSigned(DataType t) {
