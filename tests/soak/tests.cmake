@@ -21,8 +21,8 @@ add_executable(soak_bench ${CMAKE_CURRENT_LIST_DIR}/soak_bench.cc)
 target_link_libraries(soak_bench PRIVATE shoal_soak_driver)
 
 # The benchmark's own loop, briefly, in every setting: the steady-state modes (the
-# churn modes grow rank 0's heap today, README.md; their cases cover them), a report
-# every 3 s, exit 0 only if nothing grew beyond the slack.
+# churn modes' own cases cover them, README.md), a report every 3 s, exit 0 only if
+# nothing grew beyond the slack.
 add_test(NAME soak.bench_smoke COMMAND soak_bench --seconds 10 --report-every 3 --setting all
   --modes blocking,nonblocking,hoststream,grouped)
 set_tests_properties(soak.bench_smoke PROPERTIES LABELS soak TIMEOUT 120 ENVIRONMENT "NCCL_SOCKET_IFNAME=lo")
