@@ -47,7 +47,7 @@ bool crossesNodes(const RankView& v, const patterns::RingOrder& ring, int distan
   return false;
 }
 
-bool always(const CollShape&, const RankView&, const TransportCaps&) { return true; }
+bool always(const CollShape&, const RankView&) { return true; }
 
 // One-shot algorithms are for latency-bound sizes: each message at most this
 // (a block of AllGather / ReduceScatter, the buffer of AllReduce). Beyond it
@@ -57,15 +57,15 @@ bool always(const CollShape&, const RankView&, const TransportCaps&) { return tr
 // level (AllGather) or behind (ReduceScatter 31-34 against 25-28), 128 KiB
 // 65-99 against 40-72 (measured 2026-12-01).
 constexpr uint64_t kOneShotMaxMessageBytes = 16 << 10;
-bool oneShotSize(const CollShape& s, const RankView&, const TransportCaps&) {
+bool oneShotSize(const CollShape& s, const RankView&) {
   return s.count * dataTypeSize(s.dtype) <= kOneShotMaxMessageBytes;
 }
 
-bool rootValid(const CollShape& s, const RankView& v, const TransportCaps&) {
+bool rootValid(const CollShape& s, const RankView& v) {
   return s.root >= 0 && s.root < v.nranks;
 }
 
-bool peerValid(const CollShape& s, const RankView& v, const TransportCaps&) {
+bool peerValid(const CollShape& s, const RankView& v) {
   return s.peer >= 0 && s.peer < v.nranks;
 }
 
@@ -276,11 +276,11 @@ double hierarchicalReduceScatterCost(const CollShape& s, const RankView& v, cons
   return hierarchicalGatherCost(s, v, c, true);
 }
 
-bool hierarchical(const CollShape&, const RankView& v, const TransportCaps&) { return hierarchicalApplies(v); }
+bool hierarchical(const CollShape&, const RankView& v) { return hierarchicalApplies(v); }
 
 // Every peer's memory readable, more than one rank, and no per-rank scalar
 // (kPreMulSum scales each rank's input by that rank's own scalar).
-bool peerReadable(const CollShape& s, const RankView& v, const TransportCaps&) {
+bool peerReadable(const CollShape& s, const RankView& v) {
   return v.peerReads && v.nranks > 1 && s.op != ReduceOp::kPreMulSum;
 }
 

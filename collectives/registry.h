@@ -18,14 +18,6 @@
 
 namespace shoal {
 
-// What the transports between the ranks can do (flags, not subclasses; DESIGN §4).
-// Collectives may not include transports: the communicator fills this in.
-struct TransportCaps {
-  bool oneSided = false;            // Put/Get steps
-  bool peerDirectRead = false;      // read a peer's registered buffer (shm, CUDA IPC)
-  bool deviceMemoryDirect = false;  // reads/writes device memory without staging
-};
-
 struct CostParams {
   double alpha_us = 10.0;                          // per message
   double beta_us_per_byte = 1.0 / 1500.0;          // link: 1.5 GB/s
@@ -44,7 +36,9 @@ struct CostParams {
 };
 
 using BuildFn = Plan (*)(const CollShape&, const RankView&, const AlgoParams&);
-using SupportsFn = bool (*)(const CollShape&, const RankView&, const TransportCaps&);
+// What the transports allow (peer reads) reaches an algorithm through the
+// RankView, which the communicator fills from Transport's capabilities.
+using SupportsFn = bool (*)(const CollShape&, const RankView&);
 using EstimateFn = double (*)(const CollShape&, const RankView&, const CostParams&);
 
 struct AlgorithmEntry {

@@ -18,10 +18,12 @@ namespace {
 struct Registry {
   std::vector<std::unique_ptr<Transport>> owned;
   std::vector<Transport*> ordered;
+  Transport* toSelf = nullptr;
   std::mutex mutex;
   std::map<std::string, std::string> unavailable;  // transport -> why localAddress() failed
   Registry() {
     owned.push_back(makeLoopbackTransport());
+    toSelf = owned.back().get();
     owned.push_back(makeShmTransport());
     owned.push_back(makeOfiTransport());
     owned.push_back(makeTcpTransport());
@@ -41,22 +43,15 @@ std::string unavailable(const Transport& t) {
   return it == registry().unavailable.end() ? std::string() : it->second;
 }
 
-// Providers that run libfabric's reliable datagrams over kernel sockets
-// (tcp;ofi_rxm, sockets, udp;ofi_rxd, net) add a layer over what the tcp
-// transport does directly and measured slower here: ofi is chosen by default
-// only for hardware providers (EFA, verbs, ...); NCCL_NET=Libfabric or
-// SHOAL_TRANSPORT=ofi still force it (docs/decisions/0002-ofi-default.md).
-bool emulatesOverSockets(const PeerInfo& self) {
-  const std::string* text = self.address("ofi");
-  if (!text) return true;
-  auto address = ofi::parseAddress(*text);
-  if (!address.isOk()) return true;
-  return ofi::runsOverSockets(address.value().provider);
-}
-
 }  // namespace
 
 const std::vector<Transport*>& allTransports() { return registry().ordered; }
+
+Transport* transportToSelf() { return registry().toSelf; }
+
+void forgetMemory(void* base, size_t bytes) {
+  for (Transport* t : allTransports()) t->forgetMemory(base, bytes);
+}
 
 Transport* findTransport(std::string_view name) {
   for (Transport* t : allTransports())
@@ -64,21 +59,10 @@ Transport* findTransport(std::string_view name) {
   return nullptr;
 }
 
-// libfabric is started only when asked for (SHOAL_TRANSPORT=ofi,
-// NCCL_NET=Libfabric/OFI, or FI_PROVIDER naming a provider): opening its
-// endpoints in every process costs start-up time, and a process that exits
-// while an init is still pending crashed in libfabric's teardown
-// (docs/decisions/0002-ofi-default.md).
-bool ofiRequested() {
-  const Params& p = params();
-  return strcasecmp(p.transport.c_str(), "ofi") == 0 || strcasecmp(p.net.c_str(), "Libfabric") == 0 ||
-         strcasecmp(p.net.c_str(), "OFI") == 0 || !p.fiProvider.empty();
-}
-
 Status publishAddresses(PeerInfo& self) {
   self.addresses.clear();
   for (Transport* t : allTransports()) {
-    if (t->name() == "ofi" && !ofiRequested()) continue;
+    if (!t->wantedInThisProcess()) continue;
     auto addr = t->localAddress();
     if (!addr.isOk()) {
       std::lock_guard<std::mutex> lock(registry().mutex);
@@ -113,7 +97,7 @@ Result<Transport*> selectTransport(const PeerInfo& self, const PeerInfo& peer) {
     return t;
   }
   for (Transport* t : allTransports())
-    if (t->canConnect(self, peer) && !(t->name() == "ofi" && emulatesOverSockets(self))) return t;
+    if (t->canConnect(self, peer) && t->chosenByDefault(self)) return t;
   return remoteError("no transport can reach rank ", peer.rank, " (host ", peer.hostname,
                      "): it publishes ", peer.addresses.size(), " addresses");
 }

@@ -20,6 +20,11 @@ namespace shoal {
 // All transports, in priority order.
 const std::vector<Transport*>& allTransports();
 Transport* findTransport(std::string_view name);
+// The transport a rank uses for its own messages (in-process, whatever is forced).
+Transport* transportToSelf();
+// Tells every transport that [base, base + bytes) is being freed or
+// deregistered (Transport::forgetMemory). Thread-safe.
+void forgetMemory(void* base, size_t bytes);
 
 // Fills self.addresses with every transport's local address (transports that
 // fail to start are skipped and logged; the error is kept for selection).

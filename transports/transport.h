@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "core/clock.h"
+#include "core/peer_info.h"
 #include "core/status.h"
 #include "core/types.h"
 
@@ -99,28 +100,6 @@ class Connection {
   virtual std::string peerFailure() const { return {}; }
 };
 
-// What a rank publishes about itself at communicator init (through the
-// bootstrap) so that others can choose a transport and reach it.
-struct PeerInfo {
-  int rank = -1;
-  std::string hostname;          // for messages
-  std::string hostId;            // node identity (NCCL_HOSTID or hostname+boot id)
-  uint64_t processId = 0;        // unique per process on the host (pid ^ start time)
-  // The running kernel (boot id), whatever NCCL_HOSTID says: two ranks with
-  // the same one exchange bytes without leaving the machine, even between
-  // network namespaces (sameKernel()).
-  std::string kernelId;
-  // The GPU of a device communicator's rank ("GPU-<uuid>", the same in every
-  // process), empty for host communicators.
-  std::string gpu;
-  std::vector<std::pair<std::string, std::string>> addresses;  // transport name -> address
-
-  const std::string* address(std::string_view transport) const;
-  bool sameKernel(const PeerInfo& other) const { return !kernelId.empty() && kernelId == other.kernelId; }
-  std::string serialize() const;
-  static Result<PeerInfo> deserialize(std::string_view bytes);
-};
-
 // Identifies one connection of one communicator (the same on both sides).
 struct ConnectionKey {
   uint64_t commId = 0;  // unique per communicator, equal on all its ranks
@@ -136,11 +115,33 @@ struct ConnectOptions {
   Deadline deadline = Deadline::never();
 };
 
+// A transport describes what it can do through the members below; the layers
+// above decide by them, never by name(), so a new transport is a folder in
+// transports/ and a line in registry.cc.
 class Transport {
  public:
   virtual ~Transport() = default;
 
+  // For messages, logs and SHOAL_TRANSPORT; never a decision.
   virtual std::string_view name() const = 0;
+  // The class of link its connections are (the tuner's link costs).
+  virtual LinkClass linkClass() const = 0;
+  // Whether a rank connected to `peer` through this transport can also read
+  // the peer's memory directly (the peer-reading algorithms need it).
+  virtual bool readsPeerMemory(const PeerInfo& /*peer*/) const { return false; }
+  // Whether each message passes through a messaging layer emulated over
+  // kernel sockets (libfabric's reliable datagrams over tcp), which the
+  // tuner's model charges per message (tuner/cost_model.h).
+  virtual bool emulatesMessagesOverSockets() const { return false; }
+  // Memory [base, base + bytes) is being freed or deregistered: drop any
+  // registration or cached key of it (a later buffer may reuse the address).
+  virtual void forgetMemory(void* /*base*/, size_t /*bytes*/) {}
+  // Whether this process should start it (localAddress) at all: a transport
+  // whose start is costly may wait to be asked for by the environment.
+  virtual bool wantedInThisProcess() const { return true; }
+  // Whether the registry picks it for a peer it can reach without being
+  // forced (SHOAL_TRANSPORT, NCCL_NET); `self` is this rank's published info.
+  virtual bool chosenByDefault(const PeerInfo& /*self*/) const { return true; }
   // Prepares the transport in this process (e.g. opens the listener) and returns
   // the address peers need (empty for in-process transports). Idempotent.
   virtual Result<std::string> localAddress() = 0;

@@ -16,7 +16,7 @@
 #include "cuda/driver.h"
 #include "engine/engine.h"
 #include "memory/shared_memory.h"
-#include "transports/ofi/ofi_transport.h"
+#include "transports/registry.h"
 
 using namespace shoal;
 using shoal::api::guard;
@@ -116,7 +116,7 @@ SHOAL_API(ncclResult_t, ncclMemFree, (void* ptr)) {
     if (ptr == nullptr) return Status::ok();
     if (cuda::Driver* driver = cuda::Driver::inUse(); driver && driver->deviceFree(ptr))
       return Status::ok();
-    if (size_t bytes = memory::allocationBytes(ptr)) ofiInvalidateRegistrations(ptr, bytes);
+    if (size_t bytes = memory::allocationBytes(ptr)) forgetMemory(ptr, bytes);
     if (!memory::freeShared(ptr))
       return invalidArgument("ncclMemFree: ", ptr, " was not returned by ncclMemAlloc");
     return Status::ok();
@@ -148,7 +148,7 @@ SHOAL_API(ncclResult_t, ncclCommDeregister, (const ncclComm_t comm, void* handle
       return invalidArgument("ncclCommDeregister: handle ", handle,
                              " was registered on another communicator");
     gRegistrations.erase(reg);
-    ofiInvalidateRegistrations(reg->buff, reg->size);  // libfabric must not keep a stale key
+    forgetMemory(reg->buff, reg->size);  // no transport may keep a stale registration
     delete reg;
     return Status::ok();
   });

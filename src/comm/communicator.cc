@@ -15,7 +15,6 @@
 #include "core/process.h"
 #include "core/tag.h"
 #include "transports/registry.h"
-#include "transports/shm/shm_transport.h"
 
 namespace shoal {
 namespace {
@@ -111,12 +110,13 @@ Status Communicator::initialize() {
   for (int r = 0; r < nranks_ && readsAll; ++r) {
     if (r == rank_ || (peers_[r].processId == self.processId && peers_[r].hostId == self.hostId)) continue;
     auto chosen = selectTransport(self, peers_[r]);
-    readsAll = chosen.isOk() && chosen.value()->name() == "shm" && canReadPeerMemory(peers_[r]);
+    readsAll = chosen.isOk() && chosen.value()->readsPeerMemory(peers_[r]);
   }
-  std::string netTransport = "- 0";  // only node 0's leader names one
+  std::string netTransport = "- 0 0";  // only node 0's leader names one
   if (topology_.leaders.size() > 1 && rank_ == topology_.leaders[0]) {
     if (Result<Transport*> t = selectTransport(self, peers_[topology_.leaders[1]]); t.isOk())
-      netTransport = str(t.value()->name(), ' ', t.value()->cpuCopiesBytes() ? 1 : 0);
+      netTransport = str(t.value()->name(), ' ', t.value()->cpuCopiesBytes() ? 1 : 0, ' ',
+                         t.value()->emulatesMessagesOverSockets() ? 1 : 0);
   }
   SHOAL_ASSIGN_OR_RETURN(auto answers,
       bootstrap_->allGather(str(readsAll ? 1 : 0, ' ', netTransport, ' ', encodeMachineFacts(localMachine())),
@@ -124,12 +124,12 @@ Status Communicator::initialize() {
       describe(), ": agreeing on peer reads, transports and machine facts");
   bool everyoneReads = true;
   std::string agreedNetTransport;
-  bool agreedNetCpuCopies = false;
+  bool agreedNetCpuCopies = false, agreedNetEmulated = false;
   std::vector<MachineTopology> machines;
   for (int r = 0; r < nranks_; ++r) {
-    // "<reads 0|1> <net transport|-> <its CPU copies 0|1> <machine facts>"
+    // "<reads 0|1> <net transport|-> <its CPU copies 0|1> <emulated messaging 0|1> <machine facts>"
     std::string_view answer = answers[r];
-    std::string_view words[3];
+    std::string_view words[4];
     for (std::string_view& word : words) {
       size_t end = answer.find(' ');
       if (end == std::string_view::npos)
@@ -141,6 +141,7 @@ Status Communicator::initialize() {
     if (words[1] != "-") {
       agreedNetTransport = std::string(words[1]);
       agreedNetCpuCopies = words[2] == "1";
+      agreedNetEmulated = words[3] == "1";
     }
     SHOAL_ASSIGN_OR_RETURN(MachineTopology machine, decodeMachineFacts(answer), describe(), ": rank ", r);
     machines.push_back(std::move(machine));
@@ -155,7 +156,7 @@ Status Communicator::initialize() {
   // Fixed pairs with everyone's PeerInfo: every rank gets the same summary.
   auto classify = [&](int a, int b) {
     Result<Transport*> t = selectTransport(peers_[a], peers_[b]);
-    return t.isOk() ? linkClassOfTransport(t.value()->name()) : LinkClass::kNet;
+    return t.isOk() ? t.value()->linkClass() : LinkClass::kNet;
   };
   MachineTopology machine = agreedMachine(machines);
   machine.nics = localMachine().nics;  // described in the log, not modelled
@@ -163,6 +164,7 @@ Status Communicator::initialize() {
   TopologySummary summary = summarizeTopology(topology_, classify, singleProcess, std::move(machine));
   summary.netTransport = std::move(agreedNetTransport);
   summary.netCpuCopies = agreedNetCpuCopies;
+  summary.netEmulatedOverSockets = agreedNetEmulated;
   SHOAL_ASSIGN_OR_RETURN(tuner_, Tuner::create(summary, options_.minChannels, options_.maxChannels),
       describe());
   rankView_.ranksTakeTurns = groupView_.ranksTakeTurns = tuner_->ranksTakeTurns();
@@ -235,7 +237,7 @@ void Communicator::chooseWaitSpin(const PeerInfo& self) const {
     return;
   }
   int ranksHere = static_cast<int>(
-      std::count_if(peers_.begin(), peers_.end(), [&](const PeerInfo& p) { return onSameKernel(p, self); }));
+      std::count_if(peers_.begin(), peers_.end(), [&](const PeerInfo& p) { return p.sharesCpusWith(self); }));
   if (ranksHere > localMachine().cores && Backoff::spinPasses() != 0) {
     Backoff::setSpinPasses(0);
     SHOAL_INFO(subsys::kInit, describe(), ": ", ranksHere, " ranks on this machine, ", localMachine().cores,
@@ -250,7 +252,7 @@ Result<Connection*> Communicator::connectionTo(int peer, uint16_t channel, bool 
   if (peer < 0 || peer >= nranks_) return internalError("plan names peer ", peer);
   Transport* transport = nullptr;
   if (peer == rank_) {
-    transport = findTransport("loopback");
+    transport = transportToSelf();
   } else {
     SHOAL_ASSIGN_OR_RETURN(transport, selectTransport(peers_[rank_], peers_[peer]),
       describe());

@@ -77,4 +77,11 @@ enum class CollKind : uint8_t {
 inline constexpr int kNumCollKinds = 10;
 const char* collKindName(CollKind kind);
 
+// How two ranks are connected, fastest first: in one process, through memory
+// on one host, or over a network. Each transport says which class it is
+// (Transport::linkClass); the tuner keeps one set of link costs per class
+// (tuner/cost_model.h).
+enum class LinkClass { kLoopback = 0, kShm = 1, kNet = 2 };
+inline constexpr int kLinkClassCount = 3;
+
 }  // namespace shoal

@@ -84,12 +84,6 @@ std::optional<LinkClass> parseLinkClass(std::string_view name) {
   return std::nullopt;
 }
 
-LinkClass linkClassOfTransport(std::string_view transportName) {
-  if (transportName == "loopback") return LinkClass::kLoopback;
-  if (transportName == "shm" || transportName == "cuda_ipc") return LinkClass::kShm;
-  return LinkClass::kNet;
-}
-
 TopologySummary summarizeTopology(const Topology& topo, const LinkClassifier& classify,
                                   bool singleProcess, std::optional<MachineTopology> machine) {
   TopologySummary s;

@@ -22,8 +22,9 @@
 #include <string_view>
 #include <vector>
 
+#include "core/peer_info.h"
+#include "core/types.h"
 #include "topology/machine.h"
-#include "transports/transport.h"
 
 namespace shoal {
 
@@ -52,15 +53,8 @@ struct Topology {
 // Nodes are numbered by first appearance in rank order.
 Topology buildTopology(const std::vector<PeerInfo>& peers);
 
-// How two ranks are connected, fastest first. The tuner keeps one set of
-// link costs per class (tuner/cost_model.h).
-enum class LinkClass { kLoopback = 0, kShm = 1, kNet = 2 };
-inline constexpr int kLinkClassCount = 3;
 const char* linkClassName(LinkClass c);  // "loopback", "shm", "net"
 std::optional<LinkClass> parseLinkClass(std::string_view name);
-// The class of a transport by its Transport::name(): loopback; shm and
-// cuda_ipc (same host); tcp and ofi (net). Unknown names count as net.
-LinkClass linkClassOfTransport(std::string_view transportName);
 inline LinkClass slower(LinkClass a, LinkClass b) { return a > b ? a : b; }
 
 // What the tuner decides from. Every field must be the same on every rank of a
@@ -82,8 +76,12 @@ struct TopologySummary {
   // every rank, and whether its CPU moves the bytes through kernel sockets
   // (Transport::cpuCopiesBytes: tcp, ofi over tcp;ofi_rxm). The tuner's model
   // counts cache-resident bytes as faster only then (docs/decisions/0006, 0007).
+  // netTransport names it for messages only; the model reads the flags:
+  // netEmulatedOverSockets when its messages pass a messaging layer emulated
+  // over kernel sockets (Transport::emulatesMessagesOverSockets).
   std::string netTransport;
   bool netCpuCopies = false;
+  bool netEmulatedOverSockets = false;
   // The machine the ranks run on. Unset: this process's localMachine().
   std::optional<MachineTopology> machine;
 };

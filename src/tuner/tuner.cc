@@ -76,7 +76,7 @@ std::vector<uint64_t> withSocketPiece(std::vector<uint64_t> candidates, const Tu
 
 // Whether the network between nodes is libfabric over kernel sockets, whose
 // messages cost kSocketProviderMessageUs more (cost_model.h).
-bool ofiThroughSockets(const TopologySummary& s) { return s.netCpuCopies && s.netTransport == "ofi"; }
+bool socketProviderMessages(const TopologySummary& s) { return s.netCpuCopies && s.netEmulatedOverSockets; }
 
 // "a\nb\n" -> "a; b": log lines stay single lines.
 std::string oneLine(std::string text) {
@@ -161,7 +161,7 @@ Result<std::unique_ptr<Tuner>> Tuner::create(const TopologySummary& topo, TunerO
              s.netTransport.empty()
                  ? ""
                  : str(" (", s.netTransport, s.netCpuCopies ? ", bytes through the CPU" : "",
-                       ofiThroughSockets(s) ? str(", ", kSocketProviderMessageUs, " us more per message") : "",
+                       socketProviderMessages(s) ? str(", ", kSocketProviderMessageUs, " us more per message") : "",
                        ")"),
              ", machine ",
              describeMachine(*s.machine), "; links (class alpha_us beta_GBps gamma_GBps): ",
@@ -206,7 +206,7 @@ ModelContext Tuner::contextFor(const AlgorithmEntry& entry, const RankView& view
   ctx.netSendsFromCache = !ctx.copyLink && s.netCpuCopies;
   // libfabric's socket providers make more system calls per message than the
   // tcp transport the net row was measured with (cost_model.h).
-  if (!ctx.copyLink && ofiThroughSockets(s)) ctx.netMessageSurchargeUs = kSocketProviderMessageUs;
+  if (!ctx.copyLink && socketProviderMessages(s)) ctx.netMessageSurchargeUs = kSocketProviderMessageUs;
   ctx.streams = ctx.copyLink ? 1 : std::clamp(m.cores / s.maxRanksPerNode, 1, kMaxNetStreams);
   // Data from the network counts only the core's own L2 (cost_model.h).
   ctx.cacheShareBytes =
@@ -253,7 +253,6 @@ Result<std::pair<TunerChoice, double>> Tuner::decide(const CollShape& shape,
                                                      const RankView& view) const {
   TunerChoice choice;
   double best = 0;
-  const TransportCaps caps;
   auto consider = [&](const AlgorithmEntry* e) {
     auto [params, cost] = bestParams(*e, shape, view);
     if (!choice.algorithm || cheaper(cost, best)) {
@@ -271,7 +270,7 @@ Result<std::pair<TunerChoice, double>> Tuner::decide(const CollShape& shape,
     for (const AlgorithmEntry* e : all) {
       if (forced_ != e->name) continue;
       exists = true;
-      if (e->supports(shape, view, caps)) consider(e);
+      if (e->supports(shape, view)) consider(e);
     }
     if (exists && !choice.algorithm)
       return invalidUsage("SHOAL_ALGO=", forced_, " cannot run ", collKindName(shape.kind), " of ",
@@ -281,7 +280,7 @@ Result<std::pair<TunerChoice, double>> Tuner::decide(const CollShape& shape,
   }
   if (!choice.algorithm) {
     for (const AlgorithmEntry* e : all)
-      if (allowed(*e) && e->supports(shape, view, caps)) consider(e);
+      if (allowed(*e) && e->supports(shape, view)) consider(e);
   }
   if (!choice.algorithm && allowListSet_ && !pointToPoint)
     return invalidUsage("no algorithm available for ", collKindName(shape.kind), " of ",
@@ -289,7 +288,7 @@ Result<std::pair<TunerChoice, double>> Tuner::decide(const CollShape& shape,
                         ": NCCL_ALGO was set to ", options_.algo);
   if (!choice.algorithm) {
     for (const AlgorithmEntry* e : all)
-      if (e->supports(shape, view, caps)) consider(e);  // Send/Recv ignore NCCL_ALGO, as in NCCL
+      if (e->supports(shape, view)) consider(e);  // Send/Recv ignore NCCL_ALGO, as in NCCL
   }
   if (!choice.algorithm)
     return internalError("no algorithm supports ", collKindName(shape.kind), " of ",

@@ -366,7 +366,6 @@ TEST_CASE("estimates rank latency and bandwidth algorithms sensibly", "[registry
   REQUIRE(rd->estimate(s, v, c) < ring->estimate(s, v, c));
   s.count = 16 << 20;  // 64 MiB: bandwidth-bound
   REQUIRE(ring->estimate(s, v, c) < rd->estimate(s, v, c));
-  TransportCaps caps;
   v.peerReads = true;  // ranks may read each other (peer_read)
   v.nodeOf = {0, 0, 0, 0, 1, 1, 1, 1};  // two equal nodes (hierarchical)
   for (const AlgorithmEntry& e : algorithms()) {
@@ -375,19 +374,18 @@ TEST_CASE("estimates rank latency and bandwidth algorithms sensibly", "[registry
     shape.count = 1024;
     shape.root = 0;
     shape.peer = 1;
-    REQUIRE(e.supports(shape, v, caps));
+    REQUIRE(e.supports(shape, v));
     REQUIRE(e.estimate(shape, v, c) > 0);
     shape.root = 9;
     shape.peer = -1;
     if (e.kind != CollKind::kAllReduce && e.kind != CollKind::kAllGather &&
         e.kind != CollKind::kReduceScatter && e.kind != CollKind::kAllToAll)
-      REQUIRE_FALSE(e.supports(shape, v, caps));
+      REQUIRE_FALSE(e.supports(shape, v));
   }
 }
 
 TEST_CASE("peer-reading algorithms need peerReads and refuse PreMulSum", "[registry]") {
   RankView v = viewOf(0, 4);
-  TransportCaps caps;
   for (CollKind kind : {CollKind::kAllReduce, CollKind::kReduceScatter, CollKind::kAllGather}) {
     const AlgorithmEntry* e = findAlgorithm(kind, "peer_read");
     REQUIRE(e != nullptr);
@@ -395,11 +393,11 @@ TEST_CASE("peer-reading algorithms need peerReads and refuse PreMulSum", "[regis
     shape.kind = kind;
     shape.count = 1024;
     v.peerReads = false;
-    REQUIRE_FALSE(e->supports(shape, v, caps));
+    REQUIRE_FALSE(e->supports(shape, v));
     v.peerReads = true;
-    REQUIRE(e->supports(shape, v, caps));
+    REQUIRE(e->supports(shape, v));
     shape.op = ReduceOp::kPreMulSum;
-    REQUIRE_FALSE(e->supports(shape, v, caps));
+    REQUIRE_FALSE(e->supports(shape, v));
     Plan plan = e->build(CollShape{kind, DataType::kFloat32, ReduceOp::kSum, 1000}, v, AlgoParams{});
     REQUIRE(plan.readsPeers);
   }

@@ -1,4 +1,4 @@
-// fuzz_peer_info: PeerInfo::deserialize (transports/peer_info.cc), the record
+// fuzz_peer_info: PeerInfo::deserialize (src/core/peer_info.cc), the record
 // {rank, hostname, host id, process id, addresses, kernel id, gpu} every rank
 // publishes at communicator init and every other rank reads back from the
 // bootstrap store (written there by the other process).

@@ -356,12 +356,12 @@ TEST_CASE("PeerInfo carries the kernel id - ranks on one kernel are told apart f
   PeerInfo b = a;
   b.hostId = "node1";
   CHECK(a.sameKernel(b));
-  CHECK(onSameKernel(a, b));
+  CHECK(a.sharesCpusWith(b));
   b.kernelId = "another-boot";
   CHECK_FALSE(a.sameKernel(b));
-  CHECK_FALSE(onSameKernel(a, b));
+  CHECK_FALSE(a.sharesCpusWith(b));
   b.hostId = a.hostId;
-  CHECK(onSameKernel(a, b));  // one host id: one machine as far as the user said
+  CHECK(a.sharesCpusWith(b));  // one host id: one machine as far as the user said
 }
 
 // --- performance (hidden: run with "[perf]")

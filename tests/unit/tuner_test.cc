@@ -86,7 +86,11 @@ TopologySummary summary(int nnodes, int perNode, LinkClass intra, LinkClass inte
   return s;
 }
 
+// The summary a communicator agrees on when node 0's leader reaches node 1's
+// through `netTransport`: ofi over a socket provider is the one transport
+// whose messages pass an emulated layer (Transport::emulatesMessagesOverSockets).
 TopologySummary over(TopologySummary s, std::string netTransport, bool cpuCopies) {
+  s.netEmulatedOverSockets = cpuCopies && netTransport == "ofi";
   s.netTransport = std::move(netTransport);
   s.netCpuCopies = cpuCopies;
   return s;
@@ -1033,10 +1037,11 @@ TEST_CASE("topology summary classifies fixed pairs only", "[unit][topology]") {
   CHECK(s.interNode == LinkClass::kNet);
   CHECK(s.machine->cores == 4);
   CHECK(asked == std::vector<std::pair<int, int>>{{0, 1}, {4, 5}, {0, 2}, {0, 4}});
-  CHECK(linkClassOfTransport("loopback") == LinkClass::kLoopback);
-  CHECK(linkClassOfTransport("shm") == LinkClass::kShm);
-  CHECK(linkClassOfTransport("tcp") == LinkClass::kNet);
-  CHECK(linkClassOfTransport("ofi") == LinkClass::kNet);
+  // Each transport states its class; the communicator's classifier reads it.
+  CHECK(findTransport("loopback")->linkClass() == LinkClass::kLoopback);
+  CHECK(findTransport("shm")->linkClass() == LinkClass::kShm);
+  CHECK(findTransport("tcp")->linkClass() == LinkClass::kNet);
+  CHECK(findTransport("ofi")->linkClass() == LinkClass::kNet);
 }
 
 // ---- machine discovery --------------------------------------------------------

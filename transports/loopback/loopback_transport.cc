@@ -35,6 +35,7 @@ std::string describePeer(const PeerInfo* peer, int rank) {
 class LoopbackTransport final : public Transport {
  public:
   std::string_view name() const override { return "loopback"; }
+  LinkClass linkClass() const override { return LinkClass::kLoopback; }
   Result<std::string> localAddress() override { return std::string(); }
   bool canConnect(const PeerInfo& self, const PeerInfo& peer) const override {
     return self.hostId == peer.hostId && self.processId == peer.processId;

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <mutex>
 #include <set>
+#include <strings.h>
 
 #include "core/clock.h"
 #include "core/log.h"
@@ -167,6 +168,30 @@ void ofiInvalidateRegistrations(void* base, size_t bytes) {
 
 namespace {
 
+// libfabric is started only when asked for (SHOAL_TRANSPORT=ofi,
+// NCCL_NET=Libfabric/OFI, or FI_PROVIDER naming a provider): opening its
+// endpoints in every process costs start-up time, and a process that exits
+// while an init is still pending crashed in libfabric's teardown
+// (docs/decisions/0002-ofi-default.md).
+bool ofiRequested() {
+  const Params& p = params();
+  return strcasecmp(p.transport.c_str(), "ofi") == 0 || strcasecmp(p.net.c_str(), "Libfabric") == 0 ||
+         strcasecmp(p.net.c_str(), "OFI") == 0 || !p.fiProvider.empty();
+}
+
+// Providers that run libfabric's reliable datagrams over kernel sockets
+// (tcp;ofi_rxm, sockets, udp;ofi_rxd, net) add a layer over what the tcp
+// transport does directly and measured slower here: ofi is chosen by default
+// only for hardware providers (EFA, verbs, ...); NCCL_NET=Libfabric or
+// SHOAL_TRANSPORT=ofi still force it (docs/decisions/0002-ofi-default.md).
+bool publishedOverSockets(const PeerInfo& self) {
+  const std::string* text = self.address("ofi");
+  if (!text) return true;
+  auto address = ofi::parseAddress(*text);
+  if (!address.isOk()) return true;
+  return ofi::runsOverSockets(address.value().provider);
+}
+
 using ofi::Api;
 using ofi::InfoPtr;
 using ofi::Rail;
@@ -177,6 +202,11 @@ class OfiTransport final : public Transport {
   explicit OfiTransport(OfiOptions options) : options_(std::move(options)) {}
 
   std::string_view name() const override { return "ofi"; }
+  LinkClass linkClass() const override { return LinkClass::kNet; }
+  bool emulatesMessagesOverSockets() const override { return cpuCopiesBytes(); }
+  void forgetMemory(void* base, size_t bytes) override { ofiInvalidateRegistrations(base, bytes); }
+  bool wantedInThisProcess() const override { return ofiRequested(); }
+  bool chosenByDefault(const PeerInfo& self) const override { return !publishedOverSockets(self); }
   Result<std::string> localAddress() override;
   bool canConnect(const PeerInfo& self, const PeerInfo& peer) const override;
   Result<std::unique_ptr<Connection>> connect(const ConnectionKey& key, const ConnectOptions& options) override;

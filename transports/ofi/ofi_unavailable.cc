@@ -8,6 +8,7 @@ namespace {
 class UnavailableOfiTransport final : public Transport {
  public:
   std::string_view name() const override { return "ofi"; }
+  LinkClass linkClass() const override { return LinkClass::kNet; }
   Result<std::string> localAddress() override { return unavailable(); }
   bool canConnect(const PeerInfo&, const PeerInfo&) const override { return false; }
   Result<std::unique_ptr<Connection>> connect(const ConnectionKey&, const ConnectOptions&) override {

@@ -94,6 +94,8 @@ bool sameBootId(const PeerInfo& self, const PeerInfo& peer) {
 class ShmTransport final : public Transport {
  public:
   std::string_view name() const override { return "shm"; }
+  LinkClass linkClass() const override { return LinkClass::kShm; }
+  bool readsPeerMemory(const PeerInfo& peer) const override { return canReadPeerMemory(peer); }
 
   Result<std::string> localAddress() override {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -148,7 +150,6 @@ class ShmTransport final : public Transport {
 
 std::unique_ptr<Transport> makeShmTransport() { return std::make_unique<ShmTransport>(); }
 
-bool onSameKernel(const PeerInfo& a, const PeerInfo& b) { return a.hostId == b.hostId || a.sameKernel(b); }
 
 bool canReadPeerMemory(const PeerInfo& peer) {
   const std::string* text = peer.address("shm");

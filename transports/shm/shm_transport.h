@@ -25,10 +25,6 @@ std::unique_ptr<Transport> makeShmTransport();
 // peer published no shm address or SHOAL_SHM_CMA=0.
 bool canReadPeerMemory(const PeerInfo& peer);
 
-// Whether two ranks run on one kernel, i.e. share CPUs: the same kernel id
-// (PeerInfo::sameKernel: emulated nodes, network namespaces with their own
-// NCCL_HOSTID, still do), else the same host id.
-bool onSameKernel(const PeerInfo& a, const PeerInfo& b);
 
 namespace shm {
 

@@ -187,6 +187,7 @@ class TcpTransport final : public Transport {
   TcpTransport() = default;
 
   std::string_view name() const override { return "tcp"; }
+  LinkClass linkClass() const override { return LinkClass::kNet; }
   bool cpuCopiesBytes() const override { return true; }
   Result<std::string> localAddress() override;
   bool canConnect(const PeerInfo& self, const PeerInfo& peer) const override {

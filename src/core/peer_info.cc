@@ -1,6 +1,6 @@
 #include <cstring>
 
-#include "transports/transport.h"
+#include "core/peer_info.h"
 
 namespace shoal {
 namespace {
