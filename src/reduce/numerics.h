@@ -26,8 +26,9 @@ namespace shoal::reduce {
 // Whether float -> fp8 saturates out-of-range values (and infinities) to the
 // largest finite value, as CUDA's __NV_SATFINITE does. NCCL's device code
 // converts its half-precision fp8 results with the __nv_fp8_e4m3/e5m2
-// constructors, which use SATFINITE; Shoal's documented contract (reduce.h)
-// is NOSAT. One switch for every path; the tests follow it.
+// constructors, which use SATFINITE, and so does Shoal (reduce.h). One switch
+// for every path; the tests take their expectations from the formats'
+// definitions and NCCL's choice, not from this constant.
 inline constexpr bool kFp8Saturate = true;
 
 inline uint32_t floatBits(float f) {

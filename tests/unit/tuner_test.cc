@@ -604,8 +604,9 @@ TEST_CASE("across nodes an AllReduce ring keeps its pieces in the L2 - ReduceSca
   MachineTopology vm = smallMachine(2);
   vm.l3Bytes = 508 * MiB;
   // And its link table (cost_model.cc's figures, copied so that a new
-  // calibration does not move this test; docs/performance.md, session 9:
-  // 128 KiB pieces took 23-52 ms where 4 MiB took 51-70 at 64 MiB over tcp).
+  // calibration does not move this test; measured 2026-11-30 on this VM:
+  // 128 KiB pieces took 23-52 ms where 4 MiB took 51-70 at 64 MiB over tcp,
+  // docs/decisions/0008).
   TunerOptions options = testOptions();
   options.links[static_cast<size_t>(LinkClass::kShm)] = {1.04, 1.0 / 4855.0, 1.0 / 10271.0};
   options.links[static_cast<size_t>(LinkClass::kNet)] = {7.15, 1.0 / 2400.0, 1.0 / 10271.0};
@@ -627,9 +628,8 @@ TEST_CASE("across nodes an AllReduce ring keeps its pieces in the L2 - ReduceSca
     CHECK(inFlight(*choice) > vm.l2Bytes);
   }
   // libfabric's tcp provider copies through the CPU too (decision 0007), but
-  // pays kSocketProviderMessageUs more per message (decision 0008's
-  // amendment, docs/performance.md session 13): in-cache pieces up to a few
-  // MiB, large ones above.
+  // pays kSocketProviderMessageUs more per message (decision 0008,
+  // amendment 1): in-cache pieces up to a few MiB, large ones above.
   auto overOfiSockets = makeTuner(over(twoNodes, "ofi", true), options);
   auto ofiAt4 = overOfiSockets->choose(shapeOf(CollKind::kAllReduce, 4 * MiB), view);
   REQUIRE(ofiAt4.isOk());
@@ -645,7 +645,7 @@ TEST_CASE("across nodes an AllReduce ring keeps its pieces in the L2 - ReduceSca
   REQUIRE(tcpAt16.isOk());
   CHECK(tcpAt16->params.segmentBytes == kSocketPieceMaxBytes);
   // Through kernel sockets no collective takes 128 KiB segments (messages of
-  // exactly 128 KiB stalled, decision 0008's session-13 amendment): the
+  // exactly 128 KiB stalled, decision 0008, amendment 2): the
   // ReduceScatter of 1 MiB (512 KiB per rank), which took them, takes 120 KiB.
   for (const char* transport : {"tcp", "ofi"}) {
     auto overSockets = makeTuner(over(twoNodes, transport, true), options);
@@ -803,7 +803,7 @@ TEST_CASE("oversubscribed nodes share the cores' copy speed among their ranks", 
   REQUIRE(roomyUs.isOk());
   REQUIRE(crowdedUs.isOk());
   CHECK(crowdedUs.value() == Approx(2 * roomyUs.value()).epsilon(0.05));
-  // Measured on the 2-core development VM (docs/performance.md, session 7):
+  // Measured on the 2-core development VM (2026-11-30):
   // AllGather and ReduceScatter with 32 KiB per rank read their peers (ring
   // and Bruck copy every byte twice through the rings: 1.4-1.6x slower).
   for (CollKind kind : {CollKind::kAllGather, CollKind::kReduceScatter}) {
