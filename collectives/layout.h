@@ -1,4 +1,5 @@
-// Buffer layout of one collective on one rank (reference/nccl-compat.md §5.5).
+// Buffer layout of one collective on one rank (NCCL's; docs/nccl-compat.md,
+// "In-place calls").
 //
 // Role: pure function shared by the builders (to order accesses that may alias
 // when the call is in place), the verifier (bounds, aliasing, "every output byte

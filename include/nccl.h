@@ -4,9 +4,9 @@
  * Role: the public C interface of Shoal's libnccl.so.2. Programs written for
  * NVIDIA NCCL compile against this header unchanged, and binaries built
  * against NVIDIA's header run against Shoal (and the other way round): every
- * name, enum value, struct layout and signature below follows NCCL 2.30.7
- * (facts in reference/nccl-compat.md §1-4). It was written for Shoal from
- * those facts; it is not NVIDIA's file.
+ * name, enum value, struct layout and signature below follows NCCL 2.30.7.
+ * It was written for Shoal from a description of that API and ABI; it is not
+ * NVIDIA's file.
  *
  * Every function exists twice with the same signature: ncclX and pncclX.
  * The library defines pncclX and makes ncclX a weak alias of it, so that
@@ -410,9 +410,10 @@ void pncclResetDebugInit(void);
 
 /* ------------------------------------------------------------------------ */
 /* Collectives: each returns once the operation is enqueued on stream.     */
-/* In-place rules (reference §5.5): AllReduce/Reduce/Broadcast when        */
-/* sendbuff == recvbuff; ReduceScatter when recvbuff == sendbuff +          */
-/* rank*recvcount; AllGather when sendbuff == recvbuff + rank*sendcount.    */
+/* In-place rules, NCCL's (all of them: docs/nccl-compat.md):               */
+/* AllReduce/Reduce/Broadcast when sendbuff == recvbuff; ReduceScatter when */
+/* recvbuff == sendbuff + rank*recvcount; AllGather when sendbuff ==        */
+/* recvbuff + rank*sendcount.                                               */
 /* ------------------------------------------------------------------------ */
 
 /* Reduces count elements from every rank into recvbuff of rank root

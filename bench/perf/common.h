@@ -2,10 +2,10 @@
 //
 // Role: each benchmark binary is one small file that describes its collective
 // as a CollectiveSpec and calls runPerf. runPerf owns everything else:
-// flags (reference/nccl-compat.md §7.2), launch (MPI or forked processes
-// times rank threads), communicator and buffer setup through the public NCCL
-// C API only, timing, data checks, and nccl-tests' output (§7.4-7.6) plus
-// CSV/JSON.
+// flags, launch (MPI or forked processes times rank threads), communicator
+// and buffer setup through the public NCCL C API only, timing, data checks,
+// and nccl-tests' output plus CSV/JSON (README.md: "Flags", "Timing and
+// bandwidth", "Output", 'What "#wrong" means').
 //
 // Memory (--memory) is host memory from ncclMemAlloc with the NULL stream:
 // with Shoal such an operation has completed when the call (or the outermost
@@ -57,9 +57,10 @@ struct CollectiveSpec {
   bool onlyRootReceives;
 
   BufferShape (*shape)(size_t count, size_t eltSize, int nranks);
-  // Bytes counted by algbw, from the bytes of the count argument (§7.4).
+  // Bytes counted by algbw, from the bytes of the count argument (README.md,
+  // "Timing and bandwidth").
   double (*algBytes)(double paramBytes, int nranks);
-  // busbw = algbw * busBwFactor(nranks) (§7.4).
+  // busbw = algbw * busBwFactor(nranks) (same section).
   double (*busBwFactor)(int nranks);
   // Where element k of `rank`'s receive region comes from.
   ElementSource (*source)(int rank, size_t k, size_t paramCount, int nranks, int root);

@@ -1,5 +1,5 @@
-// Command line of the perf benchmarks: nccl-tests' flags (reference
-// nccl-compat.md §7.2) plus --csv and --json.
+// Command line of the perf benchmarks: nccl-tests' flags plus --csv and
+// --json (README.md, "Flags").
 //
 // Role: parseOptions turns argv into Options or a reason to stop; it does no
 // I/O beyond printing usage and errors, and is called by the main thread.

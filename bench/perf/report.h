@@ -1,5 +1,5 @@
 // Output of the perf benchmarks: nccl-tests' text table on stdout
-// (reference/nccl-compat.md §7.5) and the same rows as CSV and JSON files.
+// (README.md, "Output") and the same rows as CSV and JSON files.
 //
 // Role: only global rank 0 owns a Report; its thread calls it in program
 // order (preamble, header, rows, footer, files). Rows are kept in memory and

@@ -6,7 +6,7 @@
 // after the collective (the "#wrong" column). Pure host code, no NCCL calls;
 // a DataPattern is immutable and may be shared by threads.
 //
-// Why results are exact (nccl-tests' rule, reference/nccl-compat.md §7.6):
+// Why results are exact (nccl-tests' rule; README.md, 'What "#wrong" means'):
 // inputs are small integers, chosen per type and operator so that every
 // partial result of any reduction order is an integer the type represents
 // exactly (e.g. at most 16 for fp8 e4m3 sums, 2048 for half). Then sum, prod,

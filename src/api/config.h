@@ -1,4 +1,4 @@
-// ncclConfig_t parsing exactly as NCCL does it (reference nccl-compat §4.3):
+// ncclConfig_t parsing exactly as NCCL 2.30's parseCommConfig does it:
 // clamp the caller's size to ours, check the magic, reset every field newer
 // than the caller's version to its default, validate, apply env overrides.
 #pragma once

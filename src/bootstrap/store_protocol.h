@@ -3,7 +3,8 @@
 // Role: the one definition of every byte the root and its clients exchange,
 // shared by root_server.cc and tcp_store.cc. Thread: pure functions.
 //
-// Handshake (fixed sizes; reference/reliability.md §5.3). K is
+// Handshake (fixed sizes: nothing a peer sends before it is authenticated
+// sizes an allocation). K is
 // HMAC(secret, "shoal bootstrap v1" || magic), so the secret never crosses
 // the wire and the nonces stop replays:
 //   client -> ClientHello  {tag "SHBS", version, reserved, id magic, nonceC[16]}  32 B

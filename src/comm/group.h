@@ -1,4 +1,7 @@
-// Group: NCCL's ncclGroupStart/ncclGroupEnd semantics (reference nccl-compat §5.1).
+// Group: NCCL's ncclGroupStart/ncclGroupEnd semantics: a thread-local depth,
+// only the outermost end runs anything, an end outside a group is
+// ncclInvalidUsage, and an argument error is returned at once by the call
+// inside the group, leaving the group as it was.
 //
 // Role: a thread-local builder. Inside a group, operations are recorded per
 // communicator and deferred inits are recorded; the outermost end runs the

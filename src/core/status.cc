@@ -36,7 +36,8 @@ int toNcclCode(Code code) {
     case Code::kRemoteError: return 6;
     case Code::kInProgress: return 7;
     // A deadline that expired is, to a caller, a peer that stopped answering:
-    // ncclRemoteError is known to every caller (reference/reliability.md §1.8).
+    // ncclRemoteError is known to every caller (NCCL 2.13+; ncclTimeout only
+    // to headers from 2.30.3).
     case Code::kTimeout: return 6;
     case Code::kAborted: return 5;        // using an aborted communicator
     case Code::kUnsupported: return 5;    // ncclInvalidUsage: not implemented

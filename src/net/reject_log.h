@@ -1,6 +1,6 @@
 // RejectLog: rate-limited warnings about connections that were refused
 // (scanners, stale peers, other jobs, garbage), so that a flood of them can
-// neither flood the log nor hide (reference/reliability.md §5.3, "Logs").
+// neither flood the log nor hide.
 //
 // Role: one per listener. Thread: any (an internal mutex).
 #pragma once

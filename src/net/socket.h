@@ -8,7 +8,11 @@
 // data path of the tcp transport.
 // Thread: any; the helpers keep no state.
 //
-// Liveness (reference/reliability.md §1.1, §1.8):
+// Liveness (docs/design.md, "Errors"). A crashed peer is seen at once (EOF,
+// ECONNRESET); a dead host or cut link only through keepalive, a user timeout
+// or a deadline (Linux's keepalive defaults take ~2 h 11 min); a stopped
+// process only through the engine's no-progress deadline, since its kernel
+// still answers keepalives:
 //   - SO_KEEPALIVE with TCP_KEEPIDLE 10 s, TCP_KEEPINTVL 5 s, TCP_KEEPCNT 3
 //     (a dead host on an idle connection is noticed after ~25 s);
 //   - TCP_USER_TIMEOUT = SHOAL_PROGRESS_TIMEOUT_MS + 10 s, so that a peer that

@@ -4,8 +4,8 @@
 // functions over raw buffers; thread-safe; no allocation. Vectorized with
 // run-time dispatch (AVX-512 / AVX2 / scalar) for every data type.
 //
-// Numerics (NCCL's, reference/nccl-compat.md §5.6, §7.6; numerics.h has the
-// conversions):
+// Numerics (NCCL's, docs/nccl-compat.md "Numerics"; bit-exact where nccl-tests
+// demands it; numerics.h has the conversions):
 //   half, bfloat16 and fp8 are combined in float and rounded back to the type
 //   with round-to-nearest-even, subnormals included. One operation in float
 //   then one rounding equals the correctly rounded result in the type (float

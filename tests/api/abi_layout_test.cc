@@ -1,4 +1,5 @@
-// ABI layout of nccl.h as seen from C++ (reference/nccl-compat.md §1-4).
+// ABI layout of nccl.h as seen from C++: NCCL 2.30.7's version macros, types,
+// enum values, ncclConfig_t layout (LP64) and function signatures.
 //
 // Role: CTest label "api". The same facts as c99_header.c, checked by a C++
 // compiler: struct sizes and field offsets, enum values, version macros,
@@ -37,7 +38,8 @@ struct FieldOffset {
   size_t expected;
 };
 
-// §4.1, in declaration order.
+// NCCL 2.30.7's ncclConfig_t (struct ncclConfig_v23000, 96 bytes), in
+// declaration order.
 constexpr FieldOffset kConfigOffsets[] = {
     {"size", offsetof(ncclConfig_t, size), 0},
     {"magic", offsetof(ncclConfig_t, magic), 8},
@@ -106,7 +108,7 @@ static_assert(NCCL_SUSPEND_MEM == 1);
 static_assert(NCCL_WIN_DEFAULT == 0 && NCCL_WIN_COLL_SYMMETRIC == 1 &&
               NCCL_WIN_STRICT_ORDERING == 2 && NCCL_WIN_REQUIRED_ALIGNMENT == 4096);
 
-// ---- Every ncclX has its pncclX twin with the same type, and the type of §2 ----
+// ---- Every ncclX has its pncclX twin with the same type, NCCL 2.30.7's ----
 
 #define EXPECT_API(name, type)                                   \
   static_assert(std::is_same_v<decltype(&name), type>, #name);   \

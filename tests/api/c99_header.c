@@ -3,10 +3,10 @@
  * libnccl.so.2 with every symbol it declares.
  *
  * Role: build-time ABI test (CTest label "api"). Compilation checks the type
- * layouts and enum values of reference/nccl-compat.md §3-4 with static
- * assertions, and the exact signature of every function of §2.1-2.9 by
- * assigning ncclX and pncclX to pointers of the expected type. Linking checks
- * that the library exports all of them. At run time it calls only what needs
+ * layouts and enum values of NCCL 2.30.7 with static assertions, and the
+ * exact signature of every host function of its nccl.h by assigning ncclX
+ * and pncclX to pointers of the expected type. Linking checks that the
+ * library exports all of them. At run time it calls only what needs
  * no communicator: ncclGetVersion and ncclGetErrorString.
  */
 #include <nccl.h>
@@ -107,7 +107,7 @@ STATIC_CHECK(NCCL_WIN_DEFAULT == 0 && NCCL_WIN_COLL_SYMMETRIC == 1 &&
   ret(*const expect_##name) params = name; \
   ret(*const expect_p##name) params = p##name;
 
-/* §2.1 init / finalize / destroy / abort / split / shrink / grow */
+/* init / finalize / destroy / abort / split / shrink / grow */
 EXPECT_API(ncclResult_t, ncclGetUniqueId, (ncclUniqueId*))
 EXPECT_API(ncclResult_t, ncclCommInitRank, (ncclComm_t*, int, ncclUniqueId, int))
 EXPECT_API(ncclResult_t, ncclCommInitAll, (ncclComm_t*, int, const int*))
@@ -128,7 +128,7 @@ EXPECT_API(ncclResult_t, ncclCommGrow,
 EXPECT_API(ncclResult_t, ncclCommSuspend, (ncclComm_t, int))
 EXPECT_API(ncclResult_t, ncclCommResume, (ncclComm_t))
 
-/* §2.2 query / errors / version */
+/* query / errors / version */
 EXPECT_API(ncclResult_t, ncclGetVersion, (int*))
 EXPECT_API(const char*, ncclGetErrorString, (ncclResult_t))
 EXPECT_API(const char*, ncclGetLastError, (ncclComm_t))
@@ -139,7 +139,7 @@ EXPECT_API(ncclResult_t, ncclCommUserRank, (const ncclComm_t, int*))
 EXPECT_API(ncclResult_t, ncclCommMemStats, (ncclComm_t, ncclCommMemStat_t, uint64_t*))
 EXPECT_API(void, ncclResetDebugInit, (void))
 
-/* §2.3 collectives */
+/* collectives */
 EXPECT_API(ncclResult_t, ncclReduce,
            (const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, int, ncclComm_t,
             cudaStream_t))
@@ -160,7 +160,7 @@ EXPECT_API(ncclResult_t, ncclGather,
 EXPECT_API(ncclResult_t, ncclScatter,
            (const void*, void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t))
 
-/* §2.4 point-to-point and one-sided */
+/* point-to-point and one-sided */
 EXPECT_API(ncclResult_t, ncclSend,
            (const void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t))
 EXPECT_API(ncclResult_t, ncclRecv, (void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t))
@@ -171,28 +171,28 @@ EXPECT_API(ncclResult_t, ncclSignal, (int, int, int, unsigned int, ncclComm_t, c
 EXPECT_API(ncclResult_t, ncclWaitSignal,
            (int, ncclWaitSignalDesc_t*, ncclComm_t, cudaStream_t))
 
-/* §2.5 groups */
+/* groups */
 EXPECT_API(ncclResult_t, ncclGroupStart, (void))
 EXPECT_API(ncclResult_t, ncclGroupEnd, (void))
 EXPECT_API(ncclResult_t, ncclGroupSimulateEnd, (ncclSimInfo_t*))
 
-/* §2.6 reduction operators */
+/* reduction operators */
 EXPECT_API(ncclResult_t, ncclRedOpCreatePreMulSum,
            (ncclRedOp_t*, void*, ncclDataType_t, ncclScalarResidence_t, ncclComm_t))
 EXPECT_API(ncclResult_t, ncclRedOpDestroy, (ncclRedOp_t, ncclComm_t))
 
-/* §2.7 memory and registration */
+/* memory and registration */
 EXPECT_API(ncclResult_t, ncclMemAlloc, (void**, size_t))
 EXPECT_API(ncclResult_t, ncclMemFree, (void*))
 EXPECT_API(ncclResult_t, ncclCommRegister, (const ncclComm_t, void*, size_t, void**))
 EXPECT_API(ncclResult_t, ncclCommDeregister, (const ncclComm_t, void*))
 
-/* §2.8 windows */
+/* windows */
 EXPECT_API(ncclResult_t, ncclCommWindowRegister, (ncclComm_t, void*, size_t, ncclWindow_t*, int))
 EXPECT_API(ncclResult_t, ncclCommWindowDeregister, (ncclComm_t, ncclWindow_t))
 EXPECT_API(ncclResult_t, ncclWinGetUserPtr, (ncclComm_t, ncclWindow_t, void**))
 
-/* §2.9 parameters */
+/* parameters */
 EXPECT_API(ncclResult_t, ncclParamBind, (ncclParamHandle_t*, const char*))
 EXPECT_API(ncclResult_t, ncclParamGetI8, (ncclParamHandle_t, int8_t*))
 EXPECT_API(ncclResult_t, ncclParamGetI16, (ncclParamHandle_t, int16_t*))

@@ -1,7 +1,8 @@
 // NCCL behaviours of the public C API, in one process (CTest label "api").
 //
 // Role: the contract users rely on, written against NCCL's documented semantics
-// (reference/nccl-compat.md §2-5) and using only <nccl.h> and <shoal/shoal.h>.
+// (Shoal's side: docs/nccl-compat.md) and using only <nccl.h> and
+// <shoal/shoal.h>.
 // Ranks live in this process: ncclCommInitAll (loopback) driven by one thread
 // with ncclGroupStart / one call per comm / ncclGroupEnd, or one thread per
 // rank with ncclGetUniqueId + ncclCommInitRank (loopback, or tcp on 127.0.0.1
@@ -1992,7 +1993,7 @@ TEST_CASE("bad arguments fail at once with a reason and leave the communicator u
 }
 
 // ===========================================================================
-// Config parsing (§4.3)
+// Config parsing (NCCL's parseCommConfig; src/api/config.h)
 // ===========================================================================
 
 namespace {

@@ -3,7 +3,7 @@
 // or, where a test says so, over shared memory (SHOAL_TRANSPORT=shm),
 // and only the public C API (nccl.h) is used. Covers data correctness of every
 // collective at 2, 3 and 4 processes, grouped send/recv, abort, and the failure
-// conventions of reference/reliability.md §1.8 and §7: a SIGKILLed rank, a rank
+// conventions of docs/nccl-compat.md, "Errors": a SIGKILLed rank, a rank
 // that stops calling (no-progress deadline), a rank that never joins init
 // (init deadline), and stray connections to the bootstrap root.
 //

@@ -2,8 +2,7 @@
 // with inputs whose exact result tells NCCL's arithmetic from the
 // alternatives, bit for bit.
 //
-// NCCL (reference nccl-compat.md §5.6, enqueue.cc; docs/nccl-compat.md
-// "Numerics"):
+// NCCL (its enqueue.cc; docs/nccl-compat.md, "Numerics"):
 //   floating types: each rank's input is multiplied by the scalar 1/nranks in
 //     the element type (ncclDevPreMulSum), then the products are summed in the
 //     type. The scalar is float(1.0/n) converted to the type (double: 1.0/n).

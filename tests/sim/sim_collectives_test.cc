@@ -90,7 +90,7 @@ size_t recvElems(const Case& c, int n) {
 }
 
 // In-place offsets (elements) of the send buffer inside the recv buffer, or of
-// the recv buffer inside the send buffer (reference nccl-compat §5.5).
+// the recv buffer inside the send buffer (docs/nccl-compat.md, "In-place calls").
 void placeBuffers(const Case& c, int n, int rank, uint8_t* base, size_t elem, Buffers& b) {
   size_t s = sendElems(c, n), r = recvElems(c, n);
   if (!rankInPlace(c, rank)) {
@@ -128,7 +128,7 @@ void runCase(SimWorld& world, const Case& c) {
   size_t elem = dataTypeSize(c.dtype);
   size_t s = sendElems(c, n), r = recvElems(c, n);
   // ncclAvg's scalar on floating types: NCCL forms float(1.0/n) (double: 1.0/n)
-  // and converts it to the type (reference nccl-compat.md §5.6).
+  // and converts it to the type (docs/nccl-compat.md, "Numerics").
   const double avgScalar = !isFloating(c.dtype)           ? 0.0
                            : c.dtype == DataType::kFloat64 ? 1.0 / n
                                                             : roundTo(c.dtype, static_cast<float>(1.0 / n));
