@@ -89,6 +89,16 @@ class Connection {
   // engine repeats it between polls, so a message is noticed within a few
   // instructions of landing. Transports without such a look keep true.
   virtual bool mightProgress() const { return true; }
+  // The idle liveness check (SHOAL_IDLE_CHECK_MS): whether the peer is still
+  // there, asked between operations, when nothing is posted (pending() == 0),
+  // by the thread that holds the connection then (the progress thread, never
+  // at the same time as the engine). Cheap and never blocking: a look at what
+  // the transport already has (tcp: EOF, errors and how long since the peer's
+  // host last answered; shm: the peer's process and its `closed` flag). An
+  // error names the peer and fails the connection for good. Default: alive
+  // (loopback, which cannot lose its peer; ofi, which leaves it to the next
+  // operation's errors and no-progress deadline).
+  virtual Status checkAlive() { return Status::ok(); }
   // "rank 3 (host b, tcp 10.0.0.2:4431)", for error messages.
   virtual const std::string& peerDescription() const = 0;
   // Where the transport has a side channel that survives the network (shm:

@@ -361,4 +361,29 @@ Status ioStatus(const IoResult& io, std::string_view what) {
   return errnoStatus(io.error, what);
 }
 
+int64_t silentAfterMs(const LivenessOptions& options) {
+  return (static_cast<int64_t>(options.keepIdleS) + static_cast<int64_t>(options.keepCount) * options.keepIntervalS) *
+         1000;
+}
+
+Status checkIdleSocket(int fd, int64_t silentMs, std::string_view what) {
+  uint8_t byte = 0;
+  ssize_t n = ::recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+  if (n == 0) return ioStatus(IoResult{0, 0, true}, what);
+  if (n > 0) return Status::ok();  // the peer has sent something: it is there
+  if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+    return ioStatus(IoResult{0, errno, false}, what);
+  tcp_info info{};
+  socklen_t length = sizeof(info);
+  if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &length) != 0) return errnoStatus(errno, what);
+  // The last thing heard from the peer's host: data, or an ACK (of data, a
+  // window probe or a keepalive probe).
+  int64_t quietMs = std::min<int64_t>(info.tcpi_last_data_recv, info.tcpi_last_ack_recv);
+  if (silentMs > 0 && quietMs >= silentMs)
+    return remoteError(what, ": no answer from the peer's host for ", quietMs / 1000,
+                       " s (not even to keepalive probes: the host is down or unreachable; ",
+                       info.tcpi_unacked, " segments unacknowledged)");
+  return Status::ok();
+}
+
 }  // namespace shoal::net

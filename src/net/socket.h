@@ -19,8 +19,16 @@
 //     is merely slow (a stopped process still ACKs with a zero window) is left
 //     to the engine's no-progress deadline; 0 there means "not set".
 //     Note: Linux lets TCP_USER_TIMEOUT replace TCP_KEEPCNT when both are set
-//     (tcp_keepalive_timer), so with a user timeout a dead host on an idle
-//     connection is reported after the user timeout, not after ~25 s.
+//     (tcp_keepalive_timer), so the kernel itself would fail an idle
+//     connection to a dead host only after the user timeout. Shoal does not
+//     wait for it: the idle check (SHOAL_IDLE_CHECK_MS, every 5 s on
+//     connections with nothing posted) calls a socket dead on EOF or a
+//     pending error (a killed peer process: within one check) and once
+//     TCP_INFO says the peer's host has answered nothing, not even a
+//     keepalive probe, for keepIdle + keepCount x keepInterval = 25 s
+//     (checkIdleSocket): a dead or cut-off host is reported within ~30 s.
+//     A connection with an operation in flight is the engine's: its errors
+//     and the no-progress deadline cover it.
 //   - MSG_NOSIGNAL on every send: a closed peer is an EPIPE value, never SIGPIPE.
 #pragma once
 
@@ -116,5 +124,20 @@ IoResult writevSome(int fd, const iovec* iov, int count);
 // The Status of a failed IoResult: "<what>: connection closed by peer" or the
 // errno text; kRemoteError for resets and closes.
 Status ioStatus(const IoResult& io, std::string_view what);
+
+// --- liveness of an idle socket (the idle check, SHOAL_IDLE_CHECK_MS)
+
+// How long a socket may hear nothing from its peer's host (no byte, no ACK)
+// before checkIdleSocket calls it silent: keepIdle + keepCount x keepInterval
+// (25 s), the time keepalive alone would take without TCP_USER_TIMEOUT. On an
+// idle connection to a live host, keepalive probes are answered every
+// keepIdle (10 s), so only a host that is down or cut off stays silent.
+int64_t silentAfterMs(const LivenessOptions& options);
+// Looks at a socket that has nothing posted, without blocking or consuming:
+// kRemoteError "<what>: connection closed by peer" (EOF), the pending error
+// (reset, unreachable), or "<what>: no answer from the peer's host for N s"
+// once TCP_INFO says it heard nothing for silentMs; ok otherwise (bytes
+// waiting to be read count as alive).
+Status checkIdleSocket(int fd, int64_t silentMs, std::string_view what);
 
 }  // namespace shoal::net

@@ -332,6 +332,17 @@ Status ShmConnection::pumpRecvs(std::vector<Completion>& done, bool& progressed)
   return Status::ok();
 }
 
+Status ShmConnection::checkAlive() {
+  if (!failure_.isOk()) return failure_;
+  nextPeerCheckNs_ = 0;  // look at the process now
+  if (Status s = checkPeer(/*attaching=*/false); !s.isOk()) return fail(std::move(s));
+  // The peer's communicator failed (e.g. its own idle check lost a third
+  // rank) and said why in the segment: ours cannot run either.
+  if (std::string why = peerFailure(); !why.empty())
+    return fail(remoteError(peer_, " reported a failure while this connection was idle: ", why));
+  return Status::ok();
+}
+
 Status ShmConnection::checkPeer(bool attaching) {
   if (segment_.mapped() && segment_.header().closed[peerSide_].load(std::memory_order_acquire)) {
     std::string why = peerFailure();
@@ -351,7 +362,9 @@ Status ShmConnection::checkPeer(bool attaching) {
     }
     if (gone)
       return remoteError(peer_, ": the peer process ", peerPid_, " has exited (killed or crashed) while ",
-                         attaching ? "this rank waited for it to attach" : "operations were pending");
+                         attaching         ? "this rank waited for it to attach"
+                         : pending() > 0   ? "operations were pending"
+                                           : "the connection was idle");
   }
   if (attaching && attachDeadline_.expired())
     return remoteError(peer_, " did not attach to the shared-memory segment ", name_,

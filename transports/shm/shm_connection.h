@@ -79,6 +79,9 @@ class ShmConnection final : public Connection {
     return !failure_.isOk() || !attached_ || !writtenAtPost_.empty() || hasWork();
   }
   const std::string& peerDescription() const override { return peer_; }
+  // The peer's process (pidfd), its `closed` flag and a failure it
+  // published: a killed or failed peer is seen at the next check.
+  Status checkAlive() override;
   bool carriesFailureReports() const override { return true; }
   void publishFailure(std::string_view reason) override;
   std::string peerFailure() const override;

@@ -62,7 +62,9 @@ SlicePlan planSlice(uint64_t seq, uint64_t bytes, int lanes, uint64_t chunkBytes
 }
 
 TcpConnection::TcpConnection(std::vector<net::Fd> lanes, uint64_t chunkBytes, std::string peerDescription)
-    : chunkBytes_(chunkBytes > 0 ? chunkBytes : 131072), peer_(std::move(peerDescription)) {
+    : chunkBytes_(chunkBytes > 0 ? chunkBytes : 131072),
+      peer_(std::move(peerDescription)),
+      silentMs_(net::silentAfterMs(net::LivenessOptions::fromParams())) {
   SHOAL_CHECK(!lanes.empty() && lanes.size() <= static_cast<size_t>(kMaxLanes), "lanes: ", lanes.size());
   lanes_.resize(lanes.size());
   for (size_t i = 0; i < lanes.size(); ++i) {
@@ -76,6 +78,16 @@ TcpConnection::~TcpConnection() = default;
 Status TcpConnection::fail(Status status) {
   if (failure_.isOk()) failure_ = std::move(status);
   return failure_;
+}
+
+Status TcpConnection::checkAlive() {
+  if (!failure_.isOk()) return failure_;
+  for (size_t i = 0; i < lanes_.size(); ++i) {
+    Status s = net::checkIdleSocket(lanes_[i].fd.get(), silentMs_,
+                                    lanes_.size() > 1 ? str(peer_, " socket ", i) : peer_);
+    if (!s.isOk()) return fail(std::move(s));
+  }
+  return Status::ok();
 }
 
 // --- posting

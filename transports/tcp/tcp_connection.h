@@ -62,6 +62,9 @@ class TcpConnection final : public Connection {
   Status postRecv(void* data, uint64_t bytes, uint64_t tag, uint64_t token) override;
   Status poll(std::vector<Completion>& done, bool& progressed) override;
   size_t pending() const override { return activeSends_ + activeRecvs_; }
+  // Every socket: EOF, a pending error, or silence past net::silentAfterMs
+  // (net::checkIdleSocket); nothing is read or written.
+  Status checkAlive() override;
   const std::string& peerDescription() const override { return peer_; }
 
   int laneCount() const { return static_cast<int>(lanes_.size()); }
@@ -115,6 +118,7 @@ class TcpConnection final : public Connection {
   std::vector<Lane> lanes_;
   const uint64_t chunkBytes_;
   const std::string peer_;
+  const int64_t silentMs_;  // checkAlive: a socket this long without a word from the peer's host is dead
   uint64_t sendMask_ = 0;  // lanes with queued send segments
   uint64_t recvMask_ = 0;  // lanes with posted receive segments
   Ring<Op> sendOps_;
