@@ -48,6 +48,7 @@ Communicator::Communicator(InitRequest request)
 }
 
 Communicator::~Communicator() {
+  if (idleWatched_) Engine::instance().unwatchIdle(this);  // first: a check may be running
   Engine::instance().retire(reinterpret_cast<uintptr_t>(this),
                             error(Code::kAborted, "communicator destroyed"));
 }
@@ -173,6 +174,13 @@ Status Communicator::initialize() {
   SHOAL_TRY(bootstrap_->finish(deadline)) << describe() << ": finishing bootstrap";
   SHOAL_INFO(subsys::kInit, describe(), " nodes ", topology_.nodes.size(), " - Init COMPLETE");
   initState_.store(Code::kOk);
+  // Peers in other processes can be lost between operations: the progress
+  // thread looks at our idle connections (checkIdle). Ranks that are threads
+  // of this process cannot.
+  if (!singleProcess) {
+    idleWatched_ = true;
+    Engine::instance().watchIdle(this);
+  }
   return Status::ok();
 }
 
@@ -335,6 +343,7 @@ Result<bool> Communicator::streamOrdered(const OpRequest& op) {
 }
 
 Result<Communicator::StreamSubmission> Communicator::beginStreamOrdered(std::span<const OpRequest> ops) {
+  UseGuard use(*this);
   if (!bridge_) return internalError(describe(), ": stream-ordered operation without a bridge");
   if (aborted()) return error(Code::kAborted, describe(), " was aborted");
   StreamSubmission submission;
@@ -409,6 +418,7 @@ Status Communicator::submitStreamOrdered(std::span<const OpRequest> ops) {
 }
 
 Status Communicator::connectAhead(const std::vector<OpRequest>& ops) {
+  UseGuard use(*this);
   for (const OpRequest& op : ops) {
     if (droppedByNccl(op)) continue;
     SHOAL_ASSIGN_OR_RETURN(std::shared_ptr<const PreparedPlan> prepared, planFor(placedShape(op), ops.size() > 1),
@@ -420,6 +430,7 @@ Status Communicator::connectAhead(const std::vector<OpRequest>& ops) {
 }
 
 Status Communicator::submit(std::span<const OpRequest> ops, bool wait) {
+  UseGuard use(*this);
   if (wait && nothingInFlight()) {
     // The common blocking call: nothing of ours is queued ahead of it, so it
     // runs on this thread without entering the engine's queue, in a job kept
@@ -447,6 +458,7 @@ bool Communicator::nothingInFlight() {
 }
 
 Status Communicator::waitFor(const Job& job) {
+  UseGuard use(*this);
   Status st = Engine::instance().wait(job);
   if (!st.isOk()) st = handleFailure(job, std::move(st));
   if (job.detached) releaseFinishedDetached();
@@ -539,6 +551,7 @@ std::string Communicator::peerReportThroughConnections(int peer, Deadline deadli
 std::string Communicator::failureKey(int rank) const { return bootstrap_->failureKey(rank); }
 
 Result<JobPtr> Communicator::enqueue(std::span<const OpRequest> ops, bool detached) {
+  UseGuard use(*this);
   auto job = std::make_shared<Job>();
   SHOAL_ASSIGN_OR_RETURN(bool any, prepareJob(*job, ops, detached));
   if (!any) return JobPtr();
@@ -682,6 +695,34 @@ void Communicator::abort() {
   abortFlag_.store(true);
   Engine::instance().retire(reinterpret_cast<uintptr_t>(this),
                             error(Code::kAborted, describe(), " was aborted"));
+}
+
+// The idle liveness check (Engine::watchIdle, SHOAL_IDLE_CHECK_MS), on the
+// progress thread: only with no call of the user's inside (UseGuard) and no
+// job of ours in the engine, so that the connections are nobody else's
+// meanwhile (no new job can start while checking_ is up).
+void Communicator::checkIdle() {
+  if (aborted() || failed_.load(std::memory_order_acquire)) return;
+  checking_.store(true);
+  struct Lower {
+    std::atomic<bool>& flag;
+    ~Lower() { flag.store(false, std::memory_order_release); }
+  } lower{checking_};
+  if (users_.load() != 0) return;  // a call is using them: next round
+  if (!Engine::instance().queueAtRest(reinterpret_cast<uintptr_t>(this))) return;  // the engine's
+  for (const auto& [key, connection] : connections_) {
+    if (key.first == rank_ || connection->pending() != 0) continue;
+    Status lost = connection->checkAlive();
+    if (lost.isOk()) continue;
+    Status st(Code::kRemoteError, str(describe(), ": a peer was lost while no operation was in flight "
+                                      "(idle check, SHOAL_IDLE_CHECK_MS): ", lost.message()));
+    SHOAL_WARN(st.message());
+    // Same-host peers read it through their connections' side channel (and
+    // fail too, at their own next check), as after a failed operation.
+    for (const auto& [k, c] : connections_) c->publishFailure(st.message());
+    setAsyncError(st);
+    return;
+  }
 }
 
 Status Communicator::finalize() {

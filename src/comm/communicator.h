@@ -10,7 +10,10 @@
 // from any thread at any time (PyTorch's watchdog does). abort() may be called
 // from any thread. Connections are touched by the engine only while a job of
 // this communicator runs; connection set-up happens in the using thread before
-// the job is submitted, when no job of ours can be running on them.
+// the job is submitted, when no job of ours can be running on them. The idle
+// liveness check (checkIdle, on the progress thread every SHOAL_IDLE_CHECK_MS)
+// looks at them too, but only between the user's calls (UseGuard) and while
+// no job of ours is in the engine (Engine::queueAtRest).
 //
 // Lifetime: shared_ptr; the API handle holds one reference, jobs in flight hold
 // none (retire() removes them before the connections die).
@@ -85,7 +88,7 @@ struct CustomRedOp {
 
 class StreamBridge;
 
-class Communicator : public std::enable_shared_from_this<Communicator> {
+class Communicator : public std::enable_shared_from_this<Communicator>, private IdleWatch {
  public:
   explicit Communicator(InitRequest request);
   ~Communicator();
@@ -275,6 +278,33 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   std::mutex jobsMutex_;
   std::mutex failureMutex_;
   bool failurePublished_ = false;
+
+  // The idle liveness check. A method that touches connections_ or a
+  // connection outside the engine (making them, running a job inline,
+  // handling a failure, handing jobs to the engine) holds a UseGuard for the
+  // call; checkIdle raises checking_. Each side sets its own flag, then reads
+  // the other's (both sequentially consistent), so they never both go on: a
+  // check that sees a user skips this round; a call that sees a check waits
+  // for it (microseconds, no system call that can block).
+  class UseGuard {
+   public:
+    explicit UseGuard(Communicator& c) : c_(c) {
+      c_.users_.fetch_add(1);
+      while (c_.checking_.load()) std::this_thread::yield();
+    }
+    ~UseGuard() { c_.users_.fetch_sub(1, std::memory_order_release); }
+    UseGuard(const UseGuard&) = delete;
+    UseGuard& operator=(const UseGuard&) = delete;
+
+   private:
+    Communicator& c_;
+  };
+  // IdleWatch: on the progress thread. A connection that finds its peer gone
+  // fails the communicator (async error, as a failed operation would).
+  void checkIdle() override;
+  std::atomic<int> users_{0};        // UseGuards alive (nested ones count)
+  std::atomic<bool> checking_{false};
+  bool idleWatched_ = false;         // registered with Engine::watchIdle at init
 };
 
 }  // namespace shoal

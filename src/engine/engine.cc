@@ -768,16 +768,68 @@ void Engine::progressThreadMain() {
   for (;;) {
     {
       std::unique_lock<std::mutex> lock(submitMutex_);
-      wake_.wait(lock, [&] { return stopping_ || detachedCount_.load() > 0; });
+      auto busy = [&] { return stopping_ || detachedCount_.load() > 0; };
+      auto watching = [&] { return params().idleCheckMs > 0 && watchCount_.load() > 0; };
+      if (watching()) {
+        // Asleep until detached work arrives or the next idle check is due.
+        int64_t leftNs = nextIdleCheckNs_ - nowNs();
+        if (leftNs > 0) wake_.wait_for(lock, std::chrono::nanoseconds(leftNs), busy);
+      } else {
+        wake_.wait(lock, [&] { return busy() || watching(); });
+      }
       if (stopping_) {
         progressThreadRunning_ = false;
         progressStopped_.notify_all();
         return;
       }
     }
+    runIdleChecks();
+    if (detachedCount_.load(std::memory_order_relaxed) == 0) continue;
     if (poll()) backoff.reset();
     else backoff.pause();
   }
+}
+
+void Engine::watchIdle(IdleWatch* w) {
+  {
+    std::lock_guard<std::mutex> lock(watchMutex_);
+    watched_.emplace_back(w, ::getpid());
+    watchCount_.store(watched_.size());
+  }
+  if (params().idleCheckMs <= 0) return;
+  ensureProgressThread();
+  wake_.notify_one();  // a thread asleep without a timeout takes one now
+}
+
+void Engine::unwatchIdle(IdleWatch* w) {
+  std::lock_guard<std::mutex> lock(watchMutex_);  // waits for a round in progress
+  std::erase_if(watched_, [&](const auto& entry) { return entry.first == w; });
+  watchCount_.store(watched_.size());
+}
+
+void Engine::runIdleChecks() {
+  const int64_t intervalMs = params().idleCheckMs;
+  if (intervalMs <= 0 || watchCount_.load(std::memory_order_relaxed) == 0) return;
+  const int64_t now = nowNs();
+  if (now < nextIdleCheckNs_) return;
+  nextIdleCheckNs_ = now + intervalMs * 1000000;
+  const pid_t self = ::getpid();
+  std::lock_guard<std::mutex> lock(watchMutex_);
+  for (const auto& [w, pid] : watched_)
+    if (pid == self) w->checkIdle();
+}
+
+bool Engine::queueAtRest(uint64_t queueId) {
+  std::lock_guard<std::mutex> lock(listMutex_);
+  drainIncoming();
+  for (const JobPtr& j : jobs_) {
+    if (j->queueId != queueId) continue;
+    if (!j->isDone()) return false;
+    // Done, but a thread may still be leaving its pass over it.
+    std::unique_lock<std::mutex> jobLock(j->mutex_, std::try_to_lock);
+    if (!jobLock.owns_lock()) return false;
+  }
+  return true;
 }
 
 }  // namespace shoal

@@ -181,6 +181,19 @@ class Job {
 
 using JobPtr = std::shared_ptr<Job>;
 
+// Something the progress thread looks at every params().idleCheckMs, whether
+// or not detached work runs: a communicator whose connections may lose their
+// peer between operations (Engine::watchIdle). checkIdle() runs on the
+// progress thread, never twice at once, and decides itself whether its
+// connections are free to look at (Engine::queueAtRest).
+class IdleWatch {
+ public:
+  virtual void checkIdle() = 0;
+
+ protected:
+  ~IdleWatch() = default;
+};
+
 class Engine {
  public:
   static Engine& instance();
@@ -204,6 +217,17 @@ class Engine {
   void retire(uint64_t queueId, const Status& reason);
   // Jobs submitted and not done.
   size_t activeJobs() const { return jobCount_.load(std::memory_order_relaxed); }
+  // The idle liveness check (SHOAL_IDLE_CHECK_MS; 0: none). From watchIdle
+  // on, the process's progress thread (started here) calls w->checkIdle()
+  // every interval; unwatchIdle waits for a check of w in progress, so w may
+  // be destroyed once it returns. Only the registering process checks (a
+  // forked child does not check its parent's copies).
+  void watchIdle(IdleWatch* w);
+  void unwatchIdle(IdleWatch* w);
+  // No job of the queue is queued or unfinished, and no thread is inside
+  // one: the engine does not touch that queue's connections now, nor until
+  // its owner submits again.
+  bool queueAtRest(uint64_t queueId);
 
   ~Engine();
 
@@ -250,6 +274,8 @@ class Engine {
   template <typename Predicate>
   void removeJobs(Predicate shouldRemove);
   void progressThreadMain();
+  // One round of idle checks if one is due (progress thread).
+  void runIdleChecks();
   // Starts the process's one progress thread unless it runs.
   void ensureProgressThread();
   // Ends the progress thread (process exit), waiting a bounded time for it.
@@ -270,6 +296,13 @@ class Engine {
   std::condition_variable wake_;             // with submitMutex_
   std::condition_variable progressStopped_;  // with submitMutex_
   bool stopping_ = false;                    // guarded by submitMutex_
+
+  // The idle checks. Lock order: watchMutex_ (held through a round of
+  // checks), then what checkIdle takes (listMutex_ through queueAtRest).
+  std::mutex watchMutex_;
+  std::vector<std::pair<IdleWatch*, pid_t>> watched_;  // guarded by watchMutex_
+  std::atomic<size_t> watchCount_{0};
+  int64_t nextIdleCheckNs_ = 0;  // progress thread only
 };
 
 }  // namespace shoal
