@@ -19,3 +19,9 @@ shoal_add_test(mp_env_tests LABEL mp TIMEOUT 120 SOURCES
 shoal_add_test(mp_mismatch_tests LABEL mp TIMEOUT 120 SOURCES
   mp/mismatch_test.cc
   support/mp_harness.cc)
+
+# A peer killed while communicators are idle: ncclCommGetAsyncError reports
+# it (the idle check, SHOAL_IDLE_CHECK_MS), over tcp and shm.
+shoal_add_test(mp_idle_tests LABEL mp TIMEOUT 120 SOURCES
+  mp/idle_test.cc
+  support/mp_harness.cc)

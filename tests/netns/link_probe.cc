@@ -2,8 +2,14 @@
 // per MPI process; MPI only broadcasts the unique id, all traffic is NCCL's.
 //
 //   netns_link_probe [seconds (default 60)] [bytes per allreduce (default 1 MiB)]
+//   netns_link_probe --idle [seconds (default 60)] [bytes per allreduce (default 1 MiB)]
 //
 // Runs float-sum allreduces back to back for `seconds`, checking every result.
+// With --idle it runs five, then leaves the communicator idle for `seconds`
+// (nothing in flight, no call but ncclCommGetAsyncError every 100 ms, as
+// PyTorch's watchdog polls) and fails as soon as that reports an error: a
+// peer lost between collectives must show there (the idle check,
+// SHOAL_IDLE_CHECK_MS).
 // When a call fails it prints one line naming the rank, its host, the call,
 // the time since start and since the last completed call, and the library's
 // error text (which should name the peers it waited on), then leaves at once
@@ -57,6 +63,11 @@ int main(int argc, char** argv) {
   int size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
+  const bool idle = argc > 1 && std::string(argv[1]) == "--idle";
+  if (idle) {
+    --argc;
+    ++argv;
+  }
   const double seconds = argc > 1 ? std::atof(argv[1]) : 60.0;
   const size_t bytes = argc > 2 ? std::strtoull(argv[2], nullptr, 0) : (1u << 20);
   const size_t count = bytes / sizeof(float);
@@ -91,7 +102,7 @@ int main(int argc, char** argv) {
 
   long done = 0;
   Clock::time_point last = Clock::now();
-  while (secondsSince(start) < seconds) {
+  while (idle ? done < 5 : secondsSince(start) < seconds) {
     result = ncclAllReduce(send, recv, count, ncclFloat, ncclSum, comm, nullptr);
     if (result != ncclSuccess)
       fail(rank, host, "ncclAllReduce", result, done, secondsSince(start), secondsSince(last));
@@ -107,11 +118,28 @@ int main(int argc, char** argv) {
     last = Clock::now();
     // Tells cluster.sh this rank is in its loop: the link is cut a set time
     // after every rank got here, however long start-up took.
-    if (done == 1) {
+    if (done == (idle ? 5 : 1)) {
       if (const char* ready = std::getenv("SHOAL_TEST_READY_FILE")) {
         if (FILE* f = std::fopen(ready, "w")) std::fclose(f);
       }
     }
+  }
+  if (idle) {
+    std::printf("link_probe: rank %d (host %s): %ld allreduces done, now idle\n", rank, host.c_str(), done);
+    std::fflush(stdout);
+    const Clock::time_point idleStart = Clock::now();
+    while (secondsSince(idleStart) < seconds) {
+      ncclResult_t state = ncclSuccess;
+      result = ncclCommGetAsyncError(comm, &state);
+      if (result != ncclSuccess)
+        fail(rank, host, "ncclCommGetAsyncError", result, done, secondsSince(start), secondsSince(last));
+      if (state != ncclSuccess && state != ncclInProgress)
+        fail(rank, host, "the idle communicator (ncclCommGetAsyncError)", state, done, secondsSince(start),
+             secondsSince(last));
+      usleep(100000);
+    }
+    std::printf("link_probe: rank %d (host %s): idle for %.0f s without an error\n", rank, host.c_str(),
+                seconds);
   }
   std::printf("link_probe: rank %d (host %s): %ld allreduces of %zu bytes in %.1f s, all correct\n", rank,
               host.c_str(), done, bytes, secondsSince(start));

@@ -130,6 +130,20 @@ endforeach()
 # cause through the shm segment (the store is across the cut), so it too
 # names a rank beyond the cut.
 
+# The same cut while every communicator is idle (node 1 of 2x2, 4 s after
+# every rank finished five allreduces; default deadlines): nobody calls but
+# ncclCommGetAsyncError, every 100 ms as PyTorch's watchdog does, and every
+# rank must see an error naming a rank beyond the cut within 40 s. The idle
+# check (SHOAL_IDLE_CHECK_MS) calls a socket dead once the peer's host has
+# answered nothing, not even keepalive probes, for 25 s.
+add_test(NAME netns.link_down.2x2.idle
+  COMMAND ${SHOAL_BASH} ${SHOAL_CLUSTER} --nodes 2 --ranks-per-node 2 --timeout 85
+    --link-down-after 4 1 --link-down-wait 40 --link-down-require named
+    -- $<TARGET_FILE:netns_link_probe> --idle 60 1048576)
+set_tests_properties(netns.link_down.2x2.idle PROPERTIES
+  LABELS netns TIMEOUT 90 SKIP_RETURN_CODE 77
+  ENVIRONMENT_MODIFICATION "${SHOAL_NETNS_ENV_MOD}")
+
 # Multi-rail: two links per node (two veth pairs, two bridges); the ofi
 # transport over libfabric's tcp;ofi_rxm stripes channels over one endpoint
 # per rail, so each rail must carry at least a third of a node's bytes.

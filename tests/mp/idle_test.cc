@@ -1,0 +1,126 @@
+// A peer lost while the communicator is idle (label "mp", forked ranks):
+// nothing is in flight and nobody calls, yet ncclCommGetAsyncError must turn
+// to ncclRemoteError naming the lost rank and its host, through the progress
+// thread's idle check (SHOAL_IDLE_CHECK_MS, Engine::watchIdle), and the next
+// call must fail at once with the same error. Over tcp (the killed process's
+// kernel closes its sockets: end of stream) and over shm (its pidfd turns
+// readable). docs/nccl-compat.md, "Errors".
+//
+// The check interval is left at its default (5 s) unless the environment sets
+// SHOAL_IDLE_CHECK_MS: SHOAL_IDLE_CHECK_MS=0 (no idle check, the behaviour
+// before it existed) makes these cases fail.
+#include <nccl.h>
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "mp/mp_checks.h"
+#include "support/mp_harness.h"
+
+using namespace shoal::testing;
+
+namespace {
+
+constexpr int kVictim = 1;
+// The survivors must report within this much of the kill: one check interval
+// (5 s) and slack for a loaded 2-core machine.
+constexpr double kBoundMs = 10000;
+
+std::string hostName() {
+  char name[256] = {};
+  ::gethostname(name, sizeof(name) - 1);
+  return name;
+}
+
+int idleDeath(MpChild& c) {
+  const int r = c.rank(), n = c.nranks();
+  ncclComm_t comm = nullptr;
+  CHILD_NCCL(c, initComm(c, &comm));
+  // Connections to every peer (the algorithms for 3 ranks and these sizes
+  // connect each rank to both others), then nothing in flight.
+  std::vector<float> send(4096, static_cast<float>(r + 1)), recv(4096);
+  for (int i = 0; i < 5; ++i) {
+    CHILD_NCCL(c, ncclAllReduce(send.data(), recv.data(), send.size(), ncclFloat, ncclSum, comm, nullptr));
+    CHILD_NCCL(c, ncclAllReduce(send.data(), recv.data(), 16, ncclFloat, ncclSum, comm, nullptr));
+  }
+  CHILD_CHECK(c, recv[0] == static_cast<float>(n * (n + 1) / 2), "AllReduce result");
+
+  // Healthy and idle for more than one check interval: no error.
+  std::this_thread::sleep_for(std::chrono::milliseconds(6000));
+  ncclResult_t state = ncclInternalError;
+  CHILD_NCCL(c, ncclCommGetAsyncError(comm, &state));
+  CHILD_CHECK(c, state == ncclSuccess, std::string("an idle healthy communicator reports ") +
+                                           ncclGetErrorString(state) + ": " + ncclGetLastError(comm));
+
+  CHILD_CHECK(c, c.barrier(), "barrier before the kill");
+  if (r == kVictim) {
+    c.log("killing myself (SIGKILL) while every communicator is idle");
+    ::raise(SIGKILL);
+  }
+  const double t0 = monoMs();
+  while (monoMs() - t0 < 3 * kBoundMs) {
+    CHILD_NCCL(c, ncclCommGetAsyncError(comm, &state));
+    if (state != ncclSuccess) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  const double ms = monoMs() - t0;
+  const std::string last = ncclGetLastError(comm);
+  c.log("ncclCommGetAsyncError after " + std::to_string(static_cast<int>(ms)) + " ms: " +
+        ncclGetErrorString(state) + ": " + last);
+  CHILD_CHECK(c, state == ncclRemoteError, std::string("async error ") + ncclGetErrorString(state));
+  CHILD_CHECK(c, ms < kBoundMs, "the idle communicator learnt of the death too late");
+  CHILD_CHECK(c, last.find("rank " + std::to_string(kVictim) + " (host " + hostName()) != std::string::npos,
+              "ncclGetLastError does not name rank 1 and its host: " + last);
+
+  // Later calls fail at once with the same error.
+  const double t1 = monoMs();
+  ncclResult_t rc = ncclAllReduce(send.data(), recv.data(), send.size(), ncclFloat, ncclSum, comm, nullptr);
+  const double callMs = monoMs() - t1;
+  const std::string again = ncclGetLastError(comm);
+  c.log("the next AllReduce: " + std::string(ncclGetErrorString(rc)) + " after " +
+        std::to_string(static_cast<int>(callMs)) + " ms: " + again);
+  CHILD_CHECK(c, rc == ncclRemoteError, "the next call does not fail with the async error");
+  CHILD_CHECK(c, callMs < 1000, "the next call did not fail at once");
+  CHILD_CHECK(c, again.find("rank " + std::to_string(kVictim) + " (host ") != std::string::npos,
+              "the next call's error does not name rank 1: " + again);
+  CHILD_NCCL(c, ncclCommGetAsyncError(comm, &state));
+  CHILD_CHECK(c, state == ncclRemoteError, "the async error changed");
+  CHILD_NCCL(c, ncclCommAbort(comm));
+  CHILD_CHECK(c, c.barrier(), "the other survivor did not finish");  // rank 0 hosts the root
+  return 0;
+}
+
+void runIdleDeath(const char* transport) {
+  MpConfig cfg;
+  cfg.nranks = 3;
+  cfg.hardLimitMs = 60000;
+  cfg.env = {{"SHOAL_TRANSPORT", transport}};
+  MpResult res = runForked(cfg, idleDeath);
+  INFO(transport << "\n" << res.report());
+  REQUIRE_FALSE(res.timedOut);
+  for (const auto& rr : res.ranks) {
+    if (rr.rank == kVictim) {
+      CHECK((!rr.exited && rr.termSignal == SIGKILL));
+    } else {
+      CHECK(rr.exited);
+      CHECK(rr.exitCode == 0);
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("idle: a SIGKILLed peer becomes the async error of idle communicators, over tcp", "[mp][failure][idle]") {
+  runIdleDeath("tcp");
+}
+
+TEST_CASE("idle: a SIGKILLed peer becomes the async error of idle communicators, over shm", "[mp][failure][idle]") {
+  runIdleDeath("shm");
+}
