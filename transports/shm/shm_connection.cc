@@ -360,11 +360,15 @@ Status ShmConnection::checkPeer(bool attaching) {
     } else {
       gone = kill(peerPid_, 0) != 0 && errno == ESRCH;
     }
-    if (gone)
+    if (gone) {
+      // A process that failed before it exited may have said why.
+      std::string why = peerFailure();
       return remoteError(peer_, ": the peer process ", peerPid_, " has exited (killed or crashed) while ",
                          attaching         ? "this rank waited for it to attach"
                          : pending() > 0   ? "operations were pending"
-                                           : "the connection was idle");
+                                           : "the connection was idle",
+                         why.empty() ? std::string() : "; it had reported: " + why);
+    }
   }
   if (attaching && attachDeadline_.expired())
     return remoteError(peer_, " did not attach to the shared-memory segment ", name_,
