@@ -1,8 +1,14 @@
 #include "comm/communicator.h"
 
+#include "comm/hang_report.h"
 #include "comm/stream_bridge.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <optional>
 #include <iterator>
 #include <cstring>
 #include <utility>
@@ -49,6 +55,7 @@ Communicator::Communicator(InitRequest request)
 
 Communicator::~Communicator() {
   if (idleWatched_) Engine::instance().unwatchIdle(this);  // first: a check may be running
+  hang::untrack(this);
   Engine::instance().retire(reinterpret_cast<uintptr_t>(this),
                             error(Code::kAborted, "communicator destroyed"));
 }
@@ -181,6 +188,7 @@ Status Communicator::initialize() {
     idleWatched_ = true;
     Engine::instance().watchIdle(this);
   }
+  hang::track(this);
   return Status::ok();
 }
 
@@ -440,7 +448,9 @@ Status Communicator::submit(std::span<const OpRequest> ops, bool wait) {
     job.resetForReuse();
     SHOAL_ASSIGN_OR_RETURN(bool any, prepareJob(job, ops, /*detached=*/false));
     if (!any) return Status::ok();
+    runningInline_.store(true, std::memory_order_release);
     Status st = Engine::instance().runInline(job);
+    runningInline_.store(false, std::memory_order_relaxed);
     if (!st.isOk()) st = handleFailure(job, std::move(st));
     return st;
   }
@@ -736,7 +746,7 @@ Result<std::shared_ptr<Communicator>> Communicator::split(int color, int key, co
   static_assert(sizeof(int) == 4);
   SHOAL_ASSIGN_OR_RETURN(auto all, bootstrap_->allGather(str(color, ' ', key), deadline),
       describe(), ": split");
-  uint64_t splitIndex = collSeq_++;  // every parent rank splits in the same order
+  uint64_t splitIndex = nextSeq(CollShape{});  // every parent rank splits in the same order
   if (color < 0) return std::shared_ptr<Communicator>();
   std::vector<std::pair<int, int>> members;  // (key, parent rank)
   for (int r = 0; r < nranks_; ++r) {
@@ -796,15 +806,73 @@ Result<double> Communicator::estimateUs(const CollShape& shape) const {
   return tuner_->estimateUs(shape, rankView_);
 }
 
-std::string Communicator::dumpState() const {
+std::string Communicator::dumpState() {
   std::string out = describe() + "\n";
-  out += str("  collectives issued: ", collSeq_, "\n  connections: ", connections_.size(), "\n");
+  out += str("  collectives issued: ", collSeq_.load(std::memory_order_relaxed), "\n  connections: ",
+             connections_.size(), "\n");
   for (const auto& [key, conn] : connections_)
     out += str("    ", conn->peerDescription(), " channel ", key.second, ": ", conn->pending(),
                " pending\n");
   Status e = asyncError();
   out += str("  async error: ", e.isOk() ? std::string("none") : e.toString(), "\n");
-  return out;
+  std::string report = hangReport("request", nullptr);
+  if (!params().reportDir.empty()) hang::publish(report, reportStem());
+  return out + "  report: " + report + "\n";
+}
+
+namespace {
+int64_t wallClockMs() {
+  using namespace std::chrono;
+  return duration_cast<milliseconds>(system_clock::now().time_since_epoch()).count();
+}
+}  // namespace
+
+std::string Communicator::reportStem() const {
+  char id[20];
+  std::snprintf(id, sizeof(id), "%016llx", static_cast<unsigned long long>(commId_));
+  return str(id, "-r", rank_, "-", ::getpid());
+}
+
+std::string Communicator::hangReport(std::string_view reason, const JobReport* known) {
+  const uint64_t queue = reinterpret_cast<uintptr_t>(this);
+  std::optional<JobReport> asked;
+  size_t queued = 0;
+  if (!known) {
+    // The engine's list lock is not taken on the deadline's path (the job's
+    // thread may hold its job's lock there).
+    queued = Engine::instance().queuedJobs(queue);
+    if (queued > 0 || runningInline_.load(std::memory_order_acquire)) {
+      uint64_t epoch = Engine::instance().requestReports();
+      asked = Engine::instance().takeReport(queue, epoch, Deadline::afterMs(1000));
+      if (asked) known = &*asked;
+    }
+  }
+  char id[20];
+  std::snprintf(id, sizeof(id), "%016llx", static_cast<unsigned long long>(commId_));
+  Status e = asyncError();
+  std::string out = str("{\"shoal_report\": 1, \"reason\": ", hang::jsonString(reason), ", \"comm\": \"", id,
+                        "\", \"rank\": ", rank_, ", \"nranks\": ", nranks_, ", \"host\": ",
+                        hang::jsonString(rank_ < static_cast<int>(peers_.size()) ? peers_[rank_].hostname : ""),
+                        ", \"pid\": ", ::getpid(), ", \"unix_ms\": ", wallClockMs(),
+                        ", \"collectives_issued\": ", collSeq_.load(std::memory_order_relaxed),
+                        ", \"jobs_queued\": ", queued, ", \"error\": ",
+                        e.isOk() ? std::string("null") : hang::jsonString(e.toString()), ", \"in_flight\": ");
+  if (!known) return out + "null}";
+  out += str("{\"what\": ", hang::jsonString(known->what), ", \"sequence\": ", known->sequence,
+             ", \"steps_done\": ", known->stepsDone, ", \"steps_total\": ", known->stepsTotal,
+             ", \"idle_ms\": ", known->idleMs, ", \"waiting_on\": [");
+  for (size_t i = 0; i < known->waitingOn.size(); ++i) out += str(i ? ", " : "", known->waitingOn[i]);
+  out += "], \"peers\": [";
+  for (size_t i = 0; i < known->peers.size(); ++i) {
+    const JobReport::Peer& p = known->peers[i];
+    out += str(i ? ", " : "", "{\"rank\": ", p.rank, ", \"send_posted\": ", p.sendPosted, ", \"send_done\": ",
+               p.sendDone, ", \"recv_posted\": ", p.recvPosted, ", \"recv_done\": ", p.recvDone, "}");
+  }
+  return out + "]}}";
+}
+
+void Communicator::publishReport(std::string_view reason, const JobReport* known) {
+  hang::publish(hangReport(reason, known), reportStem());
 }
 
 }  // namespace shoal

@@ -182,8 +182,15 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
   // The tuner's estimate for one operation, in microseconds.
   Result<double> estimateUs(const CollShape& shape) const;
 
-  // Diagnostics (shoalCommDumpState).
-  std::string dumpState() const;
+  // Diagnostics (shoalCommDumpState): a description, and this rank's hang
+  // report (docs/diagnostics.md) as its last line.
+  std::string dumpState();
+  // This rank's hang report, one JSON object. `known`: the report of the job
+  // in flight when the caller has it (the deadline, on the job's thread);
+  // otherwise a running job is asked for its own (up to 1 s).
+  std::string hangReport(std::string_view reason, const JobReport* known);
+  // hangReport written to SHOAL_REPORT_DIR or the log (hang::publish).
+  void publishReport(std::string_view reason, const JobReport* known);
 
  private:
   // grouped: the op is one of several merged into one job (no peer reads).
@@ -215,10 +222,14 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
   uint64_t nextSeq(const CollShape& shape) {
     if (shape.kind == CollKind::kSend) return sendSeq_[shape.peer]++;
     if (shape.kind == CollKind::kRecv) return recvSeq_[shape.peer]++;
-    return collSeq_++;
+    // One writer (the calling thread); reports read it from another thread.
+    const uint64_t seq = collSeq_.load(std::memory_order_relaxed);
+    collSeq_.store(seq + 1, std::memory_order_relaxed);
+    return seq;
   }
   Status handleFailure(const Job& job, Status st);
   std::string failureKey(int rank) const;
+  std::string reportStem() const;  // names this rank's report files
 
   // How long a failing rank spends reading its peer's report and publishing its own.
   static constexpr int64_t kFailureReportMs = 1500;
@@ -256,7 +267,8 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
   std::shared_ptr<const std::string> label_;  // describe(), once peers are known
   std::vector<uint8_t> scratch_;        // waited jobs run one at a time: one arena
 
-  uint64_t collSeq_ = 0;
+  std::atomic<uint64_t> collSeq_{0};
+  std::atomic<bool> runningInline_{false};  // a blocking call runs its job on the caller's thread
   std::unordered_map<int, uint64_t> sendSeq_, recvSeq_;
   std::vector<JobPtr> inFlight_;        // submitted, maybe not done
   std::atomic<bool> anyInFlight_{false};  // !inFlight_.empty(), readable without jobsMutex_

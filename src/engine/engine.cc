@@ -680,14 +680,94 @@ bool Engine::progressJob(Job& job) {
   if (++job.passesSinceClock_ < kPollsPerClockRead) return progressed;
   job.passesSinceClock_ = 0;
   int64_t now = nowNs();
+  if (uint64_t epoch = reportEpoch_.load(std::memory_order_relaxed); epoch != job.reportedEpoch_) [[unlikely]]
+    postReport(job, epoch, now);
   if (job.progressSinceClock_ || job.lastProgressNs_ == 0) {
     job.lastProgressNs_ = now;
     job.progressSinceClock_ = false;
   } else {
     int64_t limitMs = params().progressTimeoutMs;
-    if (limitMs > 0 && now - job.lastProgressNs_ > limitMs * 1000000) failJob(job, timeoutStatus(job));
+    if (limitMs > 0 && now - job.lastProgressNs_ > limitMs * 1000000) {
+      if (TimeoutObserver observer = timeoutObserver_.load()) observer(reportOf(job, now));
+      failJob(job, timeoutStatus(job));
+    }
   }
   return progressed;
+}
+
+JobReport Engine::reportOf(const Job& job, int64_t now) {
+  JobReport r;
+  r.what = job.description();
+  r.queueId = job.queueId;
+  r.sequence = job.sequence;
+  r.idleMs = job.lastProgressNs_ > 0 ? (now - job.lastProgressNs_) / 1000000 : 0;
+  if (!job.started_) return r;
+  const Plan& plan = *job.prepared->plan;
+  r.stepsTotal = plan.steps.size();
+  auto peerEntry = [&](int rank) -> JobReport::Peer& {
+    for (JobReport::Peer& p : r.peers)
+      if (p.rank == rank) return p;
+    r.peers.push_back(JobReport::Peer{rank});
+    return r.peers.back();
+  };
+  for (size_t i = 0; i < plan.steps.size(); ++i) {
+    const Step& s = plan.steps[i];
+    const StepProgress::State state = job.steps_[i].state;
+    if (state == StepProgress::kDone) ++r.stepsDone;
+    if (s.kind != StepKind::kSend && s.kind != StepKind::kRecv) continue;
+    JobReport::Peer& p = peerEntry(s.peer);
+    const bool posted = state == StepProgress::kPosted || state == StepProgress::kPostedReduce ||
+                        state == StepProgress::kDone;
+    const bool done = state == StepProgress::kDone;
+    (s.kind == StepKind::kSend ? p.sendPosted : p.recvPosted) += posted ? s.bytes : 0;
+    (s.kind == StepKind::kSend ? p.sendDone : p.recvDone) += done ? s.bytes : 0;
+  }
+  for (const Lane& lane : plan.lanes) {
+    for (uint32_t index : lane.steps) {
+      const StepProgress::State state = job.steps_[index].state;
+      if (state == StepProgress::kDone) continue;
+      if ((state == StepProgress::kPosted || state == StepProgress::kPostedReduce) &&
+          std::find(r.waitingOn.begin(), r.waitingOn.end(), lane.peer) == r.waitingOn.end())
+        r.waitingOn.push_back(lane.peer);
+      break;  // the lane's oldest unfinished step
+    }
+  }
+  return r;
+}
+
+void Engine::postReport(Job& job, uint64_t epoch, int64_t now) {
+  job.reportedEpoch_ = epoch;
+  JobReport report = reportOf(job, now);
+  {
+    std::lock_guard<std::mutex> lock(reportMutex_);
+    std::erase_if(posted_, [&](const auto& p) { return p.second.queueId == job.queueId; });
+    posted_.emplace_back(epoch, std::move(report));
+  }
+  reportPosted_.notify_all();
+}
+
+uint64_t Engine::requestReports() { return reportEpoch_.fetch_add(1) + 1; }
+
+std::optional<JobReport> Engine::takeReport(uint64_t queueId, uint64_t epoch, Deadline deadline) {
+  std::unique_lock<std::mutex> lock(reportMutex_);
+  for (;;) {
+    for (auto it = posted_.begin(); it != posted_.end(); ++it) {
+      if (it->second.queueId != queueId || it->first < epoch) continue;
+      JobReport report = std::move(it->second);
+      posted_.erase(it);
+      return report;
+    }
+    if (deadline.expired()) return std::nullopt;
+    reportPosted_.wait_for(lock, std::chrono::milliseconds(10));
+  }
+}
+
+size_t Engine::queuedJobs(uint64_t queueId) {
+  std::lock_guard<std::mutex> lock(listMutex_);
+  drainIncoming();
+  return static_cast<size_t>(std::count_if(jobs_.begin(), jobs_.end(), [&](const JobPtr& j) {
+    return j->queueId == queueId && !j->isDone();
+  }));
 }
 
 Status Engine::timeoutStatus(Job& job) const {

@@ -30,6 +30,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -87,6 +88,21 @@ inline void writeStreamWord(uint64_t* word, uint64_t value) {
 struct OpScalar {
   std::array<uint8_t, 16> bytes{};  // one element of the op's dtype (host immediate)
   const void* deviceScalar = nullptr;  // read when the job starts (ncclScalarDevice)
+};
+
+// What one running job is doing, for hang reports (docs/diagnostics.md).
+struct JobReport {
+  std::string what;  // Job::description()
+  uint64_t queueId = 0;
+  uint64_t sequence = 0;
+  size_t stepsDone = 0, stepsTotal = 0;
+  int64_t idleMs = 0;  // since the job last moved a byte (0: unknown yet)
+  struct Peer {
+    int rank = -1;
+    uint64_t sendPosted = 0, sendDone = 0, recvPosted = 0, recvDone = 0;  // bytes
+  };
+  std::vector<Peer> peers;     // every peer the plan exchanges messages with
+  std::vector<int> waitingOn;  // peers of the oldest unfinished posted step of a lane
 };
 
 class Job {
@@ -173,6 +189,7 @@ class Job {
     uint64_t address[2] = {0, 0};                 // in the peer's address space
   };
   std::vector<PeerView> peerViews_;
+  uint64_t reportedEpoch_ = 0;  // the last report request this job answered
   size_t remaining_ = 0;
   int64_t lastProgressNs_ = 0;
   uint32_t passesSinceClock_ = 0;
@@ -228,6 +245,21 @@ class Engine {
   // one: the engine does not touch that queue's connections now, nor until
   // its owner submits again.
   bool queueAtRest(uint64_t queueId);
+  // Submitted jobs of one queue not done yet (not counting runInline's).
+  size_t queuedJobs(uint64_t queueId);
+
+  // Hang reports. Only the thread progressing a job may read its state, so a
+  // report of running jobs is requested (requestReports) and each running
+  // job posts its own from its thread at its next clock read (every
+  // kPollsPerClockRead passes, progressing or not); takeReport collects the
+  // one of a queue (a queue runs one job at a time), waiting until the
+  // deadline.
+  uint64_t requestReports();
+  std::optional<JobReport> takeReport(uint64_t queueId, uint64_t epoch, Deadline deadline);
+  // Called on the job's thread just before a job fails its no-progress
+  // deadline, with what it was doing. Set once (by the communicator layer).
+  using TimeoutObserver = void (*)(const JobReport&);
+  void setTimeoutObserver(TimeoutObserver observer) { timeoutObserver_.store(observer); }
 
   ~Engine();
 
@@ -268,6 +300,9 @@ class Engine {
   ReduceOnReceive reduceOnReceiveFor(const Job& job, uint32_t reduceStep, bool receivedFirst) const;
   void failJob(Job& job, Status status);
   Status timeoutStatus(Job& job) const;
+  // What the job is doing; on its own thread only.
+  static JobReport reportOf(const Job& job, int64_t nowNs);
+  void postReport(Job& job, uint64_t epoch, int64_t nowNs);
   void drainIncoming();
   // Removes the jobs the predicate selects, keeping the counts right.
   // Caller holds listMutex_.
@@ -303,6 +338,12 @@ class Engine {
   std::vector<std::pair<IdleWatch*, pid_t>> watched_;  // guarded by watchMutex_
   std::atomic<size_t> watchCount_{0};
   int64_t nextIdleCheckNs_ = 0;  // progress thread only
+
+  std::atomic<uint64_t> reportEpoch_{0};
+  std::mutex reportMutex_;
+  std::condition_variable reportPosted_;               // with reportMutex_
+  std::vector<std::pair<uint64_t, JobReport>> posted_;  // (epoch, report), guarded by reportMutex_
+  std::atomic<TimeoutObserver> timeoutObserver_{nullptr};
 };
 
 }  // namespace shoal

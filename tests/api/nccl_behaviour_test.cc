@@ -2296,6 +2296,10 @@ TEST_CASE("shoalCommDumpState describes a communicator", "[api][diagnostics]") {
   CHECK(text.find("collectives issued: 1") != std::string::npos);
   CHECK(text.find("rank 1") != std::string::npos);  // the connection's peer
   CHECK(text.find("async error: none") != std::string::npos);
+  // Its hang report (docs/diagnostics.md): nothing in flight, one collective.
+  CHECK(text.find("report: {\"shoal_report\": 1, \"reason\": \"request\"") != std::string::npos);
+  CHECK(text.find("\"collectives_issued\": 1,") != std::string::npos);
+  CHECK(text.find("\"in_flight\": null}") != std::string::npos);
   char tiny[8];
   NCCL_OK(shoalCommDumpState(w[0], tiny, sizeof(tiny)));
   CHECK(std::strlen(tiny) < sizeof(tiny));

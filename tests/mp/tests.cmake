@@ -25,3 +25,9 @@ shoal_add_test(mp_mismatch_tests LABEL mp TIMEOUT 120 SOURCES
 shoal_add_test(mp_idle_tests LABEL mp TIMEOUT 120 SOURCES
   mp/idle_test.cc
   support/mp_harness.cc)
+
+# Hang reports: a stalled rank is named by tools/shoal_hang_report.py.
+shoal_add_test(mp_hang_report_tests LABEL mp TIMEOUT 120 SOURCES
+  mp/hang_report_test.cc
+  support/mp_harness.cc)
+target_compile_definitions(mp_hang_report_tests PRIVATE SHOAL_SOURCE_DIR="${PROJECT_SOURCE_DIR}")

@@ -1,0 +1,124 @@
+// Hang reports (label "mp", docs/diagnostics.md): three forked ranks over
+// tcp; rank 2 stalls (it does not call an AllReduce the others are in). Ranks
+// 0 and 1 write reports when their AllReduce passes its no-progress deadline,
+// rank 1 also on SHOAL_REPORT_SIGNAL while it still waits (its running job
+// answers for itself), and rank 2 on the signal while it sleeps.
+// tools/shoal_hang_report.py must name rank 2, and only rank 2.
+#include <nccl.h>
+
+#include <catch2/catch.hpp>
+
+#include <signal.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "support/mp_harness.h"
+
+using namespace shoal::testing;
+
+namespace {
+
+std::string readFile(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// Runs the merge tool over `dir`; returns its output, its exit status in *rc.
+std::string mergeReports(const std::string& dir, int* rc) {
+  std::string command = std::string("python3 ") + SHOAL_SOURCE_DIR + "/tools/shoal_hang_report.py " + dir + " 2>&1";
+  FILE* pipe = ::popen(command.c_str(), "r");
+  REQUIRE(pipe != nullptr);
+  std::string out;
+  char buf[512];
+  while (size_t n = std::fread(buf, 1, sizeof(buf), pipe)) out.append(buf, n);
+  int status = ::pclose(pipe);
+  *rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("a stalled rank is named by the merged hang reports", "[mp]") {
+  char pattern[] = "/tmp/shoal-reports-XXXXXX";
+  REQUIRE(::mkdtemp(pattern) != nullptr);
+  const std::string dir = pattern;
+  MpConfig cfg;
+  cfg.nranks = 3;
+  cfg.env = {{"SHOAL_PROGRESS_TIMEOUT_MS", "1500"}, {"SHOAL_REPORT_DIR", dir}, {"SHOAL_REPORT_SIGNAL", "USR1"}};
+  MpResult res = runForked(cfg, [&](MpChild& child) -> int {
+    ncclUniqueId id;
+    if (!child.uniqueId(&id)) return 10;
+    ncclComm_t comm = nullptr;
+    if (ncclCommInitRank(&comm, 3, id, child.rank()) != ncclSuccess) return 11;
+    std::vector<float> buf(1 << 16, 1.0f);
+    for (int i = 0; i < 2; ++i)
+      if (ncclAllReduce(buf.data(), buf.data(), buf.size(), ncclFloat, ncclSum, comm, nullptr) != ncclSuccess)
+        return 12;
+    if (child.rank() == 2) {
+      // The stall: no third AllReduce. The signal makes it write its report.
+      std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+      ::raise(SIGUSR1);
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    } else {
+      std::thread signaller;
+      if (child.rank() == 1)  // while its AllReduce still waits, before the deadline
+        signaller = std::thread([] {
+          std::this_thread::sleep_for(std::chrono::milliseconds(600));
+          ::raise(SIGUSR1);
+        });
+      ncclResult_t rc = ncclAllReduce(buf.data(), buf.data(), buf.size(), ncclFloat, ncclSum, comm, nullptr);
+      if (signaller.joinable()) signaller.join();
+      child.log(std::string("third AllReduce: ") + ncclGetErrorString(rc) + ": " + ncclGetLastError(comm));
+      if (rc == ncclSuccess) return 1;
+    }
+    child.barrier();
+    (void)ncclCommAbort(comm);
+    return 0;
+  });
+  INFO(res.report());
+  REQUIRE_FALSE(res.timedOut);
+  REQUIRE(res.allPassed());
+
+  std::vector<std::string> reports;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) reports.push_back(readFile(entry.path()));
+  std::string all;
+  for (const auto& r : reports) all += r;
+  INFO(all);
+  // Ranks 0 and 1 at the deadline, rank 1 and rank 2 on the signal.
+  auto count = [&](const std::string& needle) {
+    size_t n = 0;
+    for (const auto& r : reports) n += r.find(needle) != std::string::npos;
+    return n;
+  };
+  CHECK(count("\"reason\": \"deadline\"") == 2);
+  CHECK(count("\"reason\": \"signal\", \"comm\"") >= 2);
+  // Rank 1's signal report came from its running job: in flight, waiting.
+  bool rank1Running = false;
+  for (const auto& r : reports)
+    rank1Running |= r.find("\"reason\": \"signal\"") != std::string::npos &&
+                    r.find("\"rank\": 1,") != std::string::npos &&
+                    r.find("\"in_flight\": {\"what\"") != std::string::npos &&
+                    r.find("\"waiting_on\": []") == std::string::npos;
+  CHECK(rank1Running);
+
+  int rc = -1;
+  std::string merged = mergeReports(dir, &rc);
+  INFO(merged);
+  CHECK(rc == 0);
+  CHECK(merged.find("STALLED: rank 2 ") != std::string::npos);
+  CHECK(merged.find("has not called AllReduce") != std::string::npos);
+  CHECK(merged.find("STALLED: rank 0 ") == std::string::npos);
+  CHECK(merged.find("STALLED: rank 1 ") == std::string::npos);
+  std::filesystem::remove_all(dir);
+}
