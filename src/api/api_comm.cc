@@ -179,6 +179,8 @@ SHOAL_API(ncclResult_t, ncclCommInitRankScalable,
   return guard("ncclCommInitRankScalable", [&]() -> Status {
     if (nId < 1 || commIds == nullptr)
       return invalidArgument("nId ", nId, " must be >= 1 with a non-NULL commIds array");
+    if (nId > nranks)  // as NCCL: at most one root per rank
+      return invalidArgument("nId ", nId, " must not exceed nranks ", nranks);
     // Every rank holds all nId ids; the first one's root serves the whole
     // communicator (one store scales to the rank counts Shoal targets).
     return initRank(newcomm, nranks, commIds[0], myrank, config);
@@ -267,9 +269,29 @@ SHOAL_API(ncclResult_t, ncclCommSplit,
   });
 }
 
+namespace {
+// Communicators whose ncclCommFinalize was called: NCCL rejects a second call
+// with ncclInvalidArgument. Erased when the communicator is destroyed or
+// aborted (its address may then be reused).
+std::mutex gFinalizedMutex;
+std::set<const Communicator*> gFinalized;
+
+bool markFinalized(const Communicator* impl) {
+  std::lock_guard<std::mutex> lock(gFinalizedMutex);
+  return gFinalized.insert(impl).second;
+}
+void forgetFinalized(const Communicator* impl) {
+  std::lock_guard<std::mutex> lock(gFinalizedMutex);
+  gFinalized.erase(impl);
+}
+}  // namespace
+
 SHOAL_API(ncclResult_t, ncclCommFinalize, (ncclComm_t comm)) {
   return guard("ncclCommFinalize", [&]() -> Status {
+    if (comm == nullptr) return Status::ok();  // as NCCL: nothing to finalize
     SHOAL_ASSIGN_OR_RETURN(auto impl, api::readyComm(comm));
+    if (!markFinalized(impl.get()))
+      return invalidArgument("ncclCommFinalize was already called on ", impl->describe());
     if (!impl->options().blocking) {
       // Nonblocking: flushing continues in the background; poll GetAsyncError.
       Code state = impl->asyncState();
@@ -286,6 +308,7 @@ SHOAL_API(ncclResult_t, ncclCommDestroy, (ncclComm_t comm)) {
     if (comm->initThread.joinable()) comm->initThread.join();  // destroy is blocking
     Status st;
     if (auto impl = comm->shared->impl; impl && !impl->aborted()) st = impl->finalize();
+    forgetFinalized(comm->shared->impl.get());
     // NCCL forbids using a communicator while destroying it, and nothing
     // tells such a call to leave; one found inside keeps the memory it uses.
     if (!api::waitForCalls(*comm, Deadline::afterMs(0))) {
@@ -312,6 +335,7 @@ SHOAL_API(ncclResult_t, ncclCommAbort, (ncclComm_t comm)) {
       impl = comm->shared->impl;
     }
     if (impl) impl->abort();
+    forgetFinalized(impl.get());
     // A call still inside on another thread (a watchdog aborting a hung
     // collective) sees the abort flag and returns; wait for it to leave.
     if (!api::waitForCalls(*comm, Deadline::afterMs(kCallsLeaveMs))) {

@@ -140,6 +140,9 @@ SHOAL_API(ncclResult_t, ncclCommRegister,
 SHOAL_API(ncclResult_t, ncclCommDeregister, (const ncclComm_t comm, void* handle)) {
   return guard("ncclCommDeregister", [&]() -> Status {
     SHOAL_ASSIGN_OR_RETURN(auto impl, api::readyComm(comm));
+    // As NCCL: a NULL handle (what NCCL's ncclCommRegister returns when it
+    // skips registration) is nothing to deregister.
+    if (handle == nullptr) return Status::ok();
     auto* reg = static_cast<Registration*>(handle);
     std::lock_guard<std::mutex> lock(gRegMutex);
     if (!gRegistrations.count(reg))

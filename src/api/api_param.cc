@@ -119,6 +119,9 @@ SHOAL_API(ncclResult_t, ncclParamGetParameter,
           (const char* key, const char** value, int* valueLen)) {
   return guard("ncclParamGetParameter", [&]() -> Status {
     if (value == nullptr || valueLen == nullptr) return invalidArgument("NULL output");
+    // As NCCL: an unknown key clears the outputs before the error.
+    *value = nullptr;
+    *valueLen = 0;
     SHOAL_ASSIGN_OR_RETURN(ncclParamHandle * h, lookup(key));
     *value = h->value.c_str();
     *valueLen = static_cast<int>(h->value.size());

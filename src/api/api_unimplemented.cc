@@ -16,6 +16,7 @@ ncclResult_t notImplemented(const char* function, const char* what) {
 }  // namespace
 
 SHOAL_API(ncclResult_t, ncclCommRevoke, (ncclComm_t comm, int revokeFlags)) {
+  if (comm == nullptr) return ncclSuccess;  // as NCCL: nothing to revoke
   return notImplemented("ncclCommRevoke", "communicator revocation (use ncclCommAbort)");
 }
 SHOAL_API(ncclResult_t, ncclCommShrink,

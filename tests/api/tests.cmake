@@ -22,6 +22,12 @@ set_tests_properties(api.c99_header PROPERTIES LABELS api TIMEOUT 60)
 shoal_add_test(api_behaviour_tests LABEL api TIMEOUT 300 SOURCES
   ${CMAKE_CURRENT_LIST_DIR}/nccl_behaviour_test.cc)
 
+# Edge arguments of every nccl.h function (NULL handles and out-pointers,
+# count 0, double finalize/destroy/deregister): docs/nccl-compat.md, "Edge
+# arguments, function by function".
+shoal_add_test(api_edge_semantics_tests LABEL api TIMEOUT 120 SOURCES
+  ${CMAKE_CURRENT_LIST_DIR}/edge_semantics_test.cc)
+
 # One thread driving several in-process ranks in a group, over transports whose
 # connect waits for the peer (the higher rank waits for the lower's hello):
 # the split's children connect in an order where, without connect-ahead, a
