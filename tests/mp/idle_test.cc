@@ -97,6 +97,55 @@ int idleDeath(MpChild& c) {
   return 0;
 }
 
+// A peer that destroys its communicator and exits has left, not died: the
+// survivors' idle checks stay quiet (a watchdog polling
+// ncclCommGetAsyncError at the end of a job must not see an error), and an
+// operation that needs the peer fails naming it.
+int idleLeave(MpChild& c) {
+  const int r = c.rank(), n = c.nranks();
+  ncclComm_t comm = nullptr;
+  CHILD_NCCL(c, initComm(c, &comm));
+  std::vector<float> send(4096, static_cast<float>(r + 1)), recv(4096);
+  for (int i = 0; i < 5; ++i)
+    CHILD_NCCL(c, ncclAllReduce(send.data(), recv.data(), send.size(), ncclFloat, ncclSum, comm, nullptr));
+  CHILD_CHECK(c, recv[0] == static_cast<float>(n * (n + 1) / 2), "AllReduce result");
+  CHILD_CHECK(c, c.barrier(), "barrier before the leave");
+  if (r == kVictim) {
+    CHILD_NCCL(c, ncclCommDestroy(comm));
+    c.log("destroyed my communicator; exiting");
+    return 0;
+  }
+  // Two check intervals and slack, polling as a watchdog does.
+  ncclResult_t state = ncclInternalError;
+  const double t0 = monoMs();
+  while (monoMs() - t0 < 12000) {
+    CHILD_NCCL(c, ncclCommGetAsyncError(comm, &state));
+    CHILD_CHECK(c, state == ncclSuccess, std::string("a peer that left became the async error: ") +
+                                             ncclGetErrorString(state) + ": " + ncclGetLastError(comm));
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ncclResult_t rc = ncclAllReduce(send.data(), recv.data(), send.size(), ncclFloat, ncclSum, comm, nullptr);
+  const std::string why = ncclGetLastError(comm);
+  c.log("an AllReduce after the leave: " + std::string(ncclGetErrorString(rc)) + ": " + why);
+  CHILD_CHECK(c, rc == ncclRemoteError, "an operation needing the peer that left did not fail");
+  CHILD_CHECK(c, why.find("rank " + std::to_string(kVictim) + " (host ") != std::string::npos,
+              "the error does not name the rank that left: " + why);
+  CHILD_NCCL(c, ncclCommAbort(comm));
+  CHILD_CHECK(c, c.barrier(), "the other survivor did not finish");
+  return 0;
+}
+
+void runIdleLeave(const char* transport) {
+  MpConfig cfg;
+  cfg.nranks = 3;
+  cfg.hardLimitMs = 60000;
+  cfg.env = {{"SHOAL_TRANSPORT", transport}};
+  MpResult res = runForked(cfg, idleLeave);
+  INFO(transport << "\n" << res.report());
+  REQUIRE_FALSE(res.timedOut);
+  CHECK(res.allPassed());
+}
+
 void runIdleDeath(const char* transport) {
   MpConfig cfg;
   cfg.nranks = 3;
@@ -123,4 +172,12 @@ TEST_CASE("idle: a SIGKILLed peer becomes the async error of idle communicators,
 
 TEST_CASE("idle: a SIGKILLed peer becomes the async error of idle communicators, over shm", "[mp][failure][idle]") {
   runIdleDeath("shm");
+}
+
+TEST_CASE("idle: a peer that destroys its communicator and exits is no error, over tcp", "[mp][idle]") {
+  runIdleLeave("tcp");
+}
+
+TEST_CASE("idle: a peer that destroys its communicator and exits is no error, over shm", "[mp][idle]") {
+  runIdleLeave("shm");
 }

@@ -334,6 +334,13 @@ Status ShmConnection::pumpRecvs(std::vector<Completion>& done, bool& progressed)
 
 Status ShmConnection::checkAlive() {
   if (!failure_.isOk()) return failure_;
+  // A peer that closed its end on purpose, saying nothing of a failure,
+  // destroyed or aborted its communicator: it left (its process may exit
+  // next), it did not die. An operation on this connection fails
+  // (checkPeer); the idle check stays quiet.
+  if (segment_.mapped() && segment_.header().closed[peerSide_].load(std::memory_order_acquire) &&
+      peerFailure().empty())
+    return Status::ok();
   nextPeerCheckNs_ = 0;  // look at the process now
   if (Status s = checkPeer(/*attaching=*/false); !s.isOk()) return fail(std::move(s));
   // The peer's communicator failed (e.g. its own idle check lost a third

@@ -30,6 +30,11 @@ void encodeHeader(uint8_t* out, uint64_t tag, uint64_t bytes, uint64_t seq, uint
   out[23] = static_cast<uint8_t>(slices >> 8);
 }
 
+// A segment header with this tag (no operation's tag is 0: core/tag.h puts
+// the collective kind + 1 in the top bits) says the peer closed its
+// communicator on purpose (destroy or abort): it left, it did not die.
+constexpr uint64_t kByeTag = 0;
+
 uint64_t le(const uint8_t* p, int n) {
   uint64_t v = 0;
   for (int i = 0; i < n; ++i) v |= static_cast<uint64_t>(p[i]) << (8 * i);
@@ -73,7 +78,15 @@ TcpConnection::TcpConnection(std::vector<net::Fd> lanes, uint64_t chunkBytes, st
   }
 }
 
-TcpConnection::~TcpConnection() = default;
+TcpConnection::~TcpConnection() {
+  // Best effort, never blocking: a bye on each socket with no segment half
+  // sent, so that an idle peer's check (checkAlive) sees a peer that left,
+  // not one that died, and its next operation says so (checkHeader).
+  uint8_t bye[kSegmentHeaderBytes];
+  encodeHeader(bye, kByeTag, 0, UINT32_MAX, 0, 0);
+  for (Lane& lane : lanes_)
+    if (lane.fd.valid() && lane.sends.empty()) (void)::send(lane.fd.get(), bye, sizeof(bye), MSG_DONTWAIT | MSG_NOSIGNAL);
+}
 
 Status TcpConnection::fail(Status status) {
   if (failure_.isOk()) failure_ = std::move(status);
@@ -245,6 +258,9 @@ Status TcpConnection::checkHeader(const Lane& lane, const RecvSegment& segment, 
   if (tag == segment.tag && bytes == segment.messageBytes && seq == static_cast<uint32_t>(segment.seq) &&
       slice == segment.slice && slices == segment.slices)
     return Status::ok();
+  if (tag == kByeTag)
+    return remoteError(peer_, ": the peer closed its communicator (destroyed or aborted) before message #",
+                       segment.seq, " (", describeTag(segment.tag), ")");
   // Different collectives, sizes or counts of messages on the two sides.
   return invalidUsage(peer_, ": message mismatch at message #", segment.seq, ": the posted receive expects ",
                       describeTag(segment.tag), ", ", segment.messageBytes, " bytes; the peer sent ",
