@@ -21,12 +21,22 @@ cmake -S . -B build-nocuda -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSHOAL_WITH_CUDA=O
 cmake --build build-nocuda -j"$(nproc)" --target nccl
 export NCCL_SOCKET_IFNAME=lo FI_TCP_IFACE=lo
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-cd build
 status=0
-ctest --output-on-failure --no-tests=error --timeout 900 "$@" || status=$?
+(cd build && ctest --output-on-failure --no-tests=error --timeout 900 "$@") || status=$?
+# The same code under sanitizers: ASan + UBSan over the unit, api, mp and
+# sim tests, TSan over the engine, transports, bootstrap and threaded api
+# tests (scripts/sanitize.sh). A report fails the run.
+sanitizers=0
+if [ "${SHOAL_SANITIZERS:-1}" = 1 ]; then
+  bash scripts/sanitize.sh address || sanitizers=1
+  bash scripts/sanitize.sh thread || sanitizers=1
+else
+  echo "run_tests.sh: sanitizer runs skipped (SHOAL_SANITIZERS=0)"
+fi
 # Per label, how many tests this build has: a shrunk run shows here.
 echo "Tests per label in this build:"
-for label in $(ctest --print-labels | sed -n 's/^  //p'); do
-  printf '  %-10s %s\n' "$label" "$(ctest -N -L "^${label}\$" | sed -n 's/^Total Tests: //p')"
+for label in $(cd build && ctest --print-labels | sed -n 's/^  //p'); do
+  printf '  %-10s %s\n' "$label" "$(cd build && ctest -N -L "^${label}\$" | sed -n 's/^Total Tests: //p')"
 done
-exit $status
+[ "$sanitizers" = 0 ] || echo "run_tests.sh: a sanitizer run failed (see above)"
+[ "$status" = 0 ] && [ "$sanitizers" = 0 ]

@@ -1859,7 +1859,7 @@ TEST_CASE("ncclCommSplit: halves - duplicate - key order - ties", "[api][split]"
 TEST_CASE("ncclCommSplit with NCCL_SPLIT_NOCOLOR - one thread per rank", "[api][split]") {
   const int n = 4;
   std::vector<int> sizes(n, -1), ranks(n, -1);
-  std::vector<bool> isNull(n, false);
+  std::vector<char> isNull(n, 0);  // one byte per rank: threads write their own (vector<bool> packs bits)
   auto errors = runThreads(n, [&](int r, ncclComm_t comm) -> std::string {
     ncclComm_t child = reinterpret_cast<ncclComm_t>(0x1);  // must be overwritten
     T_NCCL(ncclCommSplit(comm, r < 2 ? 0 : NCCL_SPLIT_NOCOLOR, r, &child, nullptr));
