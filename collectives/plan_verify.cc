@@ -12,6 +12,7 @@
 #include <unordered_map>
 
 #include "collectives/layout.h"
+#include "reduce/numerics.h"
 
 namespace shoal {
 
@@ -552,57 +553,6 @@ Status verifyPlans(const std::vector<PlanPtr>& plans, const VerifyOptions& optio
 
 namespace {
 
-// Half and bfloat16 <-> float, round to nearest even.
-float halfToFloat(uint16_t h) {
-  uint32_t sign = (h >> 15) & 1, exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
-  float v;
-  if (exp == 0) {
-    v = std::ldexp(static_cast<float>(mant), -24);
-  } else if (exp == 31) {
-    v = mant ? std::numeric_limits<float>::quiet_NaN() : std::numeric_limits<float>::infinity();
-  } else {
-    v = std::ldexp(static_cast<float>(mant | 0x400), static_cast<int>(exp) - 25);
-  }
-  return sign ? -v : v;
-}
-
-uint16_t floatToHalf(float f) {
-  uint32_t x;
-  std::memcpy(&x, &f, 4);
-  uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000);
-  uint32_t absx = x & 0x7fffffff;
-  if (absx > 0x7f800000) return sign | 0x7e00;                 // NaN
-  if (absx >= 0x477ff000) return sign | 0x7c00;                // overflow -> inf
-  if (absx < 0x38800000) {                                     // subnormal or zero
-    float a;
-    std::memcpy(&a, &absx, 4);
-    float scaled = a * 16777216.0f;                            // units of 2^-24
-    uint32_t q = static_cast<uint32_t>(std::nearbyint(scaled));  // ties to even
-    return sign | static_cast<uint16_t>(q);
-  }
-  uint32_t mant = absx & 0x7fffff;
-  uint32_t exp = (absx >> 23) - 127 + 15;
-  uint32_t half = (exp << 10) | (mant >> 13);
-  uint32_t rest = mant & 0x1fff;
-  if (rest > 0x1000 || (rest == 0x1000 && (half & 1))) ++half;
-  return sign | static_cast<uint16_t>(half);
-}
-
-float bf16ToFloat(uint16_t b) {
-  uint32_t x = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &x, 4);
-  return f;
-}
-
-uint16_t floatToBf16(float f) {
-  uint32_t x;
-  std::memcpy(&x, &f, 4);
-  if ((x & 0x7fffffff) > 0x7f800000) return static_cast<uint16_t>((x >> 16) | 0x40);
-  x += 0x7fff + ((x >> 16) & 1);
-  return static_cast<uint16_t>(x >> 16);
-}
-
 template <typename T>
 struct Native {
   using Value = T;
@@ -631,8 +581,9 @@ struct Packed16 {
   }
   static float round(float v) { return Dec(Enc(v)); }
 };
-using Half = Packed16<floatToHalf, halfToFloat>;
-using Bf16 = Packed16<floatToBf16, bf16ToFloat>;
+// The reducer's own conversions (round to nearest even, src/reduce/numerics.h).
+using Half = Packed16<reduce::floatToHalf, reduce::halfToFloat>;
+using Bf16 = Packed16<reduce::floatToBf16, reduce::bf16ToFloat>;
 
 // Integer arithmetic wraps: compute sums and products in the unsigned type.
 template <typename V>

@@ -1,10 +1,12 @@
 #include "bootstrap/store_protocol.h"
 
+#include "core/byte_order.h"
+
 namespace shoal::bootstrap_wire {
 
 std::string deriveKey(const uint8_t secret[32], uint64_t magic) {
   uint8_t magicLe[8];
-  for (int i = 0; i < 8; ++i) magicLe[i] = static_cast<uint8_t>(magic >> (8 * i));
+  putLe(magicLe, magic, 8);
   net::Digest k = net::HmacSha256(std::string_view(reinterpret_cast<const char*>(secret), 32))
                       .update("shoal bootstrap v1")
                       .update(magicLe, sizeof(magicLe))

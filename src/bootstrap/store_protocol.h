@@ -35,6 +35,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/byte_order.h"
 #include "net/crypto.h"
 
 namespace shoal::bootstrap_wire {
@@ -87,12 +88,14 @@ class Writer {
   }
   void finishFrame(size_t at) {
     uint32_t len = static_cast<uint32_t>(out_.size() - at - 4);
-    for (int i = 0; i < 4; ++i) out_[at + i] = static_cast<uint8_t>(len >> (8 * i));
+    putLe(out_.data() + at, len, 4);
   }
 
  private:
   void le(uint64_t v, int n) {
-    for (int i = 0; i < n; ++i) out_.push_back(static_cast<uint8_t>(v >> (8 * i)));
+    uint8_t bytes[8];
+    putLe(bytes, v, n);
+    out_.insert(out_.end(), bytes, bytes + n);
   }
   std::vector<uint8_t>& out_;
 };
@@ -148,9 +151,7 @@ class Reader {
   }
   uint64_t le(int n) {
     if (!take(static_cast<size_t>(n))) return 0;
-    uint64_t v = 0;
-    for (int i = 0; i < n; ++i) v |= static_cast<uint64_t>(p_[i - n]) << (8 * i);
-    return v;
+    return getLe(p_ - n, n);
   }
   const uint8_t* p_;
   size_t left_;

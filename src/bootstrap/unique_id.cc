@@ -22,6 +22,7 @@
 
 #include "bootstrap/bootstrap.h"
 #include "bootstrap/root_server.h"
+#include "core/byte_order.h"
 #include "core/log.h"
 #include "core/params.h"
 #include "net/crypto.h"
@@ -35,14 +36,6 @@ constexpr uint64_t kCommIdMagic = 0x0280028002800280ull;  // NCCL_MAGIC
 constexpr uint32_t kLayoutTag = 0x44494853;               // "SHID"
 constexpr uint8_t kLayoutVersion = 1;
 
-void putLe(uint8_t* out, uint64_t v, int n) {
-  for (int i = 0; i < n; ++i) out[i] = static_cast<uint8_t>(v >> (8 * i));
-}
-uint64_t getLe(const uint8_t* in, int n) {
-  uint64_t v = 0;
-  for (int i = 0; i < n; ++i) v |= static_cast<uint64_t>(in[i]) << (8 * i);
-  return v;
-}
 
 // The secret of an NCCL_COMM_ID id: anyone who knows the address can derive
 // it, exactly as NCCL's constant magic (NCCL_COMM_ID is a trusted-network mode).

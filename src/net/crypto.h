@@ -10,6 +10,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string_view>
 
 #include "core/status.h"
@@ -63,5 +64,34 @@ Status randomBytes(void* data, size_t bytes);
 
 // Equality that takes the same time wherever the inputs differ.
 bool constantTimeEqual(const void* a, const void* b, size_t bytes);
+
+// The transports' signed hellos (tcp, ofi): a fresh nonce, and
+// proof = HMAC-SHA256(secret, label || the first `signedBytes` of the
+// hello's kEncodedBytes encoding, nonce included). `encode(hello, out)`
+// writes the encoding; Hello has `nonce` and `proof[32]` arrays.
+template <size_t kEncodedBytes, typename Hello, typename Encode>
+Digest helloProof(const Hello& hello, std::string_view secret, std::string_view label, size_t signedBytes,
+                  Encode encode) {
+  static_assert(sizeof(hello.proof) == sizeof(Digest));
+  uint8_t bytes[kEncodedBytes];
+  encode(hello, bytes);
+  return HmacSha256(secret).update(label).update(bytes, signedBytes).finish();
+}
+
+template <size_t kEncodedBytes, typename Hello, typename Encode>
+Status signHello(Hello& hello, std::string_view secret, std::string_view label, size_t signedBytes,
+                 Encode encode) {
+  SHOAL_TRY(randomBytes(hello.nonce, sizeof(hello.nonce)));
+  Digest proof = helloProof<kEncodedBytes>(hello, secret, label, signedBytes, encode);
+  std::memcpy(hello.proof, proof.data(), proof.size());
+  return Status::ok();
+}
+
+template <size_t kEncodedBytes, typename Hello, typename Encode>
+bool verifyHello(const Hello& hello, std::string_view secret, std::string_view label, size_t signedBytes,
+                 Encode encode) {
+  Digest expected = helloProof<kEncodedBytes>(hello, secret, label, signedBytes, encode);
+  return constantTimeEqual(expected.data(), hello.proof, expected.size());
+}
 
 }  // namespace shoal::net

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "core/byte_order.h"
 #include "core/clock.h"
 #include "core/log.h"
 #include "core/params.h"
@@ -129,15 +130,6 @@ MemoryPlace placeOf(const void* data) {
   return place;
 }
 
-void put(uint8_t* out, uint64_t v, int n) {
-  for (int i = 0; i < n; ++i) out[i] = static_cast<uint8_t>(v >> (8 * i));
-}
-uint64_t get(const uint8_t* in, int n) {
-  uint64_t v = 0;
-  for (int i = 0; i < n; ++i) v |= static_cast<uint64_t>(in[i]) << (8 * i);
-  return v;
-}
-
 constexpr uint32_t kHelloMagic = 0x464f4853;  // "SHOF"
 constexpr uint16_t kHelloVersion = 4;  // 2: lanes and striped messages; 3: clearAbove; 4: own lanes (0007)
 constexpr size_t kHelloSigned = 48;
@@ -148,11 +140,7 @@ constexpr size_t kMaxWaitingHellos = 4096;
 constexpr int kCqBatch = 16;
 constexpr int64_t kSocketScanIntervalNs = 10'000'000;
 
-net::Digest helloProof(const wire::Hello& hello, std::string_view secret) {
-  uint8_t bytes[wire::kHelloBytes];
-  wire::encodeHello(hello, bytes);
-  return net::HmacSha256(secret).update("shoal ofi hello v1").update(bytes, kHelloSigned).finish();
-}
+constexpr std::string_view kHelloLabel = "shoal ofi hello v1";
 
 std::mutex& railsMutex() {
   static std::mutex m;
@@ -204,29 +192,29 @@ void forEachRail(const std::function<void(Rail&)>& visit) {
 namespace wire {
 
 void encodeHello(const Hello& hello, uint8_t out[kHelloBytes]) {
-  put(out, kHelloMagic, 4);
-  put(out + 4, kHelloVersion, 2);
-  put(out + 6, hello.channel, 2);
-  put(out + 8, hello.commId, 8);
-  put(out + 16, static_cast<uint32_t>(hello.fromRank), 4);
-  put(out + 20, static_cast<uint32_t>(hello.toRank), 4);
-  put(out + 24, hello.recvId, 4);
-  put(out + 28, hello.clearAbove, 4);
+  putLe(out, kHelloMagic, 4);
+  putLe(out + 4, kHelloVersion, 2);
+  putLe(out + 6, hello.channel, 2);
+  putLe(out + 8, hello.commId, 8);
+  putLe(out + 16, static_cast<uint32_t>(hello.fromRank), 4);
+  putLe(out + 20, static_cast<uint32_t>(hello.toRank), 4);
+  putLe(out + 24, hello.recvId, 4);
+  putLe(out + 28, hello.clearAbove, 4);
   std::memcpy(out + 32, hello.nonce, 16);
   std::memcpy(out + 48, hello.proof, 32);
 }
 
 Result<Hello> decodeHello(const uint8_t* in, size_t bytes) {
   if (bytes != kHelloBytes) return invalidArgument("ofi hello of ", bytes, " bytes");
-  if (get(in, 4) != kHelloMagic) return invalidArgument("not a Shoal ofi hello");
-  if (get(in + 4, 2) != kHelloVersion) return invalidArgument("unsupported ofi hello version ", get(in + 4, 2));
+  if (getLe(in, 4) != kHelloMagic) return invalidArgument("not a Shoal ofi hello");
+  if (getLe(in + 4, 2) != kHelloVersion) return invalidArgument("unsupported ofi hello version ", getLe(in + 4, 2));
   Hello h;
-  h.channel = static_cast<uint16_t>(get(in + 6, 2));
-  h.commId = get(in + 8, 8);
-  h.fromRank = static_cast<int32_t>(get(in + 16, 4));
-  h.toRank = static_cast<int32_t>(get(in + 20, 4));
-  h.recvId = static_cast<uint32_t>(get(in + 24, 4));
-  h.clearAbove = static_cast<uint32_t>(get(in + 28, 4));
+  h.channel = static_cast<uint16_t>(getLe(in + 6, 2));
+  h.commId = getLe(in + 8, 8);
+  h.fromRank = static_cast<int32_t>(getLe(in + 16, 4));
+  h.toRank = static_cast<int32_t>(getLe(in + 20, 4));
+  h.recvId = static_cast<uint32_t>(getLe(in + 24, 4));
+  h.clearAbove = static_cast<uint32_t>(getLe(in + 28, 4));
   std::memcpy(h.nonce, in + 32, 16);
   std::memcpy(h.proof, in + 48, 32);
   if (h.fromRank < 0 || h.toRank < 0 || h.fromRank == h.toRank)
@@ -236,15 +224,11 @@ Result<Hello> decodeHello(const uint8_t* in, size_t bytes) {
 }
 
 Status signHello(Hello& hello, std::string_view secret) {
-  SHOAL_TRY(net::randomBytes(hello.nonce, sizeof(hello.nonce)));
-  net::Digest proof = helloProof(hello, secret);
-  std::memcpy(hello.proof, proof.data(), proof.size());
-  return Status::ok();
+  return net::signHello<kHelloBytes>(hello, secret, kHelloLabel, kHelloSigned, encodeHello);
 }
 
 bool verifyHello(const Hello& hello, std::string_view secret) {
-  net::Digest expected = helloProof(hello, secret);
-  return net::constantTimeEqual(expected.data(), hello.proof, expected.size());
+  return net::verifyHello<kHelloBytes>(hello, secret, kHelloLabel, kHelloSigned, encodeHello);
 }
 
 }  // namespace wire

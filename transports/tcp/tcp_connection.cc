@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "core/byte_order.h"
 #include "core/tag.h"
 #include "net/socket.h"
 
@@ -21,25 +22,17 @@ constexpr size_t kMaxPendingOps = 1u << 20;    // back-pressure beyond this
 // Segment header: {u64 tag, u64 message bytes, u32 message number (low 32
 // bits), u16 slice, u16 slices}, little-endian.
 void encodeHeader(uint8_t* out, uint64_t tag, uint64_t bytes, uint64_t seq, uint16_t slice, uint16_t slices) {
-  for (int i = 0; i < 8; ++i) out[i] = static_cast<uint8_t>(tag >> (8 * i));
-  for (int i = 0; i < 8; ++i) out[8 + i] = static_cast<uint8_t>(bytes >> (8 * i));
-  for (int i = 0; i < 4; ++i) out[16 + i] = static_cast<uint8_t>(seq >> (8 * i));
-  out[20] = static_cast<uint8_t>(slice);
-  out[21] = static_cast<uint8_t>(slice >> 8);
-  out[22] = static_cast<uint8_t>(slices);
-  out[23] = static_cast<uint8_t>(slices >> 8);
+  putLe(out, tag, 8);
+  putLe(out + 8, bytes, 8);
+  putLe(out + 16, seq, 4);
+  putLe(out + 20, slice, 2);
+  putLe(out + 22, slices, 2);
 }
 
 // A segment header with this tag (no operation's tag is 0: core/tag.h puts
 // the collective kind + 1 in the top bits) says the peer closed its
 // communicator on purpose (destroy or abort): it left, it did not die.
 constexpr uint64_t kByeTag = 0;
-
-uint64_t le(const uint8_t* p, int n) {
-  uint64_t v = 0;
-  for (int i = 0; i < n; ++i) v |= static_cast<uint64_t>(p[i]) << (8 * i);
-  return v;
-}
 
 }  // namespace
 
@@ -250,11 +243,11 @@ Result<TcpConnection::StageRead> TcpConnection::fillStage(Lane& lane) {
 
 Status TcpConnection::checkHeader(const Lane& lane, const RecvSegment& segment, int index) const {
   const uint8_t* h = lane.stage.get() + lane.stageStart;
-  uint64_t tag = le(h, 8);
-  uint64_t bytes = le(h + 8, 8);
-  uint32_t seq = static_cast<uint32_t>(le(h + 16, 4));
-  uint16_t slice = static_cast<uint16_t>(le(h + 20, 2));
-  uint16_t slices = static_cast<uint16_t>(le(h + 22, 2));
+  uint64_t tag = getLe(h, 8);
+  uint64_t bytes = getLe(h + 8, 8);
+  uint32_t seq = static_cast<uint32_t>(getLe(h + 16, 4));
+  uint16_t slice = static_cast<uint16_t>(getLe(h + 20, 2));
+  uint16_t slices = static_cast<uint16_t>(getLe(h + 22, 2));
   if (tag == segment.tag && bytes == segment.messageBytes && seq == static_cast<uint32_t>(segment.seq) &&
       slice == segment.slice && slices == segment.slices)
     return Status::ok();

@@ -10,6 +10,7 @@
 #include <tuple>
 #include <vector>
 
+#include "core/byte_order.h"
 #include "core/log.h"
 #include "core/params.h"
 #include "net/crypto.h"
@@ -28,48 +29,35 @@ constexpr size_t kSignedBytes = 48;  // hello bytes covered by the proof
 constexpr uint32_t kMinChunkBytes = 4096;
 constexpr uint32_t kMaxChunkBytes = 1u << 30;
 
-void put(uint8_t* out, uint64_t v, int n) {
-  for (int i = 0; i < n; ++i) out[i] = static_cast<uint8_t>(v >> (8 * i));
-}
-uint64_t get(const uint8_t* in, int n) {
-  uint64_t v = 0;
-  for (int i = 0; i < n; ++i) v |= static_cast<uint64_t>(in[i]) << (8 * i);
-  return v;
-}
-
-net::Digest helloProof(const Hello& hello, std::string_view secret) {
-  uint8_t bytes[kHelloBytes];
-  encodeHello(hello, bytes);
-  return net::HmacSha256(secret).update("shoal tcp hello v1").update(bytes, kSignedBytes).finish();
-}
+constexpr std::string_view kHelloLabel = "shoal tcp hello v1";
 
 }  // namespace
 
 void encodeHello(const Hello& hello, uint8_t out[kHelloBytes]) {
-  put(out, kHelloMagic, 4);
-  put(out + 4, kHelloVersion, 2);
-  put(out + 6, hello.sockets, 2);
-  put(out + 8, hello.commId, 8);
-  put(out + 16, static_cast<uint32_t>(hello.fromRank), 4);
-  put(out + 20, static_cast<uint32_t>(hello.toRank), 4);
-  put(out + 24, hello.channel, 2);
-  put(out + 26, hello.socketIndex, 2);
-  put(out + 28, hello.chunkBytes, 4);
+  putLe(out, kHelloMagic, 4);
+  putLe(out + 4, kHelloVersion, 2);
+  putLe(out + 6, hello.sockets, 2);
+  putLe(out + 8, hello.commId, 8);
+  putLe(out + 16, static_cast<uint32_t>(hello.fromRank), 4);
+  putLe(out + 20, static_cast<uint32_t>(hello.toRank), 4);
+  putLe(out + 24, hello.channel, 2);
+  putLe(out + 26, hello.socketIndex, 2);
+  putLe(out + 28, hello.chunkBytes, 4);
   std::memcpy(out + 32, hello.nonce, 16);
   std::memcpy(out + 48, hello.proof, 32);
 }
 
 Result<Hello> decodeHello(const uint8_t in[kHelloBytes]) {
-  if (get(in, 4) != kHelloMagic) return invalidArgument("not a Shoal tcp hello");
-  if (get(in + 4, 2) != kHelloVersion) return invalidArgument("unsupported hello version ", get(in + 4, 2));
+  if (getLe(in, 4) != kHelloMagic) return invalidArgument("not a Shoal tcp hello");
+  if (getLe(in + 4, 2) != kHelloVersion) return invalidArgument("unsupported hello version ", getLe(in + 4, 2));
   Hello h;
-  h.sockets = static_cast<uint16_t>(get(in + 6, 2));
-  h.commId = get(in + 8, 8);
-  h.fromRank = static_cast<int32_t>(get(in + 16, 4));
-  h.toRank = static_cast<int32_t>(get(in + 20, 4));
-  h.channel = static_cast<uint16_t>(get(in + 24, 2));
-  h.socketIndex = static_cast<uint16_t>(get(in + 26, 2));
-  h.chunkBytes = static_cast<uint32_t>(get(in + 28, 4));
+  h.sockets = static_cast<uint16_t>(getLe(in + 6, 2));
+  h.commId = getLe(in + 8, 8);
+  h.fromRank = static_cast<int32_t>(getLe(in + 16, 4));
+  h.toRank = static_cast<int32_t>(getLe(in + 20, 4));
+  h.channel = static_cast<uint16_t>(getLe(in + 24, 2));
+  h.socketIndex = static_cast<uint16_t>(getLe(in + 26, 2));
+  h.chunkBytes = static_cast<uint32_t>(getLe(in + 28, 4));
   std::memcpy(h.nonce, in + 32, 16);
   std::memcpy(h.proof, in + 48, 32);
   if (h.sockets < 1 || h.sockets > kMaxLanes || h.socketIndex >= h.sockets)
@@ -82,15 +70,11 @@ Result<Hello> decodeHello(const uint8_t in[kHelloBytes]) {
 }
 
 Status signHello(Hello& hello, std::string_view secret) {
-  SHOAL_TRY(net::randomBytes(hello.nonce, sizeof(hello.nonce)));
-  net::Digest proof = helloProof(hello, secret);
-  std::memcpy(hello.proof, proof.data(), proof.size());
-  return Status::ok();
+  return net::signHello<kHelloBytes>(hello, secret, kHelloLabel, kSignedBytes, encodeHello);
 }
 
 bool verifyHello(const Hello& hello, std::string_view secret) {
-  net::Digest expected = helloProof(hello, secret);
-  return net::constantTimeEqual(expected.data(), hello.proof, expected.size());
+  return net::verifyHello<kHelloBytes>(hello, secret, kHelloLabel, kSignedBytes, encodeHello);
 }
 
 int socketsPerConnection() {
