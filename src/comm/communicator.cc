@@ -60,9 +60,14 @@ Communicator::~Communicator() {
                             error(Code::kAborted, "communicator destroyed"));
 }
 
-std::string Communicator::describe() const {
+std::string Communicator::idHex() const {
   char id[20];
   std::snprintf(id, sizeof(id), "%016llx", static_cast<unsigned long long>(commId_));
+  return id;
+}
+
+std::string Communicator::describe() const {
+  const std::string id = idHex();
   std::string host = rank_ < static_cast<int>(peers_.size()) ? peers_[rank_].hostname : "";
   return str("comm ", id, " rank ", rank_, "/", nranks_, host.empty() ? "" : " (host " + host + ")");
 }
@@ -828,8 +833,7 @@ int64_t wallClockMs() {
 }  // namespace
 
 std::string Communicator::reportStem() const {
-  char id[20];
-  std::snprintf(id, sizeof(id), "%016llx", static_cast<unsigned long long>(commId_));
+  const std::string id = idHex();
   return str(id, "-r", rank_, "-", ::getpid());
 }
 
@@ -847,8 +851,7 @@ std::string Communicator::hangReport(std::string_view reason, const JobReport* k
       if (asked) known = &*asked;
     }
   }
-  char id[20];
-  std::snprintf(id, sizeof(id), "%016llx", static_cast<unsigned long long>(commId_));
+  const std::string id = idHex();
   Status e = asyncError();
   std::string out = str("{\"shoal_report\": 1, \"reason\": ", hang::jsonString(reason), ", \"comm\": \"", id,
                         "\", \"rank\": ", rank_, ", \"nranks\": ", nranks_, ", \"host\": ",

@@ -105,6 +105,7 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
   const std::vector<PeerInfo>& peers() const { return peers_; }
   uint64_t commId() const { return commId_; }
   std::string describe() const;  // "comm 3f2a.. rank 1/4 (host a)"
+  std::string idHex() const;     // the communicator id, 16 hex digits
 
   // CUDA (docs/cuda.md). A communicator created in a process that uses CUDA
   // runs operations on memory CUDA knows in their stream's order; its device
