@@ -15,7 +15,7 @@
 using namespace shoal;
 using shoal::api::guard;
 
-namespace {
+namespace shoal::api {
 
 std::string scopeForId(const UniqueIdContents& id) {
   char buf[24];
@@ -31,6 +31,22 @@ void logVersionOnce() {
   });
 }
 
+// Creates the handle and the work that initializes it; the caller decides
+// whether that work runs now, at the outermost ncclGroupEnd, or on a thread.
+ncclComm_t newHandle() {
+  enableAsymmetricFences();  // before any CommCall can use the handle
+  return api::allocateHandle();
+}
+
+}  // namespace shoal::api
+
+namespace {
+
+using api::InitWork;
+using api::launchInit;
+using api::logVersionOnce;
+using api::newHandle;
+
 // How long ncclCommAbort waits for calls still inside the communicator on
 // other threads (they return within one engine pass of the abort flag, or at
 // a connect deadline that the flag also cancels).
@@ -42,17 +58,6 @@ constexpr int64_t kCallsLeaveMs = 10000;
   SHOAL_WARN(function, ": a call on another thread is still inside ", static_cast<void*>(comm), " after ",
              waitedMs, " ms; its memory is kept");
 }
-
-// Creates the handle and the work that initializes it; the caller decides
-// whether that work runs now, at the outermost ncclGroupEnd, or on a thread.
-ncclComm_t newHandle() {
-  enableAsymmetricFences();  // before any CommCall can use the handle
-  return api::allocateHandle();
-}
-
-// A handle's init work: it gives up soon after *cancel is set (ncclCommAbort),
-// which outlives the call.
-using InitWork = std::function<Result<std::shared_ptr<Communicator>>(const std::atomic<bool>* cancel)>;
 
 // Runs a handle's init work and records the outcome in its shared state. An
 // abort that lands while the work runs wins over its outcome: ncclCommAbort
@@ -80,6 +85,9 @@ Status runInit(const std::shared_ptr<ncclComm::Shared>& shared, const InitWork& 
   return Status::ok();
 }
 
+}  // namespace
+
+namespace shoal::api {
 // Blocking: run now. Group: defer to ncclGroupEnd. Nonblocking: run on a
 // thread and return ncclInProgress. *out is valid in every case but an
 // immediate failure.
@@ -105,6 +113,37 @@ Status launchInit(ncclComm_t* out, ncclComm_t handle, bool blocking, InitWork wo
   return st;
 }
 
+
+Result<std::shared_ptr<Communicator>> initFromId(const UniqueIdContents& id, int nranks, int rank,
+                                                 const CommOptions& options, const std::atomic<bool>* cancel,
+                                                 ncclComm::Shared& shared, std::shared_ptr<Store> store) {
+  Deadline deadline = Deadline::afterMs(params().initTimeoutMs).cancelledBy(cancel);
+  if (rank == 0) {
+    SHOAL_TRY(startRootIfNeeded(id));
+  }
+  if (!store) {
+    SHOAL_ASSIGN_OR_RETURN(store, connectStore(id, deadline),
+      "rank ", rank, ": connecting to the bootstrap root ", id.address);
+  }
+  InitRequest req;
+  req.store = store;
+  req.scope = scopeForId(id);
+  req.secret.assign(reinterpret_cast<const char*>(id.secret), sizeof(id.secret));
+  req.rank = rank;
+  req.nranks = nranks;
+  req.options = options;
+  req.cancel = cancel;
+  shared.store = std::move(store);
+  shared.secret = req.secret;
+  auto comm = std::make_shared<Communicator>(std::move(req));
+  SHOAL_TRY(comm->initialize());
+  return comm;
+}
+
+}  // namespace shoal::api
+
+namespace {
+
 Status initRank(ncclComm_t* newcomm, int nranks, const ncclUniqueId& commId, int rank,
                 ncclConfig_t* config) {
   logVersionOnce();
@@ -117,25 +156,8 @@ Status initRank(ncclComm_t* newcomm, int nranks, const ncclUniqueId& commId, int
   SHOAL_ASSIGN_OR_RETURN(UniqueIdContents id, decodeUniqueId(commId.internal),
       "ncclUniqueId was not made by ncclGetUniqueId");
   ncclComm_t handle = newHandle();
-  auto work = [id, nranks, rank, options](
-                  const std::atomic<bool>* cancel) -> Result<std::shared_ptr<Communicator>> {
-    Deadline deadline = Deadline::afterMs(params().initTimeoutMs).cancelledBy(cancel);
-    if (rank == 0) {
-        SHOAL_TRY(startRootIfNeeded(id));
-      }
-    SHOAL_ASSIGN_OR_RETURN(auto store, connectStore(id, deadline),
-      "rank ", rank, ": connecting to the bootstrap root ", id.address);
-    InitRequest req;
-    req.store = std::move(store);
-    req.scope = scopeForId(id);
-    req.secret.assign(reinterpret_cast<const char*>(id.secret), sizeof(id.secret));
-    req.rank = rank;
-    req.nranks = nranks;
-    req.options = options;
-    req.cancel = cancel;
-    auto comm = std::make_shared<Communicator>(std::move(req));
-    SHOAL_TRY(comm->initialize());
-    return comm;
+  auto work = [id, nranks, rank, options, shared = handle->shared](const std::atomic<bool>* cancel) {
+    return api::initFromId(id, nranks, rank, options, cancel, *shared);
   };
   return launchInit(newcomm, handle, options.blocking, std::move(work));
 }
@@ -207,6 +229,8 @@ SHOAL_API(ncclResult_t, ncclCommInitAll, (ncclComm_t * comms, int ndev, const in
     for (int i = 0; i < ndev; ++i) {
       handles[i] = newHandle();
       handles[i]->cudaDev = devlist ? devlist[i] : i;
+      handles[i]->shared->store = store;
+      handles[i]->shared->secret = scope;
     }
     for (int i = 0; i < ndev; ++i) {
       threads.emplace_back([&, i] {
@@ -243,7 +267,7 @@ SHOAL_API(ncclResult_t, ncclCommSplit,
     *newcomm = nullptr;
     if (color < NCCL_SPLIT_NOCOLOR)
       return invalidArgument("color ", color, " must be >= 0 or NCCL_SPLIT_NOCOLOR");
-    SHOAL_ASSIGN_OR_RETURN(auto parent, api::readyComm(comm));
+    SHOAL_ASSIGN_OR_RETURN(auto parent, api::readyOrRevokedComm(comm));
     CommOptions options = parent->options();
     if (config) {
       SHOAL_ASSIGN_OR_RETURN(options, api::parseConfig(config));
@@ -261,6 +285,8 @@ SHOAL_API(ncclResult_t, ncclCommSplit,
     }
     ncclComm_t handle = newHandle();
     handle->cudaDev = comm->cudaDev;
+    handle->shared->store = comm->shared->store;  // the child meets in the parent's store
+    handle->shared->secret = comm->shared->secret;
     auto work = [parent, color, key, options](const std::atomic<bool>* cancel) {
       return parent->split(color, key, options, cancel);
     };
@@ -285,6 +311,11 @@ void forgetFinalized(const Communicator* impl) {
   gFinalized.erase(impl);
 }
 }  // namespace
+
+bool shoal::api::finalizeCalled(const Communicator* impl) {
+  std::lock_guard<std::mutex> lock(gFinalizedMutex);
+  return gFinalized.count(impl) != 0;
+}
 
 SHOAL_API(ncclResult_t, ncclCommFinalize, (ncclComm_t comm)) {
   return guard("ncclCommFinalize", [&]() -> Status {
@@ -358,6 +389,21 @@ SHOAL_API(ncclResult_t, ncclCommGetAsyncError, (ncclComm_t comm, ncclResult_t* a
         std::lock_guard<std::mutex> lock(comm->shared->mutex);
         api::setLastError(comm->shared->initError);
       }
+      return Status::ok();
+    }
+    if (comm->shared->revoked.load(std::memory_order_acquire)) {
+      // Revoked: in progress while a call on another thread is still inside,
+      // then the error from before the revoke, if any (the revoke's own
+      // abort is none).
+      Status before;
+      {
+        std::lock_guard<std::mutex> lock(comm->shared->mutex);
+        before = comm->shared->errorBeforeRevoke;
+      }
+      if (!before.isOk()) api::setLastError(before);
+      *asyncError = comm->shared->callsInside.load(std::memory_order_acquire) > 0
+                        ? ncclInProgress
+                        : static_cast<ncclResult_t>(toNcclCode(before.code()));
       return Status::ok();
     }
     Code code = comm->shared->impl->asyncState();

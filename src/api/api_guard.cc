@@ -99,7 +99,10 @@ Status checkHandle(ncclComm_t comm) {
   return Status::ok();
 }
 
-[[gnu::cold, gnu::noinline]] Status abortedError(const Communicator& impl) {
+[[gnu::cold, gnu::noinline]] Status abortedError(const ncclComm::Shared& shared, const Communicator& impl) {
+  if (shared.revoked.load(std::memory_order_acquire))
+    return invalidUsage(impl.describe(), " was revoked (ncclCommRevoke): only ncclCommDestroy, ncclCommAbort, "
+                        "ncclCommSplit and ncclCommShrink may use it");
   return invalidUsage(impl.describe(), " was aborted");
 }
 
@@ -108,8 +111,14 @@ Status checkHandle(ncclComm_t comm) {
 Result<std::shared_ptr<Communicator>> readyComm(ncclComm_t comm) {
   SHOAL_TRY(checkHandle(comm));
   auto impl = comm->shared->impl;
-  if (impl->aborted()) return abortedError(*impl);
+  if (impl->aborted()) return abortedError(*comm->shared, *impl);
   return impl;
+}
+
+Result<std::shared_ptr<Communicator>> readyOrRevokedComm(ncclComm_t comm) {
+  SHOAL_TRY(checkHandle(comm));
+  if (comm->shared->revoked.load(std::memory_order_acquire)) return comm->shared->impl;
+  return readyComm(comm);
 }
 
 CommCall::CommCall(ncclComm_t handle) : status_(checkHandle(handle)) {
@@ -122,7 +131,7 @@ CommCall::CommCall(ncclComm_t handle) : status_(checkHandle(handle)) {
   impl_ = &shared_->impl;
   if ((*impl_)->aborted()) [[unlikely]] {
     try {
-      status_ = abortedError(**impl_);  // still marked: abort waits while it reads
+      status_ = abortedError(*shared_, **impl_);  // still marked: abort waits while it reads
     } catch (...) {
       leave();
       throw;  // no destructor runs for a constructor that throws

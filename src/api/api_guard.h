@@ -9,6 +9,7 @@
 #include <nccl.h>
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -36,6 +37,22 @@ struct ncclComm {
     shoal::Status initError;
     std::shared_ptr<shoal::Communicator> impl;  // set before state = ncclSuccess
     std::atomic<int> callsInside{0};            // CommCalls now using impl (api::CommCall)
+    // Elastic communicators (src/api/api_elastic.cc). The store and secret the
+    // communicator was made with, so that ncclCommShrink and ncclCommGrow can
+    // meet the surviving ranks without the parent's connections; set before
+    // state = ncclSuccess.
+    std::shared_ptr<shoal::Store> store;
+    std::string secret;
+    // ncclCommRevoke: collectives are refused with ncclInvalidUsage; destroy,
+    // split and shrink still work. The async error recorded before the revoke
+    // (the revoke's own abort is no error).
+    std::atomic<bool> revoked{false};
+    shoal::Status errorBeforeRevoke;
+    // Counts of ncclCommShrink and ncclCommGrow calls on this communicator:
+    // every surviving rank calls them in the same order, so the counts name
+    // each agreement's keys in the store.
+    uint64_t shrinks = 0;
+    uint64_t grows = 0;
   };
   // What a handle's memory holds after ncclCommDestroy/Abort: handles are
   // never freed (api::releaseHandle), so a late use reads this, not freed memory.
@@ -86,6 +103,34 @@ ncclResult_t guard(const char* function, Body&& body) noexcept {
 // The communicator behind a handle, ready for use, or an error that says why
 // not (NULL, destroyed, still initializing, failed, aborted).
 Result<std::shared_ptr<Communicator>> readyComm(ncclComm_t comm);
+// readyComm, but a revoked communicator (ncclCommRevoke) is ready too: for
+// the calls NCCL allows after a revoke (split, shrink).
+Result<std::shared_ptr<Communicator>> readyOrRevokedComm(ncclComm_t comm);
+
+// Lifecycle helpers shared by the init entry points (api_comm.cc) and the
+// elastic ones (api_elastic.cc).
+// A fresh handle for a communicator being made.
+ncclComm_t newHandle();
+// A handle's init work: it gives up soon after *cancel is set (ncclCommAbort).
+using InitWork = std::function<Result<std::shared_ptr<Communicator>>(const std::atomic<bool>* cancel)>;
+// Blocking: runs the work now. In a group: at ncclGroupEnd. Nonblocking: on
+// a thread, returning kInProgress. *out is valid in every case but an
+// immediate failure.
+Status launchInit(ncclComm_t* out, ncclComm_t handle, bool blocking, InitWork work);
+// The scope of a communicator made from a unique id with ncclCommInitRank.
+std::string scopeForId(const UniqueIdContents& id);
+// Makes rank `rank` of `nranks` from a unique id, as ncclCommInitRank does,
+// recording the store and secret in `shared`. Blocking (an init work's body).
+// `store`: a connection to the id's root the caller already holds (the root
+// forgets an id once its last client leaves, so a caller that talked to the
+// root first must not let go in between); null: connect.
+Result<std::shared_ptr<Communicator>> initFromId(const UniqueIdContents& id, int nranks, int rank,
+                                                 const CommOptions& options, const std::atomic<bool>* cancel,
+                                                 ncclComm::Shared& shared,
+                                                 std::shared_ptr<Store> store = nullptr);
+// Whether ncclCommFinalize was called on the communicator.
+bool finalizeCalled(const Communicator* impl);
+void logVersionOnce();
 
 // A collective or point-to-point call's hold on its communicator, for as long
 // as the call runs, without a reference count: copying the shared_ptr costs

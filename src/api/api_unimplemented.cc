@@ -15,23 +15,6 @@ ncclResult_t notImplemented(const char* function, const char* what) {
 }
 }  // namespace
 
-SHOAL_API(ncclResult_t, ncclCommRevoke, (ncclComm_t comm, int revokeFlags)) {
-  if (comm == nullptr) return ncclSuccess;  // as NCCL: nothing to revoke
-  return notImplemented("ncclCommRevoke", "communicator revocation (use ncclCommAbort)");
-}
-SHOAL_API(ncclResult_t, ncclCommShrink,
-          (ncclComm_t comm, int* excludeRanksList, int excludeRanksCount, ncclComm_t* newcomm,
-           ncclConfig_t* config, int shrinkFlags)) {
-  return notImplemented("ncclCommShrink", "communicator shrink (use ncclCommSplit)");
-}
-SHOAL_API(ncclResult_t, ncclCommGetUniqueId, (ncclComm_t comm, ncclUniqueId* uniqueId)) {
-  return notImplemented("ncclCommGetUniqueId", "unique ids for ncclCommGrow");
-}
-SHOAL_API(ncclResult_t, ncclCommGrow,
-          (ncclComm_t comm, int nRanks, const ncclUniqueId* uniqueId, int rank,
-           ncclComm_t* newcomm, ncclConfig_t* config)) {
-  return notImplemented("ncclCommGrow", "communicator grow");
-}
 SHOAL_API(ncclResult_t, ncclCommSuspend, (ncclComm_t comm, int flags)) {
   return notImplemented("ncclCommSuspend", "suspend/resume of device memory");
 }

@@ -200,14 +200,24 @@ TEST_CASE("edge: ncclCommSplit", "[api][edge]") {
 TEST_CASE("edge: ncclCommShrink, Revoke, GetUniqueId, Grow, Suspend, Resume, MemStats", "[api][edge]") {
   EXPECT_OK(ncclCommRevoke(nullptr, NCCL_REVOKE_DEFAULT));  // NCCL: nothing to revoke
   World w(1);
-  EXPECT_RC(ncclCommRevoke(w[0], NCCL_REVOKE_DEFAULT), ncclInvalidUsage, "not implemented");
+  EXPECT_RC(ncclCommRevoke(w[0], 1), ncclInvalidArgument, "revokeFlags");
   int excl = 0;
   ncclComm_t nc = nullptr;
-  EXPECT_RC(ncclCommShrink(nullptr, &excl, 1, &nc, nullptr, NCCL_SHRINK_DEFAULT), ncclInvalidUsage,
-            "not implemented");
+  // As NCCL: comm, then newcomm, then nRanks (elastic forked-process tests
+  // cover the rest).
+  EXPECT_RC(ncclCommShrink(nullptr, &excl, 1, &nc, nullptr, NCCL_SHRINK_DEFAULT), ncclInvalidArgument,
+            "comm is NULL");
+  EXPECT_RC(ncclCommShrink(w[0], &excl, 1, nullptr, nullptr, NCCL_SHRINK_DEFAULT), ncclInvalidArgument,
+            "newcomm is NULL");
   ncclUniqueId id;
-  EXPECT_RC(ncclCommGetUniqueId(nullptr, &id), ncclInvalidUsage, "not implemented");
-  EXPECT_RC(ncclCommGrow(nullptr, 2, &id, 1, nullptr, nullptr), ncclInvalidUsage, "not implemented");
+  EXPECT_RC(ncclCommGetUniqueId(nullptr, &id), ncclInvalidArgument, "comm is NULL");
+  EXPECT_RC(ncclCommGrow(nullptr, 2, &id, 1, nullptr, nullptr), ncclInvalidArgument, "newcomm is NULL");
+  EXPECT_RC(ncclCommGrow(w[0], 0, nullptr, -1, &nc, nullptr), ncclInvalidArgument, "nRanks");
+  // A revoked communicator refuses collectives and a second revoke.
+  EXPECT_OK(ncclCommRevoke(w[0], NCCL_REVOKE_DEFAULT));
+  float x = 1, y = 0;
+  EXPECT_RC(ncclAllReduce(&x, &y, 1, ncclFloat, ncclSum, w[0], nullptr), ncclInvalidUsage, "revoked");
+  EXPECT_RC(ncclCommRevoke(w[0], NCCL_REVOKE_DEFAULT), ncclInvalidArgument, "already revoked");
   EXPECT_RC(ncclCommSuspend(w[0], NCCL_SUSPEND_MEM), ncclInvalidUsage, "not implemented");
   EXPECT_RC(ncclCommResume(w[0]), ncclInvalidUsage, "not implemented");
   uint64_t value = 0;

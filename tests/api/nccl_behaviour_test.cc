@@ -1963,11 +1963,16 @@ TEST_CASE("bad arguments fail at once with a reason and leave the communicator u
       {"Scatter NULL recvbuff", [&] { return ncclScatter(s, nullptr, 8, ncclFloat, 1, c, nullptr); }, ncclInvalidArgument, "buff"},
       {"Send NULL sendbuff", [&] { return ncclSend(nullptr, 16, ncclFloat, 1, c, nullptr); }, ncclInvalidArgument, "buff"},
       {"Recv NULL recvbuff", [&] { return ncclRecv(nullptr, 16, ncclFloat, 1, c, nullptr); }, ncclInvalidArgument, "buff"},
-      {"Shrink (not implemented)", [&] {
-         int excl = 1;
+      {"Shrink excluding the caller", [&] {
+         int excl = 0;
          ncclComm_t nc = nullptr;
          return ncclCommShrink(c, &excl, 1, &nc, nullptr, NCCL_SHRINK_DEFAULT);
-       }, ncclInvalidUsage, "shrink"},
+       }, ncclInvalidUsage, "excludeRanksList"},
+      {"Shrink excluding rank n", [&] {
+         int excl = n;
+         ncclComm_t nc = nullptr;
+         return ncclCommShrink(c, &excl, 1, &nc, nullptr, NCCL_SHRINK_DEFAULT);
+       }, ncclInvalidArgument, "out of range"},
       {"WindowRegister (not implemented)", [&] {
          ncclWindow_t win = nullptr;
          return ncclCommWindowRegister(c, d, 64, &win, NCCL_WIN_DEFAULT);

@@ -31,3 +31,9 @@ shoal_add_test(mp_hang_report_tests LABEL mp TIMEOUT 120 SOURCES
   mp/hang_report_test.cc
   support/mp_harness.cc)
 target_compile_definitions(mp_hang_report_tests PRIVATE SHOAL_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
+
+# Elastic communicators: shrink around a SIGKILLed rank (tcp, shm), grow with
+# new processes, revoke, argument errors, 50 shrink/grow cycles without leaks.
+shoal_add_test(mp_elastic_tests LABEL mp TIMEOUT 300 SOURCES
+  mp/elastic_test.cc
+  support/mp_harness.cc)

@@ -1,0 +1,104 @@
+#include "bootstrap/survivors.h"
+
+#include <algorithm>
+#include <chrono>
+#include <thread>
+
+#include "core/log.h"
+
+namespace shoal {
+namespace {
+
+// How often a survivor looks for the lists still missing. The lists arrive
+// within the time the survivors take to notice a failure and call shrink,
+// which differs by up to an idle check interval; polling the store costs one
+// small request per survivor each time.
+constexpr int64_t kPollMs = 10;
+
+std::string listKey(const std::string& prefix, int parentRank) {
+  return str(prefix, "/excluded/", parentRank);
+}
+
+std::string encodeList(const std::vector<int>& ranks) {
+  std::string out;
+  for (int r : ranks) out += str(out.empty() ? "" : ",", r);
+  return out;
+}
+
+uint64_t fnv1a(std::string_view s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+}  // namespace
+
+std::string rankListText(const std::vector<int>& ranks) {
+  std::string out = "{";
+  for (size_t i = 0; i < ranks.size(); ++i) out += str(i ? ", " : "", ranks[i]);
+  return out + "}";
+}
+
+Result<SurvivorAgreement> agreeOnSurvivors(Store& store, const std::string& prefix, int parentRank,
+                                           int parentSize, const std::vector<int>& excluded,
+                                           Deadline deadline) {
+  SurvivorAgreement agreement;
+  for (int r = 0; r < parentSize; ++r)
+    if (!std::binary_search(excluded.begin(), excluded.end(), r)) agreement.survivors.push_back(r);
+  agreement.newRank = static_cast<int>(
+      std::find(agreement.survivors.begin(), agreement.survivors.end(), parentRank) - agreement.survivors.begin());
+  const std::string mine = encodeList(excluded);
+  // The new scope names the surviving set too: survivors that disagree could
+  // never meet in one scope, even if their lists were not compared.
+  char hash[20];
+  std::snprintf(hash, sizeof(hash), "%016llx", static_cast<unsigned long long>(fnv1a(mine)));
+  agreement.scope = str(prefix, "/", hash);
+
+  SHOAL_TRY(store.set(listKey(prefix, parentRank), mine, deadline))
+      << "posting this rank's exclude list through " << store.describe();
+  std::vector<int> missing;
+  for (int r : agreement.survivors)
+    if (r != parentRank) missing.push_back(r);
+  while (!missing.empty()) {
+    std::vector<std::string> keys;
+    for (int r : missing) keys.push_back(listKey(prefix, r));
+    SHOAL_ASSIGN_OR_RETURN(std::vector<bool> present, store.check(keys, deadline),
+                           "reading the survivors' exclude lists through ", store.describe());
+    std::vector<std::string> arrived;
+    std::vector<int> arrivedRanks, stillMissing;
+    for (size_t i = 0; i < missing.size(); ++i) {
+      if (present[i]) {
+        arrived.push_back(keys[i]);
+        arrivedRanks.push_back(missing[i]);
+      } else {
+        stillMissing.push_back(missing[i]);
+      }
+    }
+    if (!arrived.empty()) {
+      SHOAL_ASSIGN_OR_RETURN(std::vector<std::string> lists, store.get(arrived, deadline),
+                             "reading the survivors' exclude lists through ", store.describe());
+      for (size_t i = 0; i < lists.size(); ++i)
+        if (lists[i] != mine)
+          return invalidUsage("the surviving ranks disagree on whom to exclude: rank ", parentRank,
+                              " excludes {", mine, "} but rank ", arrivedRanks[i], " excludes {", lists[i],
+                              "}; every caller must pass the same list");
+    }
+    missing = std::move(stillMissing);
+    if (missing.empty()) break;
+    if (deadline.expired()) {
+      if (deadline.cancelled()) return error(Code::kAborted, "cancelled (ncclCommAbort)");
+      return Status(Code::kTimeout,
+                    str("ranks ", rankListText(missing),
+                        " are not excluded but never called ncclCommShrink (are they dead? exclude them); "
+                        "this rank excludes ", rankListText(excluded), " (SHOAL_INIT_TIMEOUT_MS)"));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(kPollMs));
+  }
+  return agreement;
+}
+
+void forgetSurvivorList(Store& store, const std::string& prefix, int parentRank) {
+  (void)store.erase({listKey(prefix, parentRank)}, Deadline::afterMs(Bootstrap::kLeaveMs));
+}
+
+}  // namespace shoal
