@@ -4,7 +4,7 @@
 #
 #   cluster.sh --nodes N --ranks-per-node L [--rails R] [--rate RATE] [--timeout S]
 #              [--link-down-after SECONDS NODE [--link-down-wait S]
-#               [--link-down-require error|named]]
+#               [--link-down-require error|named|survive]]
 #              [--loopback] [--keep-logs] [--mca NAME VALUE]... [--sysctl KEY=VALUE]...
 #              -- COMMAND [ARGS]
 #   cluster.sh --cleanup-stale      remove what dead runs left behind
@@ -25,6 +25,11 @@
 #                         rank touched $SHOAL_TEST_READY_FILE (set per rank;
 #                         the program's sign that it is in its loop), or after
 #                         launch if one ends first
+#   --link-down-require   the verdict: every rank ends with an error (error),
+#                         and names a rank beyond the cut (named, the default);
+#                         survive: the cut node's ranks end with an error, the
+#                         others exit 0 having printed "survived" (they shrank
+#                         their communicator around the cut and went on)
 #   --sysctl KEY=VALUE    set in every node namespace before the job (net.*
 #                         keys only, which are per namespace, e.g.
 #                         net.ipv4.tcp_notsent_lowat; decision 0009's evidence)
@@ -157,7 +162,7 @@ done
 [[ $RAILS =~ ^[1-8]$ ]] || die "--rails must be 1..8"
 [[ $TIMEOUT =~ ^[1-9][0-9]*$ ]] || die "--timeout must be whole seconds"
 [[ $DOWN_WAIT =~ ^[1-9][0-9]*$ ]] || die "--link-down-wait must be whole seconds"
-[[ $DOWN_REQUIRE =~ ^(error|named)$ ]] || die "--link-down-require must be 'error' or 'named'"
+[[ $DOWN_REQUIRE =~ ^(error|named|survive)$ ]] || die "--link-down-require must be 'error', 'named' or 'survive'"
 if [ -n "$DOWN_AFTER" ]; then
   [[ $DOWN_AFTER =~ ^[0-9]+(\.[0-9]+)?$ ]] || die "--link-down-after SECONDS NODE: bad SECONDS"
   [[ $DOWN_NODE =~ ^[0-9]+$ ]] && [ "$DOWN_NODE" -lt "$NODES" ] ||
@@ -507,7 +512,7 @@ fi
 down_ns=$(cat "$RUNDIR/down")
 say "link-down: node$DOWN_NODE's link set down at +$(( (down_ns - START_NS) / 1000000 )) ms"
 printf '%-5s %-7s %-5s %-11s %-11s %s\n' rank node exit after_down named_lost last_error_line
-errored=0; named=0; hung=0
+errored=0; named=0; hung=0; survived=0; cut_errored=0
 for ((r = 0; r < NP; r++)); do
   node=$((r / RPN))
   if [ "$node" = "$DOWN_NODE" ]; then
@@ -523,6 +528,9 @@ for ((r = 0; r < NP; r++)); do
     read -r rrc rend rhost <"$status"
     after=$(awk -v a="$rend" -v b="$down_ns" 'BEGIN { printf "%.1fs", (a - b) / 1e9 }')
     [ "$rrc" != 0 ] && errored=$((errored + 1))
+    [ "$rrc" != 0 ] && [ "$node" = "$DOWN_NODE" ] && cut_errored=$((cut_errored + 1))
+    [ "$rrc" = 0 ] && [ "$node" != "$DOWN_NODE" ] && grep -q 'survived' "$log" 2>/dev/null &&
+      survived=$((survived + 1))
     printf '%-5s %-7s %-5s %-11s %-11s %s\n' "$r" "$rhost" "$rrc" "$after" "$nm" "$line"
   else
     hung=$((hung + 1))
@@ -530,6 +538,15 @@ for ((r = 0; r < NP; r++)); do
   fi
 done
 say "link-down: $errored/$NP ranks exited with an error, $hung still running $DOWN_WAIT s after the cut, $named/$NP named a lost peer"
+if [ "$DOWN_REQUIRE" = survive ]; then
+  say "link-down: $cut_errored/$RPN ranks of the cut node exited with an error, $survived/$((NP - RPN)) others survived"
+  if [ "$cut_errored" = "$RPN" ] && [ "$survived" = $((NP - RPN)) ]; then
+    say "link-down: PASS"
+    exit 0
+  fi
+  say "link-down: FAIL"
+  exit 1
+fi
 if [ "$errored" = "$NP" ] && { [ "$DOWN_REQUIRE" = error ] || [ "$named" = "$NP" ]; }; then
   say "link-down: PASS"
   exit 0

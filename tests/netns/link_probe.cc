@@ -3,6 +3,7 @@
 //
 //   netns_link_probe [seconds (default 60)] [bytes per allreduce (default 1 MiB)]
 //   netns_link_probe --idle [seconds (default 60)] [bytes per allreduce (default 1 MiB)]
+//   netns_link_probe --shrink [seconds (default 60)] [bytes per allreduce (default 1 MiB)]
 //
 // Runs float-sum allreduces back to back for `seconds`, checking every result.
 // With --idle it runs five, then leaves the communicator idle for `seconds`
@@ -10,6 +11,12 @@
 // PyTorch's watchdog polls) and fails as soon as that reports an error: a
 // peer lost between collectives must show there (the idle check,
 // SHOAL_IDLE_CHECK_MS).
+// With --shrink, a failed allreduce is survived on the node of rank 0 (where
+// the bootstrap root lives): its ranks shrink the communicator around every
+// rank of another node (ncclCommShrink, NCCL_SHRINK_ABORT), print how long
+// that took, run 500 checked allreduces on the smaller communicator and
+// print "survived"; ranks of other nodes fail as below
+// (cluster.sh --link-down-require survive).
 // When a call fails it prints one line naming the rank, its host, the call,
 // the time since start and since the last completed call, and the library's
 // error text (which should name the peers it waited on), then leaves at once
@@ -25,9 +32,15 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
+#include <vector>
 
 namespace {
+
+// --shrink: allreduces every survivor runs on the shrunk communicator (the
+// same count on each, so that none destroys it while another still uses it).
+constexpr long kAfterShrink = 500;
 
 using Clock = std::chrono::steady_clock;
 
@@ -64,7 +77,8 @@ int main(int argc, char** argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   const bool idle = argc > 1 && std::string(argv[1]) == "--idle";
-  if (idle) {
+  const bool shrink = argc > 1 && std::string(argv[1]) == "--shrink";
+  if (idle || shrink) {
     --argc;
     ++argv;
   }
@@ -79,6 +93,14 @@ int main(int argc, char** argv) {
     MPI_Abort(MPI_COMM_WORLD, 1);
   }
   MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, MPI_COMM_WORLD);
+  // Every rank's host, for --shrink: the ranks of rank 0's node survive.
+  std::vector<char> hosts(static_cast<size_t>(size) * 64, 0);
+  {
+    char mine[64] = {};
+    std::strncpy(mine, host.c_str(), sizeof(mine) - 1);
+    MPI_Allgather(mine, 64, MPI_CHAR, hosts.data(), 64, MPI_CHAR, MPI_COMM_WORLD);
+  }
+  auto hostOf = [&](int r) { return std::string(hosts.data() + static_cast<size_t>(r) * 64); };
 
   const Clock::time_point start = Clock::now();
   ncclComm_t comm = nullptr;
@@ -104,6 +126,51 @@ int main(int argc, char** argv) {
   Clock::time_point last = Clock::now();
   while (idle ? done < 5 : secondsSince(start) < seconds) {
     result = ncclAllReduce(send, recv, count, ncclFloat, ncclSum, comm, nullptr);
+    if (result != ncclSuccess && shrink && hostOf(rank) == hostOf(0)) {
+      std::printf("link_probe: rank %d (host %s): allreduce failed after %.1f s (%ld done, last one %.1f s "
+                  "ago): %s\n",
+                  rank, host.c_str(), secondsSince(start), done, secondsSince(last), ncclGetLastError(nullptr));
+      std::fflush(stdout);
+      std::vector<int> excluded;
+      for (int r = 0; r < size; ++r)
+        if (hostOf(r) != hostOf(0)) excluded.push_back(r);
+      const Clock::time_point shrinkStart = Clock::now();
+      ncclComm_t smaller = nullptr;
+      result = ncclCommShrink(comm, excluded.data(), static_cast<int>(excluded.size()), &smaller, nullptr,
+                              NCCL_SHRINK_ABORT);
+      if (result != ncclSuccess)
+        fail(rank, host, "ncclCommShrink", result, done, secondsSince(start), secondsSince(last));
+      int newRank = 0, newSize = 0;
+      ncclCommUserRank(smaller, &newRank);
+      ncclCommCount(smaller, &newSize);
+      const double shrinkSeconds = secondsSince(shrinkStart);
+      for (size_t i = 0; i < count; ++i) in[i] = static_cast<float>(newRank + 1);
+      const float expectedNow = static_cast<float>(newSize) * static_cast<float>(newSize + 1) / 2;
+      long after = 0;
+      double firstSeconds = 0;
+      while (after < kAfterShrink) {
+        result = ncclAllReduce(send, recv, count, ncclFloat, ncclSum, smaller, nullptr);
+        if (result != ncclSuccess)
+          fail(rank, host, "ncclAllReduce after the shrink", result, after, secondsSince(start), secondsSince(last));
+        for (size_t i = 0; i < count; i += 997) {
+          if (out[i] != expectedNow) {
+            std::printf("link_probe: rank %d (host %s): wrong result after the shrink at %zu: %g, expected %g\n",
+                        rank, host.c_str(), i, static_cast<double>(out[i]), static_cast<double>(expectedNow));
+            std::fflush(stdout);
+            _exit(1);
+          }
+        }
+        if (after++ == 0) firstSeconds = secondsSince(last);
+      }
+      std::printf("link_probe: rank %d (host %s): survived: shrank to rank %d of %d in %.3f s; first correct "
+                  "allreduce %.1f s after the last one before the cut; %ld allreduces after the shrink, all correct\n",
+                  rank, host.c_str(), newRank, newSize, shrinkSeconds, firstSeconds, after);
+      std::fflush(stdout);
+      // No destroy of the parent, no MPI_Finalize: both would wait for the
+      // ranks beyond the cut.
+      ncclCommDestroy(smaller);
+      _exit(0);
+    }
     if (result != ncclSuccess)
       fail(rank, host, "ncclAllReduce", result, done, secondsSince(start), secondsSince(last));
     for (size_t i = 0; i < count; i += 997) {

@@ -144,6 +144,21 @@ set_tests_properties(netns.link_down.2x2.idle PROPERTIES
   LABELS netns TIMEOUT 90 SKIP_RETURN_CODE 77
   ENVIRONMENT_MODIFICATION "${SHOAL_NETNS_ENV_MOD}")
 
+# Elastic communicators: the same cut in the middle of back-to-back
+# allreduces, but node 0's ranks (where the bootstrap root lives) survive it:
+# they shrink around node 1's ranks (ncclCommShrink, NCCL_SHRINK_ABORT) and
+# run checked allreduces on the smaller communicator; node 1's ranks fail.
+# No-progress deadline 5 s, as above (docs/nccl-compat.md, Elastic
+# communicators, says what finds the cut with the defaults).
+add_test(NAME netns.link_down.2x2.shrink
+  COMMAND ${SHOAL_BASH} ${SHOAL_CLUSTER} --nodes 2 --ranks-per-node 2 --timeout 55
+    --link-down-after 4 1 --link-down-wait 25 --link-down-require survive
+    -- $<TARGET_FILE:netns_link_probe> --shrink 40 1048576)
+set_tests_properties(netns.link_down.2x2.shrink PROPERTIES
+  LABELS netns TIMEOUT 60 SKIP_RETURN_CODE 77
+  ENVIRONMENT "SHOAL_PROGRESS_TIMEOUT_MS=5000"
+  ENVIRONMENT_MODIFICATION "${SHOAL_NETNS_ENV_MOD}")
+
 # Multi-rail: two links per node (two veth pairs, two bridges); the ofi
 # transport over libfabric's tcp;ofi_rxm stripes channels over one endpoint
 # per rail, so each rail must carry at least a third of a node's bytes.
