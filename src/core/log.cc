@@ -93,9 +93,15 @@ void publishLoadedLocked() {
 
 const LogConfig& config() {
   if (!gLoaded.load(std::memory_order_acquire)) {
-    std::lock_guard<std::mutex> lock(gMutex);
-    if (!gConfig) gConfig = new LogConfig(load());  // lives for the process
-    publishLoadedLocked();
+    {
+      std::lock_guard<std::mutex> lock(gMutex);
+      if (!gConfig) gConfig = new LogConfig(load());  // lives for the process
+      publishLoadedLocked();
+    }
+    // The first time Shoal considers logging (the first ncclGetUniqueId or
+    // communicator init, in practice), the NCCL variables it does not honour
+    // are said, once per process. Outside the lock: it logs.
+    logUnhonouredOnce();
   }
   return *gConfig;
 }

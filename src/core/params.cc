@@ -5,14 +5,23 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string_view>
+
+#include "core/log.h"
 
 namespace shoal {
 namespace {
 
+struct ConfFile {
+  std::string path;  // the file read ("" when none exists)
+  std::map<std::string, std::string> values;
+};
+
 // NCCL_CONF_FILE, then ~/.nccl.conf, then /etc/nccl.conf: VAR=value lines that
 // apply where the environment does not set VAR (NCCL's behaviour).
-std::map<std::string, std::string> readConfFiles() {
-  std::map<std::string, std::string> values;
+ConfFile readConfFiles() {
+  ConfFile conf;
+  auto& values = conf.values;
   std::vector<std::string> files;
   if (const char* f = std::getenv("NCCL_CONF_FILE"); f && *f) files.emplace_back(f);
   if (const char* home = std::getenv("HOME"); home && *home)
@@ -28,22 +37,30 @@ std::map<std::string, std::string> readConfFiles() {
       if (eq == std::string::npos) continue;
       values.emplace(line.substr(0, eq), line.substr(eq + 1));  // first file wins
     }
+    conf.path = path;
     break;
   }
-  return values;
+  return conf;
 }
 
 struct Lookup {
-  std::map<std::string, std::string> conf = readConfFiles();
+  ConfFile conf = readConfFiles();
   // Returns true and the value when the variable is set.
   bool get(const char* env, std::string& out) const {
+    std::string source;
+    return get(env, out, source);
+  }
+  // Also says where the value came from: "environment" or "config file <path>".
+  bool get(const char* env, std::string& out, std::string& source) const {
     if (const char* v = std::getenv(env)) {
       out = v;
+      source = "environment";
       return true;
     }
-    auto it = conf.find(env);
-    if (it == conf.end()) return false;
+    auto it = conf.values.find(env);
+    if (it == conf.values.end()) return false;
     out = it->second;
+    source = "config file " + conf.path;
     return true;
   }
 };
@@ -94,12 +111,41 @@ std::vector<ParamInfo> describeParams() {
 #define SHOAL_PARAM(kind, field, env, def, help)           \
   {                                                        \
     ParamInfo info{env, #kind, #def, help, "", false};     \
-    info.isSet = lookup.get(env, info.value);              \
+    info.isSet = lookup.get(env, info.value, info.source); \
+    if (!info.isSet) info.source = "default";              \
     out.push_back(std::move(info));                        \
   }
 #include "core/params.def"
 #undef SHOAL_PARAM
   return out;
+}
+
+std::vector<UnhonouredInfo> describeUnhonoured() {
+  Lookup lookup;
+  std::vector<UnhonouredInfo> out;
+#define SHOAL_UNHONOURED(level, env, reason)                                          \
+  {                                                                                  \
+    UnhonouredInfo info{env, std::string_view(#level) == "Warn", reason, "", false, ""}; \
+    info.isSet = lookup.get(env, info.value, info.source);                           \
+    out.push_back(std::move(info));                                                  \
+  }
+#include "core/unhonoured.def"
+#undef SHOAL_UNHONOURED
+  return out;
+}
+
+void logUnhonouredOnce() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    for (const auto& u : describeUnhonoured()) {
+      if (!u.isSet) continue;
+      std::string from = u.source == "environment" ? "" : " (from " + u.source + ")";
+      if (u.warn)
+        SHOAL_WARN(u.env, "=", u.value, from, " is not honoured: ", u.reason);
+      else
+        SHOAL_INFO(subsys::kEnv, u.env, "=", u.value, from, " is ignored: ", u.reason);
+    }
+  });
 }
 
 std::string paramsMarkdown() {
@@ -114,6 +160,15 @@ std::string paramsMarkdown() {
     if (def == "\"\"") def = "(unset)";
     md += std::string("| `") + p.env + "` | " + p.kind + " | `" + def + "` | " + p.help + " |\n";
   }
+  md +=
+      "\n## NCCL variables Shoal does not honour\n\n"
+      "Generated from `src/core/unhonoured.def`. NVIDIA NCCL documents these; Shoal reads them only to "
+      "say so: each one that is set (environment or config file) is logged once per process, at the "
+      "first communicator init, with the reason: at WARN where a user may rely on its effect, at INFO "
+      "(subsystem ENV) where it is harmless here. `shoal-info` lists the ones set.\n\n"
+      "| variable | logged at | why |\n|---|---|---|\n";
+  for (const auto& u : describeUnhonoured())
+    md += std::string("| `") + u.env + "` | " + (u.warn ? "WARN" : "INFO") + " | " + u.reason + " |\n";
   return md;
 }
 

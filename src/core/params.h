@@ -30,6 +30,17 @@ struct ParamInfo {
   const char* help;
   std::string value;   // as set ("" when unset)
   bool isSet;
+  std::string source;  // "default", "environment" or "config file <path>"
+};
+
+// An NCCL variable NVIDIA documents and Shoal does not honour (unhonoured.def).
+struct UnhonouredInfo {
+  const char* env;
+  bool warn;           // logged at WARN (a user may rely on it), else INFO ENV
+  const char* reason;
+  std::string value;   // as set ("" when unset)
+  bool isSet;
+  std::string source;  // "environment" or "config file <path>" when set
 };
 
 const Params& params();
@@ -37,7 +48,12 @@ const Params& params();
 void reloadParams();
 // Every declared parameter, in declaration order, with its current setting.
 std::vector<ParamInfo> describeParams();
-// Markdown table of every parameter (docs/env.md).
+// Every unhonoured NCCL variable, in declaration order, with its setting.
+std::vector<UnhonouredInfo> describeUnhonoured();
+// Logs one line per unhonoured variable that is set, once per process
+// (communicator init calls it).
+void logUnhonouredOnce();
+// Markdown table of every parameter and unhonoured variable (docs/env.md).
 std::string paramsMarkdown();
 
 }  // namespace shoal

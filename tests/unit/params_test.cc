@@ -2,6 +2,8 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <set>
+#include <string>
 #include <sstream>
 
 #include "core/log.h"
@@ -77,4 +79,48 @@ TEST_CASE("docs/env.md is generated from the registry and current", "[unit]") {
   text << in.rdbuf();
   INFO("regenerate with: build/src/api/shoal_env_doc > docs/env.md");
   REQUIRE(text.str() == paramsMarkdown());
+}
+
+TEST_CASE("every NCCL variable Shoal does not honour is declared once, and never also honoured", "[unit]") {
+  std::set<std::string> honoured, unhonoured;
+  for (const auto& p : describeParams()) honoured.insert(p.env);
+  for (const auto& u : describeUnhonoured()) {
+    INFO(u.env);
+    REQUIRE(std::string(u.env).rfind("NCCL_", 0) == 0);
+    REQUIRE(unhonoured.insert(u.env).second);  // declared once
+    REQUIRE(honoured.count(u.env) == 0);       // not both read and ignored
+    REQUIRE(std::string(u.reason).size() > 10);
+  }
+  for (const char* name : {"NCCL_PROTO", "NCCL_NTHREADS", "NCCL_NET_PLUGIN", "NCCL_TUNER_PLUGIN",
+                           "NCCL_P2P_DISABLE", "NCCL_TOPO_DUMP_FILE", "NCCL_CROSS_NIC", "NCCL_IB_HCA"})
+    CHECK(unhonoured.count(name) == 1);
+}
+
+TEST_CASE("parameters and unhonoured variables say where their value came from", "[unit]") {
+  setenv("SHOAL_SEGMENT_BYTES", "65536", 1);
+  setenv("NCCL_PROTO", "Simple", 1);
+  unsetenv("NCCL_NTHREADS");
+  std::string source;
+  for (const auto& p : describeParams())
+    if (std::string(p.env) == "SHOAL_SEGMENT_BYTES") source = p.source + "=" + p.value;
+    else if (std::string(p.env) == "SHOAL_IDLE_CHECK_MS" && !std::getenv("SHOAL_IDLE_CHECK_MS")) CHECK(p.source == "default");
+  CHECK(source == "environment=65536");
+  int seen = 0;
+  for (const auto& u : describeUnhonoured()) {
+    if (std::string(u.env) == "NCCL_PROTO") {
+      CHECK(u.isSet);
+      CHECK(u.warn);
+      CHECK(u.value == "Simple");
+      CHECK(u.source == "environment");
+      ++seen;
+    }
+    if (std::string(u.env) == "NCCL_NTHREADS") {
+      CHECK_FALSE(u.isSet);
+      CHECK_FALSE(u.warn);
+      ++seen;
+    }
+  }
+  CHECK(seen == 2);
+  unsetenv("SHOAL_SEGMENT_BYTES");
+  unsetenv("NCCL_PROTO");
 }
