@@ -197,63 +197,17 @@ using ofi::InfoPtr;
 using ofi::Rail;
 namespace wire = ofi::wire;
 
-class OfiTransport final : public Transport {
- public:
-  explicit OfiTransport(OfiOptions options) : options_(std::move(options)) {}
-
-  std::string_view name() const override { return "ofi"; }
-  LinkClass linkClass() const override { return LinkClass::kNet; }
-  bool emulatesMessagesOverSockets() const override { return cpuCopiesBytes(); }
-  void forgetMemory(void* base, size_t bytes) override { ofiInvalidateRegistrations(base, bytes); }
-  bool wantedInThisProcess() const override { return ofiRequested(); }
-  bool chosenByDefault(const PeerInfo& self) const override { return !publishedOverSockets(self); }
-  Result<std::string> localAddress() override;
-  bool canConnect(const PeerInfo& self, const PeerInfo& peer) const override;
-  Result<std::unique_ptr<Connection>> connect(const ConnectionKey& key, const ConnectOptions& options) override;
-  // The higher rank waits for the lower rank's hello.
-  bool connectWaitsForPeer(const ConnectionKey& key) const override { return key.selfRank > key.peerRank; }
-  bool cpuCopiesBytes() const override { return ready_.load() && ofi::runsOverSockets(provider_); }
-
- private:
-  Status initialise();  // mutex_ held
-  // Which provider the user asked for, for messages.
-  std::string wanted() const;
-  Result<InfoPtr> getInfo(const Api& api, uint32_t& version);
-
-  const OfiOptions options_;
-  std::mutex mutex_;
-  bool tried_ = false;
-  Status initError_;
-  std::atomic<bool> ready_{false};
-  std::string provider_;
-  std::string address_;
-  std::vector<std::unique_ptr<Rail>> rails_;
-  uint64_t injectLimit_ = 0;
-  ofi::ClearToSend clearToSend_;  // OfiConnection "Clear to send"
-};
-
-std::string OfiTransport::wanted() const {
-  if (!options_.provider.empty()) return str("provider '", options_.provider, "'");
+// Which provider the user asked for, for messages.
+std::string wantedProvider(const std::string& provider) {
+  if (!provider.empty()) return str("provider '", provider, "'");
   if (!params().fiProvider.empty()) return str("FI_PROVIDER='", params().fiProvider, "'");
   return "no provider (FI_PROVIDER unset)";
 }
 
-Result<std::string> OfiTransport::localAddress() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (!tried_) {
-    tried_ = true;
-    initError_ = initialise();
-    if (!initError_.isOk()) {
-      rails_.clear();
-      initError_.withContext("ofi transport");
-    }
-    ready_ = initError_.isOk();
-  }
-  if (!initError_.isOk()) return initError_;
-  return address_;
-}
-
-Result<InfoPtr> OfiTransport::getInfo(const Api& api, uint32_t& version) {
+// fi_getinfo with what Shoal needs of an endpoint, for `provider` (a
+// fi_getinfo provider name; empty: libfabric's choice under FI_PROVIDER).
+// Every offer, in libfabric's order; the error says why there is none.
+Result<InfoPtr> queryInfo(const Api& api, const std::string& provider, uint32_t& version) {
   InfoPtr hints(api.dupinfo(nullptr), ofi::InfoDeleter{&api});
   if (!hints) return systemError("fi_allocinfo failed");
   hints->caps = FI_TAGGED;
@@ -267,7 +221,7 @@ Result<InfoPtr> OfiTransport::getInfo(const Api& api, uint32_t& version) {
   // A bye must not overtake the data sent before it (ofi_connection.h).
   hints->tx_attr->msg_order = FI_ORDER_SAS;
   hints->rx_attr->msg_order = FI_ORDER_SAS;
-  if (!options_.provider.empty()) hints->fabric_attr->prov_name = ::strdup(options_.provider.c_str());
+  if (!provider.empty()) hints->fabric_attr->prov_name = ::strdup(provider.c_str());
 
   std::vector<uint64_t> extraCaps = {0};
   if (ofi::processUsesCuda()) extraCaps.insert(extraCaps.begin(), FI_HMEM);  // GPU memory, where reachable
@@ -294,33 +248,86 @@ Result<InfoPtr> OfiTransport::getInfo(const Api& api, uint32_t& version) {
   // Why not: is the provider there at all?
   fi_info* any = nullptr;
   InfoPtr bare(api.dupinfo(nullptr), ofi::InfoDeleter{&api});
-  if (!options_.provider.empty()) bare->fabric_attr->prov_name = ::strdup(options_.provider.c_str());
+  if (!provider.empty()) bare->fabric_attr->prov_name = ::strdup(provider.c_str());
   int rc = api.getinfo(versions.back(), nullptr, nullptr, 0, bare.get(), &any);
   InfoPtr anyInfo(any, ofi::InfoDeleter{&api});
   std::string why = str(ofi::fiError(api, "fi_getinfo", lastRc), ", libfabric ", ofi::versionString(library),
                         ", API ", ofi::versionString(version));
   if (rc != 0 || any == nullptr)
-    return error(Code::kUnsupported, "libfabric offers ", wanted(), " on this host (", why,
+    return error(Code::kUnsupported, "libfabric offers ", wantedProvider(provider), " on this host (", why,
                  "; fi_info -l lists the providers, FI_LOG_LEVEL=info says why one was skipped)");
-  return error(Code::kUnsupported, wanted(), " (found: ", any->fabric_attr->prov_name,
+  return error(Code::kUnsupported, wantedProvider(provider), " (found: ", any->fabric_attr->prov_name,
                ") gives no FI_EP_RDM endpoint with FI_TAGGED, FI_CONTEXT2, 8-byte immediate data and "
                "send-after-send order (",
                why, ")");
 }
 
-Status OfiTransport::initialise() {
-  SHOAL_ASSIGN_OR_RETURN(const Api* api, ofi::loadApi());
-  uint32_t version = 0;
-  SHOAL_ASSIGN_OR_RETURN(InfoPtr infos, getInfo(*api, version));
-
-  // The provider: libfabric's first, except that a node-local one (shm) is
-  // taken only when nothing else is offered (FI_PROVIDER=shm does that).
+// The provider the transport takes among the offers: libfabric's first,
+// except that a node-local one (shm) is taken only when nothing else is
+// offered (FI_PROVIDER=shm does that).
+const fi_info* chooseOffer(const fi_info* offers) {
   const fi_info* chosen = nullptr;
-  for (const fi_info* i = infos.get(); i != nullptr; i = i->next) {
+  for (const fi_info* i = offers; i != nullptr; i = i->next) {
     if (chosen == nullptr) chosen = i;
     if (std::strcmp(chosen->fabric_attr->prov_name, "shm") != 0) break;
     if (std::strcmp(i->fabric_attr->prov_name, "shm") != 0) chosen = i;
   }
+  return chosen;
+}
+
+class OfiTransport final : public Transport {
+ public:
+  explicit OfiTransport(OfiOptions options) : options_(std::move(options)) {}
+
+  std::string_view name() const override { return "ofi"; }
+  LinkClass linkClass() const override { return LinkClass::kNet; }
+  bool emulatesMessagesOverSockets() const override { return cpuCopiesBytes(); }
+  void forgetMemory(void* base, size_t bytes) override { ofiInvalidateRegistrations(base, bytes); }
+  bool wantedInThisProcess() const override { return ofiRequested(); }
+  bool chosenByDefault(const PeerInfo& self) const override { return !publishedOverSockets(self); }
+  Result<std::string> localAddress() override;
+  bool canConnect(const PeerInfo& self, const PeerInfo& peer) const override;
+  Result<std::unique_ptr<Connection>> connect(const ConnectionKey& key, const ConnectOptions& options) override;
+  // The higher rank waits for the lower rank's hello.
+  bool connectWaitsForPeer(const ConnectionKey& key) const override { return key.selfRank > key.peerRank; }
+  bool cpuCopiesBytes() const override { return ready_.load() && ofi::runsOverSockets(provider_); }
+
+ private:
+  Status initialise();  // mutex_ held
+
+  const OfiOptions options_;
+  std::mutex mutex_;
+  bool tried_ = false;
+  Status initError_;
+  std::atomic<bool> ready_{false};
+  std::string provider_;
+  std::string address_;
+  std::vector<std::unique_ptr<Rail>> rails_;
+  uint64_t injectLimit_ = 0;
+  ofi::ClearToSend clearToSend_;  // OfiConnection "Clear to send"
+};
+
+
+Result<std::string> OfiTransport::localAddress() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!tried_) {
+    tried_ = true;
+    initError_ = initialise();
+    if (!initError_.isOk()) {
+      rails_.clear();
+      initError_.withContext("ofi transport");
+    }
+    ready_ = initError_.isOk();
+  }
+  if (!initError_.isOk()) return initError_;
+  return address_;
+}
+
+Status OfiTransport::initialise() {
+  SHOAL_ASSIGN_OR_RETURN(const Api* api, ofi::loadApi());
+  uint32_t version = 0;
+  SHOAL_ASSIGN_OR_RETURN(InfoPtr infos, queryInfo(*api, options_.provider, version));
+  const fi_info* chosen = chooseOffer(infos.get());
   provider_ = chosen->fabric_attr->prov_name;
 
   // Rails: one per domain (NIC) of that provider, local-only ones last resort.
@@ -479,6 +486,41 @@ Result<std::unique_ptr<Connection>> OfiTransport::connect(const ConnectionKey& k
 }
 
 }  // namespace
+
+namespace ofi {
+
+ProviderSurvey surveyProviders() {
+  ProviderSurvey survey;
+  survey.requested = ofiRequested();
+  Result<const Api*> api = loadApi();
+  if (!api.isOk()) {
+    survey.error = api.status().message();
+    return survey;
+  }
+  survey.library = str("libfabric ", versionString(api.value()->version()));
+  uint32_t version = 0;
+  Result<InfoPtr> offers = queryInfo(*api.value(), "", version);
+  if (!offers.isOk()) {
+    survey.error = offers.status().message();
+    return survey;
+  }
+  for (const fi_info* i = offers.value().get(); i != nullptr; i = i->next) {
+    std::string name = i->fabric_attr->prov_name;
+    std::string domain = i->domain_attr->name ? i->domain_attr->name : "";
+    bool known = false;
+    for (auto& p : survey.providers)
+      if (p.name == name) {
+        known = true;
+        if (std::find(p.domains.begin(), p.domains.end(), domain) == p.domains.end()) p.domains.push_back(domain);
+      }
+    if (!known) survey.providers.push_back({name, {domain}, runsOverSockets(name)});
+  }
+  survey.chosen = chooseOffer(offers.value().get())->fabric_attr->prov_name;
+  survey.chosenByDefault = !runsOverSockets(survey.chosen);
+  return survey;
+}
+
+}  // namespace ofi
 
 std::unique_ptr<Transport> makeOfiTransport() { return makeOfiTransport(OfiOptions{}); }
 std::unique_ptr<Transport> makeOfiTransport(const OfiOptions& options) {

@@ -73,6 +73,27 @@ struct Address {
 std::string formatAddress(const Address& address);
 Result<Address> parseAddress(std::string_view text);
 
+// What libfabric offers this process, as the transport would see it (for
+// shoal-info): every provider giving the endpoint Shoal needs (RDM, tagged,
+// FI_CONTEXT2, 8-byte immediate data, send-after-send order) under the
+// current FI_PROVIDER, the one the transport would take, and whether it is
+// taken between hosts without NCCL_NET=Libfabric (hardware providers only).
+// Loads libfabric but opens no fabric. Thread-safe.
+struct ProviderSurvey {
+  struct Provider {
+    std::string name;                  // "tcp;ofi_rxm", "shm", "efa"
+    std::vector<std::string> domains;  // its domains (NICs), libfabric's order
+    bool overSockets = false;          // runsOverSockets(name)
+  };
+  std::string library;                 // "libfabric 1.17" ("" when it did not load)
+  std::vector<Provider> providers;     // libfabric's order
+  std::string chosen;                  // "" when none
+  bool chosenByDefault = false;        // used between hosts unless NCCL_NET=Socket
+  bool requested = false;              // the transport starts in this process (SHOAL_TRANSPORT, NCCL_NET, FI_PROVIDER)
+  std::string error;                   // why there is none
+};
+ProviderSurvey surveyProviders();
+
 // Whether one of a provider's ';'-separated layers ("tcp;ofi_rxm": tcp and
 // ofi_rxm) is `layer`.
 inline bool hasLayer(std::string_view provider, std::string_view layer) {

@@ -29,6 +29,11 @@ void ofiInvalidateRegistrations(void*, size_t) {}
 
 namespace ofi {
 RegistrationStats registrationStats() { return {}; }
+ProviderSurvey surveyProviders() {
+  ProviderSurvey survey;
+  survey.error = "Shoal was built without libfabric's headers (libfabric-dev)";
+  return survey;
+}
 std::string formatAddress(const Address& address) { return address.provider; }
 Result<Address> parseAddress(std::string_view) { return error(Code::kUnsupported, "built without libfabric"); }
 }  // namespace ofi
