@@ -4,7 +4,8 @@
 // Role: the single definition of every rounding rule the reducer uses. The
 // scalar kernels call these directly; the vector kernels implement the same
 // rules on vectors (reduce_simd.inc) and the unit tests prove them equal.
-// Pure inline functions; thread-safe.
+// Pure inline functions; thread-safe. Host and device code (host_device.h):
+// the GPU's reduction kernels convert with these same functions.
 //
 // Rules (see reduce.h for why):
 //   - float -> small format: round to nearest, ties to even, on the exact float
@@ -19,7 +20,8 @@
 #pragma once
 
 #include <cstdint>
-#include <cstring>
+
+#include "reduce/host_device.h"
 
 namespace shoal::reduce {
 
@@ -30,27 +32,6 @@ namespace shoal::reduce {
 // for every path; the tests take their expectations from the formats'
 // definitions and NCCL's choice, not from this constant.
 inline constexpr bool kFp8Saturate = true;
-
-inline uint32_t floatBits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
-inline float bitsFloat(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-inline uint64_t doubleBits(double d) {
-  uint64_t u;
-  std::memcpy(&u, &d, 8);
-  return u;
-}
-inline double bitsDouble(uint64_t u) {
-  double d;
-  std::memcpy(&d, &u, 8);
-  return d;
-}
 
 inline constexpr uint32_t kFloatCanonicalNaN = 0x7FFFFFFFu;
 inline constexpr uint64_t kDoubleCanonicalNaN = 0x7FFFFFFFFFFFFFFFull;
@@ -72,17 +53,26 @@ struct SmallFormat {
   uint32_t nanAbove;
 };
 
+// The formats are made by functions (device code may not read a host
+// object); the k*Format constants are for host code's constant expressions.
 // half: max 65504; 65520 (the midpoint to 2^16) ties to even = overflow.
-inline constexpr SmallFormat kHalfFormat{10, 15, 16, 0x477FEFFFu, 0x7C00u, 0x7FFFu, 0x7C00u};
+SHOAL_HOST_DEVICE constexpr SmallFormat halfFormat() {
+  return {10, 15, 16, 0x477FEFFFu, 0x7C00u, 0x7FFFu, 0x7C00u};
+}
 // e5m2: max 57344 (0x7B); 61440 ties to even = overflow.
-inline constexpr SmallFormat kE5m2Format{2, 15, 8, 0x476FFFFFu, kFp8Saturate ? 0x7Bu : 0x7Cu,
-                                         0x7Fu, 0x7Cu};
+SHOAL_HOST_DEVICE constexpr SmallFormat e5m2Format() {
+  return {2, 15, 8, 0x476FFFFFu, kFp8Saturate ? 0x7Bu : 0x7Cu, 0x7Fu, 0x7Cu};
+}
 // e4m3 (OCP E4M3FN): max 448 (0x7E); 464 ties to even = 448; above is overflow.
-inline constexpr SmallFormat kE4m3Format{3, 7, 8, 0x43E80000u, kFp8Saturate ? 0x7Eu : 0x7Fu,
-                                         0x7Fu, 0x7Eu};
+SHOAL_HOST_DEVICE constexpr SmallFormat e4m3Format() {
+  return {3, 7, 8, 0x43E80000u, kFp8Saturate ? 0x7Eu : 0x7Fu, 0x7Fu, 0x7Eu};
+}
+inline constexpr SmallFormat kHalfFormat = halfFormat();
+inline constexpr SmallFormat kE5m2Format = e5m2Format();
+inline constexpr SmallFormat kE4m3Format = e4m3Format();
 
 // Rounds a float (given as bits) to the small format, RNE. Integer-only.
-inline uint32_t floatToSmall(uint32_t x, const SmallFormat& f) {
+SHOAL_HOST_DEVICE inline uint32_t floatToSmall(uint32_t x, SmallFormat f) {
   const uint32_t sign = (x >> 31) << (f.totalBits - 1);
   const uint32_t ax = x & 0x7FFFFFFFu;
   if (ax > 0x7F800000u) return f.nan;
@@ -106,7 +96,7 @@ inline uint32_t floatToSmall(uint32_t x, const SmallFormat& f) {
 }
 
 // Exact conversion of a small-format code to float.
-inline float smallToFloat(uint32_t c, const SmallFormat& f) {
+SHOAL_HOST_DEVICE inline float smallToFloat(uint32_t c, SmallFormat f) {
   const int ebits = f.totalBits - 1 - f.m;
   const uint32_t sign = (c >> (f.totalBits - 1)) & 1u;
   const uint32_t mag = c & ((1u << (f.totalBits - 1)) - 1u);
@@ -124,7 +114,7 @@ inline float smallToFloat(uint32_t c, const SmallFormat& f) {
     if (mant == 0) {
       bits = 0;
     } else {
-      const int lz = f.m - (31 - __builtin_clz(mant));  // shifts to normalize
+      const int lz = f.m - (31 - leadingZeros32(mant));  // shifts to normalize
       const uint32_t mm = mant << lz;
       const int exp = 1 - f.bias - lz;  // value = 1.xxx * 2^exp
       bits = (uint32_t(exp + 127) << 23) | ((mm & ((1u << f.m) - 1u)) << (23 - f.m));
@@ -135,20 +125,26 @@ inline float smallToFloat(uint32_t c, const SmallFormat& f) {
   return bitsFloat(bits | (sign << 31));
 }
 
-inline float halfToFloat(uint16_t h) { return smallToFloat(h, kHalfFormat); }
-inline uint16_t floatToHalf(float f) { return uint16_t(floatToSmall(floatBits(f), kHalfFormat)); }
-inline float e4m3ToFloat(uint8_t c) { return smallToFloat(c, kE4m3Format); }
-inline uint8_t floatToE4m3(float f) { return uint8_t(floatToSmall(floatBits(f), kE4m3Format)); }
-inline float e5m2ToFloat(uint8_t c) { return smallToFloat(c, kE5m2Format); }
-inline uint8_t floatToE5m2(float f) { return uint8_t(floatToSmall(floatBits(f), kE5m2Format)); }
+SHOAL_HOST_DEVICE inline float halfToFloat(uint16_t h) { return smallToFloat(h, halfFormat()); }
+SHOAL_HOST_DEVICE inline uint16_t floatToHalf(float f) {
+  return uint16_t(floatToSmall(floatBits(f), halfFormat()));
+}
+SHOAL_HOST_DEVICE inline float e4m3ToFloat(uint8_t c) { return smallToFloat(c, e4m3Format()); }
+SHOAL_HOST_DEVICE inline uint8_t floatToE4m3(float f) {
+  return uint8_t(floatToSmall(floatBits(f), e4m3Format()));
+}
+SHOAL_HOST_DEVICE inline float e5m2ToFloat(uint8_t c) { return smallToFloat(c, e5m2Format()); }
+SHOAL_HOST_DEVICE inline uint8_t floatToE5m2(float f) {
+  return uint8_t(floatToSmall(floatBits(f), e5m2Format()));
+}
 
 // bfloat16 is the top half of a float: widening is a shift.
-inline float bf16ToFloat(uint16_t b) {
+SHOAL_HOST_DEVICE inline float bf16ToFloat(uint16_t b) {
   uint32_t x = uint32_t(b) << 16;
   if ((x & 0x7FFFFFFFu) > 0x7F800000u) x = kFloatCanonicalNaN;
   return bitsFloat(x);
 }
-inline uint16_t floatToBf16(float f) {
+SHOAL_HOST_DEVICE inline uint16_t floatToBf16(float f) {
   const uint32_t x = floatBits(f);
   if ((x & 0x7FFFFFFFu) > 0x7F800000u) return 0x7FFF;
   return uint16_t((x + 0x7FFFu + ((x >> 16) & 1u)) >> 16);

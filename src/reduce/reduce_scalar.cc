@@ -1,7 +1,8 @@
 // The scalar path: one element at a time, portable C++. It is the reference
 // the vector paths must match bit for bit, and the path used on CPUs without
-// AVX2. Compiled with -ffp-contract=off (see CMakeLists.txt): a*s+b is two
-// roundings, never an FMA.
+// AVX2. Its element arithmetic is element_ops.h's, the same functions the
+// device reduction kernels run. Compiled with -ffp-contract=off (see
+// CMakeLists.txt): a*s+b is two roundings, never an FMA.
 //
 // Elements are read and written through memcpy so that any byte alignment
 // works and the compiler can assume none.
@@ -10,6 +11,7 @@
 #include <limits>
 #include <type_traits>
 
+#include "reduce/element_ops.h"
 #include "reduce/numerics.h"
 #include "reduce/reduce_internal.h"
 
@@ -28,87 +30,18 @@ inline void st(unsigned char* p, size_t i, S v) {
 }
 
 // ---- Element types ---------------------------------------------------------
-// Each type descriptor gives the storage type S and element functions on
-// storage values: sum, prod, max, min, mul (a*s, the pre-multiplication).
+// The element arithmetic is element_ops.h's, shared with the device kernels.
 
-// Integers: wrap-around arithmetic done in the unsigned twin (no UB).
-template <class T>
-struct IntType {
-  using S = T;
-  using U = std::make_unsigned_t<T>;
-  static S sum(S a, S b) { return S(U(U(a) + U(b))); }
-  static S prod(S a, S b) { return S(U(U(a) * U(b))); }
-  static S mul(S a, S s) { return prod(a, s); }
-  static S max(S a, S b) { return a > b ? a : b; }
-  static S min(S a, S b) { return a < b ? a : b; }
-};
-
-// Max/min of floating values compared through their codes (the raw bits as a
-// signed integer I): NaN operands are ignored, two NaNs give the canonical NaN,
-// -0 < +0. The result is always one operand's exact bits (or canonical NaN).
-template <class I>
-inline I codeMaxMin(I a, I b, I absMask, I nanAbove, I canon, bool isMax) {
-  const bool an = I(a & absMask) > nanAbove;
-  const bool bn = I(b & absMask) > nanAbove;
-  if (an && bn) return canon;
-  if (an) return b;
-  if (bn) return a;
-  const I ka = I(a ^ (a < 0 ? absMask : I(0)));
-  const I kb = I(b ^ (b < 0 ? absMask : I(0)));
-  if (isMax) return ka >= kb ? a : b;
-  return ka <= kb ? a : b;
+constexpr ElementOp elementOp(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return ElementOp::kSum;
+    case ReduceOp::kProd: return ElementOp::kProd;
+    case ReduceOp::kMax: return ElementOp::kMax;
+    case ReduceOp::kMin: return ElementOp::kMin;
+    case ReduceOp::kPreMulSum: return ElementOp::kPreMulSum;
+  }
+  return ElementOp::kSum;
 }
-
-// float and double: native arithmetic; NaN results become the canonical NaN.
-template <class F, class I>
-struct FloatType {
-  using S = F;
-  static constexpr I kAbs = std::numeric_limits<I>::max();
-  static constexpr I kInf = sizeof(F) == 4 ? I(0x7F800000) : I(0x7FF0000000000000ll);
-  static constexpr I kCanon = kAbs;
-  static S canon(S r) {
-    if (r != r) {
-      I c = kCanon;
-      std::memcpy(&r, &c, sizeof r);
-    }
-    return r;
-  }
-  static S sum(S a, S b) { return canon(a + b); }
-  static S prod(S a, S b) { return canon(a * b); }
-  static S mul(S a, S s) { return canon(a * s); }
-  static S mm(S a, S b, bool isMax) {
-    I ia, ib;
-    std::memcpy(&ia, &a, sizeof a);
-    std::memcpy(&ib, &b, sizeof b);
-    I r = codeMaxMin<I>(ia, ib, kAbs, kInf, kCanon, isMax);
-    S s;
-    std::memcpy(&s, &r, sizeof s);
-    return s;
-  }
-  static S max(S a, S b) { return mm(a, b, true); }
-  static S min(S a, S b) { return mm(a, b, false); }
-};
-
-// half, bfloat16, fp8: computed in float (exact for one op: float has more
-// than 2p+2 bits, so rounding twice is the same as rounding once), rounded back.
-template <class C, class I, float (*ToF)(C), C (*FromF)(float), int kAbsV, int kNanAboveV,
-          int kCanonV>
-struct SmallType {
-  using S = C;
-  static S sum(S a, S b) { return FromF(ToF(a) + ToF(b)); }
-  static S prod(S a, S b) { return FromF(ToF(a) * ToF(b)); }
-  static S mul(S a, S s) { return FromF(ToF(a) * ToF(s)); }
-  static S mm(S a, S b, bool isMax) {
-    return S(codeMaxMin<I>(I(a), I(b), I(kAbsV), I(kNanAboveV), I(kCanonV), isMax));
-  }
-  static S max(S a, S b) { return mm(a, b, true); }
-  static S min(S a, S b) { return mm(a, b, false); }
-};
-
-using HalfType = SmallType<uint16_t, int16_t, halfToFloat, floatToHalf, 0x7FFF, 0x7C00, 0x7FFF>;
-using Bf16Type = SmallType<uint16_t, int16_t, bf16ToFloat, floatToBf16, 0x7FFF, 0x7F80, 0x7FFF>;
-using E4m3Type = SmallType<uint8_t, int8_t, e4m3ToFloat, floatToE4m3, 0x7F, 0x7E, 0x7F>;
-using E5m2Type = SmallType<uint8_t, int8_t, e5m2ToFloat, floatToE5m2, 0x7F, 0x7C, 0x7F>;
 
 // ---- Kernels ---------------------------------------------------------------
 
@@ -118,19 +51,10 @@ void combineKernel(void* dst, const void* a, const void* b, size_t n, const void
   auto* d = static_cast<unsigned char*>(dst);
   auto* pa = static_cast<const unsigned char*>(a);
   auto* pb = static_cast<const unsigned char*>(b);
-  S s{};
-  if constexpr (kOp == ReduceOp::kPreMulSum) std::memcpy(&s, scalar, sizeof s);
-  for (size_t i = 0; i < n; ++i) {
-    const S x = ld<S>(pa, i);
-    const S y = ld<S>(pb, i);
-    S r;
-    if constexpr (kOp == ReduceOp::kSum) r = Ty::sum(x, y);
-    if constexpr (kOp == ReduceOp::kProd) r = Ty::prod(x, y);
-    if constexpr (kOp == ReduceOp::kMax) r = Ty::max(x, y);
-    if constexpr (kOp == ReduceOp::kMin) r = Ty::min(x, y);
-    if constexpr (kOp == ReduceOp::kPreMulSum) r = Ty::sum(Ty::mul(x, s), y);
-    st<S>(d, i, r);
-  }
+  ElementScalar<S> s{};
+  if constexpr (kOp == ReduceOp::kPreMulSum) std::memcpy(&s.value, scalar, sizeof s.value);
+  for (size_t i = 0; i < n; ++i)
+    st<S>(d, i, applyElement<Ty, elementOp(kOp)>(ld<S>(pa, i), ld<S>(pb, i), s));
 }
 
 template <class Ty>
@@ -147,20 +71,7 @@ template <class T>
 void divideIntKernel(void* dst, const void* src, size_t n, uint64_t divisor) {
   auto* d = static_cast<unsigned char*>(dst);
   auto* p = static_cast<const unsigned char*>(src);
-  for (size_t i = 0; i < n; ++i) {
-    const T x = ld<T>(p, i);
-    T q;
-    if constexpr (std::is_unsigned_v<T>) {
-      q = T(uint64_t(x) / divisor);
-    } else if (divisor > uint64_t(std::numeric_limits<int64_t>::max())) {
-      // |x| <= 2^63 <= divisor: only -2^63 / 2^63 is nonzero.
-      q = (int64_t(x) == std::numeric_limits<int64_t>::min() && divisor == (1ull << 63)) ? T(-1)
-                                                                                         : T(0);
-    } else {
-      q = T(int64_t(x) / int64_t(divisor));
-    }
-    st<T>(d, i, q);
-  }
+  for (size_t i = 0; i < n; ++i) st<T>(d, i, divideInt<T>(ld<T>(p, i), divisor));
 }
 
 // Floating types: the quotient in double, rounded once more to the type
@@ -226,18 +137,18 @@ constexpr void fillType(Kernels& k, DataType t) {
 Kernels makeScalarKernels() {
   Kernels k{};
   k.name = "scalar";
-  fillType<IntType<int8_t>>(k, DataType::kInt8);
-  fillType<IntType<uint8_t>>(k, DataType::kUint8);
-  fillType<IntType<int32_t>>(k, DataType::kInt32);
-  fillType<IntType<uint32_t>>(k, DataType::kUint32);
-  fillType<IntType<int64_t>>(k, DataType::kInt64);
-  fillType<IntType<uint64_t>>(k, DataType::kUint64);
-  fillType<HalfType>(k, DataType::kFloat16);
-  fillType<FloatType<float, int32_t>>(k, DataType::kFloat32);
-  fillType<FloatType<double, int64_t>>(k, DataType::kFloat64);
-  fillType<Bf16Type>(k, DataType::kBfloat16);
-  fillType<E4m3Type>(k, DataType::kFloat8e4m3);
-  fillType<E5m2Type>(k, DataType::kFloat8e5m2);
+  fillType<IntOps<int8_t>>(k, DataType::kInt8);
+  fillType<IntOps<uint8_t>>(k, DataType::kUint8);
+  fillType<IntOps<int32_t>>(k, DataType::kInt32);
+  fillType<IntOps<uint32_t>>(k, DataType::kUint32);
+  fillType<IntOps<int64_t>>(k, DataType::kInt64);
+  fillType<IntOps<uint64_t>>(k, DataType::kUint64);
+  fillType<HalfOps>(k, DataType::kFloat16);
+  fillType<Float32Ops>(k, DataType::kFloat32);
+  fillType<Float64Ops>(k, DataType::kFloat64);
+  fillType<Bf16Ops>(k, DataType::kBfloat16);
+  fillType<E4m3Ops>(k, DataType::kFloat8e4m3);
+  fillType<E5m2Ops>(k, DataType::kFloat8e5m2);
 
   k.divide[int(DataType::kInt8)] = divideIntKernel<int8_t>;
   k.divide[int(DataType::kUint8)] = divideIntKernel<uint8_t>;
