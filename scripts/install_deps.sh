@@ -2,7 +2,8 @@
 # Installs Shoal's build and test dependencies from Debian 12 packages (as root).
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
-pkgs=(build-essential cmake pkg-config catch2 libfabric-dev libfabric-bin libhwloc-dev
+# dpkg-dev: dpkg-shlibdeps for the Debian package (cpack -G DEB, tests/install).
+pkgs=(build-essential cmake pkg-config dpkg-dev catch2 libfabric-dev libfabric-bin libhwloc-dev
       libopenmpi-dev openmpi-bin libbenchmark-dev iproute2 python3 clang libclang-rt-14-dev)
 missing=()
 for p in "${pkgs[@]}"; do
