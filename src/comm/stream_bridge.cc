@@ -30,7 +30,12 @@ uint64_t stagingLimit() { return static_cast<uint64_t>(std::max<int64_t>(params(
 }  // namespace
 
 StreamBridge::StreamBridge(cuda::Driver& driver, cuda::DeviceIdentity device)
-    : driver_(driver), device_(device) {}
+    : driver_(driver), device_(device) {
+  // Every kernel resolved now, on the calling thread with the device's
+  // context current: a kernel loaded lazily during a collective can deadlock.
+  Result<const cuda::DeviceReducer*> reducer = cuda::DeviceReducer::forCurrentContext(driver_);
+  if (reducer.isOk()) reducer_ = reducer.value();
+}
 
 StreamBridge::~StreamBridge() {
   // A stream may still copy out of a slot or write its words (the engine

@@ -29,6 +29,7 @@
 
 #include "comm/communicator.h"
 #include "core/status.h"
+#include "cuda/device_reducer.h"
 #include "cuda/driver.h"
 
 namespace shoal {
@@ -43,6 +44,11 @@ class StreamBridge {
   StreamBridge& operator=(const StreamBridge&) = delete;
 
   const cuda::DeviceIdentity& device() const { return device_; }
+  // The device reduction kernels of the bridge's context, loaded with every
+  // kernel resolved when the bridge was made (the communicator's first use of
+  // a device); null where they could not be loaded (the reason is logged at
+  // INFO; staging does not need them).
+  const cuda::DeviceReducer* deviceReducer() const { return reducer_; }
   cuda::WaitMode waitMode() { return driver_.waitMode(device_.ordinal); }
 
   // Whether op runs in stream order: some buffer it uses is memory CUDA
@@ -115,6 +121,7 @@ class StreamBridge {
 
   cuda::Driver& driver_;
   const cuda::DeviceIdentity device_;
+  const cuda::DeviceReducer* reducer_ = nullptr;
   std::vector<std::unique_ptr<Slot>> slots_;
   std::vector<uint64_t*> doorbellPages_;
   std::vector<uint64_t*> freeWords_;

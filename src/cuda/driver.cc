@@ -64,6 +64,12 @@ Status Driver::writeValueAsync(uint64_t*, uint64_t, StreamHandle) { return notBu
 Status Driver::waitValueAsync(const uint64_t*, uint64_t, StreamHandle) { return notBuilt(); }
 Status Driver::launchWait(const uint64_t*, uint64_t, StreamHandle) { return notBuilt(); }
 Status Driver::synchronize(StreamHandle) { return notBuilt(); }
+Result<ContextHandle> Driver::currentContext() { return notBuilt(); }
+Result<int> Driver::multiprocessorCount() { return notBuilt(); }
+Result<ModuleHandle> Driver::loadModule(const void*, const char*) { return notBuilt(); }
+Result<FunctionHandle> Driver::moduleFunction(ModuleHandle, const char*) { return notBuilt(); }
+void Driver::unloadModule(ModuleHandle) {}
+Status Driver::launch(FunctionHandle, unsigned, unsigned, void**, StreamHandle) { return notBuilt(); }
 Result<EventHandle> Driver::createEvent() { return notBuilt(); }
 void Driver::destroyEvent(EventHandle) {}
 Status Driver::recordEvent(EventHandle, StreamHandle) { return notBuilt(); }
@@ -88,11 +94,15 @@ constexpr int kApiVersion = 12000;
   X(cuEventRecord) X(cuStreamWaitEvent) X(cuMemHostAlloc) X(cuMemFreeHost)               \
   X(cuMemHostGetDevicePointer) X(cuMemGetAllocationGranularity) X(cuMemCreate)           \
   X(cuMemRelease) X(cuMemAddressReserve) X(cuMemAddressFree) X(cuMemMap) X(cuMemUnmap)   \
-  X(cuMemSetAccess) X(cuModuleLoadData) X(cuModuleGetFunction) X(cuLaunchKernel)
+  X(cuMemSetAccess) X(cuModuleLoadData) X(cuModuleGetFunction) X(cuLaunchKernel)         \
+  X(cuModuleUnload)
+// Entry points of newer drivers, used when present: cuFuncLoad (12.4).
+#define SHOAL_CUDA_OPTIONAL_ENTRY_POINTS(X) X(cuFuncLoad)
 
 struct Driver::Api {
 #define SHOAL_CUDA_FIELD(name) decltype(&::name) name = nullptr;
   SHOAL_CUDA_ENTRY_POINTS(SHOAL_CUDA_FIELD)
+  SHOAL_CUDA_OPTIONAL_ENTRY_POINTS(SHOAL_CUDA_FIELD)
 #undef SHOAL_CUDA_FIELD
 
   std::mutex mutex;  // guards the maps below
@@ -154,6 +164,16 @@ Driver::Api* loadApi() {
   }
   SHOAL_CUDA_ENTRY_POINTS(SHOAL_CUDA_RESOLVE)
 #undef SHOAL_CUDA_RESOLVE
+#define SHOAL_CUDA_RESOLVE_OPTIONAL(name)                                                \
+  {                                                                                      \
+    void* fn = nullptr;                                                                  \
+    CUdriverProcAddressQueryResult found = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;         \
+    if (getProc(#name, &fn, kApiVersion, CU_GET_PROC_ADDRESS_DEFAULT, &found) != CUDA_SUCCESS) \
+      fn = nullptr;                                                                      \
+    api->name = reinterpret_cast<decltype(api->name)>(fn);                               \
+  }
+  SHOAL_CUDA_OPTIONAL_ENTRY_POINTS(SHOAL_CUDA_RESOLVE_OPTIONAL)
+#undef SHOAL_CUDA_RESOLVE_OPTIONAL
   if (!complete) {
     SHOAL_WARN("CUDA: the driver ", path, " lacks entry points Shoal needs: host memory only");
     return nullptr;
@@ -352,6 +372,51 @@ Status Driver::waitValueAsync(const uint64_t* word, uint64_t value, StreamHandle
 
 Status Driver::synchronize(StreamHandle stream) {
   SHOAL_CU(cuStreamSynchronize(static_cast<CUstream>(stream)));
+  return Status::ok();
+}
+
+Result<ContextHandle> Driver::currentContext() {
+  CUcontext ctx = nullptr;
+  SHOAL_CU(cuCtxGetCurrent(&ctx));
+  return static_cast<ContextHandle>(ctx);
+}
+
+Result<int> Driver::multiprocessorCount() {
+  CUdevice dev = 0;
+  SHOAL_CU(cuCtxGetDevice(&dev));
+  int count = 0;
+  SHOAL_CU(cuDeviceGetAttribute(&count, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev));
+  return count;
+}
+
+Result<ModuleHandle> Driver::loadModule(const void* image, const char* what) {
+  CUmodule module = nullptr;
+  CUresult rc = api_->cuModuleLoadData(&module, image);
+  if (rc != CUDA_SUCCESS) return cudaError(*api_, str("cuModuleLoadData (", what, ")").c_str(), rc);
+  return static_cast<ModuleHandle>(module);
+}
+
+Result<FunctionHandle> Driver::moduleFunction(ModuleHandle module, const char* name) {
+  CUfunction fn = nullptr;
+  CUresult rc = api_->cuModuleGetFunction(&fn, static_cast<CUmodule>(module), name);
+  if (rc == CUDA_ERROR_NOT_FOUND)
+    return error(Code::kInternalError, "the kernel ", name, " is not in the module");
+  if (rc != CUDA_SUCCESS) return cudaError(*api_, str("cuModuleGetFunction (", name, ")").c_str(), rc);
+  if (api_->cuFuncLoad != nullptr) {
+    rc = api_->cuFuncLoad(fn);
+    if (rc != CUDA_SUCCESS) return cudaError(*api_, str("cuFuncLoad (", name, ")").c_str(), rc);
+  }
+  return static_cast<FunctionHandle>(fn);
+}
+
+void Driver::unloadModule(ModuleHandle module) {
+  if (module) (void)api_->cuModuleUnload(static_cast<CUmodule>(module));
+}
+
+Status Driver::launch(FunctionHandle kernel, unsigned blocks, unsigned threads, void** args,
+                      StreamHandle stream) {
+  SHOAL_CU(cuLaunchKernel(static_cast<CUfunction>(kernel), blocks, 1, 1, threads, 1, 1, 0,
+                          static_cast<CUstream>(stream), args, nullptr));
   return Status::ok();
 }
 

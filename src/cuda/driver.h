@@ -28,9 +28,13 @@
 
 namespace shoal::cuda {
 
-// CUstream / cudaStream_t and CUevent, which are pointers, without cuda.h.
+// CUstream / cudaStream_t, CUevent, CUcontext, CUmodule and CUfunction,
+// which are pointers, without cuda.h.
 using StreamHandle = void*;
 using EventHandle = void*;
+using ContextHandle = void*;
+using ModuleHandle = void*;
+using FunctionHandle = void*;
 
 // What CUDA says a pointer is. kHost: memory CUDA does not know (pageable).
 enum class MemoryKind : uint8_t { kHost, kPinnedHost, kDevice, kManaged };
@@ -88,6 +92,25 @@ class Driver {
   // (int64_t)(*word - value) >= 0 (waitMode kWaitKernel only).
   Status launchWait(const uint64_t* word, uint64_t value, StreamHandle stream);
   Status synchronize(StreamHandle stream);
+
+  // The context current on the calling thread (null when none is).
+  Result<ContextHandle> currentContext();
+  // Streaming multiprocessors of the current context's device.
+  Result<int> multiprocessorCount();
+  // Modules and kernels, in the calling thread's current context. `what`
+  // names the image in errors. moduleFunction loads the kernel completely now
+  // (cuModuleGetFunction, then cuFuncLoad where the driver has it, 12.4 on):
+  // with lazy loading (the default since CUDA 12.2) a kernel first loaded at
+  // a launch may need a context-wide synchronization, which deadlocks while
+  // a stream waits for work still to come. A kernel the module lacks is an
+  // internal error naming it.
+  Result<ModuleHandle> loadModule(const void* image, const char* what);
+  Result<FunctionHandle> moduleFunction(ModuleHandle module, const char* name);
+  void unloadModule(ModuleHandle module);
+  // Launches `kernel` with a 1-D grid and block; args as cuLaunchKernel's
+  // kernelParams.
+  Status launch(FunctionHandle kernel, unsigned blocks, unsigned threads, void** args,
+                StreamHandle stream);
 
   Result<EventHandle> createEvent();
   void destroyEvent(EventHandle event);

@@ -3,8 +3,10 @@
 // It emulates, on the host, the part of the driver API that Shoal uses: devices
 // and primary contexts, device/managed/pinned memory, streams run by one worker
 // thread each, copies, stream memory operations, events, host functions, stream
-// capture bookkeeping, shareable (cuMem VMM) memory backed by memfds, and one
-// kernel (shoal_wait_u64). Device memory is mapped PROT_NONE at the address the
+// capture bookkeeping, shareable (cuMem VMM) memory backed by memfds, and
+// Shoal's kernels by name: the wait kernel (shoal_wait_u64) and the reduction
+// kernels (shoal_reduce_<op>_<type>), which run src/reduce/element_ops.h's
+// element functions compiled for the host. Device memory is mapped PROT_NONE at the address the
 // caller sees, so host code that dereferences it dies at once; the stand-in's
 // own work goes through a second, readable and writable mapping of the same
 // memfd (the "alias").
@@ -62,6 +64,9 @@
 
 #include "fake_cuda.h"
 #pragma GCC visibility pop
+
+// The reduction kernels' element arithmetic, the functions the GPU runs.
+#include "reduce/element_ops.h"
 
 #if CUDA_VERSION < 12000
 #error "the CUDA stand-in needs the CUDA 12 or newer toolkit headers"
@@ -130,6 +135,8 @@ struct Knobs {
   std::atomic<bool> kernels{true};
   std::atomic<unsigned> streamDelayMs{0};
   std::atomic<bool> strictHostFn{false};
+  std::mutex hiddenMu;
+  std::string hiddenKernel;  // cuModuleGetFunction does not find it (guarded by hiddenMu)
 };
 
 Knobs& knobs() {
@@ -389,14 +396,16 @@ struct Event {
   std::shared_ptr<Marker> marker;  // nullptr: never recorded (complete)
 };
 
+struct ReduceKernel;
 struct Function;
 struct Module {
-  std::vector<std::string> entries;  // .entry names found in the image
+  std::vector<std::string> entries;  // the kernels found in the image
   std::vector<std::unique_ptr<Function>> functions;
 };
 struct Function {
   Module* module = nullptr;
   std::string name;
+  const ReduceKernel* reduce = nullptr;  // null: the wait kernel
 };
 
 struct Graph {
@@ -935,6 +944,118 @@ CUresult prepareWrite(Driver& d, int device, CUdeviceptr addr, uint64_t value, u
 
 constexpr std::string_view kWaitKernelName = "shoal_wait_u64";
 
+// ---------------------------------------------------------------------------
+// The reduction kernels (src/cuda/reduce_kernels.cu), by name. Each runs
+// dst[i] = op(a[i], b[i]) with element_ops.h's applyElement, the function the
+// GPU kernel runs per element, over the whole range whatever the grid (the
+// kernels loop grid-stride). Parameters, as the kernels':
+//   (void* dst, const void* a, const void* b, unsigned long long count,
+//    const void* scalar, unsigned long long scalarBits)
+
+using ReduceRunner = void (*)(char* dst, const char* a, const char* b, uint64_t count,
+                              const char* scalar, uint64_t scalarBits);
+struct ReduceKernel {
+  std::string name;
+  size_t elementSize = 0;
+  bool integerAvg = false;  // divides by scalarBits
+  ReduceRunner run = nullptr;
+};
+constexpr int kReduceParams = 6;
+constexpr unsigned kReduceMaxThreads = 512;  // the kernels' __launch_bounds__
+
+template <class Ty, shoal::reduce::ElementOp kOp>
+void runReduce(char* dst, const char* a, const char* b, uint64_t count, const char* scalar,
+               uint64_t scalarBits) {
+  using S = typename Ty::S;
+  using shoal::reduce::ElementOp;
+  shoal::reduce::ElementScalar<S> s;
+  if constexpr (kOp == ElementOp::kPreMulSum || (kOp == ElementOp::kAvg && Ty::kFloating)) {
+    // Read when the kernel runs (in stream order), from device memory or the
+    // low bytes of scalarBits.
+    std::memcpy(&s.value, scalar != nullptr ? scalar : reinterpret_cast<const char*>(&scalarBits),
+                sizeof(S));
+  }
+  if constexpr (kOp == ElementOp::kAvg && !Ty::kFloating) s.divisor = scalarBits;
+  for (uint64_t i = 0; i < count; ++i) {
+    S x, y;
+    std::memcpy(&x, a + i * sizeof(S), sizeof(S));
+    std::memcpy(&y, b + i * sizeof(S), sizeof(S));
+    const S r = shoal::reduce::applyElement<Ty, kOp>(x, y, s);
+    std::memcpy(dst + i * sizeof(S), &r, sizeof(S));
+  }
+}
+
+template <class Ty>
+void addReduceKernels(std::vector<ReduceKernel>& out, const char* typeName) {
+  using shoal::reduce::ElementOp;
+  const ReduceRunner runners[shoal::reduce::kNumElementOps] = {
+      runReduce<Ty, ElementOp::kSum>,       runReduce<Ty, ElementOp::kProd>,
+      runReduce<Ty, ElementOp::kMax>,       runReduce<Ty, ElementOp::kMin>,
+      runReduce<Ty, ElementOp::kPreMulSum>, runReduce<Ty, ElementOp::kAvg>};
+  for (int op = 0; op < shoal::reduce::kNumElementOps; ++op) {
+    ReduceKernel k;
+    k.name = std::string(shoal::reduce::kReduceKernelPrefix) + shoal::reduce::kElementOpNames[op] +
+             "_" + typeName;
+    k.elementSize = sizeof(typename Ty::S);
+    k.integerAvg = op == int(ElementOp::kAvg) && !Ty::kFloating;
+    k.run = runners[op];
+    out.push_back(std::move(k));
+  }
+}
+
+const std::vector<ReduceKernel>& reduceKernels() {
+  static const std::vector<ReduceKernel>* kernels = [] {
+    auto* v = new std::vector<ReduceKernel>;
+#define FAKE_ADD_REDUCE_TYPE(name, dtype, Ty) addReduceKernels<Ty>(*v, #name);
+    SHOAL_ELEMENT_TYPES(FAKE_ADD_REDUCE_TYPE)
+#undef FAKE_ADD_REDUCE_TYPE
+    return v;
+  }();
+  return *kernels;
+}
+
+const ReduceKernel* findReduceKernel(std::string_view name) {
+  for (const ReduceKernel& k : reduceKernels())
+    if (k.name == name) return &k;
+  return nullptr;
+}
+
+bool runnableKernel(std::string_view name) {
+  return name == kWaitKernelName || findReduceKernel(name) != nullptr;
+}
+
+// A fatbin image (nvcc -fatbin): its header gives its length. Set when the
+// image starts with the fatbin magic.
+bool fatbinSize(const void* image, size_t* size) {
+  constexpr uint32_t kFatbinMagic = 0xBA55ED50u;
+  uint32_t magic = 0;
+  uint16_t headerSize = 0;
+  uint64_t bodySize = 0;
+  std::memcpy(&magic, image, 4);
+  if (magic != kFatbinMagic) return false;
+  std::memcpy(&headerSize, static_cast<const char*>(image) + 6, 2);
+  std::memcpy(&bodySize, static_cast<const char*>(image) + 8, 8);
+  *size = headerSize + bodySize;
+  return true;
+}
+
+// The kernels the stand-in can run that an uncompressed fatbin holds: named
+// by a PTX `.entry name(` or a NUL-delimited ELF symbol name. (A compressed
+// fatbin shows neither and holds none here.)
+std::vector<std::string> fatbinEntries(const void* image, size_t size) {
+  const std::string_view bytes(static_cast<const char*>(image), size);
+  std::vector<std::string> names;
+  auto holds = [&](std::string_view name) {
+    const std::string ptx = ".entry " + std::string(name) + "(";
+    const std::string elf = std::string(1, '\0') + std::string(name) + std::string(1, '\0');
+    return bytes.find(ptx) != std::string_view::npos || bytes.find(elf) != std::string_view::npos;
+  };
+  if (holds(kWaitKernelName)) names.emplace_back(kWaitKernelName);
+  for (const ReduceKernel& k : reduceKernels())
+    if (holds(k.name)) names.push_back(k.name);
+  return names;
+}
+
 // The .entry names a NUL-terminated PTX image declares.
 std::vector<std::string> ptxEntries(const char* image) {
   std::vector<std::string> names;
@@ -1039,6 +1160,10 @@ void loadEnvironment() {
   if (envFlag("SHOAL_FAKECUDA_NO_MEMOPS")) k.memops.store(false);
   if (envFlag("SHOAL_FAKECUDA_NO_KERNELS")) k.kernels.store(false);
   if (envFlag("SHOAL_FAKECUDA_STRICT_HOSTFN")) k.strictHostFn.store(true);
+  if (const char* hidden = std::getenv("SHOAL_FAKECUDA_HIDE_KERNEL")) {
+    std::lock_guard lk(k.hiddenMu);
+    k.hiddenKernel = hidden;
+  }
   if (const char* delay = std::getenv("SHOAL_FAKECUDA_STREAM_DELAY_MS")) {
     if (parseUnsigned(delay, 3600u * 1000u, &v)) {
       k.streamDelayMs.store(static_cast<unsigned>(v));
@@ -2863,11 +2988,14 @@ FAKE_API CUresult cuModuleLoadData(CUmodule* module, const void* image) {
   return guarded([&]() -> CUresult {
     if (currentContext() == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
     auto m = std::make_unique<Module>();
-    m->entries = ptxEntries(static_cast<const char*>(image));
-    // Only PTX declaring the kernel the stand-in can run is accepted.
-    if (std::find(m->entries.begin(), m->entries.end(), kWaitKernelName) == m->entries.end()) {
-      return CUDA_ERROR_INVALID_IMAGE;
+    size_t size = 0;
+    if (fatbinSize(image, &size)) {
+      m->entries = fatbinEntries(image, size);
+    } else {
+      m->entries = ptxEntries(static_cast<const char*>(image));
     }
+    // Only an image holding a kernel the stand-in can run is accepted.
+    if (std::none_of(m->entries.begin(), m->entries.end(), runnableKernel)) return CUDA_ERROR_INVALID_IMAGE;
     Driver& d = drv();
     std::lock_guard lk(d.mu);
     Module* raw = m.get();
@@ -2899,7 +3027,16 @@ FAKE_API CUresult cuModuleGetFunction(CUfunction* hfunc, CUmodule hmod, const ch
     auto it = d.modules.find(reinterpret_cast<Module*>(hmod));
     if (it == d.modules.end()) return CUDA_ERROR_INVALID_HANDLE;
     Module& m = *it->second;
-    if (name != kWaitKernelName) return CUDA_ERROR_NOT_FOUND;  // no other kernel can run here
+    // Only a kernel the image holds and the stand-in can run (and not hidden
+    // by shoalFakeCudaHideKernel).
+    if (std::find(m.entries.begin(), m.entries.end(), name) == m.entries.end() || !runnableKernel(name)) {
+      return CUDA_ERROR_NOT_FOUND;
+    }
+    {
+      Knobs& k = knobs();
+      std::lock_guard hk(k.hiddenMu);
+      if (k.hiddenKernel == name) return CUDA_ERROR_NOT_FOUND;
+    }
     for (auto& f : m.functions) {
       if (f->name == name) {
         *hfunc = reinterpret_cast<CUfunction>(f.get());
@@ -2909,6 +3046,7 @@ FAKE_API CUresult cuModuleGetFunction(CUfunction* hfunc, CUmodule hmod, const ch
     auto f = std::make_unique<Function>();
     f->module = &m;
     f->name = name;
+    f->reduce = findReduceKernel(name);
     Function* raw = f.get();
     m.functions.push_back(std::move(f));
     d.functions.insert(raw);
@@ -2917,10 +3055,82 @@ FAKE_API CUresult cuModuleGetFunction(CUfunction* hfunc, CUmodule hmod, const ch
   });
 }
 
+FAKE_API CUresult cuFuncLoad(CUfunction function) {
+  FAKE_ENTER("cuFuncLoad");
+  return guarded([&]() -> CUresult {
+    Driver& d = drv();
+    std::lock_guard lk(d.mu);
+    // Nothing loads lazily here: a function cuModuleGetFunction returned is loaded.
+    return d.functions.count(reinterpret_cast<Function*>(function)) != 0 ? CUDA_SUCCESS
+                                                                         : CUDA_ERROR_INVALID_HANDLE;
+  });
+}
+
+FAKE_API CUresult cuFuncIsLoaded(CUfunctionLoadingState* state, CUfunction function) {
+  FAKE_ENTER("cuFuncIsLoaded");
+  if (state == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  return guarded([&]() -> CUresult {
+    Driver& d = drv();
+    std::lock_guard lk(d.mu);
+    if (d.functions.count(reinterpret_cast<Function*>(function)) == 0) return CUDA_ERROR_INVALID_HANDLE;
+    *state = CU_FUNCTION_LOADING_STATE_LOADED;
+    return CUDA_SUCCESS;
+  });
+}
+
+// A reduction kernel (ReduceKernel above). Requires d.mu. Bad launches fail
+// here rather than as a fault later: more than the kernels' 512 threads per
+// block, an element misaligned (CUDA_ERROR_MISALIGNED_ADDRESS), memory CUDA
+// does not know or past an allocation's end (CUDA_ERROR_ILLEGAL_ADDRESS), and
+// integer avg by 0 (CUDA_ERROR_INVALID_VALUE; a GPU would give unspecified values).
+CUresult launchReduceLocked(Driver& d, const ReduceKernel& k, unsigned threads, CUstream hStream,
+                            void** kernelParams) {
+  for (int i = 0; i < kReduceParams; ++i)
+    if (kernelParams[i] == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (threads > kReduceMaxThreads) return CUDA_ERROR_INVALID_VALUE;
+  CUdeviceptr dst = 0, a = 0, b = 0, scalar = 0;
+  uint64_t count = 0, bits = 0;
+  std::memcpy(&dst, kernelParams[0], sizeof dst);
+  std::memcpy(&a, kernelParams[1], sizeof a);
+  std::memcpy(&b, kernelParams[2], sizeof b);
+  std::memcpy(&count, kernelParams[3], sizeof count);
+  std::memcpy(&scalar, kernelParams[4], sizeof scalar);
+  std::memcpy(&bits, kernelParams[5], sizeof bits);
+  std::shared_ptr<Stream> s;
+  if (CUresult r = resolveStreamLocked(d, hStream, s); r != CUDA_SUCCESS) return r;
+  if (count == 0) return CUDA_SUCCESS;  // no thread touches memory
+  const int dev = s->ctx->device;
+  const size_t size = k.elementSize;
+  if (count > SIZE_MAX / size) return CUDA_ERROR_INVALID_VALUE;
+  const size_t bytes = count * size;
+  if (dst % size != 0 || a % size != 0 || b % size != 0 || scalar % size != 0) {
+    return CUDA_ERROR_MISALIGNED_ADDRESS;
+  }
+  if (k.integerAvg && bits == 0) return CUDA_ERROR_INVALID_VALUE;
+  View dstView, aView, bView, scalarView;
+  struct Operand {
+    CUdeviceptr addr;
+    size_t bytes;
+    bool write;
+    View* view;
+  };
+  for (const Operand& o : {Operand{dst, bytes, true, &dstView}, Operand{a, bytes, false, &aView},
+                           Operand{b, bytes, false, &bView}, Operand{scalar, size, false, &scalarView}}) {
+    if (o.addr == 0 && o.view == &scalarView) continue;  // the scalar is in scalarBits
+    // A kernel reaches only memory CUDA knows: device, managed or pinned.
+    if (findAllocationLocked(d, static_cast<uintptr_t>(o.addr)) == nullptr) return CUDA_ERROR_ILLEGAL_ADDRESS;
+    if (viewLocked(d, o.addr, o.bytes, dev, o.write, *o.view) != CUDA_SUCCESS) return CUDA_ERROR_ILLEGAL_ADDRESS;
+  }
+  return enqueue(*s, [run = k.run, dstView, aView, bView, scalarView, count, bits] {
+    run(dstView.p, aView.p, bView.p, count, scalarView.p, bits);
+  });
+}
+
 // shoal_wait_u64(const volatile uint64_t* word, uint64_t value,
 //                const volatile uint32_t* abortWord):
 // the stream waits until (int64_t)(*word - value) >= 0, or *abortWord != 0
 // (abortWord may be null). Grid and block shape do not matter.
+// The reduction kernels: launchReduceLocked.
 FAKE_API CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ,
                                  unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ,
                                  unsigned int sharedMemBytes, CUstream hStream, void** kernelParams, void** extra) {
@@ -2931,6 +3141,16 @@ FAKE_API CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned i
   (void)sharedMemBytes;  // nothing runs on an SM, so there is nothing to size
   // Parameters must come as kernelParams (the `extra` buffer form is not emulated).
   if (kernelParams == nullptr || extra != nullptr) return CUDA_ERROR_INVALID_VALUE;
+  {
+    Driver& d = drv();
+    std::lock_guard lk(d.mu);
+    auto* fn = reinterpret_cast<Function*>(f);
+    if (d.functions.count(fn) != 0 && fn->reduce != nullptr) {
+      return guarded([&]() -> CUresult {
+        return launchReduceLocked(d, *fn->reduce, blockDimX * blockDimY * blockDimZ, hStream, kernelParams);
+      });
+    }
+  }
   if (kernelParams[0] == nullptr || kernelParams[1] == nullptr || kernelParams[2] == nullptr) {
     return CUDA_ERROR_INVALID_VALUE;
   }
@@ -3077,6 +3297,8 @@ const ProcEntry kProcs[] = {
     FAKE_PROC(cuModuleUnload, cuModuleUnload),
     FAKE_PROC(cuModuleGetFunction, cuModuleGetFunction),
     FAKE_PROC(cuLaunchKernel, cuLaunchKernel),
+    FAKE_PROC(cuFuncLoad, cuFuncLoad),
+    FAKE_PROC(cuFuncIsLoaded, cuFuncIsLoaded),
 };
 #undef FAKE_PROC
 
@@ -3141,6 +3363,12 @@ FAKE_API CUresult shoalFakeCudaStreamDelay(CUstream stream, unsigned ms) {
 FAKE_API void shoalFakeCudaSetMemOps(int enabled) { knobs().memops.store(enabled != 0); }
 
 FAKE_API void shoalFakeCudaSetKernels(int enabled) { knobs().kernels.store(enabled != 0); }
+
+FAKE_API void shoalFakeCudaHideKernel(const char* name) {
+  Knobs& k = knobs();
+  std::lock_guard lk(k.hiddenMu);
+  k.hiddenKernel = name != nullptr ? name : "";
+}
 
 FAKE_API void shoalFakeCudaSetStreamDelayMs(unsigned ms) { knobs().streamDelayMs.store(ms); }
 

@@ -34,6 +34,12 @@ void shoalFakeCudaSetMemOps(int enabled);
  * Environment: SHOAL_FAKECUDA_NO_KERNELS=1. */
 void shoalFakeCudaSetKernels(int enabled);
 
+/* Hides one kernel: cuModuleGetFunction of `name` returns CUDA_ERROR_NOT_FOUND
+ * from now on, as if the module's image lacked it (NULL or "" clears).
+ * Functions already returned keep working. Environment:
+ * SHOAL_FAKECUDA_HIDE_KERNEL=name. */
+void shoalFakeCudaHideKernel(const char* name);
+
 /* Makes the n-th call (1-based) of the CUDA function `name`, counted from this
  * call on, return CUDA_ERROR_UNKNOWN without effect; n = 0 clears. `name` is
  * the base name (cuMemcpyAsync, cuMemAlloc); a versioned spelling such as

@@ -26,6 +26,46 @@ catch_discover_tests(cudafake_no_cuda_test EXTRA_ARGS -w NoTests PROPERTIES LABE
 target_compile_definitions(cudafake_no_cuda_test PRIVATE SHOAL_CUDAFAKE_LIB="${SHOAL_CUDAFAKE_LIB}"
   SHOAL_NO_CUDA_LOG="${SHOAL_CUDAFAKE_DIR}/no_cuda_test.log")
 
+# The device reduction kernels through cuda::DeviceReducer on the stand-in
+# (each test case in its own process: the reducer is cached per context).
+# -ffp-contract=off: the test computes expected values with float arithmetic.
+add_executable(cudafake_reduce_tests ${CMAKE_CURRENT_LIST_DIR}/device_reduce_test.cc)
+target_link_libraries(cudafake_reduce_tests PRIVATE shoal_static shoal_cudafake shoal_cuda_headers
+  shoal_catch_main Catch2::Catch2)
+target_include_directories(cudafake_reduce_tests PRIVATE ${PROJECT_SOURCE_DIR}/tests)
+target_compile_options(cudafake_reduce_tests PRIVATE -fno-fast-math -ffp-contract=off)
+target_compile_definitions(cudafake_reduce_tests PRIVATE SHOAL_CUDAFAKE_LIB="${SHOAL_CUDAFAKE_LIB}")
+catch_discover_tests(cudafake_reduce_tests EXTRA_ARGS -w NoTests PROPERTIES LABELS cudafake TIMEOUT 120
+  ENVIRONMENT "NCCL_SOCKET_IFNAME=lo")
+
+# The PTX nvcc produced for the reduction kernels: all 72 declared, no fma and
+# no floating add/sub/mul without a rounding modifier (premulsum and avg stay
+# two roundings, as the host reducer). Two negative controls, premulsum
+# written as a plain a * s + b and with a plain add, show the check failing.
+if(SHOAL_HAVE_CUDA AND SHOAL_NVCC)
+  set(_ptx_check ${CMAKE_CURRENT_LIST_DIR}/ptx_rounding_check.cmake)
+  add_test(NAME cudafake.reduce_kernels.ptx_rounding
+    COMMAND ${CMAKE_COMMAND} -DPTX=${SHOAL_REDUCE_KERNELS_PTX} -P ${_ptx_check})
+  set_tests_properties(cudafake.reduce_kernels.ptx_rounding PROPERTIES LABELS cudafake TIMEOUT 60)
+  set(_control_cu ${CMAKE_CURRENT_LIST_DIR}/ptx_check_control.cu)
+  set(_control_dir ${PROJECT_BINARY_DIR}/tests/cudafake)
+  add_custom_command(OUTPUT ${_control_dir}/control_fma.ptx ${_control_dir}/control_unrounded.ptx
+    COMMAND ${SHOAL_NVCC} -ptx -arch=compute_90 -DSHOAL_CONTROL_FMA ${_control_cu} -o ${_control_dir}/control_fma.ptx
+    COMMAND ${SHOAL_NVCC} -ptx -arch=compute_90 ${_control_cu} -o ${_control_dir}/control_unrounded.ptx
+    DEPENDS ${_control_cu}
+    COMMENT "nvcc -ptx ptx_check_control.cu (the rounding check's negative controls)")
+  add_custom_target(shoal_ptx_check_controls ALL
+    DEPENDS ${_control_dir}/control_fma.ptx ${_control_dir}/control_unrounded.ptx)
+  foreach(_control fma unrounded)
+    add_test(NAME cudafake.reduce_kernels.ptx_rounding.control_${_control}
+      COMMAND ${CMAKE_COMMAND} -DPTX=${_control_dir}/control_${_control}.ptx -DALL=OFF -P ${_ptx_check})
+  endforeach()
+  set_tests_properties(cudafake.reduce_kernels.ptx_rounding.control_fma PROPERTIES LABELS cudafake
+    TIMEOUT 60 PASS_REGULAR_EXPRESSION "shoal_reduce_premulsum_float has a fused multiply-add")
+  set_tests_properties(cudafake.reduce_kernels.ptx_rounding.control_unrounded PROPERTIES LABELS cudafake
+    TIMEOUT 60 PASS_REGULAR_EXPRESSION "shoal_reduce_premulsum_float has floating arithmetic without a rounding modifier")
+endif()
+
 # libnccl.so.2 names no CUDA library (it loads the driver at run time).
 add_test(NAME cudafake.no_cuda_needed
   COMMAND sh -c "! readelf -d \"$1\" | grep NEEDED | grep -iE 'cuda|nvidia'" sh $<TARGET_FILE:nccl>)

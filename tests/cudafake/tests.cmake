@@ -5,6 +5,10 @@
 
 add_library(shoal_cudafake SHARED ${CMAKE_CURRENT_LIST_DIR}/fake_cuda.cc)
 target_link_libraries(shoal_cudafake PUBLIC shoal_cuda_headers PRIVATE Threads::Threads)
+# The reduction kernels run src/reduce/element_ops.h's functions, compiled
+# here for the host as in the reducer: a*s+b never contracted into an FMA.
+target_include_directories(shoal_cudafake PRIVATE ${PROJECT_SOURCE_DIR}/src)
+target_compile_options(shoal_cudafake PRIVATE -fno-fast-math -ffp-contract=off)
 if(TARGET shoal_warnings)
   target_link_libraries(shoal_cudafake PRIVATE shoal_warnings)
 endif()
