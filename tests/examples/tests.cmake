@@ -80,3 +80,15 @@ shoal_add_mpi_example_test(examples.mpi.zero_train.stage2.np2 zero_train 2 --sta
 # Processes times threads: four ranks as two processes of two threads.
 shoal_add_mpi_example_test(examples.mpi.zero_train.stage3.np2.t2 zero_train 2 --stage 3 -t 2)
 shoal_add_mpi_example_test(examples.mpi.pp_train.np2.t2 pp_train 2 -t 2 --layers 4)
+
+# elastic_train: 2 emulated nodes x 2 rank processes (forked by the example,
+# NCCL_HOSTID node0/node1, shm within a node, tcp between); node 1's ranks are
+# SIGKILLed mid-AllReduce at step 8, the survivors shrink and go on, two new
+# processes on node2 grow in at step 16; --check compares every step's loss and
+# the final parameters with the single-process run.
+add_test(NAME examples.elastic_train COMMAND $<TARGET_FILE:elastic_train> --check)
+set_tests_properties(examples.elastic_train PROPERTIES
+  LABELS "mp;examples"
+  TIMEOUT 120
+  ENVIRONMENT "NCCL_SOCKET_IFNAME=lo;FI_TCP_IFACE=lo"
+  FAIL_REGULAR_EXPRESSION "${SHOAL_EXAMPLES_FAIL_REGEX}")
