@@ -210,6 +210,36 @@ void runShrinkAfterKill(const char* transport) {
   }
 }
 
+// The documented limit: the survivors meet in the bootstrap root, which lives
+// in the process that made the unique id (rank 0 here). With rank 0 dead,
+// shrink must fail promptly with a clear error, not hang.
+int shrinkWithoutRoot(MpChild& c) {
+  const int r = c.rank();
+  ncclComm_t comm = nullptr;
+  CHILD_NCCL(c, initComm(c, &comm));
+  CHILD_OK(c, checkedAllReduce(c, comm, 4096, "AllReduce before the kill"));
+  CHILD_CHECK(c, c.barrier(), "barrier before the kill");
+  if (r == 0) ::raise(SIGKILL);
+  std::vector<float> send(1 << 16, 1.0f), recv(1 << 16);
+  ncclResult_t rc = ncclSuccess;
+  for (int i = 0; i < 100000 && rc == ncclSuccess; ++i)
+    rc = ncclAllReduce(send.data(), recv.data(), send.size(), ncclFloat, ncclSum, comm, nullptr);
+  CHILD_CHECK(c, rc != ncclSuccess, "the AllReduce never failed");
+  int excluded[] = {0};
+  ncclComm_t small = nullptr;
+  const double t0 = monoMs();
+  rc = ncclCommShrink(comm, excluded, 1, &small, nullptr, NCCL_SHRINK_ABORT);
+  const std::string why = ncclGetLastError(comm);
+  c.log("shrink without the root: " + std::string(ncclGetErrorString(rc)) + " after " +
+        std::to_string(static_cast<int>(monoMs() - t0)) + " ms: " + why);
+  CHILD_CHECK(c, rc == ncclRemoteError, "shrink with the root's process dead: " + describe(rc));
+  CHILD_CHECK(c, why.find("bootstrap root") != std::string::npos, "the error does not name the root: " + why);
+  CHILD_CHECK(c, monoMs() - t0 < 5000, "the failure took too long");
+  CHILD_CHECK(c, small == nullptr, "a failed shrink left a communicator");
+  CHILD_NCCL(c, ncclCommDestroy(comm));
+  return 0;
+}
+
 // ---- grow with new processes --------------------------------------------------
 
 // Ranks 0 and 1 make a 2-rank communicator; the others are new processes
@@ -532,6 +562,23 @@ TEST_CASE("elastic: survivors of a rank SIGKILLed mid-AllReduce shrink and compu
 TEST_CASE("elastic: survivors of a rank SIGKILLed mid-AllReduce shrink and compute over shm",
           "[mp][elastic][failure]") {
   runShrinkAfterKill("shm");
+}
+
+TEST_CASE("elastic: shrink with the bootstrap root's process dead fails promptly", "[mp][elastic][failure]") {
+  MpConfig cfg;
+  cfg.nranks = 3;
+  cfg.hardLimitMs = 60000;
+  MpResult res = runForked(cfg, shrinkWithoutRoot);
+  INFO(res.report());
+  REQUIRE_FALSE(res.timedOut);
+  for (const auto& rr : res.ranks) {
+    if (rr.rank == 0) {
+      CHECK((!rr.exited && rr.termSignal == SIGKILL));
+    } else {
+      CHECK(rr.exited);
+      CHECK(rr.exitCode == 0);
+    }
+  }
 }
 
 TEST_CASE("elastic: grow from 2 to 3 ranks", "[mp][elastic]") { runGrow(3, false); }
