@@ -91,6 +91,7 @@ Status convertOp(ncclRedOp_t op, DataType dtype, const Communicator& comm, OpReq
     default:
       break;
   }
+  static_assert(RedOpTable::kFirstId == ncclNumOps, "user-created operators follow NCCL's built-in ones");
   if (value < ncclNumOps) return invalidArgument("invalid reduction operator ", value);
   SHOAL_ASSIGN_OR_RETURN(CustomRedOp custom, comm.findRedOp(value));
   if (custom.dtype != dtype)

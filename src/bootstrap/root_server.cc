@@ -399,10 +399,10 @@ void RootServer::State::reply(uint64_t connId, uint64_t requestId, uint8_t statu
   if (it == conns.end() || it->second.phase != Phase::kReady) return;
   Conn& conn = it->second;
   Writer w(conn.out);
-  size_t at = w.beginFrame(requestId, status);
+  size_t at = beginFrame(w, requestId, status);
   if (withCount) w.u32(static_cast<uint32_t>(strings.size()));
   for (const auto& s : strings) w.str(s);
-  w.finishFrame(at);
+  finishFrame(w, at);
 }
 
 void RootServer::State::handleSet(Conn& conn, uint64_t requestId, Reader& r) {
@@ -484,10 +484,10 @@ void RootServer::State::handleCheck(Conn& conn, uint64_t requestId, Reader& r) {
   std::vector<std::string> keys;
   if (!readKeys(r, keys)) return reply(conn.id, requestId, kBadRequest, {"malformed CHECK"}, false);
   Writer w(conn.out);
-  size_t at = w.beginFrame(requestId, kOk);
+  size_t at = beginFrame(w, requestId, kOk);
   w.u32(static_cast<uint32_t>(keys.size()));
   for (const auto& key : keys) w.u8(conn.tenant->values.count(key) ? 1 : 0);
-  w.finishFrame(at);
+  finishFrame(w, at);
 }
 
 // --- timers, output, closing

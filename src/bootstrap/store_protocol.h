@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "core/byte_order.h"
+#include "core/wire.h"
 #include "net/crypto.h"
 
 namespace shoal::bootstrap_wire {
@@ -62,100 +63,19 @@ net::Digest serverMac(const std::string& key, const uint8_t nonceC[kNonceBytes],
 net::Digest clientMac(const std::string& key, const uint8_t nonceS[kNonceBytes],
                       const uint8_t nonceC[kNonceBytes]);
 
-// Appends little-endian values and length-prefixed strings.
-class Writer {
- public:
-  explicit Writer(std::vector<uint8_t>& out) : out_(out) {}
-  void u8(uint8_t v) { out_.push_back(v); }
-  void u16(uint16_t v) { le(v, 2); }
-  void u32(uint32_t v) { le(v, 4); }
-  void u64(uint64_t v) { le(v, 8); }
-  void bytes(const void* data, size_t n) {
-    const auto* p = static_cast<const uint8_t*>(data);
-    out_.insert(out_.end(), p, p + n);
-  }
-  void str(std::string_view s) {
-    u32(static_cast<uint32_t>(s.size()));
-    bytes(s.data(), s.size());
-  }
-  // Starts a frame {u32 length, u64 id, u8 kind}; finishFrame() fills length.
-  size_t beginFrame(uint64_t id, uint8_t kind) {
-    size_t at = out_.size();
-    u32(0);
-    u64(id);
-    u8(kind);
-    return at;
-  }
-  void finishFrame(size_t at) {
-    uint32_t len = static_cast<uint32_t>(out_.size() - at - 4);
-    putLe(out_.data() + at, len, 4);
-  }
+using wire::Reader;
+using wire::Writer;
 
- private:
-  void le(uint64_t v, int n) {
-    uint8_t bytes[8];
-    putLe(bytes, v, n);
-    out_.insert(out_.end(), bytes, bytes + n);
-  }
-  std::vector<uint8_t>& out_;
-};
-
-// Reads from a bounded span; every read is checked, and a failed read makes
-// ok() false for good (callers check once at the end).
-class Reader {
- public:
-  Reader(const uint8_t* data, size_t size) : p_(data), left_(size) {}
-  bool ok() const { return ok_; }
-  bool atEnd() const { return left_ == 0; }
-  uint8_t u8() { return static_cast<uint8_t>(le(1)); }
-  uint16_t u16() { return static_cast<uint16_t>(le(2)); }
-  uint32_t u32() { return static_cast<uint32_t>(le(4)); }
-  uint64_t u64() { return le(8); }
-  void bytes(void* out, size_t n) {
-    if (!take(n)) {
-      std::memset(out, 0, n);
-      return;
-    }
-    std::memcpy(out, p_ - n, n);
-  }
-  // A length-prefixed string no longer than maxBytes (and than what is left).
-  std::string str(uint32_t maxBytes = kMaxFrameBytes) {
-    uint32_t n = u32();
-    if (!ok_ || n > maxBytes || n > left_) {
-      ok_ = false;
-      return {};
-    }
-    take(n);
-    return std::string(reinterpret_cast<const char*>(p_ - n), n);
-  }
-  // A count of items each at least minItemBytes long: refuses counts the
-  // remaining bytes cannot hold, so a count never sizes an allocation alone.
-  uint32_t count(size_t minItemBytes) {
-    uint32_t n = u32();
-    if (!ok_ || (minItemBytes > 0 && n > left_ / minItemBytes)) {
-      ok_ = false;
-      return 0;
-    }
-    return n;
-  }
-
- private:
-  bool take(size_t n) {
-    if (!ok_ || n > left_) {
-      ok_ = false;
-      return false;
-    }
-    p_ += n;
-    left_ -= n;
-    return true;
-  }
-  uint64_t le(int n) {
-    if (!take(static_cast<size_t>(n))) return 0;
-    return getLe(p_ - n, n);
-  }
-  const uint8_t* p_;
-  size_t left_;
-  bool ok_ = true;
-};
+// Starts a frame {u32 length, u64 id, u8 kind}; finishFrame() fills length.
+inline size_t beginFrame(Writer& w, uint64_t id, uint8_t kind) {
+  size_t at = w.size();
+  w.u32(0);
+  w.u64(id);
+  w.u8(kind);
+  return at;
+}
+inline void finishFrame(Writer& w, size_t at) {
+  w.patchU32(at, static_cast<uint32_t>(w.size() - at - 4));
+}
 
 }  // namespace shoal::bootstrap_wire

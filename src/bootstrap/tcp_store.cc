@@ -88,9 +88,9 @@ Result<Reply> TcpStore::request(uint8_t command, const std::vector<uint8_t>& bod
   std::vector<uint8_t> frame;
   frame.reserve(body.size() + 13);
   Writer w(frame);
-  size_t at = w.beginFrame(id, command);
+  size_t at = beginFrame(w, id, command);
   w.bytes(body.data(), body.size());
-  w.finishFrame(at);
+  finishFrame(w, at);
   if (Status s = net::writeExact(fd_.get(), frame.data(), frame.size(), deadline,
                                  str("bootstrap root ", root_));
       !s.isOk()) {

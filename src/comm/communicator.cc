@@ -1,25 +1,21 @@
+// Communicator: set-up and agreement, split, state, abort, the idle check,
+// reduction operators and diagnostics. Jobs: communicator_jobs.cc.
 #include "comm/communicator.h"
-
-#include "comm/hang_report.h"
-#include "comm/stream_bridge.h"
 
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <optional>
-#include <iterator>
-#include <cstring>
 #include <utility>
 
-#include "collectives/layout.h"
-#include "collectives/registry.h"
+#include "comm/hang_report.h"
+#include "comm/init_agreement.h"
+#include "comm/stream_bridge.h"
 #include "core/clock.h"
 #include "core/log.h"
 #include "core/params.h"
 #include "core/process.h"
-#include "core/tag.h"
 #include "transports/registry.h"
 
 namespace shoal {
@@ -31,27 +27,15 @@ uint64_t hash64(std::string_view s) {
   return h;
 }
 
-constexpr size_t kPlanCacheLimit = 512;
-
-// NCCL drops zero-count collectives; zero-byte Send/Recv still match.
-bool droppedByNccl(const OpRequest& op) {
-  return op.shape.count == 0 && op.shape.kind != CollKind::kSend && op.shape.kind != CollKind::kRecv;
-}
-
-bool sameButPlacement(const CollShape& a, const CollShape& b) {
-  return a.kind == b.kind && a.dtype == b.dtype && a.op == b.op && a.count == b.count && a.root == b.root &&
-         a.peer == b.peer && a.divisor == b.divisor;
-}
-
 }  // namespace
 
 Communicator::Communicator(InitRequest request)
     : rank_(request.rank),
       nranks_(request.nranks),
       options_(request.options),
-      request_(std::move(request)) {
-  commId_ = hash64(request_.scope);
-}
+      request_(std::move(request)),
+      commId_(hash64(request_.scope)),
+      connections_(commId_, rank_, peers_, request_.secret, abortFlag_) {}
 
 Communicator::~Communicator() {
   if (idleWatched_) Engine::instance().unwatchIdle(this);  // first: a check may be running
@@ -87,82 +71,29 @@ Status Communicator::initialize() {
   self.kernelId = localKernelId();
   SHOAL_TRY(findCudaDevice(self));
   SHOAL_TRY(publishAddresses(self)) << describe();
-
-  std::string mine = str(nranks_, '\n', self.serialize());
-  SHOAL_ASSIGN_OR_RETURN(auto all, bootstrap_->allGather(mine, deadline),
-      describe(), ": bootstrap through ", request_.store->describe());
-  peers_.resize(nranks_);
-  for (int r = 0; r < nranks_; ++r) {
-    std::string_view blob = all[r];
-    size_t nl = blob.find('\n');
-    if (nl == std::string_view::npos) return internalError(describe(), ": malformed peer info");
-    int theirSize = std::atoi(std::string(blob.substr(0, nl)).c_str());
-    if (theirSize != nranks_)
-      return invalidUsage(describe(), ": rank ", r, " was initialized with nranks=", theirSize,
-                          " but this rank with nranks=", nranks_);
-    SHOAL_ASSIGN_OR_RETURN(peers_[r], PeerInfo::deserialize(blob.substr(nl + 1)),
-      describe(), ": peer info of rank ", r);
-    if (peers_[r].rank != r)
-      return invalidUsage(describe(), ": two processes claim rank ", peers_[r].rank);
-  }
+  SHOAL_ASSIGN_OR_RETURN(peers_, exchangePeers(self, deadline));
   topology_ = buildTopology(peers_);
   logSharedGpus();
   chooseWaitSpin(self);
-  rankView_.rank = rank_;
-  rankView_.nranks = nranks_;
-  rankView_.ring = topology_.ring;
-  rankView_.nodeOf = topology_.nodeOfRank;
-  // Ranks choose plans independently, so what the tuner and the plans see must
-  // be the same on every rank, yet part of it is only known locally: whether
-  // this rank reads every peer's memory (peer-reading algorithms need all to),
-  // the transport between the first two node leaders and whether its bytes
-  // pass through the CPU (as the first leader chose it; each process knows
-  // only which of its own transports work), and
-  // the machine facts (combined as agreedMachine()). One exchange pools them.
-  bool readsAll = true;
-  for (int r = 0; r < nranks_ && readsAll; ++r) {
-    if (r == rank_ || (peers_[r].processId == self.processId && peers_[r].hostId == self.hostId)) continue;
-    auto chosen = selectTransport(self, peers_[r]);
-    readsAll = chosen.isOk() && chosen.value()->readsPeerMemory(peers_[r]);
-  }
-  std::string netTransport = "- 0 0";  // only node 0's leader names one
-  if (topology_.leaders.size() > 1 && rank_ == topology_.leaders[0]) {
-    if (Result<Transport*> t = selectTransport(self, peers_[topology_.leaders[1]]); t.isOk())
-      netTransport = str(t.value()->name(), ' ', t.value()->cpuCopiesBytes() ? 1 : 0, ' ',
-                         t.value()->emulatesMessagesOverSockets() ? 1 : 0);
-  }
-  SHOAL_ASSIGN_OR_RETURN(auto answers,
-      bootstrap_->allGather(str(readsAll ? 1 : 0, ' ', netTransport, ' ', encodeMachineFacts(localMachine())),
-                            deadline),
-      describe(), ": agreeing on peer reads, transports and machine facts");
-  bool everyoneReads = true;
-  std::string agreedNetTransport;
-  bool agreedNetCpuCopies = false, agreedNetEmulated = false;
-  std::vector<MachineTopology> machines;
-  for (int r = 0; r < nranks_; ++r) {
-    // "<reads 0|1> <net transport|-> <its CPU copies 0|1> <emulated messaging 0|1> <machine facts>"
-    std::string_view answer = answers[r];
-    std::string_view words[4];
-    for (std::string_view& word : words) {
-      size_t end = answer.find(' ');
-      if (end == std::string_view::npos)
-        return internalError(describe(), ": malformed agreement from rank ", r, ": '", answers[r], "'");
-      word = answer.substr(0, end);
-      answer.remove_prefix(end + 1);
-    }
-    everyoneReads = everyoneReads && words[0] == "1";
-    if (words[1] != "-") {
-      agreedNetTransport = std::string(words[1]);
-      agreedNetCpuCopies = words[2] == "1";
-      agreedNetEmulated = words[3] == "1";
-    }
-    SHOAL_ASSIGN_OR_RETURN(MachineTopology machine, decodeMachineFacts(answer), describe(), ": rank ", r);
-    machines.push_back(std::move(machine));
-  }
-  rankView_.peerReads = everyoneReads;
-  groupView_ = rankView_;
-  groupView_.peerReads = false;  // peer-reading plans are single-op
 
+  // Ranks choose plans independently, so what the tuner and the plans see
+  // must be the same on every rank, yet part of it is known only locally
+  // (comm/init_agreement.h): one exchange pools it.
+  SHOAL_ASSIGN_OR_RETURN(InitProposal mine, proposal(self));
+  SHOAL_ASSIGN_OR_RETURN(auto answers, bootstrap_->allGather(encodeInitProposal(mine), deadline),
+      describe(), ": agreeing on peer reads, transports and machine facts");
+  std::vector<InitProposal> proposals(static_cast<size_t>(nranks_));
+  for (int r = 0; r < nranks_; ++r) {
+    SHOAL_ASSIGN_OR_RETURN(proposals[r], decodeInitProposal(answers[r]), describe(), ": from rank ", r);
+  }
+  SHOAL_ASSIGN_OR_RETURN(InitAgreement agreement, agree(proposals), describe());
+
+  RankView view;
+  view.rank = rank_;
+  view.nranks = nranks_;
+  view.ring = topology_.ring;
+  view.nodeOf = topology_.nodeOfRank;
+  view.peerReads = agreement.everyoneReadsPeers;
   const bool singleProcess = std::all_of(peers_.begin(), peers_.end(), [&](const PeerInfo& p) {
     return p.processId == self.processId && p.hostId == self.hostId;
   });
@@ -171,16 +102,18 @@ Status Communicator::initialize() {
     Result<Transport*> t = selectTransport(peers_[a], peers_[b]);
     return t.isOk() ? t.value()->linkClass() : LinkClass::kNet;
   };
-  MachineTopology machine = agreedMachine(machines);
+  MachineTopology machine = agreement.machine;
   machine.nics = localMachine().nics;  // described in the log, not modelled
   machine.source = localMachine().source;
   TopologySummary summary = summarizeTopology(topology_, classify, singleProcess, std::move(machine));
-  summary.netTransport = std::move(agreedNetTransport);
-  summary.netCpuCopies = agreedNetCpuCopies;
-  summary.netEmulatedOverSockets = agreedNetEmulated;
-  SHOAL_ASSIGN_OR_RETURN(tuner_, Tuner::create(summary, options_.minChannels, options_.maxChannels),
-      describe());
-  rankView_.ranksTakeTurns = groupView_.ranksTakeTurns = tuner_->ranksTakeTurns();
+  if (agreement.netLink) {
+    summary.netTransport = agreement.netLink->transport;
+    summary.netCpuCopies = agreement.netLink->cpuCopiesBytes;
+    summary.netEmulatedOverSockets = agreement.netLink->emulatesMessagesOverSockets;
+  }
+  SHOAL_ASSIGN_OR_RETURN(std::unique_ptr<Tuner> tuner,
+      Tuner::create(summary, options_.minChannels, options_.maxChannels), describe());
+  plans_ = std::make_unique<PlanCache>(std::move(tuner), std::move(view));
   // The root may live in rank 0's process: do not let rank 0 return (and
   // perhaps exit) before every rank is done with it.
   SHOAL_TRY(bootstrap_->finish(deadline)) << describe() << ": finishing bootstrap";
@@ -197,54 +130,38 @@ Status Communicator::initialize() {
   return Status::ok();
 }
 
-size_t Communicator::ShapeHash::operator()(const CollShape& s) const {
-  uint64_t h = s.count * 0x9e3779b97f4a7c15ull;
-  h ^= (static_cast<uint64_t>(s.kind) << 8 | static_cast<uint64_t>(s.dtype) << 16 |
-        static_cast<uint64_t>(s.op) << 24) + (h << 6) + (h >> 2);
-  h ^= (static_cast<uint64_t>(static_cast<uint32_t>(s.root)) << 32 | static_cast<uint32_t>(s.peer)) + (h << 6);
-  h ^= s.divisor + (static_cast<uint64_t>(s.disjointBuffers) << 40) + (h << 6) + (h >> 2);
-  return static_cast<size_t>(h);
+Result<std::vector<PeerInfo>> Communicator::exchangePeers(const PeerInfo& self, Deadline deadline) {
+  SHOAL_ASSIGN_OR_RETURN(auto all, bootstrap_->allGather(encodePeerRecord(PeerRecord{nranks_, self}), deadline),
+      describe(), ": bootstrap through ", request_.store->describe());
+  std::vector<PeerInfo> peers(static_cast<size_t>(nranks_));
+  for (int r = 0; r < nranks_; ++r) {
+    SHOAL_ASSIGN_OR_RETURN(PeerRecord record, decodePeerRecord(all[r]), describe(), ": peer info of rank ", r);
+    if (record.nranks != nranks_)
+      return invalidUsage(describe(), ": rank ", r, " was initialized with nranks=", record.nranks,
+                          " but this rank with nranks=", nranks_);
+    if (record.info.rank != r) return invalidUsage(describe(), ": two processes claim rank ", record.info.rank);
+    peers[r] = std::move(record.info);
+  }
+  return peers;
 }
 
-bool Communicator::ShapeEqual::operator()(const CollShape& a, const CollShape& b) const {
-  return sameButPlacement(a, b) && a.disjointBuffers == b.disjointBuffers;
-}
-
-CollShape Communicator::placedShape(const OpRequest& op) const {
-  CollShape shape = op.shape;
-  shape.disjointBuffers = disjointBuffers(op);
-  return shape;
-}
-
-// The tuner is a pure function of the shape for a communicator's lifetime, so
-// a cached plan also stands for the tuner's decision: a repeated operation
-// costs one hash lookup.
-Result<std::shared_ptr<const PreparedPlan>> Communicator::planFor(const CollShape& shape, bool grouped) {
-  auto& cache = grouped ? groupPlanCache_ : planCache_;
-  const RankView& view = grouped ? groupView_ : rankView_;
-  auto it = cache.find(shape);
-  if (it != cache.end()) return it->second;
-  SHOAL_ASSIGN_OR_RETURN(TunerChoice choice, tuner_->choose(shape, view));
-  auto plan = std::make_shared<Plan>(choice.algorithm->build(shape, view, choice.params));
-  if (cache.size() >= kPlanCacheLimit) cache.clear();
-  auto prepared = preparePlan(plan);
-  cache.emplace(shape, prepared);
-  return prepared;
-}
-
-std::shared_ptr<const PreparedPlan> Communicator::mergedPlanFor(std::vector<std::shared_ptr<const PreparedPlan>> parts) {
-  std::vector<const PreparedPlan*> key;
-  key.reserve(parts.size());
-  for (const auto& part : parts) key.push_back(part.get());
-  auto it = mergedPlanCache_.find(key);
-  if (it != mergedPlanCache_.end()) return it->second.merged;
-  std::vector<PlanPtr> plans;
-  plans.reserve(parts.size());
-  for (const auto& part : parts) plans.push_back(part->plan);
-  auto merged = preparePlan(std::make_shared<Plan>(mergePlans(plans)));
-  if (mergedPlanCache_.size() >= kPlanCacheLimit) mergedPlanCache_.clear();
-  mergedPlanCache_.emplace(std::move(key), MergedPlan{std::move(parts), merged});
-  return merged;
+// What this rank proposes (comm/init_agreement.h): whether it reads every
+// other process's memory, the first node leader's network link, and its
+// machine facts.
+Result<InitProposal> Communicator::proposal(const PeerInfo& self) const {
+  InitProposal p;
+  for (int r = 0; r < nranks_ && p.readsEveryPeer; ++r) {
+    if (r == rank_ || (peers_[r].processId == self.processId && peers_[r].hostId == self.hostId)) continue;
+    auto chosen = selectTransport(self, peers_[r]);
+    p.readsEveryPeer = chosen.isOk() && chosen.value()->readsPeerMemory(peers_[r]);
+  }
+  if (topology_.leaders.size() > 1 && rank_ == topology_.leaders[0]) {
+    if (Result<Transport*> t = selectTransport(self, peers_[topology_.leaders[1]]); t.isOk())
+      p.netLink = NetLink{std::string(t.value()->name()), t.value()->cpuCopiesBytes(),
+                          t.value()->emulatesMessagesOverSockets()};
+  }
+  p.machine = localMachine();
+  return p;
 }
 
 // How long waiting ranks spin before yielding (Backoff::setSpinPasses): once
@@ -264,46 +181,6 @@ void Communicator::chooseWaitSpin(const PeerInfo& self) const {
     SHOAL_INFO(subsys::kInit, describe(), ": ", ranksHere, " ranks on this machine, ", localMachine().cores,
                " cores: waiting ranks yield the core at once");
   }
-}
-
-Result<Connection*> Communicator::connectionTo(int peer, uint16_t channel, bool unlessWaiting) {
-  auto key = std::make_pair(peer, channel);
-  auto it = connections_.find(key);
-  if (it != connections_.end()) return it->second.get();
-  if (peer < 0 || peer >= nranks_) return internalError("plan names peer ", peer);
-  Transport* transport = nullptr;
-  if (peer == rank_) {
-    transport = transportToSelf();
-  } else {
-    SHOAL_ASSIGN_OR_RETURN(transport, selectTransport(peers_[rank_], peers_[peer]),
-      describe());
-  }
-  ConnectionKey ckey{commId_, rank_, peer, channel};
-  if (unlessWaiting && transport->connectWaitsForPeer(ckey)) return nullptr;
-  ConnectOptions opts;
-  opts.self = &peers_[rank_];
-  opts.peer = &peers_[peer];
-  opts.secret = request_.secret;
-  // abort() from another thread ends a connect that waits for a peer.
-  opts.deadline = Deadline::afterMs(params().initTimeoutMs).cancelledBy(&abortFlag_);
-  SHOAL_ASSIGN_OR_RETURN(auto conn, transport->connect(ckey, opts),
-      describe(), ": connecting to rank ", peer, " (host ", peers_[peer].hostname, ") over ", transport->name());
-  SHOAL_INFO(subsys::kInit | subsys::kNet, "Channel ",
-             channel == kP2pChannel ? std::string("p2p") : std::to_string(channel), " : ", rank_,
-             " -> ", peer, " via ", transport->name());
-  Connection* raw = conn.get();
-  connections_.emplace(key, std::move(conn));
-  return raw;
-}
-
-Status Communicator::ensureConnections(const Plan& plan,
-                                       std::vector<Connection*>& laneConnections) {
-  laneConnections.resize(plan.lanes.size());
-  for (size_t i = 0; i < plan.lanes.size(); ++i) {
-    SHOAL_ASSIGN_OR_RETURN(laneConnections[i],
-                           connectionTo(plan.lanes[i].peer, plan.lanes[i].channel));
-  }
-  return Status::ok();
 }
 
 Status Communicator::findCudaDevice(PeerInfo& self) {
@@ -336,346 +213,32 @@ void Communicator::logSharedGpus() const {
     }
 }
 
-Result<bool> Communicator::streamOrdered(const OpRequest& op) {
-  if (cuda_ == nullptr) return false;
-  if (!bridge_) {
-    SHOAL_ASSIGN_OR_RETURN(std::optional<cuda::DeviceIdentity> device, cuda_->currentDevice(),
-                           describe(), ": the current CUDA device");
-    cuda::DeviceIdentity identity = device ? *device : cuda::DeviceIdentity{};
-    if (!device) {
-      // No context: the buffers cannot be device memory of this thread's;
-      // classify them anyway (a CUDA error never means "host pointer").
-      SHOAL_ASSIGN_OR_RETURN(cuda::MemoryKind kind, cuda_->memoryKind(op.sendbuff ? op.sendbuff : op.recvbuff));
-      if (!cuda::knownToCuda(kind)) return false;
-      return invalidUsage(describe(), ": ", cuda::memoryKindName(kind),
-                          " buffers need a current CUDA context on the calling thread");
-    }
-    bridge_ = std::make_unique<StreamBridge>(*cuda_, identity);
+Result<std::shared_ptr<Communicator>> Communicator::split(int color, int key, const CommOptions& options,
+                                                          const std::atomic<bool>* cancel) {
+  Deadline deadline = Deadline::afterMs(params().initTimeoutMs).cancelledBy(cancel);
+  SHOAL_ASSIGN_OR_RETURN(auto all, bootstrap_->allGather(encodeSplitRecord(SplitRecord{color, key}), deadline),
+      describe(), ": split");
+  uint64_t splitIndex = nextSeq(CollShape{});  // every parent rank splits in the same order
+  if (color < 0) return std::shared_ptr<Communicator>();
+  std::vector<std::pair<int, int>> members;  // (key, parent rank)
+  for (int r = 0; r < nranks_; ++r) {
+    SHOAL_ASSIGN_OR_RETURN(SplitRecord record, decodeSplitRecord(all[r]), describe(), ": split, from rank ", r);
+    if (record.color == color) members.emplace_back(record.key, r);
   }
-  return bridge_->streamOrdered(op, rank_, nranks_);
-}
-
-Result<Communicator::StreamSubmission> Communicator::beginStreamOrdered(std::span<const OpRequest> ops) {
-  UseGuard use(*this);
-  if (!bridge_) return internalError(describe(), ": stream-ordered operation without a bridge");
-  if (aborted()) return error(Code::kAborted, describe(), " was aborted");
-  StreamSubmission submission;
-  std::vector<OpRequest> kept;
-  std::remove_copy_if(ops.begin(), ops.end(), std::back_inserter(kept), droppedByNccl);
-  if (kept.empty()) return submission;  // nothing reaches the stream
-  for (const OpRequest& op : kept) {
-    SHOAL_ASSIGN_OR_RETURN(bool capturing, cuda_->isCapturing(op.stream), describe());
-    if (capturing)
-      return invalidUsage(describe(), ": ", collKindName(op.shape.kind),
-                          " on a stream that is being captured into a CUDA graph: Shoal does not "
-                          "replay collectives in graphs yet (call it outside the capture)");
-  }
-  SHOAL_ASSIGN_OR_RETURN(StreamBridge::Staged staged, bridge_->stage(kept, rank_, nranks_), describe());
-  auto held = std::make_shared<StreamBridge::Staged>(std::move(staged));
-  StreamBridge::Staged& st = *held;
-  submission.synchronous = bridge_->waitMode() == cuda::WaitMode::kSynchronous;
-  if (submission.synchronous) {
-    if (Status s = bridge_->copyIn(st, kept); !s.isOk()) {
-      bridge_->release(st);
-      return StatusBuilder(std::move(s)) << describe();
-    }
-    Result<JobPtr> job = enqueue(st.ops, /*detached=*/false);
-    if (!job.isOk()) {
-      bridge_->release(st);
-      return job.takeStatus();
-    }
-    submission.job = job.value();
-  } else {
-    // The stream's work first: a job whose stream work could not be
-    // enqueued never takes a sequence number its peers would wait for.
-    if (Status s = bridge_->enqueue(st, kept); !s.isOk()) {
-      if (s.code() != Code::kUnsupported) return StatusBuilder(std::move(s)) << describe();
-      // The device refused stream memory operations: synchronous from now on.
-      return beginStreamOrdered(ops);
-    }
-    auto job = std::make_shared<Job>();
-    Result<bool> any = prepareJob(*job, st.ops, /*detached=*/true);
-    if (!any.isOk() || !any.value()) {
-      StreamBridge::releaseStream(st);  // the stream goes on; its slot comes back once it has
-      if (!any.isOk()) return any.takeStatus();
-      return submission;
-    }
-    job->streamReady = st.ready;
-    job->streamDone = st.done;
-    job->streamSeq = st.seq;
-    Engine::instance().submit(job);
-    {
-      std::lock_guard<std::mutex> lock(jobsMutex_);
-      inFlight_.push_back(job);
-      anyInFlight_.store(true, std::memory_order_release);
-    }
-    submission.job = job;
-  }
-  submission.ops = std::move(kept);
-  submission.staged = std::move(held);
-  return submission;
-}
-
-Status Communicator::finishStreamOrdered(StreamSubmission& submission) {
-  if (!submission.synchronous || !submission.job) return Status::ok();
-  auto& staged = *static_cast<StreamBridge::Staged*>(submission.staged.get());
-  Status st = waitFor(*submission.job);
-  if (st.isOk()) st = bridge_->copyOut(staged, submission.ops);
-  bridge_->release(staged);
-  return st;
-}
-
-Status Communicator::submitStreamOrdered(std::span<const OpRequest> ops) {
-  SHOAL_ASSIGN_OR_RETURN(StreamSubmission submission, beginStreamOrdered(ops));
-  return finishStreamOrdered(submission);
-}
-
-Status Communicator::connectAhead(const std::vector<OpRequest>& ops) {
-  UseGuard use(*this);
-  for (const OpRequest& op : ops) {
-    if (droppedByNccl(op)) continue;
-    SHOAL_ASSIGN_OR_RETURN(std::shared_ptr<const PreparedPlan> prepared, planFor(placedShape(op), ops.size() > 1),
-      describe(), ": ", collKindName(op.shape.kind));
-    for (const auto& lane : prepared->plan->lanes)
-      SHOAL_TRY(connectionTo(lane.peer, lane.channel, /*unlessWaiting=*/true).status());
-  }
-  return Status::ok();
-}
-
-Status Communicator::submit(std::span<const OpRequest> ops, bool wait) {
-  UseGuard use(*this);
-  if (wait && nothingInFlight()) {
-    // The common blocking call: nothing of ours is queued ahead of it, so it
-    // runs on this thread without entering the engine's queue, in a job kept
-    // for the next call.
-    if (!blockingJob_) blockingJob_ = std::make_unique<Job>();
-    Job& job = *blockingJob_;
-    job.resetForReuse();
-    SHOAL_ASSIGN_OR_RETURN(bool any, prepareJob(job, ops, /*detached=*/false));
-    if (!any) return Status::ok();
-    runningInline_.store(true, std::memory_order_release);
-    Status st = Engine::instance().runInline(job);
-    runningInline_.store(false, std::memory_order_relaxed);
-    if (!st.isOk()) st = handleFailure(job, std::move(st));
-    return st;
-  }
-  SHOAL_ASSIGN_OR_RETURN(JobPtr job, enqueue(ops, /*detached=*/!wait));
-  if (!job || !wait) return Status::ok();
-  return waitFor(*job);
-}
-
-bool Communicator::nothingInFlight() {
-  // The common case without the lock: a blocking call with no detached work.
-  if (!anyInFlight_.load(std::memory_order_acquire)) return true;
-  std::lock_guard<std::mutex> lock(jobsMutex_);
-  dropFinishedDetachedLocked();
-  return inFlight_.empty();
-}
-
-Status Communicator::waitFor(const Job& job) {
-  UseGuard use(*this);
-  Status st = Engine::instance().wait(job);
-  if (!st.isOk()) st = handleFailure(job, std::move(st));
-  if (job.detached) releaseFinishedDetached();
-  return st;
-}
-
-// Detached jobs (host streams, nonblocking communicators) and their scratch
-// are kept until they finish; whoever waits on one also drops every finished
-// one, so a long run of host-stream work holds only what is in flight.
-void Communicator::releaseFinishedDetached() {
-  std::lock_guard<std::mutex> lock(jobsMutex_);
-  dropFinishedDetachedLocked();
-}
-
-void Communicator::dropFinishedDetachedLocked() {
-  for (const auto& job : inFlight_)
-    if (job->isDone() && !job->status().isOk()) setAsyncError(job->status());
-  eraseFinishedLocked();
-}
-
-// Every removal from inFlight_ goes through here, so anyInFlight_ stays true to it.
-void Communicator::eraseFinishedLocked() {
-  std::erase_if(inFlight_, [](const JobPtr& j) { return j->isDone(); });
-  anyInFlight_.store(!inFlight_.empty(), std::memory_order_release);
-}
-
-// A failed operation fails the communicator for good (NCCL semantics: abort
-// it). Before returning, make every other rank fail promptly and name the
-// first cause: publish our error in the store, then close all our
-// connections, so ranks waiting on us see the close now rather than at their
-// no-progress deadline; a rank that sees a close reads the closer's published
-// error, so the message chain ends at the rank that really died or stalled.
-Status Communicator::handleFailure(const Job& job, Status st) {
-  std::lock_guard<std::mutex> lock(failureMutex_);
-  if (st.code() == Code::kAborted || failurePublished_) {
-    setAsyncError(st);
-    return st;
-  }
-  failurePublished_ = true;
-  // Our own view first, so that ranks timing out at the same moment as we do
-  // can read it: in every connection that has a side channel (same-host peers
-  // read it even when the store is out of reach), then in the store; then
-  // what the peers we depended on reported, if anything.
-  // An abort (a watchdog on another thread) ends these waits at once: the
-  // peers that abort too never publish a report.
-  const Deadline reportDeadline = Deadline::afterMs(kFailureReportMs).cancelledBy(&abortFlag_);
-  for (auto& [key, connection] : connections_) connection->publishFailure(st.message());
-  (void)request_.store->set(failureKey(rank_), st.message(), reportDeadline);
-  std::vector<int> upstreamPeers = job.waitingOn();
-  if (job.failedPeer() >= 0 && st.code() == Code::kRemoteError) upstreamPeers = {job.failedPeer()};
-  Deadline deadline = reportDeadline;
-  std::string upstreamText;
-  for (int peer : upstreamPeers) {
-    if (peer == rank_) continue;
-    std::string report = peerReportThroughConnections(peer, deadline);
-    if (report.empty()) {
-      auto upstream = request_.store->get({failureKey(peer)}, deadline);
-      if (upstream.isOk()) report = upstream.value()[0];
-    }
-    if (!report.empty())
-      upstreamText += str("; rank ", peer, " (host ", peers_[peer].hostname, ") had failed first: ", report);
-  }
-  if (!upstreamText.empty()) {
-    st = Status(st.code(), st.message() + upstreamText);
-    (void)request_.store->set(failureKey(rank_), st.message(), reportDeadline);
-  }
-  Engine::instance().retire(reinterpret_cast<uintptr_t>(this), st);
-  connections_.clear();
-  setAsyncError(st);
-  return st;
-}
-
-// A same-host peer's failure report from a connection's side channel. The
-// peer may fail a moment after us (both waiting on a third rank): wait for it
-// until the deadline, but only on peers with a side channel.
-std::string Communicator::peerReportThroughConnections(int peer, Deadline deadline) const {
-  std::vector<Connection*> mine;
-  for (const auto& [key, connection] : connections_)
-    if (key.first == peer && connection->carriesFailureReports()) mine.push_back(connection.get());
-  if (mine.empty()) return {};
-  Backoff backoff;
-  while (true) {
-    for (Connection* c : mine)
-      if (std::string report = c->peerFailure(); !report.empty()) return report;
-    if (deadline.expired()) return {};
-    backoff.pause();
-  }
-}
-
-std::string Communicator::failureKey(int rank) const { return bootstrap_->failureKey(rank); }
-
-Result<JobPtr> Communicator::enqueue(std::span<const OpRequest> ops, bool detached) {
-  UseGuard use(*this);
-  auto job = std::make_shared<Job>();
-  SHOAL_ASSIGN_OR_RETURN(bool any, prepareJob(*job, ops, detached));
-  if (!any) return JobPtr();
-  Engine::instance().submit(job);
-  if (detached) {
-    std::lock_guard<std::mutex> lock(jobsMutex_);
-    inFlight_.push_back(job);
-    anyInFlight_.store(true, std::memory_order_release);
-  }
-  return job;
-}
-
-Result<bool> Communicator::prepareJob(Job& job, std::span<const OpRequest> ops, bool detached) {
-  const bool wait = !detached;
-  if (aborted()) return error(Code::kAborted, describe(), " was aborted");
-  if (failed_.load(std::memory_order_acquire)) {
-    Status e = asyncError();
-    return Status(e.code(), str(describe(), " is in an error state from an earlier operation: ",
-                                e.message()));
-  }
-  setLogRank(rank_);
-  if (std::any_of(ops.begin(), ops.end(), droppedByNccl)) {
-    std::vector<OpRequest> kept;
-    std::remove_copy_if(ops.begin(), ops.end(), std::back_inserter(kept), droppedByNccl);
-    if (kept.empty()) return false;
-    return prepareJob(job, kept, detached);
-  }
-
-  // A reused job (a blocking call's) that repeats its last single operation
-  // keeps its plan and its lanes' connections (connections are only ever
-  // added while the communicator is usable): no cache lookup, no
-  // reference-count traffic, no connection lookups.
-  const bool samePlan = ops.size() == 1 && job.prepared && job.prepared->plan->shapes.size() == 1 &&
-                        sameButPlacement(job.prepared->plan->shapes[0], ops[0].shape) &&
-                        job.prepared->plan->shapes[0].disjointBuffers == disjointBuffers(ops[0]);
-  job.opTags.resize(ops.size());
-  job.opScalars.resize(ops.size());
-  if (samePlan) {
-    job.opTags[0] = withSeq(job.opTags[0], nextSeq(ops[0].shape));  // same shape, same other bits
-    job.opScalars[0] = ops[0].scalar;
-  } else {
-    std::vector<std::shared_ptr<const PreparedPlan>> parts;
-    std::shared_ptr<const PreparedPlan> prepared;
-    for (size_t k = 0; k < ops.size(); ++k) {
-      const OpRequest& op = ops[k];
-      SHOAL_ASSIGN_OR_RETURN(prepared, planFor(placedShape(op), ops.size() > 1),
-        describe(), ": ", collKindName(op.shape.kind));
-      if (ops.size() > 1) parts.push_back(prepared);
-      job.opTags[k] = tagFor(op.shape);
-      job.opScalars[k] = op.scalar;
-    }
-    if (parts.size() > 1) prepared = mergedPlanFor(std::move(parts));
-    job.prepared = std::move(prepared);
-  }
-  const Plan& plan = *job.prepared->plan;
-  job.sameConnections = samePlan && job.laneConnections.size() == plan.lanes.size();
-  if (!job.sameConnections) {
-    if (Status st = ensureConnections(plan, job.laneConnections); !st.isOk()) {
-      job.laneConnections.clear();  // so that the next call of this shape connects again
-      return st;
-    }
-  }
-
-  uint8_t* scratch = nullptr;
-  if (plan.scratchBytes > 0) {
-    if (wait) {
-      if (scratch_.size() < plan.scratchBytes) scratch_.resize(plan.scratchBytes);
-      scratch = scratch_.data();
-    } else {
-      job.ownedScratch.resize(plan.scratchBytes);  // lives as long as the job
-      scratch = job.ownedScratch.data();
-    }
-  }
-  job.buffers.resize(ops.size() * kBuffersPerOp);
-  for (size_t k = 0; k < ops.size(); ++k) {
-    job.buffers[k * kBuffersPerOp + kSendBuffer] =
-        const_cast<uint8_t*>(static_cast<const uint8_t*>(ops[k].sendbuff));
-    job.buffers[k * kBuffersPerOp + kRecvBuffer] = static_cast<uint8_t*>(ops[k].recvbuff);
-    uint64_t offset = k < plan.scratchOffsets.size() ? plan.scratchOffsets[k] : 0;
-    job.buffers[k * kBuffersPerOp + kScratchBuffer] = scratch ? scratch + offset : nullptr;
-  }
-  job.queueId = reinterpret_cast<uintptr_t>(this);
-  job.abortFlag = &abortFlag_;
-  job.detached = !wait;
-  if (!label_) label_ = std::make_shared<const std::string>(describe());
-  if (job.commLabel != label_) job.commLabel = label_;
-  job.kind = ops[0].shape.kind;
-  job.groupedOps = ops.size();
-  job.sequence = job.opTags[0] & 0xffffffffffffull;
-  SHOAL_TRACE(subsys::kColl, job.description(), " count ", ops[0].shape.count);
-  return true;
-}
-
-Status Communicator::waitIdle(Deadline deadline) {
-  std::vector<JobPtr> jobs;
-  {
-    std::lock_guard<std::mutex> lock(jobsMutex_);
-    jobs = inFlight_;
-  }
-  for (const auto& job : jobs) {
-    Status st = Engine::instance().wait(*job, deadline);
-    if (!st.isOk()) {
-      setAsyncError(st);
-      return st;
-    }
-  }
-  std::lock_guard<std::mutex> lock(jobsMutex_);
-  eraseFinishedLocked();
-  return Status::ok();
+  std::sort(members.begin(), members.end());
+  int newRank = static_cast<int>(
+      std::find(members.begin(), members.end(), std::make_pair(key, rank_)) - members.begin());
+  InitRequest req;
+  req.store = request_.store;
+  req.scope = str(request_.scope, "/split", splitIndex, "/color", color);
+  req.secret = request_.secret;
+  req.rank = newRank;
+  req.nranks = static_cast<int>(members.size());
+  req.options = options;
+  req.cancel = cancel;
+  auto child = std::make_shared<Communicator>(std::move(req));
+  SHOAL_TRY(child->initialize()) << describe() << ": split color " << color;
+  return child;
 }
 
 Code Communicator::asyncState() {
@@ -725,19 +288,15 @@ void Communicator::checkIdle() {
   } lower{checking_};
   if (users_.load() != 0) return;  // a call is using them: next round
   if (!Engine::instance().queueAtRest(reinterpret_cast<uintptr_t>(this))) return;  // the engine's
-  for (const auto& [key, connection] : connections_) {
-    if (key.first == rank_ || connection->pending() != 0) continue;
-    Status lost = connection->checkAlive();
-    if (lost.isOk()) continue;
-    Status st(Code::kRemoteError, str(describe(), ": a peer was lost while no operation was in flight "
-                                      "(idle check, SHOAL_IDLE_CHECK_MS): ", lost.message()));
-    SHOAL_WARN(st.message());
-    // Same-host peers read it through their connections' side channel (and
-    // fail too, at their own next check), as after a failed operation.
-    for (const auto& [k, c] : connections_) c->publishFailure(st.message());
-    setAsyncError(st);
-    return;
-  }
+  Status lost = connections_.findLostPeer();
+  if (lost.isOk()) return;
+  Status st(Code::kRemoteError, str(describe(), ": a peer was lost while no operation was in flight "
+                                    "(idle check, SHOAL_IDLE_CHECK_MS): ", lost.message()));
+  SHOAL_WARN(st.message());
+  // Same-host peers read it through their connections' side channel (and
+  // fail too, at their own next check), as after a failed operation.
+  connections_.publishFailure(st.message());
+  setAsyncError(st);
 }
 
 Status Communicator::finalize() {
@@ -745,79 +304,47 @@ Status Communicator::finalize() {
   return waitIdle(deadline);
 }
 
-Result<std::shared_ptr<Communicator>> Communicator::split(int color, int key, const CommOptions& options,
-                                                          const std::atomic<bool>* cancel) {
-  Deadline deadline = Deadline::afterMs(params().initTimeoutMs).cancelledBy(cancel);
-  static_assert(sizeof(int) == 4);
-  SHOAL_ASSIGN_OR_RETURN(auto all, bootstrap_->allGather(str(color, ' ', key), deadline),
-      describe(), ": split");
-  uint64_t splitIndex = nextSeq(CollShape{});  // every parent rank splits in the same order
-  if (color < 0) return std::shared_ptr<Communicator>();
-  std::vector<std::pair<int, int>> members;  // (key, parent rank)
-  for (int r = 0; r < nranks_; ++r) {
-    int c = 0, k = 0;
-    if (std::sscanf(all[r].c_str(), "%d %d", &c, &k) != 2)
-      return internalError("malformed split record from rank ", r);
-    if (c == color) members.emplace_back(k, r);
+int RedOpTable::create(const CustomRedOp& op) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto freeSlot = std::find(live_.begin(), live_.end(), 0);
+  const size_t i = static_cast<size_t>(freeSlot - live_.begin());
+  if (freeSlot == live_.end()) {
+    ops_.push_back(op);
+    live_.push_back(1);
+  } else {
+    ops_[i] = op;
+    live_[i] = 1;
   }
-  std::sort(members.begin(), members.end());
-  int newRank = static_cast<int>(
-      std::find(members.begin(), members.end(), std::make_pair(key, rank_)) - members.begin());
-  InitRequest req;
-  req.store = request_.store;
-  req.scope = str(request_.scope, "/split", splitIndex, "/color", color);
-  req.secret = request_.secret;
-  req.rank = newRank;
-  req.nranks = static_cast<int>(members.size());
-  req.options = options;
-  req.cancel = cancel;
-  auto child = std::make_shared<Communicator>(std::move(req));
-  SHOAL_TRY(child->initialize()) << describe() << ": split color " << color;
-  return child;
+  return kFirstId + static_cast<int>(i);
 }
 
-int Communicator::createRedOp(const CustomRedOp& op) {
-  std::lock_guard<std::mutex> lock(redOpMutex_);
-  for (size_t i = 0; i < redOps_.size(); ++i)
-    if (!redOpLive_[i]) {
-      redOps_[i] = op;
-      redOpLive_[i] = true;
-      return 5 + static_cast<int>(i);
-    }
-  redOps_.push_back(op);
-  redOpLive_.push_back(true);
-  return 5 + static_cast<int>(redOps_.size() - 1);
-}
-
-Result<CustomRedOp> Communicator::findRedOp(int id) const {
-  std::lock_guard<std::mutex> lock(redOpMutex_);
-  size_t i = static_cast<size_t>(id - 5);
-  if (id < 5 || i >= redOps_.size() || !redOpLive_[i])
+Result<CustomRedOp> RedOpTable::find(int id) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const size_t i = static_cast<size_t>(id - kFirstId);
+  if (id < kFirstId || i >= ops_.size() || !live_[i])
     return invalidArgument("reduction operator ", id, " was not created on this communicator");
-  return redOps_[i];
+  return ops_[i];
 }
 
-Status Communicator::destroyRedOp(int id) {
-  std::lock_guard<std::mutex> lock(redOpMutex_);
-  size_t i = static_cast<size_t>(id - 5);
-  if (id < 5 || i >= redOps_.size() || !redOpLive_[i])
+Status RedOpTable::destroy(int id) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const size_t i = static_cast<size_t>(id - kFirstId);
+  if (id < kFirstId || i >= ops_.size() || !live_[i])
     return invalidArgument("ncclRedOpDestroy: operator ", id,
                            " is not a live user-created operator of this communicator");
-  redOpLive_[i] = false;
+  live_[i] = 0;
   return Status::ok();
 }
 
 Result<double> Communicator::estimateUs(const CollShape& shape) const {
-  return tuner_->estimateUs(shape, rankView_);
+  if (!plans_) return invalidUsage(describe(), " has not finished its init");
+  return plans_->estimateUs(shape);
 }
 
 std::string Communicator::dumpState() {
   std::string out = describe() + "\n";
   out += str("  collectives issued: ", collSeq_.load(std::memory_order_relaxed), "\n  connections: ",
-             connections_.size(), "\n");
-  for (const auto& [key, conn] : connections_)
-    out += str("    ", conn->peerDescription(), " channel ", key.second, ": ", conn->pending(),
-               " pending\n");
+             connections_.size(), "\n", connections_.describe());
   Status e = asyncError();
   out += str("  async error: ", e.isOk() ? std::string("none") : e.toString(), "\n");
   std::string report = hangReport("request", nullptr);
@@ -825,17 +352,7 @@ std::string Communicator::dumpState() {
   return out + "  report: " + report + "\n";
 }
 
-namespace {
-int64_t wallClockMs() {
-  using namespace std::chrono;
-  return duration_cast<milliseconds>(system_clock::now().time_since_epoch()).count();
-}
-}  // namespace
-
-std::string Communicator::reportStem() const {
-  const std::string id = idHex();
-  return str(id, "-r", rank_, "-", ::getpid());
-}
+std::string Communicator::reportStem() const { return str(idHex(), "-r", rank_, "-", ::getpid()); }
 
 std::string Communicator::hangReport(std::string_view reason, const JobReport* known) {
   const uint64_t queue = reinterpret_cast<uintptr_t>(this);
@@ -851,27 +368,18 @@ std::string Communicator::hangReport(std::string_view reason, const JobReport* k
       if (asked) known = &*asked;
     }
   }
-  const std::string id = idHex();
-  Status e = asyncError();
-  std::string out = str("{\"shoal_report\": 1, \"reason\": ", hang::jsonString(reason), ", \"comm\": \"", id,
-                        "\", \"rank\": ", rank_, ", \"nranks\": ", nranks_, ", \"host\": ",
-                        hang::jsonString(rank_ < static_cast<int>(peers_.size()) ? peers_[rank_].hostname : ""),
-                        ", \"pid\": ", ::getpid(), ", \"unix_ms\": ", wallClockMs(),
-                        ", \"collectives_issued\": ", collSeq_.load(std::memory_order_relaxed),
-                        ", \"jobs_queued\": ", queued, ", \"error\": ",
-                        e.isOk() ? std::string("null") : hang::jsonString(e.toString()), ", \"in_flight\": ");
-  if (!known) return out + "null}";
-  out += str("{\"what\": ", hang::jsonString(known->what), ", \"sequence\": ", known->sequence,
-             ", \"steps_done\": ", known->stepsDone, ", \"steps_total\": ", known->stepsTotal,
-             ", \"idle_ms\": ", known->idleMs, ", \"waiting_on\": [");
-  for (size_t i = 0; i < known->waitingOn.size(); ++i) out += str(i ? ", " : "", known->waitingOn[i]);
-  out += "], \"peers\": [";
-  for (size_t i = 0; i < known->peers.size(); ++i) {
-    const JobReport::Peer& p = known->peers[i];
-    out += str(i ? ", " : "", "{\"rank\": ", p.rank, ", \"send_posted\": ", p.sendPosted, ", \"send_done\": ",
-               p.sendDone, ", \"recv_posted\": ", p.recvPosted, ", \"recv_done\": ", p.recvDone, "}");
-  }
-  return out + "]}}";
+  hang::ReportFacts facts;
+  facts.reason = reason;
+  facts.commId = idHex();
+  facts.rank = rank_;
+  facts.nranks = nranks_;
+  facts.host = rank_ < static_cast<int>(peers_.size()) ? peers_[rank_].hostname : "";
+  facts.pid = ::getpid();
+  facts.unixMs = hang::unixTimeMs();
+  facts.collectivesIssued = collSeq_.load(std::memory_order_relaxed);
+  facts.jobsQueued = queued;
+  if (Status e = asyncError(); !e.isOk()) facts.error = e.toString();
+  return hang::formatReport(facts, known);
 }
 
 void Communicator::publishReport(std::string_view reason, const JobReport* known) {

@@ -1,9 +1,17 @@
 // Communicator: the glue behind ncclComm_t (docs/design.md, Nouns).
 //
-// Role: knows its rank, size, peers and topology; owns its Connections (made
-// lazily, the first time a plan needs a lane), its plan cache and its scratch
-// memory; turns user operations into Jobs for the Engine. The API layer
-// (src/api) validates arguments, then calls one method here.
+// Role: knows its rank, size, peers and topology; turns user operations into
+// Jobs for the Engine. The API layer (src/api) validates arguments, then
+// calls one method here. Its parts, each its own noun:
+//   - set-up and agreement: initialize() and split() exchange the typed
+//     messages of comm/init_agreement.h over the Bootstrap;
+//   - PlanCache (comm/plan_cache.h): the tuner and its plans by shape;
+//   - ConnectionTable (comm/connection_table.h): connections per (peer,
+//     channel), made the first time a plan needs them;
+//   - job preparation (communicator_jobs.cc): plans, tags, buffers, scratch
+//     and connections of a job, and its submission, waiting and failure;
+//   - StreamBridge (comm/stream_bridge.h): operations in a CUDA stream's order;
+//   - RedOpTable: user-created reduction operators.
 //
 // Threading: NCCL's rule holds: one thread uses a communicator at a time
 // (submit, split, finalize, destroy). asyncState() and asyncError() may be read
@@ -16,7 +24,7 @@
 // no job of ours is in the engine (Engine::queueAtRest).
 //
 // Lifetime: shared_ptr; the API handle holds one reference, jobs in flight hold
-// none (retire() removes them before the connections die).
+// none (the destructor retires them before the connections die).
 #pragma once
 
 #include <atomic>
@@ -33,14 +41,15 @@
 #include "bootstrap/bootstrap.h"
 #include "collectives/layout.h"
 #include "collectives/plan.h"
+#include "comm/connection_table.h"
+#include "comm/init_agreement.h"
+#include "comm/plan_cache.h"
 #include "core/status.h"
 #include "core/tag.h"
 #include "core/types.h"
 #include "cuda/driver.h"
 #include "engine/engine.h"
 #include "topology/topology.h"
-#include "transports/transport.h"
-#include "tuner/tuner.h"
 
 namespace shoal {
 
@@ -86,6 +95,22 @@ struct CustomRedOp {
   OpScalar scalar;
 };
 
+// A communicator's user-created reduction operators. Their ids follow NCCL's
+// built-in ones: sum, prod, max, min, avg are 0..4 (ncclNumOps is 5; the API
+// layer checks the two agree), so the first created operator is 5.
+class RedOpTable {
+ public:
+  static constexpr int kFirstId = 5;
+  int create(const CustomRedOp& op);
+  Result<CustomRedOp> find(int id) const;
+  Status destroy(int id);
+
+ private:
+  mutable std::mutex mutex_;
+  std::vector<CustomRedOp> ops_;  // by id - kFirstId
+  std::vector<uint8_t> live_;     // 1: the op of that id exists
+};
+
 class StreamBridge;
 
 class Communicator : public std::enable_shared_from_this<Communicator>, private IdleWatch {
@@ -93,9 +118,10 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
   explicit Communicator(InitRequest request);
   ~Communicator();
 
-  // Bootstrap: every rank checks in, peers and topology are known, the tuner is
-  // ready. Blocking; for nonblocking communicators the API layer runs it on a
-  // thread while asyncState() reads kInProgress.
+  // Bootstrap: every rank checks in, peers and topology are known, the ranks
+  // agree on what their plans depend on, the tuner is ready. Blocking; for
+  // nonblocking communicators the API layer runs it on a thread while
+  // asyncState() reads kInProgress.
   Status initialize();
 
   int rank() const { return rank_; }
@@ -129,31 +155,20 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
   Status finishStreamOrdered(StreamSubmission& submission);
   Status submitStreamOrdered(std::span<const OpRequest> ops);
 
-  // Submits the operations as one job (a group) and, if `wait`, pumps the
-  // engine until it completes. A failure becomes the async error too.
+  // Submits the operations as one job (a group) and, if `wait`, runs it to
+  // completion. A failure becomes the async error too.
   Status submit(std::span<const OpRequest> ops, bool wait);
   // Submits without waiting. A non-detached job must then be waited for with
   // waitFor() by the caller (a group waits for all its communicators' jobs);
   // a detached one is pumped by the progress thread and tracked in asyncState().
   // Returns null when there is nothing to do (zero-count collectives).
   Result<JobPtr> enqueue(std::span<const OpRequest> ops, bool detached);
-  // Fills `job` for the operations (zero-count collectives dropped); false
-  // when nothing is left to do.
-  Result<bool> prepareJob(Job& job, std::span<const OpRequest> ops, bool detached);
   // Makes the connections `ops` will need whose set-up does not wait for the
   // peer (Transport::connectWaitsForPeer). A thread that drives several
   // ranks' communicators in one group calls it for all of them before it
   // enqueues any: then a side that waits finds its peer's side already made.
   Status connectAhead(const std::vector<OpRequest>& ops);
-  // No submitted job of ours is unfinished (blocking calls may then run inline).
-  bool nothingInFlight();
   Status waitFor(const Job& job);
-  void releaseFinishedDetached();
-  void dropFinishedDetachedLocked();  // caller holds jobsMutex_
-  void eraseFinishedLocked();         // caller holds jobsMutex_
-  std::string peerReportThroughConnections(int peer, Deadline deadline) const;
-  // Pumps until every submitted job of ours has finished.
-  Status waitIdle(Deadline deadline);
 
   // ncclCommSplit: collective over this communicator. `color` < 0 means no
   // communicator for this rank (returns null). Blocking; `cancel` as in
@@ -175,10 +190,10 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
   // Flushes outstanding work (ncclCommFinalize).
   Status finalize();
 
-  // ncclRedOpCreatePreMulSum / ncclRedOpDestroy: ids count from ncclNumOps (5).
-  int createRedOp(const CustomRedOp& op);
-  Result<CustomRedOp> findRedOp(int id) const;
-  Status destroyRedOp(int id);
+  // ncclRedOpCreatePreMulSum / ncclRedOpDestroy (RedOpTable).
+  int createRedOp(const CustomRedOp& op) { return redOps_.create(op); }
+  Result<CustomRedOp> findRedOp(int id) const { return redOps_.find(id); }
+  Status destroyRedOp(int id) { return redOps_.destroy(id); }
 
   // The tuner's estimate for one operation, in microseconds.
   Result<double> estimateUs(const CollShape& shape) const;
@@ -194,8 +209,18 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
   void publishReport(std::string_view reason, const JobReport* known);
 
  private:
-  // grouped: the op is one of several merged into one job (no peer reads).
-  Result<std::shared_ptr<const PreparedPlan>> planFor(const CollShape& shape, bool grouped = false);
+  // Set-up (communicator.cc).
+  Result<std::vector<PeerInfo>> exchangePeers(const PeerInfo& self, Deadline deadline);
+  Result<InitProposal> proposal(const PeerInfo& self) const;
+  void chooseWaitSpin(const PeerInfo& self) const;
+  // Init: whether the process uses CUDA and the current device (self.gpu).
+  Status findCudaDevice(PeerInfo& self);
+  void logSharedGpus() const;
+
+  // Job preparation and submission (communicator_jobs.cc).
+  // Fills `job` for the operations (zero-count collectives dropped); false
+  // when nothing is left to do.
+  Result<bool> prepareJob(Job& job, std::span<const OpRequest> ops, bool detached);
   // Whether op's send and recv buffers share no byte, and op.shape with
   // disjointBuffers so set: calls whose buffers may overlap (in place) and
   // calls whose buffers cannot get plans of their own (collectives/plan.h).
@@ -203,17 +228,6 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
     return !buffersMayOverlap(op.shape, op.sendbuff, op.recvbuff, rank_, nranks_);
   }
   CollShape placedShape(const OpRequest& op) const;
-  // The plan of a group's operations merged (mergePlans), cached.
-  std::shared_ptr<const PreparedPlan> mergedPlanFor(std::vector<std::shared_ptr<const PreparedPlan>> parts);
-  Status ensureConnections(const Plan& plan, std::vector<Connection*>& laneConnections);
-  // The connection to `peer` on `channel`, made on first use. With
-  // `unlessWaiting`, a connection whose set-up would wait for the peer is not
-  // made (nullptr).
-  Result<Connection*> connectionTo(int peer, uint16_t channel, bool unlessWaiting = false);
-  void chooseWaitSpin(const PeerInfo& self) const;
-  // Init: whether the process uses CUDA and the current device (self.gpu).
-  Status findCudaDevice(PeerInfo& self);
-  void logSharedGpus() const;
   uint64_t tagFor(const CollShape& shape) {
     return encodeTag(shape.kind, shape.dtype, shape.count, static_cast<int>(shape.op), shape.root,
                      nextSeq(shape));
@@ -228,6 +242,15 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
     collSeq_.store(seq + 1, std::memory_order_relaxed);
     return seq;
   }
+  // A submitted detached job, tracked until it finishes.
+  void trackDetached(const JobPtr& job);
+  // No submitted job of ours is unfinished (blocking calls may then run inline).
+  bool nothingInFlight();
+  void releaseFinishedDetached();
+  void dropFinishedDetachedLocked();  // caller holds jobsMutex_
+  void eraseFinishedLocked();         // caller holds jobsMutex_
+  // Waits for every submitted job of ours.
+  Status waitIdle(Deadline deadline);
   Status handleFailure(const Job& job, Status st);
   std::string failureKey(int rank) const;
   std::string reportStem() const;  // names this rank's report files
@@ -239,32 +262,13 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
   const int nranks_;
   CommOptions options_;
   InitRequest request_;
+  const uint64_t commId_;
+  std::atomic<bool> abortFlag_{false};
   std::unique_ptr<Bootstrap> bootstrap_;
   std::vector<PeerInfo> peers_;
   Topology topology_;
-  RankView rankView_;
-  RankView groupView_;  // rankView_ without peer reads
-  std::unique_ptr<Tuner> tuner_;
-  uint64_t commId_ = 0;
-
-  std::map<std::pair<int, uint16_t>, std::unique_ptr<Connection>> connections_;
-  struct ShapeHash {
-    size_t operator()(const CollShape& s) const;
-  };
-  struct ShapeEqual {
-    bool operator()(const CollShape& a, const CollShape& b) const;
-  };
-  std::unordered_map<CollShape, std::shared_ptr<const PreparedPlan>, ShapeHash, ShapeEqual> planCache_;
-  std::unordered_map<CollShape, std::shared_ptr<const PreparedPlan>, ShapeHash, ShapeEqual> groupPlanCache_;
-  // Merged plans of groups, keyed by their operations' prepared plans in
-  // order; an entry holds those parts, so their addresses stay unique while
-  // it lives. (Merging a send and a receive costs ~7000 instructions, ~4x a
-  // whole 8-byte AllReduce call.)
-  struct MergedPlan {
-    std::vector<std::shared_ptr<const PreparedPlan>> parts;
-    std::shared_ptr<const PreparedPlan> merged;
-  };
-  std::map<std::vector<const PreparedPlan*>, MergedPlan> mergedPlanCache_;
+  std::unique_ptr<PlanCache> plans_;  // made at init, once the ranks agreed
+  ConnectionTable connections_;       // after peers_ and abortFlag_, which it reads
   std::shared_ptr<const std::string> label_;  // describe(), once peers are known
   std::vector<uint8_t> scratch_;        // waited jobs run one at a time: one arena
 
@@ -275,15 +279,12 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
   std::atomic<bool> anyInFlight_{false};  // !inFlight_.empty(), readable without jobsMutex_
   std::unique_ptr<Job> blockingJob_;    // reused by blocking calls that run inline
 
-  std::vector<CustomRedOp> redOps_;
-  std::vector<bool> redOpLive_;
-  mutable std::mutex redOpMutex_;
+  RedOpTable redOps_;
 
   cuda::Driver* cuda_ = nullptr;         // set at init when the process uses CUDA
   int cudaDevice_ = -1;
   std::unique_ptr<StreamBridge> bridge_;  // made by the first stream-ordered operation
 
-  std::atomic<bool> abortFlag_{false};
   std::atomic<Code> initState_{Code::kInProgress};
   mutable std::mutex asyncMutex_;
   Status asyncError_;

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -152,6 +153,32 @@ std::string jsonString(std::string_view text) {
     }
   }
   return out + "\"";
+}
+
+int64_t unixTimeMs() {
+  using namespace std::chrono;
+  return duration_cast<milliseconds>(system_clock::now().time_since_epoch()).count();
+}
+
+std::string formatReport(const ReportFacts& f, const JobReport* known) {
+  std::string out = str("{\"shoal_report\": 1, \"reason\": ", jsonString(f.reason), ", \"comm\": \"", f.commId,
+                        "\", \"rank\": ", f.rank, ", \"nranks\": ", f.nranks, ", \"host\": ", jsonString(f.host),
+                        ", \"pid\": ", f.pid, ", \"unix_ms\": ", f.unixMs,
+                        ", \"collectives_issued\": ", f.collectivesIssued, ", \"jobs_queued\": ", f.jobsQueued,
+                        ", \"error\": ", f.error.empty() ? std::string("null") : jsonString(f.error),
+                        ", \"in_flight\": ");
+  if (!known) return out + "null}";
+  out += str("{\"what\": ", jsonString(known->what), ", \"sequence\": ", known->sequence,
+             ", \"steps_done\": ", known->stepsDone, ", \"steps_total\": ", known->stepsTotal,
+             ", \"idle_ms\": ", known->idleMs, ", \"waiting_on\": [");
+  for (size_t i = 0; i < known->waitingOn.size(); ++i) out += str(i ? ", " : "", known->waitingOn[i]);
+  out += "], \"peers\": [";
+  for (size_t i = 0; i < known->peers.size(); ++i) {
+    const JobReport::Peer& p = known->peers[i];
+    out += str(i ? ", " : "", "{\"rank\": ", p.rank, ", \"send_posted\": ", p.sendPosted, ", \"send_done\": ",
+               p.sendDone, ", \"recv_posted\": ", p.recvPosted, ", \"recv_done\": ", p.recvDone, "}");
+  }
+  return out + "]}}";
 }
 
 }  // namespace shoal::hang

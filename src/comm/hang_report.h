@@ -12,6 +12,8 @@
 // itself: it only wakes that thread).
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -33,6 +35,25 @@ std::string publish(const std::string& json, std::string_view stem);
 
 // `text` as a JSON string literal (quotes included).
 std::string jsonString(std::string_view text);
+
+// What one rank's report says besides the job in flight.
+struct ReportFacts {
+  std::string_view reason;  // "deadline", "signal", "request"
+  std::string commId;       // 16 hex digits
+  int rank = 0;
+  int nranks = 0;
+  std::string host;
+  long pid = 0;
+  int64_t unixMs = 0;
+  uint64_t collectivesIssued = 0;
+  size_t jobsQueued = 0;
+  std::string error;  // the communicator's async error; "" when none
+};
+// One report as a JSON object (docs/diagnostics.md names its fields);
+// `inFlight` null: nothing running.
+std::string formatReport(const ReportFacts& facts, const JobReport* inFlight);
+// Milliseconds since the Unix epoch (reports of different hosts compare).
+int64_t unixTimeMs();
 
 }  // namespace hang
 }  // namespace shoal

@@ -1,25 +1,22 @@
-#include <cstring>
-
 #include "core/peer_info.h"
+
+#include <charconv>
+
+#include "core/wire.h"
 
 namespace shoal {
 namespace {
 
-void putString(std::string& out, std::string_view s) {
-  uint32_t n = static_cast<uint32_t>(s.size());
-  out.append(reinterpret_cast<const char*>(&n), sizeof(n));
-  out.append(s);
-}
+// Each field is a length-prefixed string (numbers in decimal), the format
+// every version so far has written.
+constexpr uint32_t kMaxFieldBytes = 1u << 20;
+constexpr long kMaxAddresses = 64;
 
-bool getString(std::string_view& in, std::string& out) {
-  uint32_t n;
-  if (in.size() < sizeof(n)) return false;
-  std::memcpy(&n, in.data(), sizeof(n));
-  in.remove_prefix(sizeof(n));
-  if (n > in.size() || n > (1u << 20)) return false;
-  out.assign(in.substr(0, n));
-  in.remove_prefix(n);
-  return true;
+template <typename Integer>
+bool parseDecimal(const std::string& text, Integer& out) {
+  const char* end = text.data() + text.size();
+  auto [at, ec] = std::from_chars(text.data(), end, out);
+  return ec == std::errc() && at == end;
 }
 
 }  // namespace
@@ -31,39 +28,44 @@ const std::string* PeerInfo::address(std::string_view transport) const {
 }
 
 std::string PeerInfo::serialize() const {
-  std::string out;
-  putString(out, std::to_string(rank));
-  putString(out, hostname);
-  putString(out, hostId);
-  putString(out, std::to_string(processId));
-  putString(out, std::to_string(addresses.size()));
+  std::vector<uint8_t> bytes;
+  wire::Writer w(bytes);
+  w.str(std::to_string(rank));
+  w.str(hostname);
+  w.str(hostId);
+  w.str(std::to_string(processId));
+  w.str(std::to_string(addresses.size()));
   for (const auto& [name, addr] : addresses) {
-    putString(out, name);
-    putString(out, addr);
+    w.str(name);
+    w.str(addr);
   }
-  putString(out, kernelId);  // last: a reader that does not know it stops before it
-  putString(out, gpu);       // after it, for the same reason
-  return out;
+  w.str(kernelId);  // last: a reader that does not know it stops before it
+  w.str(gpu);       // after it, for the same reason
+  return std::string(bytes.begin(), bytes.end());
 }
 
 Result<PeerInfo> PeerInfo::deserialize(std::string_view in) {
   PeerInfo p;
-  std::string rank, pid, count;
-  if (!getString(in, rank) || !getString(in, p.hostname) || !getString(in, p.hostId) ||
-      !getString(in, pid) || !getString(in, count))
+  wire::Reader r(reinterpret_cast<const uint8_t*>(in.data()), in.size());
+  const std::string rank = r.str(kMaxFieldBytes);
+  p.hostname = r.str(kMaxFieldBytes);
+  p.hostId = r.str(kMaxFieldBytes);
+  const std::string pid = r.str(kMaxFieldBytes);
+  const std::string count = r.str(kMaxFieldBytes);
+  long n = -1;
+  if (!r.ok() || !parseDecimal(rank, p.rank) || !parseDecimal(pid, p.processId) || !parseDecimal(count, n))
     return internalError("malformed peer info");
-  p.rank = std::atoi(rank.c_str());
-  p.processId = std::strtoull(pid.c_str(), nullptr, 10);
-  long n = std::atol(count.c_str());
-  if (n < 0 || n > 64) return internalError("malformed peer info: ", n, " addresses");
+  if (n < 0 || n > kMaxAddresses) return internalError("malformed peer info: ", n, " addresses");
   for (long i = 0; i < n; ++i) {
-    std::string name, addr;
-    if (!getString(in, name) || !getString(in, addr)) return internalError("malformed peer info");
+    std::string name = r.str(kMaxFieldBytes);
+    std::string addr = r.str(kMaxFieldBytes);
+    if (!r.ok()) return internalError("malformed peer info");
     p.addresses.emplace_back(std::move(name), std::move(addr));
   }
   // Absent (a writer that did not know it): "", which is never sameKernel.
-  if (!in.empty() && !getString(in, p.kernelId)) return internalError("malformed peer info");
-  if (!in.empty() && !getString(in, p.gpu)) return internalError("malformed peer info");
+  if (!r.atEnd()) p.kernelId = r.str(kMaxFieldBytes);
+  if (r.ok() && !r.atEnd()) p.gpu = r.str(kMaxFieldBytes);
+  if (!r.ok()) return internalError("malformed peer info");
   return p;
 }
 

@@ -11,7 +11,6 @@
 #include "core/log.h"
 #include "core/params.h"
 #include "core/process.h"
-#include "memory/shared_memory.h"
 #include "reduce/reduce.h"
 
 namespace shoal {
@@ -422,77 +421,50 @@ ReduceOnReceive Engine::reduceOnReceiveFor(const Job& job, uint32_t reduceStep, 
 
 namespace {
 
-// What a rank tells its peers about its buffers in a peer-reading plan.
-struct WindowDescriptor {
-  uint64_t magic;
-  int32_t pid;
-  int32_t reserved;
-  uint64_t address[2];         // send, recv
-  uint64_t sharedSequence[2];  // 0: not in a shared allocation
-  uint64_t sharedOffset[2];
-};
-static_assert(sizeof(WindowDescriptor) == kWindowSlotBytes);
-constexpr uint64_t kWindowMagic = 0x53484f414c57494eull;  // "SHOALWIN"
-
 // Sources read from another process go through a bounce buffer of this size,
 // small enough to stay in cache between the read and the reduction.
 constexpr size_t kBounceBytes = 256 << 10;
+
+// The arithmetic of one compute step (collectives/plan.h) on resolved
+// addresses, `bytes` of it.
+void computeStep(const Job& job, const Step& s, uint8_t* dst, const uint8_t* a, const uint8_t* b, uint64_t bytes) {
+  const CollShape& shape = job.prepared->plan->shapes[s.op];
+  const size_t count = bytes / dataTypeSize(shape.dtype);
+  const void* scalar = scalarOf(job, s.op);
+  switch (s.kind) {
+    case StepKind::kReduce:
+      reduce::combine(combineOpOf(s, shape), shape.dtype, dst, a, b, count, scalar);
+      break;
+    case StepKind::kCopy:
+      if (scalesSource(s, shape)) reduce::scale(shape.dtype, dst, a, count, scalar);
+      else reduce::copy(dst, a, bytes);
+      break;
+    case StepKind::kDivide:
+      reduce::divide(shape.dtype, dst, a, count, shape.divisor);
+      break;
+    default:
+      break;
+  }
+}
 
 }  // namespace
 
 void Engine::fillWindow(Job& job) {
   const Plan& plan = *job.prepared->plan;
-  job.window_.assign(kWindowSlotBytes * (1 + static_cast<size_t>(plan.nranks)), 0);
-  job.peerViews_.assign(static_cast<size_t>(plan.nranks), Job::PeerView{});
   OpLayout layout = opLayout(plan.shapes[0], plan.rank, plan.nranks);
-  WindowDescriptor d{};
-  d.magic = kWindowMagic;
-  d.pid = static_cast<int32_t>(currentPid());
-  const uint8_t* bases[2] = {job.buffers[kSendBuffer], job.buffers[kRecvBuffer]};
-  const uint64_t sizes[2] = {layout.sendBytes, layout.recvBytes};
-  for (int b = 0; b < 2; ++b) {
-    d.address[b] = reinterpret_cast<uint64_t>(bases[b]);
-    if (auto where = memory::findShared(bases[b], sizes[b])) {
-      d.sharedSequence[b] = where->sequence;
-      d.sharedOffset[b] = where->offset;
-    }
-  }
-  std::memcpy(job.window_.data(), &d, sizeof(d));
-}
-
-Status Engine::resolvePeer(Job& job, int peer) {
-  Job::PeerView& view = job.peerViews_[static_cast<size_t>(peer)];
-  if (view.resolved) return Status::ok();
-  WindowDescriptor d;
-  std::memcpy(&d, job.window_.data() + kWindowSlotBytes * (1 + static_cast<size_t>(peer)), sizeof(d));
-  if (d.magic != kWindowMagic)
-    return internalError("rank ", peer, "'s buffer descriptor has not arrived or is corrupt");
-  view.pid = d.pid;
-  for (int b = 0; b < 2; ++b) {
-    view.address[b] = d.address[b];
-    if (d.pid == static_cast<int32_t>(currentPid())) {
-      view.base[b] = reinterpret_cast<const uint8_t*>(d.address[b]);  // same process
-    } else if (d.sharedSequence[b] != 0) {
-      const uint8_t* mapped = memory::mapPeerAllocation(d.pid, d.sharedSequence[b]);
-      view.base[b] = mapped ? mapped + d.sharedOffset[b] : nullptr;
-    }
-  }
-  view.resolved = true;
-  return Status::ok();
+  job.window_.describeOwn(plan.nranks, job.buffers[kSendBuffer], layout.sendBytes, job.buffers[kRecvBuffer],
+                          layout.recvBytes);
 }
 
 Result<uint8_t*> Engine::addressOf(Job& job, const Slice& slice) {
-  if (slice.buffer == kWindowBuffer) return job.window_.data() + slice.offset;
-  if (!isPeerBuffer(slice.buffer)) return job.buffers[slice.buffer] + slice.offset;
-  const int peer = peerOfBuffer(slice.buffer);
-  SHOAL_TRY(resolvePeer(job, peer));
-  const uint8_t* base = job.peerViews_[static_cast<size_t>(peer)].base[localKindOfPeerBuffer(slice.buffer)];
-  return base ? const_cast<uint8_t*>(base) + slice.offset : nullptr;
+  if (slice.buffer == kWindowBuffer) return job.window_.bytes() + slice.offset;
+  if (isPeerBuffer(slice.buffer)) return job.window_.mapped(slice);
+  return job.buffers[slice.buffer] + slice.offset;
 }
 
-Status Engine::runRemoteComputeStep(Job& job, const Step& s, uint8_t* dst, const Slice* sources, int count) {
-  const CollShape& shape = job.prepared->plan->shapes[s.op];
-  const uint64_t e = dataTypeSize(shape.dtype);
+Status Engine::runRemoteComputeStep(Job& job, const Step& s, uint8_t* dst, const Slice* sources,
+                                    uint8_t* const* mapped, int count) {
+  const uint64_t e = dataTypeSize(job.prepared->plan->shapes[s.op].dtype);
   thread_local std::vector<uint8_t> bounce;
   bounce.resize(kBounceBytes * static_cast<size_t>(count));
   const uint64_t chunk = kBounceBytes / e * e;
@@ -500,27 +472,15 @@ Status Engine::runRemoteComputeStep(Job& job, const Step& s, uint8_t* dst, const
     const uint64_t len = std::min(chunk, s.bytes - at);
     const uint8_t* in[2] = {nullptr, nullptr};
     for (int k = 0; k < count; ++k) {
-      SHOAL_ASSIGN_OR_RETURN(uint8_t* local, addressOf(job, sources[k]));
-      if (local) {
-        in[k] = local + at;
+      if (mapped[k]) {
+        in[k] = mapped[k] + at;
         continue;
       }
-      const int peer = peerOfBuffer(sources[k].buffer);
-      const Job::PeerView& view = job.peerViews_[static_cast<size_t>(peer)];
       uint8_t* into = bounce.data() + kBounceBytes * static_cast<size_t>(k);
-      SHOAL_TRY(memory::readPeerMemory(view.pid,
-                                       view.address[localKindOfPeerBuffer(sources[k].buffer)] +
-                                           sources[k].offset + at,
-                                       into, len))
-          << "reading rank " << peer << "'s buffer";
+      SHOAL_TRY(job.window_.read(sources[k], at, into, len));
       in[k] = into;
     }
-    if (s.kind == StepKind::kReduce) {
-      ReduceOp op = shape.op == ReduceOp::kPreMulSum ? ReduceOp::kSum : shape.op;
-      reduce::combine(op, shape.dtype, dst + at, in[0], in[1], len / e, nullptr);
-    } else {
-      reduce::copy(dst + at, in[0], len);
-    }
+    computeStep(job, s, dst + at, in[0], in[1], len);
   }
   return Status::ok();
 }
@@ -528,45 +488,31 @@ Status Engine::runRemoteComputeStep(Job& job, const Step& s, uint8_t* dst, const
 Status Engine::runComputeStep(Job& job, uint32_t index) {
   const Plan& plan = *job.prepared->plan;
   const Step& s = plan.steps[index];
-  const CollShape& shape = plan.shapes[s.op];
-  if (plan.readsPeers && (isPeerBuffer(s.src.buffer) || (s.kind == StepKind::kReduce && isPeerBuffer(s.src2.buffer)))) {
-    SHOAL_ASSIGN_OR_RETURN(uint8_t* dst, addressOf(job, s.dst));
-    SHOAL_ASSIGN_OR_RETURN(uint8_t* a, addressOf(job, s.src));
-    uint8_t* b = nullptr;
-    if (s.kind == StepKind::kReduce) {
-      SHOAL_ASSIGN_OR_RETURN(b, addressOf(job, s.src2));
-    }
-    const bool mapped = a && (s.kind != StepKind::kReduce || b);
-    if (!mapped) {
-      const Slice sources[2] = {s.src, s.src2};
-      return runRemoteComputeStep(job, s, dst, sources, s.kind == StepKind::kReduce ? 2 : 1);
-    }
+  if (s.kind != StepKind::kReduce && s.kind != StepKind::kCopy && s.kind != StepKind::kDivide)
+    return internalError("step ", index, " is not a compute step");
+  const bool twoSources = s.kind == StepKind::kReduce;
+  const bool touchesPeers = plan.readsPeers && (isPeerBuffer(s.dst.buffer) || isPeerBuffer(s.src.buffer) ||
+                                                (twoSources && isPeerBuffer(s.src2.buffer)));
+  if (!touchesPeers) [[likely]] {
+    auto local = [&](const Slice& slice) {
+      return (slice.buffer == kWindowBuffer ? job.window_.bytes() : job.buffers[slice.buffer]) + slice.offset;
+    };
+    computeStep(job, s, local(s.dst), local(s.src), twoSources ? local(s.src2) : nullptr, s.bytes);
+    return Status::ok();
   }
-  auto at = [&](const Slice& slice) {
-    if (slice.buffer == kWindowBuffer) return job.window_.data() + slice.offset;
-    if (isPeerBuffer(slice.buffer)) {
-      const Job::PeerView& v = job.peerViews_[static_cast<size_t>(peerOfBuffer(slice.buffer))];
-      return const_cast<uint8_t*>(v.base[localKindOfPeerBuffer(slice.buffer)]) + slice.offset;
-    }
-    return job.buffers[slice.buffer] + slice.offset;
-  };
-  size_t count = s.bytes / dataTypeSize(shape.dtype);
-  const void* scalar = scalarOf(job, s.op);
-  switch (s.kind) {
-    case StepKind::kReduce:
-      reduce::combine(combineOpOf(s, shape), shape.dtype, at(s.dst), at(s.src), at(s.src2), count, scalar);
-      break;
-    case StepKind::kCopy:
-      if (scalesSource(s, shape)) reduce::scale(shape.dtype, at(s.dst), at(s.src), count, scalar);
-      else reduce::copy(at(s.dst), at(s.src), s.bytes);
-      break;
-    case StepKind::kDivide:
-      reduce::divide(shape.dtype, at(s.dst), at(s.src), count, shape.divisor);
-      break;
-    default:
-      return internalError("step ", index, " is not a compute step");
+  SHOAL_ASSIGN_OR_RETURN(uint8_t* dst, addressOf(job, s.dst));
+  if (!dst) return internalError("step ", index, " writes a peer's buffer that is not mapped here");
+  uint8_t* mapped[2] = {nullptr, nullptr};
+  SHOAL_ASSIGN_OR_RETURN(mapped[0], addressOf(job, s.src));
+  if (twoSources) {
+    SHOAL_ASSIGN_OR_RETURN(mapped[1], addressOf(job, s.src2));
   }
-  return Status::ok();
+  if (mapped[0] && (!twoSources || mapped[1])) {
+    computeStep(job, s, dst, mapped[0], mapped[1], s.bytes);
+    return Status::ok();
+  }
+  const Slice sources[2] = {s.src, s.src2};
+  return runRemoteComputeStep(job, s, dst, sources, mapped, twoSources ? 2 : 1);
 }
 
 Status Engine::postLaneSteps(Job& job, int32_t lane) {
@@ -579,7 +525,7 @@ Status Engine::postLaneSteps(Job& job, int32_t lane) {
     if (job.steps_[index].state != StepProgress::kReady) break;
     const Step& s = plan.steps[index];
     const uint16_t buffer = s.kind == StepKind::kSend ? s.src.buffer : s.dst.buffer;
-    uint8_t* base = buffer == kWindowBuffer ? job.window_.data() : job.buffers[buffer];
+    uint8_t* base = buffer == kWindowBuffer ? job.window_.bytes() : job.buffers[buffer];
     uint64_t tag = job.opTags[s.op];
     const PreparedPlan::ReduceOnReceiveStep* fused =
         s.kind == StepKind::kRecv ? reduceOnReceiveNow(job, index, *conn) : nullptr;

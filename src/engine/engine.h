@@ -1,17 +1,20 @@
 // Engine: the one executor of Plans over Connections (docs/design.md, Nouns and Threading).
 //
 // Role: posts ready Send/Recv steps to their lane's Connection in lane order,
-// runs Reduce/Copy/Divide steps on the CPU, polls Connections, releases
-// dependent steps and completes Jobs. poll() is the only pump.
+// runs Reduce/Copy/Divide steps on the CPU (reaching peers' buffers through
+// a PeerWindow in peer-reading plans), polls Connections, releases dependent
+// steps and completes Jobs.
 //
 // Threading: one Engine per process (instance()). Any thread may submit().
-// Any thread may pump (poll()): a pass takes the list of runnable jobs under
-// listMutex_, then progresses each job whose own mutex it can take, so two
-// threads pump two communicators' jobs in parallel (ranks as threads of one
-// process use all cores) and never the same job at once; a job's connections
-// are therefore touched by one thread at a time. A caller that waits for its
-// job pumps the engine itself (wait()); the progress thread pumps only while
-// detached jobs (nobody waits on them) exist, and sleeps otherwise.
+// Three ways drive jobs, each holding the job's mutex while it does: poll()
+// (one pass: it takes the list of runnable jobs under listMutex_, then
+// progresses each job whose own mutex it can take, so two threads pump two
+// communicators' jobs in parallel and never the same job at once); wait(),
+// with which a caller pumps until its job is done; and runInline(), which
+// runs a never-submitted job on the caller's thread (a blocking call with
+// nothing queued ahead). A job's connections are therefore touched by one
+// thread at a time. The progress thread pumps only while detached jobs
+// (nobody waits on them) exist, and otherwise sleeps between idle checks.
 // Lock order: listMutex_, then a job's mutex; submitMutex_ is a leaf.
 //
 // Ordering: jobs with the same queue (one communicator) run one at a time in
@@ -40,6 +43,7 @@
 #include "collectives/plan.h"
 #include "core/clock.h"
 #include "core/status.h"
+#include "engine/peer_window.h"
 #include "transports/transport.h"
 
 namespace shoal {
@@ -179,16 +183,7 @@ class Job {
   int failedPeer_ = -1;
   std::vector<int> waitingOn_;
   std::vector<Completion> completions_;
-  // Peer-reading plans: descriptors of this rank's buffers (slot 0) and the
-  // peers' (slot 1 + q), and what each peer's descriptor resolved to.
-  std::vector<uint8_t> window_;
-  struct PeerView {
-    bool resolved = false;
-    int pid = 0;
-    const uint8_t* base[2] = {nullptr, nullptr};  // send, recv; null: read by process_vm_readv
-    uint64_t address[2] = {0, 0};                 // in the peer's address space
-  };
-  std::vector<PeerView> peerViews_;
+  PeerWindow window_;  // peer-reading plans: the peers' buffers
   uint64_t reportedEpoch_ = 0;  // the last report request this job answered
   size_t remaining_ = 0;
   int64_t lastProgressNs_ = 0;
@@ -282,13 +277,14 @@ class Engine {
   // The job's distinct connections and their peers, from its lanes'.
   static void distinctConnections(Job& job);
   Status runComputeStep(Job& job, uint32_t index);
-  // Peer-reading plans (Plan::readsPeers).
-  void fillWindow(Job& job);
-  Status resolvePeer(Job& job, int peer);
+  // Peer-reading plans (Plan::readsPeers, PeerWindow).
+  static void fillWindow(Job& job);
   // The address of a slice in this process; nullptr for an unmapped peer buffer.
-  Result<uint8_t*> addressOf(Job& job, const Slice& slice);
-  // A Reduce or Copy whose sources include a peer buffer that is not mapped here.
-  Status runRemoteComputeStep(Job& job, const Step& s, uint8_t* dst, const Slice* sources, int count);
+  static Result<uint8_t*> addressOf(Job& job, const Slice& slice);
+  // A compute step with a source in a peer buffer that is not mapped here
+  // (mapped[k] null): read through a bounce buffer, chunk by chunk.
+  Status runRemoteComputeStep(Job& job, const Step& s, uint8_t* dst, const Slice* sources,
+                              uint8_t* const* mapped, int count);
   Status postLaneSteps(Job& job, int32_t lane);
   void completeStep(Job& job, uint32_t index);
   // A receive posted as postRecvReduce finished: it and its Reduce are done.

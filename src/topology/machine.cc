@@ -163,16 +163,32 @@ const MachineTopology& localMachine() {
   return machine;
 }
 
-std::string encodeMachineFacts(const MachineTopology& m) {
-  return str(m.packages, ' ', m.cores, ' ', m.numaNodes, ' ', m.l2Bytes, ' ', m.l3Bytes, ' ', m.l3Count, ' ',
-             m.gpus);
+void writeMachineFacts(wire::Writer& w, const MachineTopology& m) {
+  w.u32(static_cast<uint32_t>(m.packages));
+  w.u32(static_cast<uint32_t>(m.cores));
+  w.u32(static_cast<uint32_t>(m.numaNodes));
+  w.u64(m.l2Bytes);
+  w.u64(m.l3Bytes);
+  w.u32(static_cast<uint32_t>(m.l3Count));
+  w.u32(static_cast<uint32_t>(m.gpus));
 }
 
-Result<MachineTopology> decodeMachineFacts(std::string_view text) {
+Result<MachineTopology> readMachineFacts(wire::Reader& r) {
+  // Counts a machine could have; anything else is not a writer's.
+  auto count = [&](uint32_t limit) {
+    uint32_t v = r.u32();
+    return v <= limit ? static_cast<int>(v) : -1;
+  };
   MachineTopology m;
-  std::istringstream in{std::string(text)};
-  if (!(in >> m.packages >> m.cores >> m.numaNodes >> m.l2Bytes >> m.l3Bytes >> m.l3Count >> m.gpus))
-    return invalidArgument("malformed machine facts '", text, "'");
+  m.packages = count(1u << 16);
+  m.cores = count(1u << 24);
+  m.numaNodes = count(1u << 16);
+  m.l2Bytes = r.u64();
+  m.l3Bytes = r.u64();
+  m.l3Count = count(1u << 16);
+  m.gpus = count(1u << 16);
+  if (!r.ok() || m.packages < 0 || m.cores < 0 || m.numaNodes < 0 || m.l3Count < 0 || m.gpus < 0)
+    return invalidArgument("malformed machine facts");
   return m;
 }
 

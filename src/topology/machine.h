@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "core/wire.h"
 
 namespace shoal {
 
@@ -44,10 +45,11 @@ MachineTopology agreedMachine(const std::vector<MachineTopology>& machines);
 // "1 package, 2 cores, 1 NUMA node, L2 1 MiB, L3 32 MiB, NICs: lo, eth0; GPUs: none"
 std::string describeMachine(const MachineTopology& m);
 
-// The numeric facts agreedMachine() combines, as one line of seven integers
-// (packages cores numaNodes l2Bytes l3Bytes l3Count gpus), for pooling them
-// over the bootstrap; NICs and source are not carried.
-std::string encodeMachineFacts(const MachineTopology& m);
-Result<MachineTopology> decodeMachineFacts(std::string_view text);
+// The numeric facts agreedMachine() combines (packages, cores, NUMA nodes,
+// L2 and L3 sizes, L3 count, GPUs), for pooling them over the bootstrap;
+// NICs and source are not carried. readMachineFacts refuses what a writer
+// could not have written (another process's bytes).
+void writeMachineFacts(wire::Writer& w, const MachineTopology& m);
+Result<MachineTopology> readMachineFacts(wire::Reader& r);
 
 }  // namespace shoal

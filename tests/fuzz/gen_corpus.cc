@@ -39,6 +39,8 @@ namespace {
 using namespace shoal;
 using Bytes = std::vector<uint8_t>;
 using bootstrap_wire::Writer;
+using bootstrap_wire::beginFrame;
+using bootstrap_wire::finishFrame;
 
 std::string gRoot;
 int gWritten = 0;
@@ -70,9 +72,9 @@ void append(Bytes& out, const Bytes& more) { out.insert(out.end(), more.begin(),
 Bytes frame(uint64_t id, uint8_t kind, const std::function<void(Writer&)>& body) {
   Bytes out;
   Writer w(out);
-  size_t at = w.beginFrame(id, kind);
+  size_t at = beginFrame(w, id, kind);
   body(w);
-  w.finishFrame(at);
+  finishFrame(w, at);
   return out;
 }
 Bytes keysFrame(uint64_t id, uint8_t command, const std::vector<std::string>& keys, bool withTimeout = false,

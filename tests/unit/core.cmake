@@ -3,5 +3,6 @@ shoal_add_test(core_unit_tests LABEL unit SOURCES
   unit/status_test.cc
   unit/params_test.cc
   unit/engine_test.cc
-  unit/config_test.cc)
+  unit/config_test.cc
+  unit/init_agreement_test.cc)
 target_compile_definitions(core_unit_tests PRIVATE SHOAL_SOURCE_DIR="${PROJECT_SOURCE_DIR}")

@@ -1080,8 +1080,13 @@ TEST_CASE("machine description and agreement", "[unit][topology]") {
   CHECK(agreed.l3Bytes == 32 * MiB);
   CHECK(agreed.gpus == 0);
   // Pooled over the bootstrap as seven integers.
-  auto decoded = decodeMachineFacts(encodeMachineFacts(other));
+  std::vector<uint8_t> bytes;
+  wire::Writer w(bytes);
+  writeMachineFacts(w, other);
+  wire::Reader r(bytes.data(), bytes.size());
+  auto decoded = readMachineFacts(r);
   REQUIRE(decoded.isOk());
+  CHECK(r.atEnd());
   CHECK(decoded->packages == 2);
   CHECK(decoded->cores == 96);
   CHECK(decoded->numaNodes == 2);
@@ -1089,7 +1094,13 @@ TEST_CASE("machine description and agreement", "[unit][topology]") {
   CHECK(decoded->l3Bytes == 105 * MiB);
   CHECK(decoded->l3Count == 2);
   CHECK(decoded->gpus == 8);
-  auto malformed = decodeMachineFacts("2 96 two");
-  REQUIRE_FALSE(malformed.isOk());
-  CHECK(malformed.status().message().find("malformed machine facts '2 96 two'") != std::string::npos);
+  // Cut short, or a count no machine has: refused.
+  wire::Reader shortReader(bytes.data(), bytes.size() - 1);
+  auto truncated = readMachineFacts(shortReader);
+  REQUIRE_FALSE(truncated.isOk());
+  CHECK(truncated.status().message().find("malformed machine facts") != std::string::npos);
+  std::vector<uint8_t> huge = bytes;
+  putLe(huge.data() + 4, 0xffffffffu, 4);  // cores
+  wire::Reader hugeReader(huge.data(), huge.size());
+  CHECK_FALSE(readMachineFacts(hugeReader).isOk());
 }

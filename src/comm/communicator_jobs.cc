@@ -1,0 +1,352 @@
+// Communicator: job preparation, submission, waiting and failure handling,
+// and operations in a CUDA stream's order (StreamBridge). Set-up and the
+// rest: communicator.cc.
+#include <algorithm>
+#include <iterator>
+#include <utility>
+
+#include "comm/communicator.h"
+#include "comm/stream_bridge.h"
+#include "core/clock.h"
+#include "core/log.h"
+
+namespace shoal {
+namespace {
+
+// NCCL drops zero-count collectives; zero-byte Send/Recv still match.
+bool droppedByNccl(const OpRequest& op) {
+  return op.shape.count == 0 && op.shape.kind != CollKind::kSend && op.shape.kind != CollKind::kRecv;
+}
+
+}  // namespace
+
+CollShape Communicator::placedShape(const OpRequest& op) const {
+  CollShape shape = op.shape;
+  shape.disjointBuffers = disjointBuffers(op);
+  return shape;
+}
+
+void Communicator::trackDetached(const JobPtr& job) {
+  std::lock_guard<std::mutex> lock(jobsMutex_);
+  inFlight_.push_back(job);
+  anyInFlight_.store(true, std::memory_order_release);
+}
+
+Result<bool> Communicator::streamOrdered(const OpRequest& op) {
+  if (cuda_ == nullptr) return false;
+  if (!bridge_) {
+    SHOAL_ASSIGN_OR_RETURN(std::optional<cuda::DeviceIdentity> device, cuda_->currentDevice(),
+                           describe(), ": the current CUDA device");
+    cuda::DeviceIdentity identity = device ? *device : cuda::DeviceIdentity{};
+    if (!device) {
+      // No context: the buffers cannot be device memory of this thread's;
+      // classify them anyway (a CUDA error never means "host pointer").
+      SHOAL_ASSIGN_OR_RETURN(cuda::MemoryKind kind, cuda_->memoryKind(op.sendbuff ? op.sendbuff : op.recvbuff));
+      if (!cuda::knownToCuda(kind)) return false;
+      return invalidUsage(describe(), ": ", cuda::memoryKindName(kind),
+                          " buffers need a current CUDA context on the calling thread");
+    }
+    bridge_ = std::make_unique<StreamBridge>(*cuda_, identity);
+  }
+  return bridge_->streamOrdered(op, rank_, nranks_);
+}
+
+Result<Communicator::StreamSubmission> Communicator::beginStreamOrdered(std::span<const OpRequest> ops) {
+  UseGuard use(*this);
+  if (!bridge_) return internalError(describe(), ": stream-ordered operation without a bridge");
+  if (aborted()) return error(Code::kAborted, describe(), " was aborted");
+  StreamSubmission submission;
+  std::vector<OpRequest> kept;
+  std::remove_copy_if(ops.begin(), ops.end(), std::back_inserter(kept), droppedByNccl);
+  if (kept.empty()) return submission;  // nothing reaches the stream
+  for (const OpRequest& op : kept) {
+    SHOAL_ASSIGN_OR_RETURN(bool capturing, cuda_->isCapturing(op.stream), describe());
+    if (capturing)
+      return invalidUsage(describe(), ": ", collKindName(op.shape.kind),
+                          " on a stream that is being captured into a CUDA graph: Shoal does not "
+                          "replay collectives in graphs yet (call it outside the capture)");
+  }
+  SHOAL_ASSIGN_OR_RETURN(StreamBridge::Staged staged, bridge_->stage(kept, rank_, nranks_), describe());
+  auto held = std::make_shared<StreamBridge::Staged>(std::move(staged));
+  StreamBridge::Staged& st = *held;
+  submission.synchronous = bridge_->waitMode() == cuda::WaitMode::kSynchronous;
+  if (submission.synchronous) {
+    if (Status s = bridge_->copyIn(st, kept); !s.isOk()) {
+      bridge_->release(st);
+      return StatusBuilder(std::move(s)) << describe();
+    }
+    Result<JobPtr> job = enqueue(st.ops, /*detached=*/false);
+    if (!job.isOk()) {
+      bridge_->release(st);
+      return job.takeStatus();
+    }
+    submission.job = job.value();
+  } else {
+    // The stream's work first: a job whose stream work could not be
+    // enqueued never takes a sequence number its peers would wait for.
+    if (Status s = bridge_->enqueue(st, kept); !s.isOk()) {
+      if (s.code() != Code::kUnsupported) return StatusBuilder(std::move(s)) << describe();
+      // The device refused stream memory operations: synchronous from now on.
+      return beginStreamOrdered(ops);
+    }
+    auto job = std::make_shared<Job>();
+    Result<bool> any = prepareJob(*job, st.ops, /*detached=*/true);
+    if (!any.isOk() || !any.value()) {
+      StreamBridge::releaseStream(st);  // the stream goes on; its slot comes back once it has
+      if (!any.isOk()) return any.takeStatus();
+      return submission;
+    }
+    job->streamReady = st.ready;
+    job->streamDone = st.done;
+    job->streamSeq = st.seq;
+    Engine::instance().submit(job);
+    trackDetached(job);
+    submission.job = job;
+  }
+  submission.ops = std::move(kept);
+  submission.staged = std::move(held);
+  return submission;
+}
+
+Status Communicator::finishStreamOrdered(StreamSubmission& submission) {
+  if (!submission.synchronous || !submission.job) return Status::ok();
+  auto& staged = *static_cast<StreamBridge::Staged*>(submission.staged.get());
+  Status st = waitFor(*submission.job);
+  if (st.isOk()) st = bridge_->copyOut(staged, submission.ops);
+  bridge_->release(staged);
+  return st;
+}
+
+Status Communicator::submitStreamOrdered(std::span<const OpRequest> ops) {
+  SHOAL_ASSIGN_OR_RETURN(StreamSubmission submission, beginStreamOrdered(ops));
+  return finishStreamOrdered(submission);
+}
+
+Status Communicator::connectAhead(const std::vector<OpRequest>& ops) {
+  UseGuard use(*this);
+  for (const OpRequest& op : ops) {
+    if (droppedByNccl(op)) continue;
+    SHOAL_ASSIGN_OR_RETURN(std::shared_ptr<const PreparedPlan> prepared,
+        plans_->planFor(placedShape(op), ops.size() > 1), describe(), ": ", collKindName(op.shape.kind));
+    for (const auto& lane : prepared->plan->lanes)
+      SHOAL_TRY(connections_.to(lane.peer, lane.channel, /*unlessWaiting=*/true).status()) << describe();
+  }
+  return Status::ok();
+}
+
+Status Communicator::submit(std::span<const OpRequest> ops, bool wait) {
+  UseGuard use(*this);
+  if (wait && nothingInFlight()) {
+    // The common blocking call: nothing of ours is queued ahead of it, so it
+    // runs on this thread without entering the engine's queue, in a job kept
+    // for the next call.
+    if (!blockingJob_) blockingJob_ = std::make_unique<Job>();
+    Job& job = *blockingJob_;
+    job.resetForReuse();
+    SHOAL_ASSIGN_OR_RETURN(bool any, prepareJob(job, ops, /*detached=*/false));
+    if (!any) return Status::ok();
+    runningInline_.store(true, std::memory_order_release);
+    Status st = Engine::instance().runInline(job);
+    runningInline_.store(false, std::memory_order_relaxed);
+    if (!st.isOk()) st = handleFailure(job, std::move(st));
+    return st;
+  }
+  SHOAL_ASSIGN_OR_RETURN(JobPtr job, enqueue(ops, /*detached=*/!wait));
+  if (!job || !wait) return Status::ok();
+  return waitFor(*job);
+}
+
+bool Communicator::nothingInFlight() {
+  // The common case without the lock: a blocking call with no detached work.
+  if (!anyInFlight_.load(std::memory_order_acquire)) return true;
+  std::lock_guard<std::mutex> lock(jobsMutex_);
+  dropFinishedDetachedLocked();
+  return inFlight_.empty();
+}
+
+Status Communicator::waitFor(const Job& job) {
+  UseGuard use(*this);
+  Status st = Engine::instance().wait(job);
+  if (!st.isOk()) st = handleFailure(job, std::move(st));
+  if (job.detached) releaseFinishedDetached();
+  return st;
+}
+
+// Detached jobs (host streams, nonblocking communicators) and their scratch
+// are kept until they finish; whoever waits on one also drops every finished
+// one, so a long run of host-stream work holds only what is in flight.
+void Communicator::releaseFinishedDetached() {
+  std::lock_guard<std::mutex> lock(jobsMutex_);
+  dropFinishedDetachedLocked();
+}
+
+void Communicator::dropFinishedDetachedLocked() {
+  for (const auto& job : inFlight_)
+    if (job->isDone() && !job->status().isOk()) setAsyncError(job->status());
+  eraseFinishedLocked();
+}
+
+// Every removal from inFlight_ goes through here, so anyInFlight_ stays true to it.
+void Communicator::eraseFinishedLocked() {
+  std::erase_if(inFlight_, [](const JobPtr& j) { return j->isDone(); });
+  anyInFlight_.store(!inFlight_.empty(), std::memory_order_release);
+}
+
+// A failed operation fails the communicator for good (NCCL semantics: abort
+// it). Before returning, make every other rank fail promptly and name the
+// first cause: publish our error in the store, then close all our
+// connections, so ranks waiting on us see the close now rather than at their
+// no-progress deadline; a rank that sees a close reads the closer's published
+// error, so the message chain ends at the rank that really died or stalled.
+Status Communicator::handleFailure(const Job& job, Status st) {
+  std::lock_guard<std::mutex> lock(failureMutex_);
+  if (st.code() == Code::kAborted || failurePublished_) {
+    setAsyncError(st);
+    return st;
+  }
+  failurePublished_ = true;
+  // Our own view first, so that ranks timing out at the same moment as we do
+  // can read it: in every connection that has a side channel (same-host peers
+  // read it even when the store is out of reach), then in the store; then
+  // what the peers we depended on reported, if anything.
+  // An abort (a watchdog on another thread) ends these waits at once: the
+  // peers that abort too never publish a report.
+  const Deadline reportDeadline = Deadline::afterMs(kFailureReportMs).cancelledBy(&abortFlag_);
+  connections_.publishFailure(st.message());
+  (void)request_.store->set(failureKey(rank_), st.message(), reportDeadline);
+  std::vector<int> upstreamPeers = job.waitingOn();
+  if (job.failedPeer() >= 0 && st.code() == Code::kRemoteError) upstreamPeers = {job.failedPeer()};
+  Deadline deadline = reportDeadline;
+  std::string upstreamText;
+  for (int peer : upstreamPeers) {
+    if (peer == rank_) continue;
+    std::string report = connections_.peerFailure(peer, deadline);
+    if (report.empty()) {
+      auto upstream = request_.store->get({failureKey(peer)}, deadline);
+      if (upstream.isOk()) report = upstream.value()[0];
+    }
+    if (!report.empty())
+      upstreamText += str("; rank ", peer, " (host ", peers_[peer].hostname, ") had failed first: ", report);
+  }
+  if (!upstreamText.empty()) {
+    st = Status(st.code(), st.message() + upstreamText);
+    (void)request_.store->set(failureKey(rank_), st.message(), reportDeadline);
+  }
+  Engine::instance().retire(reinterpret_cast<uintptr_t>(this), st);
+  connections_.clear();
+  setAsyncError(st);
+  return st;
+}
+
+std::string Communicator::failureKey(int rank) const { return bootstrap_->failureKey(rank); }
+
+Result<JobPtr> Communicator::enqueue(std::span<const OpRequest> ops, bool detached) {
+  UseGuard use(*this);
+  auto job = std::make_shared<Job>();
+  SHOAL_ASSIGN_OR_RETURN(bool any, prepareJob(*job, ops, detached));
+  if (!any) return JobPtr();
+  Engine::instance().submit(job);
+  if (detached) trackDetached(job);
+  return job;
+}
+
+Result<bool> Communicator::prepareJob(Job& job, std::span<const OpRequest> ops, bool detached) {
+  const bool wait = !detached;
+  if (aborted()) return error(Code::kAborted, describe(), " was aborted");
+  if (failed_.load(std::memory_order_acquire)) {
+    Status e = asyncError();
+    return Status(e.code(), str(describe(), " is in an error state from an earlier operation: ",
+                                e.message()));
+  }
+  setLogRank(rank_);
+  if (std::any_of(ops.begin(), ops.end(), droppedByNccl)) {
+    std::vector<OpRequest> kept;
+    std::remove_copy_if(ops.begin(), ops.end(), std::back_inserter(kept), droppedByNccl);
+    if (kept.empty()) return false;
+    return prepareJob(job, kept, detached);
+  }
+
+  // A reused job (a blocking call's) that repeats its last single operation
+  // keeps its plan and its lanes' connections (connections are only ever
+  // added while the communicator is usable): no cache lookup, no
+  // reference-count traffic, no connection lookups.
+  const bool samePlan = ops.size() == 1 && job.prepared && job.prepared->plan->shapes.size() == 1 &&
+                        sameShapeButPlacement(job.prepared->plan->shapes[0], ops[0].shape) &&
+                        job.prepared->plan->shapes[0].disjointBuffers == disjointBuffers(ops[0]);
+  job.opTags.resize(ops.size());
+  job.opScalars.resize(ops.size());
+  if (samePlan) {
+    job.opTags[0] = withSeq(job.opTags[0], nextSeq(ops[0].shape));  // same shape, same other bits
+    job.opScalars[0] = ops[0].scalar;
+  } else {
+    std::vector<std::shared_ptr<const PreparedPlan>> parts;
+    std::shared_ptr<const PreparedPlan> prepared;
+    for (size_t k = 0; k < ops.size(); ++k) {
+      const OpRequest& op = ops[k];
+      SHOAL_ASSIGN_OR_RETURN(prepared, plans_->planFor(placedShape(op), ops.size() > 1),
+        describe(), ": ", collKindName(op.shape.kind));
+      if (ops.size() > 1) parts.push_back(prepared);
+      job.opTags[k] = tagFor(op.shape);
+      job.opScalars[k] = op.scalar;
+    }
+    if (parts.size() > 1) prepared = plans_->mergedPlanFor(std::move(parts));
+    job.prepared = std::move(prepared);
+  }
+  const Plan& plan = *job.prepared->plan;
+  job.sameConnections = samePlan && job.laneConnections.size() == plan.lanes.size();
+  if (!job.sameConnections) {
+    if (Status st = connections_.forPlan(plan, job.laneConnections); !st.isOk()) {
+      job.laneConnections.clear();  // so that the next call of this shape connects again
+      return StatusBuilder(std::move(st)) << describe();
+    }
+  }
+
+  uint8_t* scratch = nullptr;
+  if (plan.scratchBytes > 0) {
+    if (wait) {
+      if (scratch_.size() < plan.scratchBytes) scratch_.resize(plan.scratchBytes);
+      scratch = scratch_.data();
+    } else {
+      job.ownedScratch.resize(plan.scratchBytes);  // lives as long as the job
+      scratch = job.ownedScratch.data();
+    }
+  }
+  job.buffers.resize(ops.size() * kBuffersPerOp);
+  for (size_t k = 0; k < ops.size(); ++k) {
+    job.buffers[k * kBuffersPerOp + kSendBuffer] =
+        const_cast<uint8_t*>(static_cast<const uint8_t*>(ops[k].sendbuff));
+    job.buffers[k * kBuffersPerOp + kRecvBuffer] = static_cast<uint8_t*>(ops[k].recvbuff);
+    uint64_t offset = k < plan.scratchOffsets.size() ? plan.scratchOffsets[k] : 0;
+    job.buffers[k * kBuffersPerOp + kScratchBuffer] = scratch ? scratch + offset : nullptr;
+  }
+  job.queueId = reinterpret_cast<uintptr_t>(this);
+  job.abortFlag = &abortFlag_;
+  job.detached = !wait;
+  if (!label_) label_ = std::make_shared<const std::string>(describe());
+  if (job.commLabel != label_) job.commLabel = label_;
+  job.kind = ops[0].shape.kind;
+  job.groupedOps = ops.size();
+  job.sequence = job.opTags[0] & 0xffffffffffffull;
+  SHOAL_TRACE(subsys::kColl, job.description(), " count ", ops[0].shape.count);
+  return true;
+}
+
+Status Communicator::waitIdle(Deadline deadline) {
+  std::vector<JobPtr> jobs;
+  {
+    std::lock_guard<std::mutex> lock(jobsMutex_);
+    jobs = inFlight_;
+  }
+  for (const auto& job : jobs) {
+    Status st = Engine::instance().wait(*job, deadline);
+    if (!st.isOk()) {
+      setAsyncError(st);
+      return st;
+    }
+  }
+  std::lock_guard<std::mutex> lock(jobsMutex_);
+  eraseFinishedLocked();
+  return Status::ok();
+}
+
+}  // namespace shoal

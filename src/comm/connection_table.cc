@@ -1,0 +1,81 @@
+#include "comm/connection_table.h"
+
+#include "core/log.h"
+#include "core/params.h"
+#include "transports/registry.h"
+
+namespace shoal {
+
+ConnectionTable::ConnectionTable(uint64_t commId, int rank, const std::vector<PeerInfo>& peers, std::string secret,
+                                 const std::atomic<bool>& abortFlag)
+    : commId_(commId), rank_(rank), peers_(peers), secret_(std::move(secret)), abortFlag_(abortFlag) {}
+
+Result<Connection*> ConnectionTable::to(int peer, uint16_t channel, bool unlessWaiting) {
+  const auto key = std::make_pair(peer, channel);
+  if (auto it = connections_.find(key); it != connections_.end()) return it->second.get();
+  if (peer < 0 || peer >= static_cast<int>(peers_.size())) return internalError("plan names peer ", peer);
+  Transport* transport = nullptr;
+  if (peer == rank_) {
+    transport = transportToSelf();
+  } else {
+    SHOAL_ASSIGN_OR_RETURN(transport, selectTransport(peers_[rank_], peers_[peer]));
+  }
+  const ConnectionKey ckey{commId_, rank_, peer, channel};
+  if (unlessWaiting && transport->connectWaitsForPeer(ckey)) return nullptr;
+  ConnectOptions opts;
+  opts.self = &peers_[rank_];
+  opts.peer = &peers_[peer];
+  opts.secret = secret_;
+  opts.deadline = Deadline::afterMs(params().initTimeoutMs).cancelledBy(&abortFlag_);
+  SHOAL_ASSIGN_OR_RETURN(auto conn, transport->connect(ckey, opts),
+      "connecting to rank ", peer, " (host ", peers_[peer].hostname, ") over ", transport->name());
+  SHOAL_INFO(subsys::kInit | subsys::kNet, "Channel ",
+             channel == kP2pChannel ? std::string("p2p") : std::to_string(channel), " : ", rank_,
+             " -> ", peer, " via ", transport->name());
+  Connection* raw = conn.get();
+  connections_.emplace(key, std::move(conn));
+  return raw;
+}
+
+Status ConnectionTable::forPlan(const Plan& plan, std::vector<Connection*>& laneConnections) {
+  laneConnections.resize(plan.lanes.size());
+  for (size_t i = 0; i < plan.lanes.size(); ++i) {
+    SHOAL_ASSIGN_OR_RETURN(laneConnections[i], to(plan.lanes[i].peer, plan.lanes[i].channel));
+  }
+  return Status::ok();
+}
+
+void ConnectionTable::publishFailure(std::string_view report) {
+  for (auto& [key, connection] : connections_) connection->publishFailure(report);
+}
+
+std::string ConnectionTable::peerFailure(int peer, Deadline deadline) const {
+  std::vector<Connection*> carriers;
+  for (const auto& [key, connection] : connections_)
+    if (key.first == peer && connection->carriesFailureReports()) carriers.push_back(connection.get());
+  if (carriers.empty()) return {};
+  Backoff backoff;
+  while (true) {
+    for (Connection* c : carriers)
+      if (std::string report = c->peerFailure(); !report.empty()) return report;
+    if (deadline.expired()) return {};
+    backoff.pause();
+  }
+}
+
+Status ConnectionTable::findLostPeer() {
+  for (const auto& [key, connection] : connections_) {
+    if (key.first == rank_ || connection->pending() != 0) continue;
+    if (Status lost = connection->checkAlive(); !lost.isOk()) return lost;
+  }
+  return Status::ok();
+}
+
+std::string ConnectionTable::describe() const {
+  std::string out;
+  for (const auto& [key, conn] : connections_)
+    out += str("    ", conn->peerDescription(), " channel ", key.second, ": ", conn->pending(), " pending\n");
+  return out;
+}
+
+}  // namespace shoal

@@ -1,0 +1,70 @@
+// ConnectionTable: a communicator's Connections, one per (peer, channel),
+// each made the first time a plan needs that lane (docs/design.md, Nouns:
+// Connection, Transport).
+//
+// Role: picks the transport for a peer (transports/registry.h), connects with
+// the communicator's key and secret, and keeps the connections for the
+// communicator's life; after a failure it spreads this rank's report to
+// peers that carry one (side channels) and reads theirs, and it answers the
+// idle liveness check.
+// Thread: the communicator's user thread makes and drops connections; the
+// engine uses them only while a job of the communicator runs, and the idle
+// check only while neither does (Communicator::UseGuard, Engine::queueAtRest).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "collectives/plan.h"
+#include "core/clock.h"
+#include "core/peer_info.h"
+#include "core/status.h"
+#include "transports/transport.h"
+
+namespace shoal {
+
+class ConnectionTable {
+ public:
+  // `peers` (rank order, filled at init before the first connection) and
+  // `abortFlag` outlive the table; an abort ends a connect waiting for its peer.
+  ConnectionTable(uint64_t commId, int rank, const std::vector<PeerInfo>& peers, std::string secret,
+                  const std::atomic<bool>& abortFlag);
+
+  // The connection to `peer` on `channel`, made on first use. With
+  // `unlessWaiting`, one whose set-up would wait for the peer
+  // (Transport::connectWaitsForPeer) is not made: nullptr.
+  Result<Connection*> to(int peer, uint16_t channel, bool unlessWaiting = false);
+  // Every lane's connection of the plan, in lane order.
+  Status forPlan(const Plan& plan, std::vector<Connection*>& laneConnections);
+
+  // This rank's failure, written into every connection's side channel.
+  void publishFailure(std::string_view report);
+  // A same-host peer's failure report from a side channel, waited for until
+  // the deadline (the peer may fail a moment after us); "" when none carries one.
+  std::string peerFailure(int peer, Deadline deadline) const;
+  // The first idle connection to another rank whose peer is gone
+  // (Connection::checkAlive), as its error; ok when every peer is there.
+  Status findLostPeer();
+  // Closes every connection (peers waiting on us see the close).
+  void clear() { connections_.clear(); }
+
+  // "    <peer> channel <c>: <n> pending" lines, for state dumps.
+  std::string describe() const;
+  size_t size() const { return connections_.size(); }
+
+ private:
+  const uint64_t commId_;
+  const int rank_;
+  const std::vector<PeerInfo>& peers_;
+  const std::string secret_;
+  const std::atomic<bool>& abortFlag_;
+  std::map<std::pair<int, uint16_t>, std::unique_ptr<Connection>> connections_;
+};
+
+}  // namespace shoal

@@ -1,0 +1,135 @@
+#include "comm/init_agreement.h"
+
+#include <cstdint>
+
+#include "core/wire.h"
+
+namespace shoal {
+namespace {
+
+enum MessageKind : uint8_t { kPeerRecord = 1, kInitProposal = 2, kSplitRecord = 3 };
+
+// Longest field a message may carry (a PeerInfo is a few hundred bytes).
+constexpr uint32_t kMaxFieldBytes = 1u << 20;
+
+const uint8_t* bytesOf(std::string_view s) { return reinterpret_cast<const uint8_t*>(s.data()); }
+
+std::string finished(const std::vector<uint8_t>& bytes) { return std::string(bytes.begin(), bytes.end()); }
+
+// A reader past the message's kind byte, or a status saying why not.
+Result<wire::Reader> openMessage(std::string_view bytes, MessageKind kind, const char* what) {
+  wire::Reader r(bytesOf(bytes), bytes.size());
+  const uint8_t found = r.u8();
+  if (!r.ok() || found != kind)
+    return internalError("malformed ", what, " (", bytes.size(), " bytes, kind ", static_cast<int>(found),
+                         ", expected ", static_cast<int>(kind), ")");
+  return r;
+}
+
+Status closed(const wire::Reader& r, const char* what) {
+  if (!r.ok() || !r.atEnd()) return internalError("malformed ", what);
+  return Status::ok();
+}
+
+}  // namespace
+
+std::string encodePeerRecord(const PeerRecord& record) {
+  std::vector<uint8_t> bytes;
+  wire::Writer w(bytes);
+  w.u8(kPeerRecord);
+  w.u32(static_cast<uint32_t>(record.nranks));
+  w.str(record.info.serialize());
+  return finished(bytes);
+}
+
+Result<PeerRecord> decodePeerRecord(std::string_view bytes) {
+  SHOAL_ASSIGN_OR_RETURN(wire::Reader r, openMessage(bytes, kPeerRecord, "peer record"));
+  PeerRecord record;
+  record.nranks = static_cast<int>(r.u32());
+  const std::string info = r.str(kMaxFieldBytes);
+  SHOAL_TRY(closed(r, "peer record"));
+  if (record.nranks < 1) return internalError("malformed peer record: nranks ", record.nranks);
+  SHOAL_ASSIGN_OR_RETURN(record.info, PeerInfo::deserialize(info));
+  return record;
+}
+
+std::string encodeInitProposal(const InitProposal& proposal) {
+  std::vector<uint8_t> bytes;
+  wire::Writer w(bytes);
+  w.u8(kInitProposal);
+  w.u8(proposal.readsEveryPeer ? 1 : 0);
+  w.u8(proposal.netLink ? 1 : 0);
+  if (proposal.netLink) {
+    w.str(proposal.netLink->transport);
+    w.u8(proposal.netLink->cpuCopiesBytes ? 1 : 0);
+    w.u8(proposal.netLink->emulatesMessagesOverSockets ? 1 : 0);
+  }
+  writeMachineFacts(w, proposal.machine);
+  return finished(bytes);
+}
+
+Result<InitProposal> decodeInitProposal(std::string_view bytes) {
+  SHOAL_ASSIGN_OR_RETURN(wire::Reader r, openMessage(bytes, kInitProposal, "init proposal"));
+  InitProposal proposal;
+  auto flag = [&r] {
+    const uint8_t v = r.u8();
+    return v <= 1 ? std::optional<bool>(v == 1) : std::nullopt;
+  };
+  const std::optional<bool> reads = flag();
+  const std::optional<bool> hasLink = flag();
+  bool flagsOk = reads && hasLink;
+  if (flagsOk && *hasLink) {
+    NetLink link;
+    link.transport = r.str(kMaxFieldBytes);
+    const std::optional<bool> copies = flag();
+    const std::optional<bool> emulated = flag();
+    flagsOk = copies && emulated && !link.transport.empty();
+    link.cpuCopiesBytes = copies.value_or(false);
+    link.emulatesMessagesOverSockets = emulated.value_or(false);
+    proposal.netLink = std::move(link);
+  }
+  if (!r.ok() || !flagsOk) return internalError("malformed init proposal");
+  proposal.readsEveryPeer = *reads;
+  SHOAL_ASSIGN_OR_RETURN(proposal.machine, readMachineFacts(r), "init proposal");
+  SHOAL_TRY(closed(r, "init proposal"));
+  return proposal;
+}
+
+Result<InitAgreement> agree(const std::vector<InitProposal>& proposals) {
+  InitAgreement agreement;
+  std::vector<MachineTopology> machines;
+  machines.reserve(proposals.size());
+  for (size_t r = 0; r < proposals.size(); ++r) {
+    const InitProposal& p = proposals[r];
+    agreement.everyoneReadsPeers = agreement.everyoneReadsPeers && p.readsEveryPeer;
+    if (p.netLink) {
+      if (agreement.netLink && *agreement.netLink != *p.netLink)
+        return internalError("two ranks proposed the network link (", agreement.netLink->transport, " and, from rank ",
+                             r, ", ", p.netLink->transport, ")");
+      agreement.netLink = p.netLink;
+    }
+    machines.push_back(p.machine);
+  }
+  agreement.machine = agreedMachine(machines);
+  return agreement;
+}
+
+std::string encodeSplitRecord(const SplitRecord& record) {
+  std::vector<uint8_t> bytes;
+  wire::Writer w(bytes);
+  w.u8(kSplitRecord);
+  w.u32(static_cast<uint32_t>(record.color));
+  w.u32(static_cast<uint32_t>(record.key));
+  return finished(bytes);
+}
+
+Result<SplitRecord> decodeSplitRecord(std::string_view bytes) {
+  SHOAL_ASSIGN_OR_RETURN(wire::Reader r, openMessage(bytes, kSplitRecord, "split record"));
+  SplitRecord record;
+  record.color = static_cast<int>(r.u32());
+  record.key = static_cast<int>(r.u32());
+  SHOAL_TRY(closed(r, "split record"));
+  return record;
+}
+
+}  // namespace shoal

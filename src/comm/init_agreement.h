@@ -1,0 +1,72 @@
+// The messages ranks exchange while a communicator is made or split, as typed
+// values with one byte form each (core/wire.h), and the pure rule that turns
+// everyone's proposals into the one agreement every rank computes alike.
+//
+// Communicator::initialize makes two all-gathers over the bootstrap:
+//   1. PeerRecord: the communicator size the rank was given and its PeerInfo.
+//   2. InitProposal: what only this rank knows yet every rank's plans depend
+//      on: whether it reads every peer's memory (peer-reading algorithms need
+//      all ranks to), the network link the first node leader chose for the
+//      second (each process knows only which of its own transports work), and
+//      its machine facts. agree() pools them.
+// Communicator::split all-gathers one SplitRecord per parent rank.
+//
+// Every message starts with a kind byte, so bytes of another kind (or of a
+// peer built from another version) are refused, never misread. Decoders read
+// another process's bytes and refuse anything malformed.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/peer_info.h"
+#include "core/status.h"
+#include "topology/machine.h"
+
+namespace shoal {
+
+struct PeerRecord {
+  int nranks = 0;  // as this rank was told at init
+  PeerInfo info;
+};
+std::string encodePeerRecord(const PeerRecord& record);
+Result<PeerRecord> decodePeerRecord(std::string_view bytes);
+
+// The transport the first node leader uses to reach the second, and what the
+// tuner's model needs to know about it.
+struct NetLink {
+  std::string transport;  // Transport::name(), for the log and the model's table
+  bool cpuCopiesBytes = false;
+  bool emulatesMessagesOverSockets = false;
+  bool operator==(const NetLink&) const = default;
+};
+
+struct InitProposal {
+  bool readsEveryPeer = true;     // this rank reads every other process's memory
+  std::optional<NetLink> netLink;  // only the first node leader's names one
+  MachineTopology machine;         // the facts writeMachineFacts carries
+};
+std::string encodeInitProposal(const InitProposal& proposal);
+Result<InitProposal> decodeInitProposal(std::string_view bytes);
+
+struct InitAgreement {
+  bool everyoneReadsPeers = true;
+  std::optional<NetLink> netLink;
+  MachineTopology machine;  // agreedMachine() of every rank's
+};
+// Pure and order-preserving: every rank passes the same proposals (rank
+// order) and gets the same agreement. Two ranks naming different network
+// links is the caller's bug (only one leader proposes): refused.
+Result<InitAgreement> agree(const std::vector<InitProposal>& proposals);
+
+// ncclCommSplit's arguments of one parent rank.
+struct SplitRecord {
+  int color = 0;  // < 0: NCCL_SPLIT_NOCOLOR
+  int key = 0;
+};
+std::string encodeSplitRecord(const SplitRecord& record);
+Result<SplitRecord> decodeSplitRecord(std::string_view bytes);
+
+}  // namespace shoal

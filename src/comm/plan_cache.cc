@@ -1,0 +1,51 @@
+#include "comm/plan_cache.h"
+
+#include <utility>
+
+namespace shoal {
+
+PlanCache::PlanCache(std::unique_ptr<Tuner> tuner, RankView view) : tuner_(std::move(tuner)), view_(std::move(view)) {
+  view_.ranksTakeTurns = tuner_->ranksTakeTurns();
+  groupView_ = view_;
+  groupView_.peerReads = false;
+}
+
+size_t PlanCache::ShapeHash::operator()(const CollShape& s) const {
+  uint64_t h = s.count * 0x9e3779b97f4a7c15ull;
+  h ^= (static_cast<uint64_t>(s.kind) << 8 | static_cast<uint64_t>(s.dtype) << 16 |
+        static_cast<uint64_t>(s.op) << 24) + (h << 6) + (h >> 2);
+  h ^= (static_cast<uint64_t>(static_cast<uint32_t>(s.root)) << 32 | static_cast<uint32_t>(s.peer)) + (h << 6);
+  h ^= s.divisor + (static_cast<uint64_t>(s.disjointBuffers) << 40) + (h << 6) + (h >> 2);
+  return static_cast<size_t>(h);
+}
+
+Result<std::shared_ptr<const PreparedPlan>> PlanCache::planFor(const CollShape& shape, bool grouped) {
+  Plans& cache = grouped ? groupPlans_ : plans_;
+  const RankView& view = grouped ? groupView_ : view_;
+  auto it = cache.find(shape);
+  if (it != cache.end()) return it->second;
+  SHOAL_ASSIGN_OR_RETURN(TunerChoice choice, tuner_->choose(shape, view));
+  auto prepared = preparePlan(std::make_shared<Plan>(choice.algorithm->build(shape, view, choice.params)));
+  if (cache.size() >= kLimit) cache.clear();
+  cache.emplace(shape, prepared);
+  return prepared;
+}
+
+std::shared_ptr<const PreparedPlan> PlanCache::mergedPlanFor(std::vector<std::shared_ptr<const PreparedPlan>> parts) {
+  std::vector<const PreparedPlan*> key;
+  key.reserve(parts.size());
+  for (const auto& part : parts) key.push_back(part.get());
+  auto it = merged_.find(key);
+  if (it != merged_.end()) return it->second.merged;
+  std::vector<PlanPtr> plans;
+  plans.reserve(parts.size());
+  for (const auto& part : parts) plans.push_back(part->plan);
+  auto merged = preparePlan(std::make_shared<Plan>(mergePlans(plans)));
+  if (merged_.size() >= kLimit) merged_.clear();
+  merged_.emplace(std::move(key), Merged{std::move(parts), merged});
+  return merged;
+}
+
+Result<double> PlanCache::estimateUs(const CollShape& shape) const { return tuner_->estimateUs(shape, view_); }
+
+}  // namespace shoal

@@ -1,0 +1,155 @@
+// The messages of communicator set-up (src/comm/init_agreement.h): each
+// round-trips, is refused when cut short, padded, of another kind or out of
+// range, and agree() pools proposals the same way for every rank.
+#include <catch2/catch.hpp>
+
+#include <string>
+#include <vector>
+
+#include "comm/init_agreement.h"
+
+using namespace shoal;
+
+namespace {
+
+PeerInfo samplePeer() {
+  PeerInfo p;
+  p.rank = 3;
+  p.hostname = "node-b";
+  p.hostId = "node-b:1234";
+  p.processId = 0xfedcba9876543210ull;
+  p.addresses = {{"tcp", "10.0.0.2:4000"}, {"shm", "shoal-77"}};
+  p.kernelId = "boot-1";
+  p.gpu = "GPU-0011";
+  return p;
+}
+
+MachineTopology sampleMachine(int cores) {
+  MachineTopology m;
+  m.packages = 2;
+  m.cores = cores;
+  m.numaNodes = 2;
+  m.l2Bytes = 2 << 20;
+  m.l3Bytes = 32 << 20;
+  m.l3Count = 2;
+  m.gpus = 1;
+  return m;
+}
+
+// Every strict prefix of a message is refused.
+template <typename Decode>
+void everyPrefixRefused(const std::string& bytes, Decode decode) {
+  for (size_t n = 0; n < bytes.size(); ++n) {
+    INFO("prefix of " << n << " of " << bytes.size() << " bytes");
+    CHECK_FALSE(decode(std::string_view(bytes).substr(0, n)).isOk());
+  }
+}
+
+}  // namespace
+
+TEST_CASE("PeerInfo keeps its byte form: length-prefixed decimal and text fields", "[init_agreement]") {
+  PeerInfo p;
+  p.rank = 1;
+  p.hostname = "h";
+  p.hostId = "i";
+  p.processId = 42;
+  p.kernelId = "k";
+  p.gpu = "";
+  const std::string expected = std::string("\x01\0\0\0" "1" "\x01\0\0\0" "h" "\x01\0\0\0" "i" "\x02\0\0\0" "42"
+                                           "\x01\0\0\0" "0" "\x01\0\0\0" "k" "\0\0\0\0", 35);
+  CHECK(p.serialize() == expected);
+  auto back = PeerInfo::deserialize(expected);
+  REQUIRE(back.isOk());
+  CHECK(back->processId == 42);
+  // A writer that knew neither the kernel id nor the GPU: both empty.
+  auto older = PeerInfo::deserialize(expected.substr(0, 26));
+  REQUIRE(older.isOk());
+  CHECK(older->kernelId.empty());
+  // Numbers must be numbers.
+  std::string bad = expected;
+  bad[4] = 'x';
+  CHECK_FALSE(PeerInfo::deserialize(bad).isOk());
+}
+
+TEST_CASE("a peer record round-trips and refuses what no writer makes", "[init_agreement]") {
+  const std::string bytes = encodePeerRecord(PeerRecord{8, samplePeer()});
+  auto back = decodePeerRecord(bytes);
+  REQUIRE(back.isOk());
+  CHECK(back->nranks == 8);
+  CHECK(back->info.rank == 3);
+  CHECK(back->info.hostname == "node-b");
+  CHECK(back->info.processId == 0xfedcba9876543210ull);
+  REQUIRE(back->info.addresses.size() == 2);
+  CHECK(back->info.addresses[1].second == "shoal-77");
+  CHECK(back->info.gpu == "GPU-0011");
+  everyPrefixRefused(bytes, decodePeerRecord);
+  CHECK_FALSE(decodePeerRecord(bytes + "x").isOk());                          // trailing bytes
+  CHECK_FALSE(decodePeerRecord(encodePeerRecord(PeerRecord{0, samplePeer()})).isOk());  // no ranks
+  auto wrongKind = decodePeerRecord(encodeSplitRecord(SplitRecord{1, 2}));
+  REQUIRE_FALSE(wrongKind.isOk());
+  CHECK(wrongKind.status().message().find("malformed peer record") != std::string::npos);
+}
+
+TEST_CASE("an init proposal round-trips with and without a network link", "[init_agreement]") {
+  InitProposal withLink;
+  withLink.readsEveryPeer = false;
+  withLink.netLink = NetLink{"tcp", true, true};
+  withLink.machine = sampleMachine(96);
+  const std::string bytes = encodeInitProposal(withLink);
+  auto back = decodeInitProposal(bytes);
+  REQUIRE(back.isOk());
+  CHECK_FALSE(back->readsEveryPeer);
+  REQUIRE(back->netLink.has_value());
+  CHECK(*back->netLink == NetLink{"tcp", true, true});
+  CHECK(back->machine.cores == 96);
+  CHECK(back->machine.l3Bytes == (32u << 20));
+  everyPrefixRefused(bytes, decodeInitProposal);
+  CHECK_FALSE(decodeInitProposal(bytes + std::string(1, '\0')).isOk());
+
+  InitProposal plain;
+  plain.machine = sampleMachine(4);
+  auto plainBack = decodeInitProposal(encodeInitProposal(plain));
+  REQUIRE(plainBack.isOk());
+  CHECK(plainBack->readsEveryPeer);
+  CHECK_FALSE(plainBack->netLink.has_value());
+
+  // A flag byte other than 0 or 1, and a link without a transport name.
+  std::string badFlag = encodeInitProposal(plain);
+  badFlag[1] = 2;
+  CHECK_FALSE(decodeInitProposal(badFlag).isOk());
+  InitProposal unnamed = withLink;
+  unnamed.netLink->transport.clear();
+  CHECK_FALSE(decodeInitProposal(encodeInitProposal(unnamed)).isOk());
+}
+
+TEST_CASE("agree pools proposals: peer reads need everyone, the leader names the link, machines meet", "[init_agreement]") {
+  std::vector<InitProposal> proposals(3);
+  for (int r = 0; r < 3; ++r) proposals[r].machine = sampleMachine(8 + r);
+  proposals[1].netLink = NetLink{"ofi", false, false};
+  auto agreed = agree(proposals);
+  REQUIRE(agreed.isOk());
+  CHECK(agreed->everyoneReadsPeers);
+  REQUIRE(agreed->netLink.has_value());
+  CHECK(agreed->netLink->transport == "ofi");
+  CHECK(agreed->machine.cores == 8);
+
+  proposals[2].readsEveryPeer = false;
+  REQUIRE(agree(proposals).isOk());
+  CHECK_FALSE(agree(proposals)->everyoneReadsPeers);
+
+  proposals[0].netLink = NetLink{"tcp", true, false};
+  auto twoLinks = agree(proposals);
+  REQUIRE_FALSE(twoLinks.isOk());
+  CHECK(twoLinks.status().message().find("two ranks proposed the network link") != std::string::npos);
+}
+
+TEST_CASE("a split record round-trips, NCCL_SPLIT_NOCOLOR and negative keys included", "[init_agreement]") {
+  for (SplitRecord r : {SplitRecord{0, 0}, SplitRecord{-1, 5}, SplitRecord{7, -3}, SplitRecord{2147483647, -2147483647}}) {
+    auto back = decodeSplitRecord(encodeSplitRecord(r));
+    REQUIRE(back.isOk());
+    CHECK(back->color == r.color);
+    CHECK(back->key == r.key);
+  }
+  everyPrefixRefused(encodeSplitRecord(SplitRecord{1, 2}), decodeSplitRecord);
+  CHECK_FALSE(decodeSplitRecord(encodePeerRecord(PeerRecord{2, samplePeer()})).isOk());
+}
