@@ -218,7 +218,7 @@ Result<std::shared_ptr<Communicator>> Communicator::split(int color, int key, co
   Deadline deadline = Deadline::afterMs(params().initTimeoutMs).cancelledBy(cancel);
   SHOAL_ASSIGN_OR_RETURN(auto all, bootstrap_->allGather(encodeSplitRecord(SplitRecord{color, key}), deadline),
       describe(), ": split");
-  uint64_t splitIndex = nextSeq(CollShape{});  // every parent rank splits in the same order
+  const uint64_t splitIndex = splits_++;  // every parent rank splits in the same order
   if (color < 0) return std::shared_ptr<Communicator>();
   std::vector<std::pair<int, int>> members;  // (key, parent rank)
   for (int r = 0; r < nranks_; ++r) {

@@ -273,6 +273,10 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
   std::vector<uint8_t> scratch_;        // waited jobs run one at a time: one arena
 
   std::atomic<uint64_t> collSeq_{0};
+  // Splits of this communicator so far: names each child's scope. Counted
+  // apart from the collectives, which a revoke (or a failure) may have
+  // stopped on some ranks and not others.
+  uint64_t splits_ = 0;
   std::atomic<bool> runningInline_{false};  // a blocking call runs its job on the caller's thread
   std::unordered_map<int, uint64_t> sendSeq_, recvSeq_;
   std::vector<JobPtr> inFlight_;        // submitted, maybe not done

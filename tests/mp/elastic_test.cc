@@ -310,8 +310,8 @@ void runGrow(int total, bool nonblocking, const char* transport = "tcp") {
 // ---- revoke ---------------------------------------------------------------------
 
 // Rank 0 starts an AllReduce that rank 1 never joins; rank 0 revokes its
-// communicator, which stops the AllReduce. Both ranks then shrink (excluding
-// nobody, NCCL_SHRINK_DEFAULT) and the new communicator works.
+// communicator, which stops the AllReduce. Both ranks then split and shrink
+// (excluding nobody, NCCL_SHRINK_DEFAULT) and the new communicators work.
 int revokeBlocking(MpChild& c) {
   const int r = c.rank();
   ncclComm_t comm = nullptr;
@@ -352,10 +352,16 @@ int revokeBlocking(MpChild& c) {
   CHILD_CHECK(c, rc == ncclInvalidArgument, "a second revoke: " + describe(rc));
   rc = ncclCommFinalize(comm);
   CHILD_CHECK(c, rc == ncclInvalidUsage, "finalize after the revoke: " + describe(rc));
+  // Split works after a revoke, though the revoke stopped a collective on
+  // rank 0 only (the ranks issued different numbers of collectives).
+  ncclComm_t half = nullptr;
+  CHILD_NCCL(c, ncclCommSplit(comm, 0, r, &half, nullptr));
+  CHILD_OK(c, checkedAllReduce(c, half, 4096, "AllReduce of the communicator split from the revoked one"));
   ncclComm_t fresh = nullptr;
   CHILD_NCCL(c, ncclCommShrink(comm, nullptr, 0, &fresh, nullptr, NCCL_SHRINK_DEFAULT));
   CHILD_OK(c, checkedAllReduce(c, fresh, 4096, "AllReduce of the communicator shrunk from the revoked one"));
   CHILD_NCCL(c, ncclCommDestroy(comm));
+  CHILD_NCCL(c, ncclCommDestroy(half));
   CHILD_NCCL(c, ncclCommDestroy(fresh));
   CHILD_CHECK(c, c.barrier(), "the other rank did not finish");
   return 0;
