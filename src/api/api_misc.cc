@@ -145,11 +145,12 @@ SHOAL_API(ncclResult_t, ncclCommDeregister, (const ncclComm_t comm, void* handle
     if (handle == nullptr) return Status::ok();
     auto* reg = static_cast<Registration*>(handle);
     std::lock_guard<std::mutex> lock(gRegMutex);
+    // As NCCL ("Could not find handle"): a usage error, not an argument one.
     if (!gRegistrations.count(reg))
-      return invalidArgument("ncclCommDeregister: handle ", handle, " is not a live registration");
+      return invalidUsage("ncclCommDeregister: handle ", handle,
+                          " is not a live registration (deregistered already, or never registered)");
     if (reg->comm != comm)
-      return invalidArgument("ncclCommDeregister: handle ", handle,
-                             " was registered on another communicator");
+      return invalidUsage("ncclCommDeregister: handle ", handle, " was registered on another communicator");
     gRegistrations.erase(reg);
     forgetMemory(reg->buff, reg->size);  // no transport may keep a stale registration
     delete reg;

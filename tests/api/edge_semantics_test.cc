@@ -292,9 +292,9 @@ TEST_CASE("edge: ncclCommRegister, ncclCommDeregister", "[api][edge]") {
   EXPECT_RC(ncclCommDeregister(nullptr, nullptr), ncclInvalidArgument, "comm is NULL");
   EXPECT_OK(ncclCommRegister(w[0], buf.data(), buf.size(), &h));
   EXPECT_OK(ncclCommDeregister(w[0], h));
-  EXPECT_RC(ncclCommDeregister(w[0], h), ncclInvalidArgument, "not a live registration");
+  EXPECT_RC(ncclCommDeregister(w[0], h), ncclInvalidUsage, "not a live registration");
   int junk = 0;
-  EXPECT_RC(ncclCommDeregister(w[0], &junk), ncclInvalidArgument, "not a live registration");
+  EXPECT_RC(ncclCommDeregister(w[0], &junk), ncclInvalidUsage, "not a live registration");
 }
 
 TEST_CASE("edge: ncclCommWindowRegister, ncclCommWindowDeregister, ncclWinGetUserPtr", "[api][edge]") {
