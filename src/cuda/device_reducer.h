@@ -56,7 +56,7 @@ struct ReduceScalar {
 class DeviceReducer {
  public:
   // Threads per block of every launch (the kernels' __launch_bounds__).
-  static constexpr unsigned kThreads = 512;
+  static constexpr unsigned kThreads = reduce::kReduceKernelThreads;
 
   // The reducer of the calling thread's current context, loaded (and every
   // kernel resolved) by the first call in that context. A failed load is

@@ -32,7 +32,6 @@
 namespace shoal::reduce {
 namespace {
 
-constexpr int kReduceThreads = 512;  // DeviceReducer launches this many per block
 constexpr int kPackBytes = 16;
 // Packs in flight per thread: 4 for 4- and 8-byte types; fewer for the small
 // ones, whose packs hold 8 or 16 elements of costlier arithmetic (each copy
@@ -128,7 +127,7 @@ __device__ __forceinline__ void reduceRange(void* dstv, const void* av, const vo
 }  // namespace shoal::reduce
 
 #define SHOAL_REDUCE_KERNEL(opName, opEnum, typeName, Ty)                                      \
-  extern "C" __global__ void __launch_bounds__(::shoal::reduce::kReduceThreads)                \
+  extern "C" __global__ void __launch_bounds__(::shoal::reduce::kReduceKernelThreads)          \
       shoal_reduce_##opName##_##typeName(void* dst, const void* a, const void* b,              \
                                          unsigned long long count, const void* scalar,         \
                                          unsigned long long scalarBits) {                      \

@@ -242,5 +242,8 @@ static_assert([] {
   return true;
 }(), "SHOAL_ELEMENT_OPS lists the operators in ElementOp's order");
 inline constexpr const char* kReduceKernelPrefix = "shoal_reduce_";
+// Threads per block of every reduction kernel launch (the kernels'
+// __launch_bounds__; the CUDA stand-in refuses more).
+inline constexpr unsigned kReduceKernelThreads = 512;
 
 }  // namespace shoal::reduce

@@ -961,7 +961,7 @@ struct ReduceKernel {
   ReduceRunner run = nullptr;
 };
 constexpr int kReduceParams = 6;
-constexpr unsigned kReduceMaxThreads = 512;  // the kernels' __launch_bounds__
+constexpr unsigned kReduceMaxThreads = shoal::reduce::kReduceKernelThreads;  // __launch_bounds__
 
 template <class Ty, shoal::reduce::ElementOp kOp>
 void runReduce(char* dst, const char* a, const char* b, uint64_t count, const char* scalar,
