@@ -1031,6 +1031,8 @@ bool fatbinSize(const void* image, size_t* size) {
   uint32_t magic = 0;
   uint16_t headerSize = 0;
   uint64_t bodySize = 0;
+  // A PTX string may be shorter than the header: the magic has no NUL byte.
+  if (strnlen(static_cast<const char*>(image), 4) < 4) return false;
   std::memcpy(&magic, image, 4);
   if (magic != kFatbinMagic) return false;
   std::memcpy(&headerSize, static_cast<const char*>(image) + 6, 2);
