@@ -5,8 +5,9 @@
 // The per-element arithmetic is element_ops.h's, the same functions the host
 // scalar reducer runs, so the host reducer is the bit-exact reference; float
 // arithmetic goes through addRn/mulRn (__fadd_rn, __fmul_rn, ...), so
-// premulsum and avg stay two roundings: a ctest checks that their PTX has no
-// fma and no float add/mul without a rounding modifier (check_ptx_rounding.cmake).
+// premulsum and avg stay two roundings: a ctest checks that the PTX has no
+// fma and no float add/mul without a rounding modifier
+// (tests/cudafake/ptx_rounding_check.cmake).
 //
 // Built by nvcc at build time into one fatbin (sm_90 code and compute_90
 // PTX), embedded in libnccl.so.2, loaded through the driver API by
@@ -14,9 +15,10 @@
 //
 // Shape: a grid-stride loop. When dst, a and b sit at the same offset within
 // 16 bytes, the few elements before the first 16-byte boundary go one by one,
-// then 16-byte packs, four per thread in flight (all loads before any store:
-// dst may be a or b, and each element is read and written by one thread
-// only), then the tail one by one. Otherwise every element goes one by one.
+// then 16-byte packs, up to four per thread in flight (kUnroll; all loads
+// before any store: dst may be a or b, and each element is read and written
+// by one thread only), then the tail one by one. Otherwise every element goes
+// one by one.
 //
 // Parameters of every kernel:
 //   (void* dst, const void* a, const void* b, unsigned long long count,
