@@ -355,6 +355,7 @@ void Engine::startJob(Job& job) {
   if (plan.readsPeers) fillWindow(job);
   job.remaining_ = n;
   job.lastProgressNs_ = 0;  // the first clock read starts the no-progress clock
+  job.lastAliveCheckNs_ = 0;
   if (n == 0) job.finishOk();
 }
 
@@ -632,6 +633,7 @@ bool Engine::progressJob(Job& job) {
     job.lastProgressNs_ = now;
     job.progressSinceClock_ = false;
   } else {
+    if (checkStalledPeers(job, now)) return progressed;
     int64_t limitMs = params().progressTimeoutMs;
     if (limitMs > 0 && now - job.lastProgressNs_ > limitMs * 1000000) {
       if (TimeoutObserver observer = timeoutObserver_.load()) observer(reportOf(job, now));
@@ -716,7 +718,41 @@ size_t Engine::queuedJobs(uint64_t queueId) {
   }));
 }
 
+// A job that has moved no byte for an idle check interval (SHOAL_IDLE_CHECK_MS)
+// asks its connections, once per interval, whether their peers are still
+// there (Connection::checkAlive, as the idle check does between operations):
+// a host that is down or cut off answers nothing, not even keepalive probes
+// or retransmissions, and is found after tcp's silence limit (25 s) instead
+// of at the no-progress deadline (300 s by default). A peer that is merely
+// late or stopped still has a kernel that answers, and is left to that
+// deadline. Runs on the thread that progresses the job, which alone uses its
+// connections now. True when the job failed.
+bool Engine::checkStalledPeers(Job& job, int64_t now) {
+  const int64_t intervalMs = params().idleCheckMs;
+  if (intervalMs <= 0 || now - job.lastProgressNs_ < intervalMs * 1000000 ||
+      now - job.lastAliveCheckNs_ < intervalMs * 1000000)
+    return false;
+  job.lastAliveCheckNs_ = now;
+  for (size_t i = 0; i < job.connections_.size(); ++i) {
+    Status lost = job.connections_[i]->checkAlive();
+    if (lost.isOk()) continue;
+    job.failedPeer_ = job.connectionPeers_[i];
+    // What this job waits on comes first: a same-host peer's reported
+    // failure may say less about the cause than this rank's own view.
+    failJob(job, Status(Code::kRemoteError, str("no progress for ", (now - job.lastProgressNs_) / 1000000,
+                                                " ms waiting on: ", waitingList(job), "; and a peer is gone: ",
+                                                lost.message())));
+    return true;
+  }
+  return false;
+}
+
 Status Engine::timeoutStatus(Job& job) const {
+  return error(Code::kTimeout, "no progress for ", params().progressTimeoutMs,
+               " ms (SHOAL_PROGRESS_TIMEOUT_MS) waiting on: ", waitingList(job));
+}
+
+std::string Engine::waitingList(Job& job) const {
   const Plan& plan = *job.prepared->plan;
   std::vector<std::string> peers;
   for (size_t lane = 0; lane < plan.lanes.size(); ++lane) {
@@ -735,9 +771,7 @@ Status Engine::timeoutStatus(Job& job) const {
   }
   std::string list;
   for (const auto& p : peers) list += (list.empty() ? "" : "; ") + p;
-  return error(Code::kTimeout, "no progress for ", params().progressTimeoutMs,
-               " ms (SHOAL_PROGRESS_TIMEOUT_MS) waiting on: ",
-               list.empty() ? std::string("nothing posted") : list);
+  return list.empty() ? std::string("nothing posted") : list;
 }
 
 void Engine::failJob(Job& job, Status status) {

@@ -187,6 +187,7 @@ class Job {
   uint64_t reportedEpoch_ = 0;  // the last report request this job answered
   size_t remaining_ = 0;
   int64_t lastProgressNs_ = 0;
+  int64_t lastAliveCheckNs_ = 0;  // the stalled job's last look at its peers (checkStalledPeers)
   uint32_t passesSinceClock_ = 0;
   bool progressSinceClock_ = false;
 };
@@ -296,6 +297,10 @@ class Engine {
   ReduceOnReceive reduceOnReceiveFor(const Job& job, uint32_t reduceStep, bool receivedFirst) const;
   void failJob(Job& job, Status status);
   Status timeoutStatus(Job& job) const;
+  // "receive from rank 2 (host b, tcp ...); send to ..." for a stalled job
+  // (and fills its waitingOn_).
+  std::string waitingList(Job& job) const;
+  bool checkStalledPeers(Job& job, int64_t now);
   // What the job is doing; on its own thread only.
   static JobReport reportOf(const Job& job, int64_t nowNs);
   void postReport(Job& job, uint64_t epoch, int64_t nowNs);

@@ -27,8 +27,10 @@
 //     TCP_INFO says the peer's host has answered nothing, not even a
 //     keepalive probe, for keepIdle + keepCount x keepInterval = 25 s
 //     (checkIdleSocket): a dead or cut-off host is reported within ~30 s.
-//     A connection with an operation in flight is the engine's: its errors
-//     and the no-progress deadline cover it.
+//     A connection with an operation in flight is the engine's: its errors,
+//     the same look once a job has moved nothing for an idle check interval
+//     (Engine::checkStalledPeers: a host cut off mid-operation is found after
+//     ~25 s), and the no-progress deadline cover it.
 //   - MSG_NOSIGNAL on every send: a closed peer is an EPIPE value, never SIGPIPE.
 #pragma once
 
