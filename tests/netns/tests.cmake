@@ -158,6 +158,16 @@ set_tests_properties(netns.link_down.2x2.shrink PROPERTIES
   LABELS netns TIMEOUT 60 SKIP_RETURN_CODE 77
   ENVIRONMENT "SHOAL_PROGRESS_TIMEOUT_MS=5000"
   ENVIRONMENT_MODIFICATION "${SHOAL_NETNS_ENV_MOD}")
+# The same with default settings: the stalled allreduce finds the silent host
+# (Engine::checkStalledPeers, ~25 s of silence) long before the no-progress
+# deadline (300 s); the survivors must be through within 45 s of the cut.
+add_test(NAME netns.link_down.2x2.shrink.defaults
+  COMMAND ${SHOAL_BASH} ${SHOAL_CLUSTER} --nodes 2 --ranks-per-node 2 --timeout 85
+    --link-down-after 4 1 --link-down-wait 45 --link-down-require survive
+    -- $<TARGET_FILE:netns_link_probe> --shrink 80 1048576)
+set_tests_properties(netns.link_down.2x2.shrink.defaults PROPERTIES
+  LABELS netns TIMEOUT 90 SKIP_RETURN_CODE 77
+  ENVIRONMENT_MODIFICATION "${SHOAL_NETNS_ENV_MOD};SHOAL_PROGRESS_TIMEOUT_MS=unset:")
 
 # Multi-rail: two links per node (two veth pairs, two bridges); the ofi
 # transport over libfabric's tcp;ofi_rxm stripes channels over one endpoint
