@@ -2167,7 +2167,7 @@ TEST_CASE("ncclCommRegister/Deregister - also inside a group", "[api][memory]") 
     NCCL_OK(ncclCommDeregister(w[r], hs[r]));
     NCCL_OK(ncclCommDeregister(w[r], hd[r]));
   }
-  NCCL_EXPECT(ncclCommDeregister(w[0], hs[0]), ncclInvalidArgument);  // already gone
+  NCCL_EXPECT(ncclCommDeregister(w[0], hs[0]), ncclInvalidUsage);  // already gone (NCCL: "Could not find handle")
   void* h = nullptr;
   NCCL_EXPECT(ncclCommRegister(w[0], nullptr, 64, &h), ncclInvalidArgument);
   NCCL_EXPECT(ncclCommRegister(nullptr, s[0].data(), 64, &h), ncclInvalidArgument);
