@@ -73,7 +73,7 @@ Status Communicator::initialize() {
   SHOAL_TRY(publishAddresses(self)) << describe();
   SHOAL_ASSIGN_OR_RETURN(peers_, exchangePeers(self, deadline));
   topology_ = buildTopology(peers_);
-  logSharedGpus();
+  SHOAL_TRY(checkSharedGpus());
   chooseWaitSpin(self);
 
   // Ranks choose plans independently, so what the tuner and the plans see
@@ -204,13 +204,26 @@ Status Communicator::findCudaDevice(PeerInfo& self) {
   return Status::ok();
 }
 
-void Communicator::logSharedGpus() const {
-  // Several ranks on one GPU are allowed (docs/cuda.md); say so once.
-  for (int r = 0; r < nranks_; ++r)
-    if (r != rank_ && !peers_[r].gpu.empty() && peers_[r].gpu == peers_[rank_].gpu) {
-      SHOAL_INFO(subsys::kInit, describe(), ": rank ", r, " uses the same GPU (", peers_[r].gpu, ")");
-      return;
+// Several ranks on one GPU (docs/cuda.md) are allowed by default, unlike NCCL
+// 2.30 without NCCL_MULTI_RANK_GPU_ENABLE=1; an explicit 0 refuses them as
+// NCCL does. Every rank looks at every pair, so all ranks fail alike and none
+// waits for a peer that gave up.
+Status Communicator::checkSharedGpus() const {
+  bool logged = false;
+  for (int a = 0; a < nranks_; ++a)
+    for (int b = a + 1; b < nranks_; ++b) {
+      if (peers_[a].gpu.empty() || peers_[a].gpu != peers_[b].gpu) continue;
+      if (params().multiRankGpu == 0)
+        return invalidUsage(describe(), ": ranks ", a, " and ", b, " use the same GPU (", peers_[a].gpu,
+                            ") and NCCL_MULTI_RANK_GPU_ENABLE=0 refuses several ranks per GPU "
+                            "(unset or 1 allows them)");
+      if (!logged && (a == rank_ || b == rank_)) {
+        SHOAL_INFO(subsys::kInit, describe(), ": ranks ", a, " and ", b, " use the same GPU (", peers_[a].gpu,
+                   "); allowed (NCCL_MULTI_RANK_GPU_ENABLE=0 would refuse it)");
+        logged = true;
+      }
     }
+  return Status::ok();
 }
 
 Result<std::shared_ptr<Communicator>> Communicator::split(int color, int key, const CommOptions& options,

@@ -215,7 +215,8 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
   void chooseWaitSpin(const PeerInfo& self) const;
   // Init: whether the process uses CUDA and the current device (self.gpu).
   Status findCudaDevice(PeerInfo& self);
-  void logSharedGpus() const;
+  // Ranks sharing a GPU: allowed unless NCCL_MULTI_RANK_GPU_ENABLE=0.
+  Status checkSharedGpus() const;
 
   // Job preparation and submission (communicator_jobs.cc).
   // Fills `job` for the operations (zero-count collectives dropped); false

@@ -26,6 +26,7 @@
 #include "core/params.h"
 #include "cudafake/fake_cuda.h"
 #include "support/mp_harness.h"
+#include "support/scoped_env.h"
 
 namespace {
 
@@ -310,6 +311,36 @@ TEST_CASE("every collective on device buffers with 1 to 4 ranks as threads", "[c
     onThreads(n, [&](int r, ncclComm_t comm, CUstream s) { everyCollective(r, n, comm, s, bad); });
     INFO(n << " ranks: " << bad.first);
     CHECK(bad.count == 0);
+  }
+}
+
+TEST_CASE("several ranks on one GPU are allowed by default and refused with NCCL_MULTI_RANK_GPU_ENABLE=0", "[cudafake]") {
+  useDevice0();
+  // Allowed (the other tests run 2-4 ranks on device 0 this way); refused
+  // only when asked, on every rank alike, naming the ranks and the variable.
+  shoal::testing::ScopedEnv env{{"NCCL_MULTI_RANK_GPU_ENABLE", "0"}};
+  ncclUniqueId id;
+  NCCL_OK(ncclGetUniqueId(&id));
+  std::vector<ncclResult_t> rc(2, ncclSuccess);
+  std::vector<std::string> why(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r)
+    threads.emplace_back([&, r] {
+      cuInit(0);
+      CUcontext ctx = nullptr;
+      cuDevicePrimaryCtxRetain(&ctx, 0);
+      cuCtxSetCurrent(ctx);
+      ncclComm_t comm = nullptr;
+      rc[r] = ncclCommInitRank(&comm, 2, id, r);
+      why[r] = ncclGetLastError(nullptr);
+      if (rc[r] == ncclSuccess) ncclCommDestroy(comm);
+    });
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 2; ++r) {
+    INFO("rank " << r << ": " << why[r]);
+    CHECK(rc[r] == ncclInvalidUsage);
+    CHECK(why[r].find("ranks 0 and 1 use the same GPU") != std::string::npos);
+    CHECK(why[r].find("NCCL_MULTI_RANK_GPU_ENABLE=0") != std::string::npos);
   }
 }
 
