@@ -29,16 +29,26 @@
 // survive: rank 0's process made the ncclUniqueId and hosts the bootstrap
 // root that the survivors meet in.
 //
+// With --netns-prefix P every rank process enters the network namespace
+// P-n<node> (made by tests/netns/elastic_netns.sh: real veth links to a
+// bridge) before it touches NCCL, so that bootstrap and tcp traffic between
+// nodes crosses those links; the launcher stays where it was started.
+//
 // Run: ./elastic_train [--steps 24 --kill-step 8 --grow-step 16] [--check]
+//                      [--netns-prefix P]
 #include <nccl.h>
 
+#include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
+#include <sys/mount.h>
 #include <stdlib.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -61,6 +71,7 @@ struct ElasticOptions {
   int killStep = 8;
   int growStep = 16;
   std::string dir;  // where rank 0 leaves the ids for the others
+  std::string netnsPrefix;  // empty: every rank stays in the launcher's namespace
 };
 
 double nowMs() {
@@ -280,11 +291,38 @@ int rankMain(const ElasticOptions& o, int startRank, bool joining) {
   return 0;
 }
 
+// Moves this (single-threaded, freshly forked) rank process into its node's
+// network namespace, as `ip netns exec` would: setns on the name's handle,
+// then private mount and UTS namespaces: /sys remounted, so that
+// /sys/class/net (read by the topology probe) lists the node's interfaces,
+// not the launcher's, and hostname node<K>, as cluster.sh gives its nodes
+// (errors then name the node). /tmp and /dev/shm stay shared with the other
+// ranks.
+void enterNodeNamespace(const ElasticOptions& o, int node) {
+  const std::string name = o.netnsPrefix + "-n" + std::to_string(node);
+  const std::string path = "/var/run/netns/" + name;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0 || ::setns(fd, CLONE_NEWNET) != 0) {
+    std::printf("elastic_train: cannot enter network namespace %s: %s\n", name.c_str(), std::strerror(errno));
+    _exit(1);
+  }
+  ::close(fd);
+  const std::string host = "node" + std::to_string(node);
+  if (::unshare(CLONE_NEWNS | CLONE_NEWUTS) != 0 || ::sethostname(host.c_str(), host.size()) != 0 ||
+      ::mount(nullptr, "/", nullptr, MS_SLAVE | MS_REC, nullptr) != 0 || ::umount2("/sys", MNT_DETACH) != 0 ||
+      ::mount(name.c_str(), "/sys", "sysfs", 0, nullptr) != 0) {
+    std::printf("elastic_train: cannot set up node %d's hostname and /sys in network namespace %s: %s\n", node,
+                name.c_str(), std::strerror(errno));
+    _exit(1);
+  }
+}
+
 pid_t launch(const ElasticOptions& o, int rank, bool joining) {
   std::fflush(stdout);
   const pid_t pid = ::fork();
   if (pid != 0) return pid;
   const int node = joining ? 2 : rank / kRanksPerNode;
+  if (!o.netnsPrefix.empty()) enterNodeNamespace(o, node);
   ::setenv("NCCL_HOSTID", ("node" + std::to_string(node)).c_str(), 1);
   const int status = rankMain(o, rank, joining);
   std::fflush(stdout);
@@ -302,6 +340,8 @@ int main(int argc, char** argv) {
   o.common = commonOptions(flags, model);
   o.killStep = flags.integer("--kill-step", 8, "step at which node 1's ranks are SIGKILLed");
   o.growStep = flags.integer("--grow-step", 16, "step at which two new ranks on node 2 grow in");
+  o.netnsPrefix = flags.text("--netns-prefix", "",
+                             "run node K's ranks in network namespace <prefix>-n<K> (tests/netns/elastic_netns.sh)");
   // 24 steps unless --steps says otherwise (the shared default, 8, is too
   // few for a loss, a shrink and a grow). --threads is not used: one rank
   // per process.
@@ -313,8 +353,11 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "need 0 < --kill-step < --grow-step < --steps\n");
     return 2;
   }
-  char dirTemplate[] = "/tmp/shoal-elastic-train-XXXXXX";
-  if (::mkdtemp(dirTemplate) == nullptr) {
+  // Under $TMPDIR when set: a harness that may end the run gives it a
+  // folder it removes itself.
+  const char* tmp = std::getenv("TMPDIR");
+  std::string dirTemplate = std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/shoal-elastic-train-XXXXXX";
+  if (::mkdtemp(dirTemplate.data()) == nullptr) {
     std::perror("mkdtemp");
     return 1;
   }

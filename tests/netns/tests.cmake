@@ -5,6 +5,24 @@
 # the same tests run on loopback with NCCL_HOSTID grouping and say so; the
 # tests that need real links (rate limit, link down, cleanup) then report
 # "skipped" (exit 77). Needs the MPI-built perf binaries, mpirun and bash.
+
+# examples/elastic_train across three node namespaces (elastic_netns.sh, no
+# MPI: the trainer forks its ranks and each enters its node's namespace).
+# Node 1's ranks are SIGKILLed at step 8, two new ranks on node2 grow in at
+# step 16; passes only if --check matches the single-process losses, every
+# node's link carried traffic both ways, and (--check-cleanup) neither the
+# run nor a second one ended by SIGTERM mid-run leaves a namespace behind.
+find_program(SHOAL_BASH bash)
+if(TARGET elastic_train AND SHOAL_BASH)
+  add_test(NAME netns.elastic_train.3nodes
+    COMMAND ${SHOAL_BASH} ${CMAKE_CURRENT_LIST_DIR}/elastic_netns.sh --check-cleanup --timeout 40
+      -- $<TARGET_FILE:elastic_train> --check)
+  set_tests_properties(netns.elastic_train.3nodes PROPERTIES
+    LABELS netns TIMEOUT 60 SKIP_RETURN_CODE 77
+    ENVIRONMENT_MODIFICATION "NCCL_SOCKET_IFNAME=unset:;FI_TCP_IFACE=unset:;NCCL_HOSTID=unset:"
+    FAIL_REGULAR_EXPRESSION "MISMATCH| failed: |LEFT BEHIND")
+endif()
+
 if(NOT TARGET all_reduce_perf OR NOT MPI_CXX_FOUND OR NOT MPIEXEC_EXECUTABLE)
   return()
 endif()
