@@ -154,14 +154,7 @@ void runIdleDeath(const char* transport) {
   MpResult res = runForked(cfg, idleDeath);
   INFO(transport << "\n" << res.report());
   REQUIRE_FALSE(res.timedOut);
-  for (const auto& rr : res.ranks) {
-    if (rr.rank == kVictim) {
-      CHECK((!rr.exited && rr.termSignal == SIGKILL));
-    } else {
-      CHECK(rr.exited);
-      CHECK(rr.exitCode == 0);
-    }
-  }
+  CHECK(res.onlyVictimKilled(kVictim));
 }
 
 }  // namespace

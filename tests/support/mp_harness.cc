@@ -125,6 +125,13 @@ bool MpResult::allPassed() const {
   return true;
 }
 
+bool MpResult::onlyVictimKilled(int victim) const {
+  for (const auto& r : ranks) {
+    if (r.rank == victim ? (r.exited || r.termSignal != SIGKILL) : (!r.exited || r.exitCode != 0)) return false;
+  }
+  return true;
+}
+
 std::string MpResult::report() const {
   std::string out;
   char line[256];

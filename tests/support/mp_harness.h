@@ -86,6 +86,8 @@ struct MpResult {
   double wallMs = 0;
   // Every rank exited with code 0 and the watchdog did not fire.
   bool allPassed() const;
+  // Rank `victim` died of SIGKILL and every other rank exited with code 0.
+  bool onlyVictimKilled(int victim) const;
   // Human-readable summary of every rank: status and log.
   std::string report() const;
 };
