@@ -174,6 +174,12 @@ class Transport {
   // which the tuner's model counts (docs/decisions/0006, 0007). Known once
   // localAddress() has succeeded.
   virtual bool cpuCopiesBytes() const { return false; }
+  // Whether connections of this transport can send from and receive into
+  // device (CUDA) memory directly; where false, device buffers must be
+  // staged through host memory before they reach a connection (docs/cuda.md).
+  // ofi: the provider granted FI_HMEM and a trial registration of device
+  // memory succeeded. Known once localAddress() has succeeded.
+  virtual bool registersDeviceMemory() const { return false; }
 };
 
 }  // namespace shoal

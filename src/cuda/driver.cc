@@ -51,6 +51,7 @@ std::string DeviceIdentity::uuidText() const {
 bool Driver::built() { return false; }
 Driver* Driver::inUse() { return nullptr; }
 Result<MemoryKind> Driver::memoryKind(const void*) { return MemoryKind::kHost; }
+Result<int> Driver::deviceOfPointer(const void*) { return error(Code::kCudaError, "built without CUDA"); }
 Result<std::optional<DeviceIdentity>> Driver::currentDevice() {
   return std::optional<DeviceIdentity>();
 }
@@ -222,6 +223,15 @@ Result<MemoryKind> Driver::memoryKind(const void* ptr) {
       return error(Code::kCudaError, "cuPointerGetAttributes: unknown memory type ", type, " for ",
                    ptr);
   }
+}
+
+Result<int> Driver::deviceOfPointer(const void* ptr) {
+  int ordinal = -1;
+  CUpointer_attribute attr = CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL;
+  void* data = &ordinal;
+  SHOAL_CU(cuPointerGetAttributes(1, &attr, &data, reinterpret_cast<CUdeviceptr>(ptr)));
+  if (ordinal < 0) return error(Code::kInvalidArgument, ptr, " is not memory of a CUDA device");
+  return ordinal;
 }
 
 Result<std::optional<DeviceIdentity>> Driver::currentDevice() {

@@ -67,6 +67,9 @@ class Driver {
   static bool built();
 
   Result<MemoryKind> memoryKind(const void* ptr);
+  // The ordinal (in this process) of the device that holds device or managed
+  // memory at ptr (a network provider registering it names the device).
+  Result<int> deviceOfPointer(const void* ptr);
   // The device of the context current on the calling thread; nullopt when no
   // context is current.
   Result<std::optional<DeviceIdentity>> currentDevice();

@@ -89,3 +89,19 @@ if(TARGET all_reduce_perf)
   shoal_add_device_perf_test(cudafake.perf.broadcast.t2 broadcast_perf -t 2 -b 8 -e 256K -f 8 -c 1 -n 3 -r -1)
   shoal_add_device_perf_test(cudafake.perf.sendrecv.procs2 sendrecv_perf --procs 2 -b 8 -e 256K -f 8 -c 1 -n 3)
 endif()
+
+# Device buffers over the ofi transport: staged (this libfabric grants no
+# FI_HMEM), logged with the reason, data checked; a device buffer handed
+# straight to an ofi connection refused with the reason.
+if(LIBFABRIC_FOUND)
+  add_executable(cudafake_ofi_device_tests ${CMAKE_CURRENT_LIST_DIR}/ofi_device_memory_test.cc
+    ${PROJECT_SOURCE_DIR}/tests/support/mp_harness.cc)
+  target_link_libraries(cudafake_ofi_device_tests PRIVATE shoal_static shoal_cudafake shoal_cuda_headers
+    shoal_catch_main Catch2::Catch2)
+  target_include_directories(cudafake_ofi_device_tests PRIVATE ${PROJECT_SOURCE_DIR}/tests)
+  target_include_directories(cudafake_ofi_device_tests SYSTEM PRIVATE
+    $<TARGET_PROPERTY:PkgConfig::LIBFABRIC,INTERFACE_INCLUDE_DIRECTORIES>)
+  target_compile_definitions(cudafake_ofi_device_tests PRIVATE SHOAL_CUDAFAKE_LIB="${SHOAL_CUDAFAKE_LIB}")
+  catch_discover_tests(cudafake_ofi_device_tests EXTRA_ARGS -w NoTests PROPERTIES LABELS cudafake TIMEOUT 180
+    ENVIRONMENT "NCCL_SOCKET_IFNAME=lo")
+endif()

@@ -1077,4 +1077,66 @@ TEST_CASE("ofi registration cache: reuse then invalidation then re-registration"
   REQUIRE(ofi::registrationStats().registrations > s3.registrations);  // registered afresh
 }
 
+TEST_CASE("ofi device memory: registered only when FI_HMEM is granted and the trial registration succeeds", "[ofi]") {
+  using ofi::deviceMemoryPath;
+  const Status ok = Status::ok();
+  const Status refused = systemError("fi_mr_regattr of 2097152 bytes at 0x7f0000000000: Function not implemented (-38)");
+
+  ofi::DeviceMemoryPath notAsked = deviceMemoryPath("efa", false, true, ok);
+  CHECK_FALSE(notAsked.registers);
+  CHECK(notAsked.why.find("not asked for") != std::string::npos);
+
+  ofi::DeviceMemoryPath notGranted = deviceMemoryPath("tcp;ofi_rxm", true, false, ok);
+  CHECK_FALSE(notGranted.registers);
+  CHECK(notGranted.describe() ==
+        "device buffers are staged through host memory: provider tcp;ofi_rxm did not grant FI_HMEM "
+        "(libfabric built without CUDA?)");
+
+  ofi::DeviceMemoryPath trialFailed = deviceMemoryPath("efa", true, true, refused);
+  CHECK_FALSE(trialFailed.registers);
+  CHECK(trialFailed.describe() ==
+        "device buffers are staged through host memory: trial registration of 2 MiB of device memory failed: "
+        "fi_mr_regattr of 2097152 bytes at 0x7f0000000000: Function not implemented (-38)");
+
+  ofi::DeviceMemoryPath registers = deviceMemoryPath("efa", true, true, ok);
+  CHECK(registers.registers);
+  CHECK(registers.describe() == "device buffers are registered with FI_HMEM (trial registration of device memory succeeded)");
+}
+
+TEST_CASE("ofi device memory: a process without CUDA neither asks for FI_HMEM nor registers device memory", "[ofi]") {
+  // This binary never loads a CUDA driver.
+  REQUIRE_FALSE(ofi::processUsesCuda());
+  OfiWorld& w = world(kTcp);
+  CHECK_FALSE(w.rank0->registersDeviceMemory());
+  int rails = 0;
+  ofi::forEachRail([&](ofi::Rail& rail) {
+    ++rails;
+    CHECK_FALSE(rail.hmem());
+    CHECK_FALSE(rail.deviceMemory().registers);
+    CHECK(rail.deviceMemory().why.find("not asked for") != std::string::npos);
+  });
+  CHECK(rails > 0);
+}
+
+TEST_CASE("ofi registration cache: a trial registration registers and closes, caching and counting nothing", "[ofi]") {
+  OfiWorld& w = world(kTcp);
+  REQUIRE(w.rank0->localAddress().isOk());
+  std::vector<uint8_t> buffer(ofi::kTrialRegistrationBytes);
+  ofi::RegistrationStats before = ofi::registrationStats();
+  bool tried = false;
+  ofi::forEachRail([&](ofi::Rail& rail) {
+    if (tried) return;
+    tried = true;
+    std::lock_guard<std::mutex> lock(rail.mutex);
+    Status s = rail.registrations(0).tryRegistration(buffer.data(), buffer.size(), ofi::MemoryPlace{});
+    INFO(s.toString());
+    CHECK(s.isOk());
+  });
+  REQUIRE(tried);
+  ofi::RegistrationStats after = ofi::registrationStats();
+  CHECK(after.registrations == before.registrations);
+  CHECK(after.live == before.live);
+  CHECK(after.hits == before.hits);
+}
+
 }  // namespace shoal

@@ -272,7 +272,9 @@ Status OfiConnection::sendClearances() {
 }
 
 Status OfiConnection::issueOne(Op& op) {
-  bool inject = op.kind == Op::Kind::kSend && op.bytes <= injectLimit_;
+  // Never inline from device memory: the provider would read it with the
+  // CPU. describe() registers it or refuses it with the reason.
+  bool inject = op.kind == Op::Kind::kSend && op.bytes <= injectLimit_ && !rail_.isDeviceMemory(op.data);
   if (op.mr == nullptr && !inject) {
     Status described = rail_.describe(op);
     if (!described.isOk()) return described.withContext(str(peer_, ": message #", op.seq));

@@ -7,18 +7,16 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 
 #include "core/byte_order.h"
 #include "core/clock.h"
 #include "core/log.h"
 #include "core/params.h"
 #include "core/process.h"
+#include "cuda/driver.h"
 #include "memory/shared_memory.h"
 #include "net/crypto.h"
-
-#ifdef SHOAL_OFI_WITH_CUDA
-#include <cuda.h>
-#endif
 
 namespace shoal::ofi {
 namespace {
@@ -98,36 +96,34 @@ Result<Api> loadOnce() {
   return api;  // the library stays loaded for the life of the process
 }
 
-#ifdef SHOAL_OFI_WITH_CUDA
-// cuPointerGetAttribute from the driver, when the process has one.
-using PointerAttributeFn = CUresult (*)(void*, CUpointer_attribute, CUdeviceptr);
-PointerAttributeFn pointerAttribute() {
-  static PointerAttributeFn fn = [] {
-    void* driver = ::dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
-    return driver ? reinterpret_cast<PointerAttributeFn>(::dlsym(driver, "cuPointerGetAttribute")) : nullptr;
-  }();
-  return fn;
+// Whether a buffer is device (or managed) memory: when the process's CUDA
+// driver says so; never without the driver.
+bool onDevice(cuda::Driver* driver, const void* data) {
+  if (driver == nullptr) return false;
+  Result<cuda::MemoryKind> kind = driver->memoryKind(data);
+  return kind.isOk() && (kind.value() == cuda::MemoryKind::kDevice || kind.value() == cuda::MemoryKind::kManaged);
 }
-#endif
 
-// Where a buffer lives. Without CUDA in the build (or the driver not yet
-// loaded by the process: RTLD_NOLOAD), everything is host memory.
-MemoryPlace placeOf(const void* data) {
+MemoryPlace placeOf(cuda::Driver* driver, const void* data) {
   MemoryPlace place;
-#ifdef SHOAL_OFI_WITH_CUDA
-  if (PointerAttributeFn fn = pointerAttribute()) {
-    unsigned int type = 0;
-    auto ptr = static_cast<CUdeviceptr>(reinterpret_cast<uintptr_t>(data));
-    if (fn(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, ptr) == CUDA_SUCCESS && type == CU_MEMORYTYPE_DEVICE) {
-      int ordinal = 0;
-      if (fn(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, ptr) == CUDA_SUCCESS) place.device = ordinal;
-      place.iface = FI_HMEM_CUDA;
-    }
-  }
-#else
-  (void)data;
-#endif
+  if (!onDevice(driver, data)) return place;
+  place.iface = FI_HMEM_CUDA;
+  if (Result<int> device = driver->deviceOfPointer(data); device.isOk()) place.device = device.value();
   return place;
+}
+
+// Registers kTrialRegistrationBytes of device memory of the calling thread's
+// current device with FI_HMEM_CUDA, as an operation's buffer would be, then
+// closes the registration and frees the memory. The memory is of the kind
+// ncclMemAlloc gives (a cuMem allocation).
+Status tryDeviceRegistration(cuda::Driver& driver, MrCache& registrations) {
+  SHOAL_ASSIGN_OR_RETURN(std::optional<cuda::DeviceIdentity> device, driver.currentDevice());
+  if (!device) return error(Code::kInvalidUsage, "no CUDA context is current on the thread that opened the fabric");
+  SHOAL_ASSIGN_OR_RETURN(void* buffer, driver.deviceAlloc(kTrialRegistrationBytes));
+  Status registered = registrations.tryRegistration(buffer, kTrialRegistrationBytes,
+                                                    MemoryPlace{FI_HMEM_CUDA, device->ordinal});
+  driver.deviceFree(buffer);
+  return registered;
 }
 
 constexpr uint32_t kHelloMagic = 0x464f4853;  // "SHOF"
@@ -162,12 +158,20 @@ bool shmSendsStream() {
   return v == "1" || v == "true" || v == "yes" || v == "on";
 }
 
-bool processUsesCuda() {
-#ifdef SHOAL_OFI_WITH_CUDA
-  return pointerAttribute() != nullptr;
-#else
-  return false;
-#endif
+bool processUsesCuda() { return cuda::Driver::inUse() != nullptr; }
+
+std::string DeviceMemoryPath::describe() const {
+  return str(registers ? "device buffers are registered with FI_HMEM (" : "device buffers are staged through host memory: ",
+             why, registers ? ")" : "");
+}
+
+DeviceMemoryPath deviceMemoryPath(std::string_view provider, bool asked, bool granted, const Status& trial) {
+  if (!asked) return {false, "FI_HMEM was not asked for (the process had not loaded the CUDA driver)"};
+  if (!granted) return {false, str("provider ", provider, " did not grant FI_HMEM (libfabric built without CUDA?)")};
+  if (!trial.isOk())
+    return {false, str("trial registration of ", kTrialRegistrationBytes >> 20, " MiB of device memory failed: ",
+                       trial.message())};
+  return {true, "trial registration of device memory succeeded"};
 }
 
 Result<const Api*> loadApi() {
@@ -323,6 +327,7 @@ Result<std::unique_ptr<Rail>> Rail::open(const Api& api, const fi_info& info, in
   r.maxMessageBytes_ = info.ep_attr->max_msg_size;
   r.mrMode_ = info.domain_attr->mr_mode;
   r.hmem_ = (info.caps & FI_HMEM) != 0;
+  r.cuda_ = options.deviceMemoryAsked ? cuda::Driver::inUse() : nullptr;
   // 1.17's shm handles FI_PEEK as an ordinary receive (it would consume the message).
   r.peekWorks_ = !shm;
   r.registerLocal_ = (r.mrMode_ & FI_MR_LOCAL) != 0 || options.alwaysRegister;
@@ -332,6 +337,13 @@ Result<std::unique_ptr<Rail>> Rail::open(const Api& api, const fi_info& info, in
     r.caches_.back()->configure(domain, r.endpoints_[c].ep.get(), r.mrMode_, options.cacheRegistrations,
                                 options.cacheEntries, api.strerror);
   }
+  // Device buffers are registered only where a real one registers: a
+  // provider may grant FI_HMEM and still fail on the memory (no dma-buf or
+  // peer-memory support in the kernel, a NIC the GPU cannot reach).
+  Status trial = error(Code::kUnsupported, "not tried");
+  if (r.hmem_ && r.cuda_ != nullptr) trial = tryDeviceRegistration(*r.cuda_, r.registrations(0));
+  else if (r.hmem_) trial = error(Code::kUnsupported, "the CUDA driver is not in use");
+  r.deviceMemory_ = deviceMemoryPath(info.fabric_attr->prov_name, options.deviceMemoryAsked, r.hmem_, trial);
 
   // Control slots (endpoint 0): hellos are received into them, hellos and
   // byes sent from them.
@@ -612,12 +624,15 @@ void Rail::adoptOrphan(Op* op) {
   orphans_.insert(op);
 }
 
+bool Rail::isDeviceMemory(const void* data) const { return onDevice(cuda_, data); }
+
 Status Rail::describe(Op& op) {
   op.mr = nullptr;
   if (op.bytes == 0) return Status::ok();
-  MemoryPlace place = placeOf(op.data);
-  if (place.iface != FI_HMEM_SYSTEM && !hmem_)
-    return error(Code::kUnsupported, "a device buffer on an endpoint without FI_HMEM (the provider cannot reach GPU memory)");
+  MemoryPlace place = placeOf(cuda_, op.data);
+  if (place.iface != FI_HMEM_SYSTEM && !deviceMemory_.registers)
+    return error(Code::kUnsupported, "a device buffer given to an ofi endpoint that does not register device memory (",
+                 deviceMemory_.why, "); device buffers must be staged through host memory");
   bool needed = registerLocal_ || (place.iface != FI_HMEM_SYSTEM && (mrMode_ & FI_MR_HMEM) != 0);
   if (!needed) return Status::ok();
   SHOAL_ASSIGN_OR_RETURN(op.mr, registrations(op.lane).acquire(op.data, op.bytes, place));

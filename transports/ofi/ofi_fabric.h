@@ -29,6 +29,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -36,6 +37,10 @@
 #include "core/status.h"
 #include "transports/ofi/ofi_mr_cache.h"
 #include "transports/ofi/ofi_sockets.h"
+
+namespace shoal::cuda {
+class Driver;
+}
 
 namespace shoal::ofi {
 
@@ -53,9 +58,28 @@ struct Api {
   char* (*tostr)(const void*, fi_type) = nullptr;
 };
 // Whether this build handles device memory and the process has loaded the
-// CUDA driver (then FI_HMEM is asked for: providers that grant it may give up
-// host-memory speed, e.g. shm's inline sends).
+// CUDA driver (cuda::Driver::inUse(); then FI_HMEM is asked for: providers
+// that grant it may give up host-memory speed, e.g. shm's inline sends).
 bool processUsesCuda();
+
+// How a rail treats device buffers: registered with FI_HMEM, so connections
+// send from and receive into device memory, or never registered, so device
+// buffers must be staged through host memory above the transport (the
+// default path, docs/cuda.md). Decided once per rail when it opens.
+struct DeviceMemoryPath {
+  bool registers = false;
+  std::string why;  // "provider tcp;ofi_rxm did not grant FI_HMEM (...)"
+  // The INFO line: "device buffers are staged through host memory: <why>".
+  std::string describe() const;
+};
+// The size of the trial registration.
+inline constexpr size_t kTrialRegistrationBytes = 2u << 20;
+// The decision, from what the rail knows when it opens: `asked`, whether
+// FI_HMEM was asked for (processUsesCuda()); `granted`, whether the
+// provider's fi_info has it; `trial`, the outcome of registering
+// kTrialRegistrationBytes of device memory with FI_HMEM_CUDA (only looked at
+// when granted). Registers only when both say yes.
+DeviceMemoryPath deviceMemoryPath(std::string_view provider, bool asked, bool granted, const Status& trial);
 // Loads libfabric once per process; the error says why it could not.
 Result<const Api*> loadApi();
 std::string versionString(uint32_t version);  // "1.17"
@@ -251,6 +275,9 @@ struct RailOptions {
   // And SO_SNDBUF for those towards peers on this kernel (decision 0012;
   // SHOAL_SOCKET_SAME_KERNEL_SNDBUF); 0: autotuning.
   int64_t socketSameKernelSendBuffer = 0;
+  // FI_HMEM was asked for (processUsesCuda()): where the provider granted it,
+  // the rail tries a registration of device memory (DeviceMemoryPath).
+  bool deviceMemoryAsked = false;
 };
 
 // Most endpoints a rail opens (each is one more TCP stream per peer over a
@@ -283,7 +310,11 @@ class Rail {
   fid_ep* endpoint(int lane) const { return endpoints_[static_cast<size_t>(lane)].ep.get(); }
   size_t injectBytes() const { return injectBytes_; }
   uint64_t maxMessageBytes() const { return maxMessageBytes_; }
+  // Whether the provider granted FI_HMEM.
   bool hmem() const { return hmem_; }
+  // Whether device buffers are registered (FI_HMEM granted and the trial
+  // registration succeeded), and why or why not.
+  const DeviceMemoryPath& deviceMemory() const { return deviceMemory_; }
   // Whether FI_PEEK looks without consuming (OfiConnection::peekForMismatch).
   bool peekWorks() const { return peekWorks_; }
 
@@ -317,6 +348,9 @@ class Rail {
   void noteNewLaneTraffic() { socketsDue_ = sockets_ != nullptr; }
   // An Op of a destroyed connection: freed when its completion arrives.
   void adoptOrphan(Op* op);
+  // Whether `data` is device (or managed) memory; always false in a process
+  // that did not ask for FI_HMEM (no CUDA driver when the rail opened).
+  bool isDeviceMemory(const void* data) const;
   // The local descriptor for [data, data + bytes) on the op's lane,
   // registering (through the cache) when the provider needs it; nullptr desc
   // when it does not.
@@ -356,6 +390,10 @@ class Rail {
   uint64_t maxMessageBytes_ = 0;
   uint64_t mrMode_ = 0;
   bool hmem_ = false;
+  DeviceMemoryPath deviceMemory_;
+  // The process's CUDA driver when FI_HMEM was asked for (pointer kinds in
+  // describe()); null otherwise.
+  cuda::Driver* cuda_ = nullptr;
   bool peekWorks_ = true;
   bool registerLocal_ = false;  // FI_MR_LOCAL or SHOAL_OFI_ALWAYS_REGISTER
   std::vector<std::unique_ptr<MrCache>> caches_;  // one, or one per endpoint (FI_MR_ENDPOINT)

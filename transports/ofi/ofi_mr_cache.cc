@@ -16,6 +16,15 @@ uintptr_t pageBytes() {
 // are examined; beyond that a miss registers anew (correct, merely redundant).
 constexpr int kLookBack = 8;
 
+// The whole pages under [data, data + bytes) (at least one).
+std::pair<uintptr_t, uintptr_t> pageRange(const void* data, uint64_t bytes) {
+  uintptr_t page = pageBytes();
+  uintptr_t start = reinterpret_cast<uintptr_t>(data) & ~(page - 1);
+  uintptr_t end = (reinterpret_cast<uintptr_t>(data) + bytes + page - 1) & ~(page - 1);
+  if (end == start) end = start + page;
+  return {start, end};
+}
+
 }  // namespace
 
 MrCache::~MrCache() {
@@ -36,10 +45,7 @@ void MrCache::configure(fid_domain* domain, fid_ep* ep, uint64_t mrMode, bool en
 }
 
 Result<MrCache::Handle*> MrCache::acquire(const void* data, uint64_t bytes, MemoryPlace place) {
-  uintptr_t page = pageBytes();
-  uintptr_t start = reinterpret_cast<uintptr_t>(data) & ~(page - 1);
-  uintptr_t end = (reinterpret_cast<uintptr_t>(data) + bytes + page - 1) & ~(page - 1);
-  if (end == start) end = start + page;
+  auto [start, end] = pageRange(data, bytes);
   if (enabled_) {
     auto it = entries_.upper_bound({start, UINTPTR_MAX});
     for (int i = 0; i < kLookBack && it != entries_.begin(); ++i) {
@@ -86,7 +92,21 @@ size_t MrCache::invalidate(const void* base, size_t bytes) {
   return dropped;
 }
 
+Status MrCache::tryRegistration(const void* data, uint64_t bytes, MemoryPlace place) {
+  auto [start, end] = pageRange(data, bytes);
+  SHOAL_ASSIGN_OR_RETURN(fid_mr* mr, openRegistration(start, end, place));
+  fi_close(&mr->fid);
+  return Status::ok();
+}
+
 Result<MrCache::Handle*> MrCache::registerRange(uintptr_t start, uintptr_t end, MemoryPlace place) {
+  SHOAL_ASSIGN_OR_RETURN(fid_mr* mr, openRegistration(start, end, place));
+  ++stats_.registrations;
+  ++stats_.live;
+  return new Handle{mr, start, end, 0, false};
+}
+
+Result<fid_mr*> MrCache::openRegistration(uintptr_t start, uintptr_t end, MemoryPlace place) {
   iovec iov{reinterpret_cast<void*>(start), end - start};
   fi_mr_attr attr{};
   attr.mr_iov = &iov;
@@ -109,9 +129,7 @@ Result<MrCache::Handle*> MrCache::registerRange(uintptr_t start, uintptr_t end, 
       return systemError("binding a registration to the endpoint (FI_MR_ENDPOINT): ", strerror_(-rc));
     }
   }
-  ++stats_.registrations;
-  ++stats_.live;
-  return new Handle{mr, start, end, 0, false};
+  return mr;
 }
 
 void MrCache::close(Handle* handle) {

@@ -63,12 +63,18 @@ class MrCache {
   // A registration covering [data, data + bytes), held until release().
   Result<Handle*> acquire(const void* data, uint64_t bytes, MemoryPlace place);
   void release(Handle* handle);
+  // Registers [data, data + bytes) as acquire() would (whole pages, bound
+  // under FI_MR_ENDPOINT) and closes the registration at once, caching and
+  // counting nothing: whether the provider can register such memory at all
+  // (the trial registration of device memory, Rail::open).
+  Status tryRegistration(const void* data, uint64_t bytes, MemoryPlace place);
   // Drops every registration overlapping [base, base + bytes); returns how many.
   size_t invalidate(const void* base, size_t bytes);
   const Stats& stats() const { return stats_; }
 
  private:
   Result<Handle*> registerRange(uintptr_t start, uintptr_t end, MemoryPlace place);
+  Result<fid_mr*> openRegistration(uintptr_t start, uintptr_t end, MemoryPlace place);
   void close(Handle* handle);
   void evictIdle();
 

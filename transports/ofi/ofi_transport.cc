@@ -207,7 +207,8 @@ std::string wantedProvider(const std::string& provider) {
 // fi_getinfo with what Shoal needs of an endpoint, for `provider` (a
 // fi_getinfo provider name; empty: libfabric's choice under FI_PROVIDER).
 // Every offer, in libfabric's order; the error says why there is none.
-Result<InfoPtr> queryInfo(const Api& api, const std::string& provider, uint32_t& version) {
+// `askHmem`: ask for FI_HMEM first (processUsesCuda()).
+Result<InfoPtr> queryInfo(const Api& api, const std::string& provider, bool askHmem, uint32_t& version) {
   InfoPtr hints(api.dupinfo(nullptr), ofi::InfoDeleter{&api});
   if (!hints) return systemError("fi_allocinfo failed");
   hints->caps = FI_TAGGED;
@@ -224,7 +225,7 @@ Result<InfoPtr> queryInfo(const Api& api, const std::string& provider, uint32_t&
   if (!provider.empty()) hints->fabric_attr->prov_name = ::strdup(provider.c_str());
 
   std::vector<uint64_t> extraCaps = {0};
-  if (ofi::processUsesCuda()) extraCaps.insert(extraCaps.begin(), FI_HMEM);  // GPU memory, where reachable
+  if (askHmem) extraCaps.insert(extraCaps.begin(), FI_HMEM);  // GPU memory, where reachable
   int lastRc = -FI_ENODATA;
   uint32_t library = api.version();
   std::vector<uint32_t> versions = ofi::apiVersions(library);
@@ -291,6 +292,7 @@ class OfiTransport final : public Transport {
   // The higher rank waits for the lower rank's hello.
   bool connectWaitsForPeer(const ConnectionKey& key) const override { return key.selfRank > key.peerRank; }
   bool cpuCopiesBytes() const override { return ready_.load() && ofi::runsOverSockets(provider_); }
+  bool registersDeviceMemory() const override { return ready_.load() && registersDeviceMemory_; }
 
  private:
   Status initialise();  // mutex_ held
@@ -303,6 +305,7 @@ class OfiTransport final : public Transport {
   std::string provider_;
   std::string address_;
   std::vector<std::unique_ptr<Rail>> rails_;
+  bool registersDeviceMemory_ = false;  // every rail's DeviceMemoryPath registers
   uint64_t injectLimit_ = 0;
   ofi::ClearToSend clearToSend_;  // OfiConnection "Clear to send"
 };
@@ -326,7 +329,8 @@ Result<std::string> OfiTransport::localAddress() {
 Status OfiTransport::initialise() {
   SHOAL_ASSIGN_OR_RETURN(const Api* api, ofi::loadApi());
   uint32_t version = 0;
-  SHOAL_ASSIGN_OR_RETURN(InfoPtr infos, queryInfo(*api, options_.provider, version));
+  const bool askHmem = ofi::processUsesCuda();
+  SHOAL_ASSIGN_OR_RETURN(InfoPtr infos, queryInfo(*api, options_.provider, askHmem, version));
   const fi_info* chosen = chooseOffer(infos.get());
   provider_ = chosen->fabric_attr->prov_name;
 
@@ -349,6 +353,7 @@ Status OfiTransport::initialise() {
   railOptions.alwaysRegister = params().ofiAlwaysRegister;
   railOptions.cacheRegistrations = params().ofiMrCache;
   railOptions.cacheEntries = static_cast<size_t>(std::max<int64_t>(params().ofiMrCacheEntries, 1));
+  railOptions.deviceMemoryAsked = askHmem;
   if (ofi::runsOverSockets(provider_)) {
     railOptions.socketNotsentLowat = params().socketNotsentLowat;
     railOptions.socketSameKernelSendBuffer = net::sameKernelSendBufferFromParams();
@@ -384,6 +389,17 @@ Status OfiTransport::initialise() {
                        ", "),
              (chosen->caps & FI_HMEM) ? "FI_HMEM, " : "", "libfabric ", ofi::versionString(api->version()), " API ",
              ofi::versionString(version));
+  // Device memory: once per rail, in a process that uses CUDA (in others
+  // there is none to move). A connection may be on any rail, so the
+  // transport registers device memory only if every rail does.
+  registersDeviceMemory_ = true;
+  for (const auto& rail : rails_) {
+    const ofi::DeviceMemoryPath& path = rail->deviceMemory();
+    registersDeviceMemory_ = registersDeviceMemory_ && path.registers;
+    if (askHmem)
+      SHOAL_INFO(subsys::kInit | subsys::kNet, "ofi: ", path.describe(),
+                 rails_.size() == 1 ? std::string() : str(" (rail ", rail->index(), ", domain ", rail->domainName(), ")"));
+  }
   return Status::ok();
 }
 
@@ -499,7 +515,7 @@ ProviderSurvey surveyProviders() {
   }
   survey.library = str("libfabric ", versionString(api.value()->version()));
   uint32_t version = 0;
-  Result<InfoPtr> offers = queryInfo(*api.value(), "", version);
+  Result<InfoPtr> offers = queryInfo(*api.value(), "", processUsesCuda(), version);
   if (!offers.isOk()) {
     survey.error = offers.status().message();
     return survey;
