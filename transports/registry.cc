@@ -7,6 +7,7 @@
 
 #include "core/log.h"
 #include "core/params.h"
+#include "transports/cuda_ipc/cuda_ipc_transport.h"
 #include "transports/loopback/loopback_transport.h"
 #include "transports/ofi/ofi_transport.h"
 #include "transports/shm/shm_transport.h"
@@ -25,6 +26,7 @@ struct Registry {
     owned.push_back(makeLoopbackTransport());
     toSelf = owned.back().get();
     owned.push_back(makeShmTransport());
+    owned.push_back(makeCudaIpcTransport());
     owned.push_back(makeOfiTransport());
     owned.push_back(makeTcpTransport());
     for (auto& t : owned) ordered.push_back(t.get());
@@ -88,7 +90,11 @@ Result<Transport*> selectTransport(const PeerInfo& self, const PeerInfo& peer) {
   }
   if (!forced.empty()) {
     Transport* t = findTransport(forced);
-    if (!t) return invalidArgument("SHOAL_TRANSPORT=", forced, " names no transport (known: loopback, shm, ofi, tcp)");
+    if (!t) {
+      std::string known;
+      for (Transport* each : allTransports()) known += str(known.empty() ? "" : ", ", each->name());
+      return invalidArgument("SHOAL_TRANSPORT=", forced, " names no transport (known: ", known, ")");
+    }
     if (auto why = unavailable(*t); !why.empty())
       return invalidUsage("forced transport ", forced, " cannot run in this process: ", why);
     if (!t->canConnect(self, peer))

@@ -139,6 +139,14 @@ class Transport {
   // Whether a rank connected to `peer` through this transport can also read
   // the peer's memory directly (the peer-reading algorithms need it).
   virtual bool readsPeerMemory(const PeerInfo& /*peer*/) const { return false; }
+  // Whether its connections send from and receive into device (CUDA)
+  // memory themselves, so that device buffers need not be staged through
+  // host memory before they reach a connection (docs/cuda.md): cuda_ipc
+  // (GPU copies through a FIFO in GPU memory); ofi where the provider granted
+  // FI_HMEM and a trial registration of device memory succeeded (known once
+  // localAddress() has succeeded). Device plans hand device buffers only to
+  // connections of transports that say so.
+  virtual bool movesDeviceMemory() const { return false; }
   // Whether each message passes through a messaging layer emulated over
   // kernel sockets (libfabric's reliable datagrams over tcp), which the
   // tuner's model charges per message (tuner/cost_model.h).
@@ -174,12 +182,6 @@ class Transport {
   // which the tuner's model counts (docs/decisions/0006, 0007). Known once
   // localAddress() has succeeded.
   virtual bool cpuCopiesBytes() const { return false; }
-  // Whether connections of this transport can send from and receive into
-  // device (CUDA) memory directly; where false, device buffers must be
-  // staged through host memory before they reach a connection (docs/cuda.md).
-  // ofi: the provider granted FI_HMEM and a trial registration of device
-  // memory succeeded. Known once localAddress() has succeeded.
-  virtual bool registersDeviceMemory() const { return false; }
 };
 
 }  // namespace shoal

@@ -1,5 +1,6 @@
 #include "cuda/driver.h"
 
+#include <algorithm>
 #include <cstdio>
 
 #include "core/log.h"
@@ -79,6 +80,15 @@ Result<void*> Driver::hostAlloc(size_t) { return notBuilt(); }
 void Driver::hostFree(void*) {}
 Result<void*> Driver::deviceAlloc(size_t) { return notBuilt(); }
 bool Driver::deviceFree(void*) { return false; }
+Result<ContextHandle> Driver::primaryContext(const std::string&) { return notBuilt(); }
+bool Driver::gpusShareMemory(const std::string&, const std::string&) { return false; }
+Status Driver::pushContext(ContextHandle) { return notBuilt(); }
+void Driver::popContext() {}
+Result<StreamHandle> Driver::createStream() { return notBuilt(); }
+void Driver::destroyStream(StreamHandle) {}
+Result<bool> Driver::eventDone(EventHandle) { return notBuilt(); }
+Result<int> Driver::exportDeviceMemory(void*) { return notBuilt(); }
+Result<void*> Driver::importDeviceMemory(int, size_t) { return notBuilt(); }
 
 #else
 
@@ -96,7 +106,10 @@ constexpr int kApiVersion = 12000;
   X(cuMemHostGetDevicePointer) X(cuMemGetAllocationGranularity) X(cuMemCreate)           \
   X(cuMemRelease) X(cuMemAddressReserve) X(cuMemAddressFree) X(cuMemMap) X(cuMemUnmap)   \
   X(cuMemSetAccess) X(cuModuleLoadData) X(cuModuleGetFunction) X(cuLaunchKernel)         \
-  X(cuModuleUnload)
+  X(cuModuleUnload) X(cuDeviceGetCount) X(cuDeviceGet) X(cuDevicePrimaryCtxRetain)          \
+  X(cuDeviceCanAccessPeer) X(cuCtxPushCurrent) X(cuCtxPopCurrent) X(cuStreamCreate)      \
+  X(cuStreamDestroy) X(cuEventQuery) X(cuMemExportToShareableHandle)                     \
+  X(cuMemImportFromShareableHandle)
 // Entry points of newer drivers, used when present: cuFuncLoad (12.4).
 #define SHOAL_CUDA_OPTIONAL_ENTRY_POINTS(X) X(cuFuncLoad)
 
@@ -460,6 +473,32 @@ void Driver::hostFree(void* ptr) {
   if (ptr) (void)api_->cuMemFreeHost(ptr);
 }
 
+// Maps `handle` (size bytes) at a new address, read-write for `location`'s
+// device, and records it for deviceFree; on failure releases the handle.
+static Result<void*> mapAllocation(Driver::Api& api, CUmemGenericAllocationHandle handle, size_t size,
+                                   size_t granularity, const CUmemLocation& location, const char* what) {
+  CUdeviceptr at = 0;
+  CUresult rc = api.cuMemAddressReserve(&at, size, granularity, 0, 0);
+  if (rc == CUDA_SUCCESS) {
+    rc = api.cuMemMap(at, size, 0, handle, 0);
+    if (rc == CUDA_SUCCESS) {
+      CUmemAccessDesc access{};
+      access.location = location;
+      access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+      rc = api.cuMemSetAccess(at, size, &access, 1);
+      if (rc != CUDA_SUCCESS) (void)api.cuMemUnmap(at, size);
+    }
+    if (rc != CUDA_SUCCESS) (void)api.cuMemAddressFree(at, size);
+  }
+  if (rc != CUDA_SUCCESS) {
+    (void)api.cuMemRelease(handle);
+    return cudaError(api, what, rc);
+  }
+  std::lock_guard<std::mutex> lock(api.mutex);
+  api.deviceAllocations[static_cast<uintptr_t>(at)] = {size, handle};
+  return reinterpret_cast<void*>(at);
+}
+
 Result<void*> Driver::deviceAlloc(size_t bytes) {
   SHOAL_ASSIGN_OR_RETURN(std::optional<DeviceIdentity> device, currentDevice());
   if (!device) return error(Code::kInvalidUsage, "no CUDA context is current on this thread");
@@ -474,26 +513,7 @@ Result<void*> Driver::deviceAlloc(size_t bytes) {
   size_t size = (std::max<size_t>(bytes, 1) + granularity - 1) / granularity * granularity;
   CUmemGenericAllocationHandle handle = 0;
   SHOAL_CU(cuMemCreate(&handle, size, &prop, 0));
-  CUdeviceptr at = 0;
-  CUresult rc = api_->cuMemAddressReserve(&at, size, granularity, 0, 0);
-  if (rc == CUDA_SUCCESS) {
-    rc = api_->cuMemMap(at, size, 0, handle, 0);
-    if (rc == CUDA_SUCCESS) {
-      CUmemAccessDesc access{};
-      access.location = prop.location;
-      access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-      rc = api_->cuMemSetAccess(at, size, &access, 1);
-      if (rc != CUDA_SUCCESS) (void)api_->cuMemUnmap(at, size);
-    }
-    if (rc != CUDA_SUCCESS) (void)api_->cuMemAddressFree(at, size);
-  }
-  if (rc != CUDA_SUCCESS) {
-    (void)api_->cuMemRelease(handle);
-    return cudaError(*api_, "ncclMemAlloc: mapping a cuMem allocation", rc);
-  }
-  std::lock_guard<std::mutex> lock(api_->mutex);
-  api_->deviceAllocations[static_cast<uintptr_t>(at)] = {size, handle};
-  return reinterpret_cast<void*>(at);
+  return mapAllocation(*api_, handle, size, granularity, prop.location, "ncclMemAlloc: mapping a cuMem allocation");
 }
 
 bool Driver::deviceFree(void* ptr) {
@@ -512,6 +532,94 @@ bool Driver::deviceFree(void* ptr) {
   return true;
 }
 
+// The ordinal in this process of the GPU named "GPU-<uuid>", -1 if none.
+static Result<int> ordinalOf(Driver::Api& api, const std::string& gpu) {
+  int count = 0;
+  CUresult rc = api.cuDeviceGetCount(&count);
+  if (rc != CUDA_SUCCESS) return cudaError(api, "cuDeviceGetCount", rc);
+  for (int i = 0; i < count; ++i) {
+    CUdevice dev = 0;
+    rc = api.cuDeviceGet(&dev, i);
+    if (rc != CUDA_SUCCESS) return cudaError(api, "cuDeviceGet", rc);
+    CUuuid uuid{};
+    rc = api.cuDeviceGetUuid(&uuid, dev);
+    if (rc != CUDA_SUCCESS) return cudaError(api, "cuDeviceGetUuid", rc);
+    DeviceIdentity id;
+    for (int b = 0; b < 16; ++b) id.uuid[b] = static_cast<uint8_t>(uuid.bytes[b]);
+    if (id.uuidText() == gpu) return static_cast<int>(dev);
+  }
+  return -1;
+}
+Result<ContextHandle> Driver::primaryContext(const std::string& gpu) {
+  SHOAL_ASSIGN_OR_RETURN(int ordinal, ordinalOf(*api_, gpu));
+  if (ordinal < 0) return error(Code::kInvalidUsage, "no CUDA device of this process is ", gpu);
+  CUcontext ctx = nullptr;
+  SHOAL_CU(cuDevicePrimaryCtxRetain(&ctx, static_cast<CUdevice>(ordinal)));
+  return static_cast<ContextHandle>(ctx);
+}
+bool Driver::gpusShareMemory(const std::string& a, const std::string& b) {
+  if (a.empty() || b.empty()) return false;
+  if (a == b) return true;
+  auto first = ordinalOf(*api_, a);
+  auto second = ordinalOf(*api_, b);
+  if (!first.isOk() || !second.isOk() || first.value() < 0 || second.value() < 0) return false;
+  int can = 0;
+  return api_->cuDeviceCanAccessPeer(&can, static_cast<CUdevice>(first.value()),
+                                     static_cast<CUdevice>(second.value())) == CUDA_SUCCESS &&
+         can != 0;
+}
+Status Driver::pushContext(ContextHandle context) {
+  SHOAL_CU(cuCtxPushCurrent(static_cast<CUcontext>(context)));
+  return Status::ok();
+}
+void Driver::popContext() {
+  CUcontext popped = nullptr;
+  (void)api_->cuCtxPopCurrent(&popped);
+}
+Result<StreamHandle> Driver::createStream() {
+  CUstream stream = nullptr;
+  SHOAL_CU(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+  return static_cast<StreamHandle>(stream);
+}
+void Driver::destroyStream(StreamHandle stream) {
+  if (stream) (void)api_->cuStreamDestroy(static_cast<CUstream>(stream));
+}
+Result<bool> Driver::eventDone(EventHandle event) {
+  CUresult rc = api_->cuEventQuery(static_cast<CUevent>(event));
+  if (rc == CUDA_SUCCESS) return true;
+  if (rc == CUDA_ERROR_NOT_READY) return false;
+  return cudaError(*api_, "cuEventQuery", rc);
+}
+Result<int> Driver::exportDeviceMemory(void* ptr) {
+  CUmemGenericAllocationHandle handle = 0;
+  {
+    std::lock_guard<std::mutex> lock(api_->mutex);
+    auto it = api_->deviceAllocations.find(reinterpret_cast<uintptr_t>(ptr));
+    if (it == api_->deviceAllocations.end())
+      return error(Code::kInvalidUsage, ptr, " is not a Shoal device allocation");
+    handle = it->second.handle;
+  }
+  int fd = -1;
+  SHOAL_CU(cuMemExportToShareableHandle(&fd, handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+  return fd;
+}
+Result<void*> Driver::importDeviceMemory(int fd, size_t bytes) {
+  SHOAL_ASSIGN_OR_RETURN(std::optional<DeviceIdentity> device, currentDevice());
+  if (!device) return error(Code::kInvalidUsage, "no CUDA context is current on this thread");
+  CUmemGenericAllocationHandle handle = 0;
+  SHOAL_CU(cuMemImportFromShareableHandle(&handle, reinterpret_cast<void*>(static_cast<uintptr_t>(fd)),
+                                          CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = device->ordinal;
+  size_t granularity = 0;
+  // The exporter's deviceAlloc rounded its size up the same way.
+  CUresult rc = api_->cuMemGetAllocationGranularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
+  if (rc != CUDA_SUCCESS || granularity == 0) granularity = 2u << 20;
+  bytes = (std::max<size_t>(bytes, 1) + granularity - 1) / granularity * granularity;
+  return mapAllocation(*api_, handle, bytes, granularity, prop.location, "mapping device memory of another process");
+}
 #endif  // SHOAL_HAVE_CUDA
 
 }  // namespace shoal::cuda

@@ -484,8 +484,8 @@ shoal::testing::MpResult forkedRanks(int n, const std::string& transport,
 
 }  // namespace
 
-TEST_CASE("every collective on device buffers as processes over shm and tcp", "[cudafake][mp]") {
-  for (const char* transport : {"shm", "tcp"})
+TEST_CASE("every collective on device buffers as processes over shm, tcp and cuda_ipc", "[cudafake][mp]") {
+  for (const char* transport : {"shm", "tcp", "cuda_ipc"})
     for (int n : {2, 3, 4}) {
       auto result = forkedRanks(n, transport, {}, [&](shoal::testing::MpChild& child, ncclComm_t comm, CUstream s) {
         Mismatches bad;
@@ -525,7 +525,8 @@ TEST_CASE("a stream delay longer than the no-progress deadline does not fail the
 }
 
 TEST_CASE("a killed peer releases the stream within the deadline with the error in ncclCommGetAsyncError", "[cudafake][mp]") {
-  auto result = forkedRanks(2, "tcp", {{"SHOAL_PROGRESS_TIMEOUT_MS", "2000"}},
+  for (const char* transport : {"tcp", "cuda_ipc"}) {
+  auto result = forkedRanks(2, transport, {{"SHOAL_PROGRESS_TIMEOUT_MS", "2000"}},
                             [&](shoal::testing::MpChild& child, ncclComm_t comm, CUstream s) {
     DeviceFloats buf(1000, [&](size_t i) { return val(child.rank(), i); });
     if (ncclAllReduce(buf.at(), buf.at(), 1000, ncclFloat, ncclSum, comm, s) != ncclSuccess) return 2;
@@ -546,14 +547,16 @@ TEST_CASE("a killed peer releases the stream within the deadline with the error 
     child.log("stream released after " + std::to_string(ms) + " ms, async " + ncclGetErrorString(async) + ": " + why);
     if (async == ncclSuccess || async == ncclInProgress) return 5;
     if (ms > 15000) return 6;
+    if (why.find("rank 1") == std::string::npos) return 7;  // the error names the dead peer
     ncclCommAbort(comm);
     return 0;
   });
-  INFO(result.report());
+  INFO(transport << "\n" << result.report());
   REQUIRE(result.ranks.size() == 2);
   CHECK(result.ranks[0].exited);
   CHECK(result.ranks[0].exitCode == 0);
   CHECK(result.ranks[1].termSignal == SIGKILL);
+  }
 }
 
 namespace {

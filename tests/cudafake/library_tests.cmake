@@ -105,3 +105,14 @@ if(LIBFABRIC_FOUND)
   catch_discover_tests(cudafake_ofi_device_tests EXTRA_ARGS -w NoTests PROPERTIES LABELS cudafake TIMEOUT 180
     ENVIRONMENT "NCCL_SOCKET_IFNAME=lo")
 endif()
+
+# The cuda_ipc transport on the stand-in: the conformance suite, device
+# buffers, the hello and its secret (forked ranks: cudafake_device_tests).
+add_executable(cudafake_cuda_ipc_tests ${CMAKE_CURRENT_LIST_DIR}/cuda_ipc_test.cc
+  ${PROJECT_SOURCE_DIR}/tests/transport/conformance.cc)
+target_link_libraries(cudafake_cuda_ipc_tests PRIVATE shoal_static shoal_cudafake shoal_cuda_headers
+  shoal_catch_main Catch2::Catch2)
+target_include_directories(cudafake_cuda_ipc_tests PRIVATE ${PROJECT_SOURCE_DIR}/tests)
+target_compile_definitions(cudafake_cuda_ipc_tests PRIVATE SHOAL_CUDAFAKE_LIB="${SHOAL_CUDAFAKE_LIB}")
+catch_discover_tests(cudafake_cuda_ipc_tests EXTRA_ARGS -w NoTests PROPERTIES LABELS cudafake TIMEOUT 300
+  ENVIRONMENT "NCCL_SOCKET_IFNAME=lo")

@@ -2,7 +2,7 @@
 // (tests/cudafake): libfabric here (Debian's 1.17) is built without CUDA, so
 // no provider grants FI_HMEM and device buffers are staged through host
 // memory. Checked: the INFO line saying so and why, the transport's
-// registersDeviceMemory() reading false, collectives on device buffers over
+// movesDeviceMemory() reading false, collectives on device buffers over
 // ofi giving the right data, and a device buffer handed straight to an ofi
 // connection refused with the reason instead of read by the CPU (the stand-in
 // maps device memory PROT_NONE, so a read would crash). The decision itself,
@@ -109,7 +109,7 @@ TEST_CASE("over ofi device buffers are staged - logged with the reason - the cap
     }
     shoal::Transport* ofi = shoal::findTransport("ofi");
     if (ofi == nullptr) return 15;
-    child.log(std::string("registersDeviceMemory ") + (ofi->registersDeviceMemory() ? "true" : "false"));
+    child.log(std::string("movesDeviceMemory ") + (ofi->movesDeviceMemory() ? "true" : "false"));
     const int me = child.rank(), n = child.nranks();
     int bad = 0;
     // Small and above the striping threshold (256 KiB), in place and not.
@@ -144,7 +144,7 @@ TEST_CASE("over ofi device buffers are staged - logged with the reason - the cap
   INFO(result.report());
   CHECK(result.allPassed());
   for (const auto& rank : result.ranks) {
-    CHECK(rank.log.find("registersDeviceMemory false") != std::string::npos);
+    CHECK(rank.log.find("movesDeviceMemory false") != std::string::npos);
     std::string path = std::string(logPath) + "." + std::to_string(rank.pid);
     std::string log = readFile(path);
     ::unlink(path.c_str());
@@ -193,7 +193,7 @@ TEST_CASE("a device buffer handed straight to an ofi connection that stages is r
   auto t0 = shoal::makeOfiTransport(shoal::OfiOptions{"tcp;ofi_rxm"});
   auto t1 = shoal::makeOfiTransport(shoal::OfiOptions{"tcp;ofi_rxm"});
   REQUIRE(t0->localAddress().isOk());
-  CHECK_FALSE(t0->registersDeviceMemory());
+  CHECK_FALSE(t0->movesDeviceMemory());
   uint64_t commId = 1;
   // Below the inject size (a send the provider would copy inline), above it,
   // and above the clear-to-send threshold (128 KiB over rxm); a connection

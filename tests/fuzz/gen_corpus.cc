@@ -23,6 +23,7 @@
 #include "core/tag.h"
 #include "fuzz_common.h"
 #include "net/socket_address.h"
+#include "transports/cuda_ipc/cuda_ipc_transport.h"
 #include "transports/shm/shm_connection.h"
 #include "transports/shm/shm_segment.h"
 #include "transports/shm/shm_transport.h"
@@ -390,6 +391,27 @@ void tcpHelloSeeds() {
   seed("largest_chunk", 2, 1, 1u << 30);
 }
 
+void cudaIpcHelloSeeds() {
+  const std::string t = "cuda_ipc_hello";
+  auto seed = [&](const std::string& name, uint32_t slots, uint64_t slotBytes) {
+    cuda_ipc::Hello h;
+    h.commId = 0xc0ffee;
+    h.fromRank = 0;
+    h.toRank = 1;
+    h.channel = 2;
+    h.slots = slots;
+    h.slotBytes = slotBytes;
+    Status s = cuda_ipc::signHello(h, "fuzz secret");
+    if (!s.isOk()) std::exit(1);
+    uint8_t out[cuda_ipc::kHelloBytes];
+    cuda_ipc::encodeHello(h, out);
+    put(t, name, out, sizeof(out));
+  };
+  seed("default", 8, 1 << 20);
+  seed("smallest_slots", 1, 8 << 10);
+  seed("largest_slots", 64, 128ull << 20);
+}
+
 // The bytes a real TcpConnection puts on each lane for `sizes`.
 // corruptAt >= 0: that byte of lane 0's first segment header is flipped (0
 // tag, 8 size, 16 message number, 20 slice), which the receiver must refuse.
@@ -650,6 +672,7 @@ int main(int argc, char** argv) {
   loopbackSeeds();
   peerInfoSeeds();
   tcpHelloSeeds();
+  cudaIpcHelloSeeds();
   tcpSegmentSeeds();
   shmRingSeeds();
   shmAddressSeeds();

@@ -22,7 +22,7 @@ declare -A MAX_LEN=(
   [store_server]=8192 [store_client]=4096 [unique_id]=128 [comm_id]=256
   [socket_ifname]=1024 [conf_file]=4096 [loopback_faults]=256 [peer_info]=4096
   [tcp_hello]=80 [tcp_segments]=32768 [shm_address]=256 [shm_ring]=32768
-  [ofi_hello]=128 [ofi_address]=2048
+  [cuda_ipc_hello]=80 [ofi_hello]=128 [ofi_address]=2048
 )
 
 if [[ "${1:-}" == "--list" ]]; then

@@ -9,7 +9,7 @@
 set(SHOAL_FUZZ_SECONDS 8 CACHE STRING "Seconds of fresh fuzzing in each fuzz.<target> test")
 set(SHOAL_FUZZ_TARGETS
   store_server store_client unique_id comm_id socket_ifname conf_file loopback_faults
-  peer_info tcp_hello tcp_segments shm_address shm_ring ofi_hello ofi_address)
+  peer_info tcp_hello tcp_segments shm_address shm_ring cuda_ipc_hello ofi_hello ofi_address)
 
 # clang++ and its libFuzzer runtime (Debian: clang, libclang-rt-14-dev).
 find_program(SHOAL_FUZZ_CLANGXX clang++)

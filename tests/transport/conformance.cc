@@ -229,6 +229,9 @@ void runConformanceSuite(const TransportUnderTest& transport) {
     // The failure is sticky.
     bool progressed = false;
     REQUIRE(b.conn->poll(b.done, progressed).code() == Code::kInvalidUsage);
+    // The connections go before the buffers of the send that never
+    // completed (a transport whose copies run on their own may read it).
+    pair = {};
   }
 
   SECTION("size mismatch fails with kInvalidUsage") {
@@ -245,6 +248,7 @@ void runConformanceSuite(const TransportUnderTest& transport) {
     REQUIRE_THAT(b.status.message(), Catch::Contains(b.conn->peerDescription()));
     REQUIRE_THAT(b.status.message(), Catch::Contains(std::to_string(sentBytes)));
     REQUIRE_THAT(b.status.message(), Catch::Contains(std::to_string(postedBytes)));
+    pair = {};  // before the buffers, as above
   }
 
   SECTION("a destroyed peer is an error naming it, not a hang") {

@@ -1107,7 +1107,7 @@ TEST_CASE("ofi device memory: a process without CUDA neither asks for FI_HMEM no
   // This binary never loads a CUDA driver.
   REQUIRE_FALSE(ofi::processUsesCuda());
   OfiWorld& w = world(kTcp);
-  CHECK_FALSE(w.rank0->registersDeviceMemory());
+  CHECK_FALSE(w.rank0->movesDeviceMemory());
   int rails = 0;
   ofi::forEachRail([&](ofi::Rail& rail) {
     ++rails;

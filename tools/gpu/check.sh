@@ -107,6 +107,14 @@ perf() {
   perf_run all_reduce_perf --procs 2 -b 1K -e 1M -f 32 -d all -o all -n 2 -w 1 -c 1 || failed=1
   echo "--- all_reduce_perf: 2 processes, $BIG, bandwidth"
   perf_run all_reduce_perf --procs 2 -b "$BIG" -e "$BIG" -n 5 -w 2 -c 1 || failed=1
+  # GPU to GPU between processes (transports/cuda_ipc), beside the same runs
+  # over shm above: every byte through the GPU's memory, data checked.
+  for bin in all_reduce_perf all_gather_perf reduce_scatter_perf; do
+    echo "--- $bin: 2 processes over cuda_ipc"
+    SHOAL_TRANSPORT=cuda_ipc perf_run "$bin" --procs 2 -b 8 -e "$PERF_MAX" -f 8 -n 5 -w 2 -c 1 || failed=1
+  done
+  echo "--- all_reduce_perf: 2 processes over cuda_ipc, $BIG, bandwidth"
+  SHOAL_TRANSPORT=cuda_ipc perf_run all_reduce_perf --procs 2 -b "$BIG" -e "$BIG" -n 5 -w 2 -c 1 || failed=1
   return $failed
 }
 
@@ -122,7 +130,7 @@ torch_stage() {
 
 stage probe 60 "$(declare -f probe); probe"
 stage build 180 "$(declare -f build); ROOT='$ROOT' BUILD='$BUILD' build"
-stage perf 360 "$(declare -f perf perf_run); BUILD='$BUILD' RANKS='$RANKS' PERF_MAX='$PERF_MAX' BIG='$BIG' perf"
+stage perf 480 "$(declare -f perf perf_run); BUILD='$BUILD' RANKS='$RANKS' PERF_MAX='$PERF_MAX' BIG='$BIG' perf"
 stage torch 180 "$(declare -f torch_stage); ROOT='$ROOT' BUILD='$BUILD' torch_stage"
 
 echo "=== summary"

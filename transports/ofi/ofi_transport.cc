@@ -292,7 +292,7 @@ class OfiTransport final : public Transport {
   // The higher rank waits for the lower rank's hello.
   bool connectWaitsForPeer(const ConnectionKey& key) const override { return key.selfRank > key.peerRank; }
   bool cpuCopiesBytes() const override { return ready_.load() && ofi::runsOverSockets(provider_); }
-  bool registersDeviceMemory() const override { return ready_.load() && registersDeviceMemory_; }
+  bool movesDeviceMemory() const override { return ready_.load() && movesDeviceMemory_; }
 
  private:
   Status initialise();  // mutex_ held
@@ -305,7 +305,7 @@ class OfiTransport final : public Transport {
   std::string provider_;
   std::string address_;
   std::vector<std::unique_ptr<Rail>> rails_;
-  bool registersDeviceMemory_ = false;  // every rail's DeviceMemoryPath registers
+  bool movesDeviceMemory_ = false;  // every rail's DeviceMemoryPath registers
   uint64_t injectLimit_ = 0;
   ofi::ClearToSend clearToSend_;  // OfiConnection "Clear to send"
 };
@@ -392,10 +392,10 @@ Status OfiTransport::initialise() {
   // Device memory: once per rail, in a process that uses CUDA (in others
   // there is none to move). A connection may be on any rail, so the
   // transport registers device memory only if every rail does.
-  registersDeviceMemory_ = true;
+  movesDeviceMemory_ = true;
   for (const auto& rail : rails_) {
     const ofi::DeviceMemoryPath& path = rail->deviceMemory();
-    registersDeviceMemory_ = registersDeviceMemory_ && path.registers;
+    movesDeviceMemory_ = movesDeviceMemory_ && path.registers;
     if (askHmem)
       SHOAL_INFO(subsys::kInit | subsys::kNet, "ofi: ", path.describe(),
                  rails_.size() == 1 ? std::string() : str(" (rail ", rail->index(), ", domain ", rail->domainName(), ")"));

@@ -1,0 +1,389 @@
+#include "transports/cuda_ipc/cuda_ipc_transport.h"
+
+#include <poll.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "core/byte_order.h"
+#include "core/log.h"
+#include "core/params.h"
+#include "core/process.h"
+#include "cuda/driver.h"
+#include "net/crypto.h"
+#include "net/fd.h"
+#include "transports/cuda_ipc/cuda_ipc_connection.h"
+
+namespace shoal {
+namespace cuda_ipc {
+namespace {
+
+constexpr uint32_t kHelloMagic = 0x43495348;  // "HSIC"
+constexpr uint16_t kHelloVersion = 1;
+constexpr size_t kSignedBytes = 48;  // everything before the proof
+constexpr std::string_view kHelloLabel = "shoal cuda_ipc hello v1";
+constexpr uint32_t kSlots = 8;
+constexpr uint64_t kMinSlotBytes = 8 << 10;
+constexpr uint64_t kMaxSlotBytes = 128ull << 20;
+
+}  // namespace
+
+void encodeHello(const Hello& hello, uint8_t out[kHelloBytes]) {
+  putLe(out, kHelloMagic, 4);
+  putLe(out + 4, kHelloVersion, 2);
+  putLe(out + 6, hello.channel, 2);
+  putLe(out + 8, hello.commId, 8);
+  putLe(out + 16, static_cast<uint32_t>(hello.fromRank), 4);
+  putLe(out + 20, static_cast<uint32_t>(hello.toRank), 4);
+  putLe(out + 24, hello.slots, 4);
+  putLe(out + 28, 0, 4);
+  putLe(out + 32, hello.slotBytes, 8);
+  std::memcpy(out + 40, hello.nonce, 8);
+  std::memcpy(out + 48, hello.proof, 32);
+}
+
+Result<Hello> decodeHello(const uint8_t in[kHelloBytes]) {
+  if (getLe(in, 4) != kHelloMagic) return invalidArgument("not a Shoal cuda_ipc hello");
+  if (getLe(in + 4, 2) != kHelloVersion) return invalidArgument("unsupported cuda_ipc hello version ", getLe(in + 4, 2));
+  if (getLe(in + 28, 4) != 0) return invalidArgument("cuda_ipc hello: reserved bytes are not zero");
+  Hello h;
+  h.channel = static_cast<uint16_t>(getLe(in + 6, 2));
+  h.commId = getLe(in + 8, 8);
+  h.fromRank = static_cast<int32_t>(getLe(in + 16, 4));
+  h.toRank = static_cast<int32_t>(getLe(in + 20, 4));
+  h.slots = static_cast<uint32_t>(getLe(in + 24, 4));
+  h.slotBytes = getLe(in + 32, 8);
+  std::memcpy(h.nonce, in + 40, 8);
+  std::memcpy(h.proof, in + 48, 32);
+  if (h.fromRank < 0 || h.toRank < 0 || h.fromRank == h.toRank)
+    return invalidArgument("cuda_ipc hello: ranks ", h.fromRank, " -> ", h.toRank);
+  if (h.slots < 1 || h.slots > kMaxSlots) return invalidArgument("cuda_ipc hello: ", h.slots, " slots");
+  if (h.slotBytes < kMinSlotBytes || h.slotBytes > kMaxSlotBytes)
+    return invalidArgument("cuda_ipc hello: slots of ", h.slotBytes, " bytes");
+  return h;
+}
+
+Status signHello(Hello& hello, std::string_view secret) {
+  return net::signHello<kHelloBytes>(hello, secret, kHelloLabel, kSignedBytes, encodeHello);
+}
+
+bool verifyHello(const Hello& hello, std::string_view secret) {
+  return net::verifyHello<kHelloBytes>(hello, secret, kHelloLabel, kSignedBytes, encodeHello);
+}
+
+}  // namespace cuda_ipc
+
+namespace {
+
+using cuda_ipc::Hello;
+
+// A hello that arrived, with the descriptors that came with it.
+struct Arrival {
+  Hello hello;
+  net::Fd socket, fifo, control;
+};
+
+// An accepted socket whose hello has not arrived yet.
+struct Accepted {
+  net::Fd socket;
+  Deadline deadline;
+};
+
+using ArrivalKey = std::tuple<uint64_t, int, int, uint16_t>;  // commId, from, to, channel
+
+std::string describePeer(const ConnectionKey& key, const ConnectOptions& options) {
+  std::string host = options.peer && !options.peer->hostname.empty() ? options.peer->hostname : "?";
+  return str("rank ", key.peerRank, " (host ", host, ", cuda_ipc ", options.peer ? options.peer->gpu : "?", ")");
+}
+
+// Reads one hello and its two descriptors without blocking: kAgain when the
+// bytes are not there yet.
+Result<Arrival> receiveHello(net::Fd& socket) {
+  uint8_t bytes[cuda_ipc::kHelloBytes];
+  iovec iov{bytes, sizeof bytes};
+  alignas(cmsghdr) char control[CMSG_SPACE(2 * sizeof(int))];
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  ssize_t got = ::recvmsg(socket.get(), &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+  if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return error(Code::kAgain, "not yet");
+  if (got < 0) return systemError("cuda_ipc: recvmsg: ", std::strerror(errno));
+  std::vector<net::Fd> fds;
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t i = 0; i < n; ++i) {
+      int fd = -1;
+      std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+      fds.emplace_back(fd);
+    }
+  }
+  if (got != static_cast<ssize_t>(sizeof bytes) || fds.size() != 2 || (msg.msg_flags & MSG_CTRUNC))
+    return invalidArgument("cuda_ipc: malformed hello (", got, " bytes, ", fds.size(), " descriptors)");
+  SHOAL_ASSIGN_OR_RETURN(Hello hello, cuda_ipc::decodeHello(bytes));
+  return Arrival{hello, std::move(socket), std::move(fds[0]), std::move(fds[1])};
+}
+
+Status sendHello(int socket, const Hello& hello, int fifoFd, int controlFd) {
+  uint8_t bytes[cuda_ipc::kHelloBytes];
+  cuda_ipc::encodeHello(hello, bytes);
+  iovec iov{bytes, sizeof bytes};
+  alignas(cmsghdr) char control[CMSG_SPACE(2 * sizeof(int))] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(2 * sizeof(int));
+  int fds[2] = {fifoFd, controlFd};
+  std::memcpy(CMSG_DATA(c), fds, sizeof fds);
+  ssize_t sent;
+  do sent = ::sendmsg(socket, &msg, MSG_NOSIGNAL);
+  while (sent < 0 && errno == EINTR);
+  if (sent != static_cast<ssize_t>(sizeof bytes))
+    return systemError("cuda_ipc: sending the hello: ", sent < 0 ? std::strerror(errno) : "short write");
+  return Status::ok();
+}
+
+sockaddr_un abstractAddress(const std::string& name, socklen_t& length) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  size_t n = std::min(name.size(), sizeof(addr.sun_path) - 1);
+  std::memcpy(addr.sun_path + 1, name.data(), n);  // sun_path[0] == 0: the abstract namespace
+  length = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + n);
+  return addr;
+}
+
+// The peer's listener, connected; retried while it refuses (backlog full).
+Result<net::Fd> connectTo(const std::string& name, Deadline deadline, const std::string& peer) {
+  socklen_t length = 0;
+  sockaddr_un addr = abstractAddress(name, length);
+  for (;;) {
+    net::Fd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    if (!fd) return systemError("cuda_ipc: socket: ", std::strerror(errno));
+    if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), length) == 0) return fd;
+    int err = errno;
+    if ((err != EAGAIN && err != ECONNREFUSED && err != EINTR) || deadline.expired())
+      return remoteError("cuda_ipc: cannot reach ", peer, " at its socket @", name, ": ", std::strerror(err));
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+// A shared control block in a memfd, mapped here.
+Result<cuda_ipc::Control*> mapControl(int fd, bool create) {
+  size_t bytes = cuda_ipc::controlBytes();
+  if (create && ::ftruncate(fd, static_cast<off_t>(bytes)) != 0)
+    return systemError("cuda_ipc: ftruncate: ", std::strerror(errno));
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) return systemError("cuda_ipc: mmap of the control block: ", std::strerror(errno));
+  return static_cast<cuda_ipc::Control*>(p);
+}
+
+class CudaIpcTransport final : public Transport {
+ public:
+  std::string_view name() const override { return "cuda_ipc"; }
+  LinkClass linkClass() const override { return LinkClass::kShm; }
+  bool movesDeviceMemory() const override { return true; }
+  // Staging hands connections pinned host memory, which shm moves with one
+  // CPU copy less: chosen only when forced until plans hand it device
+  // buffers (docs/cuda.md).
+  bool chosenByDefault(const PeerInfo& /*self*/) const override { return false; }
+  bool wantedInThisProcess() const override { return cuda::Driver::inUse() != nullptr; }
+  bool connectWaitsForPeer(const ConnectionKey& key) const override { return key.selfRank > key.peerRank; }
+
+  Result<std::string> localAddress() override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!address_.empty()) return address_;
+    if (cuda::Driver::inUse() == nullptr) return error(Code::kUnsupported, "this process does not use CUDA");
+    uint64_t nonce = 0;
+    SHOAL_TRY(net::randomBytes(&nonce, sizeof nonce)) << "cuda_ipc socket name";
+    char text[64];
+    std::snprintf(text, sizeof text, "shoal-cuda-ipc-%d-%016llx", currentPid(), static_cast<unsigned long long>(nonce));
+    std::string name = text;
+    net::Fd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+    if (!fd) return systemError("cuda_ipc: socket: ", std::strerror(errno));
+    socklen_t length = 0;
+    sockaddr_un addr = abstractAddress(name, length);
+    if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), length) != 0 || ::listen(fd.get(), 256) != 0)
+      return systemError("cuda_ipc: listening on @", name, ": ", std::strerror(errno));
+    listener_ = std::move(fd);
+    address_ = name;
+    return address_;
+  }
+
+  bool canConnect(const PeerInfo& self, const PeerInfo& peer) const override {
+    if (self.gpu.empty() || peer.gpu.empty() || !self.address("cuda_ipc") || !peer.address("cuda_ipc")) return false;
+    if (self.hostId != peer.hostId || !self.sameKernel(peer) || self.processId == peer.processId) return false;
+    cuda::Driver* driver = cuda::Driver::inUse();
+    return driver != nullptr && driver->gpusShareMemory(self.gpu, peer.gpu);
+  }
+
+  Result<std::unique_ptr<Connection>> connect(const ConnectionKey& key, const ConnectOptions& options) override {
+    if (!options.self || !options.peer) return invalidUsage("cuda_ipc connect without peer information");
+    cuda::Driver* driver = cuda::Driver::inUse();
+    if (driver == nullptr) return error(Code::kUnsupported, "cuda_ipc: this process does not use CUDA");
+    std::string peer = describePeer(key, options);
+    cuda_ipc::ConnectionSetup setup;
+    setup.side = key.selfRank < key.peerRank ? 0 : 1;
+    setup.peerDescription = peer;
+    SHOAL_ASSIGN_OR_RETURN(setup.context, driver->primaryContext(options.self->gpu), "cuda_ipc connection to ", peer);
+    SHOAL_TRY(driver->pushContext(setup.context)) << "cuda_ipc connection to " << peer;
+    Result<std::unique_ptr<Connection>> made =
+        setup.side == 0 ? offer(key, options, *driver, std::move(setup)) : accept(key, options, *driver, std::move(setup));
+    driver->popContext();
+    return made;
+  }
+
+ private:
+  // The lower rank: allocates the FIFO and the control block, sends both.
+  Result<std::unique_ptr<Connection>> offer(const ConnectionKey& key, const ConnectOptions& options,
+                                            cuda::Driver& driver, cuda_ipc::ConnectionSetup setup) {
+    const std::string* address = options.peer->address("cuda_ipc");
+    if (!address) return invalidUsage(setup.peerDescription, " published no cuda_ipc address");
+    int64_t fifoBytes = std::clamp<int64_t>(params().cudaIpcFifoBytes, 64 << 10, 1ll << 30);
+    setup.slots = cuda_ipc::kSlots;
+    setup.slotBytes = (static_cast<uint64_t>(fifoBytes) / cuda_ipc::kSlots + 4095) / 4096 * 4096;
+    SHOAL_ASSIGN_OR_RETURN(setup.fifo, driver.deviceAlloc(2 * setup.slots * setup.slotBytes),
+                           "cuda_ipc: allocating the FIFO for ", setup.peerDescription);
+    // From here the setup owns the FIFO: CudaIpcConnection (or its failure) frees it.
+    net::Fd controlFd(::memfd_create("shoal-cuda-ipc", MFD_CLOEXEC));
+    if (!controlFd) {
+      (void)driver.deviceFree(setup.fifo);
+      return systemError("cuda_ipc: memfd_create: ", std::strerror(errno));
+    }
+    Result<cuda_ipc::Control*> control = mapControl(controlFd.get(), true);
+    if (!control.isOk()) {
+      (void)driver.deviceFree(setup.fifo);
+      return control.status();
+    }
+    setup.control = new (control.value()) cuda_ipc::Control();
+    setup.control->magic = cuda_ipc::kControlMagic;
+    setup.control->slots = setup.slots;
+    setup.control->slotBytes = setup.slotBytes;
+    void* fifo = setup.fifo;
+    uint32_t slots = setup.slots;
+    uint64_t slotBytes = setup.slotBytes;
+    std::string peer = setup.peerDescription;
+    // The connection owns memory, stream and events from here, whatever follows.
+    SHOAL_ASSIGN_OR_RETURN(auto connection, cuda_ipc::CudaIpcConnection::make(std::move(setup)),
+                           "cuda_ipc connection to ", peer);
+    SHOAL_ASSIGN_OR_RETURN(int exported, driver.exportDeviceMemory(fifo), "cuda_ipc: exporting the FIFO for ", peer);
+    net::Fd fifoFd(exported);
+    SHOAL_ASSIGN_OR_RETURN(net::Fd socket, connectTo(*address, options.deadline, peer));
+    Hello hello;
+    hello.commId = key.commId;
+    hello.fromRank = key.selfRank;
+    hello.toRank = key.peerRank;
+    hello.channel = key.channel;
+    hello.slots = slots;
+    hello.slotBytes = slotBytes;
+    SHOAL_TRY(cuda_ipc::signHello(hello, options.secret)) << "cuda_ipc hello";
+    SHOAL_TRY(sendHello(socket.get(), hello, fifoFd.get(), controlFd.get())) << "cuda_ipc connection to " << peer;
+    connection->adoptSocket(std::move(socket));
+    return std::unique_ptr<Connection>(std::move(connection));
+  }
+
+  // The higher rank: waits for the lower rank's hello and maps what it sent.
+  Result<std::unique_ptr<Connection>> accept(const ConnectionKey& key, const ConnectOptions& options,
+                                             cuda::Driver& driver, cuda_ipc::ConnectionSetup setup) {
+    SHOAL_ASSIGN_OR_RETURN(Arrival arrival, awaitHello(key, options), "cuda_ipc connection to ",
+                           setup.peerDescription);
+    setup.slots = arrival.hello.slots;
+    setup.slotBytes = arrival.hello.slotBytes;
+    SHOAL_ASSIGN_OR_RETURN(setup.control, mapControl(arrival.control.get(), false), "cuda_ipc connection to ",
+                           setup.peerDescription);
+    if (setup.control->magic != cuda_ipc::kControlMagic || setup.control->slots != setup.slots ||
+        setup.control->slotBytes != setup.slotBytes) {
+      ::munmap(setup.control, cuda_ipc::controlBytes());
+      return remoteError(setup.peerDescription, " sent a cuda_ipc control block that does not match its hello");
+    }
+    Result<void*> fifo = driver.importDeviceMemory(arrival.fifo.get(), 2 * setup.slots * setup.slotBytes);
+    if (!fifo.isOk()) {
+      ::munmap(setup.control, cuda_ipc::controlBytes());
+      return StatusBuilder(fifo.takeStatus()) << "cuda_ipc: mapping the FIFO of " << setup.peerDescription;
+    }
+    setup.fifo = fifo.value();
+    setup.fifoIsImported = true;
+    setup.socket = std::move(arrival.socket);
+    std::string peer = setup.peerDescription;
+    SHOAL_ASSIGN_OR_RETURN(auto connection, cuda_ipc::CudaIpcConnection::make(std::move(setup)),
+                           "cuda_ipc connection to ", peer);
+    return std::unique_ptr<Connection>(std::move(connection));
+  }
+
+  // Accepts on the listener until the hello for `key` has arrived (hellos
+  // for other connections are kept for their connect()).
+  Result<Arrival> awaitHello(const ConnectionKey& key, const ConnectOptions& options) {
+    ArrivalKey want{key.commId, key.peerRank, key.selfRank, key.channel};
+    for (;;) {
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        drainListenerLocked();
+        auto it = arrived_.find(want);
+        if (it != arrived_.end()) {
+          Arrival arrival = std::move(it->second);
+          arrived_.erase(it);
+          if (!cuda_ipc::verifyHello(arrival.hello, options.secret))
+            return invalidUsage("the cuda_ipc hello from rank ", key.peerRank,
+                                " does not carry this communicator's secret");
+          return arrival;
+        }
+      }
+      if (options.deadline.expired())
+        return error(Code::kTimeout, "rank ", key.peerRank, " sent no cuda_ipc hello before the set-up deadline");
+      pollfd pfd{listener_.get(), POLLIN, 0};
+      (void)::poll(&pfd, 1, 5);
+    }
+  }
+
+  // Accepts what is waiting and reads the hellos that have arrived. Caller holds mutex_.
+  void drainListenerLocked() {
+    for (;;) {
+      int fd = ::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC);
+      if (fd < 0) break;
+      accepted_.push_back(Accepted{net::Fd(fd), Deadline::afterMs(params().handshakeTimeoutMs)});
+    }
+    for (auto it = accepted_.begin(); it != accepted_.end();) {
+      Result<Arrival> arrival = receiveHello(it->socket);
+      if (!arrival.isOk() && arrival.status().code() == Code::kAgain && !it->deadline.expired()) {
+        ++it;
+        continue;
+      }
+      if (arrival.isOk()) {
+        const Hello& h = arrival.value().hello;
+        arrived_[ArrivalKey{h.commId, h.fromRank, h.toRank, h.channel}] = std::move(arrival).value();
+      } else {
+        SHOAL_INFO(subsys::kNet, "cuda_ipc: dropped an incoming connection: ", arrival.status().message());
+      }
+      it = accepted_.erase(it);
+    }
+  }
+
+  std::mutex mutex_;
+  std::string address_;
+  net::Fd listener_;
+  std::vector<Accepted> accepted_;
+  std::map<ArrivalKey, Arrival> arrived_;
+};
+
+}  // namespace
+
+std::unique_ptr<Transport> makeCudaIpcTransport() { return std::make_unique<CudaIpcTransport>(); }
+
+}  // namespace shoal
