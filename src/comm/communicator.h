@@ -112,6 +112,7 @@ class RedOpTable {
 };
 
 class StreamBridge;
+class DevicePlanSteps;
 
 class Communicator : public std::enable_shared_from_this<Communicator>, private IdleWatch {
  public:
@@ -222,6 +223,11 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
   // Fills `job` for the operations (zero-count collectives dropped); false
   // when nothing is left to do.
   Result<bool> prepareJob(Job& job, std::span<const OpRequest> ops, bool detached);
+  // Whether a stream-ordered operation runs as a device plan (docs/cuda.md,
+  // Device plans): one operation on device buffers whose plan's compute
+  // steps the GPU runs and whose every connection moves device memory. The
+  // first time, makes deviceSteps_ (false where it cannot, said at INFO).
+  bool runsAsDevicePlan(std::span<const OpRequest> ops);
   // Whether op's send and recv buffers share no byte, and op.shape with
   // disjointBuffers so set: calls whose buffers may overlap (in place) and
   // calls whose buffers cannot get plans of their own (collectives/plan.h).
@@ -289,6 +295,10 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
   cuda::Driver* cuda_ = nullptr;         // set at init when the process uses CUDA
   int cudaDevice_ = -1;
   std::unique_ptr<StreamBridge> bridge_;  // made by the first stream-ordered operation
+  // Device plans' compute steps and scratch, made by the first one (its
+  // jobs share it, comm/device_steps.h); deviceStepsTried_ once that was tried.
+  std::shared_ptr<DevicePlanSteps> deviceSteps_;
+  bool deviceStepsTried_ = false;
 
   std::atomic<Code> initState_{Code::kInProgress};
   mutable std::mutex asyncMutex_;

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "comm/communicator.h"
+#include "comm/device_steps.h"
 #include "comm/stream_bridge.h"
 #include "core/clock.h"
 #include "core/log.h"
@@ -66,10 +67,11 @@ Result<Communicator::StreamSubmission> Communicator::beginStreamOrdered(std::spa
                           " on a stream that is being captured into a CUDA graph: Shoal does not "
                           "replay collectives in graphs yet (call it outside the capture)");
   }
-  SHOAL_ASSIGN_OR_RETURN(StreamBridge::Staged staged, bridge_->stage(kept, rank_, nranks_), describe());
+  submission.synchronous = bridge_->waitMode() == cuda::WaitMode::kSynchronous;
+  const bool direct = !submission.synchronous && runsAsDevicePlan(kept);
+  SHOAL_ASSIGN_OR_RETURN(StreamBridge::Staged staged, bridge_->stage(kept, rank_, nranks_, direct), describe());
   auto held = std::make_shared<StreamBridge::Staged>(std::move(staged));
   StreamBridge::Staged& st = *held;
-  submission.synchronous = bridge_->waitMode() == cuda::WaitMode::kSynchronous;
   if (submission.synchronous) {
     if (Status s = bridge_->copyIn(st, kept); !s.isOk()) {
       bridge_->release(st);
@@ -90,6 +92,7 @@ Result<Communicator::StreamSubmission> Communicator::beginStreamOrdered(std::spa
       return beginStreamOrdered(ops);
     }
     auto job = std::make_shared<Job>();
+    if (direct) job->deviceSteps = deviceSteps_;
     Result<bool> any = prepareJob(*job, st.ops, /*detached=*/true);
     if (!any.isOk() || !any.value()) {
       StreamBridge::releaseStream(st);  // the stream goes on; its slot comes back once it has
@@ -106,6 +109,36 @@ Result<Communicator::StreamSubmission> Communicator::beginStreamOrdered(std::spa
   submission.ops = std::move(kept);
   submission.staged = std::move(held);
   return submission;
+}
+
+bool Communicator::runsAsDevicePlan(std::span<const OpRequest> ops) {
+  // One operation (groups stay staged), between ranks, on device memory.
+  if (ops.size() != 1 || nranks_ < 2 || bridge_->deviceReducer() == nullptr) return false;
+  const OpRequest& op = ops[0];
+  if (op.scalar.deviceScalar != nullptr) return false;
+  for (const void* buffer : {op.sendbuff, static_cast<const void*>(op.recvbuff)}) {
+    if (buffer == nullptr) continue;
+    Result<cuda::MemoryKind> kind = cuda_->memoryKind(buffer);
+    if (!kind.isOk() || kind.value() != cuda::MemoryKind::kDevice) return false;
+  }
+  Result<std::shared_ptr<const PreparedPlan>> prepared = plans_->planFor(placedShape(op), false);
+  if (!prepared.isOk()) return false;  // prepareJob reports it
+  const Plan& plan = *prepared.value()->plan;
+  if (!deviceStepsCanRun(plan) || !connections_.movesDeviceMemory(plan)) return false;
+  if (!deviceStepsTried_) {
+    deviceStepsTried_ = true;
+    Result<std::shared_ptr<DevicePlanSteps>> made = DevicePlanSteps::make(*cuda_, *bridge_->deviceReducer());
+    if (made.isOk()) {
+      deviceSteps_ = std::move(made).value();
+      SHOAL_INFO(subsys::kInit | subsys::kColl, describe(),
+                 ": device plans: operations on device buffers whose every connection moves device memory "
+                 "run on them, reductions by the device kernels (no staging)");
+    } else {
+      SHOAL_INFO(subsys::kInit | subsys::kColl, describe(), ": device plans unavailable (",
+                 made.status().message(), "): device buffers are staged");
+    }
+  }
+  return deviceSteps_ != nullptr;
 }
 
 Status Communicator::finishStreamOrdered(StreamSubmission& submission) {
@@ -302,7 +335,9 @@ Result<bool> Communicator::prepareJob(Job& job, std::span<const OpRequest> ops, 
   }
 
   uint8_t* scratch = nullptr;
-  if (plan.scratchBytes > 0) {
+  if (plan.scratchBytes > 0 && job.deviceSteps) {
+    SHOAL_ASSIGN_OR_RETURN(scratch, deviceSteps_->scratch(plan.scratchBytes), describe());
+  } else if (plan.scratchBytes > 0) {
     if (wait) {
       if (scratch_.size() < plan.scratchBytes) scratch_.resize(plan.scratchBytes);
       scratch = scratch_.data();

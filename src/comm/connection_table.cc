@@ -45,6 +45,15 @@ Status ConnectionTable::forPlan(const Plan& plan, std::vector<Connection*>& lane
   return Status::ok();
 }
 
+bool ConnectionTable::movesDeviceMemory(const Plan& plan) const {
+  for (const Lane& lane : plan.lanes) {
+    if (lane.peer == rank_ || lane.peer < 0 || lane.peer >= static_cast<int>(peers_.size())) return false;
+    Result<Transport*> transport = selectTransport(peers_[rank_], peers_[lane.peer]);
+    if (!transport.isOk() || !transport.value()->movesDeviceMemory()) return false;
+  }
+  return true;
+}
+
 void ConnectionTable::publishFailure(std::string_view report) {
   for (auto& [key, connection] : connections_) connection->publishFailure(report);
 }

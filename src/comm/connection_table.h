@@ -42,6 +42,9 @@ class ConnectionTable {
   Result<Connection*> to(int peer, uint16_t channel, bool unlessWaiting = false);
   // Every lane's connection of the plan, in lane order.
   Status forPlan(const Plan& plan, std::vector<Connection*>& laneConnections);
+  // Whether every lane of the plan goes to another rank through a transport
+  // whose connections take device buffers (Transport::movesDeviceMemory).
+  bool movesDeviceMemory(const Plan& plan) const;
 
   // This rank's failure, written into every connection's side channel.
   void publishFailure(std::string_view report);

@@ -197,10 +197,12 @@ Result<size_t> StreamBridge::takeSlot(uint64_t stagingBytes) {
   return best;
 }
 
-Result<StreamBridge::Staged> StreamBridge::stage(std::span<const OpRequest> ops, int rank, int nranks) {
+Result<StreamBridge::Staged> StreamBridge::stage(std::span<const OpRequest> ops, int rank, int nranks,
+                                                  bool direct) {
   std::vector<Placement> placements(ops.size());
   uint64_t total = 0;
   for (size_t k = 0; k < ops.size(); ++k) {
+    if (direct) continue;  // nothing staged, nothing copied
     const OpRequest& op = ops[k];
     const OpLayout layout = opLayout(op.shape, rank, nranks);
     Placement& p = placements[k];
@@ -243,11 +245,12 @@ Result<StreamBridge::Staged> StreamBridge::stage(std::span<const OpRequest> ops,
   for (size_t k = 0; k < ops.size(); ++k) {
     const Placement& p = slot.placements[k];
     OpRequest& op = staged.ops[k];
+    op.streamOrdered = false;  // the engine runs it: on staging, or on device buffers (direct)
+    if (direct) continue;
     // A buffer this rank does not use stays null (non-roots of rooted calls).
     op.sendbuff = p.sendBytes ? slot.staging + p.sendOffset : nullptr;
     op.recvbuff = p.recvBytes ? slot.staging + p.recvOffset : nullptr;
     if (p.stagedScalar) op.scalar.deviceScalar = slot.staging + p.scalarOffset;
-    op.streamOrdered = false;  // the engine sees host memory
   }
   return staged;
 }

@@ -68,7 +68,9 @@ class StreamBridge {
   // Takes a slot with staging for the operations and rewrites them onto it
   // (zero-byte buffers stay null; buffers that overlap keep their relation,
   // so in-place calls stay in place).
-  Result<Staged> stage(std::span<const OpRequest> ops, int rank, int nranks);
+  // With `direct` (a device plan) nothing is staged: the operations keep
+  // their device buffers and the slot gives only its words.
+  Result<Staged> stage(std::span<const OpRequest> ops, int rank, int nranks, bool direct = false);
   // Enqueues the staged operations on their streams (memory operations or
   // wait kernel mode): inputs in, ready, wait for done, outputs out,
   // released. Several

@@ -11,8 +11,10 @@
 //
 // Threading: every method may be called from any thread; CUDA calls need the
 // context the caller made current (the user's thread: its stream's context).
-// The engine's threads never call CUDA: the words a stream writes and waits
-// for are plain pinned host memory that the engine reads and writes.
+// The engine hands stream-ordered jobs over without CUDA calls: the words a
+// stream writes and waits for are plain pinned host memory that the engine
+// reads and writes. Inside a job, cuda_ipc connections and a device plan's
+// steps call CUDA with their own context pushed for the call.
 //
 // Without the CUDA toolkit at build time (SHOAL_HAVE_CUDA unset) inUse() is
 // always null and the library runs on host memory only.

@@ -147,6 +147,7 @@ void Job::finish(Status status) {
 void Job::resetForReuse() {
   sameConnections = false;
   ownedScratch.clear();
+  deviceSteps.reset();
   detached = false;
   streamReady = nullptr;
   streamDone = nullptr;
@@ -428,10 +429,17 @@ constexpr size_t kBounceBytes = 256 << 10;
 
 // The arithmetic of one compute step (collectives/plan.h) on resolved
 // addresses, `bytes` of it.
-void computeStep(const Job& job, const Step& s, uint8_t* dst, const uint8_t* a, const uint8_t* b, uint64_t bytes) {
+Status computeStep(const Job& job, const Step& s, uint8_t* dst, const uint8_t* a, const uint8_t* b, uint64_t bytes) {
   const CollShape& shape = job.prepared->plan->shapes[s.op];
   const size_t count = bytes / dataTypeSize(shape.dtype);
   const void* scalar = scalarOf(job, s.op);
+  if (job.deviceSteps) {
+    // A device plan has only the steps devicePlanFits() allows.
+    if (s.kind == StepKind::kReduce)
+      return job.deviceSteps->reduce(combineOpOf(s, shape), shape.dtype, dst, a, b, count, scalar);
+    if (s.kind == StepKind::kCopy && !scalesSource(s, shape)) return job.deviceSteps->copy(dst, a, bytes);
+    return internalError("a device plan has a step the device cannot run");
+  }
   switch (s.kind) {
     case StepKind::kReduce:
       reduce::combine(combineOpOf(s, shape), shape.dtype, dst, a, b, count, scalar);
@@ -446,9 +454,28 @@ void computeStep(const Job& job, const Step& s, uint8_t* dst, const uint8_t* a, 
     default:
       break;
   }
+  return Status::ok();
 }
 
 }  // namespace
+
+bool deviceStepsCanRun(const Plan& plan) {
+  if (plan.readsPeers) return false;
+  for (const Step& s : plan.steps) {
+    switch (s.kind) {
+      case StepKind::kSend:
+      case StepKind::kRecv:
+      case StepKind::kReduce:
+        break;
+      case StepKind::kCopy:
+        if (scalesSource(s, plan.shapes[s.op])) return false;
+        break;
+      default:
+        return false;
+    }
+  }
+  return true;
+}
 
 void Engine::fillWindow(Job& job) {
   const Plan& plan = *job.prepared->plan;
@@ -481,7 +508,7 @@ Status Engine::runRemoteComputeStep(Job& job, const Step& s, uint8_t* dst, const
       SHOAL_TRY(job.window_.read(sources[k], at, into, len));
       in[k] = into;
     }
-    computeStep(job, s, dst + at, in[0], in[1], len);
+    SHOAL_TRY(computeStep(job, s, dst + at, in[0], in[1], len));
   }
   return Status::ok();
 }
@@ -498,8 +525,7 @@ Status Engine::runComputeStep(Job& job, uint32_t index) {
     auto local = [&](const Slice& slice) {
       return (slice.buffer == kWindowBuffer ? job.window_.bytes() : job.buffers[slice.buffer]) + slice.offset;
     };
-    computeStep(job, s, local(s.dst), local(s.src), twoSources ? local(s.src2) : nullptr, s.bytes);
-    return Status::ok();
+    return computeStep(job, s, local(s.dst), local(s.src), twoSources ? local(s.src2) : nullptr, s.bytes);
   }
   SHOAL_ASSIGN_OR_RETURN(uint8_t* dst, addressOf(job, s.dst));
   if (!dst) return internalError("step ", index, " writes a peer's buffer that is not mapped here");
@@ -509,8 +535,7 @@ Status Engine::runComputeStep(Job& job, uint32_t index) {
     SHOAL_ASSIGN_OR_RETURN(mapped[1], addressOf(job, s.src2));
   }
   if (mapped[0] && (!twoSources || mapped[1])) {
-    computeStep(job, s, dst, mapped[0], mapped[1], s.bytes);
-    return Status::ok();
+    return computeStep(job, s, dst, mapped[0], mapped[1], s.bytes);
   }
   const Slice sources[2] = {s.src, s.src2};
   return runRemoteComputeStep(job, s, dst, sources, mapped, twoSources ? 2 : 1);

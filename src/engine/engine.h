@@ -109,6 +109,24 @@ struct JobReport {
   std::vector<int> waitingOn;  // peers of the oldest unfinished posted step of a lane
 };
 
+// Where a job's compute steps run when its buffers are device memory (a
+// device plan: every connection moves device memory, docs/cuda.md). The
+// engine calls it instead of the CPU reducers, from whichever thread pumps
+// the job; it returns once the step's result is in `dst`. Implemented above
+// the engine (comm/device_steps.h), so the engine itself never calls CUDA.
+class DeviceSteps {
+ public:
+  virtual ~DeviceSteps() = default;
+  // dst = combine(op, a, b) over count elements (reduce::combine's meaning).
+  virtual Status reduce(ReduceOp op, DataType dtype, uint8_t* dst, const uint8_t* a, const uint8_t* b,
+                        uint64_t count, const void* scalar) = 0;
+  virtual Status copy(uint8_t* dst, const uint8_t* src, uint64_t bytes) = 0;
+};
+
+// Whether every compute step of `plan` can run as DeviceSteps (Reduce, and
+// Copy without scaling; no Divide, no reads of peers' memory).
+bool deviceStepsCanRun(const Plan& plan);
+
 class Job {
  public:
   // Filled by the submitter.
@@ -141,6 +159,9 @@ class Job {
   uint64_t streamSeq = 0;
   bool streamReached() const;
   std::vector<uint8_t> ownedScratch;        // detached jobs' scratch (a waiter lends its own)
+  // Set for a device plan: its buffers (scratch included) are device memory
+  // and its compute steps run here; null for every other job.
+  std::shared_ptr<DeviceSteps> deviceSteps;
 
   // Makes a finished (or never submitted) job ready to be filled again,
   // keeping its vectors (the submitter overwrites them) and its plan: a

@@ -487,17 +487,108 @@ shoal::testing::MpResult forkedRanks(int n, const std::string& transport,
 TEST_CASE("every collective on device buffers as processes over shm, tcp and cuda_ipc", "[cudafake][mp]") {
   for (const char* transport : {"shm", "tcp", "cuda_ipc"})
     for (int n : {2, 3, 4}) {
+      const bool devicePlans = std::string(transport) == "cuda_ipc";
       auto result = forkedRanks(n, transport, {}, [&](shoal::testing::MpChild& child, ncclComm_t comm, CUstream s) {
         Mismatches bad;
+        const uint64_t launchesBefore = shoalFakeCudaCallCount("cuLaunchKernel");
+        const uint64_t hostAllocsBefore = shoalFakeCudaCallCount("cuMemHostAlloc");
         everyCollective(child.rank(), child.nranks(), comm, s, bad);
         if (bad.count) child.log(bad.first);
         cuStreamSynchronize(s);
+        // Over cuda_ipc, device plans: reductions by the kernels, no staging
+        // beyond the first slot's words. Staged (shm, tcp) with stream memory
+        // operations: no kernel at all.
+        const uint64_t launches = shoalFakeCudaCallCount("cuLaunchKernel") - launchesBefore;
+        const uint64_t hostAllocs = shoalFakeCudaCallCount("cuMemHostAlloc") - hostAllocsBefore;
+        child.log("kernel launches " + std::to_string(launches) + ", pinned allocations " + std::to_string(hostAllocs));
         ncclCommDestroy(comm);
-        return bad.count == 0 ? 0 : 1;
+        if (bad.count) return 1;
+        if (devicePlans && launches == 0) return 2;
+        if (!devicePlans && launches != 0) return 3;
+        return 0;
       });
       INFO(transport << " " << n << " ranks\n" << result.report());
       CHECK(result.allPassed());
     }
+}
+
+// Device plans (over cuda_ipc) reduce with the device kernels; the host path
+// reduces with the CPU reducer, which the kernels equal bit for bit. The same
+// AllReduce on device buffers and on host buffers (the same plan) must give
+// the same bytes, for every type with sum, and for the other operators on a
+// few types; integer avg and a device-memory PreMulSum scalar stay staged.
+TEST_CASE("device plans over cuda_ipc give the host path's bytes for every type and operator", "[cudafake][mp]") {
+  auto result = forkedRanks(3, "cuda_ipc", {}, [&](shoal::testing::MpChild& child, ncclComm_t comm, CUstream s) {
+    struct Case {
+      ncclDataType_t type;
+      size_t size;
+      ncclRedOp_t op;
+    };
+    std::vector<Case> cases;
+    const std::pair<ncclDataType_t, size_t> types[] = {
+        {ncclInt8, 1}, {ncclUint8, 1}, {ncclInt32, 4}, {ncclUint32, 4}, {ncclInt64, 8}, {ncclUint64, 8},
+        {ncclFloat16, 2}, {ncclFloat32, 4}, {ncclFloat64, 8}, {ncclBfloat16, 2}, {ncclFloat8e4m3, 1},
+        {ncclFloat8e5m2, 1}};
+    for (auto [type, size] : types) cases.push_back({type, size, ncclSum});
+    for (ncclRedOp_t op : {ncclProd, ncclMax, ncclMin, ncclAvg}) {
+      cases.push_back({ncclFloat32, 4, op});
+      cases.push_back({ncclBfloat16, 2, op});
+      cases.push_back({ncclInt32, 4, op});  // avg: sum, then a division the host runs (staged)
+    }
+    double host = 0.75;
+    ncclRedOp_t premulHost, premulDevice;
+    if (ncclRedOpCreatePreMulSum(&premulHost, &host, ncclFloat64, ncclScalarHostImmediate, comm) != ncclSuccess) return 20;
+    cases.push_back({ncclFloat64, 8, premulHost});
+    CUdeviceptr scalar = 0;
+    cuMemAlloc(&scalar, 8);
+    cuMemcpyHtoD(scalar, &host, 8);
+    if (ncclRedOpCreatePreMulSum(&premulDevice, reinterpret_cast<void*>(scalar), ncclFloat64, ncclScalarDevice, comm) != ncclSuccess) return 21;
+    cases.push_back({ncclFloat64, 8, premulDevice});
+    const uint64_t launchesBefore = shoalFakeCudaCallCount("cuLaunchKernel");
+    for (size_t count : {size_t{1}, size_t{777}, size_t{70001}}) {
+      for (const Case& c : cases) {
+        const size_t bytes = count * c.size;
+        std::vector<uint8_t> in(bytes), viaHost(bytes), viaDevice(bytes);
+        uint64_t x = 0x9e3779b97f4a7c15ull * (child.rank() + 1) + count + c.type * 131 + c.op;
+        for (auto& b : in) {
+          x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+          b = static_cast<uint8_t>(x);
+        }
+        // The device scalar's host twin (the same 0.75): host buffers cannot use it.
+        const ncclRedOp_t hostOp = c.op == premulDevice ? premulHost : c.op;
+        if (ncclAllReduce(in.data(), viaHost.data(), count, c.type, hostOp, comm, nullptr) != ncclSuccess) {
+          child.log(std::string("host AllReduce: ") + ncclGetLastError(comm));
+          return 2;
+        }
+        CUdeviceptr din = 0, dout = 0;
+        cuMemAlloc(&din, bytes);
+        cuMemAlloc(&dout, bytes);
+        cuMemcpyHtoD(din, in.data(), bytes);
+        if (ncclAllReduce(reinterpret_cast<void*>(din), reinterpret_cast<void*>(dout), count, c.type, c.op, comm, s) != ncclSuccess) {
+          child.log(std::string("device AllReduce: ") + ncclGetLastError(comm));
+          return 3;
+        }
+        cuStreamSynchronize(s);
+        cuMemcpyDtoH(viaDevice.data(), dout, bytes);
+        cuMemFree(din);
+        cuMemFree(dout);
+        if (viaHost != viaDevice) {
+          child.log("type " + std::to_string(c.type) + " op " + std::to_string(c.op) + " count " + std::to_string(count) + ": device bytes differ from the host path's");
+          return 4;
+        }
+      }
+    }
+    const uint64_t launches = shoalFakeCudaCallCount("cuLaunchKernel") - launchesBefore;
+    child.log("kernel launches " + std::to_string(launches));
+    if (launches == 0) return 5;
+    ncclRedOpDestroy(premulHost, comm);
+    ncclRedOpDestroy(premulDevice, comm);
+    cuMemFree(scalar);
+    ncclCommDestroy(comm);
+    return 0;
+  });
+  INFO(result.report());
+  CHECK(result.allPassed());
 }
 
 TEST_CASE("a stream delay longer than the no-progress deadline does not fail the job", "[cudafake][mp]") {

@@ -1,0 +1,71 @@
+#include "comm/device_steps.h"
+
+namespace shoal {
+
+Result<std::shared_ptr<DevicePlanSteps>> DevicePlanSteps::make(cuda::Driver& driver,
+                                                               const cuda::DeviceReducer& reducer) {
+  SHOAL_ASSIGN_OR_RETURN(cuda::ContextHandle context, driver.currentContext(), "device plans");
+  if (context == nullptr) return invalidUsage("device plans need a current CUDA context");
+  SHOAL_ASSIGN_OR_RETURN(cuda::StreamHandle stream, driver.createStream(), "device plans: a stream");
+  return std::shared_ptr<DevicePlanSteps>(new DevicePlanSteps(driver, reducer, context, stream));
+}
+
+DevicePlanSteps::~DevicePlanSteps() {
+  if (!driver_.pushContext(context_).isOk()) return;  // never free memory a GPU may still use
+  (void)driver_.synchronize(stream_);
+  for (uint8_t* p : retired_) (void)driver_.deviceFree(p);
+  if (scratch_) (void)driver_.deviceFree(scratch_);
+  driver_.destroyStream(stream_);
+  driver_.popContext();
+}
+
+template <typename Enqueue>
+Status DevicePlanSteps::runAndWait(Enqueue enqueue) {
+  SHOAL_TRY(driver_.pushContext(context_)) << "device plan step";
+  Status st = enqueue();
+  if (st.isOk()) st = driver_.synchronize(stream_);
+  driver_.popContext();
+  return st;
+}
+
+namespace {
+
+reduce::ElementOp elementOpOf(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return reduce::ElementOp::kSum;
+    case ReduceOp::kProd: return reduce::ElementOp::kProd;
+    case ReduceOp::kMax: return reduce::ElementOp::kMax;
+    case ReduceOp::kMin: return reduce::ElementOp::kMin;
+    case ReduceOp::kPreMulSum: return reduce::ElementOp::kPreMulSum;
+  }
+  return reduce::ElementOp::kSum;
+}
+
+}  // namespace
+
+Status DevicePlanSteps::reduce(ReduceOp op, DataType dtype, uint8_t* dst, const uint8_t* a, const uint8_t* b,
+                               uint64_t count, const void* scalar) {
+  cuda::ReduceScalar s;
+  if (op == ReduceOp::kPreMulSum) {
+    if (scalar == nullptr) return internalError("device plan: PreMulSum without its scalar");
+    s = cuda::ReduceScalar::element(dtype, scalar);
+  }
+  return runAndWait([&] { return reducer_.launch(dst, a, b, count, dtype, elementOpOf(op), s, stream_); });
+}
+
+Status DevicePlanSteps::copy(uint8_t* dst, const uint8_t* src, uint64_t bytes) {
+  if (dst == src || bytes == 0) return Status::ok();
+  return runAndWait([&] { return driver_.copyAsync(dst, src, bytes, stream_); });
+}
+
+Result<uint8_t*> DevicePlanSteps::scratch(uint64_t bytes) {
+  std::lock_guard<std::mutex> lock(scratchMutex_);
+  if (bytes <= scratchBytes_) return scratch_;
+  SHOAL_ASSIGN_OR_RETURN(void* fresh, driver_.deviceAlloc(bytes), "device plan scratch of ", bytes, " bytes");
+  if (scratch_) retired_.push_back(scratch_);
+  scratch_ = static_cast<uint8_t*>(fresh);
+  scratchBytes_ = bytes;
+  return scratch_;
+}
+
+}  // namespace shoal
