@@ -99,6 +99,12 @@ class Connection {
   // (loopback, which cannot lose its peer; ofi, which leaves it to the next
   // operation's errors and no-progress deadline).
   virtual Status checkAlive() { return Status::ok(); }
+  // The job whose operations are posted here ended without them (failed,
+  // aborted, retired): whatever still touches their buffers stops before
+  // this returns, and the connection is failed for good. Transports that
+  // move bytes only inside poll() need nothing (default); cuda_ipc waits
+  // for the GPU copies it has issued.
+  virtual void quiesce() {}
   // "rank 3 (host b, tcp 10.0.0.2:4431)", for error messages.
   virtual const std::string& peerDescription() const = 0;
   // Where the transport has a side channel that survives the network (shm:

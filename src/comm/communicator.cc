@@ -9,6 +9,7 @@
 #include <optional>
 #include <utility>
 
+#include "comm/device_steps.h"
 #include "comm/hang_report.h"
 #include "comm/init_agreement.h"
 #include "comm/stream_bridge.h"
@@ -42,6 +43,10 @@ Communicator::~Communicator() {
   hang::untrack(this);
   Engine::instance().retire(reinterpret_cast<uintptr_t>(this),
                             error(Code::kAborted, "communicator destroyed"));
+  // Connections go first (cuda_ipc waits for its copies), then what their
+  // copies may have used: device plans' scratch, the staging.
+  connections_.clear();
+  deviceSteps_.reset();
 }
 
 std::string Communicator::idHex() const {

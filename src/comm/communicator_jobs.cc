@@ -116,10 +116,15 @@ bool Communicator::runsAsDevicePlan(std::span<const OpRequest> ops) {
   if (ops.size() != 1 || nranks_ < 2 || bridge_->deviceReducer() == nullptr) return false;
   const OpRequest& op = ops[0];
   if (op.scalar.deviceScalar != nullptr) return false;
+  // GPU copies of ranges that overlap without being equal are undefined:
+  // partly overlapping buffers (in-place AllGather, ReduceScatter) are staged.
+  if (op.sendbuff != op.recvbuff && !disjointBuffers(op)) return false;
   for (const void* buffer : {op.sendbuff, static_cast<const void*>(op.recvbuff)}) {
     if (buffer == nullptr) continue;
     Result<cuda::MemoryKind> kind = cuda_->memoryKind(buffer);
     if (!kind.isOk() || kind.value() != cuda::MemoryKind::kDevice) return false;
+    Result<int> device = cuda_->deviceOfPointer(buffer);  // the kernels run on the bridge's device
+    if (!device.isOk() || device.value() != bridge_->device().ordinal) return false;
   }
   Result<std::shared_ptr<const PreparedPlan>> prepared = plans_->planFor(placedShape(op), false);
   if (!prepared.isOk()) return false;  // prepareJob reports it

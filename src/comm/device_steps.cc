@@ -1,5 +1,7 @@
 #include "comm/device_steps.h"
 
+#include "transports/registry.h"
+
 namespace shoal {
 
 Result<std::shared_ptr<DevicePlanSteps>> DevicePlanSteps::make(cuda::Driver& driver,
@@ -13,10 +15,15 @@ Result<std::shared_ptr<DevicePlanSteps>> DevicePlanSteps::make(cuda::Driver& dri
 DevicePlanSteps::~DevicePlanSteps() {
   if (!driver_.pushContext(context_).isOk()) return;  // never free memory a GPU may still use
   (void)driver_.synchronize(stream_);
-  for (uint8_t* p : retired_) (void)driver_.deviceFree(p);
-  if (scratch_) (void)driver_.deviceFree(scratch_);
+  for (auto [p, bytes] : retired_) freeScratch(p, bytes);
+  if (scratch_) freeScratch(scratch_, scratchBytes_);
   driver_.destroyStream(stream_);
   driver_.popContext();
+}
+
+void DevicePlanSteps::freeScratch(uint8_t* p, uint64_t bytes) {
+  forgetMemory(p, bytes);  // no transport keeps a registration of a reused address
+  (void)driver_.deviceFree(p);
 }
 
 template <typename Enqueue>
@@ -62,7 +69,7 @@ Result<uint8_t*> DevicePlanSteps::scratch(uint64_t bytes) {
   std::lock_guard<std::mutex> lock(scratchMutex_);
   if (bytes <= scratchBytes_) return scratch_;
   SHOAL_ASSIGN_OR_RETURN(void* fresh, driver_.deviceAlloc(bytes), "device plan scratch of ", bytes, " bytes");
-  if (scratch_) retired_.push_back(scratch_);
+  if (scratch_) retired_.emplace_back(scratch_, scratchBytes_);
   scratch_ = static_cast<uint8_t*>(fresh);
   scratchBytes_ = bytes;
   return scratch_;

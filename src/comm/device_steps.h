@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 #include "cuda/device_reducer.h"
@@ -45,6 +46,7 @@ class DevicePlanSteps final : public DeviceSteps {
   // Runs `enqueue` on the stream with the context current and waits for it.
   template <typename Enqueue>
   Status runAndWait(Enqueue enqueue);
+  void freeScratch(uint8_t* p, uint64_t bytes);
 
   cuda::Driver& driver_;
   const cuda::DeviceReducer& reducer_;
@@ -53,7 +55,7 @@ class DevicePlanSteps final : public DeviceSteps {
   std::mutex scratchMutex_;
   uint8_t* scratch_ = nullptr;
   uint64_t scratchBytes_ = 0;
-  std::vector<uint8_t*> retired_;  // smaller scratch a queued job may still use
+  std::vector<std::pair<uint8_t*, uint64_t>> retired_;  // smaller scratch a queued job may still use
 };
 
 }  // namespace shoal

@@ -87,7 +87,7 @@ void Driver::popContext() {}
 Result<StreamHandle> Driver::createStream() { return notBuilt(); }
 void Driver::destroyStream(StreamHandle) {}
 Result<bool> Driver::eventDone(EventHandle) { return notBuilt(); }
-Result<int> Driver::exportDeviceMemory(void*) { return notBuilt(); }
+Result<Driver::Exported> Driver::exportDeviceMemory(void*) { return notBuilt(); }
 Result<void*> Driver::importDeviceMemory(int, size_t) { return notBuilt(); }
 
 #else
@@ -122,6 +122,7 @@ struct Driver::Api {
   std::mutex mutex;  // guards the maps below
   std::map<int, WaitMode> waitModes;
   std::map<CUcontext, CUfunction> waitKernels;  // loaded per context
+  std::map<int, CUcontext> primaryContexts;     // retained by primaryContext(), per device
   struct DeviceAllocation {
     size_t bytes;
     CUmemGenericAllocationHandle handle;
@@ -507,6 +508,12 @@ Result<void*> Driver::deviceAlloc(size_t bytes) {
   prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
   prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   prop.location.id = device->ordinal;
+  // A NIC may DMA into it (ofi with FI_HMEM) only with this flag, which the
+  // device must support (asking for it elsewhere fails cuMemCreate).
+  int rdma = 0;
+  if (api_->cuDeviceGetAttribute(&rdma, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED,
+                                 static_cast<CUdevice>(device->ordinal)) == CUDA_SUCCESS && rdma)
+    prop.allocFlags.gpuDirectRDMACapable = 1;
   size_t granularity = 0;
   SHOAL_CU(cuMemGetAllocationGranularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
   if (granularity == 0) granularity = 2u << 20;
@@ -553,8 +560,12 @@ static Result<int> ordinalOf(Driver::Api& api, const std::string& gpu) {
 Result<ContextHandle> Driver::primaryContext(const std::string& gpu) {
   SHOAL_ASSIGN_OR_RETURN(int ordinal, ordinalOf(*api_, gpu));
   if (ordinal < 0) return error(Code::kInvalidUsage, "no CUDA device of this process is ", gpu);
-  CUcontext ctx = nullptr;
+  std::lock_guard<std::mutex> lock(api_->mutex);
+  auto it = api_->primaryContexts.find(ordinal);
+  if (it != api_->primaryContexts.end()) return static_cast<ContextHandle>(it->second);
+  CUcontext ctx = nullptr;  // retained once per device, for the process (as the runtime does)
   SHOAL_CU(cuDevicePrimaryCtxRetain(&ctx, static_cast<CUdevice>(ordinal)));
+  api_->primaryContexts[ordinal] = ctx;
   return static_cast<ContextHandle>(ctx);
 }
 bool Driver::gpusShareMemory(const std::string& a, const std::string& b) {
@@ -563,10 +574,12 @@ bool Driver::gpusShareMemory(const std::string& a, const std::string& b) {
   auto first = ordinalOf(*api_, a);
   auto second = ordinalOf(*api_, b);
   if (!first.isOk() || !second.isOk() || first.value() < 0 || second.value() < 0) return false;
-  int can = 0;
-  return api_->cuDeviceCanAccessPeer(&can, static_cast<CUdevice>(first.value()),
-                                     static_cast<CUdevice>(second.value())) == CUDA_SUCCESS &&
-         can != 0;
+  // Both ways: each rank asks this of the other's GPU, and the two must agree.
+  int ab = 0, ba = 0;
+  auto a2 = static_cast<CUdevice>(first.value());
+  auto b2 = static_cast<CUdevice>(second.value());
+  return api_->cuDeviceCanAccessPeer(&ab, a2, b2) == CUDA_SUCCESS && ab != 0 &&
+         api_->cuDeviceCanAccessPeer(&ba, b2, a2) == CUDA_SUCCESS && ba != 0;
 }
 Status Driver::pushContext(ContextHandle context) {
   SHOAL_CU(cuCtxPushCurrent(static_cast<CUcontext>(context)));
@@ -590,18 +603,19 @@ Result<bool> Driver::eventDone(EventHandle event) {
   if (rc == CUDA_ERROR_NOT_READY) return false;
   return cudaError(*api_, "cuEventQuery", rc);
 }
-Result<int> Driver::exportDeviceMemory(void* ptr) {
+Result<Driver::Exported> Driver::exportDeviceMemory(void* ptr) {
   CUmemGenericAllocationHandle handle = 0;
+  Exported exported;
   {
     std::lock_guard<std::mutex> lock(api_->mutex);
     auto it = api_->deviceAllocations.find(reinterpret_cast<uintptr_t>(ptr));
     if (it == api_->deviceAllocations.end())
       return error(Code::kInvalidUsage, ptr, " is not a Shoal device allocation");
     handle = it->second.handle;
+    exported.bytes = it->second.bytes;
   }
-  int fd = -1;
-  SHOAL_CU(cuMemExportToShareableHandle(&fd, handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
-  return fd;
+  SHOAL_CU(cuMemExportToShareableHandle(&exported.fd, handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+  return exported;
 }
 Result<void*> Driver::importDeviceMemory(int fd, size_t bytes) {
   SHOAL_ASSIGN_OR_RETURN(std::optional<DeviceIdentity> device, currentDevice());
@@ -614,10 +628,13 @@ Result<void*> Driver::importDeviceMemory(int fd, size_t bytes) {
   prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   prop.location.id = device->ordinal;
   size_t granularity = 0;
-  // The exporter's deviceAlloc rounded its size up the same way.
-  CUresult rc = api_->cuMemGetAllocationGranularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
+  CUresult rc = api_->cuMemGetAllocationGranularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
   if (rc != CUDA_SUCCESS || granularity == 0) granularity = 2u << 20;
-  bytes = (std::max<size_t>(bytes, 1) + granularity - 1) / granularity * granularity;
+  if (bytes == 0 || bytes % granularity != 0) {
+    (void)api_->cuMemRelease(handle);
+    return error(Code::kInvalidArgument, "imported device memory of ", bytes,
+                 " bytes is not a multiple of this device's granularity ", granularity);
+  }
   return mapAllocation(*api_, handle, bytes, granularity, prop.location, "mapping device memory of another process");
 }
 #endif  // SHOAL_HAVE_CUDA

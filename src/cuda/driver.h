@@ -132,11 +132,11 @@ class Driver {
   bool deviceFree(void* ptr);
 
   // --- For transports that move device memory between processes (cuda_ipc).
-  // The primary context of the GPU named "GPU-<uuid>" (retained for the
-  // process); an error when no visible device has that UUID.
+  // The primary context of the GPU named "GPU-<uuid>", retained once per
+  // device for the process; an error when no visible device has that UUID.
   Result<ContextHandle> primaryContext(const std::string& gpu);
-  // Whether a kernel or copy on GPU `a` can reach memory of GPU `b` (both
-  // "GPU-<uuid>"): the same GPU, or two GPUs of this process with peer access.
+  // Whether GPUs `a` and `b` ("GPU-<uuid>") reach each other's memory: the
+  // same GPU, or two GPUs of this process with peer access both ways.
   bool gpusShareMemory(const std::string& a, const std::string& b);
   // Makes `context` current on the calling thread until popContext().
   Status pushContext(ContextHandle context);
@@ -147,11 +147,16 @@ class Driver {
   // Whether the work recorded in `event` has run.
   Result<bool> eventDone(EventHandle event);
   // A new file descriptor for the deviceAlloc allocation that starts at
-  // `ptr`, which another process passes to importDeviceMemory.
-  Result<int> exportDeviceMemory(void* ptr);
-  // Maps memory another process exported (its descriptor, `bytes` long) into
-  // this process, read-write for the current context's device; deviceFree()
-  // unmaps it. The descriptor stays the caller's.
+  // `ptr`, and the allocation's size (granularity-rounded), which another
+  // process passes to importDeviceMemory.
+  struct Exported {
+    int fd = -1;
+    size_t bytes = 0;
+  };
+  Result<Exported> exportDeviceMemory(void* ptr);
+  // Maps memory another process exported (its descriptor and allocation
+  // size) into this process, read-write for the current context's device;
+  // deviceFree() unmaps it. The descriptor stays the caller's.
   Result<void*> importDeviceMemory(int fd, size_t bytes);
 
   struct Api;  // the resolved entry points (driver.cc)

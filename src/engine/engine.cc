@@ -139,6 +139,13 @@ void Job::releaseStream() {
 }
 
 void Job::finish(Status status) {
+  // A job that ends unfinished may leave operations posted on connections
+  // whose copies run without being polled (cuda_ipc): they stop touching its
+  // buffers before anyone learns the job ended (a device job's stream reads
+  // them next).
+  if (!status.isOk() && started_)
+    for (Connection* c : laneConnections)
+      if (c) c->quiesce();
   if (streamDone) releaseStream();
   status_ = std::move(status);
   state_.store(status_.isOk() ? kSucceeded : kFailed, std::memory_order_release);

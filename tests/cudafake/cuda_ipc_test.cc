@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "cuda/driver.h"
+#include "cudafake/fake_cuda.h"
 #include "support/scoped_env.h"
 #include "transport/conformance.h"
 #include "transports/cuda_ipc/cuda_ipc_transport.h"
@@ -156,6 +157,59 @@ TEST_CASE("cuda_ipc refuses a hello signed with another secret", "[cudafake][cud
   CHECK_THAT(pair.status().message(), Catch::Contains("secret"));
 }
 
+TEST_CASE("cuda_ipc: a forged hello for a connection is dropped and the real one still connects", "[cudafake][cuda_ipc]") {
+  PairWorld world;
+  const uint64_t id = freshCommId();
+  ConnectOptions forged{&world.a, &world.b, "not the secret", Deadline::afterMs(5000)};
+  ConnectOptions oa{&world.a, &world.b, "secret", Deadline::afterMs(5000)};
+  ConnectOptions ob{&world.b, &world.a, "secret", Deadline::afterMs(5000)};
+  auto fake = world.transport->connect({id, 0, 1, 0}, forged);  // arrives first, same key
+  REQUIRE(fake.isOk());
+  auto ca = world.transport->connect({id, 0, 1, 0}, oa);
+  REQUIRE(ca.isOk());
+  auto cb = world.transport->connect({id, 1, 0, 0}, ob);
+  INFO(cb.status().toString());
+  REQUIRE(cb.isOk());
+  ConnPair pair{std::move(ca).value(), std::move(cb).value()};
+  uint64_t sent = 0x5eed, got = 0;
+  REQUIRE(pair.first->postSend(&sent, sizeof sent, 9, 1).isOk());
+  REQUIRE(pair.second->postRecv(&got, sizeof got, 9, 2).isOk());
+  std::vector<Completion> a, b;
+  pumpUntilDone(pair, 1, 1, a, b);
+  CHECK(got == sent);
+}
+
+TEST_CASE("cuda_ipc: a receive whose chunk was published completes after the sender has left", "[cudafake][cuda_ipc]") {
+  PairWorld world;
+  ConnPair pair = world.connect(0);
+  std::vector<uint8_t> src(100000), dst(100000, 0);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>(i * 13 + 1);
+  REQUIRE(pair.first->postSend(src.data(), src.size(), 9, 1).isOk());
+  REQUIRE(pair.second->postRecv(dst.data(), dst.size(), 9, 2).isOk());
+  std::vector<Completion> a, b;
+  Deadline deadline = Deadline::afterMs(20000);
+  while (a.empty()) {  // the sender alone, until its one chunk is published
+    bool progressed = false;
+    REQUIRE(pair.first->poll(a, progressed).isOk());
+    REQUIRE_FALSE(deadline.expired());
+  }
+  // Every GPU copy now takes 30 ms: the receiver polls many times while its
+  // copy out runs, after the sender destroyed its end.
+  shoalFakeCudaSetStreamDelayMs(30);
+  pair.first.reset();
+  while (b.empty()) {
+    bool progressed = false;
+    Status st = pair.second->poll(b, progressed);
+    INFO(st.toString());
+    REQUIRE(st.isOk());
+    REQUIRE_FALSE(deadline.expired());
+  }
+  shoalFakeCudaSetStreamDelayMs(0);
+  CHECK(dst == src);
+  // With nothing posted, a peer that left on purpose is not an error.
+  CHECK(pair.second->checkAlive().isOk());
+}
+
 TEST_CASE("cuda_ipc: the higher rank waits for the lower one's hello until its deadline", "[cudafake][cuda_ipc]") {
   PairWorld world;
   ConnectOptions ob{&world.b, &world.a, "secret", Deadline::afterMs(300)};
@@ -197,6 +251,7 @@ TEST_CASE("cuda_ipc hello: round trip and refusals", "[cudafake][cuda_ipc]") {
   h.channel = 3;
   h.slots = 8;
   h.slotBytes = 1 << 20;
+  h.allocationBytes = 16 << 20;
   REQUIRE(cuda_ipc::signHello(h, "s").isOk());
   uint8_t bytes[cuda_ipc::kHelloBytes];
   cuda_ipc::encodeHello(h, bytes);
@@ -208,6 +263,7 @@ TEST_CASE("cuda_ipc hello: round trip and refusals", "[cudafake][cuda_ipc]") {
   CHECK(back.value().channel == 3);
   CHECK(back.value().slots == 8);
   CHECK(back.value().slotBytes == (1u << 20));
+  CHECK(back.value().allocationBytes == (16u << 20));
   CHECK(cuda_ipc::verifyHello(back.value(), "s"));
   CHECK_FALSE(cuda_ipc::verifyHello(back.value(), "t"));
   // A changed field no longer matches the proof.
@@ -229,6 +285,10 @@ TEST_CASE("cuda_ipc hello: round trip and refusals", "[cudafake][cuda_ipc]") {
   CHECK_FALSE(cuda_ipc::decodeHello(bad).isOk());
   wrong = h;
   wrong.slotBytes = 1ull << 40;
+  cuda_ipc::encodeHello(wrong, bad);
+  CHECK_FALSE(cuda_ipc::decodeHello(bad).isOk());
+  wrong = h;
+  wrong.allocationBytes = 8 << 20;  // cannot hold 8 slots of 1 MiB each way
   cuda_ipc::encodeHello(wrong, bad);
   CHECK_FALSE(cuda_ipc::decodeHello(bad).isOk());
 }

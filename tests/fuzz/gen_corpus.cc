@@ -401,6 +401,7 @@ void cudaIpcHelloSeeds() {
     h.channel = 2;
     h.slots = slots;
     h.slotBytes = slotBytes;
+    h.allocationBytes = (2 * slots * slotBytes + (2 << 20) - 1) / (2 << 20) * (2 << 20);
     Status s = cuda_ipc::signHello(h, "fuzz secret");
     if (!s.isOk()) std::exit(1);
     uint8_t out[cuda_ipc::kHelloBytes];

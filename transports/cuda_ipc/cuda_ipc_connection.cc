@@ -102,12 +102,11 @@ Status CudaIpcConnection::fail(Status status) {
   failed_ = std::move(status);
   // No copy of this connection may touch a posted buffer once it has
   // reported an error: the caller's job ends, and its buffers may be freed.
+  // (A stream is synchronized in its own context, whichever is current.)
   if (cuda::Driver* driver = cuda::Driver::inUse()) {
     ContextScope scope(*driver, setup_.context);
-    if (scope.status().isOk()) {
-      (void)driver->synchronize(sendStream_);
-      (void)driver->synchronize(recvStream_);
-    }
+    (void)driver->synchronize(sendStream_);
+    (void)driver->synchronize(recvStream_);
   }
   sendCopies_.clear();
   recvCopies_.clear();
@@ -216,11 +215,21 @@ Status CudaIpcConnection::poll(std::vector<Completion>& done, bool& progressed) 
     idlePolls_ = 0;
     return Status::ok();
   }
-  if (++idlePolls_ % kIdlePollsPerLook == 0) {
-    Status alive = checkAlive();
+  // Only a connection that waits on its peer asks whether it is there: a
+  // peer that published its last chunk may destroy its end or exit while our
+  // copies of that chunk still run (its memory stays mapped here).
+  if (++idlePolls_ % kIdlePollsPerLook == 0 && waitsOnPeer()) {
+    Status alive = lookAtPeer(/*idle=*/false);
     if (!alive.isOk()) return fail(std::move(alive));
   }
   return Status::ok();
+}
+
+bool CudaIpcConnection::waitsOnPeer() const {
+  if (!sendCopies_.empty() || !recvCopies_.empty()) return false;  // our own copies are running
+  bool sendBlocked = !sends_.empty() && sendIssued_ - out_->consumed.load(std::memory_order_acquire) >= setup_.slots;
+  bool recvStarved = !recvs_.empty() && recvIssued_ >= in_->published.load(std::memory_order_acquire);
+  return sendBlocked || recvStarved;
 }
 
 bool CudaIpcConnection::mightProgress() const {
@@ -230,20 +239,29 @@ bool CudaIpcConnection::mightProgress() const {
   return idlePolls_ % kIdlePollsPerLook == kIdlePollsPerLook - 1;  // the liveness look is due
 }
 
-Status CudaIpcConnection::peerGone(const char* doing) {
-  return remoteError(setup_.peerDescription, doing);
+Status CudaIpcConnection::lookAtPeer(bool idle) {
+  // A peer that closed its end on purpose (destroyed or aborted its
+  // communicator) left; it did not die: the idle check stays quiet, an
+  // operation that needs it fails.
+  if (setup_.control->closed[1 - setup_.side].load(std::memory_order_acquire)) {
+    if (idle) return Status::ok();
+    return remoteError(setup_.peerDescription, " closed its end of the cuda_ipc connection (communicator "
+                       "destroyed or aborted) with ", pending(), " operations pending here");
+  }
+  char byte = 0;
+  ssize_t got = ::recv(setup_.socket.get(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+  if (got == 0)
+    return remoteError(setup_.peerDescription, ": the peer process has exited (killed or crashed) while ",
+                       idle ? "the connection was idle" : "operations were pending", " (its cuda_ipc socket closed)");
+  if (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+    return remoteError(setup_.peerDescription, ": cuda_ipc socket: ", std::strerror(errno));
+  return Status::ok();
 }
 
 Status CudaIpcConnection::checkAlive() {
   if (!failed_.isOk()) return failed_;
-  if (setup_.control->closed[1 - setup_.side].load(std::memory_order_acquire))
-    return fail(peerGone(" closed its end of the cuda_ipc connection (communicator destroyed or aborted)"));
-  char byte = 0;
-  ssize_t got = ::recv(setup_.socket.get(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
-  if (got == 0) return fail(peerGone(": the peer process has exited (killed or crashed): its cuda_ipc socket closed"));
-  if (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
-    return fail(remoteError(setup_.peerDescription, ": cuda_ipc socket: ", std::strerror(errno)));
-  return Status::ok();
+  Status alive = lookAtPeer(/*idle=*/true);
+  return alive.isOk() ? alive : fail(std::move(alive));
 }
 
 }  // namespace shoal::cuda_ipc

@@ -21,7 +21,8 @@
 // Liveness: the Unix socket stays open for the connection's life, so the
 // kernel tells each side when the other process is gone (end of stream);
 // a peer that destroys its end sets its `closed` flag. Either is an error
-// naming the peer, never a hang.
+// naming the peer, never a hang, for an operation that waits on the peer;
+// the idle check reports only a peer that died (closed on purpose: left).
 #pragma once
 
 #include <atomic>
@@ -92,6 +93,7 @@ class CudaIpcConnection final : public Connection {
   size_t pending() const override { return sends_.size() + recvs_.size() + sendCopies_.size() + recvCopies_.size(); }
   bool mightProgress() const override;
   Status checkAlive() override;
+  void quiesce() override { (void)fail(error(Code::kAborted, "the operation using this connection ended")); }
   const std::string& peerDescription() const override { return setup_.peerDescription; }
 
  private:
@@ -119,7 +121,11 @@ class CudaIpcConnection final : public Connection {
   Status issueRecvs(bool& progressed);
   Status retire(std::deque<Copy>& copies, const std::vector<cuda::EventHandle>& events,
                 std::atomic<uint64_t>& counter, uint64_t& count, std::vector<Completion>& done, bool& progressed);
-  Status peerGone(const char* doing);
+  // Whether nothing can move until the peer does (no copy of ours running,
+  // a send waiting for a free slot or a receive for a chunk).
+  bool waitsOnPeer() const;
+  // The peer's closed flag and its process (the socket's end of stream).
+  Status lookAtPeer(bool idle);
   Status fail(Status status);
 
   ConnectionSetup setup_;

@@ -1,8 +1,10 @@
 #include "transports/cuda_ipc/cuda_ipc_transport.h"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -47,7 +49,7 @@ void encodeHello(const Hello& hello, uint8_t out[kHelloBytes]) {
   putLe(out + 16, static_cast<uint32_t>(hello.fromRank), 4);
   putLe(out + 20, static_cast<uint32_t>(hello.toRank), 4);
   putLe(out + 24, hello.slots, 4);
-  putLe(out + 28, 0, 4);
+  putLe(out + 28, hello.allocationBytes >> 16, 4);
   putLe(out + 32, hello.slotBytes, 8);
   std::memcpy(out + 40, hello.nonce, 8);
   std::memcpy(out + 48, hello.proof, 32);
@@ -56,7 +58,6 @@ void encodeHello(const Hello& hello, uint8_t out[kHelloBytes]) {
 Result<Hello> decodeHello(const uint8_t in[kHelloBytes]) {
   if (getLe(in, 4) != kHelloMagic) return invalidArgument("not a Shoal cuda_ipc hello");
   if (getLe(in + 4, 2) != kHelloVersion) return invalidArgument("unsupported cuda_ipc hello version ", getLe(in + 4, 2));
-  if (getLe(in + 28, 4) != 0) return invalidArgument("cuda_ipc hello: reserved bytes are not zero");
   Hello h;
   h.channel = static_cast<uint16_t>(getLe(in + 6, 2));
   h.commId = getLe(in + 8, 8);
@@ -64,6 +65,7 @@ Result<Hello> decodeHello(const uint8_t in[kHelloBytes]) {
   h.toRank = static_cast<int32_t>(getLe(in + 20, 4));
   h.slots = static_cast<uint32_t>(getLe(in + 24, 4));
   h.slotBytes = getLe(in + 32, 8);
+  h.allocationBytes = getLe(in + 28, 4) << 16;
   std::memcpy(h.nonce, in + 40, 8);
   std::memcpy(h.proof, in + 48, 32);
   if (h.fromRank < 0 || h.toRank < 0 || h.fromRank == h.toRank)
@@ -71,6 +73,9 @@ Result<Hello> decodeHello(const uint8_t in[kHelloBytes]) {
   if (h.slots < 1 || h.slots > kMaxSlots) return invalidArgument("cuda_ipc hello: ", h.slots, " slots");
   if (h.slotBytes < kMinSlotBytes || h.slotBytes > kMaxSlotBytes)
     return invalidArgument("cuda_ipc hello: slots of ", h.slotBytes, " bytes");
+  if (h.allocationBytes < 2 * h.slots * h.slotBytes)
+    return invalidArgument("cuda_ipc hello: an allocation of ", h.allocationBytes, " bytes cannot hold ", h.slots,
+                           " slots of ", h.slotBytes, " bytes each way");
   return h;
 }
 
@@ -92,7 +97,12 @@ using cuda_ipc::Hello;
 struct Arrival {
   Hello hello;
   net::Fd socket, fifo, control;
+  Deadline expires = Deadline::never();  // unclaimed hellos do not pin the peer's memory for ever
 };
+
+// Bounds on what unauthenticated local processes can make the listener hold.
+constexpr size_t kMaxAccepted = 64;
+constexpr size_t kMaxArrived = 1024;
 
 // An accepted socket whose hello has not arrived yet.
 struct Accepted {
@@ -175,7 +185,9 @@ Result<net::Fd> connectTo(const std::string& name, Deadline deadline, const std:
   socklen_t length = 0;
   sockaddr_un addr = abstractAddress(name, length);
   for (;;) {
-    net::Fd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    // Non-blocking: a listener whose backlog is full answers EAGAIN at once
+    // instead of holding us past the deadline.
+    net::Fd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
     if (!fd) return systemError("cuda_ipc: socket: ", std::strerror(errno));
     if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), length) == 0) return fd;
     int err = errno;
@@ -185,11 +197,23 @@ Result<net::Fd> connectTo(const std::string& name, Deadline deadline, const std:
   }
 }
 
-// A shared control block in a memfd, mapped here.
+// A shared control block in a memfd, mapped here. Its creator sizes it and
+// seals the size, so neither side can make the other's mapping fault.
 Result<cuda_ipc::Control*> mapControl(int fd, bool create) {
   size_t bytes = cuda_ipc::controlBytes();
-  if (create && ::ftruncate(fd, static_cast<off_t>(bytes)) != 0)
-    return systemError("cuda_ipc: ftruncate: ", std::strerror(errno));
+  if (create) {
+    if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0)
+      return systemError("cuda_ipc: ftruncate: ", std::strerror(errno));
+    if (::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0)
+      return systemError("cuda_ipc: sealing the control block: ", std::strerror(errno));
+  } else {
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || st.st_size < static_cast<off_t>(bytes))
+      return remoteError("cuda_ipc: the peer's control block is smaller than ", bytes, " bytes");
+    int seals = ::fcntl(fd, F_GET_SEALS);
+    if (seals < 0 || !(seals & F_SEAL_SHRINK))
+      return remoteError("cuda_ipc: the peer's control block is not sealed against shrinking");
+  }
   void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (p == MAP_FAILED) return systemError("cuda_ipc: mmap of the control block: ", std::strerror(errno));
   return static_cast<cuda_ipc::Control*>(p);
@@ -262,7 +286,7 @@ class CudaIpcTransport final : public Transport {
     SHOAL_ASSIGN_OR_RETURN(setup.fifo, driver.deviceAlloc(2 * setup.slots * setup.slotBytes),
                            "cuda_ipc: allocating the FIFO for ", setup.peerDescription);
     // From here the setup owns the FIFO: CudaIpcConnection (or its failure) frees it.
-    net::Fd controlFd(::memfd_create("shoal-cuda-ipc", MFD_CLOEXEC));
+    net::Fd controlFd(::memfd_create("shoal-cuda-ipc", MFD_CLOEXEC | MFD_ALLOW_SEALING));
     if (!controlFd) {
       (void)driver.deviceFree(setup.fifo);
       return systemError("cuda_ipc: memfd_create: ", std::strerror(errno));
@@ -283,8 +307,9 @@ class CudaIpcTransport final : public Transport {
     // The connection owns memory, stream and events from here, whatever follows.
     SHOAL_ASSIGN_OR_RETURN(auto connection, cuda_ipc::CudaIpcConnection::make(std::move(setup)),
                            "cuda_ipc connection to ", peer);
-    SHOAL_ASSIGN_OR_RETURN(int exported, driver.exportDeviceMemory(fifo), "cuda_ipc: exporting the FIFO for ", peer);
-    net::Fd fifoFd(exported);
+    SHOAL_ASSIGN_OR_RETURN(cuda::Driver::Exported exported, driver.exportDeviceMemory(fifo),
+                           "cuda_ipc: exporting the FIFO for ", peer);
+    net::Fd fifoFd(exported.fd);
     SHOAL_ASSIGN_OR_RETURN(net::Fd socket, connectTo(*address, options.deadline, peer));
     Hello hello;
     hello.commId = key.commId;
@@ -293,6 +318,9 @@ class CudaIpcTransport final : public Transport {
     hello.channel = key.channel;
     hello.slots = slots;
     hello.slotBytes = slotBytes;
+    hello.allocationBytes = exported.bytes;
+    if (exported.bytes % (64 << 10) != 0 || (exported.bytes >> 16) > UINT32_MAX)
+      return internalError("cuda_ipc: a FIFO allocation of ", exported.bytes, " bytes has no hello encoding");
     SHOAL_TRY(cuda_ipc::signHello(hello, options.secret)) << "cuda_ipc hello";
     SHOAL_TRY(sendHello(socket.get(), hello, fifoFd.get(), controlFd.get())) << "cuda_ipc connection to " << peer;
     connection->adoptSocket(std::move(socket));
@@ -313,7 +341,7 @@ class CudaIpcTransport final : public Transport {
       ::munmap(setup.control, cuda_ipc::controlBytes());
       return remoteError(setup.peerDescription, " sent a cuda_ipc control block that does not match its hello");
     }
-    Result<void*> fifo = driver.importDeviceMemory(arrival.fifo.get(), 2 * setup.slots * setup.slotBytes);
+    Result<void*> fifo = driver.importDeviceMemory(arrival.fifo.get(), arrival.hello.allocationBytes);
     if (!fifo.isOk()) {
       ::munmap(setup.control, cuda_ipc::controlBytes());
       return StatusBuilder(fifo.takeStatus()) << "cuda_ipc: mapping the FIFO of " << setup.peerDescription;
@@ -330,34 +358,49 @@ class CudaIpcTransport final : public Transport {
   // Accepts on the listener until the hello for `key` has arrived (hellos
   // for other connections are kept for their connect()).
   Result<Arrival> awaitHello(const ConnectionKey& key, const ConnectOptions& options) {
-    ArrivalKey want{key.commId, key.peerRank, key.selfRank, key.channel};
+    const ArrivalKey want{key.commId, key.peerRank, key.selfRank, key.channel};
+    std::string refused;  // why a hello for this key was dropped
     for (;;) {
       {
         std::lock_guard<std::mutex> lock(mutex_);
         drainListenerLocked();
-        auto it = arrived_.find(want);
-        if (it != arrived_.end()) {
-          Arrival arrival = std::move(it->second);
-          arrived_.erase(it);
-          if (!cuda_ipc::verifyHello(arrival.hello, options.secret))
-            return invalidUsage("the cuda_ipc hello from rank ", key.peerRank,
-                                " does not carry this communicator's secret");
-          return arrival;
+        // Hellos are verified when claimed (only the connect knows the
+        // secret): a forged one for this key is dropped and the real one
+        // still awaited.
+        auto [first, last] = arrived_.equal_range(want);
+        for (auto it = first; it != last;) {
+          if (cuda_ipc::verifyHello(it->second.hello, options.secret)) {
+            Arrival arrival = std::move(it->second);
+            arrived_.erase(it);
+            return arrival;
+          }
+          refused = "a hello that did not carry this communicator's secret was refused";
+          it = arrived_.erase(it);
         }
       }
-      if (options.deadline.expired())
+      if (options.deadline.expired()) {
+        if (!refused.empty()) return invalidUsage("rank ", key.peerRank, " over cuda_ipc: ", refused);
         return error(Code::kTimeout, "rank ", key.peerRank, " sent no cuda_ipc hello before the set-up deadline");
+      }
       pollfd pfd{listener_.get(), POLLIN, 0};
       (void)::poll(&pfd, 1, 5);
     }
   }
 
-  // Accepts what is waiting and reads the hellos that have arrived. Caller holds mutex_.
+  // Accepts what is waiting (processes of this user only) and reads the
+  // hellos that have arrived; drops expired ones. Caller holds mutex_.
   void drainListenerLocked() {
     for (;;) {
-      int fd = ::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC);
-      if (fd < 0) break;
-      accepted_.push_back(Accepted{net::Fd(fd), Deadline::afterMs(params().handshakeTimeoutMs)});
+      net::Fd fd(::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
+      if (!fd) break;
+      ucred cred{};
+      socklen_t len = sizeof cred;
+      if (::getsockopt(fd.get(), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || cred.uid != ::getuid()) {
+        SHOAL_INFO(subsys::kNet, "cuda_ipc: refused a connection from uid ", cred.uid, " (pid ", cred.pid, ")");
+        continue;
+      }
+      if (accepted_.size() >= kMaxAccepted) continue;  // closed: the sender retries or times out
+      accepted_.push_back(Accepted{std::move(fd), Deadline::afterMs(params().handshakeTimeoutMs)});
     }
     for (auto it = accepted_.begin(); it != accepted_.end();) {
       Result<Arrival> arrival = receiveHello(it->socket);
@@ -366,20 +409,24 @@ class CudaIpcTransport final : public Transport {
         continue;
       }
       if (arrival.isOk()) {
-        const Hello& h = arrival.value().hello;
-        arrived_[ArrivalKey{h.commId, h.fromRank, h.toRank, h.channel}] = std::move(arrival).value();
+        Arrival a = std::move(arrival).value();
+        a.expires = Deadline::afterMs(params().initTimeoutMs);
+        const Hello& h = a.hello;
+        if (arrived_.size() < kMaxArrived)
+          arrived_.emplace(ArrivalKey{h.commId, h.fromRank, h.toRank, h.channel}, std::move(a));
       } else {
         SHOAL_INFO(subsys::kNet, "cuda_ipc: dropped an incoming connection: ", arrival.status().message());
       }
       it = accepted_.erase(it);
     }
+    std::erase_if(arrived_, [](const auto& entry) { return entry.second.expires.expired(); });
   }
 
   std::mutex mutex_;
   std::string address_;
   net::Fd listener_;
   std::vector<Accepted> accepted_;
-  std::map<ArrivalKey, Arrival> arrived_;
+  std::multimap<ArrivalKey, Arrival> arrived_;
 };
 
 }  // namespace

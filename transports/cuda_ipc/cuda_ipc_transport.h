@@ -37,6 +37,9 @@ struct Hello {
   uint16_t channel = 0;
   uint32_t slots = 0;
   uint64_t slotBytes = 0;
+  // The FIFO allocation's size as the exporter made it (granularity-rounded;
+  // a multiple of 64 KiB), which the importer maps whole.
+  uint64_t allocationBytes = 0;
   uint8_t nonce[8] = {};
   uint8_t proof[32] = {};
 };

@@ -292,7 +292,12 @@ class OfiTransport final : public Transport {
   // The higher rank waits for the lower rank's hello.
   bool connectWaitsForPeer(const ConnectionKey& key) const override { return key.selfRank > key.peerRank; }
   bool cpuCopiesBytes() const override { return ready_.load() && ofi::runsOverSockets(provider_); }
-  bool movesDeviceMemory() const override { return ready_.load() && movesDeviceMemory_; }
+  // Not yet, even where every rail registers device memory (hmemRegisters_):
+  // a receive the NIC wrote into GPU memory needs a flush before a kernel
+  // reads it (NCCL's iflush), and registrations are cached by address, which
+  // a freed and reused device address would fool. Device plans therefore
+  // never hand ofi device buffers; the trial's verdict is logged.
+  bool movesDeviceMemory() const override { return false; }
 
  private:
   Status initialise();  // mutex_ held
@@ -305,7 +310,7 @@ class OfiTransport final : public Transport {
   std::string provider_;
   std::string address_;
   std::vector<std::unique_ptr<Rail>> rails_;
-  bool movesDeviceMemory_ = false;  // every rail's DeviceMemoryPath registers
+  bool hmemRegisters_ = false;  // every rail's DeviceMemoryPath registers
   uint64_t injectLimit_ = 0;
   ofi::ClearToSend clearToSend_;  // OfiConnection "Clear to send"
 };
@@ -392,10 +397,10 @@ Status OfiTransport::initialise() {
   // Device memory: once per rail, in a process that uses CUDA (in others
   // there is none to move). A connection may be on any rail, so the
   // transport registers device memory only if every rail does.
-  movesDeviceMemory_ = true;
+  hmemRegisters_ = true;
   for (const auto& rail : rails_) {
     const ofi::DeviceMemoryPath& path = rail->deviceMemory();
-    movesDeviceMemory_ = movesDeviceMemory_ && path.registers;
+    hmemRegisters_ = hmemRegisters_ && path.registers;
     if (askHmem)
       SHOAL_INFO(subsys::kInit | subsys::kNet, "ofi: ", path.describe(),
                  rails_.size() == 1 ? std::string() : str(" (rail ", rail->index(), ", domain ", rail->domainName(), ")"));
