@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Shoal on a machine with an NVIDIA GPU: build from a clean checkout, run the
 # benchmarks on device buffers (threads and forked processes, data checked),
-# and torch.distributed through LD_PRELOAD.
+# torch.distributed through LD_PRELOAD, and the GPU goal's figures (N processes
+# on one GPU, Shoal against PyTorch's own NCCL, beside a device copy).
 #
 # Needs: the CUDA toolkit (nvcc, headers; /usr/local/cuda or on PATH), cmake,
 # a C++20 compiler, and a CUDA driver with a GPU. Uses ninja when present.
@@ -9,7 +10,7 @@
 # off here); PyTorch is optional (the torch stage is skipped without it).
 #
 #   bash tools/gpu/check.sh [OUTDIR]       (default: $OUT, else ./gpu-check)
-#   STAGES="build perf torch" selects stages; RANKS="1 2 4" the rank counts;
+#   STAGES="build perf torch bench" selects stages; RANKS="1 2 4" the rank counts;
 #   PERF_MAX=64M the sweep's largest size; BIG=1G the bandwidth run's size.
 #
 # Each stage runs under a time limit and writes OUTDIR/<stage>.log; a failed
@@ -20,7 +21,7 @@ cd "$(dirname "$0")/../.."
 ROOT=$PWD
 OUTDIR=${1:-${OUT:-$ROOT/gpu-check}}
 mkdir -p "$OUTDIR"
-STAGES=${STAGES:-"probe build perf torch"}
+STAGES=${STAGES:-"probe build perf torch bench"}
 RANKS=${RANKS:-"1 2 4"}
 PERF_MAX=${PERF_MAX:-64M}
 BIG=${BIG:-1G}
@@ -128,10 +129,28 @@ torch_stage() {
     python3 -m torch.distributed.run --standalone --nproc_per_node 2 "$ROOT/tools/gpu/torch_check.py"
 }
 
+# The goal's figures (torch_bench.py): N processes on one GPU, Shoal's device
+# plans over cuda_ipc and PyTorch's own NCCL, beside a device copy and the bound.
+bench_stage() {
+  if ! python3 -c 'import torch, torch.distributed' 2>/dev/null; then
+    echo "PyTorch is not installed"; return 77
+  fi
+  local lib failed=0
+  lib=$(readlink -f "$BUILD/src/api/libnccl.so.2")
+  for n in 2 4; do
+    BENCH_LABEL="shoal cuda_ipc $n ranks" SHOAL_TRANSPORT=cuda_ipc LD_PRELOAD=$lib \
+      python3 -m torch.distributed.run --standalone --nproc_per_node "$n" "$ROOT/tools/gpu/torch_bench.py" || failed=1
+    BENCH_LABEL="pytorch nccl $n ranks" NCCL_MULTI_RANK_GPU_ENABLE=1 \
+      python3 -m torch.distributed.run --standalone --nproc_per_node "$n" "$ROOT/tools/gpu/torch_bench.py" || true
+  done
+  return $failed
+}
+
 stage probe 60 "$(declare -f probe); probe"
 stage build 180 "$(declare -f build); ROOT='$ROOT' BUILD='$BUILD' build"
 stage perf 480 "$(declare -f perf perf_run); BUILD='$BUILD' RANKS='$RANKS' PERF_MAX='$PERF_MAX' BIG='$BIG' perf"
 stage torch 180 "$(declare -f torch_stage); ROOT='$ROOT' BUILD='$BUILD' torch_stage"
+stage bench 300 "$(declare -f bench_stage); ROOT='$ROOT' BUILD='$BUILD' bench_stage"
 
 echo "=== summary"
 cat "$SUMMARY"
