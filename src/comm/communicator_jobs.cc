@@ -119,6 +119,12 @@ bool Communicator::runsAsDevicePlan(std::span<const OpRequest> ops) {
   // GPU copies of ranges that overlap without being equal are undefined:
   // partly overlapping buffers (in-place AllGather, ReduceScatter) are staged.
   if (op.sendbuff != op.recvbuff && !disjointBuffers(op)) return false;
+  // The plan (cached) and its peers' transports (known per peer) first: a
+  // communicator whose connections stage, the default, asks CUDA nothing more.
+  Result<std::shared_ptr<const PreparedPlan>> prepared = plans_->planFor(placedShape(op), false);
+  if (!prepared.isOk()) return false;  // prepareJob reports it
+  const Plan& plan = *prepared.value()->plan;
+  if (!connections_.movesDeviceMemory(plan) || !deviceStepsCanRun(plan)) return false;
   for (const void* buffer : {op.sendbuff, static_cast<const void*>(op.recvbuff)}) {
     if (buffer == nullptr) continue;
     Result<cuda::MemoryKind> kind = cuda_->memoryKind(buffer);
@@ -126,10 +132,6 @@ bool Communicator::runsAsDevicePlan(std::span<const OpRequest> ops) {
     Result<int> device = cuda_->deviceOfPointer(buffer);  // the kernels run on the bridge's device
     if (!device.isOk() || device.value() != bridge_->device().ordinal) return false;
   }
-  Result<std::shared_ptr<const PreparedPlan>> prepared = plans_->planFor(placedShape(op), false);
-  if (!prepared.isOk()) return false;  // prepareJob reports it
-  const Plan& plan = *prepared.value()->plan;
-  if (!deviceStepsCanRun(plan) || !connections_.movesDeviceMemory(plan)) return false;
   if (!deviceStepsTried_) {
     deviceStepsTried_ = true;
     Result<std::shared_ptr<DevicePlanSteps>> made = DevicePlanSteps::make(*cuda_, *bridge_->deviceReducer());

@@ -45,11 +45,16 @@ Status ConnectionTable::forPlan(const Plan& plan, std::vector<Connection*>& lane
   return Status::ok();
 }
 
-bool ConnectionTable::movesDeviceMemory(const Plan& plan) const {
+bool ConnectionTable::movesDeviceMemory(const Plan& plan) {
+  if (peerMovesDeviceMemory_.size() != peers_.size()) peerMovesDeviceMemory_.assign(peers_.size(), -1);
   for (const Lane& lane : plan.lanes) {
     if (lane.peer == rank_ || lane.peer < 0 || lane.peer >= static_cast<int>(peers_.size())) return false;
-    Result<Transport*> transport = selectTransport(peers_[rank_], peers_[lane.peer]);
-    if (!transport.isOk() || !transport.value()->movesDeviceMemory()) return false;
+    int8_t& known = peerMovesDeviceMemory_[lane.peer];
+    if (known < 0) {  // the transport of a peer is chosen once, as its connections are
+      Result<Transport*> transport = selectTransport(peers_[rank_], peers_[lane.peer]);
+      known = transport.isOk() && transport.value()->movesDeviceMemory() ? 1 : 0;
+    }
+    if (!known) return false;
   }
   return true;
 }

@@ -44,7 +44,7 @@ class ConnectionTable {
   Status forPlan(const Plan& plan, std::vector<Connection*>& laneConnections);
   // Whether every lane of the plan goes to another rank through a transport
   // whose connections take device buffers (Transport::movesDeviceMemory).
-  bool movesDeviceMemory(const Plan& plan) const;
+  bool movesDeviceMemory(const Plan& plan);
 
   // This rank's failure, written into every connection's side channel.
   void publishFailure(std::string_view report);
@@ -68,6 +68,7 @@ class ConnectionTable {
   const std::string secret_;
   const std::atomic<bool>& abortFlag_;
   std::map<std::pair<int, uint16_t>, std::unique_ptr<Connection>> connections_;
+  std::vector<int8_t> peerMovesDeviceMemory_;  // per peer: -1 not asked yet, else the verdict
 };
 
 }  // namespace shoal
