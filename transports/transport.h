@@ -52,6 +52,44 @@ struct ReduceOnReceive {
   const void* scalar = nullptr;
 };
 
+// A connection whose messages CUDA streams move by themselves (stream
+// plans, docs/cuda.md): on the stream, each chunk waits for its slot with a
+// stream memory operation, is copied by the GPU and published with another,
+// and no host thread takes part. Messages are matched in the order they are
+// enqueued, per direction, in a ring apart from postSend/postRecv's (a
+// stream message never meets a posted one). Both sides of a connection
+// have one or neither. Thread: enqueue*() on the thread that uses the
+// communicator; progress() and release() from any thread.
+class StreamLink {
+ public:
+  // Enqueues one message on `stream` (a CUstream on the connection's GPU):
+  // src (dst) is memory that GPU reaches (device, managed or pinned host),
+  // unchanged (untouched) until the stream has passed the message. Both
+  // sides enqueue the same byte count (a mismatch stalls the streams until
+  // the no-progress deadline). Zero bytes enqueue nothing.
+  // `tag` (core/tag.h) goes with the message: the receiving side compares
+  // it, and the byte count, with what it expected (verify()).
+  virtual Status enqueueSend(const void* src, uint64_t bytes, uint64_t tag, void* stream) = 0;
+  virtual Status enqueueRecv(void* dst, uint64_t bytes, uint64_t tag, void* stream) = 0;
+  // Chunks enqueued and chunks the streams have passed, per direction.
+  struct Progress {
+    uint64_t sendEnqueued = 0, sent = 0;    // sent: chunks the peer has copied out
+    uint64_t recvEnqueued = 0, received = 0;  // received: chunks the peer has published
+  };
+  virtual Progress progress() const = 0;
+  // Compares the tag and byte count of each message the streams have
+  // received since the last call with what its receive expected: a
+  // mismatch (ranks called different operations or counts) is
+  // kInvalidUsage naming both. Called by one thread at a time.
+  virtual Status verify() = 0;
+  // Every wait enqueued so far passes from now on, whatever the peer does:
+  // the link is broken for good (its communicator has failed).
+  virtual void release() = 0;
+
+ protected:
+  ~StreamLink() = default;
+};
+
 class Connection {
  public:
   virtual ~Connection() = default;
@@ -105,6 +143,9 @@ class Connection {
   // move bytes only inside poll() need nothing (default); cuda_ipc waits
   // for the GPU copies it has issued.
   virtual void quiesce() {}
+  // The connection's stream link (stream plans), or null: transports whose
+  // bytes a host thread moves.
+  virtual StreamLink* streamLink() { return nullptr; }
   // "rank 3 (host b, tcp 10.0.0.2:4431)", for error messages.
   virtual const std::string& peerDescription() const = 0;
   // Where the transport has a side channel that survives the network (shm:

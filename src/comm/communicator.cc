@@ -1,6 +1,7 @@
 // Communicator: set-up and agreement, split, state, abort, the idle check,
 // reduction operators and diagnostics. Jobs: communicator_jobs.cc.
 #include "comm/communicator.h"
+#include "comm/stream_plan.h"
 
 #include <unistd.h>
 
@@ -43,10 +44,20 @@ Communicator::~Communicator() {
   hang::untrack(this);
   Engine::instance().retire(reinterpret_cast<uintptr_t>(this),
                             error(Code::kAborted, "communicator destroyed"));
-  // Connections go first (cuda_ipc waits for its copies), then what their
-  // copies may have used: device plans' scratch, the staging.
+  // Stream plans' streams first (retire released their links), then the
+  // connections (cuda_ipc waits for its copies), then what their copies may
+  // have used: device plans' scratch, the staging.
+  settleStreamPlans();
   connections_.clear();
   deviceSteps_.reset();
+}
+
+void Communicator::settleStreamPlans() {
+  if (!streamPlans_) return;
+  // A stream still holding a plan (the user's own work ahead of it) keeps
+  // the rings it may touch, and the scratch (which StreamPlans keeps then).
+  if (!streamPlans_->settle()) connections_.abandon();
+  streamPlans_.reset();
 }
 
 std::string Communicator::idHex() const {
@@ -271,7 +282,7 @@ Code Communicator::asyncState() {
   // Work in a CUDA stream's order is the stream's to finish, as in NCCL:
   // only the rest is still in progress.
   bool inProgress = std::any_of(inFlight_.begin(), inFlight_.end(),
-                                [](const JobPtr& j) { return j->streamDone == nullptr; });
+                                [](const JobPtr& j) { return j->streamDone == nullptr && !j->streamWatch; });
   return inProgress ? Code::kInProgress : Code::kOk;
 }
 

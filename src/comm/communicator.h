@@ -113,6 +113,7 @@ class RedOpTable {
 
 class StreamBridge;
 class DevicePlanSteps;
+class StreamPlans;
 
 class Communicator : public std::enable_shared_from_this<Communicator>, private IdleWatch {
  public:
@@ -228,6 +229,15 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
   // steps the GPU runs and whose every connection moves device memory. The
   // first time, makes deviceSteps_ (false where it cannot, said at INFO).
   bool runsAsDevicePlan(std::span<const OpRequest> ops);
+  // Runs a stream-ordered operation as a stream plan (comm/stream_plan.h)
+  // where it can: one operation whose plan's every lane has a stream link and
+  // whose compute steps the GPU runs. False: it goes the other ways.
+  Result<bool> submitStreamPlan(std::span<const OpRequest> ops, StreamSubmission& submission);
+  // Makes deviceSteps_ the first time (false where it cannot, said at INFO).
+  bool ensureDeviceSteps();
+  // Before the connections go (destroy, failure): waits (bounded) for the
+  // streams to pass every stream plan, whose jobs were retired first.
+  void settleStreamPlans();
   // Whether op's send and recv buffers share no byte, and op.shape with
   // disjointBuffers so set: calls whose buffers may overlap (in place) and
   // calls whose buffers cannot get plans of their own (collectives/plan.h).
@@ -299,6 +309,7 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
   // jobs share it, comm/device_steps.h); deviceStepsTried_ once that was tried.
   std::shared_ptr<DevicePlanSteps> deviceSteps_;
   bool deviceStepsTried_ = false;
+  std::unique_ptr<StreamPlans> streamPlans_;  // made by the first stream plan
 
   std::atomic<Code> initState_{Code::kInProgress};
   mutable std::mutex asyncMutex_;

@@ -8,6 +8,7 @@
 #include "comm/communicator.h"
 #include "comm/device_steps.h"
 #include "comm/stream_bridge.h"
+#include "comm/stream_plan.h"
 #include "core/clock.h"
 #include "core/log.h"
 
@@ -68,6 +69,10 @@ Result<Communicator::StreamSubmission> Communicator::beginStreamOrdered(std::spa
                           "replay collectives in graphs yet (call it outside the capture)");
   }
   submission.synchronous = bridge_->waitMode() == cuda::WaitMode::kSynchronous;
+  if (bridge_->waitMode() == cuda::WaitMode::kMemOps) {
+    SHOAL_ASSIGN_OR_RETURN(bool streamed, submitStreamPlan(kept, submission));
+    if (streamed) return submission;
+  }
   const bool direct = !submission.synchronous && runsAsDevicePlan(kept);
   SHOAL_ASSIGN_OR_RETURN(StreamBridge::Staged staged, bridge_->stage(kept, rank_, nranks_, direct), describe());
   auto held = std::make_shared<StreamBridge::Staged>(std::move(staged));
@@ -111,6 +116,100 @@ Result<Communicator::StreamSubmission> Communicator::beginStreamOrdered(std::spa
   return submission;
 }
 
+Result<bool> Communicator::submitStreamPlan(std::span<const OpRequest> ops, StreamSubmission& submission) {
+  // One operation between ranks whose every connection moves device memory
+  // (known per peer, no connection made), then the plan's own lanes.
+  if (ops.size() != 1 || nranks_ < 2 || bridge_->deviceReducer() == nullptr) return false;
+  const OpRequest& op = ops[0];
+  Result<std::shared_ptr<const PreparedPlan>> found = plans_->planFor(placedShape(op), false);
+  if (!found.isOk()) return false;  // prepareJob reports it
+  std::shared_ptr<const PreparedPlan> prepared = std::move(found).value();
+  const Plan& plan = *prepared->plan;
+  if (plan.steps.empty() || !connections_.movesDeviceMemory(plan)) return false;
+  std::vector<Connection*> lanes;
+  SHOAL_TRY(connections_.forPlan(plan, lanes)) << describe();
+  if (!ensureDeviceSteps()) return false;
+  if (!streamPlans_) streamPlans_ = std::make_unique<StreamPlans>(*cuda_, bridge_->deviceReducer(), deviceSteps_);
+  if (!streamPlans_->canRun(plan, lanes)) return false;
+  if (failed_.load(std::memory_order_acquire)) {
+    Status e = asyncError();
+    return Status(e.code(), str(describe(), " is in an error state from an earlier operation: ", e.message()));
+  }
+
+  std::vector<uint8_t*> buffers(kBuffersPerOp, nullptr);
+  buffers[kSendBuffer] = const_cast<uint8_t*>(static_cast<const uint8_t*>(op.sendbuff));
+  buffers[kRecvBuffer] = static_cast<uint8_t*>(op.recvbuff);
+  if (plan.scratchBytes > 0) {
+    SHOAL_ASSIGN_OR_RETURN(buffers[kScratchBuffer], deviceSteps_->scratch(plan.scratchBytes), describe());
+  }
+  SHOAL_ASSIGN_OR_RETURN(StreamBridge::Staged staged, bridge_->stage(ops, rank_, nranks_, /*direct=*/true),
+                         describe());
+  auto job = std::make_shared<Job>();
+  job->prepared = prepared;
+  job->laneConnections = lanes;
+  job->opTags = {tagFor(op.shape)};
+  job->opScalars = {op.scalar};
+  job->queueId = reinterpret_cast<uintptr_t>(this);
+  job->abortFlag = &abortFlag_;
+  job->detached = true;
+  if (!label_) label_ = std::make_shared<const std::string>(describe());
+  job->commLabel = label_;
+  job->kind = op.shape.kind;
+  job->sequence = job->opTags[0] & 0xffffffffffffull;
+  job->deviceSteps = deviceSteps_;  // its scratch lives while the job does
+
+  StreamPlans::Launch launch;
+  launch.plan = &plan;
+  launch.buffers = buffers;
+  launch.laneConnections = lanes;
+  launch.scalar = &op.scalar;
+  launch.stream = op.stream;
+  launch.doneWord = staged.done;
+  launch.seq = staged.seq;
+  launch.tag = job->opTags[0];
+  launch.label = job->description();
+  std::shared_ptr<StreamWatch> watch;
+  Status st = bridge_->enqueueAround(staged, op.stream, [&]() -> Status {
+    SHOAL_ASSIGN_OR_RETURN(watch, streamPlans_->enqueue(launch));
+    return Status::ok();
+  });
+  if (!st.isOk()) {
+    // Part of the plan may be on the streams, and its peers' halves on
+    // theirs: the communicator cannot go on (its links are released).
+    st = StatusBuilder(std::move(st)) << describe();
+    setAsyncError(st);
+    return st;
+  }
+  job->streamWatch = std::move(watch);
+  job->streamReady = staged.ready;
+  job->streamSeq = staged.seq;
+  Engine::instance().submit(job);
+  trackDetached(job);
+  submission.job = job;
+  submission.ops.assign(ops.begin(), ops.end());
+  submission.staged = std::make_shared<StreamBridge::Staged>(std::move(staged));
+  SHOAL_TRACE(subsys::kColl, job->description(), " count ", op.shape.count, " as a stream plan");
+  return true;
+}
+
+bool Communicator::ensureDeviceSteps() {
+  if (bridge_->deviceReducer() == nullptr) return false;
+  if (!deviceStepsTried_) {
+    deviceStepsTried_ = true;
+    Result<std::shared_ptr<DevicePlanSteps>> made = DevicePlanSteps::make(*cuda_, *bridge_->deviceReducer());
+    if (made.isOk()) {
+      deviceSteps_ = std::move(made).value();
+      SHOAL_INFO(subsys::kInit | subsys::kColl, describe(),
+                 ": device plans: operations on device buffers whose every connection moves device memory "
+                 "run on them, reductions by the device kernels (no staging)");
+    } else {
+      SHOAL_INFO(subsys::kInit | subsys::kColl, describe(), ": device plans unavailable (",
+                 made.status().message(), "): device buffers are staged");
+    }
+  }
+  return deviceSteps_ != nullptr;
+}
+
 bool Communicator::runsAsDevicePlan(std::span<const OpRequest> ops) {
   // One operation (groups stay staged), between ranks, on device memory.
   if (ops.size() != 1 || nranks_ < 2 || bridge_->deviceReducer() == nullptr) return false;
@@ -132,20 +231,7 @@ bool Communicator::runsAsDevicePlan(std::span<const OpRequest> ops) {
     Result<int> device = cuda_->deviceOfPointer(buffer);  // the kernels run on the bridge's device
     if (!device.isOk() || device.value() != bridge_->device().ordinal) return false;
   }
-  if (!deviceStepsTried_) {
-    deviceStepsTried_ = true;
-    Result<std::shared_ptr<DevicePlanSteps>> made = DevicePlanSteps::make(*cuda_, *bridge_->deviceReducer());
-    if (made.isOk()) {
-      deviceSteps_ = std::move(made).value();
-      SHOAL_INFO(subsys::kInit | subsys::kColl, describe(),
-                 ": device plans: operations on device buffers whose every connection moves device memory "
-                 "run on them, reductions by the device kernels (no staging)");
-    } else {
-      SHOAL_INFO(subsys::kInit | subsys::kColl, describe(), ": device plans unavailable (",
-                 made.status().message(), "): device buffers are staged");
-    }
-  }
-  return deviceSteps_ != nullptr;
+  return ensureDeviceSteps();
 }
 
 Status Communicator::finishStreamOrdered(StreamSubmission& submission) {
@@ -273,6 +359,7 @@ Status Communicator::handleFailure(const Job& job, Status st) {
     (void)request_.store->set(failureKey(rank_), st.message(), reportDeadline);
   }
   Engine::instance().retire(reinterpret_cast<uintptr_t>(this), st);
+  settleStreamPlans();  // its streams are past the FIFOs before the connections go
   connections_.clear();
   setAsyncError(st);
   return st;

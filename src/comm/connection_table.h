@@ -56,6 +56,12 @@ class ConnectionTable {
   Status findLostPeer();
   // Closes every connection (peers waiting on us see the close).
   void clear() { connections_.clear(); }
+  // Forgets every connection without closing it or freeing its memory: a
+  // GPU stream may still use it (StreamPlans::settle timed out).
+  void abandon() {
+    for (auto& entry : connections_) (void)entry.second.release();
+    connections_.clear();
+  }
 
   // "    <peer> channel <c>: <n> pending" lines, for state dumps.
   std::string describe() const;

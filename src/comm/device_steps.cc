@@ -35,8 +35,6 @@ Status DevicePlanSteps::runAndWait(Enqueue enqueue) {
   return st;
 }
 
-namespace {
-
 reduce::ElementOp elementOpOf(ReduceOp op) {
   switch (op) {
     case ReduceOp::kSum: return reduce::ElementOp::kSum;
@@ -47,8 +45,6 @@ reduce::ElementOp elementOpOf(ReduceOp op) {
   }
   return reduce::ElementOp::kSum;
 }
-
-}  // namespace
 
 Status DevicePlanSteps::reduce(ReduceOp op, DataType dtype, uint8_t* dst, const uint8_t* a, const uint8_t* b,
                                uint64_t count, const void* scalar) {

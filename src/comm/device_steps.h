@@ -27,6 +27,9 @@
 
 namespace shoal {
 
+// The kernels' element operation of a plan's combine op (engine.h's combineOpOf).
+reduce::ElementOp elementOpOf(ReduceOp op);
+
 class DevicePlanSteps final : public DeviceSteps {
  public:
   // With the communicator's context current on the calling thread.

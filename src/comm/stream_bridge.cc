@@ -344,6 +344,22 @@ Status StreamBridge::enqueue(const Staged& staged, std::span<const OpRequest> op
   return st;
 }
 
+Status StreamBridge::enqueueAround(const Staged& staged, cuda::StreamHandle stream,
+                                   const std::function<Status()>& body) {
+  Slot& slot = *slots_[staged.slot];
+  Status st = driver_.writeValueAsync(slot.words + kReady, staged.seq, stream);
+  if (st.isOk()) st = body();
+  Status end = driver_.writeValueAsync(slot.words + kDone, staged.seq, stream);
+  if (end.isOk()) end = driver_.writeValueAsync(slot.words + kReleased, staged.seq, stream);
+  if (!end.isOk()) {
+    // The stream will not say it passed: once it has run what it holds, the
+    // slot is free (a stream that cannot be synchronized keeps it).
+    writeStreamWord(slot.words + kDone, staged.seq);
+    if (driver_.synchronize(stream).isOk()) slot.busy = false;
+  }
+  return st.isOk() ? end : st;
+}
+
 void StreamBridge::releaseStream(const Staged& staged) {
   writeStreamWord(staged.done, staged.seq);
 }

@@ -23,6 +23,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -77,6 +78,11 @@ class StreamBridge {
   // streams are joined to the first with events, and wait for it at the end.
   // On failure nothing is left waiting: the slot's done word is written.
   Status enqueue(const Staged& staged, std::span<const OpRequest> ops);
+  // A stream plan's words (memory operations mode only): on `stream`, writes
+  // the slot's ready word, then enqueues what `body` enqueues, then writes
+  // its done and released words, whatever body returned (its error is
+  // returned; the slot comes back once the stream has passed it).
+  Status enqueueAround(const Staged& staged, cuda::StreamHandle stream, const std::function<Status()>& body);
   // Synchronous mode: waits for the streams, copies the inputs in; after the
   // job ran, copyOut copies the outputs back.
   Status copyIn(const Staged& staged, std::span<const OpRequest> ops);

@@ -78,6 +78,9 @@ Status Driver::recordEvent(EventHandle, StreamHandle) { return notBuilt(); }
 Status Driver::streamWaitEvent(StreamHandle, EventHandle) { return notBuilt(); }
 Result<void*> Driver::hostAlloc(size_t) { return notBuilt(); }
 void Driver::hostFree(void*) {}
+Status Driver::registerHost(void*, size_t) { return notBuilt(); }
+void Driver::unregisterHost(void*) {}
+WaitMode Driver::waitModeOf(const std::string&) { return WaitMode::kSynchronous; }
 Result<void*> Driver::deviceAlloc(size_t) { return notBuilt(); }
 bool Driver::deviceFree(void*) { return false; }
 Result<ContextHandle> Driver::primaryContext(const std::string&) { return notBuilt(); }
@@ -109,7 +112,7 @@ constexpr int kApiVersion = 12000;
   X(cuModuleUnload) X(cuDeviceGetCount) X(cuDeviceGet) X(cuDevicePrimaryCtxRetain)          \
   X(cuDeviceCanAccessPeer) X(cuCtxPushCurrent) X(cuCtxPopCurrent) X(cuStreamCreate)      \
   X(cuStreamDestroy) X(cuEventQuery) X(cuMemExportToShareableHandle)                     \
-  X(cuMemImportFromShareableHandle)
+  X(cuMemImportFromShareableHandle) X(cuMemHostRegister) X(cuMemHostUnregister)
 // Entry points of newer drivers, used when present: cuFuncLoad (12.4).
 #define SHOAL_CUDA_OPTIONAL_ENTRY_POINTS(X) X(cuFuncLoad)
 
@@ -472,6 +475,23 @@ Result<void*> Driver::hostAlloc(size_t bytes) {
 
 void Driver::hostFree(void* ptr) {
   if (ptr) (void)api_->cuMemFreeHost(ptr);
+}
+
+static Result<int> ordinalOf(Driver::Api& api, const std::string& gpu);
+
+Status Driver::registerHost(void* ptr, size_t bytes) {
+  SHOAL_CU(cuMemHostRegister(ptr, bytes, CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP));
+  return Status::ok();
+}
+
+void Driver::unregisterHost(void* ptr) {
+  if (ptr) (void)api_->cuMemHostUnregister(ptr);
+}
+
+WaitMode Driver::waitModeOf(const std::string& gpu) {
+  Result<int> ordinal = ordinalOf(*api_, gpu);
+  if (!ordinal.isOk() || ordinal.value() < 0) return WaitMode::kSynchronous;
+  return waitMode(ordinal.value());
 }
 
 // Maps `handle` (size bytes) at a new address, read-write for `location`'s

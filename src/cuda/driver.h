@@ -125,6 +125,12 @@ class Driver {
   // Pinned host memory (portable: every context may use it).
   Result<void*> hostAlloc(size_t bytes);
   void hostFree(void* ptr);
+  // Makes host memory [ptr, ptr + bytes) pinned, portable and mapped for
+  // the GPUs (cuMemHostRegister), so that stream memory operations may wait
+  // on and write its words (writeValueAsync, waitValueAsync);
+  // unregisterHost undoes it. Page-aligned.
+  Status registerHost(void* ptr, size_t bytes);
+  void unregisterHost(void* ptr);
   // Device memory for ncclMemAlloc on a device: a cuMem allocation of the
   // current context's device, exportable as a POSIX file descriptor.
   Result<void*> deviceAlloc(size_t bytes);
@@ -135,6 +141,9 @@ class Driver {
   // The primary context of the GPU named "GPU-<uuid>", retained once per
   // device for the process; an error when no visible device has that UUID.
   Result<ContextHandle> primaryContext(const std::string& gpu);
+  // How streams on the GPU named "GPU-<uuid>" hand work over (waitMode of its
+  // ordinal in this process); kSynchronous when no visible device has it.
+  WaitMode waitModeOf(const std::string& gpu);
   // Whether GPUs `a` and `b` ("GPU-<uuid>") reach each other's memory: the
   // same GPU, or two GPUs of this process with peer access both ways.
   bool gpusShareMemory(const std::string& a, const std::string& b);

@@ -21,15 +21,6 @@ bool isOpBuffer(uint16_t buffer) { return buffer != kWindowBuffer && !isPeerBuff
 bool isScratch(uint16_t buffer) { return isOpBuffer(buffer) && buffer % kBuffersPerOp == kScratchBuffer; }
 bool sameSlice(const Slice& a, const Slice& b) { return a.buffer == b.buffer && a.offset == b.offset; }
 
-// Whether a step's (first) source enters multiplied by the op's PreMulSum scalar.
-bool scalesSource(const Step& s, const CollShape& shape) {
-  return (s.flags & kScaleSrc) && shape.op == ReduceOp::kPreMulSum;
-}
-// The reduce::combine op of a Reduce step: PreMulSum scales only a flagged
-// source; otherwise its partial results are summed.
-ReduceOp combineOpOf(const Step& s, const CollShape& shape) {
-  return shape.op == ReduceOp::kPreMulSum && !scalesSource(s, shape) ? ReduceOp::kSum : shape.op;
-}
 const void* scalarOf(const Job& job, uint16_t op) {
   return job.opScalars.empty() ? nullptr : job.opScalars[op].bytes.data();
 }
@@ -143,9 +134,10 @@ void Job::finish(Status status) {
   // whose copies run without being polled (cuda_ipc): they stop touching its
   // buffers before anyone learns the job ended (a device job's stream reads
   // them next).
-  if (!status.isOk() && started_)
+  if (!status.isOk() && started_ && !streamWatch)
     for (Connection* c : laneConnections)
       if (c) c->quiesce();
+  if (!status.isOk() && streamWatch) streamWatch->release();
   if (streamDone) releaseStream();
   status_ = std::move(status);
   state_.store(status_.isOk() ? kSucceeded : kFailed, std::memory_order_release);
@@ -155,6 +147,7 @@ void Job::resetForReuse() {
   sameConnections = false;
   ownedScratch.clear();
   deviceSteps.reset();
+  streamWatch.reset();
   detached = false;
   streamReady = nullptr;
   streamDone = nullptr;
@@ -343,6 +336,15 @@ void copySmall(std::vector<T>& dst, const std::vector<T>& src) {
 
 void Engine::startJob(Job& job) {
   job.started_ = true;
+  if (job.streamWatch) {
+    // Nothing to post: the streams run the plan. Only its connections are
+    // derived (the stalled-peer checks ask them).
+    distinctConnections(job);
+    job.remaining_ = 1;
+    job.lastProgressNs_ = 0;
+    job.lastAliveCheckNs_ = 0;
+    return;
+  }
   const Plan& plan = *job.prepared->plan;
   size_t n = plan.steps.size();
   for (size_t k = 0; k < job.opScalars.size(); ++k) {
@@ -614,6 +616,21 @@ bool Engine::progressJob(Job& job) {
     return true;
   }
   bool progressed = false;
+  if (job.streamWatch) {
+    // Verified before the end is looked at, and again after: the messages
+    // of a finished plan have all been checked.
+    const bool finished = job.streamWatch->finished();
+    if (Status st = job.streamWatch->verify(); !st.isOk()) {
+      failJob(job, std::move(st));
+      return true;
+    }
+    if (finished) {
+      job.finishOk();
+      return true;
+    }
+    progressed = job.streamWatch->moved();
+    return watchDeadlines(job, progressed) || progressed;
+  }
   if (!job.blockedLanes_.empty()) {
     std::vector<int32_t> blocked;
     blocked.swap(job.blockedLanes_);
@@ -653,10 +670,15 @@ bool Engine::progressJob(Job& job) {
     job.finishOk();
     return true;
   }
+  watchDeadlines(job, progressed);
+  return progressed;
+}
+
+bool Engine::watchDeadlines(Job& job, bool progressed) {
   // The clock is read once per kPollsPerClockRead passes: a progress time is
   // then known to that precision, far below any no-progress deadline.
   job.progressSinceClock_ |= progressed;
-  if (++job.passesSinceClock_ < kPollsPerClockRead) return progressed;
+  if (++job.passesSinceClock_ < kPollsPerClockRead) return false;
   job.passesSinceClock_ = 0;
   int64_t now = nowNs();
   if (uint64_t epoch = reportEpoch_.load(std::memory_order_relaxed); epoch != job.reportedEpoch_) [[unlikely]]
@@ -664,15 +686,16 @@ bool Engine::progressJob(Job& job) {
   if (job.progressSinceClock_ || job.lastProgressNs_ == 0) {
     job.lastProgressNs_ = now;
     job.progressSinceClock_ = false;
-  } else {
-    if (checkStalledPeers(job, now)) return progressed;
-    int64_t limitMs = params().progressTimeoutMs;
-    if (limitMs > 0 && now - job.lastProgressNs_ > limitMs * 1000000) {
-      if (TimeoutObserver observer = timeoutObserver_.load()) observer(reportOf(job, now));
-      failJob(job, timeoutStatus(job));
-    }
+    return false;
   }
-  return progressed;
+  if (checkStalledPeers(job, now)) return true;
+  int64_t limitMs = params().progressTimeoutMs;
+  if (limitMs > 0 && now - job.lastProgressNs_ > limitMs * 1000000) {
+    if (TimeoutObserver observer = timeoutObserver_.load()) observer(reportOf(job, now));
+    failJob(job, timeoutStatus(job));
+    return true;
+  }
+  return false;
 }
 
 JobReport Engine::reportOf(const Job& job, int64_t now) {
@@ -681,7 +704,7 @@ JobReport Engine::reportOf(const Job& job, int64_t now) {
   r.queueId = job.queueId;
   r.sequence = job.sequence;
   r.idleMs = job.lastProgressNs_ > 0 ? (now - job.lastProgressNs_) / 1000000 : 0;
-  if (!job.started_) return r;
+  if (!job.started_ || job.streamWatch) return r;
   const Plan& plan = *job.prepared->plan;
   r.stepsTotal = plan.steps.size();
   auto peerEntry = [&](int rank) -> JobReport::Peer& {
@@ -785,6 +808,7 @@ Status Engine::timeoutStatus(Job& job) const {
 }
 
 std::string Engine::waitingList(Job& job) const {
+  if (job.streamWatch) return job.streamWatch->waitingOn(job.waitingOn_);
   const Plan& plan = *job.prepared->plan;
   std::vector<std::string> peers;
   for (size_t lane = 0; lane < plan.lanes.size(); ++lane) {

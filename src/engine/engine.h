@@ -123,6 +123,43 @@ class DeviceSteps {
   virtual Status copy(uint8_t* dst, const uint8_t* src, uint64_t bytes) = 0;
 };
 
+// A job whose plan CUDA streams run by themselves (a stream plan, docs/cuda.md,
+// "Stream plans"): every copy, reduction and wait of it was enqueued on
+// streams when the user called, so the engine posts nothing. It watches the
+// job instead, from whichever thread pumps it: the job ends when finished()
+// says the streams have passed the plan's end; moved() feeds the no-progress
+// deadline and the stalled-peer checks (Job::laneConnections are the plan's
+// connections, for checkAlive); and a job that ends any other way (a peer
+// lost, the deadline, an abort) calls release() so that no stream waits for
+// ever. Implemented above the engine (comm/stream_plan.h).
+class StreamWatch {
+ public:
+  virtual ~StreamWatch() = default;
+  // Whether the streams have passed the end of the plan.
+  virtual bool finished() = 0;
+  // Whether the streams moved a chunk since the last call.
+  virtual bool moved() = 0;
+  // An error once the streams have received a message other than the one
+  // expected (the job fails with it); checked before each look at the end.
+  virtual Status verify() = 0;
+  // "receive from rank 2 (...): chunk 5 of 8" for the deadline's message;
+  // appends the ranks waited on to `peers`.
+  virtual std::string waitingOn(std::vector<int>& peers) = 0;
+  // From now on every wait of the plan's streams passes (the job failed):
+  // the streams run to the plan's end on whatever bytes are there.
+  virtual void release() = 0;
+};
+
+// Whether a step's (first) source enters multiplied by the op's PreMulSum scalar.
+inline bool scalesSource(const Step& s, const CollShape& shape) {
+  return (s.flags & kScaleSrc) && shape.op == ReduceOp::kPreMulSum;
+}
+// The reduce::combine op of a Reduce step: PreMulSum scales only a flagged
+// source; otherwise its partial results are summed.
+inline ReduceOp combineOpOf(const Step& s, const CollShape& shape) {
+  return shape.op == ReduceOp::kPreMulSum && !scalesSource(s, shape) ? ReduceOp::kSum : shape.op;
+}
+
 // Whether every compute step of `plan` can run as DeviceSteps (Reduce, and
 // Copy without scaling; no Divide, no reads of peers' memory).
 bool deviceStepsCanRun(const Plan& plan);
@@ -162,6 +199,10 @@ class Job {
   // Set for a device plan: its buffers (scratch included) are device memory
   // and its compute steps run here; null for every other job.
   std::shared_ptr<DeviceSteps> deviceSteps;
+  // Set for a stream plan (see StreamWatch): the engine runs none of its
+  // steps. streamReady is the word its stream writes when it reaches the
+  // plan; streamDone stays null (the stream waits for nothing of the host's).
+  std::shared_ptr<StreamWatch> streamWatch;
 
   // Makes a finished (or never submitted) job ready to be filled again,
   // keeping its vectors (the submitter overwrites them) and its plan: a
@@ -294,6 +335,9 @@ class Engine {
   // Copy/reduce bytes one runReady() call runs before it lets its caller poll.
   static constexpr uint64_t kComputeBytesPerPass = 1 << 20;
   bool progressJob(Job& job);
+  // The job's report, no-progress deadline and stalled-peer checks, after a
+  // pass that did (or did not) progress it. True when the job failed.
+  bool watchDeadlines(Job& job, bool progressed);
   void runReady(Job& job);
   void startJob(Job& job);
   // The job's distinct connections and their peers, from its lanes'.

@@ -251,7 +251,8 @@ TEST_CASE("cuda_ipc hello: round trip and refusals", "[cudafake][cuda_ipc]") {
   h.channel = 3;
   h.slots = 8;
   h.slotBytes = 1 << 20;
-  h.allocationBytes = 16 << 20;
+  h.allocationBytes = 32 << 20;
+  h.streamRing = true;
   REQUIRE(cuda_ipc::signHello(h, "s").isOk());
   uint8_t bytes[cuda_ipc::kHelloBytes];
   cuda_ipc::encodeHello(h, bytes);
@@ -263,12 +264,16 @@ TEST_CASE("cuda_ipc hello: round trip and refusals", "[cudafake][cuda_ipc]") {
   CHECK(back.value().channel == 3);
   CHECK(back.value().slots == 8);
   CHECK(back.value().slotBytes == (1u << 20));
-  CHECK(back.value().allocationBytes == (16u << 20));
+  CHECK(back.value().allocationBytes == (32u << 20));
+  CHECK(back.value().streamRing);
   CHECK(cuda_ipc::verifyHello(back.value(), "s"));
   CHECK_FALSE(cuda_ipc::verifyHello(back.value(), "t"));
   // A changed field no longer matches the proof.
   cuda_ipc::Hello tampered = back.value();
   tampered.slotBytes = 2 << 20;
+  CHECK_FALSE(cuda_ipc::verifyHello(tampered, "s"));
+  tampered = back.value();
+  tampered.streamRing = false;  // the flag is signed too
   CHECK_FALSE(cuda_ipc::verifyHello(tampered, "s"));
   // Malformed hellos are refused.
   uint8_t bad[cuda_ipc::kHelloBytes];
@@ -288,8 +293,11 @@ TEST_CASE("cuda_ipc hello: round trip and refusals", "[cudafake][cuda_ipc]") {
   cuda_ipc::encodeHello(wrong, bad);
   CHECK_FALSE(cuda_ipc::decodeHello(bad).isOk());
   wrong = h;
-  wrong.allocationBytes = 8 << 20;  // cannot hold 8 slots of 1 MiB each way
+  wrong.allocationBytes = 16 << 20;  // cannot hold four lanes of 8 slots of 1 MiB
   cuda_ipc::encodeHello(wrong, bad);
+  CHECK_FALSE(cuda_ipc::decodeHello(bad).isOk());
+  std::memcpy(bad, bytes, sizeof bad);
+  bad[27] = 0x80;  // an unknown flag
   CHECK_FALSE(cuda_ipc::decodeHello(bad).isOk());
 }
 

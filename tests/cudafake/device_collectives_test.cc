@@ -518,7 +518,10 @@ TEST_CASE("every collective on device buffers as processes over shm, tcp and cud
 // the same bytes, for every type with sum, and for the other operators on a
 // few types; integer avg and a device-memory PreMulSum scalar stay staged.
 TEST_CASE("device plans over cuda_ipc give the host path's bytes for every type and operator", "[cudafake][mp]") {
-  auto result = forkedRanks(3, "cuda_ipc", {}, [&](shoal::testing::MpChild& child, ncclComm_t comm, CUstream s) {
+  // Stream plans (stream memory operations), and plans the host steps
+  // through (the wait kernel: no stream ring).
+  for (const char* wait : {"memops", "kernel"}) {
+  auto result = forkedRanks(3, "cuda_ipc", {{"SHOAL_CUDA_WAIT", wait}}, [&](shoal::testing::MpChild& child, ncclComm_t comm, CUstream s) {
     struct Case {
       ncclDataType_t type;
       size_t size;
@@ -587,8 +590,110 @@ TEST_CASE("device plans over cuda_ipc give the host path's bytes for every type 
     ncclCommDestroy(comm);
     return 0;
   });
+  INFO(wait << "\n" << result.report());
+  CHECK(result.allPassed());
+  }
+}
+
+// Stream plans: over cuda_ipc with stream memory operations, an operation
+// is enqueued whole when called (waits, copies, kernels, events on the
+// user's stream and a stream per lane); the host takes no step while the
+// streams run it: no stream synchronization, no event query.
+TEST_CASE("stream plans over cuda_ipc run with no host step and give the right bytes", "[cudafake][mp]") {
+  // 8 KiB slots: every message in many chunks, the ring wrapping many times.
+  auto result = forkedRanks(4, "cuda_ipc", {{"SHOAL_CUDA_IPC_FIFO_BYTES", "65536"}},
+                            [&](shoal::testing::MpChild& child, ncclComm_t comm, CUstream s) {
+    const int r = child.rank(), n = child.nranks();
+    const size_t N = 50000;  // 200 KB per rank
+    DeviceFloats send(N, [&](size_t i) { return val(r, i); });
+    DeviceFloats ar(N), ag(N * n), rs(N / n), bc(N);
+    DeviceFloats big(N, [&](size_t i) { return val(r, i); });
+    // Connections, kernels and scratch first.
+    if (ncclAllReduce(send.at(), ar.at(), N, ncclFloat, ncclSum, comm, s) != ncclSuccess) return 2;
+    cuStreamSynchronize(s);
+    const char* watched[] = {"cuStreamSynchronize", "cuEventQuery", "cuEventSynchronize", "cuCtxSynchronize",
+                             "cuStreamWaitValue64", "cuLaunchKernel"};
+    uint64_t before[6];
+    for (int k = 0; k < 6; ++k) before[k] = shoalFakeCudaCallCount(watched[k]);
+    shoalFakeCudaStreamDelay(s, 100);  // the calls return before any of their work runs
+    if (ncclAllReduce(send.at(), ar.at(), N, ncclFloat, ncclSum, comm, s) != ncclSuccess) return 3;
+    if (ncclAllGather(send.at(), ag.at(), N, ncclFloat, comm, s) != ncclSuccess) return 4;
+    if (ncclReduceScatter(big.at(), rs.at(), N / n, ncclFloat, ncclSum, comm, s) != ncclSuccess) return 5;
+    if (ncclBroadcast(send.at(), bc.at(), N, ncclFloat, n - 1, comm, s) != ncclSuccess) return 6;
+    // Waited for without a synchronizing call.
+    auto t0 = Clock::now();
+    while (cuStreamQuery(s) == CUDA_ERROR_NOT_READY) {
+      if (msSince(t0) > 30000) return 7;
+      ::usleep(1000);
+    }
+    uint64_t delta[6];
+    for (int k = 0; k < 6; ++k) delta[k] = shoalFakeCudaCallCount(watched[k]) - before[k];
+    child.log("synchronize " + std::to_string(delta[0]) + ", event queries " + std::to_string(delta[1]) +
+              ", stream waits " + std::to_string(delta[4]) + ", kernel launches " + std::to_string(delta[5]));
+    if (delta[0] != 0 || delta[1] != 0 || delta[2] != 0 || delta[3] != 0) return 8;
+    if (delta[4] < 4 * 25) return 9;  // a wait per chunk: 200 KB in 8 KiB chunks, four operations
+    if (delta[5] == 0) return 10;     // the reductions by the kernels
+    ncclResult_t async = ncclInProgress;
+    ncclCommGetAsyncError(comm, &async);
+    if (async != ncclSuccess) return 11;
+    Mismatches bad;
+    auto sum = [&](size_t i) {
+      float t = 0;
+      for (int q = 0; q < n; ++q) t += val(q, i);
+      return t;
+    };
+    std::vector<float> got = ar.read();
+    for (size_t i = 0; i < N; ++i) bad.expect(got[i] == sum(i), "AllReduce element " + std::to_string(i));
+    got = ag.read();
+    for (size_t i = 0; i < N * n; ++i)
+      bad.expect(got[i] == val(static_cast<int>(i / N), i % N), "AllGather element " + std::to_string(i));
+    got = rs.read();
+    for (size_t i = 0; i < N / n; ++i) bad.expect(got[i] == sum(r * (N / n) + i), "ReduceScatter element " + std::to_string(i));
+    got = bc.read();
+    for (size_t i = 0; i < N; ++i) bad.expect(got[i] == val(n - 1, i), "Broadcast element " + std::to_string(i));
+    if (bad.count) {
+      child.log(bad.first);
+      return 12;
+    }
+    ncclCommDestroy(comm);
+    return 0;
+  });
   INFO(result.report());
   CHECK(result.allPassed());
+}
+
+// Ranks that call different operations over stream plans: the receiving
+// side compares each message's tag and size with what it expected, and the
+// operation fails with ncclInvalidUsage naming both; a rank whose stream
+// waits for chunks that never come is released by the no-progress
+// deadline. Either way the stream goes on.
+TEST_CASE("stream plans report ranks that called different operations and release the stream", "[cudafake][mp]") {
+  auto result = forkedRanks(2, "cuda_ipc", {{"SHOAL_PROGRESS_TIMEOUT_MS", "1000"}},
+                            [&](shoal::testing::MpChild& child, ncclComm_t comm, CUstream s) {
+    DeviceFloats buf(4000, [](size_t i) { return static_cast<float>(i); });
+    // Rank 0 reduces 1000 elements, rank 1 4000.
+    const size_t count = child.rank() == 0 ? 1000 : 4000;
+    if (ncclAllReduce(buf.at(), buf.at(), count, ncclFloat, ncclSum, comm, s) != ncclSuccess) return 2;
+    auto t0 = Clock::now();
+    if (cuStreamSynchronize(s) != CUDA_SUCCESS) return 3;
+    double ms = msSince(t0);
+    // The job may still be failing on the engine's thread.
+    ncclResult_t async = ncclInProgress;
+    while ((async == ncclInProgress || async == ncclSuccess) && msSince(t0) < 20000) {
+      ncclCommGetAsyncError(comm, &async);
+      ::usleep(10000);
+    }
+    std::string why = ncclGetLastError(comm);
+    child.log("stream released after " + std::to_string(ms) + " ms, async " + ncclGetErrorString(async) + ": " + why);
+    if (async != ncclInvalidUsage && async != ncclRemoteError && async != ncclSystemError) return 4;
+    if (async == ncclInvalidUsage && why.find("message mismatch") == std::string::npos) return 5;
+    ncclCommAbort(comm);
+    return 0;
+  });
+  INFO(result.report());
+  CHECK(result.allPassed());
+  // At least one side names the mismatch.
+  CHECK(result.report().find("message mismatch") != std::string::npos);
 }
 
 TEST_CASE("a stream delay longer than the no-progress deadline does not fail the job", "[cudafake][mp]") {
@@ -779,7 +884,8 @@ TEST_CASE("with stream memory operations they are chosen and logged", "[cudafake
 }
 
 TEST_CASE("the no-progress deadline releases a stream whose peer never calls", "[cudafake][mp]") {
-  auto result = forkedRanks(2, "shm", {{"SHOAL_PROGRESS_TIMEOUT_MS", "500"}},
+  for (const char* transport : {"shm", "cuda_ipc"}) {
+  auto result = forkedRanks(2, transport, {{"SHOAL_PROGRESS_TIMEOUT_MS", "500"}},
                             [&](shoal::testing::MpChild& child, ncclComm_t comm, CUstream s) {
     if (child.rank() == 1) return 0;  // never calls; stays until rank 0 is done (barrier)
     DeviceFloats buf(1000, [](size_t i) { return static_cast<float>(i); });
@@ -795,8 +901,9 @@ TEST_CASE("the no-progress deadline releases a stream whose peer never calls", "
     ncclCommAbort(comm);
     return 0;
   });
-  INFO(result.report());
+  INFO(transport << "\n" << result.report());
   CHECK(result.allPassed());
+  }
 }
 
 TEST_CASE("staging stays within SHOAL_CUDA_STAGING_BYTES between operations and is freed with the communicator", "[cudafake]") {

@@ -5,8 +5,8 @@
 //
 // Input: the hello's bytes (zero-padded or cut to 80). Properties: a decoded
 // hello re-encodes to the same 80 bytes and respects the limits the acceptor
-// relies on (1..64 slots of 8 KiB..128 MiB, an allocation that holds them
-// both ways, distinct non-negative ranks);
+// relies on (1..64 slots of 8 KiB..128 MiB, an allocation that holds four
+// lanes of them, distinct non-negative ranks);
 // verifyHello never accepts a proof made with another secret than the one it
 // is checked with.
 #include <cstring>
@@ -24,7 +24,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   FUZZ_CHECK(h.slots >= 1 && h.slots <= shoal::cuda_ipc::kMaxSlots, "%u slots accepted", h.slots);
   FUZZ_CHECK(h.slotBytes >= (8u << 10) && h.slotBytes <= (128ull << 20), "slots of %llu bytes accepted",
              static_cast<unsigned long long>(h.slotBytes));
-  FUZZ_CHECK(h.allocationBytes >= 2ull * h.slots * h.slotBytes, "an allocation of %llu bytes accepted for %u slots",
+  FUZZ_CHECK(h.allocationBytes >= shoal::cuda_ipc::kFifoLanes * h.slots * h.slotBytes, "an allocation of %llu bytes accepted for %u slots",
              static_cast<unsigned long long>(h.allocationBytes), h.slots);
   FUZZ_CHECK(h.fromRank >= 0 && h.toRank >= 0 && h.fromRank != h.toRank, "ranks %d -> %d accepted", h.fromRank,
              h.toRank);

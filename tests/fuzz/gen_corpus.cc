@@ -393,7 +393,7 @@ void tcpHelloSeeds() {
 
 void cudaIpcHelloSeeds() {
   const std::string t = "cuda_ipc_hello";
-  auto seed = [&](const std::string& name, uint32_t slots, uint64_t slotBytes) {
+  auto seed = [&](const std::string& name, uint32_t slots, uint64_t slotBytes, bool streamRing) {
     cuda_ipc::Hello h;
     h.commId = 0xc0ffee;
     h.fromRank = 0;
@@ -401,16 +401,17 @@ void cudaIpcHelloSeeds() {
     h.channel = 2;
     h.slots = slots;
     h.slotBytes = slotBytes;
-    h.allocationBytes = (2 * slots * slotBytes + (2 << 20) - 1) / (2 << 20) * (2 << 20);
+    h.allocationBytes = (cuda_ipc::kFifoLanes * slots * slotBytes + (2 << 20) - 1) / (2 << 20) * (2 << 20);
+    h.streamRing = streamRing;
     Status s = cuda_ipc::signHello(h, "fuzz secret");
     if (!s.isOk()) std::exit(1);
     uint8_t out[cuda_ipc::kHelloBytes];
     cuda_ipc::encodeHello(h, out);
     put(t, name, out, sizeof(out));
   };
-  seed("default", 8, 1 << 20);
-  seed("smallest_slots", 1, 8 << 10);
-  seed("largest_slots", 64, 128ull << 20);
+  seed("default", 8, 1 << 20, true);
+  seed("smallest_slots", 1, 8 << 10, false);
+  seed("largest_slots", 64, 128ull << 20, true);
 }
 
 // The bytes a real TcpConnection puts on each lane for `sizes`.

@@ -18,6 +18,16 @@
 // hands the slot back (`consumed`). Two copies per byte, both by the GPU's
 // copy engines; the buffers may be device, pinned or pageable host memory.
 //
+// Stream link: where both sides' GPUs run stream memory operations, the
+// allocation holds a second pair of FIFOs that CUDA streams drive themselves
+// (StreamLink, stream plans): per chunk, the sender's stream waits until the
+// slot is free (the peer's `consumed` word, cuStreamWaitValue64), copies,
+// and writes `published`; the receiver's stream waits for `published`,
+// copies out and writes `consumed`. The words live in the control block,
+// registered with CUDA on both sides, so the host reads them for progress
+// and writes them to release the streams of a failed link. Chunk numbers
+// are counted when messages are enqueued, in call order, on both sides.
+//
 // Liveness: the Unix socket stays open for the connection's life, so the
 // kernel tells each side when the other process is gone (end of stream);
 // a peer that destroys its end sets its `closed` flag. Either is an error
@@ -28,6 +38,7 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -37,7 +48,7 @@
 
 namespace shoal::cuda_ipc {
 
-inline constexpr uint32_t kControlMagic = 0x43495043;  // "CPIC"
+inline constexpr uint32_t kControlMagic = 0x32495043;  // "CPI2"
 inline constexpr uint32_t kMaxSlots = 64;
 
 struct SlotHeader {
@@ -54,13 +65,26 @@ struct Lane {
   alignas(64) SlotHeader slots[kMaxSlots];
 };
 
-// The shared control block; lanes[s] carries side s's messages to the other side.
+// One direction of the stream ring: words CUDA streams wait on and write
+// (64-bit stream memory operations, cyclic compare).
+struct StreamLane {
+  alignas(64) uint64_t published = 0;  // chunks the sender's stream has copied in
+  alignas(64) uint64_t consumed = 0;   // chunks the receiver's stream has copied out
+  // Per slot, the tag and byte count of the message whose first chunk it
+  // holds, written by the sender's stream before that chunk is published.
+  alignas(64) uint64_t headers[kMaxSlots][2] = {};
+};
+
+// The shared control block; lanes[s] (streamLanes[s]) carries side s's
+// messages to the other side.
 struct Control {
   uint32_t magic = 0;
   uint32_t slots = 0;
   uint64_t slotBytes = 0;
+  uint32_t streamRing = 0;  // 1: the allocation's second FIFO pair is the stream ring
   std::atomic<uint32_t> closed[2];
   Lane lanes[2];
+  StreamLane streamLanes[2];
 };
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
 // Bytes of the control block's mapping.
@@ -69,8 +93,9 @@ inline size_t controlBytes() { return (sizeof(Control) + 4095) / 4096 * 4096; }
 struct ConnectionSetup {
   int side = 0;                  // 0: the lower rank, which allocated the memory
   cuda::ContextHandle context = nullptr;
-  void* fifo = nullptr;          // both lanes: lane s at s * slots * slotBytes
+  void* fifo = nullptr;          // lane s at s * slots * slotBytes; the stream ring's lane s at 2 + s
   bool fifoIsImported = false;   // side 1 maps the peer's allocation
+  bool streamRing = false;       // the stream link is used (control block registered with CUDA)
   Control* control = nullptr;    // mapped, sizeof(Control) rounded to a page
   uint32_t slots = 0;
   uint64_t slotBytes = 0;
@@ -78,7 +103,7 @@ struct ConnectionSetup {
   std::string peerDescription;
 };
 
-class CudaIpcConnection final : public Connection {
+class CudaIpcConnection final : public Connection, private StreamLink {
  public:
   // Takes ownership of everything in `setup`; creates streams and events in
   // its context (which must not be current on another thread's stack only).
@@ -95,8 +120,16 @@ class CudaIpcConnection final : public Connection {
   Status checkAlive() override;
   void quiesce() override { (void)fail(error(Code::kAborted, "the operation using this connection ended")); }
   const std::string& peerDescription() const override { return setup_.peerDescription; }
+  StreamLink* streamLink() override { return setup_.streamRing ? this : nullptr; }
 
  private:
+  // StreamLink.
+  Status enqueueSend(const void* src, uint64_t bytes, uint64_t tag, void* stream) override;
+  Status enqueueRecv(void* dst, uint64_t bytes, uint64_t tag, void* stream) override;
+  Progress progress() const override;
+  Status verify() override;
+  void release() override;
+
   explicit CudaIpcConnection(ConnectionSetup setup);
 
   struct Op {
@@ -143,6 +176,20 @@ class CudaIpcConnection final : public Connection {
   uint64_t recvConsumed_ = 0;   // == in_->consumed
   uint32_t idlePolls_ = 0;
   Status failed_;
+  // The stream ring: chunks enqueued each way (written on the enqueuing
+  // thread, read by progress() from any thread).
+  std::atomic<uint64_t> streamSendEnqueued_{0}, streamRecvEnqueued_{0};
+  // Received messages' headers, copied by the receiving stream from the
+  // slot into a pinned log (entry m % kHeaderLog) before it hands the slot
+  // back, and what each receive expected, checked in order by verify().
+  static constexpr uint64_t kHeaderLog = 1024;
+  uint64_t* headerLog_ = nullptr;  // kHeaderLog x {tag, bytes}
+  struct Expected {
+    uint64_t message = 0, firstChunk = 0, tag = 0, bytes = 0;
+  };
+  std::mutex expectedMutex_;
+  std::deque<Expected> expected_;  // guarded by expectedMutex_
+  uint64_t streamRecvMessages_ = 0;
 };
 
 }  // namespace shoal::cuda_ipc

@@ -32,9 +32,10 @@ namespace cuda_ipc {
 namespace {
 
 constexpr uint32_t kHelloMagic = 0x43495348;  // "HSIC"
-constexpr uint16_t kHelloVersion = 1;
+constexpr uint16_t kHelloVersion = 2;
 constexpr size_t kSignedBytes = 48;  // everything before the proof
-constexpr std::string_view kHelloLabel = "shoal cuda_ipc hello v1";
+constexpr std::string_view kHelloLabel = "shoal cuda_ipc hello v2";
+constexpr uint16_t kFlagStreamRing = 0x1;
 constexpr uint32_t kSlots = 8;
 constexpr uint64_t kMinSlotBytes = 8 << 10;
 constexpr uint64_t kMaxSlotBytes = 128ull << 20;
@@ -48,7 +49,8 @@ void encodeHello(const Hello& hello, uint8_t out[kHelloBytes]) {
   putLe(out + 8, hello.commId, 8);
   putLe(out + 16, static_cast<uint32_t>(hello.fromRank), 4);
   putLe(out + 20, static_cast<uint32_t>(hello.toRank), 4);
-  putLe(out + 24, hello.slots, 4);
+  putLe(out + 24, hello.slots, 2);
+  putLe(out + 26, hello.streamRing ? kFlagStreamRing : 0, 2);
   putLe(out + 28, hello.allocationBytes >> 16, 4);
   putLe(out + 32, hello.slotBytes, 8);
   std::memcpy(out + 40, hello.nonce, 8);
@@ -63,7 +65,10 @@ Result<Hello> decodeHello(const uint8_t in[kHelloBytes]) {
   h.commId = getLe(in + 8, 8);
   h.fromRank = static_cast<int32_t>(getLe(in + 16, 4));
   h.toRank = static_cast<int32_t>(getLe(in + 20, 4));
-  h.slots = static_cast<uint32_t>(getLe(in + 24, 4));
+  h.slots = static_cast<uint32_t>(getLe(in + 24, 2));
+  const uint64_t flags = getLe(in + 26, 2);
+  if (flags & ~uint64_t{kFlagStreamRing}) return invalidArgument("cuda_ipc hello: unknown flags ", flags);
+  h.streamRing = (flags & kFlagStreamRing) != 0;
   h.slotBytes = getLe(in + 32, 8);
   h.allocationBytes = getLe(in + 28, 4) << 16;
   std::memcpy(h.nonce, in + 40, 8);
@@ -73,9 +78,9 @@ Result<Hello> decodeHello(const uint8_t in[kHelloBytes]) {
   if (h.slots < 1 || h.slots > kMaxSlots) return invalidArgument("cuda_ipc hello: ", h.slots, " slots");
   if (h.slotBytes < kMinSlotBytes || h.slotBytes > kMaxSlotBytes)
     return invalidArgument("cuda_ipc hello: slots of ", h.slotBytes, " bytes");
-  if (h.allocationBytes < 2 * h.slots * h.slotBytes)
-    return invalidArgument("cuda_ipc hello: an allocation of ", h.allocationBytes, " bytes cannot hold ", h.slots,
-                           " slots of ", h.slotBytes, " bytes each way");
+  if (h.allocationBytes < kFifoLanes * h.slots * h.slotBytes)
+    return invalidArgument("cuda_ipc hello: an allocation of ", h.allocationBytes, " bytes cannot hold ", kFifoLanes,
+                           " lanes of ", h.slots, " slots of ", h.slotBytes, " bytes");
   return h;
 }
 
@@ -283,7 +288,7 @@ class CudaIpcTransport final : public Transport {
     int64_t fifoBytes = std::clamp<int64_t>(params().cudaIpcFifoBytes, 64 << 10, 1ll << 30);
     setup.slots = cuda_ipc::kSlots;
     setup.slotBytes = (static_cast<uint64_t>(fifoBytes) / cuda_ipc::kSlots + 4095) / 4096 * 4096;
-    SHOAL_ASSIGN_OR_RETURN(setup.fifo, driver.deviceAlloc(2 * setup.slots * setup.slotBytes),
+    SHOAL_ASSIGN_OR_RETURN(setup.fifo, driver.deviceAlloc(cuda_ipc::kFifoLanes * setup.slots * setup.slotBytes),
                            "cuda_ipc: allocating the FIFO for ", setup.peerDescription);
     // From here the setup owns the FIFO: CudaIpcConnection (or its failure) frees it.
     net::Fd controlFd(::memfd_create("shoal-cuda-ipc", MFD_CLOEXEC | MFD_ALLOW_SEALING));
@@ -300,6 +305,18 @@ class CudaIpcTransport final : public Transport {
     setup.control->magic = cuda_ipc::kControlMagic;
     setup.control->slots = setup.slots;
     setup.control->slotBytes = setup.slotBytes;
+    // The stream ring where this GPU's streams run memory operations; the
+    // peer refuses the connection if its own cannot (runsStreamRing).
+    setup.streamRing = driver.waitModeOf(options.self->gpu) == cuda::WaitMode::kMemOps;
+    if (setup.streamRing) {
+      if (Status st = driver.registerHost(setup.control, cuda_ipc::controlBytes()); !st.isOk()) {
+        SHOAL_INFO(subsys::kNet, "cuda_ipc: no stream ring with ", setup.peerDescription,
+                   ": registering the control block: ", st.message());
+        setup.streamRing = false;
+      }
+    }
+    setup.control->streamRing = setup.streamRing ? 1 : 0;
+    const bool streamRing = setup.streamRing;
     void* fifo = setup.fifo;
     uint32_t slots = setup.slots;
     uint64_t slotBytes = setup.slotBytes;
@@ -319,6 +336,7 @@ class CudaIpcTransport final : public Transport {
     hello.slots = slots;
     hello.slotBytes = slotBytes;
     hello.allocationBytes = exported.bytes;
+    hello.streamRing = streamRing;
     if (exported.bytes % (64 << 10) != 0 || (exported.bytes >> 16) > UINT32_MAX)
       return internalError("cuda_ipc: a FIFO allocation of ", exported.bytes, " bytes has no hello encoding");
     SHOAL_TRY(cuda_ipc::signHello(hello, options.secret)) << "cuda_ipc hello";
@@ -337,12 +355,29 @@ class CudaIpcTransport final : public Transport {
     SHOAL_ASSIGN_OR_RETURN(setup.control, mapControl(arrival.control.get(), false), "cuda_ipc connection to ",
                            setup.peerDescription);
     if (setup.control->magic != cuda_ipc::kControlMagic || setup.control->slots != setup.slots ||
-        setup.control->slotBytes != setup.slotBytes) {
+        setup.control->slotBytes != setup.slotBytes ||
+        setup.control->streamRing != (arrival.hello.streamRing ? 1u : 0u)) {
       ::munmap(setup.control, cuda_ipc::controlBytes());
       return remoteError(setup.peerDescription, " sent a cuda_ipc control block that does not match its hello");
     }
+    // Both sides run the stream ring or neither: its messages are matched
+    // only with the peer's stream messages.
+    setup.streamRing = arrival.hello.streamRing;
+    if (setup.streamRing) {
+      Status st = driver.waitModeOf(options.self->gpu) == cuda::WaitMode::kMemOps
+                      ? driver.registerHost(setup.control, cuda_ipc::controlBytes())
+                      : error(Code::kUnsupported, "this rank's streams do not run stream memory operations "
+                                                  "(SHOAL_CUDA_WAIT, or the device)");
+      if (!st.isOk()) {
+        ::munmap(setup.control, cuda_ipc::controlBytes());
+        return invalidUsage("cuda_ipc connection to ", setup.peerDescription,
+                            ": the peer runs stream plans over stream memory operations and this rank cannot (",
+                            st.message(), "); give every rank the same SHOAL_CUDA_WAIT");
+      }
+    }
     Result<void*> fifo = driver.importDeviceMemory(arrival.fifo.get(), arrival.hello.allocationBytes);
     if (!fifo.isOk()) {
+      if (setup.streamRing) driver.unregisterHost(setup.control);
       ::munmap(setup.control, cuda_ipc::controlBytes());
       return StatusBuilder(fifo.takeStatus()) << "cuda_ipc: mapping the FIFO of " << setup.peerDescription;
     }

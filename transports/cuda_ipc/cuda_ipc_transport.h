@@ -27,6 +27,9 @@ std::unique_ptr<Transport> makeCudaIpcTransport();
 namespace cuda_ipc {
 
 inline constexpr size_t kHelloBytes = 80;
+// FIFOs in the lower rank's allocation: the posted messages' lane each way,
+// then the stream ring's.
+inline constexpr uint64_t kFifoLanes = 4;
 
 // What the lower rank sends with the two descriptors (FIFO memory, control
 // block). Little-endian on the wire; the proof covers everything before it.
@@ -40,6 +43,8 @@ struct Hello {
   // The FIFO allocation's size as the exporter made it (granularity-rounded;
   // a multiple of 64 KiB), which the importer maps whole.
   uint64_t allocationBytes = 0;
+  // The lower rank's streams run the stream ring (stream memory operations).
+  bool streamRing = false;
   uint8_t nonce[8] = {};
   uint8_t proof[32] = {};
 };

@@ -1,0 +1,265 @@
+#include "comm/stream_plan.h"
+
+#include <algorithm>
+
+#include "comm/device_steps.h"
+#include "core/clock.h"
+#include "core/log.h"
+#include "core/params.h"
+
+namespace shoal {
+namespace {
+
+// The engine's view of one enqueued plan.
+class StreamPlanWatch final : public StreamWatch {
+ public:
+  struct Link {
+    StreamLink* link = nullptr;
+    Connection* connection = nullptr;
+    int peer = -1;
+    StreamLink::Progress target;  // the counts once this plan has passed
+  };
+  StreamPlanWatch(const uint64_t* doneWord, uint64_t seq, std::vector<Link> links)
+      : doneWord_(doneWord), seq_(seq), links_(std::move(links)) {}
+
+  bool finished() override { return streamWordReached(doneWord_, seq_); }
+
+  Status verify() override {
+    for (const Link& l : links_) SHOAL_TRY(l.link->verify());
+    return Status::ok();
+  }
+
+  bool moved() override {
+    uint64_t seen = 0;
+    for (const Link& l : links_) {
+      StreamLink::Progress p = l.link->progress();
+      seen += p.sent + p.received;
+    }
+    bool changed = seen != lastSeen_;
+    lastSeen_ = seen;
+    return changed;
+  }
+
+  std::string waitingOn(std::vector<int>& peers) override {
+    std::string list;
+    for (const Link& l : links_) {
+      StreamLink::Progress p = l.link->progress();
+      auto behind = [](uint64_t done, uint64_t target) { return static_cast<int64_t>(done - target) < 0; };
+      std::string what;
+      if (behind(p.sent, l.target.sendEnqueued))
+        what = str("send to ", l.connection->peerDescription(), " (the peer has taken chunk ", p.sent, " of ",
+                   l.target.sendEnqueued, ")");
+      if (behind(p.received, l.target.recvEnqueued))
+        what += str(what.empty() ? "" : "; ", "receive from ", l.connection->peerDescription(),
+                    " (the peer has published chunk ", p.received, " of ", l.target.recvEnqueued, ")");
+      if (what.empty()) continue;
+      list += (list.empty() ? "" : "; ") + what;
+      if (std::find(peers.begin(), peers.end(), l.peer) == peers.end()) peers.push_back(l.peer);
+    }
+    return list.empty() ? std::string("the device work of a stream plan (every chunk has moved)")
+                        : list + " (stream plan: ranks may have called different operations or counts)";
+  }
+
+  void release() override {
+    for (const Link& l : links_) l.link->release();
+  }
+
+ private:
+  const uint64_t* doneWord_;
+  uint64_t seq_;
+  std::vector<Link> links_;
+  uint64_t lastSeen_ = 0;
+};
+
+// How long teardown waits for streams to pass a released plan.
+constexpr int64_t kTeardownWaitMs = 10000;
+
+}  // namespace
+
+bool StreamPlans::settle() {
+  if (settled_) return true;
+  if (anyEnqueued_) {
+    // Every plan's end: its lanes' work too (the user's stream waited for
+    // them before recording the tail).
+    Deadline deadline = Deadline::afterMs(kTeardownWaitMs);
+    Backoff backoff;
+    for (;;) {
+      Result<bool> done = driver_.eventDone(tail_);
+      if (!done.isOk() || done.value()) break;
+      if (deadline.expired()) {
+        SHOAL_WARN("stream plans: the streams have not passed the last plan ", kTeardownWaitMs,
+                   " ms after the communicator's end (work of the user's ahead of it?); the device memory "
+                   "they may use is not freed");
+        return false;
+      }
+      backoff.pause();
+    }
+  }
+  for (cuda::StreamHandle s : laneStreams_) {
+    (void)driver_.synchronize(s);
+    driver_.destroyStream(s);
+  }
+  laneStreams_.clear();
+  if (tail_) driver_.destroyEvent(tail_);
+  tail_ = nullptr;
+  settled_ = true;
+  return true;
+}
+
+StreamPlans::~StreamPlans() {
+  // Unsettled (settle() timed out): the streams and event are kept with
+  // the memory they may still use.
+  if (!settled_) new std::shared_ptr<void>(std::move(scratchOwner_));
+}
+
+bool StreamPlans::canRun(const Plan& plan, const std::vector<Connection*>& laneConnections) const {
+  if (plan.lanes.empty() || laneConnections.size() != plan.lanes.size() || !deviceStepsCanRun(plan)) return false;
+  for (Connection* c : laneConnections)
+    if (c == nullptr || c->streamLink() == nullptr) return false;
+  if (reducer_ == nullptr)
+    for (const Step& s : plan.steps)
+      if (s.kind == StepKind::kReduce) return false;
+  return true;
+}
+
+Result<cuda::StreamHandle> StreamPlans::laneStream(size_t lane) {
+  while (laneStreams_.size() <= lane) {
+    SHOAL_ASSIGN_OR_RETURN(cuda::StreamHandle s, driver_.createStream(), "a stream plan's lane stream");
+    laneStreams_.push_back(s);
+  }
+  return laneStreams_[lane];
+}
+
+Status StreamPlans::runCompute(const Launch& launch, const Step& s) {
+  const Plan& plan = *launch.plan;
+  const CollShape& shape = plan.shapes[s.op];
+  uint8_t* dst = launch.buffers[s.dst.buffer] + s.dst.offset;
+  const uint8_t* a = launch.buffers[s.src.buffer] + s.src.offset;
+  if (s.kind == StepKind::kCopy) {
+    if (dst == a) return Status::ok();  // in place
+    return driver_.copyAsync(dst, a, s.bytes, launch.stream);
+  }
+  const uint8_t* b = launch.buffers[s.src2.buffer] + s.src2.offset;
+  const ReduceOp op = combineOpOf(s, shape);
+  cuda::ReduceScalar scalar;
+  if (op == ReduceOp::kPreMulSum) {
+    if (launch.scalar == nullptr) return internalError("stream plan: PreMulSum without its scalar");
+    scalar = launch.scalar->deviceScalar ? cuda::ReduceScalar::onDevice(launch.scalar->deviceScalar)
+                                         : cuda::ReduceScalar::element(shape.dtype, launch.scalar->bytes.data());
+  }
+  return reducer_->launch(dst, a, b, s.bytes / dataTypeSize(shape.dtype), shape.dtype, elementOpOf(op), scalar,
+                          launch.stream);
+}
+
+Status StreamPlans::enqueueSteps(const Launch& launch) {
+  const Plan& plan = *launch.plan;
+  const size_t n = plan.steps.size();
+  // The stream of each step: its lane's for Send/Recv, the user's otherwise.
+  std::vector<cuda::StreamHandle> streamOf(n, launch.stream);
+  for (size_t i = 0; i < n; ++i) {
+    const Step& s = plan.steps[i];
+    if (s.kind == StepKind::kSend || s.kind == StepKind::kRecv) {
+      SHOAL_ASSIGN_OR_RETURN(streamOf[i], laneStream(static_cast<size_t>(s.lane)));
+    }
+  }
+  std::vector<cuda::EventHandle> events;  // destroyed at the end: CUDA frees them once their work is done
+  struct DestroyEvents {
+    cuda::Driver& driver;
+    std::vector<cuda::EventHandle>& events;
+    ~DestroyEvents() {
+      for (cuda::EventHandle e : events) driver.destroyEvent(e);
+    }
+  } destroyEvents{driver_, events};
+  auto recordOn = [&](cuda::StreamHandle stream) -> Result<cuda::EventHandle> {
+    SHOAL_ASSIGN_OR_RETURN(cuda::EventHandle e, driver_.createEvent());
+    events.push_back(e);
+    SHOAL_TRY(driver_.recordEvent(e, stream));
+    return e;
+  };
+
+  // The previous plan's end, then the lanes' start.
+  if (anyEnqueued_) {
+    SHOAL_TRY(driver_.streamWaitEvent(launch.stream, tail_));
+  }
+  std::vector<size_t> lanesUsed;
+  for (size_t lane = 0; lane < plan.lanes.size(); ++lane) lanesUsed.push_back(lane);
+  SHOAL_ASSIGN_OR_RETURN(cuda::EventHandle start, recordOn(launch.stream));
+  for (size_t lane : lanesUsed) SHOAL_TRY(driver_.streamWaitEvent(laneStreams_[lane], start));
+
+  // A step's event, recorded right after it where a step on another stream
+  // depends on it.
+  std::vector<uint8_t> crossDependent(n, 0);
+  for (size_t i = 0; i < n; ++i) {
+    const Step& s = plan.steps[i];
+    for (uint32_t k = 0; k < s.depCount; ++k) {
+      uint32_t d = plan.deps[s.depBegin + k];
+      if (streamOf[d] != streamOf[i]) crossDependent[d] = 1;
+    }
+  }
+  std::vector<cuda::EventHandle> after(n, nullptr);
+  std::vector<std::pair<cuda::StreamHandle, uint32_t>> latest;  // per other stream: its last dependency
+  for (size_t i = 0; i < n; ++i) {
+    const Step& s = plan.steps[i];
+    // One wait per other stream, for its latest dependency (a stream runs in order).
+    latest.clear();
+    for (uint32_t k = 0; k < s.depCount; ++k) {
+      uint32_t d = plan.deps[s.depBegin + k];
+      if (streamOf[d] == streamOf[i]) continue;
+      auto it = std::find_if(latest.begin(), latest.end(), [&](const auto& e) { return e.first == streamOf[d]; });
+      if (it == latest.end()) latest.emplace_back(streamOf[d], d);
+      else it->second = std::max(it->second, d);
+    }
+    for (const auto& [stream, d] : latest) SHOAL_TRY(driver_.streamWaitEvent(streamOf[i], after[d]));
+    switch (s.kind) {
+      case StepKind::kSend:
+        SHOAL_TRY(launch.laneConnections[s.lane]->streamLink()->enqueueSend(
+            launch.buffers[s.src.buffer] + s.src.offset, s.bytes, launch.tag, streamOf[i]))
+            << "send to " << launch.laneConnections[s.lane]->peerDescription();
+        break;
+      case StepKind::kRecv:
+        SHOAL_TRY(launch.laneConnections[s.lane]->streamLink()->enqueueRecv(
+            launch.buffers[s.dst.buffer] + s.dst.offset, s.bytes, launch.tag, streamOf[i]))
+            << "receive from " << launch.laneConnections[s.lane]->peerDescription();
+        break;
+      default:
+        SHOAL_TRY(runCompute(launch, s)) << stepKindName(s.kind) << " step " << i;
+        break;
+    }
+    if (crossDependent[i]) {
+      SHOAL_ASSIGN_OR_RETURN(after[i], recordOn(streamOf[i]));
+    }
+  }
+  // The user's stream goes on once every lane has passed the plan.
+  for (size_t lane : lanesUsed) {
+    SHOAL_ASSIGN_OR_RETURN(cuda::EventHandle end, recordOn(laneStreams_[lane]));
+    SHOAL_TRY(driver_.streamWaitEvent(launch.stream, end));
+  }
+  return Status::ok();
+}
+
+Result<std::shared_ptr<StreamWatch>> StreamPlans::enqueue(const Launch& launch) {
+  if (tail_ == nullptr) {
+    SHOAL_ASSIGN_OR_RETURN(tail_, driver_.createEvent(), "stream plans");
+  }
+  Status st = enqueueSteps(launch);
+  // However far it got, the next plan starts after this one's streams.
+  Status tail = driver_.recordEvent(tail_, launch.stream);
+  if (tail.isOk()) anyEnqueued_ = true;
+  if (st.isOk()) st = tail;
+
+  std::vector<StreamPlanWatch::Link> links;
+  for (size_t lane = 0; lane < launch.plan->lanes.size(); ++lane) {
+    Connection* c = launch.laneConnections[lane];
+    if (std::any_of(links.begin(), links.end(), [&](const auto& l) { return l.connection == c; })) continue;
+    StreamLink* link = c->streamLink();
+    links.push_back(StreamPlanWatch::Link{link, c, launch.plan->lanes[lane].peer, link->progress()});
+  }
+  auto watch = std::make_shared<StreamPlanWatch>(launch.doneWord, launch.seq, std::move(links));
+  if (!st.isOk()) {
+    watch->release();  // nothing of ours waits for a plan its peers will not complete
+    return StatusBuilder(std::move(st)) << launch.label << ": enqueueing a stream plan";
+  }
+  return std::shared_ptr<StreamWatch>(std::move(watch));
+}
+
+}  // namespace shoal

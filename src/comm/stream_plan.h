@@ -1,0 +1,92 @@
+// StreamPlans: a communicator's operations that CUDA streams run by
+// themselves, with no host step (docs/cuda.md, "Stream plans").
+//
+// Role: when every lane of an operation's plan has a stream link
+// (StreamLink: cuda_ipc's stream ring) and its compute steps run on the GPU
+// (deviceStepsCanRun), the whole plan is enqueued when the user calls, on
+// the user's stream and one stream per lane: a Send or Recv is its link's
+// chunked wait/copy/publish on its lane's stream, a Reduce a reduction
+// kernel and a Copy a cuMemcpyAsync on the user's stream, and each
+// dependency between two streams an event. The user's stream starts the
+// lanes (an event) and waits for them at the end; a communicator's plans run
+// one after another (each waits for the previous one's end), as the chunk
+// numbers of its links assume. The engine only watches (StreamPlanWatch,
+// the engine's StreamWatch): the end, progress for the no-progress
+// deadline, and, when a plan fails, releasing its links' waits so that no
+// stream waits for ever.
+//
+// Owner: the Communicator, made by its first stream plan, in the context
+// current then (the lane streams are created there). Thread: enqueue() on
+// the communicator's user thread; watches on the engine's.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "collectives/plan.h"
+#include "cuda/device_reducer.h"
+#include "cuda/driver.h"
+#include "engine/engine.h"
+#include "transports/transport.h"
+
+namespace shoal {
+
+class StreamPlans {
+ public:
+  // In the context current on the calling thread; `reducer` may be null
+  // (plans with Reduce steps then cannot run here). `scratchOwner` owns the
+  // scratch the plans use (kept while a stream may use it).
+  StreamPlans(cuda::Driver& driver, const cuda::DeviceReducer* reducer, std::shared_ptr<void> scratchOwner)
+      : driver_(driver), reducer_(reducer), scratchOwner_(std::move(scratchOwner)) {}
+  // Waits (bounded) until the streams have passed every plan enqueued here
+  // and frees the lane streams: true. False when a stream still holds a
+  // plan after the bound; then nothing is freed (the caller keeps the
+  // connections and scratch too). The communicator's jobs are retired
+  // first, so their links are released and no plan waits for a peer.
+  bool settle();
+  ~StreamPlans();
+  StreamPlans(const StreamPlans&) = delete;
+  StreamPlans& operator=(const StreamPlans&) = delete;
+
+  // Whether `plan` can run as a stream plan over these lane connections:
+  // every lane has a stream link, and every compute step is a Reduce (with
+  // the kernels loaded) or an unscaled Copy.
+  bool canRun(const Plan& plan, const std::vector<Connection*>& laneConnections) const;
+
+  // What one plan needs besides the plan itself.
+  struct Launch {
+    const Plan* plan = nullptr;
+    std::span<uint8_t* const> buffers;               // per plan buffer index (device-reachable)
+    std::span<Connection* const> laneConnections;    // per plan lane
+    const OpScalar* scalar = nullptr;                // PreMulSum: host bytes or a device element
+    cuda::StreamHandle stream = nullptr;             // the user's stream
+    const uint64_t* doneWord = nullptr;              // written (>= seq) by the stream after the plan
+    uint64_t seq = 0;
+    uint64_t tag = 0;                                // the operation's (core/tag.h), carried by its messages
+    std::string label;                               // for the deadline's message
+  };
+  // Enqueues the plan; the watch is the engine job's. On failure part of it
+  // may be on the streams already: the caller fails the communicator and
+  // releases the links (the watch's release does it).
+  Result<std::shared_ptr<StreamWatch>> enqueue(const Launch& launch);
+
+ private:
+  Status enqueueSteps(const Launch& launch);
+  Result<cuda::StreamHandle> laneStream(size_t lane);
+  Status runCompute(const Launch& launch, const Step& s);
+
+  cuda::Driver& driver_;
+  const cuda::DeviceReducer* reducer_;
+  std::shared_ptr<void> scratchOwner_;
+  std::vector<cuda::StreamHandle> laneStreams_;
+  bool settled_ = false;
+  // Recorded on the user's stream at the end of the last plan enqueued:
+  // the next plan's streams start after it.
+  cuda::EventHandle tail_ = nullptr;
+  bool anyEnqueued_ = false;
+};
+
+}  // namespace shoal
