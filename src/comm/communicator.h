@@ -229,9 +229,9 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
   // steps the GPU runs and whose every connection moves device memory. The
   // first time, makes deviceSteps_ (false where it cannot, said at INFO).
   bool runsAsDevicePlan(std::span<const OpRequest> ops);
-  // Runs a stream-ordered operation as a stream plan (comm/stream_plan.h)
-  // where it can: one operation whose plan's every lane has a stream link and
-  // whose compute steps the GPU runs. False: it goes the other ways.
+  // Runs stream-ordered operations (one, or a group) as a stream plan
+  // (comm/stream_plan.h) where it can: their plan's every lane has a stream
+  // link and its compute steps the GPU runs. False: they go the other ways.
   Result<bool> submitStreamPlan(std::span<const OpRequest> ops, StreamSubmission& submission);
   // Makes deviceSteps_ the first time (false where it cannot, said at INFO).
   bool ensureDeviceSteps();

@@ -117,65 +117,92 @@ Result<Communicator::StreamSubmission> Communicator::beginStreamOrdered(std::spa
 }
 
 Result<bool> Communicator::submitStreamPlan(std::span<const OpRequest> ops, StreamSubmission& submission) {
-  // One operation between ranks whose every connection moves device memory
-  // (known per peer, no connection made), then the plan's own lanes.
-  if (ops.size() != 1 || nranks_ < 2 || bridge_->deviceReducer() == nullptr) return false;
-  const OpRequest& op = ops[0];
-  Result<std::shared_ptr<const PreparedPlan>> found = plans_->planFor(placedShape(op), false);
-  if (!found.isOk()) return false;  // prepareJob reports it
-  std::shared_ptr<const PreparedPlan> prepared = std::move(found).value();
+  // Between ranks, where every connection moves device memory (known per
+  // peer, no connection made), then the plan's own lanes.
+  if (nranks_ < 2 || bridge_->deviceReducer() == nullptr) return false;
+  const bool group = ops.size() > 1;
+  std::shared_ptr<const PreparedPlan> prepared;
+  std::vector<std::shared_ptr<const PreparedPlan>> parts;
+  for (const OpRequest& op : ops) {
+    Result<std::shared_ptr<const PreparedPlan>> found = plans_->planFor(placedShape(op), group);
+    if (!found.isOk()) return false;  // prepareJob reports it
+    prepared = std::move(found).value();
+    if (!connections_.movesDeviceMemory(*prepared->plan)) return false;
+    if (group) parts.push_back(prepared);
+  }
+  if (group) prepared = plans_->mergedPlanFor(std::move(parts));
   const Plan& plan = *prepared->plan;
-  if (plan.steps.empty() || !connections_.movesDeviceMemory(plan)) return false;
+  if (plan.steps.empty()) return false;
   std::vector<Connection*> lanes;
   SHOAL_TRY(connections_.forPlan(plan, lanes)) << describe();
   if (!ensureDeviceSteps()) return false;
-  if (!streamPlans_) streamPlans_ = std::make_unique<StreamPlans>(*cuda_, bridge_->deviceReducer(), deviceSteps_);
-  if (!streamPlans_->canRun(plan, lanes)) return false;
+  if (!streamPlans_) streamPlans_ = std::make_unique<StreamPlans>(*cuda_, *bridge_->deviceReducer(), deviceSteps_);
+  if (!streamPlans_->canRun(*prepared, lanes)) return false;
   if (failed_.load(std::memory_order_acquire)) {
     Status e = asyncError();
     return Status(e.code(), str(describe(), " is in an error state from an earlier operation: ", e.message()));
   }
 
-  std::vector<uint8_t*> buffers(kBuffersPerOp, nullptr);
-  buffers[kSendBuffer] = const_cast<uint8_t*>(static_cast<const uint8_t*>(op.sendbuff));
-  buffers[kRecvBuffer] = static_cast<uint8_t*>(op.recvbuff);
+  uint8_t* scratch = nullptr;
   if (plan.scratchBytes > 0) {
-    SHOAL_ASSIGN_OR_RETURN(buffers[kScratchBuffer], deviceSteps_->scratch(plan.scratchBytes), describe());
+    SHOAL_ASSIGN_OR_RETURN(scratch, deviceSteps_->scratch(plan.scratchBytes), describe());
   }
   SHOAL_ASSIGN_OR_RETURN(StreamBridge::Staged staged, bridge_->stage(ops, rank_, nranks_, /*direct=*/true),
                          describe());
+  std::vector<uint8_t*> buffers(ops.size() * kBuffersPerOp, nullptr);
   auto job = std::make_shared<Job>();
+  for (size_t k = 0; k < ops.size(); ++k) {
+    buffers[k * kBuffersPerOp + kSendBuffer] = const_cast<uint8_t*>(static_cast<const uint8_t*>(ops[k].sendbuff));
+    buffers[k * kBuffersPerOp + kRecvBuffer] = static_cast<uint8_t*>(ops[k].recvbuff);
+    const uint64_t offset = k < plan.scratchOffsets.size() ? plan.scratchOffsets[k] : 0;
+    buffers[k * kBuffersPerOp + kScratchBuffer] = scratch ? scratch + offset : nullptr;
+    job->opTags.push_back(tagFor(ops[k].shape));  // in op order, as a staged job takes them
+    job->opScalars.push_back(ops[k].scalar);
+  }
   job->prepared = prepared;
   job->laneConnections = lanes;
-  job->opTags = {tagFor(op.shape)};
-  job->opScalars = {op.scalar};
   job->queueId = reinterpret_cast<uintptr_t>(this);
   job->abortFlag = &abortFlag_;
   job->detached = true;
   if (!label_) label_ = std::make_shared<const std::string>(describe());
   job->commLabel = label_;
-  job->kind = op.shape.kind;
+  job->kind = ops[0].shape.kind;
+  job->groupedOps = ops.size();
   job->sequence = job->opTags[0] & 0xffffffffffffull;
   job->deviceSteps = deviceSteps_;  // its scratch lives while the job does
 
+  // A group's streams: the first leads; it starts after the others' earlier
+  // work, and their later work comes after the plan.
+  std::vector<cuda::StreamHandle> others;
+  for (const OpRequest& op : ops)
+    if (op.stream != ops[0].stream && std::find(others.begin(), others.end(), op.stream) == others.end())
+      others.push_back(op.stream);
   StreamPlans::Launch launch;
   launch.plan = &plan;
   launch.buffers = buffers;
   launch.laneConnections = lanes;
-  launch.scalar = &op.scalar;
-  launch.stream = op.stream;
+  launch.scalars = job->opScalars;
+  launch.tags = job->opTags;
+  launch.stream = ops[0].stream;
   launch.doneWord = staged.done;
   launch.seq = staged.seq;
-  launch.tag = job->opTags[0];
   launch.label = job->description();
   std::shared_ptr<StreamWatch> watch;
-  Status st = bridge_->enqueueAround(staged, op.stream, [&]() -> Status {
-    SHOAL_ASSIGN_OR_RETURN(watch, streamPlans_->enqueue(launch));
-    return Status::ok();
-  });
+  const cuda::StreamHandle lead[1] = {launch.stream};
+  Status st = streamPlans_->join(others, lead);
+  if (st.isOk()) {
+    st = bridge_->enqueueAround(staged, launch.stream, [&]() -> Status {
+      SHOAL_ASSIGN_OR_RETURN(watch, streamPlans_->enqueue(launch));
+      return Status::ok();
+    });
+  } else {
+    bridge_->release(staged);
+  }
+  if (st.isOk()) st = streamPlans_->join(lead, others);
   if (!st.isOk()) {
     // Part of the plan may be on the streams, and its peers' halves on
     // theirs: the communicator cannot go on (its links are released).
+    if (watch) watch->release();
     st = StatusBuilder(std::move(st)) << describe();
     setAsyncError(st);
     return st;
@@ -188,7 +215,7 @@ Result<bool> Communicator::submitStreamPlan(std::span<const OpRequest> ops, Stre
   submission.job = job;
   submission.ops.assign(ops.begin(), ops.end());
   submission.staged = std::make_shared<StreamBridge::Staged>(std::move(staged));
-  SHOAL_TRACE(subsys::kColl, job->description(), " count ", op.shape.count, " as a stream plan");
+  SHOAL_TRACE(subsys::kColl, job->description(), " count ", ops[0].shape.count, " as a stream plan");
   return true;
 }
 
@@ -223,7 +250,7 @@ bool Communicator::runsAsDevicePlan(std::span<const OpRequest> ops) {
   Result<std::shared_ptr<const PreparedPlan>> prepared = plans_->planFor(placedShape(op), false);
   if (!prepared.isOk()) return false;  // prepareJob reports it
   const Plan& plan = *prepared.value()->plan;
-  if (!connections_.movesDeviceMemory(plan) || !deviceStepsCanRun(plan)) return false;
+  if (!connections_.movesDeviceMemory(plan) || !prepared.value()->deviceStepsCanRun) return false;
   for (const void* buffer : {op.sendbuff, static_cast<const void*>(op.recvbuff)}) {
     if (buffer == nullptr) continue;
     Result<cuda::MemoryKind> kind = cuda_->memoryKind(buffer);

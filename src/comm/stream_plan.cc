@@ -112,13 +112,11 @@ StreamPlans::~StreamPlans() {
   if (!settled_) new std::shared_ptr<void>(std::move(scratchOwner_));
 }
 
-bool StreamPlans::canRun(const Plan& plan, const std::vector<Connection*>& laneConnections) const {
-  if (plan.lanes.empty() || laneConnections.size() != plan.lanes.size() || !deviceStepsCanRun(plan)) return false;
+bool StreamPlans::canRun(const PreparedPlan& prepared, const std::vector<Connection*>& laneConnections) const {
+  const Plan& plan = *prepared.plan;
+  if (plan.lanes.empty() || laneConnections.size() != plan.lanes.size() || !prepared.deviceStepsCanRun) return false;
   for (Connection* c : laneConnections)
     if (c == nullptr || c->streamLink() == nullptr) return false;
-  if (reducer_ == nullptr)
-    for (const Step& s : plan.steps)
-      if (s.kind == StepKind::kReduce) return false;
   return true;
 }
 
@@ -143,11 +141,12 @@ Status StreamPlans::runCompute(const Launch& launch, const Step& s) {
   const ReduceOp op = combineOpOf(s, shape);
   cuda::ReduceScalar scalar;
   if (op == ReduceOp::kPreMulSum) {
-    if (launch.scalar == nullptr) return internalError("stream plan: PreMulSum without its scalar");
-    scalar = launch.scalar->deviceScalar ? cuda::ReduceScalar::onDevice(launch.scalar->deviceScalar)
-                                         : cuda::ReduceScalar::element(shape.dtype, launch.scalar->bytes.data());
+    if (s.op >= launch.scalars.size()) return internalError("stream plan: PreMulSum without its scalar");
+    const OpScalar& given = launch.scalars[s.op];
+    scalar = given.deviceScalar ? cuda::ReduceScalar::onDevice(given.deviceScalar)
+                                : cuda::ReduceScalar::element(shape.dtype, given.bytes.data());
   }
-  return reducer_->launch(dst, a, b, s.bytes / dataTypeSize(shape.dtype), shape.dtype, elementOpOf(op), scalar,
+  return reducer_.launch(dst, a, b, s.bytes / dataTypeSize(shape.dtype), shape.dtype, elementOpOf(op), scalar,
                           launch.stream);
 }
 
@@ -213,12 +212,12 @@ Status StreamPlans::enqueueSteps(const Launch& launch) {
     switch (s.kind) {
       case StepKind::kSend:
         SHOAL_TRY(launch.laneConnections[s.lane]->streamLink()->enqueueSend(
-            launch.buffers[s.src.buffer] + s.src.offset, s.bytes, launch.tag, streamOf[i]))
+            launch.buffers[s.src.buffer] + s.src.offset, s.bytes, launch.tags[s.op], streamOf[i]))
             << "send to " << launch.laneConnections[s.lane]->peerDescription();
         break;
       case StepKind::kRecv:
         SHOAL_TRY(launch.laneConnections[s.lane]->streamLink()->enqueueRecv(
-            launch.buffers[s.dst.buffer] + s.dst.offset, s.bytes, launch.tag, streamOf[i]))
+            launch.buffers[s.dst.buffer] + s.dst.offset, s.bytes, launch.tags[s.op], streamOf[i]))
             << "receive from " << launch.laneConnections[s.lane]->peerDescription();
         break;
       default:
@@ -233,6 +232,18 @@ Status StreamPlans::enqueueSteps(const Launch& launch) {
   for (size_t lane : lanesUsed) {
     SHOAL_ASSIGN_OR_RETURN(cuda::EventHandle end, recordOn(laneStreams_[lane]));
     SHOAL_TRY(driver_.streamWaitEvent(launch.stream, end));
+  }
+  return Status::ok();
+}
+
+Status StreamPlans::join(std::span<const cuda::StreamHandle> from, std::span<const cuda::StreamHandle> waiting) {
+  if (from.empty() || waiting.empty()) return Status::ok();
+  for (cuda::StreamHandle f : from) {
+    SHOAL_ASSIGN_OR_RETURN(cuda::EventHandle e, driver_.createEvent(), "joining a group's streams");
+    Status st = driver_.recordEvent(e, f);
+    for (size_t i = 0; st.isOk() && i < waiting.size(); ++i) st = driver_.streamWaitEvent(waiting[i], e);
+    driver_.destroyEvent(e);  // freed once its work is done
+    SHOAL_TRY(st) << "joining a group's streams";
   }
   return Status::ok();
 }

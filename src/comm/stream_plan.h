@@ -1,7 +1,7 @@
 // StreamPlans: a communicator's operations that CUDA streams run by
 // themselves, with no host step (docs/cuda.md, "Stream plans").
 //
-// Role: when every lane of an operation's plan has a stream link
+// Role: when every lane of an operation's (or a group's merged) plan has a stream link
 // (StreamLink: cuda_ipc's stream ring) and its compute steps run on the GPU
 // (deviceStepsCanRun), the whole plan is enqueued when the user calls, on
 // the user's stream and one stream per lane: a Send or Recv is its link's
@@ -36,10 +36,10 @@ namespace shoal {
 
 class StreamPlans {
  public:
-  // In the context current on the calling thread; `reducer` may be null
-  // (plans with Reduce steps then cannot run here). `scratchOwner` owns the
-  // scratch the plans use (kept while a stream may use it).
-  StreamPlans(cuda::Driver& driver, const cuda::DeviceReducer* reducer, std::shared_ptr<void> scratchOwner)
+  // In the context current on the calling thread, whose reduction kernels
+  // `reducer` holds. `scratchOwner` owns the scratch the plans use (kept
+  // while a stream may use it).
+  StreamPlans(cuda::Driver& driver, const cuda::DeviceReducer& reducer, std::shared_ptr<void> scratchOwner)
       : driver_(driver), reducer_(reducer), scratchOwner_(std::move(scratchOwner)) {}
   // Waits (bounded) until the streams have passed every plan enqueued here
   // and frees the lane streams: true. False when a stream still holds a
@@ -51,27 +51,30 @@ class StreamPlans {
   StreamPlans(const StreamPlans&) = delete;
   StreamPlans& operator=(const StreamPlans&) = delete;
 
-  // Whether `plan` can run as a stream plan over these lane connections:
-  // every lane has a stream link, and every compute step is a Reduce (with
-  // the kernels loaded) or an unscaled Copy.
-  bool canRun(const Plan& plan, const std::vector<Connection*>& laneConnections) const;
+  // Whether a plan can run as a stream plan over these lane connections:
+  // every lane has a stream link, and every compute step is a Reduce or an
+  // unscaled Copy (PreparedPlan::deviceStepsCanRun).
+  bool canRun(const PreparedPlan& prepared, const std::vector<Connection*>& laneConnections) const;
 
   // What one plan needs besides the plan itself.
   struct Launch {
     const Plan* plan = nullptr;
     std::span<uint8_t* const> buffers;               // per plan buffer index (device-reachable)
     std::span<Connection* const> laneConnections;    // per plan lane
-    const OpScalar* scalar = nullptr;                // PreMulSum: host bytes or a device element
-    cuda::StreamHandle stream = nullptr;             // the user's stream
+    std::span<const OpScalar> scalars;               // per op; PreMulSum: host bytes or a device element
+    cuda::StreamHandle stream = nullptr;             // the user's stream (a group's first)
     const uint64_t* doneWord = nullptr;              // written (>= seq) by the stream after the plan
     uint64_t seq = 0;
-    uint64_t tag = 0;                                // the operation's (core/tag.h), carried by its messages
+    std::span<const uint64_t> tags;                  // per op (core/tag.h), carried by its messages
     std::string label;                               // for the deadline's message
   };
   // Enqueues the plan; the watch is the engine job's. On failure part of it
   // may be on the streams already: the caller fails the communicator and
   // releases the links (the watch's release does it).
   Result<std::shared_ptr<StreamWatch>> enqueue(const Launch& launch);
+  // Each stream of `waiting` waits for the work enqueued so far on each of
+  // `from` (an event per stream of `from`).
+  Status join(std::span<const cuda::StreamHandle> from, std::span<const cuda::StreamHandle> waiting);
 
  private:
   Status enqueueSteps(const Launch& launch);
@@ -79,7 +82,7 @@ class StreamPlans {
   Status runCompute(const Launch& launch, const Step& s);
 
   cuda::Driver& driver_;
-  const cuda::DeviceReducer* reducer_;
+  const cuda::DeviceReducer& reducer_;
   std::shared_ptr<void> scratchOwner_;
   std::vector<cuda::StreamHandle> laneStreams_;
   bool settled_ = false;

@@ -114,6 +114,7 @@ std::shared_ptr<const PreparedPlan> preparePlan(PlanPtr plan) {
     }
   }
   prepared->reduceOnReceive = findReducesOnReceive(*plan, *prepared);
+  prepared->deviceStepsCanRun = deviceStepsCanRun(*plan);
   prepared->plan = std::move(plan);
   return prepared;
 }

@@ -75,6 +75,8 @@ struct PreparedPlan {
     bool receivedFirst = false;
   };
   std::vector<ReduceOnReceiveStep> reduceOnReceive;
+  // deviceStepsCanRun(*plan), derived once.
+  bool deviceStepsCanRun = false;
 };
 std::shared_ptr<const PreparedPlan> preparePlan(PlanPtr plan);
 

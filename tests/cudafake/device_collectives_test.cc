@@ -662,6 +662,70 @@ TEST_CASE("stream plans over cuda_ipc run with no host step and give the right b
   CHECK(result.allPassed());
 }
 
+// A group is one stream plan (its merged plan): on two streams, the first
+// leads, starting after the other's earlier work, and the other's later
+// work comes after the group.
+TEST_CASE("stream plans run groups, on one stream or two", "[cudafake][mp]") {
+  auto result = forkedRanks(3, "cuda_ipc", {}, [&](shoal::testing::MpChild& child, ncclComm_t comm, CUstream s) {
+    const int r = child.rank(), n = child.nranks();
+    const size_t N = 3000;
+    CUstream other = nullptr;
+    if (cuStreamCreate(&other, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) return 2;
+    DeviceFloats a(N, [&](size_t i) { return val(r, i); });
+    DeviceFloats b(N), ra(N), gb(N * n);
+    // b is written on the other stream after a delay: the group must wait for it.
+    std::vector<float> hb(N);
+    for (size_t i = 0; i < N; ++i) hb[i] = val(r, i) * 2;
+    shoalFakeCudaStreamDelay(other, 200);
+    cuMemcpyHtoDAsync(b.ptr, hb.data(), N * sizeof(float), other);
+    const uint64_t syncsBefore = shoalFakeCudaCallCount("cuStreamSynchronize");
+    const uint64_t queriesBefore = shoalFakeCudaCallCount("cuEventQuery");
+    ncclGroupStart();
+    ncclAllReduce(a.at(), ra.at(), N, ncclFloat, ncclSum, comm, s);
+    ncclAllGather(b.at(), gb.at(), N, ncclFloat, comm, other);
+    if (ncclGroupEnd() != ncclSuccess) return 3;
+    // A ring of Send/Recv in one group, on one stream.
+    DeviceFloats recv(N);
+    const int to = (r + 1) % n, from = (r + n - 1) % n;
+    ncclGroupStart();
+    ncclSend(a.at(), N, ncclFloat, to, comm, s);
+    ncclRecv(recv.at(), N, ncclFloat, from, comm, s);
+    if (ncclGroupEnd() != ncclSuccess) return 4;
+    // A consumer on the other stream sees the first group's result.
+    std::vector<float> host(N * n, -1.0f);
+    cuMemcpyDtoHAsync(host.data(), gb.ptr, N * n * sizeof(float), other);
+    auto t0 = Clock::now();
+    while (cuStreamQuery(s) == CUDA_ERROR_NOT_READY || cuStreamQuery(other) == CUDA_ERROR_NOT_READY) {
+      if (msSince(t0) > 30000) return 5;
+      ::usleep(1000);
+    }
+    const uint64_t syncs = shoalFakeCudaCallCount("cuStreamSynchronize") - syncsBefore;
+    const uint64_t queries = shoalFakeCudaCallCount("cuEventQuery") - queriesBefore;
+    child.log("synchronize " + std::to_string(syncs) + ", event queries " + std::to_string(queries));
+    if (syncs != 0 || queries != 0) return 6;  // stream plans, not host steps
+    Mismatches bad;
+    for (size_t i = 0; i < N * n; ++i)
+      bad.expect(host[i] == 2 * val(static_cast<int>(i / N), i % N), "AllGather element " + std::to_string(i));
+    std::vector<float> got = ra.read();
+    for (size_t i = 0; i < N; ++i) {
+      float want = 0;
+      for (int q = 0; q < n; ++q) want += val(q, i);
+      bad.expect(got[i] == want, "AllReduce element " + std::to_string(i));
+    }
+    got = recv.read();
+    for (size_t i = 0; i < N; ++i) bad.expect(got[i] == val(from, i), "Recv element " + std::to_string(i));
+    if (bad.count) {
+      child.log(bad.first);
+      return 7;
+    }
+    cuStreamDestroy(other);
+    ncclCommDestroy(comm);
+    return 0;
+  });
+  INFO(result.report());
+  CHECK(result.allPassed());
+}
+
 // Ranks that call different operations over stream plans: the receiving
 // side compares each message's tag and size with what it expected, and the
 // operation fails with ncclInvalidUsage naming both; a rank whose stream
