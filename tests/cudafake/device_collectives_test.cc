@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "core/params.h"
+#include "cudafake/device_ranks.h"
 #include "cudafake/fake_cuda.h"
 #include "support/mp_harness.h"
 #include "support/scoped_env.h"
@@ -463,23 +464,7 @@ shoal::testing::MpResult forkedRanks(int n, const std::string& transport,
   cfg.hardLimitMs = hardLimitMs;
   cfg.env = std::move(env);
   cfg.env.emplace_back("SHOAL_TRANSPORT", transport);
-  return shoal::testing::runForked(cfg, [&](shoal::testing::MpChild& child) -> int {
-    if (cuInit(0) != CUDA_SUCCESS) return 10;
-    CUcontext ctx = nullptr;
-    if (cuDevicePrimaryCtxRetain(&ctx, 0) != CUDA_SUCCESS || cuCtxSetCurrent(ctx) != CUDA_SUCCESS) return 11;
-    CUstream s = nullptr;
-    if (cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) return 12;
-    ncclUniqueId id;
-    if (!child.uniqueId(&id)) return 13;
-    ncclComm_t comm = nullptr;
-    if (ncclCommInitRank(&comm, child.nranks(), id, child.rank()) != ncclSuccess) {
-      child.log(std::string("init: ") + ncclGetLastError(nullptr));
-      return 14;
-    }
-    int rc = body(child, comm, s);
-    child.barrier();
-    return rc;
-  });
+  return shoal::testing::forkedDeviceRanks(cfg, body);
 }
 
 }  // namespace

@@ -26,6 +26,7 @@
 #include "bootstrap/bootstrap.h"
 #include "core/params.h"
 #include "core/tag.h"
+#include "cudafake/device_ranks.h"
 #include "support/mp_harness.h"
 #include "transports/ofi/ofi_transport.h"
 #include "transports/registry.h"
@@ -93,20 +94,9 @@ TEST_CASE("over ofi device buffers are staged - logged with the reason - the cap
              {"FI_TCP_IFACE", "lo"},         {"NCCL_SOCKET_IFNAME", "lo"},
              {"NCCL_DEBUG", "INFO"},         {"NCCL_DEBUG_SUBSYS", "INIT,NET"},
              {"NCCL_DEBUG_FILE", std::string(logPath) + ".%p"}};
-  auto result = shoal::testing::runForked(cfg, [&](shoal::testing::MpChild& child) -> int {
-    // As an application does: the device's context current before init.
-    if (cuInit(0) != CUDA_SUCCESS) return 10;
-    CUcontext ctx = nullptr;
-    if (cuDevicePrimaryCtxRetain(&ctx, 0) != CUDA_SUCCESS || cuCtxSetCurrent(ctx) != CUDA_SUCCESS) return 11;
-    CUstream s = nullptr;
-    if (cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) return 12;
-    ncclUniqueId id;
-    if (!child.uniqueId(&id)) return 13;
-    ncclComm_t comm = nullptr;
-    if (ncclCommInitRank(&comm, child.nranks(), id, child.rank()) != ncclSuccess) {
-      child.log(std::string("init: ") + ncclGetLastError(nullptr));
-      return 14;
-    }
+  // As an application does: the device's context current before init.
+  auto result = shoal::testing::forkedDeviceRanks(cfg, [&](shoal::testing::MpChild& child, ncclComm_t comm,
+                                                           CUstream s) -> int {
     shoal::Transport* ofi = shoal::findTransport("ofi");
     if (ofi == nullptr) return 15;
     child.log(std::string("movesDeviceMemory ") + (ofi->movesDeviceMemory() ? "true" : "false"));
