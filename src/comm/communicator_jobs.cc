@@ -136,7 +136,12 @@ Result<bool> Communicator::submitStreamPlan(std::span<const OpRequest> ops, Stre
   std::vector<Connection*> lanes;
   SHOAL_TRY(connections_.forPlan(plan, lanes)) << describe();
   if (!ensureDeviceSteps()) return false;
-  if (!streamPlans_) streamPlans_ = std::make_unique<StreamPlans>(*cuda_, *bridge_->deviceReducer(), deviceSteps_);
+  if (!streamPlans_) {
+    streamPlans_ = std::make_unique<StreamPlans>(*cuda_, *bridge_->deviceReducer(), deviceSteps_);
+    SHOAL_INFO(subsys::kInit | subsys::kColl, describe(),
+               ": stream plans: operations whose every connection has a stream link run whole on the GPU's "
+               "streams (no host step while they run)");
+  }
   if (!streamPlans_->canRun(*prepared, lanes)) return false;
   if (failed_.load(std::memory_order_acquire)) {
     Status e = asyncError();

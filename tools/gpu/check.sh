@@ -114,8 +114,13 @@ perf() {
     echo "--- $bin: 2 processes over cuda_ipc"
     SHOAL_TRANSPORT=cuda_ipc perf_run "$bin" --procs 2 -b 8 -e "$PERF_MAX" -f 8 -n 5 -w 2 -c 1 || failed=1
   done
-  echo "--- all_reduce_perf: 2 processes over cuda_ipc, $BIG, bandwidth"
+  echo "--- all_reduce_perf: 2 processes over cuda_ipc, $BIG, bandwidth (stream plans)"
   SHOAL_TRANSPORT=cuda_ipc perf_run all_reduce_perf --procs 2 -b "$BIG" -e "$BIG" -n 5 -w 2 -c 1 || failed=1
+  echo "--- the same, the host stepping through the plan (SHOAL_CUDA_WAIT=kernel: no stream ring)"
+  SHOAL_CUDA_WAIT=kernel SHOAL_TRANSPORT=cuda_ipc perf_run all_reduce_perf --procs 2 -b "$BIG" -e "$BIG" -n 5 -w 2 -c 1 || failed=1
+  echo "--- which path ran (NCCL_DEBUG=INFO)"
+  SHOAL_TRANSPORT=cuda_ipc NCCL_DEBUG=INFO perf_run all_reduce_perf --procs 2 -b 1M -e 1M -n 1 -w 0 -c 1 2>&1 |
+    grep -E "stream plans|device plans" | head -4
   return $failed
 }
 
@@ -129,7 +134,7 @@ torch_stage() {
     python3 -m torch.distributed.run --standalone --nproc_per_node 2 "$ROOT/tools/gpu/torch_check.py"
 }
 
-# The goal's figures (torch_bench.py): N processes on one GPU, Shoal's device
+# The goal's figures (torch_bench.py): N processes on one GPU, Shoal's stream
 # plans over cuda_ipc and PyTorch's own NCCL, beside a device copy and the bound.
 bench_stage() {
   if ! python3 -c 'import torch, torch.distributed' 2>/dev/null; then
