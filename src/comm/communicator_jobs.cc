@@ -69,10 +69,8 @@ Result<Communicator::StreamSubmission> Communicator::beginStreamOrdered(std::spa
                           "replay collectives in graphs yet (call it outside the capture)");
   }
   submission.synchronous = bridge_->waitMode() == cuda::WaitMode::kSynchronous;
-  if (bridge_->waitMode() == cuda::WaitMode::kMemOps) {
-    SHOAL_ASSIGN_OR_RETURN(bool streamed, submitStreamPlan(kept, submission));
-    if (streamed) return submission;
-  }
+  SHOAL_ASSIGN_OR_RETURN(bool streamed, submitStreamPlan(kept, submission));
+  if (streamed) return submission;
   const bool direct = !submission.synchronous && runsAsDevicePlan(kept);
   SHOAL_ASSIGN_OR_RETURN(StreamBridge::Staged staged, bridge_->stage(kept, rank_, nranks_, direct), describe());
   auto held = std::make_shared<StreamBridge::Staged>(std::move(staged));
@@ -119,7 +117,7 @@ Result<Communicator::StreamSubmission> Communicator::beginStreamOrdered(std::spa
 Result<bool> Communicator::submitStreamPlan(std::span<const OpRequest> ops, StreamSubmission& submission) {
   // Between ranks, where every connection moves device memory (known per
   // peer, no connection made), then the plan's own lanes.
-  if (nranks_ < 2 || bridge_->deviceReducer() == nullptr) return false;
+  if (nranks_ < 2) return false;
   const bool group = ops.size() > 1;
   std::shared_ptr<const PreparedPlan> prepared;
   std::vector<std::shared_ptr<const PreparedPlan>> parts;
@@ -132,20 +130,40 @@ Result<bool> Communicator::submitStreamPlan(std::span<const OpRequest> ops, Stre
   }
   if (group) prepared = plans_->mergedPlanFor(std::move(parts));
   const Plan& plan = *prepared->plan;
-  if (plan.steps.empty()) return false;
+  // Whether a plan runs on the streams depends only on it and on its
+  // connections, the same on both sides of each: every rank decides alike.
+  if (plan.steps.empty() || !prepared->deviceStepsCanRun) return false;
+  if (anyInFlight_.load(std::memory_order_acquire)) releaseFinishedDetached();  // an earlier failure first
+  if (failed_.load(std::memory_order_acquire)) {
+    Status e = asyncError();
+    return Status(e.code(), str(describe(), " is in an error state from an earlier operation: ", e.message()));
+  }
   std::vector<Connection*> lanes;
   SHOAL_TRY(connections_.forPlan(plan, lanes)) << describe();
-  if (!ensureDeviceSteps()) return false;
+  if (!StreamPlans::linksAll(lanes)) return false;
+  // Its peers run it on their streams: so must this rank, or fail clearly.
+  if (bridge_->waitMode() != cuda::WaitMode::kMemOps)
+    return error(Code::kUnsupported, describe(), ": its cuda_ipc connections run stream plans, and this rank's "
+                 "streams no longer run stream memory operations");
+  if (!ensureDeviceSteps())
+    return error(Code::kCudaError, describe(), ": its connections run stream plans, and this rank has no "
+                 "device reduction kernels or device plan stream (see the INFO log)");
+  for (const OpRequest& op : ops)
+    for (const void* buffer : {op.sendbuff, static_cast<const void*>(op.recvbuff)}) {
+      if (buffer == nullptr) continue;
+      SHOAL_ASSIGN_OR_RETURN(cuda::MemoryKind kind, cuda_->memoryKind(buffer), describe());
+      if (kind != cuda::MemoryKind::kDevice) continue;  // managed, pinned: reachable through unified addressing
+      SHOAL_ASSIGN_OR_RETURN(int device, cuda_->deviceOfPointer(buffer), describe());
+      if (device != bridge_->device().ordinal)
+        return invalidArgument(describe(), ": ", collKindName(op.shape.kind), " buffer ", buffer,
+                               " is memory of CUDA device ", device, ", not of the communicator's device ",
+                               bridge_->device().ordinal);
+    }
   if (!streamPlans_) {
     streamPlans_ = std::make_unique<StreamPlans>(*cuda_, *bridge_->deviceReducer(), deviceSteps_);
     SHOAL_INFO(subsys::kInit | subsys::kColl, describe(),
                ": stream plans: operations whose every connection has a stream link run whole on the GPU's "
                "streams (no host step while they run)");
-  }
-  if (!streamPlans_->canRun(*prepared, lanes)) return false;
-  if (failed_.load(std::memory_order_acquire)) {
-    Status e = asyncError();
-    return Status(e.code(), str(describe(), " is in an error state from an earlier operation: ", e.message()));
   }
 
   uint8_t* scratch = nullptr;

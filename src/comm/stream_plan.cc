@@ -19,8 +19,9 @@ class StreamPlanWatch final : public StreamWatch {
     int peer = -1;
     StreamLink::Progress target;  // the counts once this plan has passed
   };
-  StreamPlanWatch(const uint64_t* doneWord, uint64_t seq, std::vector<Link> links)
-      : doneWord_(doneWord), seq_(seq), links_(std::move(links)) {}
+  StreamPlanWatch(const uint64_t* doneWord, uint64_t seq, std::vector<Link> links,
+                  std::shared_ptr<std::atomic<bool>> released)
+      : doneWord_(doneWord), seq_(seq), links_(std::move(links)), released_(std::move(released)) {}
 
   bool finished() override { return streamWordReached(doneWord_, seq_); }
 
@@ -61,6 +62,7 @@ class StreamPlanWatch final : public StreamWatch {
   }
 
   void release() override {
+    released_->store(true, std::memory_order_release);
     for (const Link& l : links_) l.link->release();
   }
 
@@ -68,6 +70,7 @@ class StreamPlanWatch final : public StreamWatch {
   const uint64_t* doneWord_;
   uint64_t seq_;
   std::vector<Link> links_;
+  std::shared_ptr<std::atomic<bool>> released_;
   uint64_t lastSeen_ = 0;
 };
 
@@ -79,26 +82,47 @@ constexpr int64_t kTeardownWaitMs = 10000;
 bool StreamPlans::settle() {
   if (settled_) return true;
   if (anyEnqueued_) {
-    // Every plan's end: its lanes' work too (the user's stream waited for
-    // them before recording the tail).
+    // Every plan's end (the user's stream waited for each lane before
+    // recording the tail), and each lane's own end: a plan whose enqueueing
+    // failed part way left lane work the tail does not cover.
+    std::vector<cuda::EventHandle> ends;
+    for (cuda::StreamHandle lane : laneStreams_) {
+      Result<cuda::EventHandle> e = driver_.createEvent();
+      if (!e.isOk()) continue;
+      if (driver_.recordEvent(e.value(), lane).isOk()) ends.push_back(e.value());
+      else driver_.destroyEvent(e.value());
+    }
+    if (tail_) ends.push_back(tail_);
     Deadline deadline = Deadline::afterMs(kTeardownWaitMs);
     Backoff backoff;
-    for (;;) {
-      Result<bool> done = driver_.eventDone(tail_);
-      if (!done.isOk() || done.value()) break;
-      if (deadline.expired()) {
-        SHOAL_WARN("stream plans: the streams have not passed the last plan ", kTeardownWaitMs,
-                   " ms after the communicator's end (work of the user's ahead of it?); the device memory "
-                   "they may use is not freed");
-        return false;
+    size_t passed = 0;
+    bool timedOut = false;
+    while (passed < ends.size()) {
+      Result<bool> done = driver_.eventDone(ends[passed]);
+      if (!done.isOk() || done.value()) {
+        ++passed;
+        continue;
       }
+      if (deadline.expired()) {
+        timedOut = true;
+        break;
+      }
+      // Released links stay released while we wait (a peer's streams may
+      // still write the words ours wait on).
+      if (released_->load(std::memory_order_acquire))
+        for (StreamLink* link : links_) link->release();
       backoff.pause();
     }
+    for (cuda::EventHandle e : ends)
+      if (e != tail_) driver_.destroyEvent(e);
+    if (timedOut) {
+      SHOAL_WARN("stream plans: the streams have not passed the last plan ", kTeardownWaitMs,
+                 " ms after the communicator's end (work of the user's ahead of it?); the device memory "
+                 "they may use is not freed");
+      return false;
+    }
   }
-  for (cuda::StreamHandle s : laneStreams_) {
-    (void)driver_.synchronize(s);
-    driver_.destroyStream(s);
-  }
+  for (cuda::StreamHandle lane : laneStreams_) driver_.destroyStream(lane);  // every lane has passed
   laneStreams_.clear();
   if (tail_) driver_.destroyEvent(tail_);
   tail_ = nullptr;
@@ -112,9 +136,8 @@ StreamPlans::~StreamPlans() {
   if (!settled_) new std::shared_ptr<void>(std::move(scratchOwner_));
 }
 
-bool StreamPlans::canRun(const PreparedPlan& prepared, const std::vector<Connection*>& laneConnections) const {
-  const Plan& plan = *prepared.plan;
-  if (plan.lanes.empty() || laneConnections.size() != plan.lanes.size() || !prepared.deviceStepsCanRun) return false;
+bool StreamPlans::linksAll(const std::vector<Connection*>& laneConnections) {
+  if (laneConnections.empty()) return false;
   for (Connection* c : laneConnections)
     if (c == nullptr || c->streamLink() == nullptr) return false;
   return true;
@@ -264,8 +287,9 @@ Result<std::shared_ptr<StreamWatch>> StreamPlans::enqueue(const Launch& launch) 
     if (std::any_of(links.begin(), links.end(), [&](const auto& l) { return l.connection == c; })) continue;
     StreamLink* link = c->streamLink();
     links.push_back(StreamPlanWatch::Link{link, c, launch.plan->lanes[lane].peer, link->progress()});
+    if (std::find(links_.begin(), links_.end(), link) == links_.end()) links_.push_back(link);
   }
-  auto watch = std::make_shared<StreamPlanWatch>(launch.doneWord, launch.seq, std::move(links));
+  auto watch = std::make_shared<StreamPlanWatch>(launch.doneWord, launch.seq, std::move(links), released_);
   if (!st.isOk()) {
     watch->release();  // nothing of ours waits for a plan its peers will not complete
     return StatusBuilder(std::move(st)) << launch.label << ": enqueueing a stream plan";

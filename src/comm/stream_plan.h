@@ -20,6 +20,7 @@
 // the communicator's user thread; watches on the engine's.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -51,10 +52,8 @@ class StreamPlans {
   StreamPlans(const StreamPlans&) = delete;
   StreamPlans& operator=(const StreamPlans&) = delete;
 
-  // Whether a plan can run as a stream plan over these lane connections:
-  // every lane has a stream link, and every compute step is a Reduce or an
-  // unscaled Copy (PreparedPlan::deviceStepsCanRun).
-  bool canRun(const PreparedPlan& prepared, const std::vector<Connection*>& laneConnections) const;
+  // Whether every lane's connection has a stream link.
+  static bool linksAll(const std::vector<Connection*>& laneConnections);
 
   // What one plan needs besides the plan itself.
   struct Launch {
@@ -86,6 +85,11 @@ class StreamPlans {
   std::shared_ptr<void> scratchOwner_;
   std::vector<cuda::StreamHandle> laneStreams_;
   bool settled_ = false;
+  // Every link a plan has used, and whether a plan has released its links
+  // (a failed job): settle() then releases them again while it waits, as a
+  // peer's streams still running may have overwritten the release.
+  std::vector<StreamLink*> links_;
+  std::shared_ptr<std::atomic<bool>> released_ = std::make_shared<std::atomic<bool>>(false);
   // Recorded on the user's stream at the end of the last plan enqueued:
   // the next plan's streams start after it.
   cuda::EventHandle tail_ = nullptr;

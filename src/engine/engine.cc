@@ -159,6 +159,8 @@ void Job::resetForReuse() {
   blockedLanes_.clear();
   failedPeer_ = -1;
   waitingOn_.clear();
+  draining_ = false;
+  drainStatus_ = Status::ok();
   completions_.clear();
   remaining_ = 0;
   passesSinceClock_ = 0;
@@ -612,6 +614,11 @@ void Engine::runReady(Job& job) {
 }
 
 bool Engine::progressJob(Job& job) {
+  if (job.draining_) [[unlikely]] {
+    job.streamWatch->release();
+    if (job.streamWatch->finished() || nowNs() > job.drainEndNs_) job.finish(std::move(job.drainStatus_));
+    return false;
+  }
   if (job.abortFlag && job.abortFlag->load(std::memory_order_relaxed)) {
     failJob(job, error(Code::kAborted, "the communicator was aborted"));
     return true;
@@ -832,9 +839,17 @@ std::string Engine::waitingList(Job& job) const {
 }
 
 void Engine::failJob(Job& job, Status status) {
-  if (job.isDone()) return;
+  if (job.isDone() || job.draining_) return;
   status.withContext(job.description());
   SHOAL_WARN(status.message());
+  if (job.streamWatch && job.started_) {
+    // Its streams may still wait on the links: released until they pass.
+    job.draining_ = true;
+    job.drainStatus_ = std::move(status);
+    job.drainEndNs_ = nowNs() + kDrainMs * 1000000;
+    job.streamWatch->release();
+    return;
+  }
   job.finish(std::move(status));
 }
 

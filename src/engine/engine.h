@@ -148,7 +148,9 @@ class StreamWatch {
   // appends the ranks waited on to `peers`.
   virtual std::string waitingOn(std::vector<int>& peers) = 0;
   // From now on every wait of the plan's streams passes (the job failed):
-  // the streams run to the plan's end on whatever bytes are there.
+  // the streams run to the plan's end on whatever bytes are there, and the
+  // peers learn that the links broke. Called again while the job drains: a
+  // peer's streams still running may have overwritten what it wrote.
   virtual void release() = 0;
 };
 
@@ -246,6 +248,12 @@ class Job {
   std::vector<int> connectionPeers_;      // peer rank of each of connections_
   int failedPeer_ = -1;
   std::vector<int> waitingOn_;
+  // A stream plan that failed drains before it finishes with drainStatus_:
+  // its links are released on every pass until its streams have passed
+  // the plan (or kDrainMs went by).
+  bool draining_ = false;
+  Status drainStatus_;
+  int64_t drainEndNs_ = 0;
   std::vector<Completion> completions_;
   PeerWindow window_;  // peer-reading plans: the peers' buffers
   uint64_t reportedEpoch_ = 0;  // the last report request this job answered
@@ -334,6 +342,9 @@ class Engine {
   static constexpr uint32_t kQuietLooks = 8;
   // No connection of the job might progress and it has nothing to post.
   static bool quiet(const Job& job);
+  // How long a failed stream plan's job releases its links before it
+  // finishes anyway (a stream held by the user's own work).
+  static constexpr int64_t kDrainMs = 10000;
   // Copy/reduce bytes one runReady() call runs before it lets its caller poll.
   static constexpr uint64_t kComputeBytesPerPass = 1 << 20;
   bool progressJob(Job& job);

@@ -736,6 +736,9 @@ TEST_CASE("stream plans report ranks that called different operations and releas
     child.log("stream released after " + std::to_string(ms) + " ms, async " + ncclGetErrorString(async) + ": " + why);
     if (async != ncclInvalidUsage && async != ncclRemoteError && async != ncclSystemError) return 4;
     if (async == ncclInvalidUsage && why.find("message mismatch") == std::string::npos) return 5;
+    // The communicator has failed: a matching call now is refused, not run
+    // on a released ring.
+    if (ncclAllReduce(buf.at(), buf.at(), 1000, ncclFloat, ncclSum, comm, s) == ncclSuccess) return 6;
     ncclCommAbort(comm);
     return 0;
   });

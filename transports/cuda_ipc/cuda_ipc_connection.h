@@ -83,6 +83,9 @@ struct Control {
   uint64_t slotBytes = 0;
   uint32_t streamRing = 0;  // 1: the allocation's second FIFO pair is the stream ring
   std::atomic<uint32_t> closed[2];
+  // Set for good by a side that released the stream ring (a failed stream
+  // plan): neither side enqueues on it again, and a plan still on it fails.
+  std::atomic<uint32_t> streamBroken{0};
   Lane lanes[2];
   StreamLane streamLanes[2];
 };
@@ -129,6 +132,8 @@ class CudaIpcConnection final : public Connection, private StreamLink {
   Progress progress() const override;
   Status verify() override;
   void release() override;
+  // An error once the ring may not be used: released, or the connection failed.
+  Status usableStreamRing() const;
 
   explicit CudaIpcConnection(ConnectionSetup setup);
 
@@ -176,6 +181,7 @@ class CudaIpcConnection final : public Connection, private StreamLink {
   uint64_t recvConsumed_ = 0;   // == in_->consumed
   uint32_t idlePolls_ = 0;
   Status failed_;
+  std::atomic<bool> hostRingFailed_{false};  // failed_ is set (read by the enqueuing thread)
   // The stream ring: chunks enqueued each way (written on the enqueuing
   // thread, read by progress() from any thread).
   std::atomic<uint64_t> streamSendEnqueued_{0}, streamRecvEnqueued_{0};
@@ -183,7 +189,10 @@ class CudaIpcConnection final : public Connection, private StreamLink {
   // slot into a pinned log (entry m % kHeaderLog) before it hands the slot
   // back, and what each receive expected, checked in order by verify().
   static constexpr uint64_t kHeaderLog = 1024;
-  uint64_t* headerLog_ = nullptr;  // kHeaderLog x {tag, bytes}
+  // kHeaderLog x {tag, bytes}, then the count of messages whose header the
+  // stream has copied (written by the stream after each copy).
+  uint64_t* headerLog_ = nullptr;
+  uint64_t* headersLogged() const { return headerLog_ + 2 * kHeaderLog; }
   struct Expected {
     uint64_t message = 0, firstChunk = 0, tag = 0, bytes = 0;
   };

@@ -310,9 +310,11 @@ class CudaIpcTransport final : public Transport {
     setup.streamRing = driver.waitModeOf(options.self->gpu) == cuda::WaitMode::kMemOps;
     if (setup.streamRing) {
       if (Status st = driver.registerHost(setup.control, cuda_ipc::controlBytes()); !st.isOk()) {
-        SHOAL_INFO(subsys::kNet, "cuda_ipc: no stream ring with ", setup.peerDescription,
-                   ": registering the control block: ", st.message());
-        setup.streamRing = false;
+        // Not a quiet downgrade: every connection of a rank has the ring or none.
+        ::munmap(setup.control, cuda_ipc::controlBytes());
+        (void)driver.deviceFree(setup.fifo);
+        return StatusBuilder(std::move(st)) << "cuda_ipc: registering the stream ring's control block for "
+                                            << setup.peerDescription;
       }
     }
     setup.control->streamRing = setup.streamRing ? 1 : 0;
@@ -360,19 +362,23 @@ class CudaIpcTransport final : public Transport {
       ::munmap(setup.control, cuda_ipc::controlBytes());
       return remoteError(setup.peerDescription, " sent a cuda_ipc control block that does not match its hello");
     }
-    // Both sides run the stream ring or neither: its messages are matched
-    // only with the peer's stream messages.
+    // Both sides run the stream ring or neither, and so do all of a rank's
+    // connections: its messages are matched only with the peer's stream
+    // messages, and a plan runs on the streams only if every lane can.
     setup.streamRing = arrival.hello.streamRing;
+    const bool mine = driver.waitModeOf(options.self->gpu) == cuda::WaitMode::kMemOps;
+    if (mine != setup.streamRing) {
+      ::munmap(setup.control, cuda_ipc::controlBytes());
+      return invalidUsage("cuda_ipc connection to ", setup.peerDescription, ": ",
+                          mine ? "this rank's" : "the peer's", " streams run stream memory operations and ",
+                          mine ? "the peer's" : "this rank's",
+                          " do not (SHOAL_CUDA_WAIT, or the device): give every rank the same SHOAL_CUDA_WAIT");
+    }
     if (setup.streamRing) {
-      Status st = driver.waitModeOf(options.self->gpu) == cuda::WaitMode::kMemOps
-                      ? driver.registerHost(setup.control, cuda_ipc::controlBytes())
-                      : error(Code::kUnsupported, "this rank's streams do not run stream memory operations "
-                                                  "(SHOAL_CUDA_WAIT, or the device)");
-      if (!st.isOk()) {
+      if (Status st = driver.registerHost(setup.control, cuda_ipc::controlBytes()); !st.isOk()) {
         ::munmap(setup.control, cuda_ipc::controlBytes());
-        return invalidUsage("cuda_ipc connection to ", setup.peerDescription,
-                            ": the peer runs stream plans over stream memory operations and this rank cannot (",
-                            st.message(), "); give every rank the same SHOAL_CUDA_WAIT");
+        return StatusBuilder(std::move(st)) << "cuda_ipc: registering the stream ring's control block of "
+                                            << setup.peerDescription;
       }
     }
     Result<void*> fifo = driver.importDeviceMemory(arrival.fifo.get(), arrival.hello.allocationBytes);
