@@ -504,9 +504,18 @@ TEST_CASE("every collective on device buffers as processes over shm, tcp and cud
 // few types; integer avg and a device-memory PreMulSum scalar stay staged.
 TEST_CASE("device plans over cuda_ipc give the host path's bytes for every type and operator", "[cudafake][mp]") {
   // Stream plans (stream memory operations), and plans the host steps
-  // through (the wait kernel: no stream ring).
-  for (const char* wait : {"memops", "kernel"}) {
-  auto result = forkedRanks(3, "cuda_ipc", {{"SHOAL_CUDA_WAIT", wait}}, [&](shoal::testing::MpChild& child, ncclComm_t comm, CUstream s) {
+  // through (no stream ring: the wait kernel, stream plans switched off, too
+  // few hardware queues), told apart by the event queries the host makes.
+  struct Variant {
+    std::pair<std::string, std::string> env;
+    bool streamPlans;
+  };
+  for (const Variant& variant : {Variant{{"SHOAL_CUDA_WAIT", "memops"}, true},
+                                 Variant{{"SHOAL_CUDA_WAIT", "kernel"}, false},
+                                 Variant{{"SHOAL_CUDA_STREAM_PLANS", "0"}, false},
+                                 Variant{{"CUDA_DEVICE_MAX_CONNECTIONS", "2"}, false}}) {
+  const std::string wait = variant.env.first + "=" + variant.env.second;
+  auto result = forkedRanks(3, "cuda_ipc", {variant.env}, [&](shoal::testing::MpChild& child, ncclComm_t comm, CUstream s) {
     struct Case {
       ncclDataType_t type;
       size_t size;
@@ -532,6 +541,19 @@ TEST_CASE("device plans over cuda_ipc give the host path's bytes for every type 
     cuMemcpyHtoD(scalar, &host, 8);
     if (ncclRedOpCreatePreMulSum(&premulDevice, reinterpret_cast<void*>(scalar), ncclFloat64, ncclScalarDevice, comm) != ncclSuccess) return 21;
     cases.push_back({ncclFloat64, 8, premulDevice});
+    // Which path: a float sum, polled by the host only when it steps.
+    uint64_t queries = shoalFakeCudaCallCount("cuEventQuery");
+    {
+      CUdeviceptr probe = 0;
+      cuMemAlloc(&probe, 70001 * 4);
+      cuMemsetD8(probe, 0, 70001 * 4);
+      if (ncclAllReduce(reinterpret_cast<void*>(probe), reinterpret_cast<void*>(probe), 70001, ncclFloat, ncclSum,
+                        comm, s) != ncclSuccess)
+        return 7;
+      cuStreamSynchronize(s);
+      cuMemFree(probe);
+    }
+    queries = shoalFakeCudaCallCount("cuEventQuery") - queries;
     const uint64_t launchesBefore = shoalFakeCudaCallCount("cuLaunchKernel");
     for (size_t count : {size_t{1}, size_t{777}, size_t{70001}}) {
       for (const Case& c : cases) {
@@ -567,8 +589,9 @@ TEST_CASE("device plans over cuda_ipc give the host path's bytes for every type 
       }
     }
     const uint64_t launches = shoalFakeCudaCallCount("cuLaunchKernel") - launchesBefore;
-    child.log("kernel launches " + std::to_string(launches));
+    child.log("kernel launches " + std::to_string(launches) + ", event queries " + std::to_string(queries));
     if (launches == 0) return 5;
+    if (variant.streamPlans != (queries == 0)) return 6;  // the host polls copies only when it steps
     ncclRedOpDestroy(premulHost, comm);
     ncclRedOpDestroy(premulDevice, comm);
     cuMemFree(scalar);
