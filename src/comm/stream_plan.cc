@@ -126,6 +126,8 @@ bool StreamPlans::settle() {
   laneStreams_.clear();
   if (tail_) driver_.destroyEvent(tail_);
   tail_ = nullptr;
+  for (cuda::EventHandle e : events_) driver_.destroyEvent(e);
+  events_.clear();
   settled_ = true;
   return true;
 }
@@ -184,17 +186,16 @@ Status StreamPlans::enqueueSteps(const Launch& launch) {
       SHOAL_ASSIGN_OR_RETURN(streamOf[i], laneStream(static_cast<size_t>(s.lane)));
     }
   }
-  std::vector<cuda::EventHandle> events;  // destroyed at the end: CUDA frees them once their work is done
-  struct DestroyEvents {
-    cuda::Driver& driver;
-    std::vector<cuda::EventHandle>& events;
-    ~DestroyEvents() {
-      for (cuda::EventHandle e : events) driver.destroyEvent(e);
-    }
-  } destroyEvents{driver_, events};
+  // Events come from a pool kept across plans: a wait takes the event's
+  // record as it stands when the wait is enqueued, so recording it again
+  // for the next plan leaves this plan's waits as they were.
+  size_t used = 0;
   auto recordOn = [&](cuda::StreamHandle stream) -> Result<cuda::EventHandle> {
-    SHOAL_ASSIGN_OR_RETURN(cuda::EventHandle e, driver_.createEvent());
-    events.push_back(e);
+    if (used == events_.size()) {
+      SHOAL_ASSIGN_OR_RETURN(cuda::EventHandle fresh, driver_.createEvent());
+      events_.push_back(fresh);
+    }
+    cuda::EventHandle e = events_[used++];
     SHOAL_TRY(driver_.recordEvent(e, stream));
     return e;
   };

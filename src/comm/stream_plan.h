@@ -93,6 +93,7 @@ class StreamPlans {
   // Recorded on the user's stream at the end of the last plan enqueued:
   // the next plan's streams start after it.
   cuda::EventHandle tail_ = nullptr;
+  std::vector<cuda::EventHandle> events_;  // reused by every plan (enqueueSteps)
   bool anyEnqueued_ = false;
 };
 
