@@ -122,17 +122,21 @@ Result<bool> Communicator::submitStreamPlan(std::span<const OpRequest> ops, Stre
   std::shared_ptr<const PreparedPlan> prepared;
   std::vector<std::shared_ptr<const PreparedPlan>> parts;
   for (const OpRequest& op : ops) {
-    Result<std::shared_ptr<const PreparedPlan>> found = plans_->planFor(placedShape(op), group);
+    const CollShape shape = placedShape(op);
+    Result<std::shared_ptr<const PreparedPlan>> found = plans_->planFor(shape, group);
     if (!found.isOk()) return false;  // prepareJob reports it
     prepared = std::move(found).value();
     if (!connections_.movesDeviceMemory(*prepared->plan)) return false;
+    // Whether it runs on the streams depends on what every rank's plan
+    // holds and on the connections, the same on both sides of each: every
+    // rank decides alike.
+    Result<bool> everywhere = plans_->deviceStepsRunEverywhere(shape, group);
+    if (!everywhere.isOk() || !everywhere.value()) return false;
     if (group) parts.push_back(prepared);
   }
   if (group) prepared = plans_->mergedPlanFor(std::move(parts));
   const Plan& plan = *prepared->plan;
-  // Whether a plan runs on the streams depends only on it and on its
-  // connections, the same on both sides of each: every rank decides alike.
-  if (plan.steps.empty() || !prepared->deviceStepsCanRun) return false;
+  if (plan.steps.empty()) return false;
   if (anyInFlight_.load(std::memory_order_acquire)) releaseFinishedDetached();  // an earlier failure first
   if (failed_.load(std::memory_order_acquire)) {
     Status e = asyncError();
@@ -141,15 +145,24 @@ Result<bool> Communicator::submitStreamPlan(std::span<const OpRequest> ops, Stre
   std::vector<Connection*> lanes;
   SHOAL_TRY(connections_.forPlan(plan, lanes)) << describe();
   if (!StreamPlans::linksAll(lanes)) return false;
-  // Its peers run it on their streams: so must this rank, or fail clearly.
+  // Its peers run it on their streams: so must this rank, or fail the
+  // communicator (and the rings, so that the peers fail now, not at their
+  // deadline).
+  auto cannot = [&](Status st) -> Status {
+    for (Connection* c : lanes) c->streamLink()->release();
+    setAsyncError(st);
+    return st;
+  };
   if (bridge_->waitMode() != cuda::WaitMode::kMemOps)
-    return error(Code::kUnsupported, describe(), ": its cuda_ipc connections run stream plans, and this rank's "
-                 "streams no longer run stream memory operations");
+    return cannot(error(Code::kUnsupported, describe(), ": its cuda_ipc connections run stream plans, and this "
+                        "rank's streams no longer run stream memory operations"));
   if (!ensureDeviceSteps())
-    return error(Code::kCudaError, describe(), ": its connections run stream plans, and this rank has no "
-                 "device reduction kernels or device plan stream (see the INFO log)");
-  for (const OpRequest& op : ops)
-    for (const void* buffer : {op.sendbuff, static_cast<const void*>(op.recvbuff)}) {
+    return cannot(error(Code::kCudaError, describe(), ": its connections run stream plans, and this rank has no "
+                        "device reduction kernels or device plan stream (see the INFO log)"));
+  for (const OpRequest& op : ops) {
+    const OpLayout layout = opLayout(op.shape, rank_, nranks_);
+    for (const void* buffer : {layout.sendBytes ? op.sendbuff : nullptr,
+                               layout.recvBytes ? static_cast<const void*>(op.recvbuff) : nullptr}) {
       if (buffer == nullptr) continue;
       SHOAL_ASSIGN_OR_RETURN(cuda::MemoryKind kind, cuda_->memoryKind(buffer), describe());
       if (kind != cuda::MemoryKind::kDevice) continue;  // managed, pinned: reachable through unified addressing
@@ -159,6 +172,7 @@ Result<bool> Communicator::submitStreamPlan(std::span<const OpRequest> ops, Stre
                                " is memory of CUDA device ", device, ", not of the communicator's device ",
                                bridge_->device().ordinal);
     }
+  }
   if (!streamPlans_) {
     streamPlans_ = std::make_unique<StreamPlans>(*cuda_, *bridge_->deviceReducer(), deviceSteps_);
     SHOAL_INFO(subsys::kInit | subsys::kColl, describe(),
@@ -226,6 +240,8 @@ Result<bool> Communicator::submitStreamPlan(std::span<const OpRequest> ops, Stre
     // Part of the plan may be on the streams, and its peers' halves on
     // theirs: the communicator cannot go on (its links are released).
     if (watch) watch->release();
+    else
+      for (Connection* c : lanes) c->streamLink()->release();
     st = StatusBuilder(std::move(st)) << describe();
     setAsyncError(st);
     return st;
@@ -357,8 +373,10 @@ void Communicator::releaseFinishedDetached() {
 }
 
 void Communicator::dropFinishedDetachedLocked() {
-  for (const auto& job : inFlight_)
+  for (const auto& job : inFlight_) {
     if (job->isDone() && !job->status().isOk()) setAsyncError(job->status());
+    else if (const Status* failing = job->failing()) setAsyncError(*failing);  // a stream plan draining
+  }
   eraseFinishedLocked();
 }
 

@@ -31,6 +31,28 @@ Result<std::shared_ptr<const PreparedPlan>> PlanCache::planFor(const CollShape& 
   return prepared;
 }
 
+Result<bool> PlanCache::deviceStepsRunEverywhere(const CollShape& shape, bool grouped) {
+  auto& cache = grouped ? groupEverywhere_ : everywhere_;
+  auto it = cache.find(shape);
+  if (it != cache.end()) return it->second;
+  SHOAL_ASSIGN_OR_RETURN(std::shared_ptr<const PreparedPlan> own, planFor(shape, grouped));
+  bool everywhere = own->deviceStepsCanRun;
+  // A Send's or Recv's plan is one message: its peer's is the mirror.
+  if (everywhere && shape.kind != CollKind::kSend && shape.kind != CollKind::kRecv) {
+    RankView view = grouped ? groupView_ : view_;
+    SHOAL_ASSIGN_OR_RETURN(TunerChoice choice, tuner_->choose(shape, view));
+    for (int r = 0; everywhere && r < view.nranks; ++r) {
+      if (r == view.rank) continue;
+      RankView other = view;
+      other.rank = r;
+      everywhere = deviceStepsCanRun(choice.algorithm->build(shape, other, choice.params));
+    }
+  }
+  if (cache.size() >= kLimit) cache.clear();
+  cache.emplace(shape, everywhere);
+  return everywhere;
+}
+
 std::shared_ptr<const PreparedPlan> PlanCache::mergedPlanFor(std::vector<std::shared_ptr<const PreparedPlan>> parts) {
   std::vector<const PreparedPlan*> key;
   key.reserve(parts.size());

@@ -39,6 +39,11 @@ class PlanCache {
   Result<std::shared_ptr<const PreparedPlan>> planFor(const CollShape& shape, bool grouped);
   // The plan of a group's operations merged (mergePlans), in this order.
   std::shared_ptr<const PreparedPlan> mergedPlanFor(std::vector<std::shared_ptr<const PreparedPlan>> parts);
+  // Whether every rank's plan for the shape has only compute steps the GPU
+  // runs (deviceStepsCanRun). Builders give ranks different steps (a
+  // chain's root divides, its start scales), and a choice that rides on it
+  // must be the same on every rank. Built for each rank once per shape.
+  Result<bool> deviceStepsRunEverywhere(const CollShape& shape, bool grouped);
   // The tuner's estimate for one operation, in microseconds.
   Result<double> estimateUs(const CollShape& shape) const;
 
@@ -62,6 +67,7 @@ class PlanCache {
   RankView groupView_;  // view_ without peer reads: peer-reading plans are single-op
   Plans plans_;
   Plans groupPlans_;
+  std::unordered_map<CollShape, bool, ShapeHash, ShapeEqual> everywhere_, groupEverywhere_;
   // Merged plans keyed by their parts' prepared plans in order; an entry holds
   // those parts, so their addresses stay unique while it lives. (Merging a
   // send and a receive costs ~7000 instructions, ~4x a whole 8-byte

@@ -81,25 +81,47 @@ constexpr int64_t kTeardownWaitMs = 10000;
 
 bool StreamPlans::settle() {
   if (settled_) return true;
-  if (anyEnqueued_) {
+  // Its own context, whatever the calling thread has current (a destroy
+  // from another thread, or with no context).
+  if (context_ == nullptr || !driver_.pushContext(context_).isOk()) {
+    SHOAL_WARN("stream plans: cannot make their CUDA context current to wait for their streams; their device "
+               "memory is not freed");
+    return false;
+  }
+  struct Pop {
+    cuda::Driver& driver;
+    ~Pop() { driver.popContext(); }
+  } pop{driver_};
+  if (!laneStreams_.empty() || tail_ != nullptr) {
     // Every plan's end (the user's stream waited for each lane before
     // recording the tail), and each lane's own end: a plan whose enqueueing
     // failed part way left lane work the tail does not cover.
     std::vector<cuda::EventHandle> ends;
+    bool lost = false;  // a lane whose end cannot be known: nothing is freed
     for (cuda::StreamHandle lane : laneStreams_) {
       Result<cuda::EventHandle> e = driver_.createEvent();
-      if (!e.isOk()) continue;
+      if (!e.isOk()) {
+        lost = true;
+        continue;
+      }
       if (driver_.recordEvent(e.value(), lane).isOk()) ends.push_back(e.value());
-      else driver_.destroyEvent(e.value());
+      else {
+        driver_.destroyEvent(e.value());
+        lost = true;
+      }
     }
     if (tail_) ends.push_back(tail_);
     Deadline deadline = Deadline::afterMs(kTeardownWaitMs);
     Backoff backoff;
     size_t passed = 0;
-    bool timedOut = false;
-    while (passed < ends.size()) {
+    bool timedOut = lost;
+    while (!timedOut && passed < ends.size()) {
       Result<bool> done = driver_.eventDone(ends[passed]);
-      if (!done.isOk() || done.value()) {
+      if (!done.isOk()) {
+        timedOut = true;
+        break;
+      }
+      if (done.value()) {
         ++passed;
         continue;
       }

@@ -41,7 +41,10 @@ class StreamPlans {
   // `reducer` holds. `scratchOwner` owns the scratch the plans use (kept
   // while a stream may use it).
   StreamPlans(cuda::Driver& driver, const cuda::DeviceReducer& reducer, std::shared_ptr<void> scratchOwner)
-      : driver_(driver), reducer_(reducer), scratchOwner_(std::move(scratchOwner)) {}
+      : driver_(driver), reducer_(reducer), scratchOwner_(std::move(scratchOwner)) {
+    Result<cuda::ContextHandle> current = driver_.currentContext();
+    if (current.isOk()) context_ = current.value();
+  }
   // Waits (bounded) until the streams have passed every plan enqueued here
   // and frees the lane streams: true. False when a stream still holds a
   // plan after the bound; then nothing is freed (the caller keeps the
@@ -83,6 +86,7 @@ class StreamPlans {
   cuda::Driver& driver_;
   const cuda::DeviceReducer& reducer_;
   std::shared_ptr<void> scratchOwner_;
+  cuda::ContextHandle context_ = nullptr;  // the lane streams' (current when made)
   std::vector<cuda::StreamHandle> laneStreams_;
   bool settled_ = false;
   // Every link a plan has used, and whether a plan has released its links

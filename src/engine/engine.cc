@@ -160,6 +160,7 @@ void Job::resetForReuse() {
   failedPeer_ = -1;
   waitingOn_.clear();
   draining_ = false;
+  failing_.store(false, std::memory_order_relaxed);
   drainStatus_ = Status::ok();
   completions_.clear();
   remaining_ = 0;
@@ -303,10 +304,10 @@ bool Engine::pumpOnce() {
     if (!job.started_) {
       if (job.streamReady && !job.streamReached()) {
         // Its stream has not reached it: no deadline runs, but abort ends it.
-        if (job.abortFlag && job.abortFlag->load(std::memory_order_relaxed)) {
+        if (job.draining_) drainStep(job);
+        else if (job.abortFlag && job.abortFlag->load(std::memory_order_relaxed))
           failJob(job, error(Code::kAborted, "the communicator was aborted"));
-          anyDone = true;
-        }
+        anyDone |= job.isDone();
         continue;
       }
       startJob(job);
@@ -615,8 +616,7 @@ void Engine::runReady(Job& job) {
 
 bool Engine::progressJob(Job& job) {
   if (job.draining_) [[unlikely]] {
-    job.streamWatch->release();
-    if (job.streamWatch->finished() || nowNs() > job.drainEndNs_) job.finish(std::move(job.drainStatus_));
+    drainStep(job);
     return false;
   }
   if (job.abortFlag && job.abortFlag->load(std::memory_order_relaxed)) {
@@ -842,15 +842,22 @@ void Engine::failJob(Job& job, Status status) {
   if (job.isDone() || job.draining_) return;
   status.withContext(job.description());
   SHOAL_WARN(status.message());
-  if (job.streamWatch && job.started_) {
-    // Its streams may still wait on the links: released until they pass.
+  if (job.streamWatch) {
+    // Its streams may wait on the links (or reach the plan later): released
+    // until they have passed it. The error is readable at once (failing()).
     job.draining_ = true;
     job.drainStatus_ = std::move(status);
+    job.failing_.store(true, std::memory_order_release);
     job.drainEndNs_ = nowNs() + kDrainMs * 1000000;
     job.streamWatch->release();
     return;
   }
   job.finish(std::move(status));
+}
+
+void Engine::drainStep(Job& job) {
+  job.streamWatch->release();
+  if (job.streamWatch->finished() || nowNs() > job.drainEndNs_) job.finish(Status(job.drainStatus_));
 }
 
 void Engine::retire(uint64_t queueId, const Status& reason) {

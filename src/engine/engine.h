@@ -222,6 +222,9 @@ class Job {
   int failedPeer() const { return failedPeer_; }
   // On a no-progress timeout: the peers the job was waiting on.
   const std::vector<int>& waitingOn() const { return waitingOn_; }
+  // A stream plan's job that has failed and drains (not done yet): its
+  // error, readable from any thread; null otherwise.
+  const Status* failing() const { return failing_.load(std::memory_order_acquire) ? &drainStatus_ : nullptr; }
 
  private:
   friend class Engine;
@@ -252,7 +255,8 @@ class Job {
   // its links are released on every pass until its streams have passed
   // the plan (or kDrainMs went by).
   bool draining_ = false;
-  Status drainStatus_;
+  Status drainStatus_;  // set once, before failing_
+  std::atomic<bool> failing_{false};
   int64_t drainEndNs_ = 0;
   std::vector<Completion> completions_;
   PeerWindow window_;  // peer-reading plans: the peers' buffers
@@ -348,6 +352,9 @@ class Engine {
   // Copy/reduce bytes one runReady() call runs before it lets its caller poll.
   static constexpr uint64_t kComputeBytesPerPass = 1 << 20;
   bool progressJob(Job& job);
+  // One pass of a failed stream plan's drain: releases its links again and
+  // finishes it once its streams have passed the plan or kDrainMs went by.
+  static void drainStep(Job& job);
   // The job's report, no-progress deadline and stalled-peer checks, after a
   // pass that did (or did not) progress it. True when the job failed.
   bool watchDeadlines(Job& job, bool progressed);

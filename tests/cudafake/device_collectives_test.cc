@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cmath>
 #include <chrono>
 #include <cstring>
 #include <fstream>
@@ -727,6 +728,70 @@ TEST_CASE("stream plans run groups, on one stream or two", "[cudafake][mp]") {
       return 7;
     }
     cuStreamDestroy(other);
+    ncclCommDestroy(comm);
+    return 0;
+  });
+  INFO(result.report());
+  CHECK(result.allPassed());
+}
+
+// Plans of one operation may differ between ranks (a chain's root divides,
+// its start scales): whether an operation runs on the streams must not
+// ride on one rank's plan, or the ranks' messages take different rings.
+TEST_CASE("stream plans: operations whose ranks' plans differ run alike on every rank", "[cudafake][mp]") {
+  auto result = forkedRanks(3, "cuda_ipc", {{"SHOAL_PROGRESS_TIMEOUT_MS", "5000"}},
+                            [&](shoal::testing::MpChild& child, ncclComm_t comm, CUstream s) {
+    const int r = child.rank(), n = child.nranks();
+    const size_t N = 2000;
+    DeviceFloats in(N, [&](size_t i) { return val(r, i); });
+    Mismatches bad;
+    for (int root : {0, n - 1}) {
+      DeviceFloats out(N);
+      if (ncclReduce(in.at(), out.at(), N, ncclFloat, ncclAvg, root, comm, s) != ncclSuccess) return 2;
+      if (cuStreamSynchronize(s) != CUDA_SUCCESS) return 3;
+      if (r == root) {
+        std::vector<float> got = out.read();
+        for (size_t i = 0; i < N; ++i) {
+          float sum = 0;
+          for (int q = 0; q < n; ++q) sum += val(q, i);
+          bad.expect(std::fabs(got[i] - sum / n) <= 1e-3f * std::fabs(sum), "Reduce avg root " + std::to_string(root) +
+                                                                        " element " + std::to_string(i));
+        }
+      }
+    }
+    {
+      std::vector<int32_t> host(N);
+      for (size_t i = 0; i < N; ++i) host[i] = static_cast<int32_t>((r + 1) * 10 + i % 7);
+      CUdeviceptr din = 0, dout = 0;
+      cuMemAlloc(&din, N * 4);
+      cuMemAlloc(&dout, N * 4);
+      cuMemcpyHtoD(din, host.data(), N * 4);
+      if (ncclReduce(reinterpret_cast<void*>(din), reinterpret_cast<void*>(dout), N, ncclInt32, ncclAvg, 0, comm, s) !=
+          ncclSuccess)
+        return 4;
+      cuStreamSynchronize(s);
+      if (r == 0) {
+        std::vector<int32_t> got(N);
+        cuMemcpyDtoH(got.data(), dout, N * 4);
+        for (size_t i = 0; i < N; ++i) {
+          int32_t sum = 0;
+          for (int q = 0; q < n; ++q) sum += static_cast<int32_t>((q + 1) * 10 + i % 7);
+          bad.expect(got[i] == sum / n, "Reduce int avg element " + std::to_string(i));
+        }
+      }
+      cuMemFree(din);
+      cuMemFree(dout);
+    }
+    ncclResult_t async = ncclInProgress;
+    ncclCommGetAsyncError(comm, &async);
+    if (async != ncclSuccess) {
+      child.log(std::string("async: ") + ncclGetLastError(comm));
+      return 5;
+    }
+    if (bad.count) {
+      child.log(bad.first);
+      return 6;
+    }
     ncclCommDestroy(comm);
     return 0;
   });
