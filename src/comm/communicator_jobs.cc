@@ -180,33 +180,16 @@ Result<bool> Communicator::submitStreamPlan(std::span<const OpRequest> ops, Stre
                "streams (no host step while they run)");
   }
 
-  uint8_t* scratch = nullptr;
-  if (plan.scratchBytes > 0) {
-    SHOAL_ASSIGN_OR_RETURN(scratch, deviceSteps_->scratch(plan.scratchBytes), describe());
-  }
   SHOAL_ASSIGN_OR_RETURN(StreamBridge::Staged staged, bridge_->stage(ops, rank_, nranks_, /*direct=*/true),
                          describe());
-  std::vector<uint8_t*> buffers(ops.size() * kBuffersPerOp, nullptr);
+  // The job as any other's: plan, tags, connections, buffers, device
+  // scratch (held by the job while it lives).
   auto job = std::make_shared<Job>();
-  for (size_t k = 0; k < ops.size(); ++k) {
-    buffers[k * kBuffersPerOp + kSendBuffer] = const_cast<uint8_t*>(static_cast<const uint8_t*>(ops[k].sendbuff));
-    buffers[k * kBuffersPerOp + kRecvBuffer] = static_cast<uint8_t*>(ops[k].recvbuff);
-    const uint64_t offset = k < plan.scratchOffsets.size() ? plan.scratchOffsets[k] : 0;
-    buffers[k * kBuffersPerOp + kScratchBuffer] = scratch ? scratch + offset : nullptr;
-    job->opTags.push_back(tagFor(ops[k].shape));  // in op order, as a staged job takes them
-    job->opScalars.push_back(ops[k].scalar);
+  job->deviceSteps = deviceSteps_;
+  if (Result<bool> any = prepareJob(*job, ops, /*detached=*/true); !any.isOk()) {
+    bridge_->release(staged);  // nothing of it reached a stream
+    return any.takeStatus();
   }
-  job->prepared = prepared;
-  job->laneConnections = lanes;
-  job->queueId = reinterpret_cast<uintptr_t>(this);
-  job->abortFlag = &abortFlag_;
-  job->detached = true;
-  if (!label_) label_ = std::make_shared<const std::string>(describe());
-  job->commLabel = label_;
-  job->kind = ops[0].shape.kind;
-  job->groupedOps = ops.size();
-  job->sequence = job->opTags[0] & 0xffffffffffffull;
-  job->deviceSteps = deviceSteps_;  // its scratch lives while the job does
 
   // A group's streams: the first leads; it starts after the others' earlier
   // work, and their later work comes after the plan.
@@ -215,9 +198,9 @@ Result<bool> Communicator::submitStreamPlan(std::span<const OpRequest> ops, Stre
     if (op.stream != ops[0].stream && std::find(others.begin(), others.end(), op.stream) == others.end())
       others.push_back(op.stream);
   StreamPlans::Launch launch;
-  launch.plan = &plan;
-  launch.buffers = buffers;
-  launch.laneConnections = lanes;
+  launch.plan = job->prepared->plan.get();
+  launch.buffers = job->buffers;
+  launch.laneConnections = job->laneConnections;
   launch.scalars = job->opScalars;
   launch.tags = job->opTags;
   launch.stream = ops[0].stream;

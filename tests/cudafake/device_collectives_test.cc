@@ -87,6 +87,12 @@ struct DeviceFloats {
 };
 
 float val(int rank, size_t i) { return static_cast<float>((rank + 1) * 1000 + i % 1000); }
+// Element i of a sum over n ranks of val, added in rank order.
+float sumOfVals(int n, size_t i) {
+  float t = 0;
+  for (int q = 0; q < n; ++q) t += val(q, i);
+  return t;
+}
 
 // Runs body(rank, comm, stream) on n threads, each with its own communicator
 // of one clique, device 0 current and a stream of its own.
@@ -150,11 +156,7 @@ void everyCollective(int r, int n, ncclComm_t comm, CUstream s, Mismatches& bad)
         return;
       }
   };
-  auto sum = [&](size_t i) {
-    float t = 0;
-    for (int q = 0; q < n; ++q) t += val(q, i);
-    return t;
-  };
+  auto sum = [&](size_t i) { return sumOfVals(n, i); };
   DeviceFloats send(N, [&](size_t i) { return val(r, i); });
   {
     DeviceFloats recv(N);
@@ -646,11 +648,7 @@ TEST_CASE("stream plans over cuda_ipc run with no host step and give the right b
     ncclCommGetAsyncError(comm, &async);
     if (async != ncclSuccess) return 11;
     Mismatches bad;
-    auto sum = [&](size_t i) {
-      float t = 0;
-      for (int q = 0; q < n; ++q) t += val(q, i);
-      return t;
-    };
+    auto sum = [&](size_t i) { return sumOfVals(n, i); };
     std::vector<float> got = ar.read();
     for (size_t i = 0; i < N; ++i) bad.expect(got[i] == sum(i), "AllReduce element " + std::to_string(i));
     got = ag.read();
@@ -716,11 +714,7 @@ TEST_CASE("stream plans run groups, on one stream or two", "[cudafake][mp]") {
     for (size_t i = 0; i < N * n; ++i)
       bad.expect(host[i] == 2 * val(static_cast<int>(i / N), i % N), "AllGather element " + std::to_string(i));
     std::vector<float> got = ra.read();
-    for (size_t i = 0; i < N; ++i) {
-      float want = 0;
-      for (int q = 0; q < n; ++q) want += val(q, i);
-      bad.expect(got[i] == want, "AllReduce element " + std::to_string(i));
-    }
+    for (size_t i = 0; i < N; ++i) bad.expect(got[i] == sumOfVals(n, i), "AllReduce element " + std::to_string(i));
     got = recv.read();
     for (size_t i = 0; i < N; ++i) bad.expect(got[i] == val(from, i), "Recv element " + std::to_string(i));
     if (bad.count) {
@@ -752,8 +746,7 @@ TEST_CASE("stream plans: operations whose ranks' plans differ run alike on every
       if (r == root) {
         std::vector<float> got = out.read();
         for (size_t i = 0; i < N; ++i) {
-          float sum = 0;
-          for (int q = 0; q < n; ++q) sum += val(q, i);
+          const float sum = sumOfVals(n, i);
           bad.expect(std::fabs(got[i] - sum / n) <= 1e-3f * std::fabs(sum), "Reduce avg root " + std::to_string(root) +
                                                                         " element " + std::to_string(i));
         }
