@@ -1,4 +1,4 @@
-// Memory (ncclMemAlloc/Free, ncclCommRegister/Deregister) and Shoal's own
+// Memory (ncclMemAlloc/Free, ncclCommRegister/Deregister, windows) and Shoal's own
 // extensions (include/shoal/shoal.h): version, host streams, state dump.
 #include <shoal/shoal.h>
 
@@ -13,6 +13,8 @@
 
 #include "api/api_coll.h"
 #include "api/api_guard.h"
+#include "comm/group.h"
+#include "comm/window.h"
 #include "cuda/driver.h"
 #include "engine/engine.h"
 #include "memory/shared_memory.h"
@@ -154,6 +156,52 @@ SHOAL_API(ncclResult_t, ncclCommDeregister, (const ncclComm_t comm, void* handle
     gRegistrations.erase(reg);
     forgetMemory(reg->buff, reg->size);  // no transport may keep a stale registration
     delete reg;
+    return Status::ok();
+  });
+}
+
+// Symmetric memory windows (comm/window.h). Collective; in a group the
+// registration runs at ncclGroupEnd, which fills *win (NULL until then).
+SHOAL_API(ncclResult_t, ncclCommWindowRegister,
+          (ncclComm_t comm, void* buff, size_t size, ncclWindow_t* win, int winFlags)) {
+  return guard("ncclCommWindowRegister", [&]() -> Status {
+    if (win == nullptr) return invalidArgument("win is NULL");
+    *win = nullptr;
+    if (buff == nullptr || size == 0) return invalidArgument("buff ", buff, " with size ", size, ": a window needs memory");
+    constexpr int kKnownFlags = NCCL_WIN_COLL_SYMMETRIC | NCCL_WIN_STRICT_ORDERING;
+    if ((winFlags & ~kKnownFlags) != 0)
+      return invalidArgument("winFlags 0x", std::hex, winFlags, " has bits no NCCL_WIN_* flag names");
+    SHOAL_ASSIGN_OR_RETURN(auto impl, api::readyComm(comm));
+    auto registerNow = [impl, buff, size, win, winFlags]() -> Status {
+      SHOAL_ASSIGN_OR_RETURN(Window* window, impl->registerWindow(buff, size, winFlags));
+      *win = reinterpret_cast<ncclWindow_t>(window);
+      return Status::ok();
+    };
+    if (group::active()) {
+      group::addInit(std::move(registerNow));
+      return Status::ok();
+    }
+    return registerNow();
+  });
+}
+
+SHOAL_API(ncclResult_t, ncclCommWindowDeregister, (ncclComm_t comm, ncclWindow_t win)) {
+  return guard("ncclCommWindowDeregister", [&]() -> Status {
+    SHOAL_ASSIGN_OR_RETURN(auto impl, api::readyComm(comm));
+    if (win == nullptr) return Status::ok();  // as NCCL: what a skipped registration returned
+    return impl->deregisterWindow(win);
+  });
+}
+
+SHOAL_API(ncclResult_t, ncclWinGetUserPtr, (ncclComm_t comm, ncclWindow_t win, void** outUserPtr)) {
+  return guard("ncclWinGetUserPtr", [&]() -> Status {
+    if (win == nullptr) return invalidArgument("win is NULL");
+    if (outUserPtr == nullptr) return invalidArgument("outUserPtr is NULL");
+    SHOAL_ASSIGN_OR_RETURN(auto impl, api::readyComm(comm));
+    Window* window = impl->findWindow(win);
+    if (window == nullptr)
+      return invalidUsage("window ", static_cast<void*>(win), " is not a live window of this communicator");
+    *outUserPtr = window->userPtr();
     return Status::ok();
   });
 }

@@ -40,13 +40,3 @@ SHOAL_API(ncclResult_t, ncclWaitSignal,
           (int nDesc, ncclWaitSignalDesc_t* signalDescs, ncclComm_t comm, cudaStream_t stream)) {
   return notImplemented("ncclWaitSignal", "one-sided operations on windows");
 }
-SHOAL_API(ncclResult_t, ncclCommWindowRegister,
-          (ncclComm_t comm, void* buff, size_t size, ncclWindow_t* win, int winFlags)) {
-  return notImplemented("ncclCommWindowRegister", "symmetric memory windows");
-}
-SHOAL_API(ncclResult_t, ncclCommWindowDeregister, (ncclComm_t comm, ncclWindow_t win)) {
-  return notImplemented("ncclCommWindowDeregister", "symmetric memory windows");
-}
-SHOAL_API(ncclResult_t, ncclWinGetUserPtr, (ncclComm_t comm, ncclWindow_t win, void** outUserPtr)) {
-  return notImplemented("ncclWinGetUserPtr", "symmetric memory windows");
-}

@@ -14,6 +14,7 @@
 #include "comm/hang_report.h"
 #include "comm/init_agreement.h"
 #include "comm/stream_bridge.h"
+#include "comm/window.h"
 #include "core/clock.h"
 #include "core/log.h"
 #include "core/params.h"
@@ -50,6 +51,7 @@ Communicator::~Communicator() {
   settleStreamPlans();
   connections_.clear();
   deviceSteps_.reset();
+  releaseWindows(windows_);
 }
 
 void Communicator::settleStreamPlans() {
@@ -240,6 +242,95 @@ Status Communicator::checkSharedGpus() const {
       }
     }
   return Status::ok();
+}
+
+// Gives back what the windows imported, with the rank's GPU context current.
+void Communicator::releaseWindows(std::vector<std::unique_ptr<Window>>& windows) {
+  if (windows.empty()) return;
+  const bool pushed = pushOwnContext();
+  for (auto& w : windows) w->release(cuda_);
+  if (pushed) cuda_->popContext();
+  windows.clear();
+}
+
+bool Communicator::pushOwnContext() {
+  if (!cuda_ || peers_.empty() || peers_[rank_].gpu.empty()) return false;
+  Result<cuda::ContextHandle> context = cuda_->primaryContext(peers_[rank_].gpu);
+  return context.isOk() && cuda_->pushContext(context.value()).isOk();
+}
+
+Result<Window*> Communicator::registerWindow(void* buff, size_t bytes, int flags) {
+  UseGuard use(*this);
+  const Deadline deadline = Deadline::afterMs(params().initTimeoutMs);
+  auto window = std::make_unique<Window>(buff, bytes, flags, rank_, nranks_);
+  // Every rank takes part in both exchanges, whatever fails on its side, so
+  // that all of them learn of it instead of waiting for it.
+  net::Fd exported;  // open until every rank has taken its copy
+  Status failure;
+  WindowRecord mine;
+  if (Result<WindowRecord> described = Window::describe(cuda_, buff, bytes, exported); described.isOk())
+    mine = described.value();
+  else
+    failure = described.takeStatus();
+  SHOAL_ASSIGN_OR_RETURN(std::vector<std::string> records, bootstrap_->allGather(encodeWindowRecord(mine), deadline),
+                         describe(), ": ncclCommWindowRegister");
+  const bool pushed = pushOwnContext();
+  for (int r = 0; r < nranks_ && failure.isOk(); ++r) {
+    if (r == rank_) continue;
+    Result<WindowRecord> record = decodeWindowRecord(records[static_cast<size_t>(r)]);
+    if (!record.isOk()) {
+      failure = StatusBuilder(record.takeStatus()) << "from rank " << r;
+      break;
+    }
+    window->map(r, record.value(), peers_[rank_], peers_[r], cuda_);
+  }
+  auto finish = [&](Status st) -> Status {
+    window->release(cuda_);
+    if (pushed) cuda_->popContext();
+    return StatusBuilder(std::move(st)) << describe() << ": ncclCommWindowRegister";
+  };
+  Result<std::vector<std::string>> outcomes =
+      bootstrap_->allGather(encodeWindowOutcome(window->outcome(failure.isOk() ? "" : failure.message())), deadline);
+  exported.reset();
+  if (!outcomes.isOk()) return finish(outcomes.takeStatus());
+  if (!failure.isOk()) return finish(failure);
+  std::vector<WindowOutcome> all;
+  for (int r = 0; r < nranks_; ++r) {
+    Result<WindowOutcome> outcome = decodeWindowOutcome(outcomes.value()[static_cast<size_t>(r)]);
+    if (!outcome.isOk()) return finish(StatusBuilder(outcome.takeStatus()) << "from rank " << r);
+    all.push_back(std::move(outcome).value());
+  }
+  if (Status st = window->learnOutcomes(all); !st.isOk()) return finish(st);
+  if (pushed) cuda_->popContext();
+  SHOAL_INFO(subsys::kReg, describe(), ": window ", buff, " (", bytes, " bytes) registered; ",
+             window->mappedEverywhere() ? "every rank maps every rank's buffer"
+                                        : "some ranks' buffers are not mapped by others");
+  std::lock_guard<std::mutex> lock(windowsMutex_);
+  windows_.push_back(std::move(window));
+  return windows_.back().get();
+}
+
+Status Communicator::deregisterWindow(const void* handle) {
+  std::vector<std::unique_ptr<Window>> gone;
+  {
+    std::lock_guard<std::mutex> lock(windowsMutex_);
+    auto it = std::find_if(windows_.begin(), windows_.end(), [&](const auto& w) { return w.get() == handle; });
+    if (it == windows_.end())
+      return invalidUsage(describe(), ": window ", handle,
+                          " is not a live window of this communicator (deregistered already, or never registered "
+                          "on it)");
+    gone.push_back(std::move(*it));
+    windows_.erase(it);
+  }
+  releaseWindows(gone);
+  return Status::ok();
+}
+
+Window* Communicator::findWindow(const void* handle) {
+  std::lock_guard<std::mutex> lock(windowsMutex_);
+  for (const auto& w : windows_)
+    if (w.get() == handle) return w.get();
+  return nullptr;
 }
 
 Result<std::shared_ptr<Communicator>> Communicator::split(int color, int key, const CommOptions& options,

@@ -113,6 +113,7 @@ class RedOpTable {
 
 class StreamBridge;
 class DevicePlanSteps;
+class Window;
 class StreamPlans;
 
 class Communicator : public std::enable_shared_from_this<Communicator>, private IdleWatch {
@@ -177,6 +178,15 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
   // InitRequest.
   Result<std::shared_ptr<Communicator>> split(int color, int key, const CommOptions& options,
                                               const std::atomic<bool>* cancel = nullptr);
+
+  // ncclCommWindowRegister: collective over this communicator (comm/window.h).
+  // Blocking; the window lives until deregisterWindow or the communicator.
+  Result<Window*> registerWindow(void* buff, size_t bytes, int flags);
+  // ncclCommWindowDeregister (local); ncclInvalidUsage for a window that is
+  // not one of this communicator's live windows.
+  Status deregisterWindow(const void* window);
+  // One of this communicator's live windows, or null.
+  Window* findWindow(const void* window);
 
   // Asynchronous state as ncclCommGetAsyncError reports it: kInProgress while
   // init or submitted nonblocking work runs, kOk, or the first error.
@@ -300,7 +310,14 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
   std::atomic<bool> anyInFlight_{false};  // !inFlight_.empty(), readable without jobsMutex_
   std::unique_ptr<Job> blockingJob_;    // reused by blocking calls that run inline
 
+  void releaseWindows(std::vector<std::unique_ptr<Window>>& windows);
+  // Makes this rank's GPU's primary context current (false: none, or it
+  // could not be); the caller pops it.
+  bool pushOwnContext();
+
   RedOpTable redOps_;
+  std::mutex windowsMutex_;
+  std::vector<std::unique_ptr<Window>> windows_;  // registered, not yet deregistered
 
   cuda::Driver* cuda_ = nullptr;         // set at init when the process uses CUDA
   int cudaDevice_ = -1;

@@ -7,7 +7,7 @@
 namespace shoal {
 namespace {
 
-enum MessageKind : uint8_t { kPeerRecord = 1, kInitProposal = 2, kSplitRecord = 3 };
+enum MessageKind : uint8_t { kPeerRecord = 1, kInitProposal = 2, kSplitRecord = 3, kWindowRecord = 4, kWindowOutcome = 5 };
 
 // Longest field a message may carry (a PeerInfo is a few hundred bytes).
 constexpr uint32_t kMaxFieldBytes = 1u << 20;
@@ -130,6 +130,76 @@ Result<SplitRecord> decodeSplitRecord(std::string_view bytes) {
   record.key = static_cast<int>(r.u32());
   SHOAL_TRY(closed(r, "split record"));
   return record;
+}
+
+std::string encodeWindowRecord(const WindowRecord& record) {
+  std::vector<uint8_t> bytes;
+  wire::Writer w(bytes);
+  w.u8(kWindowRecord);
+  w.u64(record.address);
+  w.u64(record.bytes);
+  w.u32(static_cast<uint32_t>(record.pid));
+  w.u64(record.pidNamespace);
+  w.u64(record.sharedSequence);
+  w.u64(record.sharedOffset);
+  w.u64(record.deviceSerial);
+  w.u64(record.deviceBytes);
+  w.u64(record.deviceOffset);
+  w.u32(static_cast<uint32_t>(record.deviceFd));
+  w.u64(record.fileDevice);
+  w.u64(record.fileInode);
+  return finished(bytes);
+}
+
+Result<WindowRecord> decodeWindowRecord(std::string_view bytes) {
+  SHOAL_ASSIGN_OR_RETURN(wire::Reader r, openMessage(bytes, kWindowRecord, "window record"));
+  WindowRecord record;
+  record.address = r.u64();
+  record.bytes = r.u64();
+  record.pid = static_cast<int32_t>(r.u32());
+  record.pidNamespace = r.u64();
+  record.sharedSequence = r.u64();
+  record.sharedOffset = r.u64();
+  record.deviceSerial = r.u64();
+  record.deviceBytes = r.u64();
+  record.deviceOffset = r.u64();
+  record.deviceFd = static_cast<int32_t>(r.u32());
+  record.fileDevice = r.u64();
+  record.fileInode = r.u64();
+  SHOAL_TRY(closed(r, "window record"));
+  // Ranges a peer would map must lie inside what it maps.
+  if (record.deviceSerial != 0 &&
+      (record.deviceOffset > record.deviceBytes || record.bytes > record.deviceBytes - record.deviceOffset))
+    return internalError("malformed window record: ", record.bytes, " bytes at ", record.deviceOffset,
+                         " in an allocation of ", record.deviceBytes);
+  return record;
+}
+
+std::string encodeWindowOutcome(const WindowOutcome& outcome) {
+  std::vector<uint8_t> bytes;
+  wire::Writer w(bytes);
+  w.u8(kWindowOutcome);
+  w.str(outcome.error);
+  w.u32(static_cast<uint32_t>(outcome.maps.size()));
+  for (bool m : outcome.maps) w.u8(m ? 1 : 0);
+  return finished(bytes);
+}
+
+Result<WindowOutcome> decodeWindowOutcome(std::string_view bytes) {
+  SHOAL_ASSIGN_OR_RETURN(wire::Reader r, openMessage(bytes, kWindowOutcome, "window outcome"));
+  WindowOutcome outcome;
+  outcome.error = r.str(kMaxFieldBytes);
+  const uint32_t n = r.count(1);
+  outcome.maps.reserve(n);
+  bool flagsOk = true;
+  for (uint32_t i = 0; i < n; ++i) {
+    const uint8_t v = r.u8();
+    flagsOk = flagsOk && v <= 1;
+    outcome.maps.push_back(v == 1);
+  }
+  if (!flagsOk) return internalError("malformed window outcome");
+  SHOAL_TRY(closed(r, "window outcome"));
+  return outcome;
 }
 
 }  // namespace shoal

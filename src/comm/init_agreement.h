@@ -10,6 +10,10 @@
 //      second (each process knows only which of its own transports work), and
 //      its machine facts. agree() pools them.
 // Communicator::split all-gathers one SplitRecord per parent rank.
+// Communicator::registerWindow all-gathers a WindowRecord per rank, then a
+// WindowOutcome (each rank maps what it can of the others' buffers between
+// the two; the second also keeps every exported descriptor open until all
+// have taken theirs).
 //
 // Every message starts with a kind byte, so bytes of another kind (or of a
 // peer built from another version) are refused, never misread. Decoders read
@@ -68,5 +72,39 @@ struct SplitRecord {
 };
 std::string encodeSplitRecord(const SplitRecord& record);
 Result<SplitRecord> decodeSplitRecord(std::string_view bytes);
+
+// ncclCommWindowRegister: one rank's buffer, and how a peer may map it.
+struct WindowRecord {
+  uint64_t address = 0;  // in the owner's address space
+  uint64_t bytes = 0;
+  int32_t pid = 0;
+  uint64_t pidNamespace = 0;  // core/process.h
+  // Host memory inside a shared allocation (memory/shared_memory.h): its
+  // sequence (0: none) and the buffer's offset in it.
+  uint64_t sharedSequence = 0;
+  uint64_t sharedOffset = 0;
+  // Device memory inside a Shoal cuMem allocation: its serial (0: none),
+  // size and the buffer's offset in it, and the descriptor the owner holds
+  // open for it while the registration runs, with that file's identity.
+  uint64_t deviceSerial = 0;
+  uint64_t deviceBytes = 0;
+  uint64_t deviceOffset = 0;
+  int32_t deviceFd = -1;
+  uint64_t fileDevice = 0;
+  uint64_t fileInode = 0;
+  bool operator==(const WindowRecord&) const = default;
+};
+std::string encodeWindowRecord(const WindowRecord& record);
+Result<WindowRecord> decodeWindowRecord(std::string_view bytes);
+
+// How one rank's registration went: its error (empty: registered) and
+// whose buffers it maps (one flag per rank).
+struct WindowOutcome {
+  std::string error;
+  std::vector<bool> maps;
+  bool operator==(const WindowOutcome&) const = default;
+};
+std::string encodeWindowOutcome(const WindowOutcome& outcome);
+Result<WindowOutcome> decodeWindowOutcome(std::string_view bytes);
 
 }  // namespace shoal

@@ -83,6 +83,7 @@ void Driver::unregisterHost(void*) {}
 WaitMode Driver::waitModeOf(const std::string&) { return WaitMode::kSynchronous; }
 Result<void*> Driver::deviceAlloc(size_t) { return notBuilt(); }
 bool Driver::deviceFree(void*) { return false; }
+std::optional<Driver::DeviceAllocation> Driver::deviceAllocationOf(const void*, size_t) { return std::nullopt; }
 Result<ContextHandle> Driver::primaryContext(const std::string&) { return notBuilt(); }
 bool Driver::gpusShareMemory(const std::string&, const std::string&) { return false; }
 Status Driver::pushContext(ContextHandle) { return notBuilt(); }
@@ -129,8 +130,10 @@ struct Driver::Api {
   struct DeviceAllocation {
     size_t bytes;
     CUmemGenericAllocationHandle handle;
+    uint64_t serial;
   };
   std::map<uintptr_t, DeviceAllocation> deviceAllocations;
+  uint64_t lastSerial = 0;
 };
 
 extern const char kWaitKernelPtx[];  // wait_kernel.cu as PTX; empty without nvcc
@@ -516,7 +519,7 @@ static Result<void*> mapAllocation(Driver::Api& api, CUmemGenericAllocationHandl
     return cudaError(api, what, rc);
   }
   std::lock_guard<std::mutex> lock(api.mutex);
-  api.deviceAllocations[static_cast<uintptr_t>(at)] = {size, handle};
+  api.deviceAllocations[static_cast<uintptr_t>(at)] = {size, handle, ++api.lastSerial};
   return reinterpret_cast<void*>(at);
 }
 
@@ -623,6 +626,16 @@ Result<bool> Driver::eventDone(EventHandle event) {
   if (rc == CUDA_ERROR_NOT_READY) return false;
   return cudaError(*api_, "cuEventQuery", rc);
 }
+std::optional<Driver::DeviceAllocation> Driver::deviceAllocationOf(const void* ptr, size_t bytes) {
+  const auto at = reinterpret_cast<uintptr_t>(ptr);
+  std::lock_guard<std::mutex> lock(api_->mutex);
+  auto it = api_->deviceAllocations.upper_bound(at);
+  if (it == api_->deviceAllocations.begin()) return std::nullopt;
+  --it;
+  if (at - it->first > it->second.bytes || bytes > it->second.bytes - (at - it->first)) return std::nullopt;
+  return DeviceAllocation{reinterpret_cast<uint8_t*>(it->first), it->second.bytes, it->second.serial};
+}
+
 Result<Driver::Exported> Driver::exportDeviceMemory(void* ptr) {
   CUmemGenericAllocationHandle handle = 0;
   Exported exported;

@@ -136,6 +136,15 @@ class Driver {
   Result<void*> deviceAlloc(size_t bytes);
   // False when ptr is not an allocation of deviceAlloc.
   bool deviceFree(void* ptr);
+  // The deviceAlloc (or importDeviceMemory) allocation holding all of
+  // [ptr, ptr + bytes), if one does; its serial is unique in this process
+  // for as long as it runs (addresses are reused, serials are not).
+  struct DeviceAllocation {
+    uint8_t* base = nullptr;
+    size_t bytes = 0;
+    uint64_t serial = 0;
+  };
+  std::optional<DeviceAllocation> deviceAllocationOf(const void* ptr, size_t bytes);
 
   // --- For transports that move device memory between processes (cuda_ipc).
   // The primary context of the GPU named "GPU-<uuid>", retained once per

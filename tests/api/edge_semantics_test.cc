@@ -10,6 +10,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -300,13 +301,70 @@ TEST_CASE("edge: ncclCommRegister, ncclCommDeregister", "[api][edge]") {
 TEST_CASE("edge: ncclCommWindowRegister, ncclCommWindowDeregister, ncclWinGetUserPtr", "[api][edge]") {
   World w(1);
   std::vector<char> buf(4096);
-  ncclWindow_t win = nullptr;
-  EXPECT_RC(ncclCommWindowRegister(w[0], buf.data(), buf.size(), &win, NCCL_WIN_DEFAULT), ncclInvalidUsage,
-            "not implemented");
+  ncclWindow_t win = reinterpret_cast<ncclWindow_t>(&buf);  // overwritten with NULL on every error but a NULL win
+  EXPECT_RC(ncclCommWindowRegister(w[0], buf.data(), buf.size(), nullptr, NCCL_WIN_DEFAULT), ncclInvalidArgument,
+            "win is NULL");
+  EXPECT_RC(ncclCommWindowRegister(nullptr, buf.data(), buf.size(), &win, NCCL_WIN_DEFAULT), ncclInvalidArgument,
+            "comm");
   CHECK(win == nullptr);
-  EXPECT_RC(ncclCommWindowDeregister(w[0], nullptr), ncclInvalidUsage, "not implemented");
+  EXPECT_RC(ncclCommWindowRegister(w[0], nullptr, buf.size(), &win, NCCL_WIN_DEFAULT), ncclInvalidArgument, "memory");
+  EXPECT_RC(ncclCommWindowRegister(w[0], buf.data(), 0, &win, NCCL_WIN_DEFAULT), ncclInvalidArgument, "memory");
+  EXPECT_RC(ncclCommWindowRegister(w[0], buf.data(), buf.size(), &win, 0x100), ncclInvalidArgument, "winFlags");
+  CHECK(win == nullptr);
+  EXPECT_RC(ncclCommWindowRegister(destroyedComm(), buf.data(), buf.size(), &win, NCCL_WIN_DEFAULT), ncclInvalidArgument,
+            "destroyed");
+
+  EXPECT_OK(ncclCommWindowRegister(w[0], buf.data(), buf.size(), &win, NCCL_WIN_COLL_SYMMETRIC));
+  REQUIRE(win != nullptr);
   void* user = nullptr;
-  EXPECT_RC(ncclWinGetUserPtr(w[0], nullptr, &user), ncclInvalidUsage, "not implemented");
+  EXPECT_OK(ncclWinGetUserPtr(w[0], win, &user));
+  CHECK(user == buf.data());
+  EXPECT_RC(ncclWinGetUserPtr(w[0], nullptr, &user), ncclInvalidArgument, "win is NULL");
+  EXPECT_RC(ncclWinGetUserPtr(w[0], win, nullptr), ncclInvalidArgument, "outUserPtr");
+  EXPECT_RC(ncclWinGetUserPtr(nullptr, win, &user), ncclInvalidArgument, "comm");
+
+  // A window belongs to its communicator.
+  ncclComm_t other = oneRank();
+  EXPECT_RC(ncclWinGetUserPtr(other, win, &user), ncclInvalidUsage, "not a live window");
+  EXPECT_RC(ncclCommWindowDeregister(other, win), ncclInvalidUsage, "not a live window");
+  EXPECT_OK(ncclCommDestroy(other));
+
+  // As NCCL: deregistering NULL (what a skipped registration returns) is no error.
+  EXPECT_OK(ncclCommWindowDeregister(w[0], nullptr));
+  EXPECT_OK(ncclCommWindowDeregister(w[0], win));
+  EXPECT_RC(ncclCommWindowDeregister(w[0], win), ncclInvalidUsage, "not a live window");
+  EXPECT_RC(ncclWinGetUserPtr(w[0], win, &user), ncclInvalidUsage, "not a live window");
+
+  // A window still registered when its communicator goes is released with it.
+  EXPECT_OK(ncclCommWindowRegister(w[0], buf.data() + 64, 128, &win, NCCL_WIN_DEFAULT));
+}
+
+TEST_CASE("edge: ncclCommWindowRegister is collective: in a group, one thread registers every rank at ncclGroupEnd",
+          "[api][edge]") {
+  constexpr int kRanks = 3;
+  World w(kRanks);
+  std::vector<std::vector<float>> bufs(kRanks, std::vector<float>(1024));
+  std::vector<ncclWindow_t> wins(kRanks, reinterpret_cast<ncclWindow_t>(&bufs));
+  EXPECT_OK(ncclGroupStart());
+  for (int r = 0; r < kRanks; ++r)
+    EXPECT_OK(ncclCommWindowRegister(w[r], bufs[r].data(), bufs[r].size() * sizeof(float), &wins[r],
+                                     NCCL_WIN_COLL_SYMMETRIC));
+  for (int r = 0; r < kRanks; ++r) CHECK(wins[r] == nullptr);  // filled at ncclGroupEnd
+  EXPECT_OK(ncclGroupEnd());
+  for (int r = 0; r < kRanks; ++r) {
+    REQUIRE(wins[r] != nullptr);
+    void* user = nullptr;
+    EXPECT_OK(ncclWinGetUserPtr(w[r], wins[r], &user));
+    CHECK(user == bufs[r].data());
+  }
+  // The windows' memory works as any other for collectives.
+  for (int r = 0; r < kRanks; ++r) std::fill(bufs[r].begin(), bufs[r].end(), float(r + 1));
+  EXPECT_OK(ncclGroupStart());
+  for (int r = 0; r < kRanks; ++r)
+    EXPECT_OK(ncclAllReduce(bufs[r].data(), bufs[r].data(), bufs[r].size(), ncclFloat, ncclSum, w[r], nullptr));
+  EXPECT_OK(ncclGroupEnd());
+  for (int r = 0; r < kRanks; ++r) CHECK(bufs[r][1023] == 6.0f);
+  for (int r = 0; r < kRanks; ++r) EXPECT_OK(ncclCommWindowDeregister(w[r], wins[r]));
 }
 
 TEST_CASE("edge: ncclMemAlloc, ncclMemFree", "[api][edge]") {

@@ -1991,10 +1991,14 @@ TEST_CASE("bad arguments fail at once with a reason and leave the communicator u
          ncclComm_t nc = nullptr;
          return ncclCommShrink(c, &excl, 1, &nc, nullptr, NCCL_SHRINK_DEFAULT);
        }, ncclInvalidArgument, "out of range"},
-      {"WindowRegister (not implemented)", [&] {
+      {"WindowRegister unknown flags", [&] {
          ncclWindow_t win = nullptr;
-         return ncclCommWindowRegister(c, d, 64, &win, NCCL_WIN_DEFAULT);
-       }, ncclInvalidUsage, "window"},
+         return ncclCommWindowRegister(c, d, 64, &win, 0x40);
+       }, ncclInvalidArgument, "winFlags"},
+      {"WindowRegister NULL buff", [&] {
+         ncclWindow_t win = nullptr;
+         return ncclCommWindowRegister(c, nullptr, 64, &win, NCCL_WIN_DEFAULT);
+       }, ncclInvalidArgument, "memory"},
       {"GetAsyncError NULL output", [&] { return ncclCommGetAsyncError(c, nullptr); }, ncclInvalidArgument, "asyncError"},
       {"GetAsyncError NULL comm", [&] {
          ncclResult_t st;

@@ -153,3 +153,49 @@ TEST_CASE("a split record round-trips, NCCL_SPLIT_NOCOLOR and negative keys incl
   everyPrefixRefused(encodeSplitRecord(SplitRecord{1, 2}), decodeSplitRecord);
   CHECK_FALSE(decodeSplitRecord(encodePeerRecord(PeerRecord{2, samplePeer()})).isOk());
 }
+
+TEST_CASE("a window record and a window outcome round-trip, and malformed ones are refused", "[init_agreement]") {
+  WindowRecord host;
+  host.address = 0x7f0000001000;
+  host.bytes = 4096;
+  host.pid = 4242;
+  host.pidNamespace = 4026531836;
+  host.sharedSequence = 3;
+  host.sharedOffset = 128;
+  WindowRecord device = host;
+  device.sharedSequence = 0;
+  device.sharedOffset = 0;
+  device.deviceSerial = 7;
+  device.deviceBytes = 2u << 20;
+  device.deviceOffset = (2u << 20) - 4096;
+  device.deviceFd = 17;
+  device.fileDevice = 14;
+  device.fileInode = 99;
+  for (const WindowRecord& r : {WindowRecord{}, host, device}) {
+    auto back = decodeWindowRecord(encodeWindowRecord(r));
+    REQUIRE(back.isOk());
+    CHECK(back.value() == r);
+  }
+  everyPrefixRefused(encodeWindowRecord(device), decodeWindowRecord);
+  // A buffer that does not lie inside the allocation a peer would map.
+  WindowRecord outside = device;
+  outside.deviceOffset = (2u << 20) - 2048;
+  auto refused = decodeWindowRecord(encodeWindowRecord(outside));
+  REQUIRE_FALSE(refused.isOk());
+  CHECK(refused.status().message().find("in an allocation of") != std::string::npos);
+  outside.deviceOffset = ~0ull;
+  CHECK_FALSE(decodeWindowRecord(encodeWindowRecord(outside)).isOk());
+
+  for (const WindowOutcome& o : {WindowOutcome{}, WindowOutcome{"", {true, false, true}},
+                                 WindowOutcome{"cuMemExportToShareableHandle failed", {true}}}) {
+    auto back = decodeWindowOutcome(encodeWindowOutcome(o));
+    REQUIRE(back.isOk());
+    CHECK(back.value() == o);
+  }
+  everyPrefixRefused(encodeWindowOutcome(WindowOutcome{"x", {true, false}}), decodeWindowOutcome);
+  std::string badFlag = encodeWindowOutcome(WindowOutcome{"", {true}});
+  badFlag.back() = 2;
+  CHECK_FALSE(decodeWindowOutcome(badFlag).isOk());
+  CHECK_FALSE(decodeWindowOutcome(encodeWindowRecord(host)).isOk());
+  CHECK_FALSE(decodeWindowRecord(encodeSplitRecord(SplitRecord{1, 2})).isOk());
+}

@@ -1,0 +1,79 @@
+// Window: a buffer every rank of a communicator registered together
+// (ncclCommWindowRegister), and where each rank's buffer lies in this
+// process (docs/cuda.md, Windows).
+//
+// Role: Communicator::registerWindow describes this rank's buffer
+// (describe(): device memory of a Shoal cuMem allocation is exported as a
+// descriptor the owner holds open until registration ends), all-gathers the
+// records, maps each peer's buffer that it can (map()) and all-gathers which
+// rank maps which, so that every rank knows the same (learnOutcomes()). A
+// peer's buffer is mapped here when it is in this process (its address),
+// host memory in the peer's shared allocation (mapped read-only), or device
+// memory of the peer's cuMem allocation on a GPU that shares memory with this
+// rank's (imported once per allocation through cuda::PeerImports,
+// read-write, by pidfd_getfd of the owner's descriptor). Anything else is
+// registered but not mapped. release() gives the imports back.
+// Owner: the Communicator; the API hands out its address as ncclWindow_t.
+// Thread: one user thread at a time (NCCL's rule for a communicator).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "comm/init_agreement.h"
+#include "core/peer_info.h"
+#include "core/status.h"
+#include "cuda/driver.h"
+#include "net/fd.h"
+
+namespace shoal {
+
+class Window {
+ public:
+  Window(void* user, size_t bytes, int flags, int rank, int nranks);
+  Window(const Window&) = delete;
+  Window& operator=(const Window&) = delete;
+
+  void* userPtr() const { return user_; }
+  size_t bytes() const { return bytes_; }
+  int flags() const { return flags_; }
+  // Rank r's buffer as this process reaches it; nullptr when it is not
+  // mapped here (this rank's own: the user's buffer). Host memory of a peer
+  // process is mapped read-only.
+  uint8_t* buffer(int r) const { return buffers_[static_cast<size_t>(r)]; }
+  // Rank r's buffer's size.
+  uint64_t bytesOf(int r) const { return sizes_[static_cast<size_t>(r)]; }
+  // Whether rank a maps rank b's buffer: every rank knows the same.
+  bool maps(int a, int b) const { return maps_[static_cast<size_t>(a)][static_cast<size_t>(b)]; }
+  bool mappedEverywhere() const;
+
+  // --- Registration steps (Communicator::registerWindow).
+  // This rank's record. For device memory of a Shoal allocation, `exported`
+  // holds the descriptor the record names: keep it open until every rank
+  // has mapped (the second all-gather).
+  static Result<WindowRecord> describe(cuda::Driver* driver, void* buff, size_t bytes, net::Fd& exported);
+  // Maps rank r's buffer when this process can (no error when it cannot:
+  // the rank's buffer is then not mapped here). `self` and `peer` are the
+  // two ranks' PeerInfo. The device import needs the rank's GPU context
+  // current.
+  void map(int r, const WindowRecord& record, const PeerInfo& self, const PeerInfo& peer, cuda::Driver* driver);
+  // What this rank says in the second all-gather.
+  WindowOutcome outcome(std::string error) const;
+  Status learnOutcomes(const std::vector<WindowOutcome>& outcomes);
+  // Unmaps what map() imported (the rank's GPU context current).
+  void release(cuda::Driver* driver);
+
+ private:
+  void* user_;
+  size_t bytes_;
+  int flags_;
+  int rank_;
+  std::vector<uint8_t*> buffers_;
+  std::vector<uint64_t> sizes_;
+  std::vector<std::vector<bool>> maps_;  // [a][b]: a maps b's buffer
+  std::vector<uint8_t*> imported_;       // from cuda::PeerImports, given back by release()
+};
+
+}  // namespace shoal
