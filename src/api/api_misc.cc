@@ -178,7 +178,7 @@ SHOAL_API(ncclResult_t, ncclCommWindowRegister,
       return Status::ok();
     };
     if (group::active()) {
-      group::addInit(std::move(registerNow));
+      group::addOrderedInit(impl.get(), std::move(registerNow));
       return Status::ok();
     }
     return registerNow();

@@ -19,6 +19,7 @@ struct CommOps {
 struct GroupState {
   std::vector<CommOps> comms;  // in order of first use
   std::vector<std::function<Status()>> inits;
+  std::vector<std::pair<const void*, std::vector<std::function<Status()>>>> ordered;  // by key, in order of first use
 };
 
 thread_local GroupState tGroup;
@@ -88,12 +89,27 @@ void addOp(const std::shared_ptr<Communicator>& comm, OpRequest op) {
 
 void addInit(std::function<Status()> init) { tGroup.inits.push_back(std::move(init)); }
 
+void addOrderedInit(const void* key, std::function<Status()> work) {
+  for (auto& [k, works] : tGroup.ordered)
+    if (k == key) {
+      works.push_back(std::move(work));
+      return;
+    }
+  tGroup.ordered.emplace_back(key, std::vector<std::function<Status()>>{});
+  tGroup.ordered.back().second.push_back(std::move(work));
+}
+
 Status end() {
   if (tDepth == 0) return invalidUsage("ncclGroupEnd: not in a group call (no matching ncclGroupStart)");
   if (--tDepth > 0) return Status::ok();
   GroupState work = std::move(tGroup);
   tGroup = GroupState{};
 
+  for (auto& [key, works] : work.ordered)
+    work.inits.push_back([&works]() -> Status {
+      for (auto& w : works) SHOAL_TRY(w());
+      return Status::ok();
+    });
   Status result;
   if (!work.inits.empty()) result = runInits(work.inits);
   if (!result.isOk()) return result;

@@ -24,7 +24,9 @@
 #include <thread>
 #include <vector>
 
+#include "comm/window.h"
 #include "core/params.h"
+#include "cuda/peer_imports.h"
 #include "cudafake/device_ranks.h"
 #include "cudafake/fake_cuda.h"
 #include "support/mp_harness.h"
@@ -1075,4 +1077,88 @@ TEST_CASE("staging stays within SHOAL_CUDA_STAGING_BYTES between operations and 
   NCCL_OK(ncclCommDestroy(comm));
   CHECK(shoalFakeCudaLiveAllocations() == allocationsBefore);
   CU_OK(cuStreamDestroy(s));
+}
+
+// Windows (comm/window.h): every rank maps every other process's window on
+// ncclMemAlloc memory, importing each allocation once however many windows
+// name it, and the mapping is the owner's memory, both ways. Memory that is
+// not a Shoal allocation is registered but not mapped by other processes.
+TEST_CASE("windows on ncclMemAlloc memory map every peer's buffer, imported once per allocation", "[cudafake][mp]") {
+  constexpr size_t kMiB = 1u << 20;
+  auto result = forkedRanks(3, "shm", {}, [&](shoal::testing::MpChild& child, ncclComm_t comm, CUstream) {
+    const int rank = child.rank(), n = child.nranks();
+    void* mem = nullptr;
+    if (ncclMemAlloc(&mem, 4 * kMiB) != ncclSuccess) return 1;
+    auto at = [](void* p, size_t offset) { return reinterpret_cast<CUdeviceptr>(static_cast<uint8_t*>(p) + offset); };
+    std::vector<uint32_t> pattern(kMiB / 4);
+    for (size_t i = 0; i < pattern.size(); ++i) pattern[i] = static_cast<uint32_t>(rank * 1000003u + i);
+    if (cuMemcpyHtoD(at(mem, kMiB), pattern.data(), kMiB) != CUDA_SUCCESS) return 2;
+    CUdeviceptr legacy = 0;  // not a Shoal allocation: no peer maps it
+    if (cuMemAlloc(&legacy, 4096) != CUDA_SUCCESS) return 3;
+
+    const uint64_t importsBefore = shoalFakeCudaCallCount("cuMemImportFromShareableHandle");
+    ncclWindow_t winA = nullptr, winB = nullptr, winC = nullptr;
+    ncclGroupStart();
+    ncclCommWindowRegister(comm, mem, kMiB, &winA, NCCL_WIN_COLL_SYMMETRIC);
+    ncclCommWindowRegister(comm, static_cast<uint8_t*>(mem) + kMiB, kMiB, &winB, NCCL_WIN_COLL_SYMMETRIC);
+    ncclCommWindowRegister(comm, reinterpret_cast<void*>(legacy), 4096, &winC, NCCL_WIN_DEFAULT);
+    if (ncclGroupEnd() != ncclSuccess) {
+      child.log(std::string("register: ") + ncclGetLastError(comm));
+      return 4;
+    }
+    if (!winA || !winB || !winC) return 5;
+    const uint64_t imports = shoalFakeCudaCallCount("cuMemImportFromShareableHandle") - importsBefore;
+    if (imports != static_cast<uint64_t>(n - 1)) {
+      child.log("imports: " + std::to_string(imports));
+      return 6;
+    }
+    auto* a = reinterpret_cast<shoal::Window*>(winA);
+    auto* b = reinterpret_cast<shoal::Window*>(winB);
+    auto* c = reinterpret_cast<shoal::Window*>(winC);
+    if (!a->mappedEverywhere() || !b->mappedEverywhere()) return 7;
+    for (int p = 0; p < n; ++p)
+      for (int q = 0; q < n; ++q)
+        if ((p != q && c->maps(p, q)) || (p == q && !c->maps(p, q))) return 8;
+    if (shoal::cuda::PeerImports::instance().mapped() != static_cast<size_t>(n - 1)) return 9;
+
+    // Each peer's window B, read through this process's mapping.
+    std::vector<uint32_t> seen(kMiB / 4);
+    for (int q = 0; q < n; ++q) {
+      if (q != rank && c->buffer(q) != nullptr) return 10;
+      if (b->bytesOf(q) != kMiB || b->buffer(q) == nullptr) return 11;
+      if (cuMemcpyDtoH(seen.data(), reinterpret_cast<CUdeviceptr>(b->buffer(q)), kMiB) != CUDA_SUCCESS) return 12;
+      for (size_t i = 0; i < seen.size(); i += 4099)
+        if (seen[i] != static_cast<uint32_t>(q * 1000003u + i)) {
+          child.log("rank " + std::to_string(q) + "'s window B word " + std::to_string(i) + " reads " +
+                    std::to_string(seen[i]));
+          return 13;
+        }
+    }
+    // Writes through the mapping land in the owner's memory: each rank
+    // writes its number into the next rank's window A.
+    const int next = (rank + 1) % n;
+    const uint32_t mark = 0xabc00000u + static_cast<uint32_t>(rank);
+    if (cuMemcpyHtoD(reinterpret_cast<CUdeviceptr>(a->buffer(next)) + 64, &mark, 4) != CUDA_SUCCESS) return 14;
+    child.barrier();
+    uint32_t got = 0;
+    if (cuMemcpyDtoH(&got, at(mem, 64), 4) != CUDA_SUCCESS) return 15;
+    if (got != 0xabc00000u + static_cast<uint32_t>((rank + n - 1) % n)) return 16;
+
+    // The imports go with the last window on each allocation.
+    const uint64_t unmapsBefore = shoalFakeCudaCallCount("cuMemUnmap");
+    if (ncclCommWindowDeregister(comm, winA) != ncclSuccess) return 17;
+    if (shoal::cuda::PeerImports::instance().mapped() != static_cast<size_t>(n - 1)) return 18;
+    if (shoalFakeCudaCallCount("cuMemUnmap") != unmapsBefore) return 19;
+    if (ncclCommWindowDeregister(comm, winB) != ncclSuccess) return 20;
+    if (shoal::cuda::PeerImports::instance().mapped() != 0) return 21;
+    if (shoalFakeCudaCallCount("cuMemUnmap") - unmapsBefore != static_cast<uint64_t>(n - 1)) return 22;
+    if (ncclCommWindowDeregister(comm, winA) != ncclInvalidUsage) return 23;
+    child.barrier();  // no peer frees while another still reads
+    if (ncclMemFree(mem) != ncclSuccess) return 24;
+    cuMemFree(legacy);
+    // winC goes with the communicator.
+    return ncclCommDestroy(comm) == ncclSuccess ? 0 : 25;
+  });
+  INFO(result.report());
+  CHECK(result.allPassed());
 }

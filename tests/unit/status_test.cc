@@ -115,3 +115,40 @@ TEST_CASE("currentPid is getpid, also in a forked child", "[unit]") {
   CHECK(WEXITSTATUS(status) == 0);
   CHECK(currentPid() == static_cast<int>(getpid()));
 }
+
+TEST_CASE("copyDescriptorOf takes another process's descriptor only when it is the file announced", "[unit]") {
+  int toChild[2], toParent[2];
+  REQUIRE(pipe(toChild) == 0);
+  REQUIRE(pipe(toParent) == 0);
+  pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    // Holds two pipe ends open and reports their numbers.
+    int fds[2] = {toParent[1], toChild[0]};
+    (void)!write(toParent[1], fds, sizeof(fds));
+    char done;
+    (void)!read(toChild[0], &done, 1);
+    _exit(0);
+  }
+  int fds[2];
+  REQUIRE(read(toParent[0], fds, sizeof(fds)) == static_cast<ssize_t>(sizeof(fds)));
+  Result<FileIdentity> writeEnd = fileIdentity(toParent[1]);  // the same pipe the child holds as fds[0]
+  REQUIRE(writeEnd.isOk());
+  Result<int> copy = copyDescriptorOf(child, fds[0], writeEnd.value());
+  if (!copy.isOk() && copy.status().message().find("Operation not permitted") != std::string::npos) {
+    WARN("pidfd_getfd refused here (ptrace rules): " << copy.status().message());
+  } else {
+    REQUIRE(copy.isOk());
+    CHECK(fileIdentity(copy.value()).value() == writeEnd.value());
+    close(copy.value());
+    // The child's other descriptor is another file: refused.
+    Result<int> wrong = copyDescriptorOf(child, fds[1], writeEnd.value());
+    REQUIRE_FALSE(wrong.isOk());
+    CHECK(wrong.status().message().find("not the file it announced") != std::string::npos);
+  }
+  (void)!write(toChild[1], "x", 1);
+  int status = 0;
+  waitpid(child, &status, 0);
+  CHECK(copyDescriptorOf(child, fds[0], writeEnd.value()).status().message().find("pidfd_open") != std::string::npos);
+  for (int fd : {toChild[0], toChild[1], toParent[0], toParent[1]}) close(fd);
+}
