@@ -33,6 +33,9 @@
 // each peer's whole, where ranks take turns on the cores); "done".
 // kPreMulSum is not offered: each rank scales by its own scalar, which a
 // reader of raw peer data does not have.
+// On device memory (RankView::deviceMemory) every reduction and copy is one
+// step over a whole block: each step is a kernel or a copy-engine copy the
+// host waits for, and no CPU cache needs the data in pieces.
 #include <algorithm>
 
 #include "collectives/builder_util.h"
@@ -58,7 +61,9 @@ struct PeerReadPlan {
   PlanBuilder b{plan};
   std::vector<uint32_t> windowRecvFrom;  // per rank: step receiving its descriptor
 
-  PeerReadPlan(const CollShape& shape, const RankView& view, const char* name) {
+  bool deviceMemory = false;
+
+  PeerReadPlan(const CollShape& shape, const RankView& view, const char* name) : deviceMemory(view.deviceMemory) {
     plan.shapes = {shape};
     plan.algorithm = name;
     plan.rank = view.rank;
@@ -99,7 +104,8 @@ struct PeerReadPlan {
   std::vector<uint32_t> reduceFromAll(Slice dst, Slice own, uint16_t peerKind, uint64_t peerOffset,
                                       uint64_t bytes, uint64_t elemSize, uint64_t divisor) {
     std::vector<uint32_t> last;
-    const uint64_t chunk = std::max<uint64_t>(kReduceChunkBytes / elemSize * elemSize, elemSize);
+    const uint64_t chunk =
+        deviceMemory ? bytes : std::max<uint64_t>(kReduceChunkBytes / elemSize * elemSize, elemSize);
     for (uint64_t at = 0; at < bytes; at += chunk) {
       const uint64_t len = std::min(chunk, bytes - at);
       const Slice out{dst.buffer, dst.offset + at};
@@ -195,7 +201,7 @@ Plan buildPeerReadAllGather(const CollShape& shape, const RankView& view, const 
   // together: there each block goes whole, own first, and each copy waits only
   // for its own window, so a rank works on while a peer it would wait for is
   // not running.
-  const bool shared = !view.ranksTakeTurns;
+  const bool shared = !view.ranksTakeTurns && !view.deviceMemory;
   // kSharedReadChunkBytes is a multiple of every element size.
   const uint64_t chunk = shared ? kSharedReadChunkBytes : blockBytes;
   std::vector<uint32_t> copies;

@@ -142,6 +142,10 @@ struct RankView {
   // Every peer's memory is readable from this rank (same process, or a
   // same-host process this one may read): peer-reading algorithms apply.
   bool peerReads = false;
+  // The buffers are device memory that compute steps reach through
+  // mappings (peer-reading device plans on windows): peer-reading plans
+  // then work in whole blocks, as no CPU cache bounds a step.
+  bool deviceMemory = false;
   // A node's ranks outnumber its cores: they take turns on them, so no two
   // ranks can be counted on to run at the same time.
   bool ranksTakeTurns = false;

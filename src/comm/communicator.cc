@@ -38,7 +38,8 @@ Communicator::Communicator(InitRequest request)
       options_(request.options),
       request_(std::move(request)),
       commId_(hash64(request_.scope)),
-      connections_(commId_, rank_, peers_, request_.secret, abortFlag_) {}
+      connections_(commId_, rank_, peers_, request_.secret, abortFlag_),
+      windows_(std::make_shared<Windows>()) {}
 
 Communicator::~Communicator() {
   if (idleWatched_) Engine::instance().unwatchIdle(this);  // first: a check may be running
@@ -51,7 +52,8 @@ Communicator::~Communicator() {
   settleStreamPlans();
   connections_.clear();
   deviceSteps_.reset();
-  releaseWindows(windows_);
+  std::vector<std::unique_ptr<Window>> windows = windows_->takeAll();
+  releaseWindows(windows);
 }
 
 void Communicator::settleStreamPlans() {
@@ -276,7 +278,10 @@ Result<Window*> Communicator::registerWindow(void* buff, size_t bytes, int flags
                          describe(), ": ncclCommWindowRegister");
   const bool pushed = pushOwnContext();
   for (int r = 0; r < nranks_ && failure.isOk(); ++r) {
-    if (r == rank_) continue;
+    if (r == rank_) {
+      window->map(r, mine, peers_[rank_], peers_[rank_], cuda_);
+      continue;
+    }
     Result<WindowRecord> record = decodeWindowRecord(records[static_cast<size_t>(r)]);
     if (!record.isOk()) {
       failure = StatusBuilder(record.takeStatus()) << "from rank " << r;
@@ -305,33 +310,22 @@ Result<Window*> Communicator::registerWindow(void* buff, size_t bytes, int flags
   SHOAL_INFO(subsys::kReg, describe(), ": window ", buff, " (", bytes, " bytes) registered; ",
              window->mappedEverywhere() ? "every rank maps every rank's buffer"
                                         : "some ranks' buffers are not mapped by others");
-  std::lock_guard<std::mutex> lock(windowsMutex_);
-  windows_.push_back(std::move(window));
-  return windows_.back().get();
+  Window* registered = window.get();
+  windows_->add(std::move(window));
+  return registered;
 }
 
 Status Communicator::deregisterWindow(const void* handle) {
   std::vector<std::unique_ptr<Window>> gone;
-  {
-    std::lock_guard<std::mutex> lock(windowsMutex_);
-    auto it = std::find_if(windows_.begin(), windows_.end(), [&](const auto& w) { return w.get() == handle; });
-    if (it == windows_.end())
-      return invalidUsage(describe(), ": window ", handle,
-                          " is not a live window of this communicator (deregistered already, or never registered "
-                          "on it)");
-    gone.push_back(std::move(*it));
-    windows_.erase(it);
-  }
+  gone.push_back(windows_->take(handle));
+  if (!gone.back())
+    return invalidUsage(describe(), ": window ", handle,
+                        " is not a live window of this communicator (deregistered already, or never registered on it)");
   releaseWindows(gone);
   return Status::ok();
 }
 
-Window* Communicator::findWindow(const void* handle) {
-  std::lock_guard<std::mutex> lock(windowsMutex_);
-  for (const auto& w : windows_)
-    if (w.get() == handle) return w.get();
-  return nullptr;
-}
+Window* Communicator::findWindow(const void* handle) { return windows_->find(handle); }
 
 Result<std::shared_ptr<Communicator>> Communicator::split(int color, int key, const CommOptions& options,
                                                           const std::atomic<bool>* cancel) {

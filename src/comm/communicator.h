@@ -114,6 +114,7 @@ class RedOpTable {
 class StreamBridge;
 class DevicePlanSteps;
 class Window;
+class Windows;
 class StreamPlans;
 
 class Communicator : public std::enable_shared_from_this<Communicator>, private IdleWatch {
@@ -236,9 +237,16 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
   Result<bool> prepareJob(Job& job, std::span<const OpRequest> ops, bool detached);
   // Whether a stream-ordered operation runs as a device plan (docs/cuda.md,
   // Device plans): one operation on device buffers whose plan's compute
-  // steps the GPU runs and whose every connection moves device memory. The
-  // first time, makes deviceSteps_ (false where it cannot, said at INFO).
-  bool runsAsDevicePlan(std::span<const OpRequest> ops);
+  // steps the GPU runs and whose every connection moves device memory, or,
+  // `windowed`, whose peer-reading plan reads the peers' windows (then the
+  // connections carry only descriptors and barriers). The first time, makes
+  // deviceSteps_ (false where it cannot, said at INFO).
+  bool runsAsDevicePlan(std::span<const OpRequest> ops, bool windowed);
+  // Whether one operation's send and recv buffers lie in windows every rank
+  // maps on every rank (comm/window.h), for a collective that reads peers'
+  // buffers then: AllReduce, AllGather, ReduceScatter. Every rank must pass
+  // such buffers, as NCCL asks of registered buffers.
+  bool inWindows(std::span<const OpRequest> ops) const;
   // Runs stream-ordered operations (one, or a group) as a stream plan
   // (comm/stream_plan.h) where it can: their plan's every lane has a stream
   // link and its compute steps the GPU runs. False: they go the other ways.
@@ -316,8 +324,7 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
   bool pushOwnContext();
 
   RedOpTable redOps_;
-  std::mutex windowsMutex_;
-  std::vector<std::unique_ptr<Window>> windows_;  // registered, not yet deregistered
+  std::shared_ptr<Windows> windows_;  // registered, not yet deregistered
 
   cuda::Driver* cuda_ = nullptr;         // set at init when the process uses CUDA
   int cudaDevice_ = -1;

@@ -9,6 +9,7 @@
 #include "comm/device_steps.h"
 #include "comm/stream_bridge.h"
 #include "comm/stream_plan.h"
+#include "comm/window.h"
 #include "core/clock.h"
 #include "core/log.h"
 
@@ -69,9 +70,21 @@ Result<Communicator::StreamSubmission> Communicator::beginStreamOrdered(std::spa
                           "replay collectives in graphs yet (call it outside the capture)");
   }
   submission.synchronous = bridge_->waitMode() == cuda::WaitMode::kSynchronous;
-  SHOAL_ASSIGN_OR_RETURN(bool streamed, submitStreamPlan(kept, submission));
-  if (streamed) return submission;
-  const bool direct = !submission.synchronous && runsAsDevicePlan(kept);
+  // An operation on windows reads its peers' buffers in place (one copy),
+  // before any other way.
+  const bool windowed = !submission.synchronous && inWindows(kept);
+  if (!windowed) {
+    SHOAL_ASSIGN_OR_RETURN(bool streamed, submitStreamPlan(kept, submission));
+    if (streamed) return submission;
+  }
+  const bool direct = !submission.synchronous && runsAsDevicePlan(kept, windowed);
+  // Its peers read its windows in place, and it theirs: staging is no way
+  // out (this rank would run another plan than they do).
+  if (windowed && !direct)
+    return error(Code::kInvalidUsage, describe(), ": ", collKindName(kept[0].shape.kind),
+                 " on buffers in windows (ncclCommWindowRegister), which every rank reads in place, cannot run "
+                 "as a device plan on this rank (its buffers must be device memory of the communicator's GPU, and "
+                 "its device kernels loaded: see the INFO log)");
   SHOAL_ASSIGN_OR_RETURN(StreamBridge::Staged staged, bridge_->stage(kept, rank_, nranks_, direct), describe());
   auto held = std::make_shared<StreamBridge::Staged>(std::move(staged));
   StreamBridge::Staged& st = *held;
@@ -96,6 +109,7 @@ Result<Communicator::StreamSubmission> Communicator::beginStreamOrdered(std::spa
     }
     auto job = std::make_shared<Job>();
     if (direct) job->deviceSteps = deviceSteps_;
+    if (direct && windowed) job->peerBuffers = windows_;
     Result<bool> any = prepareJob(*job, st.ops, /*detached=*/true);
     if (!any.isOk() || !any.value()) {
       StreamBridge::releaseStream(st);  // the stream goes on; its slot comes back once it has
@@ -108,6 +122,9 @@ Result<Communicator::StreamSubmission> Communicator::beginStreamOrdered(std::spa
     Engine::instance().submit(job);
     trackDetached(job);
     submission.job = job;
+    if (windowed)
+      SHOAL_TRACE(subsys::kColl, job->description(), " count ", kept[0].shape.count,
+                  " as a device plan reading the peers' windows");
   }
   submission.ops = std::move(kept);
   submission.staged = std::move(held);
@@ -259,20 +276,38 @@ bool Communicator::ensureDeviceSteps() {
   return deviceSteps_ != nullptr;
 }
 
-bool Communicator::runsAsDevicePlan(std::span<const OpRequest> ops) {
+bool Communicator::inWindows(std::span<const OpRequest> ops) const {
+  if (windows_->empty() || ops.size() != 1 || nranks_ < 2) return false;
+  const OpRequest& op = ops[0];
+  if (op.shape.kind != CollKind::kAllReduce && op.shape.kind != CollKind::kAllGather &&
+      op.shape.kind != CollKind::kReduceScatter)
+    return false;
+  const OpLayout layout = opLayout(op.shape, rank_, nranks_);
+  return layout.sendBytes > 0 && windows_->holdsEverywhere(op.sendbuff, layout.sendBytes) &&
+         windows_->holdsEverywhere(op.recvbuff, layout.recvBytes);
+}
+
+bool Communicator::runsAsDevicePlan(std::span<const OpRequest> ops, bool windowed) {
   // One operation (groups stay staged), between ranks, on device memory.
   if (ops.size() != 1 || nranks_ < 2 || bridge_->deviceReducer() == nullptr) return false;
   const OpRequest& op = ops[0];
   if (op.scalar.deviceScalar != nullptr) return false;
   // GPU copies of ranges that overlap without being equal are undefined:
-  // partly overlapping buffers (in-place AllGather, ReduceScatter) are staged.
-  if (op.sendbuff != op.recvbuff && !disjointBuffers(op)) return false;
+  // partly overlapping buffers (in-place AllGather, ReduceScatter) are
+  // staged, but where peer-reading plans run (windows): they copy a block
+  // onto itself at most.
+  if (!windowed && op.sendbuff != op.recvbuff && !disjointBuffers(op)) return false;
   // The plan (cached) and its peers' transports (known per peer) first: a
   // communicator whose connections stage, the default, asks CUDA nothing more.
-  Result<std::shared_ptr<const PreparedPlan>> prepared = plans_->planFor(placedShape(op), false);
-  if (!prepared.isOk()) return false;  // prepareJob reports it
-  const Plan& plan = *prepared.value()->plan;
-  if (!connections_.movesDeviceMemory(plan) || !prepared.value()->deviceStepsCanRun) return false;
+  if (windowed) {
+    Result<std::shared_ptr<const PreparedPlan>> prepared = plans_->windowPlanFor(placedShape(op));
+    if (!prepared.isOk() || !prepared.value()) return false;
+  } else {
+    Result<std::shared_ptr<const PreparedPlan>> prepared = plans_->planFor(placedShape(op), false);
+    if (!prepared.isOk()) return false;  // prepareJob reports it
+    if (!connections_.movesDeviceMemory(*prepared.value()->plan) || !prepared.value()->deviceStepsCanRun)
+      return false;
+  }
   for (const void* buffer : {op.sendbuff, static_cast<const void*>(op.recvbuff)}) {
     if (buffer == nullptr) continue;
     Result<cuda::MemoryKind> kind = cuda_->memoryKind(buffer);
@@ -461,8 +496,14 @@ Result<bool> Communicator::prepareJob(Job& job, std::span<const OpRequest> ops, 
     std::shared_ptr<const PreparedPlan> prepared;
     for (size_t k = 0; k < ops.size(); ++k) {
       const OpRequest& op = ops[k];
-      SHOAL_ASSIGN_OR_RETURN(prepared, plans_->planFor(placedShape(op), ops.size() > 1),
-        describe(), ": ", collKindName(op.shape.kind));
+      if (job.peerBuffers) {  // a device plan on windows (runsAsDevicePlan found its plan)
+        SHOAL_ASSIGN_OR_RETURN(prepared, plans_->windowPlanFor(placedShape(op)), describe(), ": ",
+                               collKindName(op.shape.kind));
+        if (!prepared) return internalError(describe(), ": no window plan for ", collKindName(op.shape.kind));
+      } else {
+        SHOAL_ASSIGN_OR_RETURN(prepared, plans_->planFor(placedShape(op), ops.size() > 1),
+          describe(), ": ", collKindName(op.shape.kind));
+      }
       if (ops.size() > 1) parts.push_back(prepared);
       job.opTags[k] = tagFor(op.shape);
       job.opScalars[k] = op.scalar;

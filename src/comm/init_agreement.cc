@@ -140,6 +140,7 @@ std::string encodeWindowRecord(const WindowRecord& record) {
   w.u64(record.bytes);
   w.u32(static_cast<uint32_t>(record.pid));
   w.u64(record.pidNamespace);
+  w.u8(record.deviceMemory ? 1 : 0);
   w.u64(record.sharedSequence);
   w.u64(record.sharedOffset);
   w.u64(record.deviceSerial);
@@ -158,6 +159,8 @@ Result<WindowRecord> decodeWindowRecord(std::string_view bytes) {
   record.bytes = r.u64();
   record.pid = static_cast<int32_t>(r.u32());
   record.pidNamespace = r.u64();
+  const uint8_t device = r.u8();
+  record.deviceMemory = device == 1;
   record.sharedSequence = r.u64();
   record.sharedOffset = r.u64();
   record.deviceSerial = r.u64();
@@ -167,6 +170,7 @@ Result<WindowRecord> decodeWindowRecord(std::string_view bytes) {
   record.fileDevice = r.u64();
   record.fileInode = r.u64();
   SHOAL_TRY(closed(r, "window record"));
+  if (device > 1) return internalError("malformed window record: memory flag ", static_cast<int>(device));
   // Ranges a peer would map must lie inside what it maps.
   if (record.deviceSerial != 0 &&
       (record.deviceOffset > record.deviceBytes || record.bytes > record.deviceBytes - record.deviceOffset))

@@ -79,6 +79,7 @@ struct WindowRecord {
   uint64_t bytes = 0;
   int32_t pid = 0;
   uint64_t pidNamespace = 0;  // core/process.h
+  bool deviceMemory = false;  // CUDA device memory (not managed, not host)
   // Host memory inside a shared allocation (memory/shared_memory.h): its
   // sequence (0: none) and the buffer's offset in it.
   uint64_t sharedSequence = 0;

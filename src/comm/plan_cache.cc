@@ -31,6 +31,23 @@ Result<std::shared_ptr<const PreparedPlan>> PlanCache::planFor(const CollShape& 
   return prepared;
 }
 
+Result<std::shared_ptr<const PreparedPlan>> PlanCache::windowPlanFor(const CollShape& shape) {
+  auto it = windowPlans_.find(shape);
+  if (it != windowPlans_.end()) return it->second;
+  RankView view = view_;
+  view.peerReads = true;
+  view.deviceMemory = true;
+  std::shared_ptr<const PreparedPlan> prepared;
+  const AlgorithmEntry* peerRead = findAlgorithm(shape.kind, "peer_read");
+  if (peerRead && peerRead->supports(shape, view)) {
+    auto plan = std::make_shared<Plan>(peerRead->build(shape, view, AlgoParams{}));
+    if (computeStepsRunOnDevice(*plan)) prepared = preparePlan(std::move(plan));
+  }
+  if (windowPlans_.size() >= kLimit) windowPlans_.clear();
+  windowPlans_.emplace(shape, prepared);
+  return prepared;
+}
+
 Result<bool> PlanCache::deviceStepsRunEverywhere(const CollShape& shape, bool grouped) {
   auto& cache = grouped ? groupEverywhere_ : everywhere_;
   auto it = cache.find(shape);

@@ -37,6 +37,13 @@ class PlanCache {
   // The prepared plan of one operation; `grouped`: it is one of several
   // merged into one job (no peer reads).
   Result<std::shared_ptr<const PreparedPlan>> planFor(const CollShape& shape, bool grouped);
+  // The peer-reading plan of one operation on device buffers inside windows
+  // every rank maps (comm/window.h), or null when the operation has none
+  // (not AllReduce, AllGather or ReduceScatter; PreMulSum) or its compute
+  // steps are not all the GPU's (an integer average divides). The same on
+  // every rank: it depends on the shape alone. Peer reads are the point of
+  // such windows, and the tuner has no device figures to weigh them by.
+  Result<std::shared_ptr<const PreparedPlan>> windowPlanFor(const CollShape& shape);
   // The plan of a group's operations merged (mergePlans), in this order.
   std::shared_ptr<const PreparedPlan> mergedPlanFor(std::vector<std::shared_ptr<const PreparedPlan>> parts);
   // Whether every rank's plan for the shape has only compute steps the GPU
@@ -67,6 +74,7 @@ class PlanCache {
   RankView groupView_;  // view_ without peer reads: peer-reading plans are single-op
   Plans plans_;
   Plans groupPlans_;
+  Plans windowPlans_;  // null entries: no window plan
   std::unordered_map<CollShape, bool, ShapeHash, ShapeEqual> everywhere_, groupEverywhere_;
   // Merged plans keyed by their parts' prepared plans in order; an entry holds
   // those parts, so their addresses stay unique while it lives. (Merging a

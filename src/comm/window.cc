@@ -1,5 +1,7 @@
 #include "comm/window.h"
 
+#include <algorithm>
+
 #include "core/log.h"
 #include "core/process.h"
 #include "cuda/peer_imports.h"
@@ -14,9 +16,16 @@ Window::Window(void* user, size_t bytes, int flags, int rank, int nranks)
       rank_(rank),
       buffers_(static_cast<size_t>(nranks), nullptr),
       sizes_(static_cast<size_t>(nranks), 0),
+      addresses_(static_cast<size_t>(nranks), 0),
+      device_(static_cast<size_t>(nranks), false),
       maps_(static_cast<size_t>(nranks), std::vector<bool>(static_cast<size_t>(nranks), false)) {
   buffers_[static_cast<size_t>(rank)] = static_cast<uint8_t*>(user);
   sizes_[static_cast<size_t>(rank)] = bytes;
+  addresses_[static_cast<size_t>(rank)] = reinterpret_cast<uint64_t>(user);
+}
+
+bool Window::deviceEverywhere() const {
+  return std::all_of(device_.begin(), device_.end(), [](bool d) { return d; });
 }
 
 bool Window::mappedEverywhere() const {
@@ -35,6 +44,7 @@ Result<WindowRecord> Window::describe(cuda::Driver* driver, void* buff, size_t b
   if (driver) {
     SHOAL_ASSIGN_OR_RETURN(cuda::MemoryKind kind, driver->memoryKind(buff));
     if (kind == cuda::MemoryKind::kDevice) {
+      record.deviceMemory = true;
       // Only a Shoal allocation (ncclMemAlloc) exports; other device memory
       // (cudaMalloc) is registered, not mapped by other processes.
       std::optional<cuda::Driver::DeviceAllocation> allocation = driver->deviceAllocationOf(buff, bytes);
@@ -63,6 +73,8 @@ void Window::map(int r, const WindowRecord& record, const PeerInfo& self, const 
                  cuda::Driver* driver) {
   const auto at = static_cast<size_t>(r);
   sizes_[at] = record.bytes;
+  addresses_[at] = record.address;
+  device_[at] = record.deviceMemory;
   if (peer.processId == self.processId && peer.hostId == self.hostId) {
     buffers_[at] = reinterpret_cast<uint8_t*>(record.address);  // this process
     return;
@@ -115,6 +127,62 @@ void Window::release(cuda::Driver* driver) {
   imported_.clear();
   for (size_t r = 0; r < buffers_.size(); ++r)
     if (static_cast<int>(r) != rank_) buffers_[r] = nullptr;
+}
+
+void Windows::add(std::unique_ptr<Window> window) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  windows_.push_back(std::move(window));
+  count_.store(windows_.size(), std::memory_order_release);
+}
+
+std::unique_ptr<Window> Windows::take(const void* handle) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = std::find_if(windows_.begin(), windows_.end(), [&](const auto& w) { return w.get() == handle; });
+  if (it == windows_.end()) return nullptr;
+  std::unique_ptr<Window> taken = std::move(*it);
+  windows_.erase(it);
+  count_.store(windows_.size(), std::memory_order_release);
+  return taken;
+}
+
+std::vector<std::unique_ptr<Window>> Windows::takeAll() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<std::unique_ptr<Window>> all = std::move(windows_);
+  windows_.clear();
+  count_.store(0, std::memory_order_release);
+  return all;
+}
+
+Window* Windows::find(const void* handle) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const auto& w : windows_)
+    if (w.get() == handle) return w.get();
+  return nullptr;
+}
+
+namespace {
+// Whether [address, address + bytes) lies inside [base, base + size).
+bool inside(uint64_t address, uint64_t bytes, uint64_t base, uint64_t size) {
+  return address >= base && address - base <= size && bytes <= size - (address - base);
+}
+}  // namespace
+
+bool Windows::holdsEverywhere(const void* p, uint64_t bytes) const {
+  const auto address = reinterpret_cast<uint64_t>(p);
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const auto& w : windows_)
+    if (inside(address, bytes, reinterpret_cast<uint64_t>(w->userPtr()), w->bytes()) && w->mappedEverywhere() &&
+        w->deviceEverywhere())
+      return true;
+  return false;
+}
+
+uint8_t* Windows::find(int peer, uint64_t address, uint64_t bytes) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const auto& w : windows_)
+    if (w->buffer(peer) != nullptr && inside(address, bytes, w->addressOf(peer), w->bytesOf(peer)))
+      return w->buffer(peer) + (address - w->addressOf(peer));
+  return nullptr;
 }
 
 }  // namespace shoal

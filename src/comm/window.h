@@ -18,7 +18,10 @@
 #pragma once
 
 #include <cstddef>
+#include <atomic>
 #include <cstdint>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -26,6 +29,7 @@
 #include "core/peer_info.h"
 #include "core/status.h"
 #include "cuda/driver.h"
+#include "engine/engine.h"
 #include "net/fd.h"
 
 namespace shoal {
@@ -43,11 +47,14 @@ class Window {
   // mapped here (this rank's own: the user's buffer). Host memory of a peer
   // process is mapped read-only.
   uint8_t* buffer(int r) const { return buffers_[static_cast<size_t>(r)]; }
-  // Rank r's buffer's size.
+  // Rank r's buffer's size, and its address in rank r's process.
   uint64_t bytesOf(int r) const { return sizes_[static_cast<size_t>(r)]; }
+  uint64_t addressOf(int r) const { return addresses_[static_cast<size_t>(r)]; }
   // Whether rank a maps rank b's buffer: every rank knows the same.
   bool maps(int a, int b) const { return maps_[static_cast<size_t>(a)][static_cast<size_t>(b)]; }
   bool mappedEverywhere() const;
+  // Whether every rank's buffer is CUDA device memory.
+  bool deviceEverywhere() const;
 
   // --- Registration steps (Communicator::registerWindow).
   // This rank's record. For device memory of a Shoal allocation, `exported`
@@ -72,8 +79,33 @@ class Window {
   int rank_;
   std::vector<uint8_t*> buffers_;
   std::vector<uint64_t> sizes_;
+  std::vector<uint64_t> addresses_;
+  std::vector<bool> device_;  // per rank: its buffer is device memory
   std::vector<std::vector<bool>> maps_;  // [a][b]: a maps b's buffer
   std::vector<uint8_t*> imported_;       // from cuda::PeerImports, given back by release()
+};
+
+// Windows: a communicator's live windows, and where peers' buffers inside
+// them lie here (PeerBuffers: a device plan reading peers' buffers looks
+// them up). Owner: the Communicator, shared with the jobs reading through it.
+// Thread-safety: every method may be called from any thread.
+class Windows final : public PeerBuffers {
+ public:
+  void add(std::unique_ptr<Window> window);
+  // The live window `handle` names, removed; null when there is none.
+  std::unique_ptr<Window> take(const void* handle);
+  std::vector<std::unique_ptr<Window>> takeAll();
+  Window* find(const void* handle) const;
+  bool empty() const { return count_.load(std::memory_order_acquire) == 0; }
+  // Whether [p, p + bytes) of this rank lies inside one window whose every
+  // rank's buffer is device memory that every rank maps.
+  bool holdsEverywhere(const void* p, uint64_t bytes) const;
+  uint8_t* find(int peer, uint64_t address, uint64_t bytes) const override;
+
+ private:
+  mutable std::mutex mutex_;
+  std::vector<std::unique_ptr<Window>> windows_;
+  std::atomic<size_t> count_{0};
 };
 
 }  // namespace shoal

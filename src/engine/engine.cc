@@ -148,6 +148,7 @@ void Job::resetForReuse() {
   sameConnections = false;
   ownedScratch.clear();
   deviceSteps.reset();
+  peerBuffers.reset();
   streamWatch.reset();
   detached = false;
   streamReady = nullptr;
@@ -472,8 +473,9 @@ Status computeStep(const Job& job, const Step& s, uint8_t* dst, const uint8_t* a
 
 }  // namespace
 
-bool deviceStepsCanRun(const Plan& plan) {
-  if (plan.readsPeers) return false;
+bool deviceStepsCanRun(const Plan& plan) { return !plan.readsPeers && computeStepsRunOnDevice(plan); }
+
+bool computeStepsRunOnDevice(const Plan& plan) {
   for (const Step& s : plan.steps) {
     switch (s.kind) {
       case StepKind::kSend:
@@ -494,7 +496,7 @@ void Engine::fillWindow(Job& job) {
   const Plan& plan = *job.prepared->plan;
   OpLayout layout = opLayout(plan.shapes[0], plan.rank, plan.nranks);
   job.window_.describeOwn(plan.nranks, job.buffers[kSendBuffer], layout.sendBytes, job.buffers[kRecvBuffer],
-                          layout.recvBytes);
+                          layout.recvBytes, job.peerBuffers.get());
 }
 
 Result<uint8_t*> Engine::addressOf(Job& job, const Slice& slice) {
@@ -550,6 +552,9 @@ Status Engine::runComputeStep(Job& job, uint32_t index) {
   if (mapped[0] && (!twoSources || mapped[1])) {
     return computeStep(job, s, dst, mapped[0], mapped[1], s.bytes);
   }
+  // Device memory is reached only through a mapping (a window).
+  if (job.deviceSteps)
+    return internalError("step ", index, " reads a peer's device buffer that no window maps here");
   const Slice sources[2] = {s.src, s.src2};
   return runRemoteComputeStep(job, s, dst, sources, mapped, twoSources ? 2 : 1);
 }

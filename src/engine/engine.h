@@ -125,6 +125,18 @@ class DeviceSteps {
   virtual Status copy(uint8_t* dst, const uint8_t* src, uint64_t bytes) = 0;
 };
 
+// Where peers' buffers lie in this process for a device plan that reads
+// them (Plan::readsPeers on device memory): only buffers inside windows
+// every rank registered (ncclCommWindowRegister) are reachable, mapped at
+// registration. Implemented above the engine (comm/window.h).
+class PeerBuffers {
+ public:
+  virtual ~PeerBuffers() = default;
+  // [address, address + bytes) of rank `peer`'s address space as mapped
+  // here; nullptr when no window maps it.
+  virtual uint8_t* find(int peer, uint64_t address, uint64_t bytes) const = 0;
+};
+
 // A job whose plan CUDA streams run by themselves (a stream plan, docs/cuda.md,
 // "Stream plans"): every copy, reduction and wait of it was enqueued on
 // streams when the user called, so the engine posts nothing. It watches the
@@ -165,8 +177,11 @@ inline ReduceOp combineOpOf(const Step& s, const CollShape& shape) {
 }
 
 // Whether every compute step of `plan` can run as DeviceSteps (Reduce, and
-// Copy without scaling; no Divide, no reads of peers' memory).
+// Copy without scaling; no Divide), and the plan reads no peer's memory.
 bool deviceStepsCanRun(const Plan& plan);
+// The same for the compute steps alone: a peer-reading plan whose peers'
+// buffers a job's PeerBuffers map may run them too.
+bool computeStepsRunOnDevice(const Plan& plan);
 
 class Job {
  public:
@@ -203,6 +218,9 @@ class Job {
   // Set for a device plan: its buffers (scratch included) are device memory
   // and its compute steps run here; null for every other job.
   std::shared_ptr<DeviceSteps> deviceSteps;
+  // Set for a device plan that reads peers' buffers (their windows): where
+  // they lie here. Null for every other job.
+  std::shared_ptr<const PeerBuffers> peerBuffers;
   // Set for a stream plan (see StreamWatch): the engine runs none of its
   // steps. streamReady is the word its stream writes when it reaches the
   // plan; streamDone stays null (the stream waits for nothing of the host's).

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "core/process.h"
+#include "engine/engine.h"
 #include "memory/shared_memory.h"
 
 namespace shoal {
@@ -23,7 +24,10 @@ constexpr uint64_t kWindowMagic = 0x53484f414c57494eull;  // "SHOALWIN"
 }  // namespace
 
 void PeerWindow::describeOwn(int nranks, const uint8_t* send, uint64_t sendBytes, const uint8_t* recv,
-                             uint64_t recvBytes) {
+                             uint64_t recvBytes, const PeerBuffers* peerBuffers) {
+  peerBuffers_ = peerBuffers;
+  bytes_[0] = sendBytes;
+  bytes_[1] = recvBytes;
   window_.assign(kWindowSlotBytes * (1 + static_cast<size_t>(nranks)), 0);
   views_.assign(static_cast<size_t>(nranks), PeerView{});
   WindowDescriptor d{};
@@ -51,7 +55,9 @@ Status PeerWindow::resolve(int peer) {
   view.pid = d.pid;
   for (int b = 0; b < 2; ++b) {
     view.address[b] = d.address[b];
-    if (d.pid == static_cast<int32_t>(currentPid())) {
+    if (peerBuffers_) {
+      view.base[b] = bytes_[b] ? peerBuffers_->find(peer, d.address[b], bytes_[b]) : nullptr;
+    } else if (d.pid == static_cast<int32_t>(currentPid())) {
       view.base[b] = reinterpret_cast<const uint8_t*>(d.address[b]);  // same process
     } else if (d.sharedSequence[b] != 0) {
       const uint8_t* mapped = memory::mapPeerAllocation(d.pid, d.sharedSequence[b]);

@@ -6,7 +6,8 @@
 // plan's messages carry each peer's descriptor into slot 1 + q; resolving one
 // maps the peer's buffer here when it can (same process, or an allocation the
 // peer shares: memory/shared_memory.h) and otherwise keeps its remote address
-// for process_vm_readv (read()).
+// for process_vm_readv (read()). A device plan's window resolves through
+// the job's PeerBuffers (windows the ranks registered) alone.
 // Thread: the thread progressing the job (the engine's rule for job state).
 #pragma once
 
@@ -18,11 +19,16 @@
 
 namespace shoal {
 
+class PeerBuffers;
+
 class PeerWindow {
  public:
   // Starts a run of a plan over `nranks`: slot 0 describes this rank's
   // buffers; what earlier runs resolved is forgotten.
-  void describeOwn(int nranks, const uint8_t* send, uint64_t sendBytes, const uint8_t* recv, uint64_t recvBytes);
+  // Peers' buffers are the same sizes as this rank's; `peerBuffers` (a
+  // device plan's windows, else null) is where they are looked up.
+  void describeOwn(int nranks, const uint8_t* send, uint64_t sendBytes, const uint8_t* recv, uint64_t recvBytes,
+                   const PeerBuffers* peerBuffers = nullptr);
   // The window area itself (the plan's kWindowBuffer).
   uint8_t* bytes() { return window_.data(); }
   // Where a peer buffer's slice lies in this process; nullptr when the
@@ -37,6 +43,8 @@ class PeerWindow {
   Status resolve(int peer);
 
   std::vector<uint8_t> window_;
+  const PeerBuffers* peerBuffers_ = nullptr;
+  uint64_t bytes_[2] = {0, 0};  // send, recv
   struct PeerView {
     bool resolved = false;
     int pid = 0;

@@ -1162,3 +1162,123 @@ TEST_CASE("windows on ncclMemAlloc memory map every peer's buffer, imported once
   INFO(result.report());
   CHECK(result.allPassed());
 }
+
+namespace {
+// Copies between the host and device memory at `p` (float-typed helpers of
+// the windowed-collectives test).
+bool toDevice(void* p, const std::vector<float>& host) {
+  return cuMemcpyHtoD(reinterpret_cast<CUdeviceptr>(p), host.data(), host.size() * sizeof(float)) == CUDA_SUCCESS;
+}
+std::vector<float> fromDevice(const void* p, size_t n) {
+  std::vector<float> host(n, -7.0f);
+  (void)cuMemcpyDtoH(host.data(), reinterpret_cast<CUdeviceptr>(p), n * sizeof(float));
+  return host;
+}
+std::vector<float> valsOf(int rank, size_t n, size_t from = 0) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = val(rank, from + i);
+  return v;
+}
+}  // namespace
+
+// Collectives on buffers inside windows every rank registered run as
+// peer-reading device plans: each rank's kernels and copies read the peers'
+// buffers in place through the window mappings, over any transport (the
+// connections carry only descriptors and barriers). Over shm, where every
+// other device operation is staged and reduced by the CPU, kernel launches
+// and the absence of staging show that path ran.
+TEST_CASE("collectives on window buffers read peers' device memory in place, over shm and cuda_ipc", "[cudafake][mp]") {
+  char logPath[] = "/tmp/shoal-cudafake-log-XXXXXX";
+  int fd = mkstemp(logPath);
+  REQUIRE(fd >= 0);
+  close(fd);
+  for (const char* transport : {"shm", "cuda_ipc"})
+    for (int n : {2, 3, 4}) {
+      const std::vector<std::pair<std::string, std::string>> env = {
+          {"NCCL_DEBUG", "TRACE"}, {"NCCL_DEBUG_SUBSYS", "COLL"}, {"NCCL_DEBUG_FILE", std::string(logPath) + ".%p"}};
+      auto result = forkedRanks(n, transport, env, [&](shoal::testing::MpChild& child, ncclComm_t comm, CUstream s) {
+        const int r = child.rank();
+        const size_t N = 3000;  // floats per rank's block (not a multiple of every rank count's granule)
+        void* pool = nullptr;
+        if (ncclMemAlloc(&pool, 4 * N * n * sizeof(float)) != ncclSuccess) return 1;
+        auto* send = static_cast<float*>(pool);
+        float* recv = send + N * n;
+        float* big = recv + N * n;
+        ncclWindow_t win = nullptr;
+        if (ncclCommWindowRegister(comm, pool, 4 * N * n * sizeof(float), &win, NCCL_WIN_COLL_SYMMETRIC) !=
+            ncclSuccess)
+          return 2;
+        const uint64_t launchesBefore = shoalFakeCudaCallCount("cuLaunchKernel");
+        std::string wrong;
+        auto expect = [&](const float* p, size_t count, const std::function<float(size_t)>& want, const char* what) {
+          cuStreamSynchronize(s);
+          std::vector<float> got = fromDevice(p, count);
+          for (size_t i = 0; i < count && wrong.empty(); ++i)
+            if (got[i] != want(i))
+              wrong = std::string(what) + " element " + std::to_string(i) + ": " + std::to_string(got[i]) +
+                      " want " + std::to_string(want(i));
+        };
+        auto call = [&](ncclResult_t rc, const char* what) {
+          if (rc != ncclSuccess && wrong.empty()) wrong = std::string(what) + ": " + ncclGetLastError(comm);
+        };
+        toDevice(send, valsOf(r, N));
+        call(ncclAllReduce(send, recv, N, ncclFloat, ncclSum, comm, s), "AllReduce");
+        expect(recv, N, [&](size_t i) { return sumOfVals(n, i); }, "AllReduce");
+        toDevice(recv, valsOf(r, N));
+        call(ncclAllReduce(recv, recv, N, ncclFloat, ncclMax, comm, s), "AllReduce max in place");
+        expect(recv, N, [&](size_t i) { return val(n - 1, i); }, "AllReduce max in place");
+
+        toDevice(send, valsOf(r, N));
+        call(ncclAllGather(send, recv, N, ncclFloat, comm, s), "AllGather");
+        expect(recv, N * n, [&](size_t i) { return val(static_cast<int>(i / N), i % N); }, "AllGather");
+        toDevice(recv + r * N, valsOf(r, N, 7));
+        call(ncclAllGather(recv + r * N, recv, N, ncclFloat, comm, s), "AllGather in place");
+        expect(recv, N * n, [&](size_t i) { return val(static_cast<int>(i / N), 7 + i % N); }, "AllGather in place");
+
+        toDevice(big, valsOf(r, N * n));
+        call(ncclReduceScatter(big, recv, N, ncclFloat, ncclSum, comm, s), "ReduceScatter");
+        expect(recv, N, [&](size_t i) { return sumOfVals(n, r * N + i); }, "ReduceScatter");
+        toDevice(big, valsOf(r, N * n));
+        call(ncclReduceScatter(big, big + r * N, N, ncclFloat, ncclSum, comm, s), "ReduceScatter in place");
+        expect(big + r * N, N, [&](size_t i) { return sumOfVals(n, r * N + i); }, "ReduceScatter in place");
+        cuStreamSynchronize(s);
+        const uint64_t launches = shoalFakeCudaCallCount("cuLaunchKernel") - launchesBefore;
+
+        // Outside the window the same calls take the other paths, and work.
+        if (wrong.empty()) {
+          DeviceFloats plain(N, [&](size_t i) { return val(r, i); });
+          DeviceFloats out(N);
+          call(ncclAllReduce(plain.at(), out.at(), N, ncclFloat, ncclSum, comm, s), "AllReduce outside the window");
+          expect(out.at(), N, [&](size_t i) { return sumOfVals(n, i); }, "AllReduce outside the window");
+        }
+        child.log("kernel launches " + std::to_string(launches));
+        if (!wrong.empty()) {
+          child.log(wrong);
+          return 3;
+        }
+        // Reductions by the kernels: 4 reducing calls, n - 1 launches each
+        // (a whole block per launch).
+        if (launches != 4u * static_cast<uint64_t>(n - 1)) return 4;
+        if (ncclCommWindowDeregister(comm, win) != ncclSuccess) return 6;
+        child.barrier();
+        ncclMemFree(pool);
+        return ncclCommDestroy(comm) == ncclSuccess ? 0 : 7;
+      });
+      // The six calls on window buffers, and only they, ran reading the
+      // peers' windows.
+      std::string log;
+      for (const auto& rank : result.ranks) {
+        std::string path = std::string(logPath) + "." + std::to_string(rank.pid);
+        log += readFile(path);
+        ::unlink(path.c_str());
+      }
+      size_t windowed = 0;
+      for (size_t at = log.find("reading the peers' windows"); at != std::string::npos;
+           at = log.find("reading the peers' windows", at + 1))
+        ++windowed;
+      INFO(transport << " " << n << " ranks\n" << result.report());
+      CHECK(result.allPassed());
+      CHECK(windowed == 6u * static_cast<size_t>(n));
+    }
+  ::unlink(logPath);
+}

@@ -165,6 +165,7 @@ TEST_CASE("a window record and a window outcome round-trip, and malformed ones a
   WindowRecord device = host;
   device.sharedSequence = 0;
   device.sharedOffset = 0;
+  device.deviceMemory = true;
   device.deviceSerial = 7;
   device.deviceBytes = 2u << 20;
   device.deviceOffset = (2u << 20) - 4096;
