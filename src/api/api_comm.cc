@@ -91,11 +91,13 @@ namespace shoal::api {
 // Blocking: run now. Group: defer to ncclGroupEnd. Nonblocking: run on a
 // thread and return ncclInProgress. *out is valid in every case but an
 // immediate failure.
-Status launchInit(ncclComm_t* out, ncclComm_t handle, bool blocking, InitWork work) {
+Status launchInit(ncclComm_t* out, ncclComm_t handle, bool blocking, InitWork work, const void* parent) {
   auto shared = handle->shared;
   if (group::active()) {
     *out = handle;
-    group::addInit([shared, work] { return runInit(shared, work); });
+    auto run = [shared, work] { return runInit(shared, work); };
+    if (parent) group::addOrderedInit(parent, std::move(run));
+    else group::addInit(std::move(run));
     return Status::ok();
   }
   if (!blocking) {
@@ -278,7 +280,7 @@ SHOAL_API(ncclResult_t, ncclCommSplit,
         return parent->split(color, key, options).takeStatus();
       };
       if (group::active()) {
-        group::addInit(std::move(takePart));
+        group::addOrderedInit(parent.get(), std::move(takePart));
         return Status::ok();
       }
       return takePart();
@@ -291,7 +293,7 @@ SHOAL_API(ncclResult_t, ncclCommSplit,
       return parent->split(color, key, options, cancel);
     };
     return launchInit(newcomm, handle, options.blocking && parent->options().blocking,
-                      std::move(work));
+                      std::move(work), parent.get());
   });
 }
 

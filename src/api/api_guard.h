@@ -116,7 +116,10 @@ using InitWork = std::function<Result<std::shared_ptr<Communicator>>(const std::
 // Blocking: runs the work now. In a group: at ncclGroupEnd. Nonblocking: on
 // a thread, returning kInProgress. *out is valid in every case but an
 // immediate failure.
-Status launchInit(ncclComm_t* out, ncclComm_t handle, bool blocking, InitWork work);
+// `parent`: the communicator whose bootstrap the work uses (a split), whose
+// collective set-ups in one group must run in call order (group::addOrderedInit).
+Status launchInit(ncclComm_t* out, ncclComm_t handle, bool blocking, InitWork work,
+                  const void* parent = nullptr);
 // The scope of a communicator made from a unique id with ncclCommInitRank.
 std::string scopeForId(const UniqueIdContents& id);
 // Makes rank `rank` of `nranks` from a unique id, as ncclCommInitRank does,

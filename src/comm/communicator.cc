@@ -263,7 +263,8 @@ bool Communicator::pushOwnContext() {
 
 Result<Window*> Communicator::registerWindow(void* buff, size_t bytes, int flags) {
   UseGuard use(*this);
-  const Deadline deadline = Deadline::afterMs(params().initTimeoutMs);
+  releaseRetiredWindows();
+  const Deadline deadline = Deadline::afterMs(params().initTimeoutMs).cancelledBy(&abortFlag_);
   auto window = std::make_unique<Window>(buff, bytes, flags, rank_, nranks_);
   // Every rank takes part in both exchanges, whatever fails on its side, so
   // that all of them learn of it instead of waiting for it.
@@ -282,6 +283,7 @@ Result<Window*> Communicator::registerWindow(void* buff, size_t bytes, int flags
       window->map(r, mine, peers_[rank_], peers_[rank_], cuda_);
       continue;
     }
+    if (params().winEnable == 0) continue;  // NCCL_WIN_ENABLE=0: registered, nothing of a peer mapped
     Result<WindowRecord> record = decodeWindowRecord(records[static_cast<size_t>(r)]);
     if (!record.isOk()) {
       failure = StatusBuilder(record.takeStatus()) << "from rank " << r;
@@ -316,13 +318,24 @@ Result<Window*> Communicator::registerWindow(void* buff, size_t bytes, int flags
 }
 
 Status Communicator::deregisterWindow(const void* handle) {
-  std::vector<std::unique_ptr<Window>> gone;
-  gone.push_back(windows_->take(handle));
-  if (!gone.back())
+  UseGuard use(*this);
+  if (!windows_->retire(handle))
     return invalidUsage(describe(), ": window ", handle,
                         " is not a live window of this communicator (deregistered already, or never registered on it)");
-  releaseWindows(gone);
+  releaseRetiredWindows();
   return Status::ok();
+}
+
+void Communicator::releaseRetiredWindows() {
+  // A submitted job may still read a retired window's mappings (its stream
+  // may not even have reached it): they stay until no such job is left.
+  {
+    std::lock_guard<std::mutex> lock(jobsMutex_);
+    for (const JobPtr& job : inFlight_)
+      if (job->peerBuffers && !job->isDone()) return;
+  }
+  std::vector<std::unique_ptr<Window>> retired = windows_->takeRetired();
+  releaseWindows(retired);
 }
 
 Window* Communicator::findWindow(const void* handle) { return windows_->find(handle); }

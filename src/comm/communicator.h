@@ -244,9 +244,10 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
   bool runsAsDevicePlan(std::span<const OpRequest> ops, bool windowed);
   // Whether one operation's send and recv buffers lie in windows every rank
   // maps on every rank (comm/window.h), for a collective that reads peers'
-  // buffers then: AllReduce, AllGather, ReduceScatter. Every rank must pass
-  // such buffers, as NCCL asks of registered buffers.
-  bool inWindows(std::span<const OpRequest> ops) const;
+  // buffers then (AllReduce, AllGather, ReduceScatter; not PreMulSum, no
+  // integer average). Every rank must pass such buffers, as NCCL asks of
+  // registered buffers.
+  bool inWindows(std::span<const OpRequest> ops);
   // Runs stream-ordered operations (one, or a group) as a stream plan
   // (comm/stream_plan.h) where it can: their plan's every lane has a stream
   // link and its compute steps the GPU runs. False: they go the other ways.
@@ -319,6 +320,8 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
   std::unique_ptr<Job> blockingJob_;    // reused by blocking calls that run inline
 
   void releaseWindows(std::vector<std::unique_ptr<Window>>& windows);
+  // Releases deregistered windows once no submitted job may read them.
+  void releaseRetiredWindows();
   // Makes this rank's GPU's primary context current (false: none, or it
   // could not be); the caller pops it.
   bool pushOwnContext();

@@ -276,15 +276,28 @@ bool Communicator::ensureDeviceSteps() {
   return deviceSteps_ != nullptr;
 }
 
-bool Communicator::inWindows(std::span<const OpRequest> ops) const {
+bool Communicator::inWindows(std::span<const OpRequest> ops) {
   if (windows_->empty() || ops.size() != 1 || nranks_ < 2) return false;
   const OpRequest& op = ops[0];
   if (op.shape.kind != CollKind::kAllReduce && op.shape.kind != CollKind::kAllGather &&
       op.shape.kind != CollKind::kReduceScatter)
     return false;
   const OpLayout layout = opLayout(op.shape, rank_, nranks_);
-  return layout.sendBytes > 0 && windows_->holdsEverywhere(op.sendbuff, layout.sendBytes) &&
-         windows_->holdsEverywhere(op.recvbuff, layout.recvBytes);
+  if (layout.sendBytes == 0 || !windows_->holdsEverywhere(op.sendbuff, layout.sendBytes) ||
+      !windows_->holdsEverywhere(op.recvbuff, layout.recvBytes))
+    return false;
+  // Buffers that overlap other than as NCCL's in place (the same, or this
+  // rank's block of the larger one) are no operation peers may read.
+  const auto send = reinterpret_cast<uintptr_t>(op.sendbuff), recv = reinterpret_cast<uintptr_t>(op.recvbuff);
+  const uintptr_t block = static_cast<uintptr_t>(rank_) *
+                          (op.shape.kind == CollKind::kAllGather ? layout.sendBytes : layout.recvBytes);
+  const bool inPlace = send == recv || (op.shape.kind == CollKind::kAllGather && send == recv + block) ||
+                       (op.shape.kind == CollKind::kReduceScatter && recv == send + block);
+  if (!inPlace && !disjointBuffers(op)) return false;
+  // Whether a plan reads the windows depends on the shape alone (not on
+  // PreMulSum, no integer average): every rank decides alike.
+  Result<std::shared_ptr<const PreparedPlan>> plan = plans_->windowPlanFor(placedShape(op));
+  return plan.isOk() && plan.value() != nullptr;
 }
 
 bool Communicator::runsAsDevicePlan(std::span<const OpRequest> ops, bool windowed) {

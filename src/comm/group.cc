@@ -107,8 +107,12 @@ Status end() {
 
   for (auto& [key, works] : work.ordered)
     work.inits.push_back([&works]() -> Status {
-      for (auto& w : works) SHOAL_TRY(w());
-      return Status::ok();
+      // Every one runs (each is collective: the peers run theirs too, and a
+      // split's handle learns its outcome only from it); the first error wins.
+      Status first;
+      for (auto& w : works)
+        if (Status st = w(); !st.isOk() && first.isOk()) first = std::move(st);
+      return first;
     });
   Status result;
   if (!work.inits.empty()) result = runInits(work.inits);

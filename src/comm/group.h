@@ -34,10 +34,12 @@ Result<float> simulateEnd();
 void addOp(const std::shared_ptr<Communicator>& comm, OpRequest op);
 // Records an init to run at the outermost end.
 void addInit(std::function<Status()> init);
-// Records collective set-up work of one communicator (`key`) to run at the
-// outermost end with the inits: one communicator's run one after another in
-// call order (their exchanges must meet the peers' in the same order),
-// different communicators' concurrently. Stops at the first error.
+// Records collective set-up work over an existing communicator (`key`: its
+// splits, its window registrations) to run at the outermost end with the
+// inits: one communicator's run one after another in call order (their
+// exchanges over its bootstrap must meet the peers' in the same order),
+// different communicators' concurrently. Each runs; the first error is the
+// group's.
 void addOrderedInit(const void* key, std::function<Status()> work);
 
 }  // namespace shoal::group

@@ -76,7 +76,9 @@ void Window::map(int r, const WindowRecord& record, const PeerInfo& self, const 
   addresses_[at] = record.address;
   device_[at] = record.deviceMemory;
   if (peer.processId == self.processId && peer.hostId == self.hostId) {
-    buffers_[at] = reinterpret_cast<uint8_t*>(record.address);  // this process
+    // This process: its address, unless it is device memory of another GPU,
+    // which this rank's kernels have not been given access to.
+    if (!record.deviceMemory || peer.gpu == self.gpu) buffers_[at] = reinterpret_cast<uint8_t*>(record.address);
     return;
   }
   // Another process: its pid names it here only on one kernel, in one pid
@@ -90,7 +92,7 @@ void Window::map(int r, const WindowRecord& record, const PeerInfo& self, const 
   if (record.deviceSerial == 0 || driver == nullptr || self.gpu.empty() ||
       !driver->gpusShareMemory(self.gpu, peer.gpu))
     return;
-  const cuda::PeerImports::Key key{record.pidNamespace, record.pid, record.deviceSerial};
+  const cuda::PeerImports::Key key{peer.processId, record.deviceSerial, self.gpu};
   Result<uint8_t*> base = cuda::PeerImports::instance().acquire(*driver, key, record.deviceBytes, [&] {
     return copyDescriptorOf(record.pid, record.deviceFd, FileIdentity{record.fileDevice, record.fileInode});
   });
@@ -135,20 +137,29 @@ void Windows::add(std::unique_ptr<Window> window) {
   count_.store(windows_.size(), std::memory_order_release);
 }
 
-std::unique_ptr<Window> Windows::take(const void* handle) {
+bool Windows::retire(const void* handle) {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = std::find_if(windows_.begin(), windows_.end(), [&](const auto& w) { return w.get() == handle; });
-  if (it == windows_.end()) return nullptr;
-  std::unique_ptr<Window> taken = std::move(*it);
+  if (it == windows_.end()) return false;
+  retired_.push_back(std::move(*it));
   windows_.erase(it);
   count_.store(windows_.size(), std::memory_order_release);
-  return taken;
+  return true;
+}
+
+std::vector<std::unique_ptr<Window>> Windows::takeRetired() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<std::unique_ptr<Window>> retired = std::move(retired_);
+  retired_.clear();
+  return retired;
 }
 
 std::vector<std::unique_ptr<Window>> Windows::takeAll() {
   std::lock_guard<std::mutex> lock(mutex_);
   std::vector<std::unique_ptr<Window>> all = std::move(windows_);
   windows_.clear();
+  for (auto& w : retired_) all.push_back(std::move(w));
+  retired_.clear();
   count_.store(0, std::memory_order_release);
   return all;
 }
@@ -179,9 +190,10 @@ bool Windows::holdsEverywhere(const void* p, uint64_t bytes) const {
 
 uint8_t* Windows::find(int peer, uint64_t address, uint64_t bytes) const {
   std::lock_guard<std::mutex> lock(mutex_);
-  for (const auto& w : windows_)
-    if (w->buffer(peer) != nullptr && inside(address, bytes, w->addressOf(peer), w->bytesOf(peer)))
-      return w->buffer(peer) + (address - w->addressOf(peer));
+  for (const auto* list : {&windows_, &retired_})
+    for (const auto& w : *list)
+      if (w->buffer(peer) != nullptr && inside(address, bytes, w->addressOf(peer), w->bytesOf(peer)))
+        return w->buffer(peer) + (address - w->addressOf(peer));
   return nullptr;
 }
 

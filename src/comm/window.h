@@ -13,8 +13,10 @@
 // rank's (imported once per allocation through cuda::PeerImports,
 // read-write, by pidfd_getfd of the owner's descriptor). Anything else is
 // registered but not mapped. release() gives the imports back.
-// Owner: the Communicator; the API hands out its address as ncclWindow_t.
-// Thread: one user thread at a time (NCCL's rule for a communicator).
+// Owner: the Communicator (Windows); the API hands out its address as
+// ncclWindow_t. Thread: registration on the user's thread (one at a time, as
+// NCCL's rule for a communicator has it); once added to Windows it is only
+// read, from any thread, until released.
 #pragma once
 
 #include <cstddef>
@@ -87,13 +89,19 @@ class Window {
 
 // Windows: a communicator's live windows, and where peers' buffers inside
 // them lie here (PeerBuffers: a device plan reading peers' buffers looks
-// them up). Owner: the Communicator, shared with the jobs reading through it.
+// them up, from the engine's thread). Owner: the Communicator, shared with
+// the jobs reading through it. A deregistered window is retired first and
+// released once no job that may read it is left (Communicator).
 // Thread-safety: every method may be called from any thread.
 class Windows final : public PeerBuffers {
  public:
   void add(std::unique_ptr<Window> window);
-  // The live window `handle` names, removed; null when there is none.
-  std::unique_ptr<Window> take(const void* handle);
+  // Retires the live window `handle` names (false: there is none): no new
+  // operation uses it, and operations already submitted still find its
+  // peers' buffers until takeRetired() hands it over for release.
+  bool retire(const void* handle);
+  std::vector<std::unique_ptr<Window>> takeRetired();
+  // Every window, live or retired.
   std::vector<std::unique_ptr<Window>> takeAll();
   Window* find(const void* handle) const;
   bool empty() const { return count_.load(std::memory_order_acquire) == 0; }
@@ -105,7 +113,8 @@ class Windows final : public PeerBuffers {
  private:
   mutable std::mutex mutex_;
   std::vector<std::unique_ptr<Window>> windows_;
-  std::atomic<size_t> count_{0};
+  std::vector<std::unique_ptr<Window>> retired_;
+  std::atomic<size_t> count_{0};  // live windows
 };
 
 }  // namespace shoal

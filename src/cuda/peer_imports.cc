@@ -15,7 +15,8 @@ Result<uint8_t*> PeerImports::acquire(Driver& driver, const Key& key, size_t byt
   auto it = imports_.find(key);
   if (it != imports_.end()) {
     if (it->second.bytes != bytes)
-      return internalError("allocation ", key.serial, " of process ", key.pid, " was mapped as ", it->second.bytes,
+      return internalError("allocation ", key.serial, " of process ", std::hex, key.process, std::dec,
+                           " was mapped as ", it->second.bytes,
                            " bytes and is now announced as ", bytes);
     ++it->second.users;
     return it->second.base;
@@ -23,7 +24,7 @@ Result<uint8_t*> PeerImports::acquire(Driver& driver, const Key& key, size_t byt
   SHOAL_ASSIGN_OR_RETURN(int fd, fetch());
   Result<void*> mapped = driver.importDeviceMemory(fd, bytes);
   close(fd);
-  SHOAL_TRY(mapped.status()) << "mapping allocation " << key.serial << " of process " << key.pid;
+  SHOAL_TRY(mapped.status()) << "mapping allocation " << key.serial << " of another process";
   auto* base = static_cast<uint8_t*>(mapped.value());
   imports_.emplace(key, Import{base, bytes, 1});
   return base;

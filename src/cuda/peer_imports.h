@@ -16,6 +16,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <string>
 
 #include "core/status.h"
 #include "cuda/driver.h"
@@ -24,12 +25,14 @@ namespace shoal::cuda {
 
 class PeerImports {
  public:
-  // An allocation of another process: its pid (in its pid namespace) and
-  // the serial its Driver gave it (Driver::deviceAllocationOf).
+  // An allocation of another process, as mapped for one GPU of this one:
+  // the process's id (PeerInfo::processId, random per process, so a reused
+  // pid is another process), the serial its Driver gave the allocation
+  // (Driver::deviceAllocationOf), and the GPU ("GPU-<uuid>") given access.
   struct Key {
-    uint64_t pidNamespace = 0;
-    int pid = 0;
+    uint64_t process = 0;
     uint64_t serial = 0;
+    std::string gpu;
     auto operator<=>(const Key&) const = default;
   };
 

@@ -367,6 +367,36 @@ TEST_CASE("edge: ncclCommWindowRegister is collective: in a group, one thread re
   for (int r = 0; r < kRanks; ++r) EXPECT_OK(ncclCommWindowDeregister(w[r], wins[r]));
 }
 
+TEST_CASE("edge: a split and window registrations of one communicator in one group run in call order",
+          "[api][edge]") {
+  // Each is an exchange over the parent's bootstrap: run together they would
+  // meet the peers' in another order.
+  constexpr int kRanks = 3;
+  World w(kRanks);
+  std::vector<std::vector<char>> bufs(kRanks, std::vector<char>(8192));
+  std::vector<ncclWindow_t> first(kRanks, nullptr), second(kRanks, nullptr);
+  std::vector<ncclComm_t> children(kRanks, nullptr);
+  EXPECT_OK(ncclGroupStart());
+  for (int r = 0; r < kRanks; ++r) {
+    EXPECT_OK(ncclCommWindowRegister(w[r], bufs[r].data(), 4096, &first[r], NCCL_WIN_DEFAULT));
+    EXPECT_OK(ncclCommSplit(w[r], r % 2, r, &children[r], nullptr));
+    EXPECT_OK(ncclCommWindowRegister(w[r], bufs[r].data() + 4096, 4096, &second[r], NCCL_WIN_DEFAULT));
+  }
+  EXPECT_OK(ncclGroupEnd());
+  for (int r = 0; r < kRanks; ++r) {
+    REQUIRE(first[r] != nullptr);
+    REQUIRE(second[r] != nullptr);
+    REQUIRE(children[r] != nullptr);
+    int count = 0;
+    EXPECT_OK(ncclCommCount(children[r], &count));
+    CHECK(count == (r % 2 == 0 ? 2 : 1));
+    void* user = nullptr;
+    EXPECT_OK(ncclWinGetUserPtr(w[r], second[r], &user));
+    CHECK(user == bufs[r].data() + 4096);
+  }
+  for (int r = 0; r < kRanks; ++r) EXPECT_OK(ncclCommDestroy(children[r]));
+}
+
 TEST_CASE("edge: ncclMemAlloc, ncclMemFree", "[api][edge]") {
   EXPECT_OK(ncclMemFree(nullptr));
   EXPECT_RC(ncclMemAlloc(nullptr, 64), ncclInvalidArgument, "ptr");

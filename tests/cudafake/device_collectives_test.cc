@@ -1192,10 +1192,18 @@ TEST_CASE("collectives on window buffers read peers' device memory in place, ove
   int fd = mkstemp(logPath);
   REQUIRE(fd >= 0);
   close(fd);
-  for (const char* transport : {"shm", "cuda_ipc"})
-    for (int n : {2, 3, 4}) {
-      const std::vector<std::pair<std::string, std::string>> env = {
+  struct Run {
+    const char* transport;
+    int n;
+    bool windows;  // NCCL_WIN_ENABLE unset (1) or 0: nothing of a peer mapped, the calls take the other paths
+  };
+  for (const Run& run : {Run{"shm", 2, true}, Run{"shm", 3, true}, Run{"shm", 4, true}, Run{"cuda_ipc", 2, true},
+                         Run{"cuda_ipc", 3, true}, Run{"cuda_ipc", 4, true}, Run{"shm", 3, false}}) {
+      const char* transport = run.transport;
+      const int n = run.n;
+      std::vector<std::pair<std::string, std::string>> env = {
           {"NCCL_DEBUG", "TRACE"}, {"NCCL_DEBUG_SUBSYS", "COLL"}, {"NCCL_DEBUG_FILE", std::string(logPath) + ".%p"}};
+      if (!run.windows) env.emplace_back("NCCL_WIN_ENABLE", "0");
       auto result = forkedRanks(n, transport, env, [&](shoal::testing::MpChild& child, ncclComm_t comm, CUstream s) {
         const int r = child.rank();
         const size_t N = 3000;  // floats per rank's block (not a multiple of every rank count's granule)
@@ -1257,8 +1265,9 @@ TEST_CASE("collectives on window buffers read peers' device memory in place, ove
           return 3;
         }
         // Reductions by the kernels: 4 reducing calls, n - 1 launches each
-        // (a whole block per launch).
-        if (launches != 4u * static_cast<uint64_t>(n - 1)) return 4;
+        // (a whole block per launch); staged over shm, by the CPU.
+        const uint64_t wantLaunches = run.windows ? 4u * static_cast<uint64_t>(n - 1) : 0;
+        if (launches != wantLaunches) return 4;
         if (ncclCommWindowDeregister(comm, win) != ncclSuccess) return 6;
         child.barrier();
         ncclMemFree(pool);
@@ -1278,7 +1287,83 @@ TEST_CASE("collectives on window buffers read peers' device memory in place, ove
         ++windowed;
       INFO(transport << " " << n << " ranks\n" << result.report());
       CHECK(result.allPassed());
-      CHECK(windowed == 6u * static_cast<size_t>(n));
+      CHECK(windowed == (run.windows ? 6u * static_cast<size_t>(n) : 0u));
     }
   ::unlink(logPath);
+}
+
+// Calls on window buffers that no peer-reading plan serves (a float average
+// is PreMulSum, an integer one divides) take the other paths on every rank,
+// with the right bytes. A window deregistered while a call on it is still
+// behind a stream delay stays mapped until that call is done, which reads it.
+TEST_CASE("window calls without a peer-reading plan take the other paths, and deregistering waits for calls in flight",
+          "[cudafake][mp]") {
+  auto result = forkedRanks(3, "shm", {}, [&](shoal::testing::MpChild& child, ncclComm_t comm, CUstream s) {
+    const int r = child.rank(), n = child.nranks();
+    const size_t N = 2048;
+    void* pool = nullptr;
+    if (ncclMemAlloc(&pool, 2 * N * sizeof(float)) != ncclSuccess) return 1;
+    auto* send = static_cast<float*>(pool);
+    float* recv = send + N;
+    ncclWindow_t win = nullptr;
+    if (ncclCommWindowRegister(comm, pool, 2 * N * sizeof(float), &win, NCCL_WIN_DEFAULT) != ncclSuccess) return 2;
+
+    toDevice(send, valsOf(r, N));
+    if (ncclAllReduce(send, recv, N, ncclFloat, ncclAvg, comm, s) != ncclSuccess) {
+      child.log(std::string("float avg: ") + ncclGetLastError(comm));
+      return 3;
+    }
+    cuStreamSynchronize(s);
+    std::vector<float> got = fromDevice(recv, N);
+    for (size_t i = 0; i < N; ++i) {
+      float want = 0;
+      for (int q = 0; q < n; ++q) want += val(q, i) * (1.0f / static_cast<float>(n));  // PreMulSum by 1/n, summed
+      if (std::fabs(got[i] - want) > 1e-3f * want) {
+        child.log("float avg element " + std::to_string(i) + ": " + std::to_string(got[i]));
+        return 4;
+      }
+    }
+    std::vector<int32_t> ints(N);
+    for (size_t i = 0; i < N; ++i) ints[i] = static_cast<int32_t>(r * 7 + i);
+    cuMemcpyHtoD(reinterpret_cast<CUdeviceptr>(send), ints.data(), N * sizeof(int32_t));
+    if (ncclAllReduce(send, recv, N, ncclInt32, ncclAvg, comm, s) != ncclSuccess) {
+      child.log(std::string("int avg: ") + ncclGetLastError(comm));
+      return 5;
+    }
+    cuStreamSynchronize(s);
+    cuMemcpyDtoH(ints.data(), reinterpret_cast<CUdeviceptr>(recv), N * sizeof(int32_t));
+    for (size_t i = 0; i < N; ++i)
+      if (ints[i] != static_cast<int32_t>((7 * (n - 1) * n / 2 + n * static_cast<int>(i)) / n)) {
+        child.log("int avg element " + std::to_string(i) + ": " + std::to_string(ints[i]));
+        return 6;
+      }
+
+    // A call held 300 ms behind its stream, its window deregistered at once.
+    toDevice(send, valsOf(r, N));
+    shoalFakeCudaStreamDelay(s, 300);
+    if (ncclAllReduce(send, recv, N, ncclFloat, ncclSum, comm, s) != ncclSuccess) return 7;
+    if (ncclCommWindowDeregister(comm, win) != ncclSuccess) return 8;
+    if (shoal::cuda::PeerImports::instance().mapped() != static_cast<size_t>(n - 1)) return 9;  // still mapped
+    cuStreamSynchronize(s);
+    got = fromDevice(recv, N);
+    for (size_t i = 0; i < N; ++i)
+      if (got[i] != sumOfVals(n, i)) {
+        child.log("sum behind the delay element " + std::to_string(i) + ": " + std::to_string(got[i]));
+        return 10;
+      }
+    // Released by the next window call once nothing may read it.
+    void* other = nullptr;
+    ncclWindow_t second = nullptr;
+    if (ncclMemAlloc(&other, 4096) != ncclSuccess) return 11;
+    if (ncclCommWindowRegister(comm, other, 4096, &second, NCCL_WIN_DEFAULT) != ncclSuccess) return 12;
+    if (shoal::cuda::PeerImports::instance().mapped() != static_cast<size_t>(n - 1)) return 13;  // only the new one's
+    if (ncclCommWindowDeregister(comm, second) != ncclSuccess) return 14;
+    if (shoal::cuda::PeerImports::instance().mapped() != 0) return 15;
+    child.barrier();
+    ncclMemFree(other);
+    ncclMemFree(pool);
+    return ncclCommDestroy(comm) == ncclSuccess ? 0 : 16;
+  });
+  INFO(result.report());
+  CHECK(result.allPassed());
 }
