@@ -1367,3 +1367,46 @@ TEST_CASE("window calls without a peer-reading plan take the other paths, and de
   INFO(result.report());
   CHECK(result.allPassed());
 }
+
+// Ranks as threads of one process: each maps the others' window buffers by
+// their addresses (nothing imported), and the calls read them in place.
+TEST_CASE("collectives on window buffers with ranks as threads read each other's buffers by address", "[cudafake]") {
+  constexpr int kRanks = 3;
+  constexpr size_t N = 5000;
+  const uint64_t importsBefore = shoalFakeCudaCallCount("cuMemImportFromShareableHandle");
+  const uint64_t launchesBefore = shoalFakeCudaCallCount("cuLaunchKernel");
+  Mismatches bad;
+  onThreads(kRanks, [&](int r, ncclComm_t comm, CUstream s) {
+    void* pool = nullptr;
+    bad.expect(ncclMemAlloc(&pool, 3 * N * kRanks * sizeof(float)) == ncclSuccess, "ncclMemAlloc");
+    ncclWindow_t win = nullptr;
+    bad.expect(ncclCommWindowRegister(comm, pool, 3 * N * kRanks * sizeof(float), &win, NCCL_WIN_COLL_SYMMETRIC) ==
+                   ncclSuccess,
+               "register");
+    auto* window = reinterpret_cast<shoal::Window*>(win);
+    bad.expect(window != nullptr && window->mappedEverywhere(), "every rank maps every rank's buffer");
+    auto* send = static_cast<float*>(pool);
+    float* recv = send + N * kRanks;
+    toDevice(send, valsOf(r, N));
+    bad.expect(ncclAllReduce(send, recv, N, ncclFloat, ncclSum, comm, s) == ncclSuccess, "AllReduce");
+    cuStreamSynchronize(s);
+    std::vector<float> got = fromDevice(recv, N);
+    for (size_t i = 0; i < N; ++i) bad.expect(got[i] == sumOfVals(kRanks, i), "AllReduce element " + std::to_string(i));
+    bad.expect(ncclAllGather(send, recv, N, ncclFloat, comm, s) == ncclSuccess, "AllGather");
+    cuStreamSynchronize(s);
+    got = fromDevice(recv, N * kRanks);
+    for (size_t i = 0; i < N * kRanks; ++i)
+      bad.expect(got[i] == val(static_cast<int>(i / N), i % N), "AllGather element " + std::to_string(i));
+    bad.expect(ncclCommWindowDeregister(comm, win) == ncclSuccess, "deregister");
+    // Every rank is done reading before any frees (onThreads destroys after).
+    bad.expect(ncclAllReduce(send, recv, 1, ncclFloat, ncclSum, comm, s) == ncclSuccess, "fence");
+    cuStreamSynchronize(s);
+    ncclMemFree(pool);
+  });
+  INFO(bad.first);
+  CHECK(bad.count == 0);
+  CHECK(shoalFakeCudaCallCount("cuMemImportFromShareableHandle") == importsBefore);
+  // The AllReduce's reductions ran as kernels, n - 1 per rank (between
+  // threads every other device call is staged and reduced by the CPU).
+  CHECK(shoalFakeCudaCallCount("cuLaunchKernel") - launchesBefore == static_cast<uint64_t>(kRanks * (kRanks - 1)));
+}
