@@ -265,49 +265,89 @@ Result<Window*> Communicator::registerWindow(void* buff, size_t bytes, int flags
   UseGuard use(*this);
   releaseRetiredWindows();
   const Deadline deadline = Deadline::afterMs(params().initTimeoutMs).cancelledBy(&abortFlag_);
+  const uint64_t registration = windowRegistrations_++;  // every rank registers in the same order
+  const std::string what = str(describe(), ": ncclCommWindowRegister");
   auto window = std::make_unique<Window>(buff, bytes, flags, rank_, nranks_);
-  // Every rank takes part in both exchanges, whatever fails on its side, so
-  // that all of them learn of it instead of waiting for it.
-  net::Fd exported;  // open until every rank has taken its copy
+  // Every rank takes part in all three exchanges, whatever fails on its
+  // side, so that all of them learn of it instead of waiting for it.
+  net::Fd exported;  // this rank's allocation, sent to the peers' mailboxes
   Status failure;
   WindowRecord mine;
+  std::optional<WindowMailbox> mailbox;
   if (Result<WindowRecord> described = Window::describe(cuda_, buff, bytes, exported); described.isOk())
     mine = described.value();
   else
     failure = described.takeStatus();
-  SHOAL_ASSIGN_OR_RETURN(std::vector<std::string> records, bootstrap_->allGather(encodeWindowRecord(mine), deadline),
-                         describe(), ": ncclCommWindowRegister");
-  const bool pushed = pushOwnContext();
-  for (int r = 0; r < nranks_ && failure.isOk(); ++r) {
-    if (r == rank_) {
-      window->map(r, mine, peers_[rank_], peers_[rank_], cuda_);
-      continue;
+  if (cuda_ && failure.isOk() && params().winEnable != 0) {
+    if (Result<WindowMailbox> opened = WindowMailbox::open(); opened.isOk()) {
+      mailbox = std::move(opened).value();
+      mine.mailbox = mailbox->name();
+      mine.netNamespace = netNamespaceId();
+    } else {
+      SHOAL_INFO(subsys::kReg, what, ": no mailbox (", opened.status().message(), "): peers map nothing of this rank's");
     }
-    if (params().winEnable == 0) continue;  // NCCL_WIN_ENABLE=0: registered, nothing of a peer mapped
-    Result<WindowRecord> record = decodeWindowRecord(records[static_cast<size_t>(r)]);
-    if (!record.isOk()) {
-      failure = StatusBuilder(record.takeStatus()) << "from rank " << r;
-      break;
-    }
-    window->map(r, record.value(), peers_[rank_], peers_[r], cuda_);
   }
-  auto finish = [&](Status st) -> Status {
+  SHOAL_ASSIGN_OR_RETURN(std::vector<std::string> encoded, bootstrap_->allGather(encodeWindowRecord(mine), deadline),
+                         what);
+  std::vector<WindowRecord> records(static_cast<size_t>(nranks_));
+  for (int r = 0; r < nranks_ && failure.isOk(); ++r) {
+    Result<WindowRecord> record = decodeWindowRecord(encoded[static_cast<size_t>(r)]);
+    if (record.isOk()) records[static_cast<size_t>(r)] = std::move(record).value();
+    else failure = StatusBuilder(record.takeStatus()) << "from rank " << r;
+  }
+
+  // This rank's allocation to each peer that maps by descriptor.
+  WindowFlags sent;
+  sent.flags.assign(static_cast<size_t>(nranks_), false);
+  for (int q = 0; q < nranks_ && failure.isOk() && exported; ++q) {
+    if (q == rank_ || !Window::sendsTo(mine, records[static_cast<size_t>(q)], peers_[rank_], peers_[q])) continue;
+    const WindowMailbox::Ticket ticket{commId_, registration, rank_, q};
+    Status st = WindowMailbox::send(records[static_cast<size_t>(q)].mailbox, exported.get(), ticket, request_.secret,
+                                    deadline);
+    if (st.isOk()) sent.flags[static_cast<size_t>(q)] = true;
+    else SHOAL_INFO(subsys::kReg, what, ": rank ", q, " will not map this rank's buffer (", st.message(), ")");
+  }
+  if (!failure.isOk()) sent.error = failure.message();
+  SHOAL_ASSIGN_OR_RETURN(std::vector<std::string> sentBy, bootstrap_->allGather(encodeWindowFlags(sent), deadline),
+                         what);
+  exported.reset();  // the peers' copies are in their mailboxes' queues
+
+  // The descriptors sent to this rank (queued already), then the mappings.
+  std::vector<net::Fd> descriptors(static_cast<size_t>(nranks_));
+  std::vector<bool> expected(static_cast<size_t>(nranks_), false);
+  for (int q = 0; q < nranks_ && failure.isOk(); ++q) {
+    Result<WindowFlags> theirs = decodeWindowFlags(sentBy[static_cast<size_t>(q)]);
+    if (!theirs.isOk()) failure = StatusBuilder(theirs.takeStatus()) << "from rank " << q;
+    else if (!theirs->error.empty()) failure = Status(Code::kInvalidUsage, str("rank ", q, ": ", theirs->error));
+    else expected[static_cast<size_t>(q)] = theirs->flags.size() == static_cast<size_t>(nranks_) &&
+                                            theirs->flags[static_cast<size_t>(rank_)];
+  }
+  if (failure.isOk() && mailbox) {
+    Result<std::vector<net::Fd>> received =
+        mailbox->receive(expected, WindowMailbox::Ticket{commId_, registration, 0, rank_}, request_.secret, deadline);
+    if (received.isOk()) descriptors = std::move(received).value();
+    else failure = received.takeStatus();
+  }
+  const bool pushed = pushOwnContext();
+  for (int r = 0; r < nranks_ && failure.isOk(); ++r)
+    window->map(r, records[static_cast<size_t>(r)], peers_[rank_], peers_[r], cuda_,
+                std::move(descriptors[static_cast<size_t>(r)]));
+  auto fail = [&](Status st) -> Status {
     window->release(cuda_);
     if (pushed) cuda_->popContext();
-    return StatusBuilder(std::move(st)) << describe() << ": ncclCommWindowRegister";
+    return StatusBuilder(std::move(st)) << what;
   };
-  Result<std::vector<std::string>> outcomes =
-      bootstrap_->allGather(encodeWindowOutcome(window->outcome(failure.isOk() ? "" : failure.message())), deadline);
-  exported.reset();
-  if (!outcomes.isOk()) return finish(outcomes.takeStatus());
-  if (!failure.isOk()) return finish(failure);
-  std::vector<WindowOutcome> all;
+  Result<std::vector<std::string>> maps =
+      bootstrap_->allGather(encodeWindowFlags(window->mapsFlags(failure.isOk() ? "" : failure.message())), deadline);
+  if (!maps.isOk()) return fail(maps.takeStatus());
+  if (!failure.isOk()) return fail(failure);
+  std::vector<WindowFlags> all;
   for (int r = 0; r < nranks_; ++r) {
-    Result<WindowOutcome> outcome = decodeWindowOutcome(outcomes.value()[static_cast<size_t>(r)]);
-    if (!outcome.isOk()) return finish(StatusBuilder(outcome.takeStatus()) << "from rank " << r);
-    all.push_back(std::move(outcome).value());
+    Result<WindowFlags> flagsOf = decodeWindowFlags(maps.value()[static_cast<size_t>(r)]);
+    if (!flagsOf.isOk()) return fail(StatusBuilder(flagsOf.takeStatus()) << "from rank " << r);
+    all.push_back(std::move(flagsOf).value());
   }
-  if (Status st = window->learnOutcomes(all); !st.isOk()) return finish(st);
+  if (Status st = window->learnMaps(all); !st.isOk()) return fail(st);
   if (pushed) cuda_->popContext();
   SHOAL_INFO(subsys::kReg, describe(), ": window ", buff, " (", bytes, " bytes) registered; ",
              window->mappedEverywhere() ? "every rank maps every rank's buffer"

@@ -328,6 +328,7 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
 
   RedOpTable redOps_;
   std::shared_ptr<Windows> windows_;  // registered, not yet deregistered
+  uint64_t windowRegistrations_ = 0;  // names each registration's descriptor tickets
 
   cuda::Driver* cuda_ = nullptr;         // set at init when the process uses CUDA
   int cudaDevice_ = -1;

@@ -7,10 +7,12 @@
 namespace shoal {
 namespace {
 
-enum MessageKind : uint8_t { kPeerRecord = 1, kInitProposal = 2, kSplitRecord = 3, kWindowRecord = 4, kWindowOutcome = 5 };
+enum MessageKind : uint8_t { kPeerRecord = 1, kInitProposal = 2, kSplitRecord = 3, kWindowRecord = 4, kWindowFlags = 5 };
 
 // Longest field a message may carry (a PeerInfo is a few hundred bytes).
 constexpr uint32_t kMaxFieldBytes = 1u << 20;
+// An abstract Unix socket name fits in sockaddr_un's 107 bytes.
+constexpr uint32_t kMaxSocketNameBytes = 107;
 
 const uint8_t* bytesOf(std::string_view s) { return reinterpret_cast<const uint8_t*>(s.data()); }
 
@@ -138,17 +140,15 @@ std::string encodeWindowRecord(const WindowRecord& record) {
   w.u8(kWindowRecord);
   w.u64(record.address);
   w.u64(record.bytes);
-  w.u32(static_cast<uint32_t>(record.pid));
-  w.u64(record.pidNamespace);
   w.u8(record.deviceMemory ? 1 : 0);
+  w.u32(static_cast<uint32_t>(record.pid));
   w.u64(record.sharedSequence);
   w.u64(record.sharedOffset);
   w.u64(record.deviceSerial);
   w.u64(record.deviceBytes);
   w.u64(record.deviceOffset);
-  w.u32(static_cast<uint32_t>(record.deviceFd));
-  w.u64(record.fileDevice);
-  w.u64(record.fileInode);
+  w.str(record.mailbox);
+  w.u64(record.netNamespace);
   return finished(bytes);
 }
 
@@ -157,18 +157,16 @@ Result<WindowRecord> decodeWindowRecord(std::string_view bytes) {
   WindowRecord record;
   record.address = r.u64();
   record.bytes = r.u64();
-  record.pid = static_cast<int32_t>(r.u32());
-  record.pidNamespace = r.u64();
   const uint8_t device = r.u8();
   record.deviceMemory = device == 1;
+  record.pid = static_cast<int32_t>(r.u32());
   record.sharedSequence = r.u64();
   record.sharedOffset = r.u64();
   record.deviceSerial = r.u64();
   record.deviceBytes = r.u64();
   record.deviceOffset = r.u64();
-  record.deviceFd = static_cast<int32_t>(r.u32());
-  record.fileDevice = r.u64();
-  record.fileInode = r.u64();
+  record.mailbox = r.str(kMaxSocketNameBytes);
+  record.netNamespace = r.u64();
   SHOAL_TRY(closed(r, "window record"));
   if (device > 1) return internalError("malformed window record: memory flag ", static_cast<int>(device));
   // Ranges a peer would map must lie inside what it maps.
@@ -179,31 +177,31 @@ Result<WindowRecord> decodeWindowRecord(std::string_view bytes) {
   return record;
 }
 
-std::string encodeWindowOutcome(const WindowOutcome& outcome) {
+std::string encodeWindowFlags(const WindowFlags& flags) {
   std::vector<uint8_t> bytes;
   wire::Writer w(bytes);
-  w.u8(kWindowOutcome);
-  w.str(outcome.error);
-  w.u32(static_cast<uint32_t>(outcome.maps.size()));
-  for (bool m : outcome.maps) w.u8(m ? 1 : 0);
+  w.u8(kWindowFlags);
+  w.str(flags.error);
+  w.u32(static_cast<uint32_t>(flags.flags.size()));
+  for (bool f : flags.flags) w.u8(f ? 1 : 0);
   return finished(bytes);
 }
 
-Result<WindowOutcome> decodeWindowOutcome(std::string_view bytes) {
-  SHOAL_ASSIGN_OR_RETURN(wire::Reader r, openMessage(bytes, kWindowOutcome, "window outcome"));
-  WindowOutcome outcome;
-  outcome.error = r.str(kMaxFieldBytes);
+Result<WindowFlags> decodeWindowFlags(std::string_view bytes) {
+  SHOAL_ASSIGN_OR_RETURN(wire::Reader r, openMessage(bytes, kWindowFlags, "window flags"));
+  WindowFlags flags;
+  flags.error = r.str(kMaxFieldBytes);
   const uint32_t n = r.count(1);
-  outcome.maps.reserve(n);
-  bool flagsOk = true;
+  flags.flags.reserve(n);
+  bool valuesOk = true;
   for (uint32_t i = 0; i < n; ++i) {
     const uint8_t v = r.u8();
-    flagsOk = flagsOk && v <= 1;
-    outcome.maps.push_back(v == 1);
+    valuesOk = valuesOk && v <= 1;
+    flags.flags.push_back(v == 1);
   }
-  if (!flagsOk) return internalError("malformed window outcome");
-  SHOAL_TRY(closed(r, "window outcome"));
-  return outcome;
+  if (!valuesOk) return internalError("malformed window flags");
+  SHOAL_TRY(closed(r, "window flags"));
+  return flags;
 }
 
 }  // namespace shoal

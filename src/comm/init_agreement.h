@@ -10,10 +10,10 @@
 //      second (each process knows only which of its own transports work), and
 //      its machine facts. agree() pools them.
 // Communicator::split all-gathers one SplitRecord per parent rank.
-// Communicator::registerWindow all-gathers a WindowRecord per rank, then a
-// WindowOutcome (each rank maps what it can of the others' buffers between
-// the two; the second also keeps every exported descriptor open until all
-// have taken theirs).
+// Communicator::registerWindow all-gathers a WindowRecord per rank, then
+// WindowFlags saying to whom each sent its allocation's descriptor, then,
+// once each has mapped what it can, WindowFlags saying whose buffers each
+// maps.
 //
 // Every message starts with a kind byte, so bytes of another kind (or of a
 // peer built from another version) are refused, never misread. Decoders read
@@ -77,35 +77,37 @@ Result<SplitRecord> decodeSplitRecord(std::string_view bytes);
 struct WindowRecord {
   uint64_t address = 0;  // in the owner's address space
   uint64_t bytes = 0;
-  int32_t pid = 0;
-  uint64_t pidNamespace = 0;  // core/process.h
   bool deviceMemory = false;  // CUDA device memory (not managed, not host)
-  // Host memory inside a shared allocation (memory/shared_memory.h): its
-  // sequence (0: none) and the buffer's offset in it.
+  // Host memory inside a shared allocation (memory/shared_memory.h): the
+  // owner's pid and the allocation's sequence (0: none), the buffer's offset.
+  int32_t pid = 0;
   uint64_t sharedSequence = 0;
   uint64_t sharedOffset = 0;
   // Device memory inside a Shoal cuMem allocation: its serial (0: none),
-  // size and the buffer's offset in it, and the descriptor the owner holds
-  // open for it while the registration runs, with that file's identity.
+  // size and the buffer's offset in it. The owner sends its descriptor to
+  // the peers' mailboxes.
   uint64_t deviceSerial = 0;
   uint64_t deviceBytes = 0;
   uint64_t deviceOffset = 0;
-  int32_t deviceFd = -1;
-  uint64_t fileDevice = 0;
-  uint64_t fileInode = 0;
+  // Where this rank receives the peers' descriptors: an abstract Unix
+  // socket name ("" in a process that does not use CUDA), reachable from
+  // processes of its network namespace (core/process.h).
+  std::string mailbox;
+  uint64_t netNamespace = 0;
   bool operator==(const WindowRecord&) const = default;
 };
 std::string encodeWindowRecord(const WindowRecord& record);
 Result<WindowRecord> decodeWindowRecord(std::string_view bytes);
 
-// How one rank's registration went: its error (empty: registered) and
-// whose buffers it maps (one flag per rank).
-struct WindowOutcome {
+// One flag per rank from one rank, or its error: after the records, to
+// whom it sent its descriptor; at the end, whose buffers it maps (or why it
+// failed, which fails the registration on every rank).
+struct WindowFlags {
   std::string error;
-  std::vector<bool> maps;
-  bool operator==(const WindowOutcome&) const = default;
+  std::vector<bool> flags;
+  bool operator==(const WindowFlags&) const = default;
 };
-std::string encodeWindowOutcome(const WindowOutcome& outcome);
-Result<WindowOutcome> decodeWindowOutcome(std::string_view bytes);
+std::string encodeWindowFlags(const WindowFlags& flags);
+Result<WindowFlags> decodeWindowFlags(std::string_view bytes);
 
 }  // namespace shoal

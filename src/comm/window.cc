@@ -1,11 +1,17 @@
 #include "comm/window.h"
 
-#include <algorithm>
+#include <poll.h>
 
+#include <algorithm>
+#include <cstring>
+
+#include "core/byte_order.h"
 #include "core/log.h"
 #include "core/process.h"
 #include "cuda/peer_imports.h"
 #include "memory/shared_memory.h"
+#include "net/crypto.h"
+#include "net/unix_socket.h"
 
 namespace shoal {
 
@@ -40,7 +46,6 @@ Result<WindowRecord> Window::describe(cuda::Driver* driver, void* buff, size_t b
   record.address = reinterpret_cast<uint64_t>(buff);
   record.bytes = bytes;
   record.pid = currentPid();
-  record.pidNamespace = pidNamespaceId();
   if (driver) {
     SHOAL_ASSIGN_OR_RETURN(cuda::MemoryKind kind, driver->memoryKind(buff));
     if (kind == cuda::MemoryKind::kDevice) {
@@ -52,13 +57,9 @@ Result<WindowRecord> Window::describe(cuda::Driver* driver, void* buff, size_t b
       SHOAL_ASSIGN_OR_RETURN(cuda::Driver::Exported e, driver->exportDeviceMemory(allocation->base),
                              "exporting the window's allocation");
       exported.reset(e.fd);
-      SHOAL_ASSIGN_OR_RETURN(FileIdentity file, fileIdentity(e.fd), "the window's exported allocation");
       record.deviceSerial = allocation->serial;
       record.deviceBytes = e.bytes;
       record.deviceOffset = static_cast<uint64_t>(static_cast<uint8_t*>(buff) - allocation->base);
-      record.deviceFd = e.fd;
-      record.fileDevice = file.device;
-      record.fileInode = file.inode;
       return record;
     }
   }
@@ -69,8 +70,14 @@ Result<WindowRecord> Window::describe(cuda::Driver* driver, void* buff, size_t b
   return record;
 }
 
-void Window::map(int r, const WindowRecord& record, const PeerInfo& self, const PeerInfo& peer,
-                 cuda::Driver* driver) {
+bool Window::sendsTo(const WindowRecord& mine, const WindowRecord& theirs, const PeerInfo& self,
+                     const PeerInfo& peer) {
+  return mine.deviceSerial != 0 && !theirs.mailbox.empty() && peer.processId != self.processId &&
+         self.sameKernel(peer) && theirs.netNamespace != 0 && theirs.netNamespace == mine.netNamespace;
+}
+
+void Window::map(int r, const WindowRecord& record, const PeerInfo& self, const PeerInfo& peer, cuda::Driver* driver,
+                 net::Fd descriptor) {
   const auto at = static_cast<size_t>(r);
   sizes_[at] = record.bytes;
   addresses_[at] = record.address;
@@ -81,21 +88,18 @@ void Window::map(int r, const WindowRecord& record, const PeerInfo& self, const 
     if (!record.deviceMemory || peer.gpu == self.gpu) buffers_[at] = reinterpret_cast<uint8_t*>(record.address);
     return;
   }
-  // Another process: its pid names it here only on one kernel, in one pid
-  // namespace.
-  if (!self.sameKernel(peer) || record.pidNamespace == 0 || record.pidNamespace != pidNamespaceId()) return;
+  if (!self.sameKernel(peer)) return;
   if (record.sharedSequence != 0) {
     if (const uint8_t* base = memory::mapPeerAllocation(record.pid, record.sharedSequence))
       buffers_[at] = const_cast<uint8_t*>(base) + record.sharedOffset;
     return;
   }
-  if (record.deviceSerial == 0 || driver == nullptr || self.gpu.empty() ||
+  if (record.deviceSerial == 0 || !descriptor || driver == nullptr || self.gpu.empty() ||
       !driver->gpusShareMemory(self.gpu, peer.gpu))
     return;
   const cuda::PeerImports::Key key{peer.processId, record.deviceSerial, self.gpu};
-  Result<uint8_t*> base = cuda::PeerImports::instance().acquire(*driver, key, record.deviceBytes, [&] {
-    return copyDescriptorOf(record.pid, record.deviceFd, FileIdentity{record.fileDevice, record.fileInode});
-  });
+  Result<uint8_t*> base = cuda::PeerImports::instance().acquire(
+      *driver, key, record.deviceBytes, [&]() -> Result<int> { return descriptor.release(); });
   if (!base.isOk()) {
     SHOAL_INFO(subsys::kReg, "window ", user_, ": rank ", r, "'s buffer is not mapped here (", base.status().message(),
                ")");
@@ -105,20 +109,20 @@ void Window::map(int r, const WindowRecord& record, const PeerInfo& self, const 
   buffers_[at] = base.value() + record.deviceOffset;
 }
 
-WindowOutcome Window::outcome(std::string error) const {
-  WindowOutcome out;
+WindowFlags Window::mapsFlags(std::string error) const {
+  WindowFlags out;
   out.error = std::move(error);
-  for (size_t r = 0; r < buffers_.size(); ++r) out.maps.push_back(buffers_[r] != nullptr);
+  for (size_t r = 0; r < buffers_.size(); ++r) out.flags.push_back(buffers_[r] != nullptr);
   return out;
 }
 
-Status Window::learnOutcomes(const std::vector<WindowOutcome>& outcomes) {
-  if (outcomes.size() != maps_.size()) return internalError("window outcomes of ", outcomes.size(), " ranks");
-  for (size_t a = 0; a < outcomes.size(); ++a) {
-    if (!outcomes[a].error.empty()) return Status(Code::kInvalidUsage, str("rank ", a, ": ", outcomes[a].error));
-    if (outcomes[a].maps.size() != maps_.size())
-      return internalError("rank ", a, "'s window outcome names ", outcomes[a].maps.size(), " ranks");
-    maps_[a] = outcomes[a].maps;
+Status Window::learnMaps(const std::vector<WindowFlags>& all) {
+  if (all.size() != maps_.size()) return internalError("window flags of ", all.size(), " ranks");
+  for (size_t a = 0; a < all.size(); ++a) {
+    if (!all[a].error.empty()) return Status(Code::kInvalidUsage, str("rank ", a, ": ", all[a].error));
+    if (all[a].flags.size() != maps_.size())
+      return internalError("rank ", a, "'s window flags name ", all[a].flags.size(), " ranks");
+    maps_[a] = all[a].flags;
   }
   return Status::ok();
 }
@@ -195,6 +199,78 @@ uint8_t* Windows::find(int peer, uint64_t address, uint64_t bytes) const {
       if (w->buffer(peer) != nullptr && inside(address, bytes, w->addressOf(peer), w->bytesOf(peer)))
         return w->buffer(peer) + (address - w->addressOf(peer));
   return nullptr;
+}
+
+namespace {
+
+constexpr uint64_t kTicketMagic = 0x53484f414c574454ull;  // "SHOALWDT"
+constexpr size_t kTicketSignedBytes = 32;
+
+std::array<uint8_t, WindowMailbox::kTicketBytes> makeTicket(const WindowMailbox::Ticket& t, std::string_view secret) {
+  std::array<uint8_t, WindowMailbox::kTicketBytes> bytes{};
+  putLe(bytes.data(), kTicketMagic, 8);
+  putLe(bytes.data() + 8, t.commId, 8);
+  putLe(bytes.data() + 16, t.registration, 8);
+  putLe(bytes.data() + 24, static_cast<uint32_t>(t.from), 4);
+  putLe(bytes.data() + 28, static_cast<uint32_t>(t.to), 4);
+  const net::Digest proof = net::hmacSha256(
+      secret, std::string_view(reinterpret_cast<const char*>(bytes.data()), kTicketSignedBytes));
+  std::memcpy(bytes.data() + kTicketSignedBytes, proof.data(), proof.size());
+  return bytes;
+}
+
+}  // namespace
+
+Result<WindowMailbox> WindowMailbox::open() {
+  WindowMailbox box;
+  SHOAL_ASSIGN_OR_RETURN(box.listener_, net::listenAbstract("shoal-window", box.name_), "a window mailbox");
+  return box;
+}
+
+Status WindowMailbox::send(const std::string& mailbox, int fd, const Ticket& ticket, std::string_view secret,
+                           Deadline deadline) {
+  SHOAL_ASSIGN_OR_RETURN(net::Fd socket, net::connectAbstract(mailbox, deadline));
+  const std::array<uint8_t, kTicketBytes> bytes = makeTicket(ticket, secret);
+  const int fds[1] = {fd};
+  return net::sendWithDescriptors(socket.get(), bytes.data(), bytes.size(), fds);
+}
+
+Result<std::vector<net::Fd>> WindowMailbox::receive(const std::vector<bool>& from, Ticket expected,
+                                                    std::string_view secret, Deadline deadline) {
+  std::vector<net::Fd> got(from.size());
+  size_t missing = static_cast<size_t>(std::count(from.begin(), from.end(), true));
+  std::vector<net::Fd> pending;  // accepted, message not read yet
+  while (missing > 0) {
+    for (net::Fd c = net::acceptSameUser(listener_.get()); c; c = net::acceptSameUser(listener_.get()))
+      pending.push_back(std::move(c));
+    for (auto it = pending.begin(); it != pending.end();) {
+      std::array<uint8_t, kTicketBytes> bytes{};
+      Result<std::vector<net::Fd>> fds = net::receiveWithDescriptors(it->get(), bytes.data(), bytes.size(), 1);
+      if (!fds.isOk() && fds.status().code() == Code::kAgain) {
+        ++it;
+        continue;
+      }
+      it = pending.erase(it);
+      if (!fds.isOk()) continue;  // malformed: not one of ours
+      const int sender = static_cast<int>(getLe(bytes.data() + 24, 4));
+      expected.from = sender;
+      const std::array<uint8_t, kTicketBytes> want = makeTicket(expected, secret);
+      if (sender < 0 || static_cast<size_t>(sender) >= from.size() || !from[static_cast<size_t>(sender)] ||
+          got[static_cast<size_t>(sender)] || !net::constantTimeEqual(bytes.data(), want.data(), want.size())) {
+        SHOAL_INFO(subsys::kReg, "window mailbox @", name_, ": refused a descriptor that no peer of this "
+                   "registration sent");
+        continue;
+      }
+      got[static_cast<size_t>(sender)] = std::move(fds.value()[0]);
+      --missing;
+    }
+    if (missing == 0) break;
+    if (deadline.expired())
+      return error(Code::kTimeout, missing, " window descriptor(s) announced by peers did not arrive at @", name_);
+    pollfd pfd{listener_.get(), POLLIN, 0};
+    (void)::poll(&pfd, 1, 5);
+  }
+  return got;
 }
 
 }  // namespace shoal

@@ -5,13 +5,15 @@
 // Role: Communicator::registerWindow describes this rank's buffer
 // (describe(): device memory of a Shoal cuMem allocation is exported as a
 // descriptor the owner holds open until registration ends), all-gathers the
-// records, maps each peer's buffer that it can (map()) and all-gathers which
-// rank maps which, so that every rank knows the same (learnOutcomes()). A
-// peer's buffer is mapped here when it is in this process (its address),
+// records, sends its allocation's descriptor to the peers' mailboxes
+// (WindowMailbox) and all-gathers to whom it sent, maps each peer's buffer
+// that it can (map()) and all-gathers which rank maps which, so that every
+// rank knows the same (learnMaps()). A peer's buffer is mapped here when it
+// is in this process (its address, unless device memory of another GPU),
 // host memory in the peer's shared allocation (mapped read-only), or device
-// memory of the peer's cuMem allocation on a GPU that shares memory with this
-// rank's (imported once per allocation through cuda::PeerImports,
-// read-write, by pidfd_getfd of the owner's descriptor). Anything else is
+// memory of the peer's cuMem allocation on a GPU that shares memory with
+// this rank's (imported once per allocation through cuda::PeerImports,
+// read-write, from the descriptor the peer sent). Anything else is
 // registered but not mapped. release() gives the imports back.
 // Owner: the Communicator (Windows); the API hands out its address as
 // ncclWindow_t. Thread: registration on the user's thread (one at a time, as
@@ -25,9 +27,11 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "comm/init_agreement.h"
+#include "core/clock.h"
 #include "core/peer_info.h"
 #include "core/status.h"
 #include "cuda/driver.h"
@@ -60,17 +64,23 @@ class Window {
 
   // --- Registration steps (Communicator::registerWindow).
   // This rank's record. For device memory of a Shoal allocation, `exported`
-  // holds the descriptor the record names: keep it open until every rank
-  // has mapped (the second all-gather).
+  // holds the allocation's descriptor, which this rank sends to the peers
+  // sendsTo() names.
   static Result<WindowRecord> describe(cuda::Driver* driver, void* buff, size_t bytes, net::Fd& exported);
+  // Whether the owner of `mine` sends its descriptor to the owner of
+  // `theirs`: an exported allocation, and a mailbox it can reach (another
+  // process of this kernel and network namespace).
+  static bool sendsTo(const WindowRecord& mine, const WindowRecord& theirs, const PeerInfo& self,
+                      const PeerInfo& peer);
   // Maps rank r's buffer when this process can (no error when it cannot:
-  // the rank's buffer is then not mapped here). `self` and `peer` are the
-  // two ranks' PeerInfo. The device import needs the rank's GPU context
-  // current.
-  void map(int r, const WindowRecord& record, const PeerInfo& self, const PeerInfo& peer, cuda::Driver* driver);
-  // What this rank says in the second all-gather.
-  WindowOutcome outcome(std::string error) const;
-  Status learnOutcomes(const std::vector<WindowOutcome>& outcomes);
+  // the rank's buffer is then not mapped here): `descriptor` is what rank r
+  // sent for its device allocation, if it did. `self` and `peer` are the two
+  // ranks' PeerInfo. The device import needs the rank's GPU context current.
+  void map(int r, const WindowRecord& record, const PeerInfo& self, const PeerInfo& peer, cuda::Driver* driver,
+           net::Fd descriptor = net::Fd());
+  // What this rank says in the last all-gather, and what every rank said.
+  WindowFlags mapsFlags(std::string error) const;
+  Status learnMaps(const std::vector<WindowFlags>& all);
   // Unmaps what map() imported (the rank's GPU context current).
   void release(cuda::Driver* driver);
 
@@ -115,6 +125,38 @@ class Windows final : public PeerBuffers {
   std::vector<std::unique_ptr<Window>> windows_;
   std::vector<std::unique_ptr<Window>> retired_;
   std::atomic<size_t> count_{0};  // live windows
+};
+
+// WindowMailbox: where a rank receives its peers' window descriptors during
+// one registration: an abstract Unix socket of its process (same user only),
+// each message a ticket and one descriptor (SCM_RIGHTS). The ticket names
+// the communicator, the registration, sender and receiver, and proves the
+// communicator's secret (HMAC-SHA256), so no other process of the user can
+// slip in a descriptor. A descriptor needs no right over the sender's process
+// (pidfd_getfd would need the right to ptrace it). Thread: one user.
+class WindowMailbox {
+ public:
+  static constexpr size_t kTicketBytes = 64;
+  struct Ticket {
+    uint64_t commId = 0;
+    uint64_t registration = 0;  // the communicator's registrations so far
+    int from = 0;
+    int to = 0;
+  };
+  static Result<WindowMailbox> open();
+  const std::string& name() const { return name_; }
+  // Queues `fd` with its ticket at the mailbox `mailbox` (returns once the
+  // kernel holds it: the receiver need not be reading).
+  static Status send(const std::string& mailbox, int fd, const Ticket& ticket, std::string_view secret,
+                     Deadline deadline);
+  // One descriptor from each rank q with from[q], by rank, checked against
+  // `expected` (its `from` ignored); until `deadline`.
+  Result<std::vector<net::Fd>> receive(const std::vector<bool>& from, Ticket expected, std::string_view secret,
+                                       Deadline deadline);
+
+ private:
+  net::Fd listener_;
+  std::string name_;
 };
 
 }  // namespace shoal

@@ -9,8 +9,6 @@
 #include <cstdint>
 #include <string>
 
-#include "core/status.h"
-
 namespace shoal {
 
 // getpid(), read once per process and refreshed in a fork()ed child.
@@ -20,23 +18,9 @@ int currentPid();
 // process of this kernel, network namespaces and containers included.
 std::string localKernelId();
 
-// The inode of this process's pid namespace (/proc/self/ns/pid; 0 where
-// unreadable). Two processes that report the same one, on one kernel, name
-// each other by the same pid.
-uint64_t pidNamespaceId();
-
-// A file descriptor (device, inode) pair: what a file is, whichever
-// descriptor names it.
-struct FileIdentity {
-  uint64_t device = 0;
-  uint64_t inode = 0;
-  bool operator==(const FileIdentity&) const = default;
-};
-Result<FileIdentity> fileIdentity(int fd);
-
-// A new descriptor in this process for the file that process `pid` holds
-// open as `fd` (pidfd_getfd: needs the right to ptrace it, as
-// process_vm_readv does), refused unless it is the file `expected` names.
-Result<int> copyDescriptorOf(int pid, int fd, const FileIdentity& expected);
+// The inode of this process's network namespace (/proc/self/ns/net; 0
+// where unreadable): processes of one kernel that report the same one reach
+// each other's abstract Unix sockets (net/unix_socket.h).
+uint64_t netNamespaceId();
 
 }  // namespace shoal

@@ -3,10 +3,13 @@
 // range, and agree() pools proposals the same way for every rank.
 #include <catch2/catch.hpp>
 
+#include <unistd.h>
+
 #include <string>
 #include <vector>
 
 #include "comm/init_agreement.h"
+#include "comm/window.h"
 
 using namespace shoal;
 
@@ -154,12 +157,11 @@ TEST_CASE("a split record round-trips, NCCL_SPLIT_NOCOLOR and negative keys incl
   CHECK_FALSE(decodeSplitRecord(encodePeerRecord(PeerRecord{2, samplePeer()})).isOk());
 }
 
-TEST_CASE("a window record and a window outcome round-trip, and malformed ones are refused", "[init_agreement]") {
+TEST_CASE("a window record and window flags round-trip, and malformed ones are refused", "[init_agreement]") {
   WindowRecord host;
   host.address = 0x7f0000001000;
   host.bytes = 4096;
   host.pid = 4242;
-  host.pidNamespace = 4026531836;
   host.sharedSequence = 3;
   host.sharedOffset = 128;
   WindowRecord device = host;
@@ -169,9 +171,8 @@ TEST_CASE("a window record and a window outcome round-trip, and malformed ones a
   device.deviceSerial = 7;
   device.deviceBytes = 2u << 20;
   device.deviceOffset = (2u << 20) - 4096;
-  device.deviceFd = 17;
-  device.fileDevice = 14;
-  device.fileInode = 99;
+  device.mailbox = "shoal-window-4242-0123456789abcdef";
+  device.netNamespace = 4026531840;
   for (const WindowRecord& r : {WindowRecord{}, host, device}) {
     auto back = decodeWindowRecord(encodeWindowRecord(r));
     REQUIRE(back.isOk());
@@ -186,17 +187,65 @@ TEST_CASE("a window record and a window outcome round-trip, and malformed ones a
   CHECK(refused.status().message().find("in an allocation of") != std::string::npos);
   outside.deviceOffset = ~0ull;
   CHECK_FALSE(decodeWindowRecord(encodeWindowRecord(outside)).isOk());
+  // A mailbox name longer than a Unix socket name can be.
+  WindowRecord longName = device;
+  longName.mailbox.assign(200, 'x');
+  CHECK_FALSE(decodeWindowRecord(encodeWindowRecord(longName)).isOk());
 
-  for (const WindowOutcome& o : {WindowOutcome{}, WindowOutcome{"", {true, false, true}},
-                                 WindowOutcome{"cuMemExportToShareableHandle failed", {true}}}) {
-    auto back = decodeWindowOutcome(encodeWindowOutcome(o));
+  for (const WindowFlags& f : {WindowFlags{}, WindowFlags{"", {true, false, true}},
+                               WindowFlags{"cuMemExportToShareableHandle failed", {true}}}) {
+    auto back = decodeWindowFlags(encodeWindowFlags(f));
     REQUIRE(back.isOk());
-    CHECK(back.value() == o);
+    CHECK(back.value() == f);
   }
-  everyPrefixRefused(encodeWindowOutcome(WindowOutcome{"x", {true, false}}), decodeWindowOutcome);
-  std::string badFlag = encodeWindowOutcome(WindowOutcome{"", {true}});
+  everyPrefixRefused(encodeWindowFlags(WindowFlags{"x", {true, false}}), decodeWindowFlags);
+  std::string badFlag = encodeWindowFlags(WindowFlags{"", {true}});
   badFlag.back() = 2;
-  CHECK_FALSE(decodeWindowOutcome(badFlag).isOk());
-  CHECK_FALSE(decodeWindowOutcome(encodeWindowRecord(host)).isOk());
+  CHECK_FALSE(decodeWindowFlags(badFlag).isOk());
+  CHECK_FALSE(decodeWindowFlags(encodeWindowRecord(host)).isOk());
   CHECK_FALSE(decodeWindowRecord(encodeSplitRecord(SplitRecord{1, 2})).isOk());
+}
+
+TEST_CASE("a window mailbox takes descriptors only with a ticket of this registration and secret", "[init_agreement]") {
+  Result<WindowMailbox> opened = WindowMailbox::open();
+  REQUIRE(opened.isOk());
+  WindowMailbox box = std::move(opened).value();
+  CHECK(box.name().rfind("shoal-window-", 0) == 0);
+  const std::string secret = "the communicator's secret";
+  const WindowMailbox::Ticket to2{0xc0ffee, 3, 0, 2};  // its `from` is each sender's
+  int pipeFds[2];
+  REQUIRE(pipe(pipeFds) == 0);
+  auto sendAs = [&](int from, uint64_t registration, const std::string& key) {
+    WindowMailbox::Ticket t = to2;
+    t.from = from;
+    t.registration = registration;
+    return WindowMailbox::send(box.name(), pipeFds[0], t, key, Deadline::afterMs(2000));
+  };
+  // Rank 1 sends with a wrong secret, then for another registration, then
+  // rightly; rank 3 was not expected; rank 0 sends rightly.
+  REQUIRE(sendAs(1, 3, "another secret").isOk());
+  REQUIRE(sendAs(1, 4, secret).isOk());
+  REQUIRE(sendAs(1, 3, secret).isOk());
+  REQUIRE(sendAs(3, 3, secret).isOk());
+  REQUIRE(sendAs(0, 3, secret).isOk());
+  std::vector<bool> from = {true, true, false, false};
+  Result<std::vector<net::Fd>> got = box.receive(from, to2, secret, Deadline::afterMs(2000));
+  REQUIRE(got.isOk());
+  REQUIRE(got->size() == 4);
+  CHECK(got.value()[0].valid());
+  CHECK(got.value()[1].valid());
+  CHECK_FALSE(got.value()[2].valid());
+  CHECK_FALSE(got.value()[3].valid());
+  // What arrived is the pipe: a byte written into it comes out of the copy.
+  REQUIRE(write(pipeFds[1], "w", 1) == 1);
+  char c = 0;
+  CHECK(read(got.value()[1].get(), &c, 1) == 1);
+  CHECK(c == 'w');
+  // A descriptor announced and never sent: the deadline, named.
+  Result<std::vector<net::Fd>> late = box.receive({false, false, false, true}, to2, secret, Deadline::afterMs(100));
+  REQUIRE_FALSE(late.isOk());
+  CHECK(late.status().code() == Code::kTimeout);
+  CHECK(late.status().message().find("did not arrive") != std::string::npos);
+  close(pipeFds[0]);
+  close(pipeFds[1]);
 }

@@ -26,6 +26,7 @@
 #include "cuda/driver.h"
 #include "net/crypto.h"
 #include "net/fd.h"
+#include "net/unix_socket.h"
 #include "transports/cuda_ipc/cuda_ipc_connection.h"
 
 namespace shoal {
@@ -127,80 +128,26 @@ std::string describePeer(const ConnectionKey& key, const ConnectOptions& options
 // bytes are not there yet.
 Result<Arrival> receiveHello(net::Fd& socket) {
   uint8_t bytes[cuda_ipc::kHelloBytes];
-  iovec iov{bytes, sizeof bytes};
-  alignas(cmsghdr) char control[CMSG_SPACE(2 * sizeof(int))];
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof control;
-  ssize_t got = ::recvmsg(socket.get(), &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
-  if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return error(Code::kAgain, "not yet");
-  if (got < 0) return systemError("cuda_ipc: recvmsg: ", std::strerror(errno));
-  std::vector<net::Fd> fds;
-  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
-    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-    size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-    for (size_t i = 0; i < n; ++i) {
-      int fd = -1;
-      std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-      fds.emplace_back(fd);
-    }
-  }
-  if (got != static_cast<ssize_t>(sizeof bytes) || fds.size() != 2 || (msg.msg_flags & MSG_CTRUNC))
-    return invalidArgument("cuda_ipc: malformed hello (", got, " bytes, ", fds.size(), " descriptors)");
+  Result<std::vector<net::Fd>> fds = net::receiveWithDescriptors(socket.get(), bytes, sizeof bytes, 2);
+  if (!fds.isOk() && fds.status().code() == Code::kAgain) return fds.takeStatus();
+  SHOAL_TRY(fds.status()) << "cuda_ipc: reading a hello";
   SHOAL_ASSIGN_OR_RETURN(Hello hello, cuda_ipc::decodeHello(bytes));
-  return Arrival{hello, std::move(socket), std::move(fds[0]), std::move(fds[1])};
+  std::vector<net::Fd> both = std::move(fds).value();
+  return Arrival{hello, std::move(socket), std::move(both[0]), std::move(both[1])};
 }
 
 Status sendHello(int socket, const Hello& hello, int fifoFd, int controlFd) {
   uint8_t bytes[cuda_ipc::kHelloBytes];
   cuda_ipc::encodeHello(hello, bytes);
-  iovec iov{bytes, sizeof bytes};
-  alignas(cmsghdr) char control[CMSG_SPACE(2 * sizeof(int))] = {};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof control;
-  cmsghdr* c = CMSG_FIRSTHDR(&msg);
-  c->cmsg_level = SOL_SOCKET;
-  c->cmsg_type = SCM_RIGHTS;
-  c->cmsg_len = CMSG_LEN(2 * sizeof(int));
-  int fds[2] = {fifoFd, controlFd};
-  std::memcpy(CMSG_DATA(c), fds, sizeof fds);
-  ssize_t sent;
-  do sent = ::sendmsg(socket, &msg, MSG_NOSIGNAL);
-  while (sent < 0 && errno == EINTR);
-  if (sent != static_cast<ssize_t>(sizeof bytes))
-    return systemError("cuda_ipc: sending the hello: ", sent < 0 ? std::strerror(errno) : "short write");
+  const int fds[2] = {fifoFd, controlFd};
+  SHOAL_TRY(net::sendWithDescriptors(socket, bytes, sizeof bytes, fds)) << "cuda_ipc: sending the hello";
   return Status::ok();
-}
-
-sockaddr_un abstractAddress(const std::string& name, socklen_t& length) {
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  size_t n = std::min(name.size(), sizeof(addr.sun_path) - 1);
-  std::memcpy(addr.sun_path + 1, name.data(), n);  // sun_path[0] == 0: the abstract namespace
-  length = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + n);
-  return addr;
 }
 
 // The peer's listener, connected; retried while it refuses (backlog full).
 Result<net::Fd> connectTo(const std::string& name, Deadline deadline, const std::string& peer) {
-  socklen_t length = 0;
-  sockaddr_un addr = abstractAddress(name, length);
-  for (;;) {
-    // Non-blocking: a listener whose backlog is full answers EAGAIN at once
-    // instead of holding us past the deadline.
-    net::Fd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-    if (!fd) return systemError("cuda_ipc: socket: ", std::strerror(errno));
-    if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), length) == 0) return fd;
-    int err = errno;
-    if ((err != EAGAIN && err != ECONNREFUSED && err != EINTR) || deadline.expired())
-      return remoteError("cuda_ipc: cannot reach ", peer, " at its socket @", name, ": ", std::strerror(err));
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  SHOAL_ASSIGN_OR_RETURN(net::Fd fd, net::connectAbstract(name, deadline), "cuda_ipc: reaching ", peer);
+  return fd;
 }
 
 // Whether this rank's connections carry the stream ring: its streams run
@@ -263,17 +210,8 @@ class CudaIpcTransport final : public Transport {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!address_.empty()) return address_;
     if (cuda::Driver::inUse() == nullptr) return error(Code::kUnsupported, "this process does not use CUDA");
-    uint64_t nonce = 0;
-    SHOAL_TRY(net::randomBytes(&nonce, sizeof nonce)) << "cuda_ipc socket name";
-    char text[64];
-    std::snprintf(text, sizeof text, "shoal-cuda-ipc-%d-%016llx", currentPid(), static_cast<unsigned long long>(nonce));
-    std::string name = text;
-    net::Fd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-    if (!fd) return systemError("cuda_ipc: socket: ", std::strerror(errno));
-    socklen_t length = 0;
-    sockaddr_un addr = abstractAddress(name, length);
-    if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), length) != 0 || ::listen(fd.get(), 256) != 0)
-      return systemError("cuda_ipc: listening on @", name, ": ", std::strerror(errno));
+    std::string name;
+    SHOAL_ASSIGN_OR_RETURN(net::Fd fd, net::listenAbstract("shoal-cuda-ipc", name), "cuda_ipc");
     listener_ = std::move(fd);
     address_ = name;
     return address_;
@@ -455,14 +393,8 @@ class CudaIpcTransport final : public Transport {
   // hellos that have arrived; drops expired ones. Caller holds mutex_.
   void drainListenerLocked() {
     for (;;) {
-      net::Fd fd(::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
+      net::Fd fd = net::acceptSameUser(listener_.get());
       if (!fd) break;
-      ucred cred{};
-      socklen_t len = sizeof cred;
-      if (::getsockopt(fd.get(), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || cred.uid != ::getuid()) {
-        SHOAL_INFO(subsys::kNet, "cuda_ipc: refused a connection from uid ", cred.uid, " (pid ", cred.pid, ")");
-        continue;
-      }
       if (accepted_.size() >= kMaxAccepted) continue;  // closed: the sender retries or times out
       accepted_.push_back(Accepted{std::move(fd), Deadline::afterMs(params().handshakeTimeoutMs)});
     }
