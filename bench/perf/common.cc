@@ -233,9 +233,12 @@ class RankRunner {
     NCCL_OK(ncclGroupStart());
     NCCL_OK(ncclMemAlloc(reinterpret_cast<void**>(&send_), bufferBytes_));
     NCCL_OK(ncclMemAlloc(reinterpret_cast<void**>(&recv_), bufferBytes_));
-    if (options_.registerBuffers) {
+    if (options_.registerBuffers == 1) {
       NCCL_OK(ncclCommRegister(comm_, send_, bufferBytes_, &sendHandle_));
       NCCL_OK(ncclCommRegister(comm_, recv_, bufferBytes_, &recvHandle_));
+    } else if (options_.registerBuffers == 2) {  // collective: every rank registers at the group's end
+      NCCL_OK(ncclCommWindowRegister(comm_, send_, bufferBytes_, &sendWindow_, NCCL_WIN_COLL_SYMMETRIC));
+      NCCL_OK(ncclCommWindowRegister(comm_, recv_, bufferBytes_, &recvWindow_, NCCL_WIN_COLL_SYMMETRIC));
     }
     NCCL_OK(ncclGroupEnd());
     // Defined contents, so that unchecked runs do not reduce NaNs or
@@ -261,11 +264,14 @@ class RankRunner {
   }
 
   void freeBuffers() {
-    if (options_.registerBuffers) {
+    if (options_.registerBuffers == 1) {
       NCCL_OK(ncclGroupStart());
       NCCL_OK(ncclCommDeregister(comm_, sendHandle_));
       NCCL_OK(ncclCommDeregister(comm_, recvHandle_));
       NCCL_OK(ncclGroupEnd());
+    } else if (options_.registerBuffers == 2) {
+      NCCL_OK(ncclCommWindowDeregister(comm_, sendWindow_));
+      NCCL_OK(ncclCommWindowDeregister(comm_, recvWindow_));
     }
     NCCL_OK(ncclMemFree(send_));
     NCCL_OK(ncclMemFree(recv_));
@@ -525,6 +531,8 @@ class RankRunner {
   size_t bufferBytes_ = 0;
   void* sendHandle_ = nullptr;
   void* recvHandle_ = nullptr;
+  ncclWindow_t sendWindow_ = nullptr;  // -R 2
+  ncclWindow_t recvWindow_ = nullptr;
   std::vector<char> expected_;
   uint64_t checkSeed_ = 0;
   int64_t failedChecks_ = 0;

@@ -81,7 +81,7 @@ void printUsage(const char* program) {
       "\t[-C,--report_cputime <0/1>]\n"
       "\t[-a,--average <0: rank 0, 1: avg, 2: min, 3: max>]\n"
       "\t[-u,--unalign <misalign buffers by this many elements>]\n"
-      "\t[-R,--local_register <0/1: ncclCommRegister the buffers>]\n"
+      "\t[-R,--local_register <0/1/2: 1 ncclCommRegister, 2 ncclCommWindowRegister (symmetric) the buffers>]\n"
       "\t[-x,--cta_policy <ncclConfig_t.CTAPolicy>]\n"
       "\t[-J,--output_file <JSON file>] [--json <JSON file>] [--csv <CSV file>]\n"
       "\t[-h,--help]\n",
@@ -261,8 +261,8 @@ ParseResult parseOptions(int argc, char** argv, int ncclVersion, bool verbose) {
         break;
       case 'R':
         // 2 (symmetric windows) serves NCCL's device API, which Shoal lacks.
-        if (!parseInt(optarg, 0, 1, &value)) return fail("local_register (-R, 0 or 1)", optarg);
-        options.registerBuffers = value != 0;
+        if (!parseInt(optarg, 0, 2, &value)) return fail("local_register (-R, 0, 1 or 2)", optarg);
+        options.registerBuffers = value;
         break;
       case 'x':
         if (!parseInt(optarg, 0, 2, &value)) return fail("CTA policy (-x)", optarg);

@@ -43,7 +43,7 @@ struct Options {
   bool reportCpuTime = false;     // -C
   TimeAggregation average = TimeAggregation::kAverage;  // -a
   int unalign = 0;                // -u: misalign buffers by this many elements
-  bool registerBuffers = false;   // -R 1: ncclCommRegister the buffers
+  int registerBuffers = 0;        // -R 1: ncclCommRegister the buffers; 2: ncclCommWindowRegister (symmetric)
   int ctaPolicy = -1;             // -x: ncclConfig_t.CTAPolicy; -1 = unset
   std::string csvPath;            // --csv
   std::string jsonPath;           // --json, -J

@@ -88,6 +88,14 @@ if(TARGET all_reduce_perf)
   shoal_add_device_perf_test(cudafake.perf.reduce_scatter.procs3 reduce_scatter_perf --procs 3 -b 8 -e 256K -f 8 -c 1 -n 3)
   shoal_add_device_perf_test(cudafake.perf.broadcast.t2 broadcast_perf -t 2 -b 8 -e 256K -f 8 -c 1 -n 3 -r -1)
   shoal_add_device_perf_test(cudafake.perf.sendrecv.procs2 sendrecv_perf --procs 2 -b 8 -e 256K -f 8 -c 1 -n 3)
+  # -R 2: the buffers in windows (ncclCommWindowRegister), so AllReduce,
+  # AllGather and ReduceScatter read the peers' buffers in place.
+  shoal_add_device_perf_test(cudafake.perf.all_reduce.procs3.windows all_reduce_perf --procs 3 -R 2
+    -b 8 -e 1M -f 8 -c 1 -n 3 -o all -d float)
+  shoal_add_device_perf_test(cudafake.perf.all_gather.procs2.windows all_gather_perf --procs 2 -R 2
+    -b 8 -e 1M -f 8 -c 1 -n 3)
+  shoal_add_device_perf_test(cudafake.perf.reduce_scatter.t3.windows reduce_scatter_perf -t 3 -R 2
+    -b 8 -e 1M -f 8 -c 1 -n 3)
 endif()
 
 # Device buffers over the ofi transport: staged (this libfabric grants no

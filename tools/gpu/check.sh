@@ -121,6 +121,17 @@ perf() {
   echo "--- which path ran (NCCL_DEBUG=INFO)"
   SHOAL_TRANSPORT=cuda_ipc NCCL_DEBUG=INFO perf_run all_reduce_perf --procs 2 -b 1M -e 1M -n 1 -w 0 -c 1 2>&1 |
     grep -E "stream plans|device plans" | head -4
+  # Buffers in windows (-R 2): each rank reads the peers' buffers in place
+  # (peer_read device plans), over the default transport.
+  for bin in all_reduce_perf all_gather_perf reduce_scatter_perf; do
+    echo "--- $bin: 2 and 4 processes, buffers in windows (-R 2), up to $BIG"
+    for n in 2 4; do
+      perf_run "$bin" --procs "$n" -R 2 -b 8 -e "$BIG" -f 8 -n 5 -w 2 -c 1 || failed=1
+    done
+  done
+  echo "--- which path ran with windows (NCCL_DEBUG=TRACE: calls that read the peers' windows)"
+  NCCL_DEBUG=TRACE NCCL_DEBUG_SUBSYS=COLL perf_run all_reduce_perf --procs 2 -R 2 -b 1M -e 1M -n 1 -w 0 -c 1 2>&1 |
+    grep -c "reading the peers' windows"
   return $failed
 }
 
