@@ -116,9 +116,16 @@ SHOAL_API(ncclResult_t, ncclMemAlloc, (void** ptr, size_t size)) {
 SHOAL_API(ncclResult_t, ncclMemFree, (void* ptr)) {
   return guard("ncclMemFree", [&]() -> Status {
     if (ptr == nullptr) return Status::ok();
-    if (cuda::Driver* driver = cuda::Driver::inUse(); driver && driver->deviceFree(ptr))
-      return Status::ok();
-    if (size_t bytes = memory::allocationBytes(ptr)) forgetMemory(ptr, bytes);
+    if (cuda::Driver* driver = cuda::Driver::inUse()) {
+      if (auto allocation = driver->deviceAllocationOf(ptr, 1); allocation && allocation->base == ptr) {
+        Windows::retireMemory(ptr, allocation->bytes);  // its address may come back in another allocation
+        if (driver->deviceFree(ptr)) return Status::ok();
+      }
+    }
+    if (size_t bytes = memory::allocationBytes(ptr)) {
+      Windows::retireMemory(ptr, bytes);
+      forgetMemory(ptr, bytes);
+    }
     if (!memory::freeShared(ptr))
       return invalidArgument("ncclMemFree: ", ptr, " was not returned by ncclMemAlloc");
     return Status::ok();

@@ -39,7 +39,7 @@ Communicator::Communicator(InitRequest request)
       request_(std::move(request)),
       commId_(hash64(request_.scope)),
       connections_(commId_, rank_, peers_, request_.secret, abortFlag_),
-      windows_(std::make_shared<Windows>()) {}
+      windows_(Windows::make()) {}
 
 Communicator::~Communicator() {
   if (idleWatched_) Engine::instance().unwatchIdle(this);  // first: a check may be running

@@ -135,6 +135,47 @@ void Window::release(cuda::Driver* driver) {
     if (static_cast<int>(r) != rank_) buffers_[r] = nullptr;
 }
 
+namespace {
+std::mutex gAllWindowsMutex;
+std::vector<std::weak_ptr<Windows>>& allWindows() {
+  static auto* all = new std::vector<std::weak_ptr<Windows>>();  // outlives every communicator
+  return *all;
+}
+}  // namespace
+
+std::shared_ptr<Windows> Windows::make() {
+  auto windows = std::make_shared<Windows>();
+  std::lock_guard<std::mutex> lock(gAllWindowsMutex);
+  auto& all = allWindows();
+  all.erase(std::remove_if(all.begin(), all.end(), [](const auto& w) { return w.expired(); }), all.end());
+  all.push_back(windows);
+  return windows;
+}
+
+void Windows::retireMemory(const void* base, size_t bytes) {
+  std::vector<std::shared_ptr<Windows>> live;
+  {
+    std::lock_guard<std::mutex> lock(gAllWindowsMutex);
+    for (const auto& w : allWindows())
+      if (auto l = w.lock()) live.push_back(std::move(l));
+  }
+  const auto from = reinterpret_cast<uintptr_t>(base);
+  for (const auto& windows : live) {
+    if (windows->empty()) continue;
+    std::lock_guard<std::mutex> lock(windows->mutex_);
+    for (auto it = windows->windows_.begin(); it != windows->windows_.end();) {
+      const auto at = reinterpret_cast<uintptr_t>((*it)->userPtr());
+      if (at < from + bytes && from < at + (*it)->bytes()) {
+        windows->retired_.push_back(std::move(*it));
+        it = windows->windows_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    windows->count_.store(windows->windows_.size(), std::memory_order_release);
+  }
+}
+
 void Windows::add(std::unique_ptr<Window> window) {
   std::lock_guard<std::mutex> lock(mutex_);
   windows_.push_back(std::move(window));
@@ -185,19 +226,22 @@ bool inside(uint64_t address, uint64_t bytes, uint64_t base, uint64_t size) {
 bool Windows::holdsEverywhere(const void* p, uint64_t bytes) const {
   const auto address = reinterpret_cast<uint64_t>(p);
   std::lock_guard<std::mutex> lock(mutex_);
-  for (const auto& w : windows_)
-    if (inside(address, bytes, reinterpret_cast<uint64_t>(w->userPtr()), w->bytes()) && w->mappedEverywhere() &&
-        w->deviceEverywhere())
-      return true;
+  for (auto it = windows_.rbegin(); it != windows_.rend(); ++it) {  // the newest first
+    const Window& w = **it;
+    if (inside(address, bytes, reinterpret_cast<uint64_t>(w.userPtr()), w.bytes()))
+      return w.mappedEverywhere() && w.deviceEverywhere();
+  }
   return false;
 }
 
 uint8_t* Windows::find(int peer, uint64_t address, uint64_t bytes) const {
   std::lock_guard<std::mutex> lock(mutex_);
   for (const auto* list : {&windows_, &retired_})
-    for (const auto& w : *list)
-      if (w->buffer(peer) != nullptr && inside(address, bytes, w->addressOf(peer), w->bytesOf(peer)))
-        return w->buffer(peer) + (address - w->addressOf(peer));
+    for (auto it = list->rbegin(); it != list->rend(); ++it) {  // the newest first
+      const Window& w = **it;
+      if (w.buffer(peer) != nullptr && inside(address, bytes, w.addressOf(peer), w.bytesOf(peer)))
+        return w.buffer(peer) + (address - w.addressOf(peer));
+    }
   return nullptr;
 }
 

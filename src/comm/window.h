@@ -105,6 +105,13 @@ class Window {
 // Thread-safety: every method may be called from any thread.
 class Windows final : public PeerBuffers {
  public:
+  // Every communicator's Windows, for retireMemory (weakly held).
+  static std::shared_ptr<Windows> make();
+  // Retires, in every communicator of the process, the windows whose own
+  // buffer overlaps memory being freed (ncclMemFree): the address may come
+  // back in another allocation, whose windows must not be taken for them.
+  static void retireMemory(const void* base, size_t bytes);
+
   void add(std::unique_ptr<Window> window);
   // Retires the live window `handle` names (false: there is none): no new
   // operation uses it, and operations already submitted still find its
@@ -116,7 +123,9 @@ class Windows final : public PeerBuffers {
   Window* find(const void* handle) const;
   bool empty() const { return count_.load(std::memory_order_acquire) == 0; }
   // Whether [p, p + bytes) of this rank lies inside one window whose every
-  // rank's buffer is device memory that every rank maps.
+  // rank's buffer is device memory that every rank maps. Lookups take the
+  // newest window first: one registered over memory freed and allocated
+  // again at the same address (without a deregistration) is shadowed.
   bool holdsEverywhere(const void* p, uint64_t bytes) const;
   uint8_t* find(int peer, uint64_t address, uint64_t bytes) const override;
 

@@ -1410,3 +1410,49 @@ TEST_CASE("collectives on window buffers with ranks as threads read each other's
   // threads every other device call is staged and reduced by the CPU).
   CHECK(shoalFakeCudaCallCount("cuLaunchKernel") - launchesBefore == static_cast<uint64_t>(kRanks * (kRanks - 1)));
 }
+
+// Memory freed while its window is still registered (frameworks free
+// ncclMemAlloc blocks without deregistering) and allocated again at the
+// same address gets a window of its own: calls on it read the new
+// allocations, never the peers' old ones through the stale window.
+TEST_CASE("a window over memory freed and allocated again at its address is not read through the stale one",
+          "[cudafake][mp]") {
+  auto result = forkedRanks(3, "shm", {}, [&](shoal::testing::MpChild& child, ncclComm_t comm, CUstream s) {
+    const int r = child.rank(), n = child.nranks();
+    const size_t N = 4096;
+    const size_t bytes = 2 * N * sizeof(float);
+    int reused = 0;
+    for (int round = 0; round < 3; ++round) {
+      void* pool = nullptr;
+      static void* previous = nullptr;
+      if (ncclMemAlloc(&pool, bytes) != ncclSuccess) return 1;
+      if (pool == previous) ++reused;
+      previous = pool;
+      ncclWindow_t win = nullptr;
+      if (ncclCommWindowRegister(comm, pool, bytes, &win, NCCL_WIN_COLL_SYMMETRIC) != ncclSuccess) return 2;
+      auto* send = static_cast<float*>(pool);
+      float* recv = send + N;
+      std::vector<float> mine(N);
+      for (size_t i = 0; i < N; ++i) mine[i] = static_cast<float>((round + 1) * 100 + r + i % 7);
+      toDevice(send, mine);
+      if (ncclAllReduce(send, recv, N, ncclFloat, ncclSum, comm, s) != ncclSuccess) return 3;
+      cuStreamSynchronize(s);
+      std::vector<float> got = fromDevice(recv, N);
+      for (size_t i = 0; i < N; ++i) {
+        float want = 0;
+        for (int q = 0; q < n; ++q) want += static_cast<float>((round + 1) * 100 + q + i % 7);
+        if (got[i] != want) {
+          child.log("round " + std::to_string(round) + " element " + std::to_string(i) + ": " +
+                    std::to_string(got[i]) + " want " + std::to_string(want));
+          return 4;
+        }
+      }
+      child.barrier();  // every rank is done reading before any frees
+      if (ncclMemFree(pool) != ncclSuccess) return 5;  // its window stays registered
+    }
+    child.log("addresses reused " + std::to_string(reused) + " times");
+    return ncclCommDestroy(comm) == ncclSuccess ? 0 : 6;
+  });
+  INFO(result.report());
+  CHECK(result.allPassed());
+}
