@@ -302,8 +302,10 @@ Result<Window*> Communicator::registerWindow(void* buff, size_t bytes, int flags
   for (int q = 0; q < nranks_ && failure.isOk() && exported; ++q) {
     if (q == rank_ || !Window::sendsTo(mine, records[static_cast<size_t>(q)], peers_[rank_], peers_[q])) continue;
     const WindowMailbox::Ticket ticket{commId_, registration, rank_, q};
+    // The peer's mailbox is open until the last exchange, which waits for
+    // this rank: it answers at once unless the peer died.
     Status st = WindowMailbox::send(records[static_cast<size_t>(q)].mailbox, exported.get(), ticket, request_.secret,
-                                    deadline);
+                                    deadline.cappedMs(params().handshakeTimeoutMs));
     if (st.isOk()) sent.flags[static_cast<size_t>(q)] = true;
     else SHOAL_INFO(subsys::kReg, what, ": rank ", q, " will not map this rank's buffer (", st.message(), ")");
   }
@@ -323,8 +325,10 @@ Result<Window*> Communicator::registerWindow(void* buff, size_t bytes, int flags
                                             theirs->flags[static_cast<size_t>(rank_)];
   }
   if (failure.isOk() && mailbox) {
+    // What the peers say they sent is queued in this mailbox already.
     Result<std::vector<net::Fd>> received =
-        mailbox->receive(expected, WindowMailbox::Ticket{commId_, registration, 0, rank_}, request_.secret, deadline);
+        mailbox->receive(expected, WindowMailbox::Ticket{commId_, registration, 0, rank_}, request_.secret,
+                         deadline.cappedMs(params().handshakeTimeoutMs));
     if (received.isOk()) descriptors = std::move(received).value();
     else failure = received.takeStatus();
   }
