@@ -282,7 +282,6 @@ Result<Window*> Communicator::registerWindow(void* buff, size_t bytes, int flags
     if (Result<WindowMailbox> opened = WindowMailbox::open(); opened.isOk()) {
       mailbox = std::move(opened).value();
       mine.mailbox = mailbox->name();
-      mine.netNamespace = netNamespaceId();
     } else {
       SHOAL_INFO(subsys::kReg, what, ": no mailbox (", opened.status().message(), "): peers map nothing of this rank's");
     }
@@ -300,7 +299,8 @@ Result<Window*> Communicator::registerWindow(void* buff, size_t bytes, int flags
   WindowFlags sent;
   sent.flags.assign(static_cast<size_t>(nranks_), false);
   for (int q = 0; q < nranks_ && failure.isOk() && exported; ++q) {
-    if (q == rank_ || !Window::sendsTo(mine, records[static_cast<size_t>(q)], peers_[rank_], peers_[q])) continue;
+    if (q == rank_ || !Window::sendsTo(mine, records[static_cast<size_t>(q)], peers_[rank_], peers_[q], cuda_))
+      continue;
     const WindowMailbox::Ticket ticket{commId_, registration, rank_, q};
     // The peer's mailbox is open until the last exchange, which waits for
     // this rank: it answers at once unless the peer died.
@@ -333,9 +333,12 @@ Result<Window*> Communicator::registerWindow(void* buff, size_t bytes, int flags
     else failure = received.takeStatus();
   }
   const bool pushed = pushOwnContext();
-  for (int r = 0; r < nranks_ && failure.isOk(); ++r)
+  for (int r = 0; r < nranks_ && failure.isOk(); ++r) {
+    // NCCL_WIN_ENABLE=0: registered, nothing of a peer mapped.
+    if (r != rank_ && params().winEnable == 0) continue;
     window->map(r, records[static_cast<size_t>(r)], peers_[rank_], peers_[r], cuda_,
                 std::move(descriptors[static_cast<size_t>(r)]));
+  }
   auto fail = [&](Status st) -> Status {
     window->release(cuda_);
     if (pushed) cuda_->popContext();

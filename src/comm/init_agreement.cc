@@ -142,6 +142,7 @@ std::string encodeWindowRecord(const WindowRecord& record) {
   w.u64(record.bytes);
   w.u8(record.deviceMemory ? 1 : 0);
   w.u32(static_cast<uint32_t>(record.pid));
+  w.u64(record.pidNamespace);
   w.u64(record.sharedSequence);
   w.u64(record.sharedOffset);
   w.u64(record.deviceSerial);
@@ -149,6 +150,7 @@ std::string encodeWindowRecord(const WindowRecord& record) {
   w.u64(record.deviceOffset);
   w.str(record.mailbox);
   w.u64(record.netNamespace);
+  w.u32(record.uid);
   return finished(bytes);
 }
 
@@ -160,6 +162,7 @@ Result<WindowRecord> decodeWindowRecord(std::string_view bytes) {
   const uint8_t device = r.u8();
   record.deviceMemory = device == 1;
   record.pid = static_cast<int32_t>(r.u32());
+  record.pidNamespace = r.u64();
   record.sharedSequence = r.u64();
   record.sharedOffset = r.u64();
   record.deviceSerial = r.u64();
@@ -167,6 +170,7 @@ Result<WindowRecord> decodeWindowRecord(std::string_view bytes) {
   record.deviceOffset = r.u64();
   record.mailbox = r.str(kMaxSocketNameBytes);
   record.netNamespace = r.u64();
+  record.uid = r.u32();
   SHOAL_TRY(closed(r, "window record"));
   if (device > 1) return internalError("malformed window record: memory flag ", static_cast<int>(device));
   // Ranges a peer would map must lie inside what it maps.

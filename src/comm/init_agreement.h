@@ -79,8 +79,10 @@ struct WindowRecord {
   uint64_t bytes = 0;
   bool deviceMemory = false;  // CUDA device memory (not managed, not host)
   // Host memory inside a shared allocation (memory/shared_memory.h): the
-  // owner's pid and the allocation's sequence (0: none), the buffer's offset.
+  // owner's pid (named so in its pid namespace) and the allocation's
+  // sequence (0: none), the buffer's offset.
   int32_t pid = 0;
+  uint64_t pidNamespace = 0;
   uint64_t sharedSequence = 0;
   uint64_t sharedOffset = 0;
   // Device memory inside a Shoal cuMem allocation: its serial (0: none),
@@ -94,6 +96,7 @@ struct WindowRecord {
   // processes of its network namespace (core/process.h).
   std::string mailbox;
   uint64_t netNamespace = 0;
+  uint32_t uid = 0;  // a mailbox takes only its user's connections
   bool operator==(const WindowRecord&) const = default;
 };
 std::string encodeWindowRecord(const WindowRecord& record);

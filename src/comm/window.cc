@@ -1,6 +1,7 @@
 #include "comm/window.h"
 
 #include <poll.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
@@ -46,6 +47,9 @@ Result<WindowRecord> Window::describe(cuda::Driver* driver, void* buff, size_t b
   record.address = reinterpret_cast<uint64_t>(buff);
   record.bytes = bytes;
   record.pid = currentPid();
+  record.pidNamespace = pidNamespaceId();
+  record.netNamespace = netNamespaceId();
+  record.uid = static_cast<uint32_t>(::getuid());
   if (driver) {
     SHOAL_ASSIGN_OR_RETURN(cuda::MemoryKind kind, driver->memoryKind(buff));
     if (kind == cuda::MemoryKind::kDevice) {
@@ -71,9 +75,11 @@ Result<WindowRecord> Window::describe(cuda::Driver* driver, void* buff, size_t b
 }
 
 bool Window::sendsTo(const WindowRecord& mine, const WindowRecord& theirs, const PeerInfo& self,
-                     const PeerInfo& peer) {
+                     const PeerInfo& peer, cuda::Driver* driver) {
   return mine.deviceSerial != 0 && !theirs.mailbox.empty() && peer.processId != self.processId &&
-         self.sameKernel(peer) && theirs.netNamespace != 0 && theirs.netNamespace == mine.netNamespace;
+         self.sameKernel(peer) && theirs.netNamespace != 0 && theirs.netNamespace == mine.netNamespace &&
+         theirs.uid == mine.uid && driver != nullptr && !self.gpu.empty() &&
+         driver->gpusShareMemory(self.gpu, peer.gpu);
 }
 
 void Window::map(int r, const WindowRecord& record, const PeerInfo& self, const PeerInfo& peer, cuda::Driver* driver,
@@ -90,6 +96,8 @@ void Window::map(int r, const WindowRecord& record, const PeerInfo& self, const 
   }
   if (!self.sameKernel(peer)) return;
   if (record.sharedSequence != 0) {
+    // Its pid names its allocation's shared object only in its pid namespace.
+    if (record.pidNamespace == 0 || record.pidNamespace != pidNamespaceId()) return;
     if (const uint8_t* base = memory::mapPeerAllocation(record.pid, record.sharedSequence))
       buffers_[at] = const_cast<uint8_t*>(base) + record.sharedOffset;
     return;

@@ -68,10 +68,11 @@ class Window {
   // sendsTo() names.
   static Result<WindowRecord> describe(cuda::Driver* driver, void* buff, size_t bytes, net::Fd& exported);
   // Whether the owner of `mine` sends its descriptor to the owner of
-  // `theirs`: an exported allocation, and a mailbox it can reach (another
-  // process of this kernel and network namespace).
+  // `theirs`: an exported allocation, a mailbox it can reach and that takes
+  // it (another process of this kernel, network namespace and user), and
+  // GPUs that share memory.
   static bool sendsTo(const WindowRecord& mine, const WindowRecord& theirs, const PeerInfo& self,
-                      const PeerInfo& peer);
+                      const PeerInfo& peer, cuda::Driver* driver);
   // Maps rank r's buffer when this process can (no error when it cannot:
   // the rank's buffer is then not mapped here): `descriptor` is what rank r
   // sent for its device allocation, if it did. `self` and `peer` are the two

@@ -33,6 +33,12 @@ std::string localKernelId() {
   return id;
 }
 
+uint64_t pidNamespaceId() {
+  struct stat st {};
+  if (stat("/proc/self/ns/pid", &st) != 0) return 0;
+  return static_cast<uint64_t>(st.st_ino);
+}
+
 uint64_t netNamespaceId() {
   struct stat st {};
   if (stat("/proc/self/ns/net", &st) != 0) return 0;

@@ -18,6 +18,11 @@ int currentPid();
 // process of this kernel, network namespaces and containers included.
 std::string localKernelId();
 
+// The inode of this process's pid namespace (/proc/self/ns/pid; 0 where
+// unreadable): processes of one kernel that report the same one name each
+// other by the same pid.
+uint64_t pidNamespaceId();
+
 // The inode of this process's network namespace (/proc/self/ns/net; 0
 // where unreadable): processes of one kernel that report the same one reach
 // each other's abstract Unix sockets (net/unix_socket.h).

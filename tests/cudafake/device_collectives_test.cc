@@ -1411,6 +1411,39 @@ TEST_CASE("collectives on window buffers with ranks as threads read each other's
   CHECK(shoalFakeCudaCallCount("cuLaunchKernel") - launchesBefore == static_cast<uint64_t>(kRanks * (kRanks - 1)));
 }
 
+// NCCL_WIN_ENABLE=0: windows are registered and nothing of a peer is
+// mapped, even between threads of one process; the calls take the other
+// paths (staged between threads: no kernels) with the right bytes.
+TEST_CASE("NCCL_WIN_ENABLE=0 maps nothing of a peer, also between threads", "[cudafake]") {
+  shoal::testing::ScopedEnv env{{"NCCL_WIN_ENABLE", "0"}};
+  constexpr int kRanks = 2;
+  constexpr size_t N = 1000;
+  const uint64_t launchesBefore = shoalFakeCudaCallCount("cuLaunchKernel");
+  Mismatches bad;
+  onThreads(kRanks, [&](int r, ncclComm_t comm, CUstream s) {
+    void* pool = nullptr;
+    bad.expect(ncclMemAlloc(&pool, 2 * N * sizeof(float)) == ncclSuccess, "ncclMemAlloc");
+    ncclWindow_t win = nullptr;
+    bad.expect(ncclCommWindowRegister(comm, pool, 2 * N * sizeof(float), &win, NCCL_WIN_DEFAULT) == ncclSuccess,
+               "register");
+    auto* window = reinterpret_cast<shoal::Window*>(win);
+    bad.expect(window != nullptr && window->buffer(1 - r) == nullptr && !window->maps(r, 1 - r) &&
+                   !window->maps(1 - r, r) && window->maps(r, r),
+               "only a rank's own buffer is mapped");
+    auto* send = static_cast<float*>(pool);
+    toDevice(send, valsOf(r, N));
+    bad.expect(ncclAllReduce(send, send + N, N, ncclFloat, ncclSum, comm, s) == ncclSuccess, "AllReduce");
+    cuStreamSynchronize(s);
+    std::vector<float> got = fromDevice(send + N, N);
+    for (size_t i = 0; i < N; ++i) bad.expect(got[i] == sumOfVals(kRanks, i), "AllReduce element " + std::to_string(i));
+    bad.expect(ncclCommWindowDeregister(comm, win) == ncclSuccess, "deregister");
+    ncclMemFree(pool);
+  });
+  INFO(bad.first);
+  CHECK(bad.count == 0);
+  CHECK(shoalFakeCudaCallCount("cuLaunchKernel") == launchesBefore);
+}
+
 // Memory freed while its window is still registered (frameworks free
 // ncclMemAlloc blocks without deregistering) and allocated again at the
 // same address gets a window of its own: calls on it read the new

@@ -3,8 +3,11 @@
 // range, and agree() pools proposals the same way for every rank.
 #include <catch2/catch.hpp>
 
+#include <poll.h>
 #include <unistd.h>
 
+#include <array>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -162,6 +165,7 @@ TEST_CASE("a window record and window flags round-trip, and malformed ones are r
   host.address = 0x7f0000001000;
   host.bytes = 4096;
   host.pid = 4242;
+  host.pidNamespace = 4026531836;
   host.sharedSequence = 3;
   host.sharedOffset = 128;
   WindowRecord device = host;
@@ -173,6 +177,7 @@ TEST_CASE("a window record and window flags round-trip, and malformed ones are r
   device.deviceOffset = (2u << 20) - 4096;
   device.mailbox = "shoal-window-4242-0123456789abcdef";
   device.netNamespace = 4026531840;
+  device.uid = 1000;
   for (const WindowRecord& r : {WindowRecord{}, host, device}) {
     auto back = decodeWindowRecord(encodeWindowRecord(r));
     REQUIRE(back.isOk());
@@ -213,39 +218,53 @@ TEST_CASE("a window mailbox takes descriptors only with a ticket of this registr
   CHECK(box.name().rfind("shoal-window-", 0) == 0);
   const std::string secret = "the communicator's secret";
   const WindowMailbox::Ticket to2{0xc0ffee, 3, 0, 2};  // its `from` is each sender's
-  int pipeFds[2];
-  REQUIRE(pipe(pipeFds) == 0);
-  auto sendAs = [&](int from, uint64_t registration, const std::string& key) {
+  // One pipe per message: what arrives tells which message was taken.
+  std::vector<std::array<int, 2>> pipes;
+  auto sendAs = [&](int from, const std::function<void(WindowMailbox::Ticket&)>& spoil, const std::string& key) {
+    std::array<int, 2> p{};
+    REQUIRE(pipe(p.data()) == 0);
+    pipes.push_back(p);
     WindowMailbox::Ticket t = to2;
     t.from = from;
-    t.registration = registration;
-    return WindowMailbox::send(box.name(), pipeFds[0], t, key, Deadline::afterMs(2000));
+    if (spoil) spoil(t);
+    REQUIRE(WindowMailbox::send(box.name(), p[0], t, key, Deadline::afterMs(2000)).isOk());
+    return pipes.size() - 1;
   };
-  // Rank 1 sends with a wrong secret, then for another registration, then
-  // rightly; rank 3 was not expected; rank 0 sends rightly.
-  REQUIRE(sendAs(1, 3, "another secret").isOk());
-  REQUIRE(sendAs(1, 4, secret).isOk());
-  REQUIRE(sendAs(1, 3, secret).isOk());
-  REQUIRE(sendAs(3, 3, secret).isOk());
-  REQUIRE(sendAs(0, 3, secret).isOk());
-  std::vector<bool> from = {true, true, false, false};
-  Result<std::vector<net::Fd>> got = box.receive(from, to2, secret, Deadline::afterMs(2000));
+  // Rank 1: a wrong secret, another registration, another communicator,
+  // another receiver, then the right one, then a duplicate. Rank 3 was not
+  // expected. Rank 0: right.
+  sendAs(1, nullptr, "another secret");
+  sendAs(1, [](WindowMailbox::Ticket& t) { t.registration = 4; }, secret);
+  sendAs(1, [](WindowMailbox::Ticket& t) { t.commId = 0xbeef; }, secret);
+  sendAs(1, [](WindowMailbox::Ticket& t) { t.to = 1; }, secret);
+  const size_t good1 = sendAs(1, nullptr, secret);
+  sendAs(1, nullptr, secret);
+  sendAs(3, nullptr, secret);
+  const size_t good0 = sendAs(0, nullptr, secret);
+  Result<std::vector<net::Fd>> got = box.receive({true, true, false, false}, to2, secret, Deadline::afterMs(2000));
   REQUIRE(got.isOk());
   REQUIRE(got->size() == 4);
-  CHECK(got.value()[0].valid());
-  CHECK(got.value()[1].valid());
   CHECK_FALSE(got.value()[2].valid());
   CHECK_FALSE(got.value()[3].valid());
-  // What arrived is the pipe: a byte written into it comes out of the copy.
-  REQUIRE(write(pipeFds[1], "w", 1) == 1);
-  char c = 0;
-  CHECK(read(got.value()[1].get(), &c, 1) == 1);
-  CHECK(c == 'w');
-  // A descriptor announced and never sent: the deadline, named.
-  Result<std::vector<net::Fd>> late = box.receive({false, false, false, true}, to2, secret, Deadline::afterMs(100));
+  // Each slot holds the right message's pipe: a byte written into that
+  // pipe comes out of the descriptor received.
+  for (auto [rank, message] : {std::pair<int, size_t>{0, good0}, std::pair<int, size_t>{1, good1}}) {
+    REQUIRE(got.value()[static_cast<size_t>(rank)].valid());
+    REQUIRE(write(pipes[message][1], "w", 1) == 1);
+    char c = 0;
+    pollfd pfd{got.value()[static_cast<size_t>(rank)].get(), POLLIN, 0};
+    CHECK(poll(&pfd, 1, 1000) == 1);
+    CHECK(read(got.value()[static_cast<size_t>(rank)].get(), &c, 1) == 1);
+    CHECK(c == 'w');
+  }
+  // Only spoiled tickets from an expected sender: the deadline, named.
+  sendAs(2, nullptr, "another secret");
+  Result<std::vector<net::Fd>> late = box.receive({false, false, true, false}, to2, secret, Deadline::afterMs(200));
   REQUIRE_FALSE(late.isOk());
   CHECK(late.status().code() == Code::kTimeout);
   CHECK(late.status().message().find("did not arrive") != std::string::npos);
-  close(pipeFds[0]);
-  close(pipeFds[1]);
+  for (auto& p : pipes) {
+    close(p[0]);
+    close(p[1]);
+  }
 }
