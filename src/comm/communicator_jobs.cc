@@ -312,10 +312,8 @@ bool Communicator::runsAsDevicePlan(std::span<const OpRequest> ops, bool windowe
   if (!windowed && op.sendbuff != op.recvbuff && !disjointBuffers(op)) return false;
   // The plan (cached) and its peers' transports (known per peer) first: a
   // communicator whose connections stage, the default, asks CUDA nothing more.
-  if (windowed) {
-    Result<std::shared_ptr<const PreparedPlan>> prepared = plans_->windowPlanFor(placedShape(op));
-    if (!prepared.isOk() || !prepared.value()) return false;
-  } else {
+  // (A windowed operation's plan inWindows() found already.)
+  if (!windowed) {
     Result<std::shared_ptr<const PreparedPlan>> prepared = plans_->planFor(placedShape(op), false);
     if (!prepared.isOk()) return false;  // prepareJob reports it
     if (!connections_.movesDeviceMemory(*prepared.value()->plan) || !prepared.value()->deviceStepsCanRun)

@@ -106,8 +106,7 @@ void Window::map(int r, const WindowRecord& record, const PeerInfo& self, const 
       !driver->gpusShareMemory(self.gpu, peer.gpu))
     return;
   const cuda::PeerImports::Key key{peer.processId, record.deviceSerial, self.gpu};
-  Result<uint8_t*> base = cuda::PeerImports::instance().acquire(
-      *driver, key, record.deviceBytes, [&]() -> Result<int> { return descriptor.release(); });
+  Result<uint8_t*> base = cuda::PeerImports::instance().acquire(*driver, key, record.deviceBytes, descriptor.release());
   if (!base.isOk()) {
     SHOAL_INFO(subsys::kReg, "window ", user_, ": rank ", r, "'s buffer is not mapped here (", base.status().message(),
                ")");
@@ -170,18 +169,27 @@ void Windows::retireMemory(const void* base, size_t bytes) {
   const auto from = reinterpret_cast<uintptr_t>(base);
   for (const auto& windows : live) {
     if (windows->empty()) continue;
-    std::lock_guard<std::mutex> lock(windows->mutex_);
-    for (auto it = windows->windows_.begin(); it != windows->windows_.end();) {
-      const auto at = reinterpret_cast<uintptr_t>((*it)->userPtr());
-      if (at < from + bytes && from < at + (*it)->bytes()) {
-        windows->retired_.push_back(std::move(*it));
-        it = windows->windows_.erase(it);
-      } else {
-        ++it;
-      }
-    }
-    windows->count_.store(windows->windows_.size(), std::memory_order_release);
+    windows->retireWhere([&](const Window& w) {
+      const auto at = reinterpret_cast<uintptr_t>(w.userPtr());
+      return at < from + bytes && from < at + w.bytes();
+    });
   }
+}
+
+size_t Windows::retireWhere(const std::function<bool(const Window&)>& which) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  size_t retired = 0;
+  for (auto it = windows_.begin(); it != windows_.end();) {
+    if (which(**it)) {
+      retired_.push_back(std::move(*it));
+      it = windows_.erase(it);
+      ++retired;
+    } else {
+      ++it;
+    }
+  }
+  count_.store(windows_.size(), std::memory_order_release);
+  return retired;
 }
 
 void Windows::add(std::unique_ptr<Window> window) {
@@ -191,13 +199,7 @@ void Windows::add(std::unique_ptr<Window> window) {
 }
 
 bool Windows::retire(const void* handle) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  auto it = std::find_if(windows_.begin(), windows_.end(), [&](const auto& w) { return w.get() == handle; });
-  if (it == windows_.end()) return false;
-  retired_.push_back(std::move(*it));
-  windows_.erase(it);
-  count_.store(windows_.size(), std::memory_order_release);
-  return true;
+  return retireWhere([&](const Window& w) { return &w == handle; }) > 0;
 }
 
 std::vector<std::unique_ptr<Window>> Windows::takeRetired() {

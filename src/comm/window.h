@@ -24,6 +24,7 @@
 #include <cstddef>
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -134,6 +135,9 @@ class Windows final : public PeerBuffers {
   mutable std::mutex mutex_;
   std::vector<std::unique_ptr<Window>> windows_;
   std::vector<std::unique_ptr<Window>> retired_;
+  // Moves the live windows `which` picks to the retired ones; how many.
+  size_t retireWhere(const std::function<bool(const Window&)>& which);
+
   std::atomic<size_t> count_{0};  // live windows
 };
 

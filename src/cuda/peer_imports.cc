@@ -9,8 +9,11 @@ PeerImports& PeerImports::instance() {
   return *imports;
 }
 
-Result<uint8_t*> PeerImports::acquire(Driver& driver, const Key& key, size_t bytes,
-                                      const std::function<Result<int>()>& fetch) {
+Result<uint8_t*> PeerImports::acquire(Driver& driver, const Key& key, size_t bytes, int fd) {
+  struct Closer {
+    int fd;
+    ~Closer() { close(fd); }
+  } closer{fd};
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = imports_.find(key);
   if (it != imports_.end()) {
@@ -21,9 +24,7 @@ Result<uint8_t*> PeerImports::acquire(Driver& driver, const Key& key, size_t byt
     ++it->second.users;
     return it->second.base;
   }
-  SHOAL_ASSIGN_OR_RETURN(int fd, fetch());
   Result<void*> mapped = driver.importDeviceMemory(fd, bytes);
-  close(fd);
   SHOAL_TRY(mapped.status()) << "mapping allocation " << key.serial << " of another process";
   auto* base = static_cast<uint8_t*>(mapped.value());
   imports_.emplace(key, Import{base, bytes, 1});

@@ -13,7 +13,6 @@
 #include <compare>
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
@@ -38,10 +37,10 @@ class PeerImports {
 
   static PeerImports& instance();
 
-  // The allocation's mapping here; the first acquire imports it from the
-  // descriptor `fetch` returns (a new one, closed here) as `bytes` bytes.
+  // The allocation's mapping here; the first acquire imports it from
+  // descriptor `fd` as `bytes` bytes. `fd` is closed here either way.
   // Every successful acquire pairs with one release.
-  Result<uint8_t*> acquire(Driver& driver, const Key& key, size_t bytes, const std::function<Result<int>()>& fetch);
+  Result<uint8_t*> acquire(Driver& driver, const Key& key, size_t bytes, int fd);
   void release(Driver& driver, uint8_t* base);
   // Allocations mapped now (tests).
   size_t mapped() const;
