@@ -66,7 +66,8 @@ class StreamLink {
   // src (dst) is memory that GPU reaches (device, managed or pinned host),
   // unchanged (untouched) until the stream has passed the message. Both
   // sides enqueue the same byte count (a mismatch stalls the streams until
-  // the no-progress deadline). Zero bytes enqueue nothing.
+  // the no-progress deadline). Zero bytes enqueue nothing, except where
+  // zero-byte messages are barriers (window boards, comm/window_board.h).
   // `tag` (core/tag.h) goes with the message: the receiving side compares
   // it, and the byte count, with what it expected (verify()).
   virtual Status enqueueSend(const void* src, uint64_t bytes, uint64_t tag, void* stream) = 0;
@@ -85,6 +86,8 @@ class StreamLink {
   // Every wait enqueued so far passes from now on, whatever the peer does:
   // the link is broken for good (its communicator has failed).
   virtual void release() = 0;
+  // The peer, for messages ("rank 2 (host, pid 77)").
+  virtual const std::string& peerDescription() const = 0;
 
  protected:
   ~StreamLink() = default;

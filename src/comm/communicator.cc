@@ -15,6 +15,7 @@
 #include "comm/init_agreement.h"
 #include "comm/stream_bridge.h"
 #include "comm/window.h"
+#include "comm/window_board.h"
 #include "core/clock.h"
 #include "core/log.h"
 #include "core/params.h"
@@ -49,19 +50,25 @@ Communicator::~Communicator() {
   // Stream plans' streams first (retire released their links), then the
   // connections (cuda_ipc waits for its copies), then what their copies may
   // have used: device plans' scratch, the staging.
-  settleStreamPlans();
+  const bool settled = settleStreamPlans();
   connections_.clear();
   deviceSteps_.reset();
   std::vector<std::unique_ptr<Window>> windows = windows_->takeAll();
-  releaseWindows(windows);
+  // A stream still holding a plan may read the peers' windows: kept mapped.
+  if (settled) releaseWindows(windows);
+  else new std::vector<std::unique_ptr<Window>>(std::move(windows));
 }
 
-void Communicator::settleStreamPlans() {
-  if (!streamPlans_) return;
+bool Communicator::settleStreamPlans() {
+  if (!streamPlans_) return true;
   // A stream still holding a plan (the user's own work ahead of it) keeps
-  // the rings it may touch, and the scratch (which StreamPlans keeps then).
-  if (!streamPlans_->settle()) connections_.abandon();
+  // the rings it may touch, and the scratch and boards (which StreamPlans
+  // keeps then).
+  const bool settled = streamPlans_->settle();
+  if (!settled) connections_.abandon();
   streamPlans_.reset();
+  boardsHeld_ = false;
+  return settled;
 }
 
 std::string Communicator::idHex() const {
@@ -261,6 +268,14 @@ bool Communicator::pushOwnContext() {
   return context.isOk() && cuda_->pushContext(context.value()).isOk();
 }
 
+namespace {
+// The ticket of a registration's board message, apart from its window's.
+WindowMailbox::Ticket windowBoardTicket(WindowMailbox::Ticket ticket) {
+  ticket.registration |= 1ull << 63;
+  return ticket;
+}
+}  // namespace
+
 Result<Window*> Communicator::registerWindow(void* buff, size_t bytes, int flags) {
   UseGuard use(*this);
   releaseRetiredWindows();
@@ -285,7 +300,10 @@ Result<Window*> Communicator::registerWindow(void* buff, size_t bytes, int flags
     } else {
       SHOAL_INFO(subsys::kReg, what, ": no mailbox (", opened.status().message(), "): peers map nothing of this rank's");
     }
+    ensureWindowBoard();
   }
+  mine.symmetric = (flags & kWindowSymmetric) != 0;
+  mine.boardAddress = boards_ && params().winEnable != 0 ? boards_->address() : 0;
   SHOAL_ASSIGN_OR_RETURN(std::vector<std::string> encoded, bootstrap_->allGather(encodeWindowRecord(mine), deadline),
                          what);
   std::vector<WindowRecord> records(static_cast<size_t>(nranks_));
@@ -306,6 +324,11 @@ Result<Window*> Communicator::registerWindow(void* buff, size_t bytes, int flags
     // this rank: it answers at once unless the peer died.
     Status st = WindowMailbox::send(records[static_cast<size_t>(q)].mailbox, exported.get(), ticket, request_.secret,
                                     deadline.cappedMs(params().handshakeTimeoutMs));
+    // The board goes with the first descriptor (a peer that maps this
+    // rank's device memory meets its streams on it).
+    if (st.isOk() && mine.boardAddress != 0)
+      st = WindowMailbox::send(records[static_cast<size_t>(q)].mailbox, boards_->descriptor(), windowBoardTicket(ticket),
+                               request_.secret, deadline.cappedMs(params().handshakeTimeoutMs));
     if (st.isOk()) sent.flags[static_cast<size_t>(q)] = true;
     else SHOAL_INFO(subsys::kReg, what, ": rank ", q, " will not map this rank's buffer (", st.message(), ")");
   }
@@ -324,13 +347,23 @@ Result<Window*> Communicator::registerWindow(void* buff, size_t bytes, int flags
     else expected[static_cast<size_t>(q)] = theirs->flags.size() == static_cast<size_t>(nranks_) &&
                                             theirs->flags[static_cast<size_t>(rank_)];
   }
+  std::vector<net::Fd> boards(static_cast<size_t>(nranks_));
   if (failure.isOk() && mailbox) {
     // What the peers say they sent is queued in this mailbox already.
-    Result<std::vector<net::Fd>> received =
-        mailbox->receive(expected, WindowMailbox::Ticket{commId_, registration, 0, rank_}, request_.secret,
-                         deadline.cappedMs(params().handshakeTimeoutMs));
-    if (received.isOk()) descriptors = std::move(received).value();
-    else failure = received.takeStatus();
+    const WindowMailbox::Ticket ticket{commId_, registration, 0, rank_};
+    std::vector<bool> withBoard = expected;
+    for (int q = 0; q < nranks_; ++q)
+      withBoard[static_cast<size_t>(q)] =
+          expected[static_cast<size_t>(q)] && records[static_cast<size_t>(q)].boardAddress != 0;
+    Result<std::vector<std::vector<net::Fd>>> received =
+        mailbox->receiveEach({{ticket, expected}, {windowBoardTicket(ticket), withBoard}}, request_.secret,
+                             deadline.cappedMs(params().handshakeTimeoutMs));
+    if (received.isOk()) {
+      descriptors = std::move(received.value()[0]);
+      boards = std::move(received.value()[1]);
+    } else {
+      failure = received.takeStatus();
+    }
   }
   const bool pushed = pushOwnContext();
   for (int r = 0; r < nranks_ && failure.isOk(); ++r) {
@@ -338,6 +371,17 @@ Result<Window*> Communicator::registerWindow(void* buff, size_t bytes, int flags
     if (r != rank_ && params().winEnable == 0) continue;
     window->map(r, records[static_cast<size_t>(r)], peers_[rank_], peers_[r], cuda_,
                 std::move(descriptors[static_cast<size_t>(r)]));
+  }
+  // The peers' window boards, where this rank's streams meet theirs.
+  const bool symmetricBoards = std::all_of(records.begin(), records.end(), [](const WindowRecord& record) {
+    return record.symmetric && record.boardAddress != 0;
+  });
+  for (int q = 0; q < nranks_ && failure.isOk() && symmetricBoards; ++q) {
+    if (q == rank_ || window->buffer(q) == nullptr) continue;
+    Status st = peers_[q].processId == peers_[rank_].processId
+                    ? boards_->adoptLocal(q, records[static_cast<size_t>(q)].boardAddress)
+                    : boards_->adopt(q, std::move(boards[static_cast<size_t>(q)]));
+    if (!st.isOk()) failure = std::move(st);
   }
   auto fail = [&](Status st) -> Status {
     window->release(cuda_);
@@ -356,12 +400,27 @@ Result<Window*> Communicator::registerWindow(void* buff, size_t bytes, int flags
   }
   if (Status st = window->learnMaps(all); !st.isOk()) return fail(st);
   if (pushed) cuda_->popContext();
+  // Every rank knows the same: whether its operations run on the streams.
+  window->setRegistration(registration,
+                          symmetricBoards && window->mappedEverywhere() && window->deviceEverywhere());
   SHOAL_INFO(subsys::kReg, describe(), ": window ", buff, " (", bytes, " bytes) registered; ",
              window->mappedEverywhere() ? "every rank maps every rank's buffer"
-                                        : "some ranks' buffers are not mapped by others");
+                                        : "some ranks' buffers are not mapped by others",
+             window->onStreams() ? "; its operations run on the streams" : "");
   Window* registered = window.get();
   windows_->add(std::move(window));
   return registered;
+}
+
+void Communicator::ensureWindowBoard() {
+  if (boards_ || peers_[rank_].gpu.empty() || !cuda_->streamPlansWanted(peers_[rank_].gpu)) return;
+  const bool pushed = pushOwnContext();
+  Result<std::shared_ptr<WindowBoards>> made = WindowBoards::create(*cuda_, rank_, nranks_);
+  if (pushed) cuda_->popContext();
+  if (made.isOk()) boards_ = std::move(made).value();
+  else
+    SHOAL_INFO(subsys::kReg, describe(), ": no window board (", made.status().message(),
+               "): operations on its windows are stepped by the host");
 }
 
 Status Communicator::deregisterWindow(const void* handle) {

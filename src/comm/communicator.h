@@ -27,8 +27,10 @@
 // none (the destructor retires them before the connections die).
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -116,6 +118,7 @@ class DevicePlanSteps;
 class Window;
 class Windows;
 class StreamPlans;
+class WindowBoards;
 
 class Communicator : public std::enable_shared_from_this<Communicator>, private IdleWatch {
  public:
@@ -242,6 +245,9 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
   // connections carry only descriptors and barriers). The first time, makes
   // deviceSteps_ (false where it cannot, said at INFO).
   bool runsAsDevicePlan(std::span<const OpRequest> ops, bool windowed);
+  // Makes this rank's window board where its streams run stream plans (at
+  // a registration; said at INFO where it cannot).
+  void ensureWindowBoard();
   // Whether one operation's send and recv buffers lie in windows every rank
   // maps on every rank (comm/window.h), for a collective that reads peers'
   // buffers then (AllReduce, AllGather, ReduceScatter; not PreMulSum, no
@@ -252,11 +258,23 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
   // (comm/stream_plan.h) where it can: their plan's every lane has a stream
   // link and its compute steps the GPU runs. False: they go the other ways.
   Result<bool> submitStreamPlan(std::span<const OpRequest> ops, StreamSubmission& submission);
+  // Runs one windowed operation (inWindows) as a stream plan where its
+  // windows run on the streams (Window::onStreams, the same on every rank):
+  // its plan's messages are window-board operations (comm/window_board.h).
+  // False: the host steps through it.
+  Result<bool> submitWindowStreamPlan(std::span<const OpRequest> ops, StreamSubmission& submission);
+  // Stages, prepares `job` and enqueues its plan on the streams, with the
+  // lanes' links `linksOf` gives and the peers' buffers of a peer-reading
+  // plan; submits the job's watch. On failure after enqueueing began the
+  // communicator has failed.
+  Status launchStreamPlan(std::span<const OpRequest> ops, const JobPtr& job,
+                          const std::function<void(const Plan&, std::vector<StreamLink*>&)>& linksOf,
+                          std::span<const std::array<uint8_t*, 2>> peerBuffers, StreamSubmission& submission);
   // Makes deviceSteps_ the first time (false where it cannot, said at INFO).
   bool ensureDeviceSteps();
   // Before the connections go (destroy, failure): waits (bounded) for the
   // streams to pass every stream plan, whose jobs were retired first.
-  void settleStreamPlans();
+  bool settleStreamPlans();  // false: a stream still holds a plan
   // Whether op's send and recv buffers share no byte, and op.shape with
   // disjointBuffers so set: calls whose buffers may overlap (in place) and
   // calls whose buffers cannot get plans of their own (collectives/plan.h).
@@ -328,6 +346,11 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
 
   RedOpTable redOps_;
   std::shared_ptr<Windows> windows_;  // registered, not yet deregistered
+  // This rank's window board and its peers' (made by the first registration
+  // where its streams run stream memory operations); shared with the
+  // stream plans, which keep it while a stream may use it.
+  std::shared_ptr<WindowBoards> boards_;
+  bool boardsHeld_ = false;  // given to streamPlans_ (held while its streams may use them)
   uint64_t windowRegistrations_ = 0;  // names each registration's descriptor tickets
 
   cuda::Driver* cuda_ = nullptr;         // set at init when the process uses CUDA

@@ -2,6 +2,8 @@
 // and operations in a CUDA stream's order (StreamBridge). Set-up and the
 // rest: communicator.cc.
 #include <algorithm>
+#include <array>
+#include <functional>
 #include <iterator>
 #include <utility>
 
@@ -10,6 +12,7 @@
 #include "comm/stream_bridge.h"
 #include "comm/stream_plan.h"
 #include "comm/window.h"
+#include "comm/window_board.h"
 #include "core/clock.h"
 #include "core/log.h"
 
@@ -73,8 +76,9 @@ Result<Communicator::StreamSubmission> Communicator::beginStreamOrdered(std::spa
   // An operation on windows reads its peers' buffers in place (one copy),
   // before any other way.
   const bool windowed = !submission.synchronous && inWindows(kept);
-  if (!windowed) {
-    SHOAL_ASSIGN_OR_RETURN(bool streamed, submitStreamPlan(kept, submission));
+  {
+    SHOAL_ASSIGN_OR_RETURN(bool streamed,
+                           windowed ? submitWindowStreamPlan(kept, submission) : submitStreamPlan(kept, submission));
     if (streamed) return submission;
   }
   const bool direct = !submission.synchronous && runsAsDevicePlan(kept, windowed);
@@ -190,23 +194,99 @@ Result<bool> Communicator::submitStreamPlan(std::span<const OpRequest> ops, Stre
                                bridge_->device().ordinal);
     }
   }
+  auto job = std::make_shared<Job>();
+  SHOAL_TRY(launchStreamPlan(ops, job, [&](const Plan&, std::vector<StreamLink*>& links) {
+    for (Connection* c : lanes) links.push_back(c->streamLink());
+  }, {}, submission));
+  SHOAL_TRACE(subsys::kColl, job->description(), " count ", ops[0].shape.count, " as a stream plan");
+  return true;
+}
+
+Result<bool> Communicator::submitWindowStreamPlan(std::span<const OpRequest> ops, StreamSubmission& submission) {
+  const OpRequest& op = ops[0];
+  const OpLayout layout = opLayout(op.shape, rank_, nranks_);
+  // NCCL's in place: this rank's send block inside its receive buffer
+  // (AllGather) or the reverse (ReduceScatter). Its offset differs per rank,
+  // so the descriptor names the larger buffer, and each peer's block is
+  // found at its rank's place in it.
+  const auto send = reinterpret_cast<uintptr_t>(op.sendbuff), recv = reinterpret_cast<uintptr_t>(op.recvbuff);
+  const bool gatherInPlace = op.shape.kind == CollKind::kAllGather &&
+                             send == recv + static_cast<uintptr_t>(rank_) * layout.sendBytes;
+  const bool scatterInPlace = op.shape.kind == CollKind::kReduceScatter &&
+                              recv == send + static_cast<uintptr_t>(rank_) * layout.recvBytes;
+  SHOAL_ASSIGN_OR_RETURN(
+      std::optional<Windows::OnStreams> where,
+      gatherInPlace    ? windows_->onStreams(op.recvbuff, layout.recvBytes, op.recvbuff, layout.recvBytes)
+      : scatterInPlace ? windows_->onStreams(op.sendbuff, layout.sendBytes, op.sendbuff, layout.sendBytes)
+                       : windows_->onStreams(op.sendbuff, layout.sendBytes, op.recvbuff, layout.recvBytes),
+      describe(), ": ", collKindName(op.shape.kind));
+  if (!where) return false;
+  constexpr uint64_t kInPlace = ~0ull;  // the descriptor's offset of the block inside the other buffer
+  for (size_t q = 0; q < where->buffers.size(); ++q) {
+    if (gatherInPlace) where->buffers[q][0] = where->buffers[q][1] + q * layout.sendBytes;
+    if (scatterInPlace) where->buffers[q][1] = where->buffers[q][0] + q * layout.recvBytes;
+  }
+  if (gatherInPlace) where->sendOffset = kInPlace;
+  if (scatterInPlace) where->recvOffset = kInPlace;
+  if (anyInFlight_.load(std::memory_order_acquire)) releaseFinishedDetached();  // an earlier failure first
+  if (failed_.load(std::memory_order_acquire)) {
+    Status e = asyncError();
+    return Status(e.code(), str(describe(), " is in an error state from an earlier operation: ", e.message()));
+  }
+  // Its peers run it on their streams: so must this rank, or fail the
+  // communicator (and its board, so that the peers fail now, not at their
+  // deadline).
+  auto cannot = [&](Status st) -> Status {
+    for (int q = 0; q < nranks_; ++q)
+      if (q != rank_ && boards_->link(q)) boards_->link(q)->release();
+    setAsyncError(st);
+    return st;
+  };
+  if (bridge_->waitMode() != cuda::WaitMode::kMemOps)
+    return cannot(error(Code::kUnsupported, describe(), ": operations on its symmetric windows run on the streams, "
+                        "and this rank's streams no longer run stream memory operations"));
+  if (!ensureDeviceSteps() || !runsAsDevicePlan(ops, /*windowed=*/true))
+    return cannot(error(Code::kInvalidUsage, describe(), ": ", collKindName(op.shape.kind),
+                        " on symmetric windows runs on every rank's streams, and cannot on this rank (its buffers "
+                        "must be device memory of the communicator's GPU, and its device kernels loaded: see the "
+                        "INFO log)"));
+  boards_->setCall(WindowCall{where->sendRegistration, where->recvRegistration, where->sendOffset, where->recvOffset});
+  auto job = std::make_shared<Job>();
+  job->peerBuffers = windows_;  // windows stay mapped while the job lives
+  SHOAL_TRY(launchStreamPlan(ops, job, [&](const Plan& plan, std::vector<StreamLink*>& links) {
+    for (const Lane& lane : plan.lanes) links.push_back(boards_->link(lane.peer));
+  }, where->buffers, submission));
+  SHOAL_TRACE(subsys::kColl, job->description(), " count ", op.shape.count,
+              " on the streams, reading the peers' windows");
+  return true;
+}
+
+Status Communicator::launchStreamPlan(std::span<const OpRequest> ops, const JobPtr& job,
+                                      const std::function<void(const Plan&, std::vector<StreamLink*>&)>& linksOf,
+                                      std::span<const std::array<uint8_t*, 2>> peerBuffers,
+                                      StreamSubmission& submission) {
   if (!streamPlans_) {
     streamPlans_ = std::make_unique<StreamPlans>(*cuda_, *bridge_->deviceReducer(), deviceSteps_);
     SHOAL_INFO(subsys::kInit | subsys::kColl, describe(),
                ": stream plans: operations whose every connection has a stream link run whole on the GPU's "
                "streams (no host step while they run)");
   }
+  if (boards_ && peerBuffers.size() > 0 && !boardsHeld_) {
+    streamPlans_->hold(boards_);  // kept while a stream may write a board
+    boardsHeld_ = true;
+  }
 
   SHOAL_ASSIGN_OR_RETURN(StreamBridge::Staged staged, bridge_->stage(ops, rank_, nranks_, /*direct=*/true),
                          describe());
   // The job as any other's: plan, tags, connections, buffers, device
   // scratch (held by the job while it lives).
-  auto job = std::make_shared<Job>();
   job->deviceSteps = deviceSteps_;
   if (Result<bool> any = prepareJob(*job, ops, /*detached=*/true); !any.isOk()) {
     bridge_->release(staged);  // nothing of it reached a stream
     return any.takeStatus();
   }
+  std::vector<StreamLink*> links;
+  linksOf(*job->prepared->plan, links);
 
   // A group's streams: the first leads; it starts after the others' earlier
   // work, and their later work comes after the plan.
@@ -217,7 +297,8 @@ Result<bool> Communicator::submitStreamPlan(std::span<const OpRequest> ops, Stre
   StreamPlans::Launch launch;
   launch.plan = job->prepared->plan.get();
   launch.buffers = job->buffers;
-  launch.laneConnections = job->laneConnections;
+  launch.laneLinks = links;
+  launch.peerBuffers = peerBuffers;
   launch.scalars = job->opScalars;
   launch.tags = job->opTags;
   launch.stream = ops[0].stream;
@@ -241,7 +322,7 @@ Result<bool> Communicator::submitStreamPlan(std::span<const OpRequest> ops, Stre
     // theirs: the communicator cannot go on (its links are released).
     if (watch) watch->release();
     else
-      for (Connection* c : lanes) c->streamLink()->release();
+      for (StreamLink* link : links) link->release();
     st = StatusBuilder(std::move(st)) << describe();
     setAsyncError(st);
     return st;
@@ -254,8 +335,7 @@ Result<bool> Communicator::submitStreamPlan(std::span<const OpRequest> ops, Stre
   submission.job = job;
   submission.ops.assign(ops.begin(), ops.end());
   submission.staged = std::make_shared<StreamBridge::Staged>(std::move(staged));
-  SHOAL_TRACE(subsys::kColl, job->description(), " count ", ops[0].shape.count, " as a stream plan");
-  return true;
+  return Status::ok();
 }
 
 bool Communicator::ensureDeviceSteps() {

@@ -151,6 +151,8 @@ std::string encodeWindowRecord(const WindowRecord& record) {
   w.str(record.mailbox);
   w.u64(record.netNamespace);
   w.u32(record.uid);
+  w.u8(record.symmetric ? 1 : 0);
+  w.u64(record.boardAddress);
   return finished(bytes);
 }
 
@@ -171,8 +173,12 @@ Result<WindowRecord> decodeWindowRecord(std::string_view bytes) {
   record.mailbox = r.str(kMaxSocketNameBytes);
   record.netNamespace = r.u64();
   record.uid = r.u32();
+  const uint8_t symmetric = r.u8();
+  record.symmetric = symmetric == 1;
+  record.boardAddress = r.u64();
   SHOAL_TRY(closed(r, "window record"));
   if (device > 1) return internalError("malformed window record: memory flag ", static_cast<int>(device));
+  if (symmetric > 1) return internalError("malformed window record: symmetric flag ", static_cast<int>(symmetric));
   // Ranges a peer would map must lie inside what it maps.
   if (record.deviceSerial != 0 &&
       (record.deviceOffset > record.deviceBytes || record.bytes > record.deviceBytes - record.deviceOffset))

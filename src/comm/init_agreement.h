@@ -97,6 +97,13 @@ struct WindowRecord {
   std::string mailbox;
   uint64_t netNamespace = 0;
   uint32_t uid = 0;  // a mailbox takes only its user's connections
+  // Registered with NCCL_WIN_COLL_SYMMETRIC: every rank passes its buffers
+  // at the same offsets in the window (its operations may run on the
+  // streams, comm/window_board.h).
+  bool symmetric = false;
+  // The rank's window board in its process (0: none, its streams run no
+  // stream memory operations); sent with the descriptor to mailboxes.
+  uint64_t boardAddress = 0;
   bool operator==(const WindowRecord&) const = default;
 };
 std::string encodeWindowRecord(const WindowRecord& record);

@@ -15,7 +15,6 @@ class StreamPlanWatch final : public StreamWatch {
  public:
   struct Link {
     StreamLink* link = nullptr;
-    Connection* connection = nullptr;
     int peer = -1;
     StreamLink::Progress target;  // the counts once this plan has passed
   };
@@ -48,10 +47,10 @@ class StreamPlanWatch final : public StreamWatch {
       auto behind = [](uint64_t done, uint64_t target) { return static_cast<int64_t>(done - target) < 0; };
       std::string what;
       if (behind(p.sent, l.target.sendEnqueued))
-        what = str("send to ", l.connection->peerDescription(), " (the peer has taken chunk ", p.sent, " of ",
+        what = str("send to ", l.link->peerDescription(), " (the peer has taken chunk ", p.sent, " of ",
                    l.target.sendEnqueued, ")");
       if (behind(p.received, l.target.recvEnqueued))
-        what += str(what.empty() ? "" : "; ", "receive from ", l.connection->peerDescription(),
+        what += str(what.empty() ? "" : "; ", "receive from ", l.link->peerDescription(),
                     " (the peer has published chunk ", p.received, " of ", l.target.recvEnqueued, ")");
       if (what.empty()) continue;
       list += (list.empty() ? "" : "; ") + what;
@@ -157,7 +156,10 @@ bool StreamPlans::settle() {
 StreamPlans::~StreamPlans() {
   // Unsettled (settle() timed out): the streams and event are kept with
   // the memory they may still use.
-  if (!settled_) new std::shared_ptr<void>(std::move(scratchOwner_));
+  if (!settled_) {
+    new std::shared_ptr<void>(std::move(scratchOwner_));
+    new std::vector<std::shared_ptr<void>>(std::move(held_));
+  }
 }
 
 bool StreamPlans::linksAll(const std::vector<Connection*>& laneConnections) {
@@ -175,16 +177,25 @@ Result<cuda::StreamHandle> StreamPlans::laneStream(size_t lane) {
   return laneStreams_[lane];
 }
 
+uint8_t* StreamPlans::at(const Launch& launch, const Slice& slice) {
+  if (slice.buffer == kWindowBuffer) return nullptr;  // descriptors: the board link writes its own
+  if (isPeerBuffer(slice.buffer)) {
+    const auto& bases = launch.peerBuffers[static_cast<size_t>(peerOfBuffer(slice.buffer))];
+    return bases[localKindOfPeerBuffer(slice.buffer) == kSendBuffer ? 0 : 1] + slice.offset;
+  }
+  return launch.buffers[slice.buffer] + slice.offset;
+}
+
 Status StreamPlans::runCompute(const Launch& launch, const Step& s) {
   const Plan& plan = *launch.plan;
   const CollShape& shape = plan.shapes[s.op];
-  uint8_t* dst = launch.buffers[s.dst.buffer] + s.dst.offset;
-  const uint8_t* a = launch.buffers[s.src.buffer] + s.src.offset;
+  uint8_t* dst = at(launch, s.dst);
+  const uint8_t* a = at(launch, s.src);
   if (s.kind == StepKind::kCopy) {
     if (dst == a) return Status::ok();  // in place
     return driver_.copyAsync(dst, a, s.bytes, launch.stream);
   }
-  const uint8_t* b = launch.buffers[s.src2.buffer] + s.src2.offset;
+  const uint8_t* b = at(launch, s.src2);
   const ReduceOp op = combineOpOf(s, shape);
   cuda::ReduceScalar scalar;
   if (op == ReduceOp::kPreMulSum) {
@@ -257,14 +268,12 @@ Status StreamPlans::enqueueSteps(const Launch& launch) {
     for (const auto& [stream, d] : latest) SHOAL_TRY(driver_.streamWaitEvent(streamOf[i], after[d]));
     switch (s.kind) {
       case StepKind::kSend:
-        SHOAL_TRY(launch.laneConnections[s.lane]->streamLink()->enqueueSend(
-            launch.buffers[s.src.buffer] + s.src.offset, s.bytes, launch.tags[s.op], streamOf[i]))
-            << "send to " << launch.laneConnections[s.lane]->peerDescription();
+        SHOAL_TRY(launch.laneLinks[s.lane]->enqueueSend(at(launch, s.src), s.bytes, launch.tags[s.op], streamOf[i]))
+            << "send to " << launch.laneLinks[s.lane]->peerDescription();
         break;
       case StepKind::kRecv:
-        SHOAL_TRY(launch.laneConnections[s.lane]->streamLink()->enqueueRecv(
-            launch.buffers[s.dst.buffer] + s.dst.offset, s.bytes, launch.tags[s.op], streamOf[i]))
-            << "receive from " << launch.laneConnections[s.lane]->peerDescription();
+        SHOAL_TRY(launch.laneLinks[s.lane]->enqueueRecv(at(launch, s.dst), s.bytes, launch.tags[s.op], streamOf[i]))
+            << "receive from " << launch.laneLinks[s.lane]->peerDescription();
         break;
       default:
         SHOAL_TRY(runCompute(launch, s)) << stepKindName(s.kind) << " step " << i;
@@ -306,10 +315,9 @@ Result<std::shared_ptr<StreamWatch>> StreamPlans::enqueue(const Launch& launch) 
 
   std::vector<StreamPlanWatch::Link> links;
   for (size_t lane = 0; lane < launch.plan->lanes.size(); ++lane) {
-    Connection* c = launch.laneConnections[lane];
-    if (std::any_of(links.begin(), links.end(), [&](const auto& l) { return l.connection == c; })) continue;
-    StreamLink* link = c->streamLink();
-    links.push_back(StreamPlanWatch::Link{link, c, launch.plan->lanes[lane].peer, link->progress()});
+    StreamLink* link = launch.laneLinks[lane];
+    if (std::any_of(links.begin(), links.end(), [&](const auto& l) { return l.link == link; })) continue;
+    links.push_back(StreamPlanWatch::Link{link, launch.plan->lanes[lane].peer, link->progress()});
     if (std::find(links_.begin(), links_.end(), link) == links_.end()) links_.push_back(link);
   }
   auto watch = std::make_shared<StreamPlanWatch>(launch.doneWord, launch.seq, std::move(links), released_);

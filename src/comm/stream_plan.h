@@ -20,6 +20,7 @@
 // the communicator's user thread; watches on the engine's.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -57,12 +58,17 @@ class StreamPlans {
 
   // Whether every lane's connection has a stream link.
   static bool linksAll(const std::vector<Connection*>& laneConnections);
+  // Kept while a stream may still use it (a window board), with the scratch.
+  void hold(std::shared_ptr<void> owner) { held_.push_back(std::move(owner)); }
 
   // What one plan needs besides the plan itself.
   struct Launch {
     const Plan* plan = nullptr;
     std::span<uint8_t* const> buffers;               // per plan buffer index (device-reachable)
-    std::span<Connection* const> laneConnections;    // per plan lane
+    std::span<StreamLink* const> laneLinks;          // per plan lane
+    // A peer-reading plan's (Plan::readsPeers) peers' send and receive
+    // buffers, per rank, where this process reaches them (empty otherwise).
+    std::span<const std::array<uint8_t*, 2>> peerBuffers;
     std::span<const OpScalar> scalars;               // per op; PreMulSum: host bytes or a device element
     cuda::StreamHandle stream = nullptr;             // the user's stream (a group's first)
     const uint64_t* doneWord = nullptr;              // written (>= seq) by the stream after the plan
@@ -82,10 +88,12 @@ class StreamPlans {
   Status enqueueSteps(const Launch& launch);
   Result<cuda::StreamHandle> laneStream(size_t lane);
   Status runCompute(const Launch& launch, const Step& s);
+  static uint8_t* at(const Launch& launch, const Slice& slice);
 
   cuda::Driver& driver_;
   const cuda::DeviceReducer& reducer_;
   std::shared_ptr<void> scratchOwner_;
+  std::vector<std::shared_ptr<void>> held_;
   cuda::ContextHandle context_ = nullptr;  // the lane streams' (current when made)
   std::vector<cuda::StreamHandle> laneStreams_;
   bool settled_ = false;

@@ -244,6 +244,39 @@ bool Windows::holdsEverywhere(const void* p, uint64_t bytes) const {
   return false;
 }
 
+Result<std::optional<Windows::OnStreams>> Windows::onStreams(const void* send, uint64_t sendBytes, const void* recv,
+                                                             uint64_t recvBytes) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto holder = [&](const void* p, uint64_t bytes) -> const Window* {
+    for (auto it = windows_.rbegin(); it != windows_.rend(); ++it)  // the newest first
+      if (inside(reinterpret_cast<uint64_t>(p), bytes, reinterpret_cast<uint64_t>((*it)->userPtr()), (*it)->bytes()))
+        return it->get();
+    return nullptr;
+  };
+  const Window* s = holder(send, sendBytes);
+  const Window* r = holder(recv, recvBytes);
+  if (s == nullptr || r == nullptr || !s->onStreams() || !r->onStreams()) return std::optional<OnStreams>();
+  OnStreams where;
+  where.sendRegistration = s->registration();
+  where.recvRegistration = r->registration();
+  where.sendOffset = reinterpret_cast<uint64_t>(send) - reinterpret_cast<uint64_t>(s->userPtr());
+  where.recvOffset = reinterpret_cast<uint64_t>(recv) - reinterpret_cast<uint64_t>(r->userPtr());
+  const auto nranks = static_cast<size_t>(s->nranks());
+  where.buffers.resize(nranks);
+  for (size_t q = 0; q < nranks; ++q) {
+    if (where.sendOffset + sendBytes > s->bytesOf(static_cast<int>(q)) ||
+        where.recvOffset + recvBytes > r->bytesOf(static_cast<int>(q)))
+      return invalidUsage("rank ", q, "'s symmetric windows (", s->bytesOf(static_cast<int>(q)), " and ",
+                          r->bytesOf(static_cast<int>(q)), " bytes) do not hold this operation's buffers at this "
+                          "rank's offsets (", where.sendOffset, " and ", where.recvOffset,
+                          "): windows registered with NCCL_WIN_COLL_SYMMETRIC take buffers at the same offsets on "
+                          "every rank");
+    where.buffers[q] = {s->buffer(static_cast<int>(q)) + where.sendOffset,
+                        r->buffer(static_cast<int>(q)) + where.recvOffset};
+  }
+  return std::optional<OnStreams>(std::move(where));
+}
+
 uint8_t* Windows::find(int peer, uint64_t address, uint64_t bytes) const {
   std::lock_guard<std::mutex> lock(mutex_);
   for (const auto* list : {&windows_, &retired_})
@@ -291,8 +324,19 @@ Status WindowMailbox::send(const std::string& mailbox, int fd, const Ticket& tic
 
 Result<std::vector<net::Fd>> WindowMailbox::receive(const std::vector<bool>& from, Ticket expected,
                                                     std::string_view secret, Deadline deadline) {
-  std::vector<net::Fd> got(from.size());
-  size_t missing = static_cast<size_t>(std::count(from.begin(), from.end(), true));
+  SHOAL_ASSIGN_OR_RETURN(std::vector<std::vector<net::Fd>> got,
+                         receiveEach({Wanted{expected, from}}, secret, deadline));
+  return std::move(got[0]);
+}
+
+Result<std::vector<std::vector<net::Fd>>> WindowMailbox::receiveEach(const std::vector<Wanted>& wanted,
+                                                                     std::string_view secret, Deadline deadline) {
+  std::vector<std::vector<net::Fd>> got(wanted.size());
+  size_t missing = 0;
+  for (size_t k = 0; k < wanted.size(); ++k) {
+    got[k].resize(wanted[k].from.size());
+    missing += static_cast<size_t>(std::count(wanted[k].from.begin(), wanted[k].from.end(), true));
+  }
   std::vector<net::Fd> pending;  // accepted, message not read yet
   while (missing > 0) {
     for (net::Fd c = net::acceptSameUser(listener_.get()); c; c = net::acceptSameUser(listener_.get()))
@@ -307,16 +351,22 @@ Result<std::vector<net::Fd>> WindowMailbox::receive(const std::vector<bool>& fro
       it = pending.erase(it);
       if (!fds.isOk()) continue;  // malformed: not one of ours
       const int sender = static_cast<int>(getLe(bytes.data() + 24, 4));
-      expected.from = sender;
-      const std::array<uint8_t, kTicketBytes> want = makeTicket(expected, secret);
-      if (sender < 0 || static_cast<size_t>(sender) >= from.size() || !from[static_cast<size_t>(sender)] ||
-          got[static_cast<size_t>(sender)] || !net::constantTimeEqual(bytes.data(), want.data(), want.size())) {
+      bool taken = false;
+      for (size_t k = 0; k < wanted.size() && !taken; ++k) {
+        Ticket expected = wanted[k].ticket;
+        expected.from = sender;
+        const std::array<uint8_t, kTicketBytes> want = makeTicket(expected, secret);
+        if (sender < 0 || static_cast<size_t>(sender) >= wanted[k].from.size() ||
+            !wanted[k].from[static_cast<size_t>(sender)] || got[k][static_cast<size_t>(sender)] ||
+            !net::constantTimeEqual(bytes.data(), want.data(), want.size()))
+          continue;
+        got[k][static_cast<size_t>(sender)] = std::move(fds.value()[0]);
+        --missing;
+        taken = true;
+      }
+      if (!taken)
         SHOAL_INFO(subsys::kReg, "window mailbox @", name_, ": refused a descriptor that no peer of this "
                    "registration sent");
-        continue;
-      }
-      got[static_cast<size_t>(sender)] = std::move(fds.value()[0]);
-      --missing;
     }
     if (missing == 0) break;
     if (deadline.expired())

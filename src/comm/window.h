@@ -21,12 +21,14 @@
 // read, from any thread, until released.
 #pragma once
 
-#include <cstddef>
+#include <array>
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -41,6 +43,10 @@
 
 namespace shoal {
 
+// NCCL_WIN_COLL_SYMMETRIC: every rank passes its buffers at the same
+// offsets in the window.
+inline constexpr int kWindowSymmetric = 0x01;
+
 class Window {
  public:
   Window(void* user, size_t bytes, int flags, int rank, int nranks);
@@ -50,6 +56,7 @@ class Window {
   void* userPtr() const { return user_; }
   size_t bytes() const { return bytes_; }
   int flags() const { return flags_; }
+  int nranks() const { return static_cast<int>(buffers_.size()); }
   // Rank r's buffer as this process reaches it; nullptr when it is not
   // mapped here (this rank's own: the user's buffer). Host memory of a peer
   // process is mapped read-only.
@@ -62,6 +69,17 @@ class Window {
   bool mappedEverywhere() const;
   // Whether every rank's buffer is CUDA device memory.
   bool deviceEverywhere() const;
+  // The communicator's registrations before this one (the same window on
+  // every rank).
+  uint64_t registration() const { return registration_; }
+  // Whether operations on it may run on the streams: every rank registered
+  // it with NCCL_WIN_COLL_SYMMETRIC, has a window board that every rank
+  // holds, and maps every rank's device buffer (the same on every rank).
+  bool onStreams() const { return onStreams_; }
+  void setRegistration(uint64_t registration, bool onStreams) {
+    registration_ = registration;
+    onStreams_ = onStreams;
+  }
 
   // --- Registration steps (Communicator::registerWindow).
   // This rank's record. For device memory of a Shoal allocation, `exported`
@@ -97,6 +115,8 @@ class Window {
   std::vector<bool> device_;  // per rank: its buffer is device memory
   std::vector<std::vector<bool>> maps_;  // [a][b]: a maps b's buffer
   std::vector<uint8_t*> imported_;       // from cuda::PeerImports, given back by release()
+  uint64_t registration_ = 0;
+  bool onStreams_ = false;
 };
 
 // Windows: a communicator's live windows, and where peers' buffers inside
@@ -130,6 +150,17 @@ class Windows final : public PeerBuffers {
   // again at the same address (without a deregistration) is shadowed.
   bool holdsEverywhere(const void* p, uint64_t bytes) const;
   uint8_t* find(int peer, uint64_t address, uint64_t bytes) const override;
+  // Where a windowed operation's buffers lie when both are in windows that
+  // run on the streams (Window::onStreams): the windows and offsets, and,
+  // per rank, its send and receive buffers here at those offsets (the
+  // symmetric promise). Empty when either is not in such a window; an
+  // error when a rank's window is too small for those offsets.
+  struct OnStreams {
+    uint64_t sendRegistration = 0, recvRegistration = 0, sendOffset = 0, recvOffset = 0;
+    std::vector<std::array<uint8_t*, 2>> buffers;
+  };
+  Result<std::optional<OnStreams>> onStreams(const void* send, uint64_t sendBytes, const void* recv,
+                                             uint64_t recvBytes) const;
 
  private:
   mutable std::mutex mutex_;
@@ -167,6 +198,15 @@ class WindowMailbox {
   // `expected` (its `from` ignored); until `deadline`.
   Result<std::vector<net::Fd>> receive(const std::vector<bool>& from, Ticket expected, std::string_view secret,
                                        Deadline deadline);
+  // Several kinds at once (a registration's descriptors and boards, whose
+  // messages may come in any order): per kind, one descriptor from each
+  // rank q with from[q].
+  struct Wanted {
+    Ticket ticket;
+    std::vector<bool> from;
+  };
+  Result<std::vector<std::vector<net::Fd>>> receiveEach(const std::vector<Wanted>& wanted, std::string_view secret,
+                                                        Deadline deadline);
 
  private:
   net::Fd listener_;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 
 #include "core/log.h"
 #include "core/params.h"
@@ -64,6 +65,7 @@ Status Driver::copyAsync(void*, const void*, size_t, StreamHandle) { return notB
 Status Driver::copy(void*, const void*, size_t) { return notBuilt(); }
 Status Driver::writeValueAsync(uint64_t*, uint64_t, StreamHandle) { return notBuilt(); }
 Status Driver::waitValueAsync(const uint64_t*, uint64_t, StreamHandle) { return notBuilt(); }
+Status Driver::waitValueEqualAsync(const uint64_t*, uint64_t, StreamHandle) { return notBuilt(); }
 Status Driver::launchWait(const uint64_t*, uint64_t, StreamHandle) { return notBuilt(); }
 Status Driver::synchronize(StreamHandle) { return notBuilt(); }
 Result<ContextHandle> Driver::currentContext() { return notBuilt(); }
@@ -81,6 +83,7 @@ void Driver::hostFree(void*) {}
 Status Driver::registerHost(void*, size_t) { return notBuilt(); }
 void Driver::unregisterHost(void*) {}
 WaitMode Driver::waitModeOf(const std::string&) { return WaitMode::kSynchronous; }
+bool Driver::streamPlansWanted(const std::string&) { return false; }
 Result<void*> Driver::deviceAlloc(size_t) { return notBuilt(); }
 bool Driver::deviceFree(void*) { return false; }
 std::optional<Driver::DeviceAllocation> Driver::deviceAllocationOf(const void*, size_t) { return std::nullopt; }
@@ -390,15 +393,29 @@ Status Driver::writeValueAsync(uint64_t* word, uint64_t value, StreamHandle stre
   return Status::ok();
 }
 
+namespace {
+Status waitValue(Driver::Api& api, const uint64_t* word, uint64_t value, unsigned flags, StreamHandle stream);
+}  // namespace
+
 Status Driver::waitValueAsync(const uint64_t* word, uint64_t value, StreamHandle stream) {
+  return waitValue(*api_, word, value, CU_STREAM_WAIT_VALUE_GEQ, stream);
+}
+
+Status Driver::waitValueEqualAsync(const uint64_t* word, uint64_t value, StreamHandle stream) {
+  return waitValue(*api_, word, value, CU_STREAM_WAIT_VALUE_EQ, stream);
+}
+
+namespace {
+Status waitValue(Driver::Api& api, const uint64_t* word, uint64_t value, unsigned flags, StreamHandle stream) {
   CUdeviceptr at = 0;
-  SHOAL_CU(cuMemHostGetDevicePointer(&at, const_cast<uint64_t*>(word), 0));
-  CUresult rc = api_->cuStreamWaitValue64(static_cast<CUstream>(stream), at, value,
-                                          CU_STREAM_WAIT_VALUE_GEQ);
+  CUresult rc = api.cuMemHostGetDevicePointer(&at, const_cast<uint64_t*>(word), 0);
+  if (rc != CUDA_SUCCESS) return cudaError(api, "cuMemHostGetDevicePointer", rc);
+  rc = api.cuStreamWaitValue64(static_cast<CUstream>(stream), at, value, flags);
   if (rc == CUDA_ERROR_NOT_SUPPORTED) return error(Code::kUnsupported, "cuStreamWaitValue64 is not supported");
-  if (rc != CUDA_SUCCESS) return cudaError(*api_, "cuStreamWaitValue64", rc);
+  if (rc != CUDA_SUCCESS) return cudaError(api, "cuStreamWaitValue64", rc);
   return Status::ok();
 }
+}  // namespace
 
 Status Driver::synchronize(StreamHandle stream) {
   SHOAL_CU(cuStreamSynchronize(static_cast<CUstream>(stream)));
@@ -489,6 +506,25 @@ Status Driver::registerHost(void* ptr, size_t bytes) {
 
 void Driver::unregisterHost(void* ptr) {
   if (ptr) (void)api_->cuMemHostUnregister(ptr);
+}
+
+bool Driver::streamPlansWanted(const std::string& gpu) {
+  if (waitModeOf(gpu) != WaitMode::kMemOps) return false;
+  const std::string& want = params().cudaStreamPlans;
+  if (want == "0") return false;
+  if (want == "1") return true;
+  static std::once_flag toldValue, toldQueues;
+  if (want != "auto")
+    std::call_once(toldValue, [&] { SHOAL_WARN("SHOAL_CUDA_STREAM_PLANS=", want, " is not auto, 1 or 0: auto"); });
+  const char* queues = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+  if (queues != nullptr && std::atoi(queues) > 0 && std::atoi(queues) < 4) {
+    std::call_once(toldQueues, [&] {
+      SHOAL_INFO(subsys::kInit | subsys::kNet, "no stream plans: CUDA_DEVICE_MAX_CONNECTIONS=", queues,
+                 " leaves too few hardware queues for a stream per lane (SHOAL_CUDA_STREAM_PLANS=1 overrides)");
+    });
+    return false;
+  }
+  return true;
 }
 
 WaitMode Driver::waitModeOf(const std::string& gpu) {

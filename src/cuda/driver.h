@@ -84,6 +84,11 @@ class Driver {
   // A memory operation failed as unsupported: later jobs on the device use
   // the next mode.
   void memOpsUnsupported(int device);
+  // Whether operations may run whole on the streams of the GPU named
+  // "GPU-<uuid>" (stream plans: cuda_ipc's stream rings, window boards): its
+  // streams run stream memory operations, and SHOAL_CUDA_STREAM_PLANS
+  // allows it (auto: unless CUDA_DEVICE_MAX_CONNECTIONS is below 4).
+  bool streamPlansWanted(const std::string& gpu);
 
   Result<bool> isCapturing(StreamHandle stream);
   Status copyAsync(void* dst, const void* src, size_t bytes, StreamHandle stream);
@@ -93,6 +98,8 @@ class Driver {
   // (int64_t)(*word - value) >= 0 before running later work.
   Status writeValueAsync(uint64_t* word, uint64_t value, StreamHandle stream);
   Status waitValueAsync(const uint64_t* word, uint64_t value, StreamHandle stream);
+  // Waits until *word == value exactly (a peer's descriptor, not a count).
+  Status waitValueEqualAsync(const uint64_t* word, uint64_t value, StreamHandle stream);
   // The wait kernel: the stream's later work waits until
   // (int64_t)(*word - value) >= 0 (waitMode kWaitKernel only).
   Status launchWait(const uint64_t* word, uint64_t value, StreamHandle stream);

@@ -1186,7 +1186,10 @@ std::vector<float> valsOf(int rank, size_t n, size_t from = 0) {
 // buffers in place through the window mappings, over any transport (the
 // connections carry only descriptors and barriers). Over shm, where every
 // other device operation is staged and reduced by the CPU, kernel launches
-// and the absence of staging show that path ran.
+// and the absence of staging show that path ran. On symmetric windows the
+// plans run whole on the streams (the descriptors and barriers are window
+// board operations): no host step, no event polled; on others the host
+// steps through them.
 TEST_CASE("collectives on window buffers read peers' device memory in place, over shm and cuda_ipc", "[cudafake][mp]") {
   char logPath[] = "/tmp/shoal-cudafake-log-XXXXXX";
   int fd = mkstemp(logPath);
@@ -1196,9 +1199,13 @@ TEST_CASE("collectives on window buffers read peers' device memory in place, ove
     const char* transport;
     int n;
     bool windows;  // NCCL_WIN_ENABLE unset (1) or 0: nothing of a peer mapped, the calls take the other paths
+    int flags;     // NCCL_WIN_COLL_SYMMETRIC: on the streams
   };
-  for (const Run& run : {Run{"shm", 2, true}, Run{"shm", 3, true}, Run{"shm", 4, true}, Run{"cuda_ipc", 2, true},
-                         Run{"cuda_ipc", 3, true}, Run{"cuda_ipc", 4, true}, Run{"shm", 3, false}}) {
+  const int kSym = NCCL_WIN_COLL_SYMMETRIC, kDefault = NCCL_WIN_DEFAULT;
+  for (const Run& run : {Run{"shm", 2, true, kSym}, Run{"shm", 3, true, kSym}, Run{"shm", 4, true, kSym},
+                         Run{"cuda_ipc", 2, true, kSym}, Run{"cuda_ipc", 3, true, kSym}, Run{"shm", 3, true, kDefault},
+                         Run{"cuda_ipc", 4, true, kDefault}, Run{"shm", 3, false, kSym}}) {
+      const bool onStreams = run.windows && run.flags == kSym;
       const char* transport = run.transport;
       const int n = run.n;
       std::vector<std::pair<std::string, std::string>> env = {
@@ -1213,13 +1220,15 @@ TEST_CASE("collectives on window buffers read peers' device memory in place, ove
         float* recv = send + N * n;
         float* big = recv + N * n;
         ncclWindow_t win = nullptr;
-        if (ncclCommWindowRegister(comm, pool, 4 * N * n * sizeof(float), &win, NCCL_WIN_COLL_SYMMETRIC) !=
-            ncclSuccess)
-          return 2;
+        if (ncclCommWindowRegister(comm, pool, 4 * N * n * sizeof(float), &win, run.flags) != ncclSuccess) return 2;
         const uint64_t launchesBefore = shoalFakeCudaCallCount("cuLaunchKernel");
+        const uint64_t syncsBefore = shoalFakeCudaCallCount("cuStreamSynchronize");
+        const uint64_t waitsBefore = shoalFakeCudaCallCount("cuStreamWaitValue64");
+        uint64_t ownSyncs = 0;  // this test's own
         std::string wrong;
         auto expect = [&](const float* p, size_t count, const std::function<float(size_t)>& want, const char* what) {
           cuStreamSynchronize(s);
+          ++ownSyncs;
           std::vector<float> got = fromDevice(p, count);
           for (size_t i = 0; i < count && wrong.empty(); ++i)
             if (got[i] != want(i))
@@ -1250,7 +1259,10 @@ TEST_CASE("collectives on window buffers read peers' device memory in place, ove
         call(ncclReduceScatter(big, big + r * N, N, ncclFloat, ncclSum, comm, s), "ReduceScatter in place");
         expect(big + r * N, N, [&](size_t i) { return sumOfVals(n, r * N + i); }, "ReduceScatter in place");
         cuStreamSynchronize(s);
+        ++ownSyncs;
         const uint64_t launches = shoalFakeCudaCallCount("cuLaunchKernel") - launchesBefore;
+        const uint64_t hostSyncs = shoalFakeCudaCallCount("cuStreamSynchronize") - syncsBefore - ownSyncs;
+        const uint64_t waits = shoalFakeCudaCallCount("cuStreamWaitValue64") - waitsBefore;
 
         // Outside the window the same calls take the other paths, and work.
         if (wrong.empty()) {
@@ -1259,7 +1271,8 @@ TEST_CASE("collectives on window buffers read peers' device memory in place, ove
           call(ncclAllReduce(plain.at(), out.at(), N, ncclFloat, ncclSum, comm, s), "AllReduce outside the window");
           expect(out.at(), N, [&](size_t i) { return sumOfVals(n, i); }, "AllReduce outside the window");
         }
-        child.log("kernel launches " + std::to_string(launches));
+        child.log("kernel launches " + std::to_string(launches) + ", library synchronizations " +
+                  std::to_string(hostSyncs) + ", stream waits " + std::to_string(waits));
         if (!wrong.empty()) {
           child.log(wrong);
           return 3;
@@ -1268,6 +1281,10 @@ TEST_CASE("collectives on window buffers read peers' device memory in place, ove
         // (a whole block per launch); staged over shm, by the CPU.
         const uint64_t wantLaunches = run.windows ? 4u * static_cast<uint64_t>(n - 1) : 0;
         if (launches != wantLaunches) return 4;
+        // On the streams the host waits for nothing; stepping through a
+        // device plan, it waits for each kernel and copy.
+        if (onStreams ? hostSyncs != 0 || waits < 6u * static_cast<uint64_t>(n - 1) : run.windows && hostSyncs == 0)
+          return 5;
         if (ncclCommWindowDeregister(comm, win) != ncclSuccess) return 6;
         child.barrier();
         ncclMemFree(pool);
@@ -1281,15 +1298,68 @@ TEST_CASE("collectives on window buffers read peers' device memory in place, ove
         log += readFile(path);
         ::unlink(path.c_str());
       }
-      size_t windowed = 0;
-      for (size_t at = log.find("reading the peers' windows"); at != std::string::npos;
-           at = log.find("reading the peers' windows", at + 1))
-        ++windowed;
-      INFO(transport << " " << n << " ranks\n" << result.report());
+      auto count = [&](const std::string& what) {
+        size_t found = 0;
+        for (size_t at = log.find(what); at != std::string::npos; at = log.find(what, at + 1)) ++found;
+        return found;
+      };
+      INFO(transport << " " << n << " ranks, flags " << run.flags << "\n" << result.report());
       CHECK(result.allPassed());
-      CHECK(windowed == (run.windows ? 6u * static_cast<size_t>(n) : 0u));
+      CHECK(count("reading the peers' windows") == (run.windows ? 6u * static_cast<size_t>(n) : 0u));
+      CHECK(count("on the streams, reading the peers' windows") == (onStreams ? 6u * static_cast<size_t>(n) : 0u));
     }
   ::unlink(logPath);
+}
+
+// Symmetric windows promise the same offsets on every rank: a rank that
+// breaks it meets its peers' streams with another descriptor. Their waits
+// stall (no kernel runs before), a rank names both calls at once, and the
+// streams are released (running on, as after any failure, on whatever
+// bytes are there).
+TEST_CASE("a call on symmetric windows at other offsets on one rank is named, and the streams released",
+          "[cudafake][mp]") {
+  auto result = forkedRanks(2, "shm", {{"SHOAL_PROGRESS_TIMEOUT_MS", "3000"}},
+                            [&](shoal::testing::MpChild& child, ncclComm_t comm, CUstream s) {
+    const size_t N = 1000;
+    void* pool = nullptr;
+    if (ncclMemAlloc(&pool, 1 << 20) != ncclSuccess) return 1;
+    ncclWindow_t win = nullptr;
+    if (ncclCommWindowRegister(comm, pool, 1 << 20, &win, NCCL_WIN_COLL_SYMMETRIC) != ncclSuccess) return 2;
+    // Rank 1's buffers lie 4096 bytes further into the window than rank 0's.
+    auto* send = static_cast<float*>(pool) + (child.rank() == 1 ? 1024 : 0);
+    float* recv = send + 2 * N;
+    toDevice(send, valsOf(child.rank(), N));
+    const uint64_t launchesBefore = shoalFakeCudaCallCount("cuLaunchKernel");
+    if (ncclAllReduce(send, recv, N, ncclFloat, ncclSum, comm, s) != ncclSuccess) return 3;
+    auto t0 = Clock::now();
+    if (cuStreamSynchronize(s) != CUDA_SUCCESS) return 4;
+    ncclResult_t async = ncclInProgress;
+    while ((async == ncclInProgress || async == ncclSuccess) && msSince(t0) < 20000) {
+      ncclCommGetAsyncError(comm, &async);
+      ::usleep(10000);
+    }
+    const std::string why = ncclGetLastError(comm);
+    child.log(std::string("async ") + ncclGetErrorString(async) + " after " + std::to_string(msSince(t0)) + " ms: " + why);
+    if (async != ncclInvalidUsage && async != ncclRemoteError) return 5;
+    if (msSince(t0) > 2500) return 6;  // named at once, not at the no-progress deadline
+    // The communicator has failed: the next call is refused.
+    if (ncclAllReduce(send, recv, N, ncclFloat, ncclSum, comm, s) == ncclSuccess) return 7;
+    child.log("kernel launches " + std::to_string(shoalFakeCudaCallCount("cuLaunchKernel") - launchesBefore));
+    ncclCommAbort(comm);
+    ncclMemFree(pool);
+    return 0;
+  });
+  INFO(result.report());
+  CHECK(result.allPassed());
+  const std::string report = result.report();
+  // The first rank to see both descriptors names them; the other may learn
+  // first that its peer's board broke.
+  CHECK((report.find("rank 0 called AllReduce #0 (float, args 181) on windows 0 and 0 at offsets 0 and 8000; this "
+                     "rank called AllReduce #0 (float, args 181) on windows 0 and 0 at offsets 4096 and 12096") !=
+             std::string::npos ||
+         report.find("rank 1 called AllReduce #0 (float, args 181) on windows 0 and 0 at offsets 4096 and 12096; "
+                     "this rank called AllReduce #0 (float, args 181) on windows 0 and 0 at offsets 0 and 8000") !=
+             std::string::npos));
 }
 
 // Calls on window buffers that no peer-reading plan serves (a float average

@@ -178,6 +178,8 @@ TEST_CASE("a window record and window flags round-trip, and malformed ones are r
   device.mailbox = "shoal-window-4242-0123456789abcdef";
   device.netNamespace = 4026531840;
   device.uid = 1000;
+  device.symmetric = true;
+  device.boardAddress = 0x7f0000200000;
   for (const WindowRecord& r : {WindowRecord{}, host, device}) {
     auto back = decodeWindowRecord(encodeWindowRecord(r));
     REQUIRE(back.isOk());
@@ -196,6 +198,10 @@ TEST_CASE("a window record and window flags round-trip, and malformed ones are r
   WindowRecord longName = device;
   longName.mailbox.assign(200, 'x');
   CHECK_FALSE(decodeWindowRecord(encodeWindowRecord(longName)).isOk());
+  // A flag byte other than 0 or 1 (the symmetric flag sits before the board's 8 bytes).
+  std::string badSymmetric = encodeWindowRecord(device);
+  badSymmetric[badSymmetric.size() - 9] = 2;
+  CHECK_FALSE(decodeWindowRecord(badSymmetric).isOk());
 
   for (const WindowFlags& f : {WindowFlags{}, WindowFlags{"", {true, false, true}},
                                WindowFlags{"cuMemExportToShareableHandle failed", {true}}}) {

@@ -150,28 +150,6 @@ Result<net::Fd> connectTo(const std::string& name, Deadline deadline, const std:
   return fd;
 }
 
-// Whether this rank's connections carry the stream ring: its streams run
-// stream memory operations, and SHOAL_CUDA_STREAM_PLANS allows it. Both
-// sides of a connection must say the same (the higher rank checks).
-bool wantsStreamRing(cuda::Driver& driver, const std::string& gpu) {
-  if (driver.waitModeOf(gpu) != cuda::WaitMode::kMemOps) return false;
-  const std::string& want = params().cudaStreamPlans;
-  if (want == "0") return false;
-  if (want == "1") return true;
-  static std::once_flag toldValue, toldQueues;
-  if (want != "auto")
-    std::call_once(toldValue, [&] { SHOAL_WARN("SHOAL_CUDA_STREAM_PLANS=", want, " is not auto, 1 or 0: auto"); });
-  const char* queues = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
-  if (queues != nullptr && std::atoi(queues) > 0 && std::atoi(queues) < 4) {
-    std::call_once(toldQueues, [&] {
-      SHOAL_INFO(subsys::kInit | subsys::kNet, "cuda_ipc: no stream plans: CUDA_DEVICE_MAX_CONNECTIONS=", queues,
-                 " leaves too few hardware queues for a stream per lane (SHOAL_CUDA_STREAM_PLANS=1 overrides)");
-    });
-    return false;
-  }
-  return true;
-}
-
 // A shared control block in a memfd, mapped here. Its creator sizes it and
 // seals the size, so neither side can make the other's mapping fault.
 Result<cuda_ipc::Control*> mapControl(int fd, bool create) {
@@ -268,7 +246,7 @@ class CudaIpcTransport final : public Transport {
     setup.control->slotBytes = setup.slotBytes;
     // The stream ring where this GPU's streams run memory operations; the
     // peer refuses the connection if its own cannot (runsStreamRing).
-    setup.streamRing = wantsStreamRing(driver, options.self->gpu);
+    setup.streamRing = driver.streamPlansWanted(options.self->gpu);
     if (setup.streamRing) {
       if (Status st = driver.registerHost(setup.control, cuda_ipc::controlBytes()); !st.isOk()) {
         // Not a quiet downgrade: every connection of a rank has the ring or none.
@@ -327,7 +305,7 @@ class CudaIpcTransport final : public Transport {
     // connections: its messages are matched only with the peer's stream
     // messages, and a plan runs on the streams only if every lane can.
     setup.streamRing = arrival.hello.streamRing;
-    const bool mine = wantsStreamRing(driver, options.self->gpu);
+    const bool mine = driver.streamPlansWanted(options.self->gpu);
     if (mine != setup.streamRing) {
       ::munmap(setup.control, cuda_ipc::controlBytes());
       return invalidUsage("cuda_ipc connection to ", setup.peerDescription, ": ",
