@@ -438,7 +438,8 @@ void Communicator::releaseRetiredWindows() {
   {
     std::lock_guard<std::mutex> lock(jobsMutex_);
     for (const JobPtr& job : inFlight_)
-      if (job->peerBuffers && !job->isDone()) return;
+      // A stream plan's streams may have passed it before its watcher saw it.
+      if (job->peerBuffers && !job->isDone() && !(job->streamWatch && job->streamWatch->finished())) return;
   }
   std::vector<std::unique_ptr<Window>> retired = windows_->takeRetired();
   releaseWindows(retired);

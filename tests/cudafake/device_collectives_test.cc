@@ -1362,12 +1362,65 @@ TEST_CASE("a call on symmetric windows at other offsets on one rank is named, an
              std::string::npos));
 }
 
+// On symmetric windows the streams wait on window boards: a peer that died
+// between calls leaves them waiting until the no-progress deadline, which
+// fails the call naming it and releases this rank's stream.
+TEST_CASE("a killed peer releases a stream waiting on window boards", "[cudafake][mp]") {
+  auto result = forkedRanks(2, "shm", {{"SHOAL_PROGRESS_TIMEOUT_MS", "2000"}},
+                            [&](shoal::testing::MpChild& child, ncclComm_t comm, CUstream s) {
+    const size_t N = 1000;
+    void* pool = nullptr;
+    if (ncclMemAlloc(&pool, 2 * N * sizeof(float)) != ncclSuccess) return 1;
+    auto* send = static_cast<float*>(pool);
+    float* recv = send + N;
+    ncclWindow_t win = nullptr;
+    if (ncclCommWindowRegister(comm, pool, 2 * N * sizeof(float), &win, NCCL_WIN_COLL_SYMMETRIC) != ncclSuccess)
+      return 2;
+    toDevice(send, valsOf(child.rank(), N));
+    if (ncclAllReduce(send, recv, N, ncclFloat, ncclSum, comm, s) != ncclSuccess) return 3;
+    cuStreamSynchronize(s);
+    std::vector<float> got = fromDevice(recv, N);
+    for (size_t i = 0; i < N; ++i)
+      if (got[i] != sumOfVals(2, i)) return 4;
+    if (child.rank() == 1) {
+      child.barrier();
+      ::kill(::getpid(), SIGKILL);  // dies between collectives
+    }
+    child.barrier();
+    ::usleep(100000);
+    auto t0 = Clock::now();
+    if (ncclAllReduce(send, recv, N, ncclFloat, ncclSum, comm, s) != ncclSuccess) return 5;
+    if (cuStreamSynchronize(s) != CUDA_SUCCESS) return 6;  // released, not stuck
+    const double ms = msSince(t0);
+    ncclResult_t async = ncclInProgress;
+    while ((async == ncclInProgress || async == ncclSuccess) && msSince(t0) < 20000) {
+      ncclCommGetAsyncError(comm, &async);
+      ::usleep(10000);
+    }
+    const std::string why = ncclGetLastError(comm);
+    child.log("stream released after " + std::to_string(ms) + " ms, async " + ncclGetErrorString(async) + ": " + why);
+    if (async == ncclSuccess || async == ncclInProgress) return 7;
+    if (ms > 15000) return 8;
+    if (why.find("rank 1") == std::string::npos) return 9;  // the error names the peer it waited on
+    ncclCommAbort(comm);
+    ncclMemFree(pool);
+    return 0;
+  });
+  INFO(result.report());
+  REQUIRE(result.ranks.size() == 2);
+  CHECK(result.ranks[0].exited);
+  CHECK(result.ranks[0].exitCode == 0);
+  CHECK(result.ranks[1].termSignal == SIGKILL);
+}
+
 // Calls on window buffers that no peer-reading plan serves (a float average
 // is PreMulSum, an integer one divides) take the other paths on every rank,
 // with the right bytes. A window deregistered while a call on it is still
 // behind a stream delay stays mapped until that call is done, which reads it.
 TEST_CASE("window calls without a peer-reading plan take the other paths, and deregistering waits for calls in flight",
           "[cudafake][mp]") {
+  // Host-stepped (default windows) and on the streams (symmetric ones).
+  for (const int flags : {NCCL_WIN_DEFAULT, NCCL_WIN_COLL_SYMMETRIC}) {
   auto result = forkedRanks(3, "shm", {}, [&](shoal::testing::MpChild& child, ncclComm_t comm, CUstream s) {
     const int r = child.rank(), n = child.nranks();
     const size_t N = 2048;
@@ -1376,7 +1429,7 @@ TEST_CASE("window calls without a peer-reading plan take the other paths, and de
     auto* send = static_cast<float*>(pool);
     float* recv = send + N;
     ncclWindow_t win = nullptr;
-    if (ncclCommWindowRegister(comm, pool, 2 * N * sizeof(float), &win, NCCL_WIN_DEFAULT) != ncclSuccess) return 2;
+    if (ncclCommWindowRegister(comm, pool, 2 * N * sizeof(float), &win, flags) != ncclSuccess) return 2;
 
     toDevice(send, valsOf(r, N));
     if (ncclAllReduce(send, recv, N, ncclFloat, ncclAvg, comm, s) != ncclSuccess) {
@@ -1411,10 +1464,18 @@ TEST_CASE("window calls without a peer-reading plan take the other paths, and de
     // A call held 300 ms behind its stream, its window deregistered at once.
     toDevice(send, valsOf(r, N));
     shoalFakeCudaStreamDelay(s, 300);
+    const uint64_t syncsBefore = shoalFakeCudaCallCount("cuStreamSynchronize");
     if (ncclAllReduce(send, recv, N, ncclFloat, ncclSum, comm, s) != ncclSuccess) return 7;
     if (ncclCommWindowDeregister(comm, win) != ncclSuccess) return 8;
     if (shoal::cuda::PeerImports::instance().mapped() != static_cast<size_t>(n - 1)) return 9;  // still mapped
     cuStreamSynchronize(s);
+    // The library's own synchronizations: a host-stepped device plan waits
+    // for each step; on the streams nothing is waited for.
+    const uint64_t librarySyncs = shoalFakeCudaCallCount("cuStreamSynchronize") - syncsBefore - 1;
+    if ((flags == NCCL_WIN_COLL_SYMMETRIC) != (librarySyncs == 0)) {
+      child.log("library synchronizations " + std::to_string(librarySyncs));
+      return 17;
+    }
     got = fromDevice(recv, N);
     for (size_t i = 0; i < N; ++i)
       if (got[i] != sumOfVals(n, i)) {
@@ -1425,7 +1486,7 @@ TEST_CASE("window calls without a peer-reading plan take the other paths, and de
     void* other = nullptr;
     ncclWindow_t second = nullptr;
     if (ncclMemAlloc(&other, 4096) != ncclSuccess) return 11;
-    if (ncclCommWindowRegister(comm, other, 4096, &second, NCCL_WIN_DEFAULT) != ncclSuccess) return 12;
+    if (ncclCommWindowRegister(comm, other, 4096, &second, flags) != ncclSuccess) return 12;
     if (shoal::cuda::PeerImports::instance().mapped() != static_cast<size_t>(n - 1)) return 13;  // only the new one's
     if (ncclCommWindowDeregister(comm, second) != ncclSuccess) return 14;
     if (shoal::cuda::PeerImports::instance().mapped() != 0) return 15;
@@ -1434,8 +1495,9 @@ TEST_CASE("window calls without a peer-reading plan take the other paths, and de
     ncclMemFree(pool);
     return ncclCommDestroy(comm) == ncclSuccess ? 0 : 16;
   });
-  INFO(result.report());
+  INFO("flags " << flags << "\n" << result.report());
   CHECK(result.allPassed());
+  }
 }
 
 // Ranks as threads of one process: each maps the others' window buffers by
