@@ -8,6 +8,7 @@
 
 #include "core/byte_order.h"
 #include "core/log.h"
+#include "core/ranges.h"
 #include "core/process.h"
 #include "cuda/peer_imports.h"
 #include "memory/shared_memory.h"
@@ -88,7 +89,7 @@ void Window::map(int r, const WindowRecord& record, const PeerInfo& self, const 
   sizes_[at] = record.bytes;
   addresses_[at] = record.address;
   device_[at] = record.deviceMemory;
-  if (peer.processId == self.processId && peer.hostId == self.hostId) {
+  if (peer.sameProcess(self)) {
     // This process: its address, unless it is device memory of another GPU,
     // which this rank's kernels have not been given access to.
     if (!record.deviceMemory || peer.gpu == self.gpu) buffers_[at] = reinterpret_cast<uint8_t*>(record.address);
@@ -226,19 +227,12 @@ Window* Windows::find(const void* handle) const {
   return nullptr;
 }
 
-namespace {
-// Whether [address, address + bytes) lies inside [base, base + size).
-bool inside(uint64_t address, uint64_t bytes, uint64_t base, uint64_t size) {
-  return address >= base && address - base <= size && bytes <= size - (address - base);
-}
-}  // namespace
-
 bool Windows::holdsEverywhere(const void* p, uint64_t bytes) const {
   const auto address = reinterpret_cast<uint64_t>(p);
   std::lock_guard<std::mutex> lock(mutex_);
   for (auto it = windows_.rbegin(); it != windows_.rend(); ++it) {  // the newest first
     const Window& w = **it;
-    if (inside(address, bytes, reinterpret_cast<uint64_t>(w.userPtr()), w.bytes()))
+    if (rangeInside(address, bytes, reinterpret_cast<uint64_t>(w.userPtr()), w.bytes()))
       return w.mappedEverywhere() && w.deviceEverywhere();
   }
   return false;
@@ -249,7 +243,7 @@ Result<std::optional<Windows::OnStreams>> Windows::onStreams(const void* send, u
   std::lock_guard<std::mutex> lock(mutex_);
   auto holder = [&](const void* p, uint64_t bytes) -> const Window* {
     for (auto it = windows_.rbegin(); it != windows_.rend(); ++it)  // the newest first
-      if (inside(reinterpret_cast<uint64_t>(p), bytes, reinterpret_cast<uint64_t>((*it)->userPtr()), (*it)->bytes()))
+      if (rangeInside(reinterpret_cast<uint64_t>(p), bytes, reinterpret_cast<uint64_t>((*it)->userPtr()), (*it)->bytes()))
         return it->get();
     return nullptr;
   };
@@ -282,7 +276,7 @@ uint8_t* Windows::find(int peer, uint64_t address, uint64_t bytes) const {
   for (const auto* list : {&windows_, &retired_})
     for (auto it = list->rbegin(); it != list->rend(); ++it) {  // the newest first
       const Window& w = **it;
-      if (w.buffer(peer) != nullptr && inside(address, bytes, w.addressOf(peer), w.bytesOf(peer)))
+      if (w.buffer(peer) != nullptr && rangeInside(address, bytes, w.addressOf(peer), w.bytesOf(peer)))
         return w.buffer(peer) + (address - w.addressOf(peer));
     }
   return nullptr;

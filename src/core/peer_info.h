@@ -40,6 +40,8 @@ struct PeerInfo {
   // (emulated nodes, network namespaces with their own NCCL_HOSTID, still
   // do), else the same host id.
   bool sharesCpusWith(const PeerInfo& other) const { return hostId == other.hostId || sameKernel(other); }
+  // Whether two ranks are threads of one process.
+  bool sameProcess(const PeerInfo& other) const { return processId == other.processId && hostId == other.hostId; }
   std::string serialize() const;
   static Result<PeerInfo> deserialize(std::string_view bytes);
 };

@@ -6,6 +6,7 @@
 
 #include "core/log.h"
 #include "core/params.h"
+#include "core/ranges.h"
 
 #if SHOAL_HAVE_CUDA
 #include <cuda.h>
@@ -668,7 +669,7 @@ std::optional<Driver::DeviceAllocation> Driver::deviceAllocationOf(const void* p
   auto it = api_->deviceAllocations.upper_bound(at);
   if (it == api_->deviceAllocations.begin()) return std::nullopt;
   --it;
-  if (at - it->first > it->second.bytes || bytes > it->second.bytes - (at - it->first)) return std::nullopt;
+  if (!rangeInside(at, bytes, it->first, it->second.bytes)) return std::nullopt;
   return DeviceAllocation{reinterpret_cast<uint8_t*>(it->first), it->second.bytes, it->second.serial};
 }
 

@@ -22,6 +22,7 @@
 #include "core/clock.h"
 #include "core/log.h"
 #include "core/process.h"
+#include "core/ranges.h"
 
 namespace shoal::memory {
 namespace {
@@ -111,7 +112,7 @@ std::optional<SharedLocation> findShared(const void* p, size_t bytes) {
   auto it = gLocal.upper_bound(at);
   if (it == gLocal.begin()) return std::nullopt;
   --it;
-  if (at + bytes > it->first + it->second.bytes) return std::nullopt;
+  if (!rangeInside(at, bytes, it->first, it->second.bytes)) return std::nullopt;
   return SharedLocation{it->second.sequence, at - it->first};
 }
 

@@ -6,6 +6,7 @@
 #include <cerrno>
 
 #include "core/process.h"
+#include "core/ranges.h"
 #include "core/status.h"
 #include "core/tag.h"
 
@@ -114,4 +115,18 @@ TEST_CASE("currentPid is getpid, also in a forked child", "[unit]") {
   REQUIRE(WIFEXITED(status));
   CHECK(WEXITSTATUS(status) == 0);
   CHECK(currentPid() == static_cast<int>(getpid()));
+}
+
+TEST_CASE("a range lies inside another only whole, and never by wrapping past the top", "[unit]") {
+  using shoal::rangeInside;
+  CHECK(rangeInside(100, 50, 100, 50));
+  CHECK(rangeInside(120, 0, 100, 50));
+  CHECK(rangeInside(150, 0, 100, 50));  // the empty range at the end
+  CHECK_FALSE(rangeInside(99, 1, 100, 50));
+  CHECK_FALSE(rangeInside(120, 31, 100, 50));
+  CHECK_FALSE(rangeInside(151, 0, 100, 50));
+  // address + bytes wraps to a small number: not inside.
+  CHECK_FALSE(rangeInside(120, ~0ull - 100, 100, 50));
+  CHECK_FALSE(rangeInside(~0ull - 10, 20, ~0ull - 50, 40));
+  CHECK(rangeInside(~0ull - 10, 10, ~0ull - 50, 50));
 }

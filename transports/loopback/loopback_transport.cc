@@ -38,7 +38,7 @@ class LoopbackTransport final : public Transport {
   LinkClass linkClass() const override { return LinkClass::kLoopback; }
   Result<std::string> localAddress() override { return std::string(); }
   bool canConnect(const PeerInfo& self, const PeerInfo& peer) const override {
-    return self.hostId == peer.hostId && self.processId == peer.processId;
+    return self.sameProcess(peer);
   }
   Result<std::unique_ptr<Connection>> connect(const ConnectionKey& key,
                                               const ConnectOptions& options) override {
