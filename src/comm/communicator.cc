@@ -60,12 +60,15 @@ Communicator::~Communicator() {
 }
 
 bool Communicator::settleStreamPlans() {
-  if (!streamPlans_) return true;
+  if (!streamPlans_) return !streamsUnsettled_;
   // A stream still holding a plan (the user's own work ahead of it) keeps
   // the rings it may touch, and the scratch and boards (which StreamPlans
   // keeps then).
   const bool settled = streamPlans_->settle();
-  if (!settled) connections_.abandon();
+  if (!settled) {
+    connections_.abandon();
+    streamsUnsettled_ = true;  // for good: the windows they may read stay mapped
+  }
   streamPlans_.reset();
   boardsHeld_ = false;
   return settled;
@@ -122,7 +125,7 @@ Status Communicator::initialize() {
   view.nodeOf = topology_.nodeOfRank;
   view.peerReads = agreement.everyoneReadsPeers;
   const bool singleProcess = std::all_of(peers_.begin(), peers_.end(), [&](const PeerInfo& p) {
-    return p.processId == self.processId && p.hostId == self.hostId;
+    return p.sameProcess(self);
   });
   // Fixed pairs with everyone's PeerInfo: every rank gets the same summary.
   auto classify = [&](int a, int b) {
@@ -178,7 +181,7 @@ Result<std::vector<PeerInfo>> Communicator::exchangePeers(const PeerInfo& self, 
 Result<InitProposal> Communicator::proposal(const PeerInfo& self) const {
   InitProposal p;
   for (int r = 0; r < nranks_ && p.readsEveryPeer; ++r) {
-    if (r == rank_ || (peers_[r].processId == self.processId && peers_[r].hostId == self.hostId)) continue;
+    if (r == rank_ || peers_[r].sameProcess(self)) continue;
     auto chosen = selectTransport(self, peers_[r]);
     p.readsEveryPeer = chosen.isOk() && chosen.value()->readsPeerMemory(peers_[r]);
   }
@@ -324,8 +327,8 @@ Result<Window*> Communicator::registerWindow(void* buff, size_t bytes, int flags
     // this rank: it answers at once unless the peer died.
     Status st = WindowMailbox::send(records[static_cast<size_t>(q)].mailbox, exported.get(), ticket, request_.secret,
                                     deadline.cappedMs(params().handshakeTimeoutMs));
-    // The board goes with the first descriptor (a peer that maps this
-    // rank's device memory meets its streams on it).
+    // The board goes with each descriptor (a peer that maps this rank's
+    // device memory meets its streams on it; it keeps the first it gets).
     if (st.isOk() && mine.boardAddress != 0)
       st = WindowMailbox::send(records[static_cast<size_t>(q)].mailbox, boards_->descriptor(), windowBoardTicket(ticket),
                                request_.secret, deadline.cappedMs(params().handshakeTimeoutMs));
@@ -377,10 +380,11 @@ Result<Window*> Communicator::registerWindow(void* buff, size_t bytes, int flags
     return record.symmetric && record.boardAddress != 0;
   });
   for (int q = 0; q < nranks_ && failure.isOk() && symmetricBoards; ++q) {
-    if (q == rank_ || window->buffer(q) == nullptr) continue;
-    Status st = peers_[q].processId == peers_[rank_].processId
-                    ? boards_->adoptLocal(q, records[static_cast<size_t>(q)].boardAddress)
-                    : boards_->adopt(q, std::move(boards[static_cast<size_t>(q)]));
+    const WindowRecord& theirs = records[static_cast<size_t>(q)];
+    if (q == rank_ || window->buffer(q) == nullptr || !theirs.deviceMemory) continue;
+    Status st;
+    if (peers_[q].sameProcess(peers_[rank_])) st = boards_->adoptLocal(q, theirs.boardAddress);
+    else if (boards[static_cast<size_t>(q)]) st = boards_->adopt(q, std::move(boards[static_cast<size_t>(q)]));
     if (!st.isOk()) failure = std::move(st);
   }
   auto fail = [&](Status st) -> Status {
@@ -437,9 +441,13 @@ void Communicator::releaseRetiredWindows() {
   // may not even have reached it): they stay until no such job is left.
   {
     std::lock_guard<std::mutex> lock(jobsMutex_);
-    for (const JobPtr& job : inFlight_)
-      // A stream plan's streams may have passed it before its watcher saw it.
-      if (job->peerBuffers && !job->isDone() && !(job->streamWatch && job->streamWatch->finished())) return;
+    for (const JobPtr& job : inFlight_) {
+      if (!job->peerBuffers) continue;
+      // A stream plan reads them until its streams have passed it (a failed
+      // one too: they run on, released), which may be before or after
+      // its job is done.
+      if (job->streamWatch ? !job->streamWatch->finished() : !job->isDone()) return;
+    }
   }
   std::vector<std::unique_ptr<Window>> retired = windows_->takeRetired();
   releaseWindows(retired);

@@ -351,6 +351,7 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
   // stream plans, which keep it while a stream may use it.
   std::shared_ptr<WindowBoards> boards_;
   bool boardsHeld_ = false;  // given to streamPlans_ (held while its streams may use them)
+  bool streamsUnsettled_ = false;  // a stream held a plan past settleStreamPlans()
   uint64_t windowRegistrations_ = 0;  // names each registration's descriptor tickets
 
   cuda::Driver* cuda_ = nullptr;         // set at init when the process uses CUDA

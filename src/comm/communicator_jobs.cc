@@ -75,10 +75,13 @@ Result<Communicator::StreamSubmission> Communicator::beginStreamOrdered(std::spa
   submission.synchronous = bridge_->waitMode() == cuda::WaitMode::kSynchronous;
   // An operation on windows reads its peers' buffers in place (one copy),
   // before any other way.
-  const bool windowed = !submission.synchronous && inWindows(kept);
+  // Windows that run on the streams do so on every rank, whatever this
+  // rank's streams can do now (it fails the call if they cannot).
+  const bool inWindow = inWindows(kept);
+  const bool windowed = !submission.synchronous && inWindow;
   {
     SHOAL_ASSIGN_OR_RETURN(bool streamed,
-                           windowed ? submitWindowStreamPlan(kept, submission) : submitStreamPlan(kept, submission));
+                           inWindow ? submitWindowStreamPlan(kept, submission) : submitStreamPlan(kept, submission));
     if (streamed) return submission;
   }
   const bool direct = !submission.synchronous && runsAsDevicePlan(kept, windowed);
@@ -214,48 +217,48 @@ Result<bool> Communicator::submitWindowStreamPlan(std::span<const OpRequest> ops
                              send == recv + static_cast<uintptr_t>(rank_) * layout.sendBytes;
   const bool scatterInPlace = op.shape.kind == CollKind::kReduceScatter &&
                               recv == send + static_cast<uintptr_t>(rank_) * layout.recvBytes;
-  SHOAL_ASSIGN_OR_RETURN(
-      std::optional<Windows::OnStreams> where,
+  Result<std::optional<Windows::OnStreams>> found =
       gatherInPlace    ? windows_->onStreams(op.recvbuff, layout.recvBytes, op.recvbuff, layout.recvBytes)
       : scatterInPlace ? windows_->onStreams(op.sendbuff, layout.sendBytes, op.sendbuff, layout.sendBytes)
-                       : windows_->onStreams(op.sendbuff, layout.sendBytes, op.recvbuff, layout.recvBytes),
-      describe(), ": ", collKindName(op.shape.kind));
-  if (!where) return false;
-  constexpr uint64_t kInPlace = ~0ull;  // the descriptor's offset of the block inside the other buffer
+                       : windows_->onStreams(op.sendbuff, layout.sendBytes, op.recvbuff, layout.recvBytes);
+  if (found.isOk() && !found.value()) return false;  // the host steps through it, on every rank
+  // Its peers run it on their streams: so must this rank, or fail the
+  // communicator and break its board, so that the peers fail now, not at
+  // their deadline (and no later call of this rank meets one of theirs).
+  auto cannot = [&](Status st) -> Status {
+    for (int q = 0; q < nranks_; ++q)
+      if (q != rank_ && boards_->link(q)) boards_->link(q)->release();
+    st = StatusBuilder(std::move(st)) << describe() << ": " << collKindName(op.shape.kind) << " on symmetric windows";
+    setAsyncError(st);
+    return st;
+  };
+  if (!found.isOk()) return cannot(found.takeStatus());
+  std::optional<Windows::OnStreams> where = std::move(found).value();
   for (size_t q = 0; q < where->buffers.size(); ++q) {
     if (gatherInPlace) where->buffers[q][0] = where->buffers[q][1] + q * layout.sendBytes;
     if (scatterInPlace) where->buffers[q][1] = where->buffers[q][0] + q * layout.recvBytes;
   }
-  if (gatherInPlace) where->sendOffset = kInPlace;
-  if (scatterInPlace) where->recvOffset = kInPlace;
+  if (gatherInPlace) where->sendOffset = kInPlaceOffset;
+  if (scatterInPlace) where->recvOffset = kInPlaceOffset;
   if (anyInFlight_.load(std::memory_order_acquire)) releaseFinishedDetached();  // an earlier failure first
   if (failed_.load(std::memory_order_acquire)) {
     Status e = asyncError();
-    return Status(e.code(), str(describe(), " is in an error state from an earlier operation: ", e.message()));
+    return cannot(Status(e.code(), str("in an error state from an earlier operation: ", e.message())));
   }
-  // Its peers run it on their streams: so must this rank, or fail the
-  // communicator (and its board, so that the peers fail now, not at their
-  // deadline).
-  auto cannot = [&](Status st) -> Status {
-    for (int q = 0; q < nranks_; ++q)
-      if (q != rank_ && boards_->link(q)) boards_->link(q)->release();
-    setAsyncError(st);
-    return st;
-  };
   if (bridge_->waitMode() != cuda::WaitMode::kMemOps)
-    return cannot(error(Code::kUnsupported, describe(), ": operations on its symmetric windows run on the streams, "
-                        "and this rank's streams no longer run stream memory operations"));
+    return cannot(error(Code::kUnsupported, "operations on symmetric windows run on the streams, and this rank's "
+                        "streams no longer run stream memory operations"));
   if (!ensureDeviceSteps() || !runsAsDevicePlan(ops, /*windowed=*/true))
-    return cannot(error(Code::kInvalidUsage, describe(), ": ", collKindName(op.shape.kind),
-                        " on symmetric windows runs on every rank's streams, and cannot on this rank (its buffers "
+    return cannot(error(Code::kInvalidUsage, "it runs on every rank's streams, and cannot on this rank (its buffers "
                         "must be device memory of the communicator's GPU, and its device kernels loaded: see the "
                         "INFO log)"));
   boards_->setCall(WindowCall{where->sendRegistration, where->recvRegistration, where->sendOffset, where->recvOffset});
   auto job = std::make_shared<Job>();
   job->peerBuffers = windows_;  // windows stay mapped while the job lives
-  SHOAL_TRY(launchStreamPlan(ops, job, [&](const Plan& plan, std::vector<StreamLink*>& links) {
+  Status launched = launchStreamPlan(ops, job, [&](const Plan& plan, std::vector<StreamLink*>& links) {
     for (const Lane& lane : plan.lanes) links.push_back(boards_->link(lane.peer));
-  }, where->buffers, submission));
+  }, where->buffers, submission);
+  if (!launched.isOk()) return cannot(std::move(launched));
   SHOAL_TRACE(subsys::kColl, job->description(), " count ", op.shape.count,
               " on the streams, reading the peers' windows");
   return true;

@@ -25,6 +25,10 @@ class StreamPlanWatch final : public StreamWatch {
   bool finished() override { return streamWordReached(doneWord_, seq_); }
 
   Status verify() override {
+    // A link found broken fails the plan even when its streams have passed
+    // it: a peer's released streams may have fed it whatever bytes were
+    // there (a plan that passed before the break is failed with it, the
+    // communicator being lost either way).
     for (const Link& l : links_) SHOAL_TRY(l.link->verify());
     return Status::ok();
   }

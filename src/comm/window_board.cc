@@ -1,12 +1,16 @@
 #include "comm/window_board.h"
 
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <deque>
 #include <map>
+#include <mutex>
 
 #include "collectives/plan.h"
 #include "core/tag.h"
@@ -20,10 +24,13 @@ namespace shoal {
 class BoardMemory {
  public:
   static Result<std::shared_ptr<BoardMemory>> create(cuda::Driver& driver, size_t bytes) {
-    net::Fd fd(::memfd_create("shoal-window-board", MFD_CLOEXEC));
+    net::Fd fd(::memfd_create("shoal-window-board", MFD_CLOEXEC | MFD_ALLOW_SEALING));
     if (!fd) return systemError("memfd_create of a window board: ", std::strerror(errno));
-    if (::ftruncate(fd.get(), static_cast<off_t>(bytes)) != 0)
-      return systemError("sizing a window board: ", std::strerror(errno));
+    // Sealed at its size: no peer holding it can shrink it under a mapping
+    // (the next access would be SIGBUS).
+    if (::ftruncate(fd.get(), static_cast<off_t>(bytes)) != 0 ||
+        ::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0)
+      return systemError("sizing and sealing a window board: ", std::strerror(errno));
     SHOAL_ASSIGN_OR_RETURN(std::shared_ptr<BoardMemory> board, map(driver, std::move(fd), bytes));
     std::lock_guard<std::mutex> lock(registryMutex());
     registry()[board->address()] = board;
@@ -31,8 +38,11 @@ class BoardMemory {
   }
   static Result<std::shared_ptr<BoardMemory>> map(cuda::Driver& driver, net::Fd fd, size_t bytes) {
     struct stat st {};
-    if (::fstat(fd.get(), &st) != 0 || static_cast<uint64_t>(st.st_size) < bytes)
-      return invalidUsage("a window board of ", st.st_size, " bytes where ", bytes, " are needed");
+    const int seals = ::fcntl(fd.get(), F_GET_SEALS);
+    if (::fstat(fd.get(), &st) != 0 || static_cast<uint64_t>(st.st_size) < bytes || seals < 0 ||
+        (seals & F_SEAL_SHRINK) == 0)
+      return invalidUsage("a window board of ", st.st_size, " bytes (seals ", seals, ") where ", bytes,
+                          " bytes sealed against shrinking are needed");
     void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
     if (p == MAP_FAILED) return systemError("mapping a window board: ", std::strerror(errno));
     auto board = std::shared_ptr<BoardMemory>(new BoardMemory(driver, std::move(fd), p, bytes));
@@ -104,6 +114,12 @@ uint64_t hash(uint64_t tag, const WindowCall& call, uint64_t sequence) {
 namespace {
 
 uint64_t load(const uint64_t* word) { return __atomic_load_n(word, __ATOMIC_ACQUIRE); }
+// "windows 2 and 3 at offsets 4096 and in place"
+std::string describeCall(const WindowCall& call) {
+  auto offset = [](uint64_t at) { return at == kInPlaceOffset ? std::string("in place") : std::to_string(at); };
+  return str("windows ", call.sendRegistration, " and ", call.recvRegistration, " at offsets ", offset(call.sendOffset),
+             " and ", offset(call.recvOffset));
+}
 void store(uint64_t* word, uint64_t value) { __atomic_store_n(word, value, __ATOMIC_RELEASE); }
 bool reached(uint64_t value, uint64_t target) { return static_cast<int64_t>(value - target) >= 0; }
 
@@ -114,7 +130,7 @@ bool reached(uint64_t value, uint64_t target) { return static_cast<int64_t>(valu
 class BoardLink final : public StreamLink {
  public:
   BoardLink(cuda::Driver& driver, uint64_t* own, uint64_t* peer, int rank, int nranks, int q, const WindowCall& call)
-      : driver_(driver), own_(own), peer_(peer), nranks_(nranks), q_(q), call_(call),
+      : driver_(driver), own_(own), peer_(peer), q_(q), call_(call),
         description_(str("rank ", q, " (window board)")), toPeer_(peer + board::slot(rank)),
         fromPeer_(own + board::slot(q)), passed_(own + board::passed(nranks, q)) {}
 
@@ -126,7 +142,8 @@ class BoardLink final : public StreamLink {
       const uint64_t sequence = ++descriptorsSent_;
       const uint64_t words[][2] = {
           {board::kTag, tag},
-          {board::kRegistrations, call_.sendRegistration << 32 | (call_.recvRegistration & 0xffffffffu)},
+          {board::kSendRegistration, call_.sendRegistration},
+          {board::kRecvRegistration, call_.recvRegistration},
           {board::kSendOffset, call_.sendOffset},
           {board::kRecvOffset, call_.recvOffset},
           {board::kHash, board::hash(tag, call_, sequence)}};  // last: the word the peer waits on
@@ -162,8 +179,10 @@ class BoardLink final : public StreamLink {
 
   Progress progress() const override {
     Progress p;
+    // A signal never waits for the peer: one not yet written is behind a
+    // wait of this rank's, which the receive side names.
     p.sendEnqueued = sent_.load();
-    p.sent = load(toPeer_ + board::kMessages);
+    p.sent = p.sendEnqueued;
     p.recvEnqueued = expected_.load();
     p.received = load(fromPeer_ + board::kMessages);
     return p;
@@ -179,19 +198,19 @@ class BoardLink final : public StreamLink {
         continue;
       }
       if (!reached(load(fromPeer_ + board::kMessages), e.message)) break;  // not sent yet
-      const uint64_t tag = load(fromPeer_ + board::kTag), registrations = load(fromPeer_ + board::kRegistrations);
-      const uint64_t sendOffset = load(fromPeer_ + board::kSendOffset);
-      const uint64_t recvOffset = load(fromPeer_ + board::kRecvOffset);
+      WindowCall theirs;
+      const uint64_t tag = load(fromPeer_ + board::kTag);
+      theirs.sendRegistration = load(fromPeer_ + board::kSendRegistration);
+      theirs.recvRegistration = load(fromPeer_ + board::kRecvRegistration);
+      theirs.sendOffset = load(fromPeer_ + board::kSendOffset);
+      theirs.recvOffset = load(fromPeer_ + board::kRecvOffset);
       if (load(fromPeer_ + board::kHash) == e.value) break;  // it passes
       // The stream may have passed it meanwhile, and the peer moved on.
       if (reached(load(passed_), e.sequence)) continue;
-      return invalidUsage(
-          "rank ", q_, " called ", describeTag(tag), " on windows ", registrations >> 32, " and ",
-          registrations & 0xffffffffu, " at offsets ", sendOffset, " and ", recvOffset, "; this rank called ",
-          describeTag(e.tag), " on windows ", e.call.sendRegistration, " and ", e.call.recvRegistration,
-          " at offsets ", e.call.sendOffset, " and ", e.call.recvOffset,
-          " (windows registered with NCCL_WIN_COLL_SYMMETRIC take the same operations at the same offsets on "
-          "every rank)");
+      return invalidUsage("rank ", q_, " called ", describeTag(tag), " on ", describeCall(theirs),
+                          "; this rank called ", describeTag(e.tag), " on ", describeCall(e.call),
+                          " (windows registered with NCCL_WIN_COLL_SYMMETRIC take the same operations at the same "
+                          "offsets on every rank)");
     }
     return Status::ok();
   }
@@ -228,7 +247,6 @@ class BoardLink final : public StreamLink {
   cuda::Driver& driver_;
   uint64_t* own_;
   uint64_t* peer_;
-  int nranks_;
   int q_;
   const WindowCall& call_;
   std::string description_;

@@ -4,9 +4,9 @@
 //
 // Role: each rank of a communicator whose streams run stream memory
 // operations has one board: pinned host memory in a memfd, mapped and
-// registered for the GPU in every process that maps its windows (the
-// descriptor goes to the peers' mailboxes with the windows', a rank of the
-// same process finds it by address). Slot q of rank r's board is written by
+// registered for the GPU in every process that maps its windows (its
+// descriptor goes to the peers' mailboxes with each window's, the receiver
+// keeping the first; a rank of the same process finds it by address). Slot q of rank r's board is written by
 // rank q's streams only: the descriptor of q's current windowed operation
 // (its tag, windows and offsets, and a hash of them) and the count of
 // messages q has sent r. So rank r's streams wait on its own board alone,
@@ -27,9 +27,7 @@
 #pragma once
 
 #include <cstdint>
-#include <deque>
 #include <memory>
-#include <mutex>
 #include <vector>
 
 #include "core/status.h"
@@ -43,8 +41,12 @@ namespace shoal {
 // rank for one operation on symmetric windows.
 struct WindowCall {
   uint64_t sendRegistration = 0, recvRegistration = 0;  // the communicator's registration index
-  uint64_t sendOffset = 0, recvOffset = 0;              // in those windows
+  uint64_t sendOffset = 0, recvOffset = 0;              // in those windows, or kInPlaceOffset
 };
+// NCCL's in place (AllGather's send block inside its receive buffer,
+// ReduceScatter's reverse): the block's offset differs per rank, so the
+// descriptor names the larger buffer and says this.
+inline constexpr uint64_t kInPlaceOffset = ~0ull;
 
 class BoardMemory;
 class BoardLink;
@@ -92,7 +94,8 @@ constexpr uint64_t kSlotWords = 8;  // a cache line per writer
 // releases may have let its streams run on).
 constexpr uint64_t kBroken = 0;
 // Slot of rank q: words from kSlotWords * (1 + q).
-constexpr uint64_t kHash = 0, kMessages = 1, kTag = 2, kRegistrations = 3, kSendOffset = 4, kRecvOffset = 5;
+constexpr uint64_t kHash = 0, kMessages = 1, kTag = 2, kSendRegistration = 3, kRecvRegistration = 4, kSendOffset = 5,
+                   kRecvOffset = 6;
 inline uint64_t slot(int q) { return kSlotWords * (1 + static_cast<uint64_t>(q)); }
 // Descriptors from rank q this rank's streams have passed (written by them).
 inline uint64_t passed(int nranks, int q) { return slot(nranks) + static_cast<uint64_t>(q); }

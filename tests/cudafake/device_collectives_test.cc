@@ -472,6 +472,28 @@ shoal::testing::MpResult forkedRanks(int n, const std::string& transport,
   return shoal::testing::forkedDeviceRanks(cfg, body);
 }
 
+// The communicator's asynchronous error once set (the job may still be
+// failing on the engine's thread), looked at until 20 s after `since`.
+ncclResult_t awaitAsyncError(ncclComm_t comm, Clock::time_point since) {
+  ncclResult_t async = ncclInProgress;
+  while ((async == ncclInProgress || async == ncclSuccess) && msSince(since) < 20000) {
+    ncclCommGetAsyncError(comm, &async);
+    ::usleep(10000);
+  }
+  return async;
+}
+
+// Rank 1 dies here, between collectives every rank has finished; the
+// others go on 100 ms later.
+void rankOneDiesHere(shoal::testing::MpChild& child) {
+  if (child.rank() == 1) {
+    child.barrier();
+    ::kill(::getpid(), SIGKILL);
+  }
+  child.barrier();
+  ::usleep(100000);
+}
+
 }  // namespace
 
 TEST_CASE("every collective on device buffers as processes over shm, tcp and cuda_ipc", "[cudafake][mp]") {
@@ -809,12 +831,7 @@ TEST_CASE("stream plans report ranks that called different operations and releas
     auto t0 = Clock::now();
     if (cuStreamSynchronize(s) != CUDA_SUCCESS) return 3;
     double ms = msSince(t0);
-    // The job may still be failing on the engine's thread.
-    ncclResult_t async = ncclInProgress;
-    while ((async == ncclInProgress || async == ncclSuccess) && msSince(t0) < 20000) {
-      ncclCommGetAsyncError(comm, &async);
-      ::usleep(10000);
-    }
+    const ncclResult_t async = awaitAsyncError(comm, t0);
     std::string why = ncclGetLastError(comm);
     child.log("stream released after " + std::to_string(ms) + " ms, async " + ncclGetErrorString(async) + ": " + why);
     if (async != ncclInvalidUsage && async != ncclRemoteError && async != ncclSystemError) return 4;
@@ -862,12 +879,7 @@ TEST_CASE("a killed peer releases the stream within the deadline with the error 
     DeviceFloats buf(1000, [&](size_t i) { return val(child.rank(), i); });
     if (ncclAllReduce(buf.at(), buf.at(), 1000, ncclFloat, ncclSum, comm, s) != ncclSuccess) return 2;
     cuStreamSynchronize(s);
-    if (child.rank() == 1) {
-      child.barrier();
-      ::kill(::getpid(), SIGKILL);  // dies between collectives
-    }
-    child.barrier();
-    ::usleep(100000);
+    rankOneDiesHere(child);
     auto t0 = Clock::now();
     if (ncclAllReduce(buf.at(), buf.at(), 1000, ncclFloat, ncclSum, comm, s) != ncclSuccess) return 3;
     if (cuStreamSynchronize(s) != CUDA_SUCCESS) return 4;  // released, not stuck
@@ -1333,11 +1345,7 @@ TEST_CASE("a call on symmetric windows at other offsets on one rank is named, an
     if (ncclAllReduce(send, recv, N, ncclFloat, ncclSum, comm, s) != ncclSuccess) return 3;
     auto t0 = Clock::now();
     if (cuStreamSynchronize(s) != CUDA_SUCCESS) return 4;
-    ncclResult_t async = ncclInProgress;
-    while ((async == ncclInProgress || async == ncclSuccess) && msSince(t0) < 20000) {
-      ncclCommGetAsyncError(comm, &async);
-      ::usleep(10000);
-    }
+    const ncclResult_t async = awaitAsyncError(comm, t0);
     const std::string why = ncclGetLastError(comm);
     child.log(std::string("async ") + ncclGetErrorString(async) + " after " + std::to_string(msSince(t0)) + " ms: " + why);
     if (async != ncclInvalidUsage && async != ncclRemoteError) return 5;
@@ -1382,21 +1390,12 @@ TEST_CASE("a killed peer releases a stream waiting on window boards", "[cudafake
     std::vector<float> got = fromDevice(recv, N);
     for (size_t i = 0; i < N; ++i)
       if (got[i] != sumOfVals(2, i)) return 4;
-    if (child.rank() == 1) {
-      child.barrier();
-      ::kill(::getpid(), SIGKILL);  // dies between collectives
-    }
-    child.barrier();
-    ::usleep(100000);
+    rankOneDiesHere(child);
     auto t0 = Clock::now();
     if (ncclAllReduce(send, recv, N, ncclFloat, ncclSum, comm, s) != ncclSuccess) return 5;
     if (cuStreamSynchronize(s) != CUDA_SUCCESS) return 6;  // released, not stuck
     const double ms = msSince(t0);
-    ncclResult_t async = ncclInProgress;
-    while ((async == ncclInProgress || async == ncclSuccess) && msSince(t0) < 20000) {
-      ncclCommGetAsyncError(comm, &async);
-      ::usleep(10000);
-    }
+    const ncclResult_t async = awaitAsyncError(comm, t0);
     const std::string why = ncclGetLastError(comm);
     child.log("stream released after " + std::to_string(ms) + " ms, async " + ncclGetErrorString(async) + ": " + why);
     if (async == ncclSuccess || async == ncclInProgress) return 7;

@@ -121,17 +121,22 @@ perf() {
   echo "--- which path ran (NCCL_DEBUG=INFO)"
   SHOAL_TRANSPORT=cuda_ipc NCCL_DEBUG=INFO perf_run all_reduce_perf --procs 2 -b 1M -e 1M -n 1 -w 0 -c 1 2>&1 |
     grep -E "stream plans|device plans" | head -4
-  # Buffers in windows (-R 2): each rank reads the peers' buffers in place
-  # (peer_read device plans), over the default transport.
+  # Buffers in symmetric windows (-R 2): each rank reads the peers' buffers
+  # in place (peer_read plans whole on the streams, meeting on window
+  # boards), over the default transport; then the same host-stepped.
   for bin in all_reduce_perf all_gather_perf reduce_scatter_perf; do
     echo "--- $bin: 2 and 4 processes, buffers in windows (-R 2), up to $BIG"
     for n in 2 4; do
       perf_run "$bin" --procs "$n" -R 2 -b 8 -e "$BIG" -f 8 -n 5 -w 2 -c 1 || failed=1
     done
   done
-  echo "--- which path ran with windows (NCCL_DEBUG=TRACE: calls that read the peers' windows)"
-  NCCL_DEBUG=TRACE NCCL_DEBUG_SUBSYS=COLL perf_run all_reduce_perf --procs 2 -R 2 -b 1M -e 1M -n 1 -w 0 -c 1 2>&1 |
-    grep -c "reading the peers' windows"
+  echo "--- all_reduce_perf, windows, the host stepping through the plan (SHOAL_CUDA_STREAM_PLANS=0: no boards)"
+  SHOAL_CUDA_STREAM_PLANS=0 perf_run all_reduce_perf --procs 2 -R 2 -b 1M -e "$BIG" -f 8 -n 5 -w 2 -c 1 || failed=1
+  echo "--- which path ran with windows (NCCL_DEBUG=TRACE: calls on the streams, of those reading the peers' windows)"
+  NCCL_DEBUG=TRACE NCCL_DEBUG_SUBSYS=COLL perf_run all_reduce_perf --procs 2 -R 2 -b 1M -e 1M -n 1 -w 0 -c 1 \
+    >"$OUTDIR/windows-trace.log" 2>&1
+  grep -c "on the streams, reading the peers' windows" "$OUTDIR/windows-trace.log"
+  grep -c "reading the peers' windows" "$OUTDIR/windows-trace.log"
   return $failed
 }
 
