@@ -36,6 +36,13 @@ Plan buildHierarchicalAllGather(const CollShape&, const RankView&, const AlgoPar
 Plan buildPeerReadAllReduce(const CollShape&, const RankView&, const AlgoParams&);
 Plan buildPeerReadReduceScatter(const CollShape&, const RankView&, const AlgoParams&);
 Plan buildPeerReadAllGather(const CollShape&, const RankView&, const AlgoParams&);
+// One phase for small device-memory AllReduces out of place: every rank sums
+// every rank's whole send buffer, in rank order, into its own receive
+// buffer (no block copies, no "reduced" barrier). Not in place: a rank would
+// overwrite its send buffer while peers read it. Not in the tuner's table:
+// windows on the streams choose it (comm, kWindowOneShotMaxBytes).
+Plan buildPeerReadOneShotAllReduce(const CollShape&, const RankView&, const AlgoParams&);
+inline constexpr uint64_t kWindowOneShotMaxBytes = 256 << 10;
 Plan buildPairwiseAllToAll(const CollShape&, const RankView&, const AlgoParams&);
 Plan buildSendRecv(const CollShape&, const RankView&, const AlgoParams&);
 

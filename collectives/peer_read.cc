@@ -166,6 +166,39 @@ Plan buildPeerReadAllReduce(const CollShape& shape, const RankView& view, const 
   return p.finish();
 }
 
+Plan buildPeerReadOneShotAllReduce(const CollShape& shape, const RankView& view, const AlgoParams&) {
+  PeerReadPlan p(shape, view, "one_shot_read");
+  const int n = view.nranks;
+  const uint64_t bytes = shape.count * dataTypeSize(shape.dtype);
+  if (shape.count == 0) return p.finish();
+  p.openWindows();
+  // ((c0 + c1) + c2) + ...: the same order, so the same bytes, on every rank.
+  auto contribution = [&](int q) {
+    return q == view.rank ? sendAt(0) : Slice{peerBuffer(q, kSendBuffer), 0};
+  };
+  auto arrived = [&](int q) {
+    return q == view.rank ? std::vector<uint32_t>{} : std::vector<uint32_t>{p.windowRecvFrom[q]};
+  };
+  const bool divides = shape.divisor > 1;  // integer average: the sum divided once
+  std::vector<uint32_t> sum;
+  if (n == 1) {
+    sum.push_back(divides ? p.b.divide(recvAt(0), sendAt(0), bytes) : p.b.copy(recvAt(0), sendAt(0), bytes));
+  } else {
+    std::vector<uint32_t> deps = arrived(0);
+    for (uint32_t d : arrived(1)) deps.push_back(d);
+    uint32_t prev = p.b.add(reduceStep(recvAt(0), contribution(0), contribution(1), bytes, 0), deps);
+    for (int q = 2; q < n; ++q) {
+      deps = arrived(q);
+      deps.push_back(prev);
+      prev = p.b.add(reduceStep(recvAt(0), recvAt(0), contribution(q), bytes, 0), deps);
+    }
+    if (divides) prev = p.b.add(divideStep(recvAt(0), recvAt(0), bytes), {prev});
+    sum.push_back(prev);
+  }
+  p.barrier(sum);
+  return p.finish();
+}
+
 Plan buildPeerReadReduceScatter(const CollShape& shape, const RankView& view, const AlgoParams&) {
   PeerReadPlan p(shape, view, "peer_read");
   const int n = view.nranks, r = view.rank;

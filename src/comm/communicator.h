@@ -237,7 +237,8 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
   // Job preparation and submission (communicator_jobs.cc).
   // Fills `job` for the operations (zero-count collectives dropped); false
   // when nothing is left to do.
-  Result<bool> prepareJob(Job& job, std::span<const OpRequest> ops, bool detached);
+  // `windowOneShot`: a windowed operation's one-phase plan (PlanCache::windowPlanFor).
+  Result<bool> prepareJob(Job& job, std::span<const OpRequest> ops, bool detached, bool windowOneShot = false);
   // Whether a stream-ordered operation runs as a device plan (docs/cuda.md,
   // Device plans): one operation on device buffers whose plan's compute
   // steps the GPU runs and whose every connection moves device memory, or,
@@ -269,7 +270,8 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
   // communicator has failed.
   Status launchStreamPlan(std::span<const OpRequest> ops, const JobPtr& job,
                           const std::function<void(const Plan&, std::vector<StreamLink*>&)>& linksOf,
-                          std::span<const std::array<uint8_t*, 2>> peerBuffers, StreamSubmission& submission);
+                          std::span<const std::array<uint8_t*, 2>> peerBuffers, StreamSubmission& submission,
+                          bool windowOneShot = false);
   // Makes deviceSteps_ the first time (false where it cannot, said at INFO).
   bool ensureDeviceSteps();
   // Before the connections go (destroy, failure): waits (bounded) for the

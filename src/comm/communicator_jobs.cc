@@ -12,6 +12,7 @@
 #include "comm/stream_bridge.h"
 #include "comm/stream_plan.h"
 #include "comm/window.h"
+#include "collectives/builders.h"
 #include "comm/window_board.h"
 #include "core/clock.h"
 #include "core/log.h"
@@ -253,11 +254,15 @@ Result<bool> Communicator::submitWindowStreamPlan(std::span<const OpRequest> ops
                         "must be device memory of the communicator's GPU, and its device kernels loaded: see the "
                         "INFO log)"));
   boards_->setCall(WindowCall{where->sendRegistration, where->recvRegistration, where->sendOffset, where->recvOffset});
+  // Small AllReduces out of place in one phase. In place or not is the same
+  // on every rank: the symmetric promise (checked by the descriptors).
+  const bool oneShot = op.shape.kind == CollKind::kAllReduce && send != recv &&
+                       layout.sendBytes <= kWindowOneShotMaxBytes;
   auto job = std::make_shared<Job>();
   job->peerBuffers = windows_;  // windows stay mapped while the job lives
   Status launched = launchStreamPlan(ops, job, [&](const Plan& plan, std::vector<StreamLink*>& links) {
     for (const Lane& lane : plan.lanes) links.push_back(boards_->link(lane.peer));
-  }, where->buffers, submission);
+  }, where->buffers, submission, oneShot);
   if (!launched.isOk()) return cannot(std::move(launched));
   SHOAL_TRACE(subsys::kColl, job->description(), " count ", op.shape.count,
               " on the streams, reading the peers' windows");
@@ -267,7 +272,7 @@ Result<bool> Communicator::submitWindowStreamPlan(std::span<const OpRequest> ops
 Status Communicator::launchStreamPlan(std::span<const OpRequest> ops, const JobPtr& job,
                                       const std::function<void(const Plan&, std::vector<StreamLink*>&)>& linksOf,
                                       std::span<const std::array<uint8_t*, 2>> peerBuffers,
-                                      StreamSubmission& submission) {
+                                      StreamSubmission& submission, bool windowOneShot) {
   if (!streamPlans_) {
     streamPlans_ = std::make_unique<StreamPlans>(*cuda_, *bridge_->deviceReducer(), deviceSteps_);
     SHOAL_INFO(subsys::kInit | subsys::kColl, describe(),
@@ -284,7 +289,7 @@ Status Communicator::launchStreamPlan(std::span<const OpRequest> ops, const JobP
   // The job as any other's: plan, tags, connections, buffers, device
   // scratch (held by the job while it lives).
   job->deviceSteps = deviceSteps_;
-  if (Result<bool> any = prepareJob(*job, ops, /*detached=*/true); !any.isOk()) {
+  if (Result<bool> any = prepareJob(*job, ops, /*detached=*/true, windowOneShot); !any.isOk()) {
     bridge_->release(staged);  // nothing of it reached a stream
     return any.takeStatus();
   }
@@ -557,7 +562,7 @@ Result<JobPtr> Communicator::enqueue(std::span<const OpRequest> ops, bool detach
   return job;
 }
 
-Result<bool> Communicator::prepareJob(Job& job, std::span<const OpRequest> ops, bool detached) {
+Result<bool> Communicator::prepareJob(Job& job, std::span<const OpRequest> ops, bool detached, bool windowOneShot) {
   const bool wait = !detached;
   if (aborted()) return error(Code::kAborted, describe(), " was aborted");
   if (failed_.load(std::memory_order_acquire)) {
@@ -570,7 +575,7 @@ Result<bool> Communicator::prepareJob(Job& job, std::span<const OpRequest> ops, 
     std::vector<OpRequest> kept;
     std::remove_copy_if(ops.begin(), ops.end(), std::back_inserter(kept), droppedByNccl);
     if (kept.empty()) return false;
-    return prepareJob(job, kept, detached);
+    return prepareJob(job, kept, detached, windowOneShot);
   }
 
   // A reused job (a blocking call's) that repeats its last single operation
@@ -591,7 +596,7 @@ Result<bool> Communicator::prepareJob(Job& job, std::span<const OpRequest> ops, 
     for (size_t k = 0; k < ops.size(); ++k) {
       const OpRequest& op = ops[k];
       if (job.peerBuffers) {  // a device plan on windows (runsAsDevicePlan found its plan)
-        SHOAL_ASSIGN_OR_RETURN(prepared, plans_->windowPlanFor(placedShape(op)), describe(), ": ",
+        SHOAL_ASSIGN_OR_RETURN(prepared, plans_->windowPlanFor(placedShape(op), windowOneShot), describe(), ": ",
                                collKindName(op.shape.kind));
         if (!prepared) return internalError(describe(), ": no window plan for ", collKindName(op.shape.kind));
       } else {

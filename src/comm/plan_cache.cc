@@ -2,6 +2,8 @@
 
 #include <utility>
 
+#include "collectives/builders.h"
+
 namespace shoal {
 
 PlanCache::PlanCache(std::unique_ptr<Tuner> tuner, RankView view) : tuner_(std::move(tuner)), view_(std::move(view)) {
@@ -31,20 +33,22 @@ Result<std::shared_ptr<const PreparedPlan>> PlanCache::planFor(const CollShape& 
   return prepared;
 }
 
-Result<std::shared_ptr<const PreparedPlan>> PlanCache::windowPlanFor(const CollShape& shape) {
-  auto it = windowPlans_.find(shape);
-  if (it != windowPlans_.end()) return it->second;
+Result<std::shared_ptr<const PreparedPlan>> PlanCache::windowPlanFor(const CollShape& shape, bool oneShot) {
+  Plans& cache = oneShot ? windowOneShotPlans_ : windowPlans_;
+  auto it = cache.find(shape);
+  if (it != cache.end()) return it->second;
   RankView view = view_;
   view.peerReads = true;
   view.deviceMemory = true;
   std::shared_ptr<const PreparedPlan> prepared;
   const AlgorithmEntry* peerRead = findAlgorithm(shape.kind, "peer_read");
   if (peerRead && peerRead->supports(shape, view)) {
-    auto plan = std::make_shared<Plan>(peerRead->build(shape, view, AlgoParams{}));
+    auto plan = std::make_shared<Plan>(oneShot ? buildPeerReadOneShotAllReduce(shape, view, AlgoParams{})
+                                               : peerRead->build(shape, view, AlgoParams{}));
     if (computeStepsRunOnDevice(*plan)) prepared = preparePlan(std::move(plan));
   }
-  if (windowPlans_.size() >= kLimit) windowPlans_.clear();
-  windowPlans_.emplace(shape, prepared);
+  if (cache.size() >= kLimit) cache.clear();
+  cache.emplace(shape, prepared);
   return prepared;
 }
 

@@ -43,7 +43,9 @@ class PlanCache {
   // steps are not all the GPU's (an integer average divides). The same on
   // every rank: it depends on the shape alone. Peer reads are the point of
   // such windows, and the tuner has no device figures to weigh them by.
-  Result<std::shared_ptr<const PreparedPlan>> windowPlanFor(const CollShape& shape);
+  // `oneShot`: an AllReduce of at most kWindowOneShotMaxBytes out of place
+  // on the streams, the one-phase plan (buildPeerReadOneShotAllReduce).
+  Result<std::shared_ptr<const PreparedPlan>> windowPlanFor(const CollShape& shape, bool oneShot = false);
   // The plan of a group's operations merged (mergePlans), in this order.
   std::shared_ptr<const PreparedPlan> mergedPlanFor(std::vector<std::shared_ptr<const PreparedPlan>> parts);
   // Whether every rank's plan for the shape has only compute steps the GPU
@@ -74,7 +76,7 @@ class PlanCache {
   RankView groupView_;  // view_ without peer reads: peer-reading plans are single-op
   Plans plans_;
   Plans groupPlans_;
-  Plans windowPlans_;  // null entries: no window plan
+  Plans windowPlans_, windowOneShotPlans_;  // null entries: no window plan
   std::unordered_map<CollShape, bool, ShapeHash, ShapeEqual> everywhere_, groupEverywhere_;
   // Merged plans keyed by their parts' prepared plans in order; an entry holds
   // those parts, so their addresses stay unique while it lives. (Merging a

@@ -1319,6 +1319,8 @@ TEST_CASE("collectives on window buffers read peers' device memory in place, ove
       CHECK(result.allPassed());
       CHECK(count("reading the peers' windows") == (run.windows ? 6u * static_cast<size_t>(n) : 0u));
       CHECK(count("on the streams, reading the peers' windows") == (onStreams ? 6u * static_cast<size_t>(n) : 0u));
+      // The small AllReduce out of place in one phase, on the streams only.
+      CHECK(count("(one_shot_read) count 3000 on the streams") == (onStreams ? static_cast<size_t>(n) : 0u));
     }
   ::unlink(logPath);
 }
