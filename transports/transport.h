@@ -76,6 +76,10 @@ class StreamLink {
   struct Progress {
     uint64_t sendEnqueued = 0, sent = 0;    // sent: chunks the peer has copied out
     uint64_t recvEnqueued = 0, received = 0;  // received: chunks the peer has published
+    // Whether a send behind waits for the peer (a ring slot it must free);
+    // false where a send never waits and is behind only a wait of this
+    // side's, which the receive side names (window boards).
+    bool sendWaitsForPeer = true;
   };
   virtual Progress progress() const = 0;
   // Compares the tag and byte count of each message the streams have

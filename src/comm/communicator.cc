@@ -437,20 +437,36 @@ Status Communicator::deregisterWindow(const void* handle) {
 }
 
 void Communicator::releaseRetiredWindows() {
-  // A submitted job may still read a retired window's mappings (its stream
-  // may not even have reached it): they stay until no such job is left.
+  if (streamsUnsettled_) return;  // a stream still holding a plan may read any of them
+  std::vector<std::unique_ptr<Window>> retired = windows_->takeRetired(windowOperationsThrough());
+  releaseWindows(retired);
+}
+
+void Communicator::trackWindowOperation(const JobPtr& job) {
   {
     std::lock_guard<std::mutex> lock(jobsMutex_);
-    for (const JobPtr& job : inFlight_) {
-      if (!job->peerBuffers) continue;
-      // A stream plan reads them until its streams have passed it (a failed
-      // one too: they run on, released), which may be before or after
-      // its job is done.
-      if (job->streamWatch ? !job->streamWatch->finished() : !job->isDone()) return;
-    }
+    windowJobs_.emplace_back(windows_->noteSubmitted(), job);
   }
-  std::vector<std::unique_ptr<Window>> retired = windows_->takeRetired();
-  releaseWindows(retired);
+  releaseRetiredWindows();  // also keeps windowJobs_ short
+}
+
+void Communicator::breakWindowBoards() {
+  if (!boards_) return;
+  for (int q = 0; q < nranks_; ++q)
+    if (q != rank_ && boards_->link(q)) boards_->link(q)->release();
+}
+
+uint64_t Communicator::windowOperationsThrough() {
+  std::lock_guard<std::mutex> lock(jobsMutex_);
+  // Through: a stream plan once its streams have passed it (a failed one
+  // too: released, they run on and read), which may be before or after its
+  // job is done; a host-stepped one once done. They finish in order.
+  while (!windowJobs_.empty()) {
+    const JobPtr& job = windowJobs_.front().second;
+    if (job->streamWatch ? !job->streamWatch->finished() : !job->isDone()) return windowJobs_.front().first - 1;
+    windowJobs_.pop_front();
+  }
+  return ~0ull;
 }
 
 Window* Communicator::findWindow(const void* handle) { return windows_->find(handle); }

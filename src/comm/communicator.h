@@ -30,6 +30,7 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -353,6 +354,15 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
   // stream plans, which keep it while a stream may use it.
   std::shared_ptr<WindowBoards> boards_;
   bool boardsHeld_ = false;  // given to streamPlans_ (held while its streams may use them)
+  // Submitted operations that may read windows, numbered by
+  // Windows::noteSubmitted (guarded by jobsMutex_), and the number up to
+  // which every one is through (popping those that are).
+  std::deque<std::pair<uint64_t, JobPtr>> windowJobs_;
+  void trackWindowOperation(const JobPtr& job);
+  // Breaks this rank's window board for good (every wait of this rank's
+  // streams on it passes; peers' plans on it fail): the communicator has failed.
+  void breakWindowBoards();
+  uint64_t windowOperationsThrough();
   bool streamsUnsettled_ = false;  // a stream held a plan past settleStreamPlans()
   uint64_t windowRegistrations_ = 0;  // names each registration's descriptor tickets
 

@@ -7,12 +7,12 @@
 #include <iterator>
 #include <utility>
 
+#include "collectives/builders.h"
 #include "comm/communicator.h"
 #include "comm/device_steps.h"
 #include "comm/stream_bridge.h"
 #include "comm/stream_plan.h"
 #include "comm/window.h"
-#include "collectives/builders.h"
 #include "comm/window_board.h"
 #include "core/clock.h"
 #include "core/log.h"
@@ -68,10 +68,17 @@ Result<Communicator::StreamSubmission> Communicator::beginStreamOrdered(std::spa
   if (kept.empty()) return submission;  // nothing reaches the stream
   for (const OpRequest& op : kept) {
     SHOAL_ASSIGN_OR_RETURN(bool capturing, cuda_->isCapturing(op.stream), describe());
-    if (capturing)
-      return invalidUsage(describe(), ": ", collKindName(op.shape.kind),
-                          " on a stream that is being captured into a CUDA graph: Shoal does not "
-                          "replay collectives in graphs yet (call it outside the capture)");
+    if (!capturing) continue;
+    Status refused = invalidUsage(describe(), ": ", collKindName(op.shape.kind),
+                                  " on a stream that is being captured into a CUDA graph: Shoal does not "
+                                  "replay collectives in graphs yet (call it outside the capture)");
+    // Peers running a call on symmetric windows wait on this rank's board:
+    // they learn of it now, and the communicator has failed.
+    if (boards_ && inWindows(kept)) {
+      breakWindowBoards();
+      setAsyncError(refused);
+    }
+    return refused;
   }
   submission.synchronous = bridge_->waitMode() == cuda::WaitMode::kSynchronous;
   // An operation on windows reads its peers' buffers in place (one copy),
@@ -130,9 +137,11 @@ Result<Communicator::StreamSubmission> Communicator::beginStreamOrdered(std::spa
     Engine::instance().submit(job);
     trackDetached(job);
     submission.job = job;
-    if (windowed)
+    if (job->peerBuffers) {
+      trackWindowOperation(job);
       SHOAL_TRACE(subsys::kColl, job->description(), " count ", kept[0].shape.count,
                   " as a device plan reading the peers' windows");
+    }
   }
   submission.ops = std::move(kept);
   submission.staged = std::move(held);
@@ -227,13 +236,12 @@ Result<bool> Communicator::submitWindowStreamPlan(std::span<const OpRequest> ops
   // communicator and break its board, so that the peers fail now, not at
   // their deadline (and no later call of this rank meets one of theirs).
   auto cannot = [&](Status st) -> Status {
-    for (int q = 0; q < nranks_; ++q)
-      if (q != rank_ && boards_->link(q)) boards_->link(q)->release();
-    st = StatusBuilder(std::move(st)) << describe() << ": " << collKindName(op.shape.kind) << " on symmetric windows";
+    breakWindowBoards();
+    st = StatusBuilder(std::move(st)) << collKindName(op.shape.kind) << " on symmetric windows";
     setAsyncError(st);
     return st;
   };
-  if (!found.isOk()) return cannot(found.takeStatus());
+  if (!found.isOk()) return cannot(StatusBuilder(found.takeStatus()) << describe());
   std::optional<Windows::OnStreams> where = std::move(found).value();
   for (size_t q = 0; q < where->buffers.size(); ++q) {
     if (gatherInPlace) where->buffers[q][0] = where->buffers[q][1] + q * layout.sendBytes;
@@ -244,16 +252,17 @@ Result<bool> Communicator::submitWindowStreamPlan(std::span<const OpRequest> ops
   if (anyInFlight_.load(std::memory_order_acquire)) releaseFinishedDetached();  // an earlier failure first
   if (failed_.load(std::memory_order_acquire)) {
     Status e = asyncError();
-    return cannot(Status(e.code(), str("in an error state from an earlier operation: ", e.message())));
+    return cannot(Status(e.code(), str(describe(), " is in an error state from an earlier operation: ", e.message())));
   }
   if (bridge_->waitMode() != cuda::WaitMode::kMemOps)
-    return cannot(error(Code::kUnsupported, "operations on symmetric windows run on the streams, and this rank's "
-                        "streams no longer run stream memory operations"));
+    return cannot(error(Code::kUnsupported, describe(), ": operations on symmetric windows run on the streams, and "
+                        "this rank's streams no longer run stream memory operations"));
   if (!ensureDeviceSteps() || !runsAsDevicePlan(ops, /*windowed=*/true))
-    return cannot(error(Code::kInvalidUsage, "it runs on every rank's streams, and cannot on this rank (its buffers "
-                        "must be device memory of the communicator's GPU, and its device kernels loaded: see the "
-                        "INFO log)"));
-  boards_->setCall(WindowCall{where->sendRegistration, where->recvRegistration, where->sendOffset, where->recvOffset});
+    return cannot(error(Code::kInvalidUsage, describe(), ": it runs on every rank's streams, and cannot on this "
+                        "rank (its buffers must be device memory of the communicator's GPU, and its device kernels "
+                        "loaded: see the INFO log)"));
+  boards_->setCall(
+      WindowCall{op.shape.count, where->sendRegistration, where->recvRegistration, where->sendOffset, where->recvOffset});
   // Small AllReduces out of place in one phase. In place or not is the same
   // on every rank: the symmetric promise (checked by the descriptors).
   const bool oneShot = op.shape.kind == CollKind::kAllReduce && send != recv &&
@@ -264,6 +273,7 @@ Result<bool> Communicator::submitWindowStreamPlan(std::span<const OpRequest> ops
     for (const Lane& lane : plan.lanes) links.push_back(boards_->link(lane.peer));
   }, where->buffers, submission, oneShot);
   if (!launched.isOk()) return cannot(std::move(launched));
+  trackWindowOperation(job);
   SHOAL_TRACE(subsys::kColl, job->description(), " count ", op.shape.count,
               " on the streams, reading the peers' windows");
   return true;

@@ -34,6 +34,7 @@ Result<std::shared_ptr<const PreparedPlan>> PlanCache::planFor(const CollShape& 
 }
 
 Result<std::shared_ptr<const PreparedPlan>> PlanCache::windowPlanFor(const CollShape& shape, bool oneShot) {
+  oneShot = oneShot && shape.kind == CollKind::kAllReduce;  // the one-phase plan is an AllReduce's
   Plans& cache = oneShot ? windowOneShotPlans_ : windowPlans_;
   auto it = cache.find(shape);
   if (it != cache.end()) return it->second;

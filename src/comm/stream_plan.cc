@@ -50,7 +50,7 @@ class StreamPlanWatch final : public StreamWatch {
       StreamLink::Progress p = l.link->progress();
       auto behind = [](uint64_t done, uint64_t target) { return static_cast<int64_t>(done - target) < 0; };
       std::string what;
-      if (behind(p.sent, l.target.sendEnqueued))
+      if (p.sendWaitsForPeer && behind(p.sent, l.target.sendEnqueued))
         what = str("send to ", l.link->peerDescription(), " (the peer has taken chunk ", p.sent, " of ",
                    l.target.sendEnqueued, ")");
       if (behind(p.received, l.target.recvEnqueued))

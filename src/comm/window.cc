@@ -8,8 +8,8 @@
 
 #include "core/byte_order.h"
 #include "core/log.h"
-#include "core/ranges.h"
 #include "core/process.h"
+#include "core/ranges.h"
 #include "cuda/peer_imports.h"
 #include "memory/shared_memory.h"
 #include "net/crypto.h"
@@ -183,6 +183,7 @@ size_t Windows::retireWhere(const std::function<bool(const Window&)>& which) {
   for (auto it = windows_.begin(); it != windows_.end();) {
     if (which(**it)) {
       retired_.push_back(std::move(*it));
+      retiredAt_.push_back(submitted_.load(std::memory_order_acquire));
       it = windows_.erase(it);
       ++retired;
     } else {
@@ -203,11 +204,19 @@ bool Windows::retire(const void* handle) {
   return retireWhere([&](const Window& w) { return &w == handle; }) > 0;
 }
 
-std::vector<std::unique_ptr<Window>> Windows::takeRetired() {
+std::vector<std::unique_ptr<Window>> Windows::takeRetired(uint64_t passed) {
   std::lock_guard<std::mutex> lock(mutex_);
-  std::vector<std::unique_ptr<Window>> retired = std::move(retired_);
-  retired_.clear();
-  return retired;
+  std::vector<std::unique_ptr<Window>> released;
+  for (size_t i = 0; i < retired_.size();) {
+    if (retiredAt_[i] <= passed) {
+      released.push_back(std::move(retired_[i]));
+      retired_.erase(retired_.begin() + static_cast<std::ptrdiff_t>(i));
+      retiredAt_.erase(retiredAt_.begin() + static_cast<std::ptrdiff_t>(i));
+    } else {
+      ++i;
+    }
+  }
+  return released;
 }
 
 std::vector<std::unique_ptr<Window>> Windows::takeAll() {
@@ -216,6 +225,7 @@ std::vector<std::unique_ptr<Window>> Windows::takeAll() {
   windows_.clear();
   for (auto& w : retired_) all.push_back(std::move(w));
   retired_.clear();
+  retiredAt_.clear();
   count_.store(0, std::memory_order_release);
   return all;
 }

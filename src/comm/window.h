@@ -139,7 +139,12 @@ class Windows final : public PeerBuffers {
   // operation uses it, and operations already submitted still find its
   // peers' buffers until takeRetired() hands it over for release.
   bool retire(const void* handle);
-  std::vector<std::unique_ptr<Window>> takeRetired();
+  // Numbers the operations that may read windows, in submission order: a
+  // window retired after operation k was submitted is read by k at the most.
+  uint64_t noteSubmitted() { return submitted_.fetch_add(1, std::memory_order_acq_rel) + 1; }
+  // The retired windows no operation after `passed` (every operation up to
+  // it is through) may read.
+  std::vector<std::unique_ptr<Window>> takeRetired(uint64_t passed);
   // Every window, live or retired.
   std::vector<std::unique_ptr<Window>> takeAll();
   Window* find(const void* handle) const;
@@ -166,6 +171,8 @@ class Windows final : public PeerBuffers {
   mutable std::mutex mutex_;
   std::vector<std::unique_ptr<Window>> windows_;
   std::vector<std::unique_ptr<Window>> retired_;
+  std::vector<uint64_t> retiredAt_;  // per retired window: operations submitted then
+  std::atomic<uint64_t> submitted_{0};
   // Moves the live windows `which` picks to the retired ones; how many.
   size_t retireWhere(const std::function<bool(const Window&)>& which);
 

@@ -104,7 +104,7 @@ uint64_t hash(uint64_t tag, const WindowCall& call, uint64_t sequence) {
     return z ^ (z >> 31);
   };
   uint64_t h = mix(0x5348'4f41'4c00'0000ull, tag);
-  for (uint64_t v : {call.sendRegistration, call.recvRegistration, call.sendOffset, call.recvOffset, sequence})
+  for (uint64_t v : {call.count, call.sendRegistration, call.recvRegistration, call.sendOffset, call.recvOffset, sequence})
     h = mix(h, v);
   return h == 0 ? 1 : h;
 }
@@ -114,14 +114,15 @@ uint64_t hash(uint64_t tag, const WindowCall& call, uint64_t sequence) {
 namespace {
 
 uint64_t load(const uint64_t* word) { return __atomic_load_n(word, __ATOMIC_ACQUIRE); }
-// "windows 2 and 3 at offsets 4096 and in place"
-std::string describeCall(const WindowCall& call) {
-  auto offset = [](uint64_t at) { return at == kInPlaceOffset ? std::string("in place") : std::to_string(at); };
-  return str("windows ", call.sendRegistration, " and ", call.recvRegistration, " at offsets ", offset(call.sendOffset),
-             " and ", offset(call.recvOffset));
-}
 void store(uint64_t* word, uint64_t value) { __atomic_store_n(word, value, __ATOMIC_RELEASE); }
 bool reached(uint64_t value, uint64_t target) { return static_cast<int64_t>(value - target) >= 0; }
+
+// "1000 elements on windows 2 and 3 at offsets 4096 and in place"
+std::string describeCall(const WindowCall& call) {
+  auto offset = [](uint64_t at) { return at == kInPlaceOffset ? std::string("in place") : std::to_string(at); };
+  return str(call.count, " elements on windows ", call.sendRegistration, " and ", call.recvRegistration,
+             " at offsets ", offset(call.sendOffset), " and ", offset(call.recvOffset));
+}
 
 }  // namespace
 
@@ -142,6 +143,7 @@ class BoardLink final : public StreamLink {
       const uint64_t sequence = ++descriptorsSent_;
       const uint64_t words[][2] = {
           {board::kTag, tag},
+          {board::kCount, call_.count},
           {board::kSendRegistration, call_.sendRegistration},
           {board::kRecvRegistration, call_.recvRegistration},
           {board::kSendOffset, call_.sendOffset},
@@ -179,10 +181,9 @@ class BoardLink final : public StreamLink {
 
   Progress progress() const override {
     Progress p;
-    // A signal never waits for the peer: one not yet written is behind a
-    // wait of this rank's, which the receive side names.
     p.sendEnqueued = sent_.load();
-    p.sent = p.sendEnqueued;
+    p.sent = load(toPeer_ + board::kMessages);  // what this rank's streams have written
+    p.sendWaitsForPeer = false;  // a signal not yet written is behind a wait of this rank's
     p.recvEnqueued = expected_.load();
     p.received = load(fromPeer_ + board::kMessages);
     return p;
@@ -200,6 +201,7 @@ class BoardLink final : public StreamLink {
       if (!reached(load(fromPeer_ + board::kMessages), e.message)) break;  // not sent yet
       WindowCall theirs;
       const uint64_t tag = load(fromPeer_ + board::kTag);
+      theirs.count = load(fromPeer_ + board::kCount);
       theirs.sendRegistration = load(fromPeer_ + board::kSendRegistration);
       theirs.recvRegistration = load(fromPeer_ + board::kRecvRegistration);
       theirs.sendOffset = load(fromPeer_ + board::kSendOffset);
@@ -207,8 +209,8 @@ class BoardLink final : public StreamLink {
       if (load(fromPeer_ + board::kHash) == e.value) break;  // it passes
       // The stream may have passed it meanwhile, and the peer moved on.
       if (reached(load(passed_), e.sequence)) continue;
-      return invalidUsage("rank ", q_, " called ", describeTag(tag), " on ", describeCall(theirs),
-                          "; this rank called ", describeTag(e.tag), " on ", describeCall(e.call),
+      return invalidUsage("rank ", q_, " called ", describeTag(tag), " of ", describeCall(theirs),
+                          "; this rank called ", describeTag(e.tag), " of ", describeCall(e.call),
                           " (windows registered with NCCL_WIN_COLL_SYMMETRIC take the same operations at the same "
                           "offsets on every rank)");
     }

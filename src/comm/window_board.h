@@ -40,6 +40,7 @@ namespace shoal {
 // What a windowed operation's descriptor message says: the same on every
 // rank for one operation on symmetric windows.
 struct WindowCall {
+  uint64_t count = 0;                                   // elements (which decides the plan)
   uint64_t sendRegistration = 0, recvRegistration = 0;  // the communicator's registration index
   uint64_t sendOffset = 0, recvOffset = 0;              // in those windows, or kInPlaceOffset
 };
@@ -94,8 +95,8 @@ constexpr uint64_t kSlotWords = 8;  // a cache line per writer
 // releases may have let its streams run on).
 constexpr uint64_t kBroken = 0;
 // Slot of rank q: words from kSlotWords * (1 + q).
-constexpr uint64_t kHash = 0, kMessages = 1, kTag = 2, kSendRegistration = 3, kRecvRegistration = 4, kSendOffset = 5,
-                   kRecvOffset = 6;
+constexpr uint64_t kHash = 0, kMessages = 1, kTag = 2, kCount = 3, kSendRegistration = 4, kRecvRegistration = 5,
+                   kSendOffset = 6, kRecvOffset = 7;
 inline uint64_t slot(int q) { return kSlotWords * (1 + static_cast<uint64_t>(q)); }
 // Descriptors from rank q this rank's streams have passed (written by them).
 inline uint64_t passed(int nranks, int q) { return slot(nranks) + static_cast<uint64_t>(q); }

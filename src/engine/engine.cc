@@ -862,10 +862,6 @@ void Engine::failJob(Job& job, Status status) {
 
 void Engine::drainStep(Job& job) {
   job.streamWatch->release();
-  // A stream still behind the plan (the user's work ahead of it) will need
-  // the release when it gets there: the bound counts from then.
-  if (job.streamReady && !streamWordReached(job.streamReady, job.streamSeq))
-    job.drainEndNs_ = nowNs() + kDrainMs * 1000000;
   if (job.streamWatch->finished() || nowNs() > job.drainEndNs_) job.finish(Status(job.drainStatus_));
 }
 

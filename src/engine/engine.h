@@ -271,8 +271,7 @@ class Job {
   std::vector<int> waitingOn_;
   // A stream plan that failed drains before it finishes with drainStatus_:
   // its links are released on every pass until its streams have passed
-  // the plan (or kDrainMs went by after they reached it; until then, or
-  // the communicator's end, as long as they are behind it).
+  // the plan (or kDrainMs went by).
   bool draining_ = false;
   Status drainStatus_;  // set once, before failing_
   std::atomic<bool> failing_{false};
@@ -365,16 +364,14 @@ class Engine {
   static constexpr uint32_t kQuietLooks = 8;
   // No connection of the job might progress and it has nothing to post.
   static bool quiet(const Job& job);
-  // How long a failed stream plan's job releases its links, once its
-  // streams have reached the plan, before it finishes anyway (a stream
-  // held inside it, or a peer's streams writing back what it released).
+  // How long a failed stream plan's job releases its links before it
+  // finishes anyway (a stream held by the user's own work).
   static constexpr int64_t kDrainMs = 10000;
   // Copy/reduce bytes one runReady() call runs before it lets its caller poll.
   static constexpr uint64_t kComputeBytesPerPass = 1 << 20;
   bool progressJob(Job& job);
   // One pass of a failed stream plan's drain: releases its links again and
-  // finishes it once its streams have passed the plan or kDrainMs went by
-  // after they reached it.
+  // finishes it once its streams have passed the plan or kDrainMs went by.
   static void drainStep(Job& job);
   // The job's report, no-progress deadline and stalled-peer checks, after a
   // pass that did (or did not) progress it. True when the job failed.

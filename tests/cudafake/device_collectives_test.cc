@@ -1364,12 +1364,10 @@ TEST_CASE("a call on symmetric windows at other offsets on one rank is named, an
   const std::string report = result.report();
   // The first rank to see both descriptors names them; the other may learn
   // first that its peer's board broke.
-  CHECK((report.find("rank 0 called AllReduce #0 (float, args 181) on windows 0 and 0 at offsets 0 and 8000; this "
-                     "rank called AllReduce #0 (float, args 181) on windows 0 and 0 at offsets 4096 and 12096") !=
-             std::string::npos ||
-         report.find("rank 1 called AllReduce #0 (float, args 181) on windows 0 and 0 at offsets 4096 and 12096; "
-                     "this rank called AllReduce #0 (float, args 181) on windows 0 and 0 at offsets 0 and 8000") !=
-             std::string::npos));
+  const std::string at0 = "AllReduce #0 (float, args 181) of 1000 elements on windows 0 and 0 at offsets 0 and 8000";
+  const std::string at1 = "AllReduce #0 (float, args 181) of 1000 elements on windows 0 and 0 at offsets 4096 and 12096";
+  CHECK((report.find("rank 0 called " + at0 + "; this rank called " + at1) != std::string::npos ||
+         report.find("rank 1 called " + at1 + "; this rank called " + at0) != std::string::npos));
 }
 
 // On symmetric windows the streams wait on window boards: a peer that died

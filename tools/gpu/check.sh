@@ -133,10 +133,12 @@ perf() {
   echo "--- all_reduce_perf, windows, the host stepping through the plan (SHOAL_CUDA_STREAM_PLANS=0: no boards)"
   SHOAL_CUDA_STREAM_PLANS=0 perf_run all_reduce_perf --procs 2 -R 2 -b 1M -e "$BIG" -f 8 -n 5 -w 2 -c 1 || failed=1
   echo "--- which path ran with windows (NCCL_DEBUG=TRACE: calls on the streams, of those reading the peers' windows)"
-  NCCL_DEBUG=TRACE NCCL_DEBUG_SUBSYS=COLL perf_run all_reduce_perf --procs 2 -R 2 -b 1M -e 1M -n 1 -w 0 -c 1 \
+  NCCL_DEBUG=TRACE NCCL_DEBUG_SUBSYS=COLL perf_run all_reduce_perf --procs 2 -R 2 -b 64K -e 1M -f 16 -n 1 -w 0 -c 1 \
     >"$OUTDIR/windows-trace.log" 2>&1
   grep -c "on the streams, reading the peers' windows" "$OUTDIR/windows-trace.log"
   grep -c "reading the peers' windows" "$OUTDIR/windows-trace.log"
+  echo "--- of those, AllReduces in one phase (64K: one_shot_read; 1M: peer_read)"
+  grep -c "(one_shot_read) count .* on the streams" "$OUTDIR/windows-trace.log"
   return $failed
 }
 
