@@ -18,7 +18,20 @@
 #include "core/log.h"
 
 namespace shoal {
+
 namespace {
+
+// NCCL's in place with blocks: AllGather's send buffer is this rank's block
+// of its receive buffer, ReduceScatter's receive buffer its block of the send.
+struct BlockInPlace {
+  bool gather = false, scatter = false;
+};
+BlockInPlace blockInPlaceOf(const OpRequest& op, const OpLayout& layout, int rank) {
+  const auto send = reinterpret_cast<uintptr_t>(op.sendbuff), recv = reinterpret_cast<uintptr_t>(op.recvbuff);
+  const auto r = static_cast<uintptr_t>(rank);
+  return BlockInPlace{op.shape.kind == CollKind::kAllGather && send == recv + r * layout.sendBytes,
+                      op.shape.kind == CollKind::kReduceScatter && recv == send + r * layout.recvBytes};
+}
 
 // NCCL drops zero-count collectives; zero-byte Send/Recv still match.
 bool droppedByNccl(const OpRequest& op) {
@@ -222,11 +235,8 @@ Result<bool> Communicator::submitWindowStreamPlan(std::span<const OpRequest> ops
   // (AllGather) or the reverse (ReduceScatter). Its offset differs per rank,
   // so the descriptor names the larger buffer, and each peer's block is
   // found at its rank's place in it.
-  const auto send = reinterpret_cast<uintptr_t>(op.sendbuff), recv = reinterpret_cast<uintptr_t>(op.recvbuff);
-  const bool gatherInPlace = op.shape.kind == CollKind::kAllGather &&
-                             send == recv + static_cast<uintptr_t>(rank_) * layout.sendBytes;
-  const bool scatterInPlace = op.shape.kind == CollKind::kReduceScatter &&
-                              recv == send + static_cast<uintptr_t>(rank_) * layout.recvBytes;
+  const BlockInPlace blockInPlace = blockInPlaceOf(op, layout, rank_);
+  const bool gatherInPlace = blockInPlace.gather, scatterInPlace = blockInPlace.scatter;
   Result<std::optional<Windows::OnStreams>> found =
       gatherInPlace    ? windows_->onStreams(op.recvbuff, layout.recvBytes, op.recvbuff, layout.recvBytes)
       : scatterInPlace ? windows_->onStreams(op.sendbuff, layout.sendBytes, op.sendbuff, layout.sendBytes)
@@ -265,7 +275,7 @@ Result<bool> Communicator::submitWindowStreamPlan(std::span<const OpRequest> ops
       WindowCall{op.shape.count, where->sendRegistration, where->recvRegistration, where->sendOffset, where->recvOffset});
   // Small AllReduces out of place in one phase. In place or not is the same
   // on every rank: the symmetric promise (checked by the descriptors).
-  const bool oneShot = op.shape.kind == CollKind::kAllReduce && send != recv &&
+  const bool oneShot = op.shape.kind == CollKind::kAllReduce && op.sendbuff != op.recvbuff &&
                        layout.sendBytes <= kWindowOneShotMaxBytes;
   auto job = std::make_shared<Job>();
   job->peerBuffers = windows_;  // windows stay mapped while the job lives
@@ -386,11 +396,8 @@ bool Communicator::inWindows(std::span<const OpRequest> ops) {
     return false;
   // Buffers that overlap other than as NCCL's in place (the same, or this
   // rank's block of the larger one) are no operation peers may read.
-  const auto send = reinterpret_cast<uintptr_t>(op.sendbuff), recv = reinterpret_cast<uintptr_t>(op.recvbuff);
-  const uintptr_t block = static_cast<uintptr_t>(rank_) *
-                          (op.shape.kind == CollKind::kAllGather ? layout.sendBytes : layout.recvBytes);
-  const bool inPlace = send == recv || (op.shape.kind == CollKind::kAllGather && send == recv + block) ||
-                       (op.shape.kind == CollKind::kReduceScatter && recv == send + block);
+  const BlockInPlace blockInPlace = blockInPlaceOf(op, layout, rank_);
+  const bool inPlace = op.sendbuff == op.recvbuff || blockInPlace.gather || blockInPlace.scatter;
   if (!inPlace && !disjointBuffers(op)) return false;
   // Whether a plan reads the windows depends on the shape alone (not on
   // PreMulSum, no integer average): every rank decides alike.
