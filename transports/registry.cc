@@ -78,7 +78,7 @@ Status publishAddresses(PeerInfo& self) {
   return Status::ok();
 }
 
-Result<Transport*> selectTransport(const PeerInfo& self, const PeerInfo& peer) {
+Result<Transport*> selectTransport(const PeerInfo& self, const PeerInfo& peer, TransportChoice choice) {
   const Params& p = params();
   std::string forced = p.transport;
   bool otherHost = self.hostId != peer.hostId;
@@ -102,6 +102,9 @@ Result<Transport*> selectTransport(const PeerInfo& self, const PeerInfo& peer) {
                           peer.hostname, ")");
     return t;
   }
+  if (choice.deviceDirect)
+    for (Transport* t : allTransports())
+      if (t->movesDeviceMemory() && t->canConnect(self, peer)) return t;
   for (Transport* t : allTransports())
     if (t->canConnect(self, peer) && t->chosenByDefault(self)) return t;
   return remoteError("no transport can reach rank ", peer.rank, " (host ", peer.hostname,

@@ -4,6 +4,9 @@
 // for each peer, the first viable one in priority order (docs/design.md, Transports):
 //   same process -> loopback; same host -> shm; otherwise -> ofi with a
 //   hardware provider, else tcp.
+// A device-direct communicator (TransportChoice) first tries the transports
+// whose connections move device memory (cuda_ipc between processes whose
+// GPUs share memory).
 // SHOAL_TRANSPORT forces a kind for every peer; NCCL_NET=Socket forces tcp and
 // NCCL_NET=Libfabric (or OFI) forces ofi for
 // peers on other hosts. A forced kind that cannot reach a peer is an error,
@@ -30,7 +33,16 @@ void forgetMemory(void* base, size_t bytes);
 // fail to start are skipped and logged; the error is kept for selection).
 Status publishAddresses(PeerInfo& self);
 
+// How a communicator prefers transports: agreed by all its ranks at init
+// (comm/init_agreement.h), so both ends of every pair choose alike.
+struct TransportChoice {
+  // Every rank reaches every peer through a transport that moves device
+  // memory (Transport::movesDeviceMemory): such transports come first, so
+  // device buffers go GPU to GPU instead of through pinned host memory.
+  bool deviceDirect = false;
+};
+
 // The transport for connecting self to peer, honouring the overrides.
-Result<Transport*> selectTransport(const PeerInfo& self, const PeerInfo& peer);
+Result<Transport*> selectTransport(const PeerInfo& self, const PeerInfo& peer, TransportChoice choice);
 
 }  // namespace shoal

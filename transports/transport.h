@@ -196,10 +196,9 @@ class Transport {
   // Whether its connections send from and receive into device (CUDA)
   // memory themselves, so that device buffers need not be staged through
   // host memory before they reach a connection (docs/cuda.md): cuda_ipc
-  // (GPU copies through a FIFO in GPU memory); ofi where the provider granted
-  // FI_HMEM and a trial registration of device memory succeeded (known once
-  // localAddress() has succeeded). Device plans hand device buffers only to
-  // connections of transports that say so.
+  // (GPU copies through a FIFO in GPU memory). Device plans hand device
+  // buffers only to connections of transports that say so, and a
+  // device-direct communicator (registry.h) prefers them.
   virtual bool movesDeviceMemory() const { return false; }
   // Whether each message passes through a messaging layer emulated over
   // kernel sockets (libfabric's reliable datagrams over tcp), which the
@@ -212,7 +211,8 @@ class Transport {
   // whose start is costly may wait to be asked for by the environment.
   virtual bool wantedInThisProcess() const { return true; }
   // Whether the registry picks it for a peer it can reach without being
-  // forced (SHOAL_TRANSPORT, NCCL_NET); `self` is this rank's published info.
+  // forced (SHOAL_TRANSPORT, NCCL_NET) on a communicator that is not
+  // device-direct; `self` is this rank's published info.
   virtual bool chosenByDefault(const PeerInfo& /*self*/) const { return true; }
   // Prepares the transport in this process (e.g. opens the listener) and returns
   // the address peers need (empty for in-process transports). Idempotent.

@@ -16,6 +16,7 @@
 #include "comm/stream_bridge.h"
 #include "comm/window.h"
 #include "comm/window_board.h"
+#include "cuda/device_reducer.h"
 #include "core/clock.h"
 #include "core/log.h"
 #include "core/params.h"
@@ -117,6 +118,16 @@ Status Communicator::initialize() {
     SHOAL_ASSIGN_OR_RETURN(proposals[r], decodeInitProposal(answers[r]), describe(), ": from rank ", r);
   }
   SHOAL_ASSIGN_OR_RETURN(InitAgreement agreement, agree(proposals), describe());
+  const TransportChoice choice{.deviceDirect = agreement.deviceDirect};
+  connections_.setChoice(choice);
+  if (!self.gpu.empty()) {
+    if (agreement.deviceDirect)
+      SHOAL_INFO(subsys::kInit, describe(), ": device-direct: device buffers move GPU to GPU (",
+                 mine.streamPlans ? "stream plans" : "device plans", ")");
+    else
+      SHOAL_INFO(subsys::kInit, describe(), ": device buffers are staged through pinned host memory",
+                 agreement.notDeviceDirect.empty() ? std::string() : str(" (", agreement.notDeviceDirect, ")"));
+  }
 
   RankView view;
   view.rank = rank_;
@@ -129,7 +140,7 @@ Status Communicator::initialize() {
   });
   // Fixed pairs with everyone's PeerInfo: every rank gets the same summary.
   auto classify = [&](int a, int b) {
-    Result<Transport*> t = selectTransport(peers_[a], peers_[b]);
+    Result<Transport*> t = selectTransport(peers_[a], peers_[b], choice);
     return t.isOk() ? t.value()->linkClass() : LinkClass::kNet;
   };
   MachineTopology machine = agreement.machine;
@@ -180,18 +191,51 @@ Result<std::vector<PeerInfo>> Communicator::exchangePeers(const PeerInfo& self, 
 // machine facts.
 Result<InitProposal> Communicator::proposal(const PeerInfo& self) const {
   InitProposal p;
-  for (int r = 0; r < nranks_ && p.readsEveryPeer; ++r) {
-    if (r == rank_ || peers_[r].sameProcess(self)) continue;
-    auto chosen = selectTransport(self, peers_[r]);
-    p.readsEveryPeer = chosen.isOk() && chosen.value()->readsPeerMemory(peers_[r]);
-  }
+  auto readsEveryPeer = [&](TransportChoice choice) {
+    for (int r = 0; r < nranks_; ++r) {
+      if (r == rank_ || peers_[r].sameProcess(self)) continue;
+      auto chosen = selectTransport(self, peers_[r], choice);
+      if (!chosen.isOk() || !chosen.value()->readsPeerMemory(peers_[r])) return false;
+    }
+    return true;
+  };
+  p.readsEveryPeer = readsEveryPeer(TransportChoice{});
+  p.streamPlans = cuda_ != nullptr && !self.gpu.empty() && cuda_->streamPlansWanted(self.gpu);
+  std::string whyNot = whyNotDeviceDirect(self);
+  p.deviceDirect = whyNot.empty();
+  if (p.deviceDirect) p.readsEveryPeerDeviceDirect = readsEveryPeer(TransportChoice{.deviceDirect = true});
+  else if (!self.gpu.empty()) SHOAL_INFO(subsys::kInit, describe(), ": device buffers cannot go GPU to GPU: ", whyNot);
   if (topology_.leaders.size() > 1 && rank_ == topology_.leaders[0]) {
-    if (Result<Transport*> t = selectTransport(self, peers_[topology_.leaders[1]]); t.isOk())
+    // Device-direct needs every pair to move device memory, which no network
+    // transport does: a communicator with a network link is never device-direct.
+    if (Result<Transport*> t = selectTransport(self, peers_[topology_.leaders[1]], TransportChoice{}); t.isOk())
       p.netLink = NetLink{std::string(t.value()->name()), t.value()->cpuCopiesBytes(),
                           t.value()->emulatesMessagesOverSockets()};
   }
   p.machine = localMachine();
   return p;
+}
+
+// Why this rank cannot move device buffers GPU to GPU to every peer ("" when
+// it can): it needs a GPU, every peer in another process and reached by a
+// transport that moves device memory, and its reduction kernels (loaded
+// now: a device-direct communicator runs its reductions with them, and a
+// load that fails must keep every rank on the staged path, not fail calls).
+std::string Communicator::whyNotDeviceDirect(const PeerInfo& self) const {
+  if (cuda_ == nullptr || self.gpu.empty()) return "no CUDA device";
+  if (nranks_ < 2) return "a single rank";
+  for (int r = 0; r < nranks_; ++r) {
+    if (r == rank_) continue;
+    if (peers_[r].sameProcess(self)) return str("rank ", r, " is in this process");
+    Result<Transport*> t = selectTransport(self, peers_[r], TransportChoice{.deviceDirect = true});
+    if (!t.isOk()) return t.status().message();
+    if (!t.value()->movesDeviceMemory())
+      return str("rank ", r, " (host ", peers_[r].hostname, ") is reached over ", t.value()->name(),
+                 ", which moves only host memory");
+  }
+  if (Result<const cuda::DeviceReducer*> kernels = cuda::DeviceReducer::forCurrentContext(*cuda_); !kernels.isOk())
+    return str("the reduction kernels did not load: ", kernels.status().message());
+  return "";
 }
 
 // How long waiting ranks spin before yielding (Backoff::setSpinPasses): once
@@ -225,8 +269,7 @@ Status Communicator::findCudaDevice(PeerInfo& self) {
   if (device) {
     cudaDevice_ = device->ordinal;
     self.gpu = device->uuidText();
-    SHOAL_INFO(subsys::kInit, describe(), ": CUDA device ", cudaDevice_, " (", self.gpu,
-               "); device buffers are staged through pinned host memory");
+    SHOAL_INFO(subsys::kInit, describe(), ": CUDA device ", cudaDevice_, " (", self.gpu, ")");
   } else {
     SHOAL_INFO(subsys::kInit, describe(), ": CUDA is in use but no context is current; "
                "device buffers use the context current at each call");

@@ -18,7 +18,7 @@ Result<Connection*> ConnectionTable::to(int peer, uint16_t channel, bool unlessW
   if (peer == rank_) {
     transport = transportToSelf();
   } else {
-    SHOAL_ASSIGN_OR_RETURN(transport, selectTransport(peers_[rank_], peers_[peer]));
+    SHOAL_ASSIGN_OR_RETURN(transport, selectTransport(peers_[rank_], peers_[peer], choice_));
   }
   const ConnectionKey ckey{commId_, rank_, peer, channel};
   if (unlessWaiting && transport->connectWaitsForPeer(ckey)) return nullptr;
@@ -51,7 +51,7 @@ bool ConnectionTable::movesDeviceMemory(const Plan& plan) {
     if (lane.peer == rank_ || lane.peer < 0 || lane.peer >= static_cast<int>(peers_.size())) return false;
     int8_t& known = peerMovesDeviceMemory_[lane.peer];
     if (known < 0) {  // the transport of a peer is chosen once, as its connections are
-      Result<Transport*> transport = selectTransport(peers_[rank_], peers_[lane.peer]);
+      Result<Transport*> transport = selectTransport(peers_[rank_], peers_[lane.peer], choice_);
       known = transport.isOk() && transport.value()->movesDeviceMemory() ? 1 : 0;
     }
     if (!known) return false;

@@ -25,6 +25,7 @@
 #include "core/clock.h"
 #include "core/peer_info.h"
 #include "core/status.h"
+#include "transports/registry.h"
 #include "transports/transport.h"
 
 namespace shoal {
@@ -35,6 +36,11 @@ class ConnectionTable {
   // `abortFlag` outlive the table; an abort ends a connect waiting for its peer.
   ConnectionTable(uint64_t commId, int rank, const std::vector<PeerInfo>& peers, std::string secret,
                   const std::atomic<bool>& abortFlag);
+
+  // How transports are chosen, as the ranks agreed at init; set before the
+  // first connection (and the first question about one).
+  void setChoice(TransportChoice choice) { choice_ = choice; }
+  TransportChoice choice() const { return choice_; }
 
   // The connection to `peer` on `channel`, made on first use. With
   // `unlessWaiting`, one whose set-up would wait for the peer
@@ -74,6 +80,7 @@ class ConnectionTable {
   const std::string secret_;
   const std::atomic<bool>& abortFlag_;
   std::map<std::pair<int, uint16_t>, std::unique_ptr<Connection>> connections_;
+  TransportChoice choice_;
   std::vector<int8_t> peerMovesDeviceMemory_;  // per peer: -1 not asked yet, else the verdict
 };
 

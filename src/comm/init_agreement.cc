@@ -1,5 +1,6 @@
 #include "comm/init_agreement.h"
 
+#include <algorithm>
 #include <cstdint>
 
 #include "core/wire.h"
@@ -60,6 +61,9 @@ std::string encodeInitProposal(const InitProposal& proposal) {
   wire::Writer w(bytes);
   w.u8(kInitProposal);
   w.u8(proposal.readsEveryPeer ? 1 : 0);
+  w.u8(proposal.deviceDirect ? 1 : 0);
+  w.u8(proposal.readsEveryPeerDeviceDirect ? 1 : 0);
+  w.u8(proposal.streamPlans ? 1 : 0);
   w.u8(proposal.netLink ? 1 : 0);
   if (proposal.netLink) {
     w.str(proposal.netLink->transport);
@@ -78,8 +82,11 @@ Result<InitProposal> decodeInitProposal(std::string_view bytes) {
     return v <= 1 ? std::optional<bool>(v == 1) : std::nullopt;
   };
   const std::optional<bool> reads = flag();
+  const std::optional<bool> deviceDirect = flag();
+  const std::optional<bool> readsDeviceDirect = flag();
+  const std::optional<bool> streamPlans = flag();
   const std::optional<bool> hasLink = flag();
-  bool flagsOk = reads && hasLink;
+  bool flagsOk = reads && deviceDirect && readsDeviceDirect && streamPlans && hasLink;
   if (flagsOk && *hasLink) {
     NetLink link;
     link.transport = r.str(kMaxFieldBytes);
@@ -92,6 +99,9 @@ Result<InitProposal> decodeInitProposal(std::string_view bytes) {
   }
   if (!r.ok() || !flagsOk) return internalError("malformed init proposal");
   proposal.readsEveryPeer = *reads;
+  proposal.deviceDirect = *deviceDirect;
+  proposal.readsEveryPeerDeviceDirect = *readsDeviceDirect;
+  proposal.streamPlans = *streamPlans;
   SHOAL_ASSIGN_OR_RETURN(proposal.machine, readMachineFacts(r), "init proposal");
   SHOAL_TRY(closed(r, "init proposal"));
   return proposal;
@@ -101,9 +111,25 @@ Result<InitAgreement> agree(const std::vector<InitProposal>& proposals) {
   InitAgreement agreement;
   std::vector<MachineTopology> machines;
   machines.reserve(proposals.size());
+  const bool anyDirect = std::any_of(proposals.begin(), proposals.end(), [](const InitProposal& p) {
+    return p.deviceDirect;
+  });
+  agreement.deviceDirect = !proposals.empty() && anyDirect;
+  for (size_t r = 0; r < proposals.size() && agreement.deviceDirect; ++r) {
+    if (!proposals[r].deviceDirect) {
+      agreement.deviceDirect = false;
+      agreement.notDeviceDirect = str("rank ", r, " cannot move device memory to every peer");
+    } else if (proposals[r].streamPlans != proposals[0].streamPlans) {
+      agreement.deviceDirect = false;
+      agreement.notDeviceDirect = str("rank ", r, (proposals[r].streamPlans ? " runs" : " does not run"),
+                                      " stream plans and rank 0", (proposals[0].streamPlans ? " does" : " does not"),
+                                      " (SHOAL_CUDA_WAIT, SHOAL_CUDA_STREAM_PLANS)");
+    }
+  }
   for (size_t r = 0; r < proposals.size(); ++r) {
     const InitProposal& p = proposals[r];
-    agreement.everyoneReadsPeers = agreement.everyoneReadsPeers && p.readsEveryPeer;
+    agreement.everyoneReadsPeers = agreement.everyoneReadsPeers &&
+                                   (agreement.deviceDirect ? p.readsEveryPeerDeviceDirect : p.readsEveryPeer);
     if (p.netLink) {
       if (agreement.netLink && *agreement.netLink != *p.netLink)
         return internalError("two ranks proposed the network link (", agreement.netLink->transport, " and, from rank ",

@@ -7,8 +7,9 @@
 //   2. InitProposal: what only this rank knows yet every rank's plans depend
 //      on: whether it reads every peer's memory (peer-reading algorithms need
 //      all ranks to), the network link the first node leader chose for the
-//      second (each process knows only which of its own transports work), and
-//      its machine facts. agree() pools them.
+//      second (each process knows only which of its own transports work),
+//      whether it can move device buffers GPU to GPU to every peer, and its
+//      machine facts. agree() pools them.
 // Communicator::split all-gathers one SplitRecord per parent rank.
 // Communicator::registerWindow all-gathers a WindowRecord per rank, then
 // WindowFlags saying to whom each sent its allocation's descriptor, then,
@@ -49,6 +50,16 @@ struct NetLink {
 
 struct InitProposal {
   bool readsEveryPeer = true;     // this rank reads every other process's memory
+  // Device-direct (transports/registry.h, TransportChoice): this rank has a
+  // GPU whose reduction kernels loaded and reaches every peer, each in
+  // another process, through a transport that moves device memory; and
+  // whether it would then read every peer's memory.
+  bool deviceDirect = false;
+  bool readsEveryPeerDeviceDirect = false;
+  // Whether its GPU's streams run stream plans (Driver::streamPlansWanted):
+  // cuda_ipc refuses a pair whose sides differ, so device-direct needs every
+  // rank alike.
+  bool streamPlans = false;
   std::optional<NetLink> netLink;  // only the first node leader's names one
   MachineTopology machine;         // the facts writeMachineFacts carries
 };
@@ -57,6 +68,10 @@ Result<InitProposal> decodeInitProposal(std::string_view bytes);
 
 struct InitAgreement {
   bool everyoneReadsPeers = true;
+  // Every rank proposed device-direct, all with stream plans or all without.
+  bool deviceDirect = false;
+  // Why not, when some rank could have been ("" otherwise): for the log.
+  std::string notDeviceDirect;
   std::optional<NetLink> netLink;
   MachineTopology machine;  // agreedMachine() of every rank's
 };

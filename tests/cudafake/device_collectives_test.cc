@@ -26,6 +26,7 @@
 
 #include "comm/window.h"
 #include "core/params.h"
+#include "cuda/device_reducer.h"
 #include "cuda/peer_imports.h"
 #include "cudafake/device_ranks.h"
 #include "cudafake/fake_cuda.h"
@@ -522,6 +523,74 @@ TEST_CASE("every collective on device buffers as processes over shm, tcp and cud
       INFO(transport << " " << n << " ranks\n" << result.report());
       CHECK(result.allPassed());
     }
+}
+
+// Device-direct by default: processes of one host whose GPUs share memory
+// choose cuda_ipc themselves (no SHOAL_TRANSPORT), so device buffers go GPU
+// to GPU and reductions run in the kernels; the ranks agree at init, so one
+// rank that cannot (its kernels did not load, its streams run no stream
+// plans, or NCCL_P2P_DISABLE=1) keeps every rank on staging over shm, with
+// the reason logged, instead of failing calls or splitting the pairs.
+TEST_CASE("ranks of one host go GPU to GPU over cuda_ipc by default, and all stage when one cannot", "[cudafake][mp]") {
+  using Env = std::vector<std::pair<std::string, std::string>>;
+  struct Variant {
+    const char* what;
+    Env env;
+    std::vector<Env> rankEnv;
+    bool deviceDirect;
+    std::vector<std::string> logged;  // in the ranks' INFO logs
+  };
+  const std::string hidden = shoal::cuda::DeviceReducer::kernelName(shoal::DataType::kInt8, shoal::reduce::ElementOp::kSum);
+  const std::vector<Variant> variants = {
+      {"default", {}, {}, true, {"device-direct: device buffers move GPU to GPU (stream plans)", "via cuda_ipc"}},
+      {"stream plans off everywhere", {{"SHOAL_CUDA_STREAM_PLANS", "0"}}, {}, true,
+       {"device-direct: device buffers move GPU to GPU (device plans)", "via cuda_ipc"}},
+      {"NCCL_P2P_DISABLE=1", {{"NCCL_P2P_DISABLE", "1"}}, {}, false,
+       {"device buffers are staged through pinned host memory", "via shm"}},
+      {"rank 1's kernels do not load", {}, {{}, {{"SHOAL_FAKECUDA_HIDE_KERNEL", hidden}}}, false,
+       {"staged through pinned host memory (rank 1 cannot move device memory to every peer)",
+        "the reduction kernels did not load", "via shm"}},
+      {"rank 2's streams run no stream plans", {}, {{}, {}, {{"SHOAL_CUDA_STREAM_PLANS", "0"}}}, false,
+       {"staged through pinned host memory (rank 2 does not run stream plans and rank 0 does", "via shm"}},
+  };
+  for (const Variant& v : variants) {
+    char logPath[] = "/tmp/shoal-cudafake-log-XXXXXX";
+    int fd = mkstemp(logPath);
+    REQUIRE(fd >= 0);
+    close(fd);
+    shoal::testing::MpConfig cfg;
+    cfg.nranks = 3;
+    cfg.env = v.env;
+    cfg.env.emplace_back("SHOAL_TRANSPORT", "");  // not forced: the registry chooses
+    cfg.env.emplace_back("NCCL_DEBUG", "INFO");
+    cfg.env.emplace_back("NCCL_DEBUG_SUBSYS", "INIT");
+    cfg.env.emplace_back("NCCL_DEBUG_FILE", std::string(logPath) + ".%p");
+    auto result = shoal::testing::forkedDeviceRanks(cfg, [&](shoal::testing::MpChild& child, ncclComm_t comm, CUstream s) {
+      Mismatches bad;
+      const uint64_t launchesBefore = shoalFakeCudaCallCount("cuLaunchKernel");
+      everyCollective(child.rank(), child.nranks(), comm, s, bad);
+      cuStreamSynchronize(s);
+      if (bad.count) child.log(bad.first);
+      const uint64_t launches = shoalFakeCudaCallCount("cuLaunchKernel") - launchesBefore;
+      child.log("kernel launches " + std::to_string(launches));
+      ncclCommDestroy(comm);
+      if (bad.count) return 1;
+      if (v.deviceDirect && launches == 0) return 2;  // staged after all
+      if (!v.deviceDirect && launches != 0) return 3;  // some pair went GPU to GPU
+      return 0;
+    }, v.rankEnv);
+    std::string log;
+    for (const auto& r : result.ranks) {
+      std::string path = std::string(logPath) + "." + std::to_string(r.pid);
+      log += readFile(path);
+      ::unlink(path.c_str());
+    }
+    ::unlink(logPath);
+    INFO(v.what << "\n" << result.report() << "\n" << log);
+    CHECK(result.allPassed());
+    for (const std::string& line : v.logged) CHECK(log.find(line) != std::string::npos);
+    CHECK((log.find("via shm") != std::string::npos) != v.deviceDirect);
+  }
 }
 
 // Device plans (over cuda_ipc) reduce with the device kernels; the host path

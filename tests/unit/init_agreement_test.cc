@@ -99,12 +99,18 @@ TEST_CASE("a peer record round-trips and refuses what no writer makes", "[init_a
 TEST_CASE("an init proposal round-trips with and without a network link", "[init_agreement]") {
   InitProposal withLink;
   withLink.readsEveryPeer = false;
+  withLink.deviceDirect = true;
+  withLink.readsEveryPeerDeviceDirect = false;
+  withLink.streamPlans = true;
   withLink.netLink = NetLink{"tcp", true, true};
   withLink.machine = sampleMachine(96);
   const std::string bytes = encodeInitProposal(withLink);
   auto back = decodeInitProposal(bytes);
   REQUIRE(back.isOk());
   CHECK_FALSE(back->readsEveryPeer);
+  CHECK(back->deviceDirect);
+  CHECK_FALSE(back->readsEveryPeerDeviceDirect);
+  CHECK(back->streamPlans);
   REQUIRE(back->netLink.has_value());
   CHECK(*back->netLink == NetLink{"tcp", true, true});
   CHECK(back->machine.cores == 96);
@@ -117,12 +123,17 @@ TEST_CASE("an init proposal round-trips with and without a network link", "[init
   auto plainBack = decodeInitProposal(encodeInitProposal(plain));
   REQUIRE(plainBack.isOk());
   CHECK(plainBack->readsEveryPeer);
+  CHECK_FALSE(plainBack->deviceDirect);
+  CHECK_FALSE(plainBack->streamPlans);
   CHECK_FALSE(plainBack->netLink.has_value());
 
-  // A flag byte other than 0 or 1, and a link without a transport name.
-  std::string badFlag = encodeInitProposal(plain);
-  badFlag[1] = 2;
-  CHECK_FALSE(decodeInitProposal(badFlag).isOk());
+  // A flag byte other than 0 or 1 (each of the four), and a link without a
+  // transport name.
+  for (size_t at = 1; at <= 4; ++at) {
+    std::string badFlag = encodeInitProposal(plain);
+    badFlag[at] = 2;
+    CHECK_FALSE(decodeInitProposal(badFlag).isOk());
+  }
   InitProposal unnamed = withLink;
   unnamed.netLink->transport.clear();
   CHECK_FALSE(decodeInitProposal(encodeInitProposal(unnamed)).isOk());
@@ -147,6 +158,42 @@ TEST_CASE("agree pools proposals: peer reads need everyone, the leader names the
   auto twoLinks = agree(proposals);
   REQUIRE_FALSE(twoLinks.isOk());
   CHECK(twoLinks.status().message().find("two ranks proposed the network link") != std::string::npos);
+}
+
+TEST_CASE("agree: device-direct needs every rank, and every rank alike in stream plans", "[init_agreement]") {
+  std::vector<InitProposal> proposals(3);
+  for (InitProposal& p : proposals) {
+    p.deviceDirect = true;
+    p.streamPlans = true;
+    p.readsEveryPeer = true;               // over shm, were it chosen
+    p.readsEveryPeerDeviceDirect = false;  // over cuda_ipc
+  }
+  auto agreed = agree(proposals);
+  REQUIRE(agreed.isOk());
+  CHECK(agreed->deviceDirect);
+  CHECK(agreed->notDeviceDirect.empty());
+  CHECK_FALSE(agreed->everyoneReadsPeers);  // peer reads as the chosen transports allow
+
+  proposals[2].streamPlans = false;
+  agreed = agree(proposals);
+  REQUIRE(agreed.isOk());
+  CHECK_FALSE(agreed->deviceDirect);
+  CHECK(agreed->notDeviceDirect == "rank 2 does not run stream plans and rank 0 does (SHOAL_CUDA_WAIT, SHOAL_CUDA_STREAM_PLANS)");
+  CHECK(agreed->everyoneReadsPeers);  // back on the default transports
+
+  proposals[2].streamPlans = true;
+  proposals[1].deviceDirect = false;
+  agreed = agree(proposals);
+  REQUIRE(agreed.isOk());
+  CHECK_FALSE(agreed->deviceDirect);
+  CHECK(agreed->notDeviceDirect == "rank 1 cannot move device memory to every peer");
+
+  // Nobody could: nothing to explain.
+  for (InitProposal& p : proposals) p.deviceDirect = false;
+  agreed = agree(proposals);
+  REQUIRE(agreed.isOk());
+  CHECK_FALSE(agreed->deviceDirect);
+  CHECK(agreed->notDeviceDirect.empty());
 }
 
 TEST_CASE("a split record round-trips, NCCL_SPLIT_NOCOLOR and negative keys included", "[init_agreement]") {

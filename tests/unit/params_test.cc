@@ -92,7 +92,7 @@ TEST_CASE("every NCCL variable Shoal does not honour is declared once, and never
     REQUIRE(std::string(u.reason).size() > 10);
   }
   for (const char* name : {"NCCL_PROTO", "NCCL_NTHREADS", "NCCL_NET_PLUGIN", "NCCL_TUNER_PLUGIN",
-                           "NCCL_P2P_DISABLE", "NCCL_TOPO_DUMP_FILE", "NCCL_CROSS_NIC", "NCCL_IB_HCA"})
+                           "NCCL_P2P_LEVEL", "NCCL_TOPO_DUMP_FILE", "NCCL_CROSS_NIC", "NCCL_IB_HCA"})
     CHECK(unhonoured.count(name) == 1);
 }
 

@@ -106,21 +106,22 @@ perf() {
   done
   echo "--- all_reduce_perf: every type and operator, 2 processes"
   perf_run all_reduce_perf --procs 2 -b 1K -e 1M -f 32 -d all -o all -n 2 -w 1 -c 1 || failed=1
-  echo "--- all_reduce_perf: 2 processes, $BIG, bandwidth"
+  echo "--- all_reduce_perf: 2 processes, $BIG, bandwidth (device-direct: cuda_ipc, stream plans)"
   perf_run all_reduce_perf --procs 2 -b "$BIG" -e "$BIG" -n 5 -w 2 -c 1 || failed=1
-  # GPU to GPU between processes (transports/cuda_ipc), beside the same runs
-  # over shm above: every byte through the GPU's memory, data checked.
+  # The processes above are device-direct by default (cuda_ipc, stream
+  # plans); beside them, the same staged through pinned host memory over
+  # shm, and host-stepped device plans.
   for bin in all_reduce_perf all_gather_perf reduce_scatter_perf; do
-    echo "--- $bin: 2 processes over cuda_ipc"
-    SHOAL_TRANSPORT=cuda_ipc perf_run "$bin" --procs 2 -b 8 -e "$PERF_MAX" -f 8 -n 5 -w 2 -c 1 || failed=1
+    echo "--- $bin: 2 processes staged over shm (NCCL_P2P_DISABLE=1)"
+    NCCL_P2P_DISABLE=1 perf_run "$bin" --procs 2 -b 8 -e "$PERF_MAX" -f 8 -n 5 -w 2 -c 1 || failed=1
   done
-  echo "--- all_reduce_perf: 2 processes over cuda_ipc, $BIG, bandwidth (stream plans)"
-  SHOAL_TRANSPORT=cuda_ipc perf_run all_reduce_perf --procs 2 -b "$BIG" -e "$BIG" -n 5 -w 2 -c 1 || failed=1
-  echo "--- the same, the host stepping through the plan (SHOAL_CUDA_WAIT=kernel: no stream ring)"
-  SHOAL_CUDA_WAIT=kernel SHOAL_TRANSPORT=cuda_ipc perf_run all_reduce_perf --procs 2 -b "$BIG" -e "$BIG" -n 5 -w 2 -c 1 || failed=1
+  echo "--- all_reduce_perf: 2 processes staged over shm, $BIG, bandwidth (NCCL_P2P_DISABLE=1)"
+  NCCL_P2P_DISABLE=1 perf_run all_reduce_perf --procs 2 -b "$BIG" -e "$BIG" -n 5 -w 2 -c 1 || failed=1
+  echo "--- the same over cuda_ipc, the host stepping through the plan (SHOAL_CUDA_STREAM_PLANS=0: no stream ring)"
+  SHOAL_CUDA_STREAM_PLANS=0 perf_run all_reduce_perf --procs 2 -b "$BIG" -e "$BIG" -n 5 -w 2 -c 1 || failed=1
   echo "--- which path ran (NCCL_DEBUG=INFO)"
-  SHOAL_TRANSPORT=cuda_ipc NCCL_DEBUG=INFO perf_run all_reduce_perf --procs 2 -b 1M -e 1M -n 1 -w 0 -c 1 2>&1 |
-    grep -E "stream plans|device plans" | head -4
+  NCCL_DEBUG=INFO perf_run all_reduce_perf --procs 2 -b 1M -e 1M -n 1 -w 0 -c 1 2>&1 |
+    grep -E "device-direct|staged through|stream plans|device plans" | head -4
   # Buffers in symmetric windows (-R 2): each rank reads the peers' buffers
   # in place (peer_read plans whole on the streams, meeting on window
   # boards), over the default transport; then the same host-stepped.
@@ -161,7 +162,7 @@ bench_stage() {
   local lib failed=0
   lib=$(readlink -f "$BUILD/src/api/libnccl.so.2")
   for n in 2 4; do
-    BENCH_LABEL="shoal cuda_ipc $n ranks" SHOAL_TRANSPORT=cuda_ipc LD_PRELOAD=$lib \
+    BENCH_LABEL="shoal cuda_ipc $n ranks" LD_PRELOAD=$lib \
       python3 -m torch.distributed.run --standalone --nproc_per_node "$n" "$ROOT/tools/gpu/torch_bench.py" || failed=1
     BENCH_LABEL="pytorch nccl $n ranks" NCCL_MULTI_RANK_GPU_ENABLE=1 \
       python3 -m torch.distributed.run --standalone --nproc_per_node "$n" "$ROOT/tools/gpu/torch_bench.py" || true

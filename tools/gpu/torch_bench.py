@@ -2,7 +2,7 @@
 shared by N processes, beside a device-to-device copy and the bound.
 
 Run by tools/gpu/check.sh under `torchrun --nproc_per_node N`, once with
-Shoal's libnccl.so.2 in LD_PRELOAD (SHOAL_TRANSPORT=cuda_ipc: device plans)
+Shoal's libnccl.so.2 in LD_PRELOAD (device-direct by default: cuda_ipc, stream plans)
 and once with PyTorch's own NCCL (NCCL_MULTI_RANK_GPU_ENABLE=1: NCCL 2.30
 refuses several ranks per GPU otherwise). N ranks sharing one GPU must read
 every input and write every output once, so busbw <= B (N - 1) / N^2, B being

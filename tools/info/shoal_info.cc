@@ -387,9 +387,10 @@ LayoutReport layoutInfo(const Options& o) {
             " per node, one process per rank (as under mpirun)\n";
   if (!note.empty()) r.text += "  note: " + note + "\n";
 
-  // Transports as the registry picks them for rank 0's peers.
+  // Transports as the registry picks them for rank 0's peers (host memory:
+  // the layout's ranks have no GPU, so none is device-direct).
   auto transportName = [&](int a, int b) -> std::string {
-    Result<Transport*> t = selectTransport(peers[a], peers[b]);
+    Result<Transport*> t = selectTransport(peers[a], peers[b], TransportChoice{});
     return t.isOk() ? std::string(t.value()->name()) : "error: " + t.status().message();
   };
   Json transports = Json::object();
@@ -408,16 +409,16 @@ LayoutReport layoutInfo(const Options& o) {
   // The summary and the rank view exactly as Communicator::init builds them.
   bool readsAll = true;
   for (int peer = 1; peer < o.ranks && readsAll; ++peer) {
-    auto chosen = selectTransport(peers[0], peers[peer]);
+    auto chosen = selectTransport(peers[0], peers[peer], TransportChoice{});
     readsAll = chosen.isOk() && chosen.value()->readsPeerMemory(peers[peer]);
   }
   auto classify = [&](int a, int b) {
-    Result<Transport*> t = selectTransport(peers[a], peers[b]);
+    Result<Transport*> t = selectTransport(peers[a], peers[b], TransportChoice{});
     return t.isOk() ? t.value()->linkClass() : LinkClass::kNet;
   };
   TopologySummary summary = summarizeTopology(topo, classify, /*singleProcess=*/o.ranks == 1, localMachine());
   if (topo.leaders.size() > 1)
-    if (Result<Transport*> t = selectTransport(peers[topo.leaders[0]], peers[topo.leaders[1]]); t.isOk()) {
+    if (Result<Transport*> t = selectTransport(peers[topo.leaders[0]], peers[topo.leaders[1]], TransportChoice{}); t.isOk()) {
       summary.netTransport = std::string(t.value()->name());
       summary.netCpuCopies = t.value()->cpuCopiesBytes();
       summary.netEmulatedOverSockets = t.value()->emulatesMessagesOverSockets();

@@ -177,9 +177,9 @@ class CudaIpcTransport final : public Transport {
   std::string_view name() const override { return "cuda_ipc"; }
   LinkClass linkClass() const override { return LinkClass::kShm; }
   bool movesDeviceMemory() const override { return true; }
-  // Staging hands connections pinned host memory, which shm moves with one
-  // CPU copy less: chosen only when forced until plans hand it device
-  // buffers (docs/cuda.md).
+  // Chosen first on device-direct communicators (by movesDeviceMemory,
+  // transports/registry.h), where device buffers go straight to it; on others
+  // staging hands connections pinned host memory, which shm moves better.
   bool chosenByDefault(const PeerInfo& /*self*/) const override { return false; }
   bool wantedInThisProcess() const override { return cuda::Driver::inUse() != nullptr; }
   bool connectWaitsForPeer(const ConnectionKey& key) const override { return key.selfRank > key.peerRank; }
@@ -196,6 +196,7 @@ class CudaIpcTransport final : public Transport {
   }
 
   bool canConnect(const PeerInfo& self, const PeerInfo& peer) const override {
+    if (params().p2pDisable) return false;
     if (self.gpu.empty() || peer.gpu.empty() || !self.address("cuda_ipc") || !peer.address("cuda_ipc")) return false;
     if (self.hostId != peer.hostId || !self.sameKernel(peer) || self.processId == peer.processId) return false;
     cuda::Driver* driver = cuda::Driver::inUse();
