@@ -196,7 +196,8 @@ class Transport {
   // Whether its connections send from and receive into device (CUDA)
   // memory themselves, so that device buffers need not be staged through
   // host memory before they reach a connection (docs/cuda.md): cuda_ipc
-  // (GPU copies through a FIFO in GPU memory). Device plans hand device
+  // (GPU copies through a FIFO in GPU memory), loopback in a process that
+  // uses CUDA (one GPU copy, buffer to buffer). Device plans hand device
   // buffers only to connections of transports that say so, and a
   // device-direct communicator (registry.h) prefers them.
   virtual bool movesDeviceMemory() const { return false; }

@@ -11,6 +11,7 @@
 #include "core/fence.h"
 #include "core/log.h"
 #include "core/params.h"
+#include "cuda/driver.h"
 
 using namespace shoal;
 using shoal::api::guard;
@@ -85,6 +86,40 @@ Status runInit(const std::shared_ptr<ncclComm::Shared>& shared, const InitWork& 
   return Status::ok();
 }
 
+// NCCL makes a communicator for the CUDA device current when the init is
+// called (ncclCommInitAll: devlist's). An init that runs later or on another
+// thread (a group's at ncclGroupEnd, a nonblocking one) runs with the
+// context that was current at the call, or with that device's primary
+// context; without CUDA, or without such a context, as before.
+class InitContext {
+ public:
+  static InitContext callers() {
+    cuda::Driver* driver = cuda::Driver::inUse();
+    if (driver == nullptr) return {};
+    Result<cuda::ContextHandle> current = driver->currentContext();
+    return current.isOk() ? InitContext(driver, current.value()) : InitContext();
+  }
+  static InitContext ofDevice(int device) {
+    cuda::Driver* driver = cuda::Driver::inUse();
+    if (driver == nullptr) return {};
+    Result<cuda::ContextHandle> primary = driver->primaryContextOfDevice(device);
+    return primary.isOk() ? InitContext(driver, primary.value()) : InitContext();
+  }
+  // Runs the handle's init work with the context current on this thread.
+  Status run(const std::shared_ptr<ncclComm::Shared>& shared, const InitWork& work) const {
+    const bool pushed = context_ != nullptr && driver_->pushContext(context_).isOk();
+    Status st = runInit(shared, work);
+    if (pushed) driver_->popContext();
+    return st;
+  }
+
+ private:
+  InitContext() = default;
+  InitContext(cuda::Driver* driver, cuda::ContextHandle context) : driver_(driver), context_(context) {}
+  cuda::Driver* driver_ = nullptr;
+  cuda::ContextHandle context_ = nullptr;
+};
+
 }  // namespace
 
 namespace shoal::api {
@@ -95,14 +130,16 @@ Status launchInit(ncclComm_t* out, ncclComm_t handle, bool blocking, InitWork wo
   auto shared = handle->shared;
   if (group::active()) {
     *out = handle;
-    auto run = [shared, work] { return runInit(shared, work); };
+    auto run = [shared, work, context = InitContext::callers()] { return context.run(shared, work); };
     if (parent) group::addOrderedInit(parent, std::move(run));
     else group::addInit(std::move(run));
     return Status::ok();
   }
   if (!blocking) {
     *out = handle;
-    handle->initThread = std::thread([shared, work] { (void)runInit(shared, work); });
+    handle->initThread = std::thread([shared, work, context = InitContext::callers()] {
+      (void)context.run(shared, work);
+    });
     return Status(Code::kInProgress, "");
   }
   Status st = runInit(shared, work);
@@ -235,7 +272,7 @@ SHOAL_API(ncclResult_t, ncclCommInitAll, (ncclComm_t * comms, int ndev, const in
       handles[i]->shared->secret = scope;
     }
     for (int i = 0; i < ndev; ++i) {
-      threads.emplace_back([&, i] {
+      threads.emplace_back([&, i, context = InitContext::ofDevice(handles[i]->cudaDev)] {
         // No handle is visible until all are done: nothing can cancel these.
         auto work = [&, i](const std::atomic<bool>*) -> Result<std::shared_ptr<Communicator>> {
           InitRequest req;
@@ -248,7 +285,7 @@ SHOAL_API(ncclResult_t, ncclCommInitAll, (ncclComm_t * comms, int ndev, const in
           SHOAL_TRY(comm->initialize());
           return comm;
         };
-        results[i] = runInit(handles[i]->shared, work);
+        results[i] = context.run(handles[i]->shared, work);
       });
     }
     for (auto& t : threads) t.join();

@@ -122,8 +122,7 @@ Status Communicator::initialize() {
   connections_.setChoice(choice);
   if (!self.gpu.empty()) {
     if (agreement.deviceDirect)
-      SHOAL_INFO(subsys::kInit, describe(), ": device-direct: device buffers move GPU to GPU (",
-                 mine.streamPlans ? "stream plans" : "device plans", ")");
+      SHOAL_INFO(subsys::kInit, describe(), ": device-direct: device buffers move GPU to GPU");
     else
       SHOAL_INFO(subsys::kInit, describe(), ": device buffers are staged through pinned host memory",
                  agreement.notDeviceDirect.empty() ? std::string() : str(" (", agreement.notDeviceDirect, ")"));
@@ -217,8 +216,8 @@ Result<InitProposal> Communicator::proposal(const PeerInfo& self) const {
 }
 
 // Why this rank cannot move device buffers GPU to GPU to every peer ("" when
-// it can): it needs a GPU, every peer in another process and reached by a
-// transport that moves device memory, and its reduction kernels (loaded
+// it can): it needs a GPU, every peer reached by a transport that moves
+// device memory (cuda_ipc, loopback), and its reduction kernels (loaded
 // now: a device-direct communicator runs its reductions with them, and a
 // load that fails must keep every rank on the staged path, not fail calls).
 std::string Communicator::whyNotDeviceDirect(const PeerInfo& self) const {
@@ -226,7 +225,6 @@ std::string Communicator::whyNotDeviceDirect(const PeerInfo& self) const {
   if (nranks_ < 2) return "a single rank";
   for (int r = 0; r < nranks_; ++r) {
     if (r == rank_) continue;
-    if (peers_[r].sameProcess(self)) return str("rank ", r, " is in this process");
     Result<Transport*> t = selectTransport(self, peers_[r], TransportChoice{.deviceDirect = true});
     if (!t.isOk()) return t.status().message();
     if (!t.value()->movesDeviceMemory())

@@ -51,9 +51,9 @@ struct NetLink {
 struct InitProposal {
   bool readsEveryPeer = true;     // this rank reads every other process's memory
   // Device-direct (transports/registry.h, TransportChoice): this rank has a
-  // GPU whose reduction kernels loaded and reaches every peer, each in
-  // another process, through a transport that moves device memory; and
-  // whether it would then read every peer's memory.
+  // GPU whose reduction kernels loaded and reaches every peer through a
+  // transport that moves device memory; and whether it would then read
+  // every peer's memory.
   bool deviceDirect = false;
   bool readsEveryPeerDeviceDirect = false;
   // Whether its GPU's streams run stream plans (Driver::streamPlansWanted):

@@ -89,6 +89,7 @@ Result<void*> Driver::deviceAlloc(size_t) { return notBuilt(); }
 bool Driver::deviceFree(void*) { return false; }
 std::optional<Driver::DeviceAllocation> Driver::deviceAllocationOf(const void*, size_t) { return std::nullopt; }
 Result<ContextHandle> Driver::primaryContext(const std::string&) { return notBuilt(); }
+Result<ContextHandle> Driver::primaryContextOfDevice(int) { return notBuilt(); }
 bool Driver::gpusShareMemory(const std::string&, const std::string&) { return false; }
 Status Driver::pushContext(ContextHandle) { return notBuilt(); }
 void Driver::popContext() {}
@@ -620,6 +621,9 @@ static Result<int> ordinalOf(Driver::Api& api, const std::string& gpu) {
 Result<ContextHandle> Driver::primaryContext(const std::string& gpu) {
   SHOAL_ASSIGN_OR_RETURN(int ordinal, ordinalOf(*api_, gpu));
   if (ordinal < 0) return error(Code::kInvalidUsage, "no CUDA device of this process is ", gpu);
+  return primaryContextOfDevice(ordinal);
+}
+Result<ContextHandle> Driver::primaryContextOfDevice(int ordinal) {
   std::lock_guard<std::mutex> lock(api_->mutex);
   auto it = api_->primaryContexts.find(ordinal);
   if (it != api_->primaryContexts.end()) return static_cast<ContextHandle>(it->second);

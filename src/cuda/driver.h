@@ -153,10 +153,12 @@ class Driver {
   };
   std::optional<DeviceAllocation> deviceAllocationOf(const void* ptr, size_t bytes);
 
-  // --- For transports that move device memory between processes (cuda_ipc).
+  // --- For transports that move device memory (cuda_ipc, loopback).
   // The primary context of the GPU named "GPU-<uuid>", retained once per
   // device for the process; an error when no visible device has that UUID.
   Result<ContextHandle> primaryContext(const std::string& gpu);
+  // The same for the device of that ordinal in this process.
+  Result<ContextHandle> primaryContextOfDevice(int ordinal);
   // How streams on the GPU named "GPU-<uuid>" hand work over (waitMode of its
   // ordinal in this process); kSynchronous when no visible device has it.
   WaitMode waitModeOf(const std::string& gpu);

@@ -311,14 +311,66 @@ TEST_CASE("a device collective returns before its stream reaches it and a later 
   CHECK(slowestCallMs.load() < 400);  // it did not wait for the 500 ms delay
 }
 
+// Between ranks the loopback connections copy device buffers by the GPU,
+// so the collectives run as device plans, reducing with the kernels; the
+// stand-in makes device memory unreadable to host code, so a host copy of
+// it would crash the test.
 TEST_CASE("every collective on device buffers with 1 to 4 ranks as threads", "[cudafake]") {
   useDevice0();
   for (int n : {1, 2, 3, 4}) {
     Mismatches bad;
+    const uint64_t launchesBefore = shoalFakeCudaCallCount("cuLaunchKernel");
+    const uint64_t copiesBefore = shoalFakeCudaCallCount("cuMemcpyAsync");
     onThreads(n, [&](int r, ncclComm_t comm, CUstream s) { everyCollective(r, n, comm, s, bad); });
     INFO(n << " ranks: " << bad.first);
     CHECK(bad.count == 0);
+    const uint64_t launches = shoalFakeCudaCallCount("cuLaunchKernel") - launchesBefore;
+    const uint64_t copies = shoalFakeCudaCallCount("cuMemcpyAsync") - copiesBefore;
+    INFO("kernel launches " << launches << ", async copies " << copies);
+    if (n > 1) CHECK(launches > 0);
   }
+}
+
+// NCCL makes a communicator for the device current when the init is called;
+// a group's inits run at ncclGroupEnd on threads of their own, and a
+// nonblocking one on its own thread, so each must carry the caller's context
+// there (without it the communicators would have no device at all).
+TEST_CASE("inits in a group and nonblocking inits take the device current at the call", "[cudafake]") {
+  useDevice0();
+  auto expectDevice0 = [](ncclComm_t comm) {
+    int device = -2;
+    NCCL_OK(ncclCommCuDevice(comm, &device));
+    CHECK(device == 0);
+  };
+  ncclUniqueId id;
+  NCCL_OK(ncclGetUniqueId(&id));
+  ncclComm_t comms[2] = {nullptr, nullptr};
+  NCCL_OK(ncclGroupStart());
+  for (int r = 0; r < 2; ++r) NCCL_OK(ncclCommInitRank(&comms[r], 2, id, r));
+  NCCL_OK(ncclGroupEnd());
+  for (ncclComm_t comm : comms) {
+    expectDevice0(comm);
+    NCCL_OK(ncclCommDestroy(comm));
+  }
+
+  NCCL_OK(ncclGetUniqueId(&id));
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  for (int r = 0; r < 2; ++r) {
+    ncclResult_t rc = ncclCommInitRankConfig(&comms[r], 2, id, r, &config);
+    CHECK((rc == ncclInProgress || rc == ncclSuccess));
+  }
+  for (ncclComm_t comm : comms) {
+    ncclResult_t state = ncclInProgress;
+    auto t0 = Clock::now();
+    while (state == ncclInProgress && msSince(t0) < 20000) {
+      ncclCommGetAsyncError(comm, &state);
+      ::usleep(1000);
+    }
+    REQUIRE(state == ncclSuccess);
+    expectDevice0(comm);
+  }
+  for (ncclComm_t comm : comms) NCCL_OK(ncclCommDestroy(comm));
 }
 
 TEST_CASE("several ranks on one GPU are allowed by default and refused with NCCL_MULTI_RANK_GPU_ENABLE=0", "[cudafake]") {
@@ -542,9 +594,9 @@ TEST_CASE("ranks of one host go GPU to GPU over cuda_ipc by default, and all sta
   };
   const std::string hidden = shoal::cuda::DeviceReducer::kernelName(shoal::DataType::kInt8, shoal::reduce::ElementOp::kSum);
   const std::vector<Variant> variants = {
-      {"default", {}, {}, true, {"device-direct: device buffers move GPU to GPU (stream plans)", "via cuda_ipc"}},
+      {"default", {}, {}, true, {"device-direct: device buffers move GPU to GPU", "via cuda_ipc", ": stream plans:"}},
       {"stream plans off everywhere", {{"SHOAL_CUDA_STREAM_PLANS", "0"}}, {}, true,
-       {"device-direct: device buffers move GPU to GPU (device plans)", "via cuda_ipc"}},
+       {"device-direct: device buffers move GPU to GPU", "via cuda_ipc", ": device plans:"}},
       {"NCCL_P2P_DISABLE=1", {{"NCCL_P2P_DISABLE", "1"}}, {}, false,
        {"device buffers are staged through pinned host memory", "via shm"}},
       {"rank 1's kernels do not load", {}, {{}, {{"SHOAL_FAKECUDA_HIDE_KERNEL", hidden}}}, false,
@@ -590,6 +642,8 @@ TEST_CASE("ranks of one host go GPU to GPU over cuda_ipc by default, and all sta
     CHECK(result.allPassed());
     for (const std::string& line : v.logged) CHECK(log.find(line) != std::string::npos);
     CHECK((log.find("via shm") != std::string::npos) != v.deviceDirect);
+    // Stream plans only where every rank's streams run them.
+    CHECK((log.find(": stream plans:") != std::string::npos) == (v.deviceDirect && v.env.empty()));
   }
 }
 
@@ -1598,28 +1652,37 @@ TEST_CASE("collectives on window buffers with ranks as threads read each other's
     for (size_t i = 0; i < N * kRanks; ++i)
       bad.expect(got[i] == val(static_cast<int>(i / N), i % N), "AllGather element " + std::to_string(i));
     bad.expect(ncclCommWindowDeregister(comm, win) == ncclSuccess, "deregister");
-    // Every rank is done reading before any frees (onThreads destroys after).
-    bad.expect(ncclAllReduce(send, recv, 1, ncclFloat, ncclSum, comm, s) == ncclSuccess, "fence");
+    // Every rank is done reading before any frees (onThreads destroys
+    // after); on host memory, which launches no kernel.
+    float fence = 1.0f;
+    bad.expect(ncclAllReduce(&fence, &fence, 1, ncclFloat, ncclSum, comm, s) == ncclSuccess, "fence");
     cuStreamSynchronize(s);
     ncclMemFree(pool);
   });
   INFO(bad.first);
   CHECK(bad.count == 0);
   CHECK(shoalFakeCudaCallCount("cuMemImportFromShareableHandle") == importsBefore);
-  // The AllReduce's reductions ran as kernels, n - 1 per rank (between
-  // threads every other device call is staged and reduced by the CPU).
+  // The AllReduce's reductions ran as kernels reading the peers' buffers,
+  // n - 1 per rank (peer_read: each rank reduces its block).
   CHECK(shoalFakeCudaCallCount("cuLaunchKernel") - launchesBefore == static_cast<uint64_t>(kRanks * (kRanks - 1)));
 }
 
 // NCCL_WIN_ENABLE=0: windows are registered and nothing of a peer is
-// mapped, even between threads of one process; the calls take the other
-// paths (staged between threads: no kernels) with the right bytes.
+// mapped, even between threads of one process; the calls take the path of
+// buffers outside windows (the same kernels) with the right bytes.
 TEST_CASE("NCCL_WIN_ENABLE=0 maps nothing of a peer, also between threads", "[cudafake]") {
   shoal::testing::ScopedEnv env{{"NCCL_WIN_ENABLE", "0"}};
   constexpr int kRanks = 2;
   constexpr size_t N = 1000;
-  const uint64_t launchesBefore = shoalFakeCudaCallCount("cuLaunchKernel");
   Mismatches bad;
+  uint64_t launchesBefore = shoalFakeCudaCallCount("cuLaunchKernel");
+  onThreads(kRanks, [&](int r, ncclComm_t comm, CUstream s) {
+    DeviceFloats send(N, [&](size_t i) { return val(r, i); }), recv(N);
+    bad.expect(ncclAllReduce(send.at(), recv.at(), N, ncclFloat, ncclSum, comm, s) == ncclSuccess, "AllReduce");
+    cuStreamSynchronize(s);
+  });
+  const uint64_t outsideWindows = shoalFakeCudaCallCount("cuLaunchKernel") - launchesBefore;
+  launchesBefore = shoalFakeCudaCallCount("cuLaunchKernel");
   onThreads(kRanks, [&](int r, ncclComm_t comm, CUstream s) {
     void* pool = nullptr;
     bad.expect(ncclMemAlloc(&pool, 2 * N * sizeof(float)) == ncclSuccess, "ncclMemAlloc");
@@ -1641,7 +1704,7 @@ TEST_CASE("NCCL_WIN_ENABLE=0 maps nothing of a peer, also between threads", "[cu
   });
   INFO(bad.first);
   CHECK(bad.count == 0);
-  CHECK(shoalFakeCudaCallCount("cuLaunchKernel") == launchesBefore);
+  CHECK(shoalFakeCudaCallCount("cuLaunchKernel") - launchesBefore == outsideWindows);
 }
 
 // Memory freed while its window is still registered (frameworks free

@@ -127,9 +127,9 @@ TEST_CASE("an init proposal round-trips with and without a network link", "[init
   CHECK_FALSE(plainBack->streamPlans);
   CHECK_FALSE(plainBack->netLink.has_value());
 
-  // A flag byte other than 0 or 1 (each of the four), and a link without a
+  // A flag byte other than 0 or 1 (each of the five), and a link without a
   // transport name.
-  for (size_t at = 1; at <= 4; ++at) {
+  for (size_t at = 1; at <= 5; ++at) {
     std::string badFlag = encodeInitProposal(plain);
     badFlag[at] = 2;
     CHECK_FALSE(decodeInitProposal(badFlag).isOk());

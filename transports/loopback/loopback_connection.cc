@@ -6,7 +6,54 @@
 
 namespace shoal {
 
-LoopbackPipe::LoopbackPipe(const LoopbackFaults& f) : faults(f), stallRng(f.reorderSeed) {}
+LoopbackPipe::LoopbackPipe(const LoopbackFaults& f, cuda::Driver* driver)
+    : faults(f), stallRng(f.reorderSeed), driver_(driver) {}
+
+LoopbackPipe::~LoopbackPipe() {
+  for (const auto& [context, stream] : copyStreams_) {
+    if (!driver_->pushContext(context).isOk()) continue;  // leaked rather than destroyed elsewhere
+    driver_->destroyStream(stream);
+    driver_->popContext();
+  }
+}
+
+Status LoopbackPipe::copyMessage(void* dst, const void* src, uint64_t bytes) {
+  if (driver_ != nullptr) {
+    SHOAL_ASSIGN_OR_RETURN(cuda::MemoryKind to, driver_->memoryKind(dst), "loopback: the receive buffer");
+    SHOAL_ASSIGN_OR_RETURN(cuda::MemoryKind from, driver_->memoryKind(src), "loopback: the send buffer");
+    if (to == cuda::MemoryKind::kDevice || from == cuda::MemoryKind::kDevice) {
+      // On the device that holds the receive buffer, else the send buffer;
+      // unified addressing takes the other side wherever it is.
+      SHOAL_ASSIGN_OR_RETURN(int device, driver_->deviceOfPointer(to == cuda::MemoryKind::kDevice ? dst : src),
+                             "loopback: the device of a buffer");
+      SHOAL_ASSIGN_OR_RETURN(cuda::ContextHandle context, driver_->primaryContextOfDevice(device),
+                             "loopback: the context of device ", device);
+      return copyOnGpu(context, dst, src, bytes);
+    }
+  }
+  std::memcpy(dst, src, bytes);
+  return Status::ok();
+}
+
+Status LoopbackPipe::copyOnGpu(cuda::ContextHandle context, void* dst, const void* src, uint64_t bytes) {
+  SHOAL_TRY(driver_->pushContext(context)) << "loopback: a GPU copy";
+  cuda::StreamHandle stream = nullptr;
+  for (const auto& [c, s] : copyStreams_)
+    if (c == context) stream = s;
+  Status st;
+  if (stream == nullptr) {
+    // Its own stream, which does not wait for the legacy default stream: a
+    // user stream there may be waiting for this very operation.
+    Result<cuda::StreamHandle> made = driver_->createStream();
+    if (made.isOk()) copyStreams_.emplace_back(context, stream = made.value());
+    else st = made.status();
+  }
+  if (st.isOk()) st = driver_->copyAsync(dst, src, bytes, stream);
+  if (st.isOk()) st = driver_->synchronize(stream);
+  driver_->popContext();
+  if (!st.isOk()) return StatusBuilder(std::move(st)) << "loopback: a GPU copy of " << bytes << " bytes";
+  return Status::ok();
+}
 
 LoopbackConnection::LoopbackConnection(std::shared_ptr<LoopbackPipe> pipe, int side, int sendDir,
                                        int recvDir, std::string peerDescription)
@@ -65,7 +112,12 @@ Status LoopbackConnection::deliver(LoopbackPipe::Direction& dir, bool& progresse
           " bytes (ranks called different operations or different counts)");
       return pipe.failure;
     }
-    if (s.bytes > 0 && s.data != r.data) std::memcpy(r.data, s.data, s.bytes);
+    if (s.bytes > 0 && s.data != r.data) {
+      if (Status copied = pipe.copyMessage(r.data, s.data, s.bytes); !copied.isOk()) {
+        pipe.failure = copied;
+        return pipe.failure;
+      }
+    }
     dir.senderDone.push_back({s.token, s.bytes});
     dir.receiverDone.push_back({r.token, r.bytes});
     dir.sends.pop_front();

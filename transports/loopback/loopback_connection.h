@@ -1,4 +1,7 @@
 // LoopbackConnection: one endpoint of an in-process pipe (see loopback_transport.h).
+// A message is copied once from the sender's buffer into the receiver's: by
+// memcpy, or by the GPU when either is device memory (ranks of one process
+// passing device buffers to device plans: Transport::movesDeviceMemory).
 //
 // Lifetime: a Pipe is shared by its two endpoints (shared_ptr); each endpoint
 // belongs to one communicator and is polled only by the engine. The pipe mutex
@@ -10,8 +13,10 @@
 #include <mutex>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "cuda/driver.h"
 #include "transports/loopback/loopback_transport.h"
 
 namespace shoal {
@@ -39,7 +44,13 @@ struct LoopbackPipe {
     std::vector<Completion> receiverDone;
   };
 
-  explicit LoopbackPipe(const LoopbackFaults& faults);
+  // `driver`: CUDA's, where the process used it when the pipe was made
+  // (device buffers may then cross it), else null.
+  LoopbackPipe(const LoopbackFaults& faults, cuda::Driver* driver);
+  ~LoopbackPipe();
+  // Copies a matched message (mutex held): memcpy, or by the GPU where
+  // either side is device memory, which host code must not touch.
+  Status copyMessage(void* dst, const void* src, uint64_t bytes);
 
   std::mutex mutex;
   Direction directions[2];
@@ -48,6 +59,14 @@ struct LoopbackPipe {
   LoopbackFaults faults;
   int64_t messagesPosted = 0;  // counts fail_nth / blackhole_nth per pipe
   std::mt19937_64 stallRng;
+
+ private:
+  // A GPU copy on a stream of the pipe's own in `context` (made at its
+  // first copy), waited for before the message completes.
+  Status copyOnGpu(cuda::ContextHandle context, void* dst, const void* src, uint64_t bytes);
+
+  cuda::Driver* driver_;
+  std::vector<std::pair<cuda::ContextHandle, cuda::StreamHandle>> copyStreams_;
 };
 
 class LoopbackConnection final : public Connection {

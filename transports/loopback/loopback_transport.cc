@@ -8,6 +8,7 @@
 #include <tuple>
 
 #include "core/params.h"
+#include "cuda/driver.h"
 #include "transports/loopback/loopback_connection.h"
 
 namespace shoal {
@@ -36,6 +37,8 @@ class LoopbackTransport final : public Transport {
  public:
   std::string_view name() const override { return "loopback"; }
   LinkClass linkClass() const override { return LinkClass::kLoopback; }
+  // In a process that uses CUDA, device buffers are copied by the GPU.
+  bool movesDeviceMemory() const override { return cuda::Driver::inUse() != nullptr; }
   Result<std::string> localAddress() override { return std::string(); }
   bool canConnect(const PeerInfo& self, const PeerInfo& peer) const override {
     return self.sameProcess(peer);
@@ -44,7 +47,7 @@ class LoopbackTransport final : public Transport {
                                               const ConnectOptions& options) override {
     std::string desc = describePeer(options.peer, key.peerRank);
     if (key.selfRank == key.peerRank) {
-      auto pipe = std::make_shared<LoopbackPipe>(currentFaults());
+      auto pipe = std::make_shared<LoopbackPipe>(currentFaults(), cuda::Driver::inUse());
       pipe->closed[1] = false;
       return std::unique_ptr<Connection>(
           std::make_unique<LoopbackConnection>(pipe, 0, 0, 0, std::move(desc)));
@@ -57,7 +60,7 @@ class LoopbackTransport final : public Transport {
       std::lock_guard<std::mutex> lock(mutex_);
       auto it = pending_.find(mapKey);
       if (it == pending_.end()) {
-        pipe = std::make_shared<LoopbackPipe>(currentFaults());
+        pipe = std::make_shared<LoopbackPipe>(currentFaults(), cuda::Driver::inUse());
         pending_.emplace(mapKey, pipe);
       } else {
         pipe = it->second;
@@ -108,7 +111,7 @@ std::unique_ptr<Transport> makeLoopbackTransport() { return std::make_unique<Loo
 std::pair<std::unique_ptr<Connection>, std::unique_ptr<Connection>> makeLoopbackPair(
     const std::string& descriptionA, const std::string& descriptionB,
     const LoopbackFaults& faults) {
-  auto pipe = std::make_shared<LoopbackPipe>(faults);
+  auto pipe = std::make_shared<LoopbackPipe>(faults, cuda::Driver::inUse());
   // a's description names its peer, b.
   return {std::make_unique<LoopbackConnection>(pipe, 0, 0, 1, descriptionB),
           std::make_unique<LoopbackConnection>(pipe, 1, 1, 0, descriptionA)};
