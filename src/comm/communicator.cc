@@ -426,6 +426,12 @@ Result<Window*> Communicator::registerWindow(void* buff, size_t bytes, int flags
     Status st;
     if (peers_[q].sameProcess(peers_[rank_])) st = boards_->adoptLocal(q, theirs.boardAddress);
     else if (boards[static_cast<size_t>(q)]) st = boards_->adopt(q, std::move(boards[static_cast<size_t>(q)]));
+    // A device window of another process is mapped only from a descriptor,
+    // and the board comes with every descriptor: one without the other is
+    // this library's bug, refused here rather than met as a missing link at
+    // the first call on the streams.
+    else if (!boards_->has(q))
+      st = internalError("rank ", q, "'s device window is mapped here without its window board");
     if (!st.isOk()) failure = std::move(st);
   }
   auto fail = [&](Status st) -> Status {
