@@ -5,11 +5,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <array>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <deque>
 #include <map>
+#include <span>
 #include <mutex>
 
 #include "collectives/plan.h"
@@ -139,21 +141,25 @@ class BoardLink final : public StreamLink {
 
   Status enqueueSend(const void*, uint64_t bytes, uint64_t tag, void* stream) override {
     SHOAL_TRY(usable());
+    // One batch of stream writes into this rank's slot of the peer's board:
+    // a descriptor's words, the hash (the word the peer waits on) after
+    // them, then the message count.
+    std::array<cuda::Driver::WordWrite, 8> words;
+    size_t n = 0;
     if (bytes == kWindowSlotBytes) {
       const uint64_t sequence = ++descriptorsSent_;
-      const uint64_t words[][2] = {
-          {board::kTag, tag},
-          {board::kCount, call_.count},
-          {board::kSendRegistration, call_.sendRegistration},
-          {board::kRecvRegistration, call_.recvRegistration},
-          {board::kSendOffset, call_.sendOffset},
-          {board::kRecvOffset, call_.recvOffset},
-          {board::kHash, board::hash(tag, call_, sequence)}};  // last: the word the peer waits on
-      for (const auto& [at, value] : words) SHOAL_TRY(driver_.writeValueAsync(toPeer_ + at, value, stream));
+      words[n++] = {board::kTag, tag};
+      words[n++] = {board::kCount, call_.count};
+      words[n++] = {board::kSendRegistration, call_.sendRegistration};
+      words[n++] = {board::kRecvRegistration, call_.recvRegistration};
+      words[n++] = {board::kSendOffset, call_.sendOffset};
+      words[n++] = {board::kRecvOffset, call_.recvOffset};
+      words[n++] = {board::kHash, board::hash(tag, call_, sequence)};
     } else if (bytes != 0) {
       return internalError("a window board carries descriptors and barriers, not ", bytes, "-byte messages");
     }
-    SHOAL_TRY(driver_.writeValueAsync(toPeer_ + board::kMessages, sent_.load() + 1, stream));
+    words[n++] = {board::kMessages, sent_.load() + 1};
+    SHOAL_TRY(driver_.writeValuesAsync(toPeer_, std::span(words.data(), n), stream));
     sent_.fetch_add(1);
     return Status::ok();
   }

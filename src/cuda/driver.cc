@@ -12,6 +12,7 @@
 #include <cuda.h>
 #include <dlfcn.h>
 
+#include <array>
 #include <atomic>
 #include <map>
 #include <mutex>
@@ -65,6 +66,7 @@ static Status notBuilt() { return error(Code::kCudaError, "built without CUDA");
 Status Driver::copyAsync(void*, const void*, size_t, StreamHandle) { return notBuilt(); }
 Status Driver::copy(void*, const void*, size_t) { return notBuilt(); }
 Status Driver::writeValueAsync(uint64_t*, uint64_t, StreamHandle) { return notBuilt(); }
+Status Driver::writeValuesAsync(uint64_t*, std::span<const WordWrite>, StreamHandle) { return notBuilt(); }
 Status Driver::waitValueAsync(const uint64_t*, uint64_t, StreamHandle) { return notBuilt(); }
 Status Driver::waitValueEqualAsync(const uint64_t*, uint64_t, StreamHandle) { return notBuilt(); }
 Status Driver::launchWait(const uint64_t*, uint64_t, StreamHandle) { return notBuilt(); }
@@ -120,7 +122,7 @@ constexpr int kApiVersion = 12000;
   X(cuStreamDestroy) X(cuEventQuery) X(cuMemExportToShareableHandle)                     \
   X(cuMemImportFromShareableHandle) X(cuMemHostRegister) X(cuMemHostUnregister)
 // Entry points of newer drivers, used when present: cuFuncLoad (12.4).
-#define SHOAL_CUDA_OPTIONAL_ENTRY_POINTS(X) X(cuFuncLoad)
+#define SHOAL_CUDA_OPTIONAL_ENTRY_POINTS(X) X(cuFuncLoad) X(cuStreamBatchMemOp)
 
 struct Driver::Api {
 #define SHOAL_CUDA_FIELD(name) decltype(&::name) name = nullptr;
@@ -209,8 +211,7 @@ Driver::Api* loadApi() {
     SHOAL_INFO(subsys::kInit, "CUDA: cuInit failed (", static_cast<int>(rc), "): host memory only");
     return nullptr;
   }
-  SHOAL_INFO(subsys::kInit, "CUDA: using the driver API of ", path,
-             " (device memory is staged through pinned host memory)");
+  SHOAL_INFO(subsys::kInit, "CUDA: using the driver API of ", path);
   return api.release();  // lives for the process, as the library does
 }
 
@@ -392,6 +393,35 @@ Status Driver::writeValueAsync(uint64_t* word, uint64_t value, StreamHandle stre
                                            CU_STREAM_WRITE_VALUE_DEFAULT);
   if (rc == CUDA_ERROR_NOT_SUPPORTED) return error(Code::kUnsupported, "cuStreamWriteValue64 is not supported");
   if (rc != CUDA_SUCCESS) return cudaError(*api_, "cuStreamWriteValue64", rc);
+  return Status::ok();
+}
+
+Status Driver::writeValuesAsync(uint64_t* base, std::span<const WordWrite> writes, StreamHandle stream) {
+  if (writes.empty()) return Status::ok();
+  if (writes.size() > kMaxBatchedWrites)
+    return internalError("writeValuesAsync: ", writes.size(), " writes, at most ", kMaxBatchedWrites);
+  CUdeviceptr at = 0;  // one registration: its words are contiguous on the device side too
+  SHOAL_CU(cuMemHostGetDevicePointer(&at, base, 0));
+  if (api_->cuStreamBatchMemOp != nullptr) {
+    std::array<CUstreamBatchMemOpParams, kMaxBatchedWrites> ops{};
+    for (size_t i = 0; i < writes.size(); ++i) {
+      ops[i].writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_64;
+      ops[i].writeValue.address = at + writes[i].offset * sizeof(uint64_t);
+      ops[i].writeValue.value64 = writes[i].value;
+      ops[i].writeValue.flags = CU_STREAM_WRITE_VALUE_DEFAULT;
+    }
+    CUresult rc = api_->cuStreamBatchMemOp(static_cast<CUstream>(stream), static_cast<unsigned>(writes.size()),
+                                           ops.data(), 0);
+    if (rc == CUDA_SUCCESS) return Status::ok();
+    // Without batches (an older driver's refusal), one by one below.
+    if (rc != CUDA_ERROR_NOT_SUPPORTED) return cudaError(*api_, "cuStreamBatchMemOp", rc);
+  }
+  for (const WordWrite& w : writes) {
+    CUresult rc = api_->cuStreamWriteValue64(static_cast<CUstream>(stream), at + w.offset * sizeof(uint64_t), w.value,
+                                             CU_STREAM_WRITE_VALUE_DEFAULT);
+    if (rc == CUDA_ERROR_NOT_SUPPORTED) return error(Code::kUnsupported, "cuStreamWriteValue64 is not supported");
+    if (rc != CUDA_SUCCESS) return cudaError(*api_, "cuStreamWriteValue64", rc);
+  }
   return Status::ok();
 }
 

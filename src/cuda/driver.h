@@ -24,6 +24,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 
 #include "core/status.h"
@@ -97,6 +98,16 @@ class Driver {
   // stream writes `value` once its earlier work is done; waits until
   // (int64_t)(*word - value) >= 0 before running later work.
   Status writeValueAsync(uint64_t* word, uint64_t value, StreamHandle stream);
+  // Writes of words `base[offset] = value` of one registration of pinned
+  // host memory, in order, as one batch of stream memory operations (one
+  // call and one device command: cuStreamBatchMemOp) where the driver has
+  // it, else one by one; at most kMaxBatchedWrites per call.
+  struct WordWrite {
+    size_t offset;  // in words from base
+    uint64_t value;
+  };
+  static constexpr size_t kMaxBatchedWrites = 255;  // cuStreamBatchMemOp takes fewer than 256
+  Status writeValuesAsync(uint64_t* base, std::span<const WordWrite> writes, StreamHandle stream);
   Status waitValueAsync(const uint64_t* word, uint64_t value, StreamHandle stream);
   // Waits until *word == value exactly (a peer's descriptor, not a count).
   Status waitValueEqualAsync(const uint64_t* word, uint64_t value, StreamHandle stream);

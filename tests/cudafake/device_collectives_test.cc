@@ -1359,6 +1359,7 @@ TEST_CASE("collectives on window buffers read peers' device memory in place, ove
         const uint64_t launchesBefore = shoalFakeCudaCallCount("cuLaunchKernel");
         const uint64_t syncsBefore = shoalFakeCudaCallCount("cuStreamSynchronize");
         const uint64_t waitsBefore = shoalFakeCudaCallCount("cuStreamWaitValue64");
+        const uint64_t batchesBefore = shoalFakeCudaCallCount("cuStreamBatchMemOp");
         uint64_t ownSyncs = 0;  // this test's own
         std::string wrong;
         auto expect = [&](const float* p, size_t count, const std::function<float(size_t)>& want, const char* what) {
@@ -1398,6 +1399,7 @@ TEST_CASE("collectives on window buffers read peers' device memory in place, ove
         const uint64_t launches = shoalFakeCudaCallCount("cuLaunchKernel") - launchesBefore;
         const uint64_t hostSyncs = shoalFakeCudaCallCount("cuStreamSynchronize") - syncsBefore - ownSyncs;
         const uint64_t waits = shoalFakeCudaCallCount("cuStreamWaitValue64") - waitsBefore;
+        const uint64_t batches = shoalFakeCudaCallCount("cuStreamBatchMemOp") - batchesBefore;
 
         // Outside the window the same calls take the other paths, and work.
         if (wrong.empty()) {
@@ -1407,7 +1409,8 @@ TEST_CASE("collectives on window buffers read peers' device memory in place, ove
           expect(out.at(), N, [&](size_t i) { return sumOfVals(n, i); }, "AllReduce outside the window");
         }
         child.log("kernel launches " + std::to_string(launches) + ", library synchronizations " +
-                  std::to_string(hostSyncs) + ", stream waits " + std::to_string(waits));
+                  std::to_string(hostSyncs) + ", stream waits " + std::to_string(waits) + ", batched board writes " +
+                  std::to_string(batches));
         if (!wrong.empty()) {
           child.log(wrong);
           return 3;
@@ -1420,6 +1423,9 @@ TEST_CASE("collectives on window buffers read peers' device memory in place, ove
         // device plan, it waits for each kernel and copy.
         if (onStreams ? hostSyncs != 0 || waits < 6u * static_cast<uint64_t>(n - 1) : run.windows && hostSyncs == 0)
           return 5;
+        // Each message to a peer's board is one batch of stream writes (a
+        // descriptor and a barrier per peer and call at least).
+        if (onStreams ? batches < 12u * static_cast<uint64_t>(n - 1) : batches != 0) return 8;
         if (ncclCommWindowDeregister(comm, win) != ncclSuccess) return 6;
         child.barrier();
         ncclMemFree(pool);
