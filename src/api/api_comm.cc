@@ -126,23 +126,23 @@ namespace shoal::api {
 // Blocking: run now. Group: defer to ncclGroupEnd. Nonblocking: run on a
 // thread and return ncclInProgress. *out is valid in every case but an
 // immediate failure.
-Status launchInit(ncclComm_t* out, ncclComm_t handle, bool blocking, InitWork work, const void* parent) {
+Status launchInit(ncclComm_t* out, ncclComm_t handle, bool blocking, InitWork work, const void* parent,
+                  int deviceOf) {
   auto shared = handle->shared;
+  const InitContext context = deviceOf >= 0 ? InitContext::ofDevice(deviceOf) : InitContext::callers();
   if (group::active()) {
     *out = handle;
-    auto run = [shared, work, context = InitContext::callers()] { return context.run(shared, work); };
+    auto run = [shared, work, context] { return context.run(shared, work); };
     if (parent) group::addOrderedInit(parent, std::move(run));
     else group::addInit(std::move(run));
     return Status::ok();
   }
   if (!blocking) {
     *out = handle;
-    handle->initThread = std::thread([shared, work, context = InitContext::callers()] {
-      (void)context.run(shared, work);
-    });
+    handle->initThread = std::thread([shared, work, context] { (void)context.run(shared, work); });
     return Status(Code::kInProgress, "");
   }
-  Status st = runInit(shared, work);
+  Status st = context.run(shared, work);
   if (!st.isOk()) {
     api::releaseHandle(handle);
     *out = nullptr;
@@ -330,7 +330,7 @@ SHOAL_API(ncclResult_t, ncclCommSplit,
       return parent->split(color, key, options, cancel);
     };
     return launchInit(newcomm, handle, options.blocking && parent->options().blocking,
-                      std::move(work), parent.get());
+                      std::move(work), parent.get(), parent->cudaDevice());
   });
 }
 

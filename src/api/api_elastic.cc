@@ -147,7 +147,8 @@ SHOAL_API(ncclResult_t, ncclCommShrink,
                  child->describe());
       return child;
     };
-    return api::launchInit(newcomm, handle, options.blocking && parent->options().blocking, std::move(work));
+    return api::launchInit(newcomm, handle, options.blocking && parent->options().blocking, std::move(work),
+                           nullptr, parent->cudaDevice());
   });
 }
 
@@ -253,6 +254,7 @@ SHOAL_API(ncclResult_t, ncclCommGrow,
       }
       return child;
     };
-    return api::launchInit(newcomm, handle, options.blocking && parent->options().blocking, std::move(work));
+    return api::launchInit(newcomm, handle, options.blocking && parent->options().blocking, std::move(work),
+                           nullptr, parent->cudaDevice());
   });
 }

@@ -220,9 +220,20 @@ Result<InitProposal> Communicator::proposal(const PeerInfo& self) const {
 // device memory (cuda_ipc, loopback), and its reduction kernels (loaded
 // now: a device-direct communicator runs its reductions with them, and a
 // load that fails must keep every rank on the staged path, not fail calls).
+// Not where some peers are threads of this process and others other
+// processes: lanes to the others would have stream links and lanes to
+// these none, so ranks whose plans differ in that would run stream plans
+// on some ranks and device plans on others, whose messages never meet.
 std::string Communicator::whyNotDeviceDirect(const PeerInfo& self) const {
   if (cuda_ == nullptr || self.gpu.empty()) return "no CUDA device";
   if (nranks_ < 2) return "a single rank";
+  const bool threads = std::any_of(peers_.begin(), peers_.end(), [&](const PeerInfo& p) {
+    return p.rank != rank_ && p.sameProcess(self);
+  });
+  const bool processes = std::any_of(peers_.begin(), peers_.end(), [&](const PeerInfo& p) {
+    return !p.sameProcess(self);
+  });
+  if (threads && processes) return "some peers are threads of this process and others other processes";
   for (int r = 0; r < nranks_; ++r) {
     if (r == rank_) continue;
     Result<Transport*> t = selectTransport(self, peers_[r], TransportChoice{.deviceDirect = true});

@@ -386,6 +386,9 @@ bool Communicator::ensureDeviceSteps() {
 
 bool Communicator::inWindows(std::span<const OpRequest> ops) {
   if (windows_->empty() || ops.size() != 1 || nranks_ < 2) return false;
+  // Host-stepped window plans are device plans (runsAsDevicePlan); with
+  // boards, SHOAL_CUDA_STREAM_PLANS=1 asked for streams despite the queues.
+  if (cuda::Driver::fewHardwareQueues() && !boards_) return false;
   const OpRequest& op = ops[0];
   if (op.shape.kind != CollKind::kAllReduce && op.shape.kind != CollKind::kAllGather &&
       op.shape.kind != CollKind::kReduceScatter)
@@ -406,8 +409,12 @@ bool Communicator::inWindows(std::span<const OpRequest> ops) {
 }
 
 bool Communicator::runsAsDevicePlan(std::span<const OpRequest> ops, bool windowed) {
-  // One operation (groups stay staged), between ranks, on device memory.
+  // One operation (groups stay staged), between ranks, on device memory;
+  // its kernels and copies go on streams other than the user's, which waits
+  // for them: not with too few hardware queues to keep them apart (staged
+  // buffers are copied on the user's stream itself).
   if (ops.size() != 1 || nranks_ < 2 || bridge_->deviceReducer() == nullptr) return false;
+  if (!windowed && cuda::Driver::fewHardwareQueues()) return false;
   const OpRequest& op = ops[0];
   if (op.scalar.deviceScalar != nullptr) return false;
   // GPU copies of ranges that overlap without being equal are undefined:

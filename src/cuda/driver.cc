@@ -87,6 +87,7 @@ Status Driver::registerHost(void*, size_t) { return notBuilt(); }
 void Driver::unregisterHost(void*) {}
 WaitMode Driver::waitModeOf(const std::string&) { return WaitMode::kSynchronous; }
 bool Driver::streamPlansWanted(const std::string&) { return false; }
+bool Driver::fewHardwareQueues() { return false; }
 Result<void*> Driver::deviceAlloc(size_t) { return notBuilt(); }
 bool Driver::deviceFree(void*) { return false; }
 std::optional<Driver::DeviceAllocation> Driver::deviceAllocationOf(const void*, size_t) { return std::nullopt; }
@@ -165,11 +166,13 @@ Status cudaError(Driver::Api& api, const char* what, CUresult rc) {
   } while (0)
 
 // Loads the entry points from a driver library the process already has.
-// Null (with the reason at INFO) when it has none or it is unusable.
-Driver::Api* loadApi() {
+// Null (with the reason at INFO) when it has none or it is unusable;
+// `present` says whether it had one.
+Driver::Api* loadApi(bool& present) {
   const std::string& path = params().cudaDriver;
   void* lib = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
-  if (lib == nullptr) return nullptr;  // the process does not use CUDA
+  present = lib != nullptr;
+  if (lib == nullptr) return nullptr;  // the process does not use CUDA (yet)
   using GetProcAddress = CUresult (*)(const char*, void**, int, cuuint64_t,
                                       CUdriverProcAddressQueryResult*);
   auto getProc = reinterpret_cast<GetProcAddress>(::dlsym(lib, "cuGetProcAddress_v2"));
@@ -221,12 +224,19 @@ bool Driver::built() { return true; }
 
 Driver* Driver::inUse() {
   static std::atomic<Driver*> found{nullptr};
+  static std::atomic<bool> unusable{false};  // loaded, and refused once: not asked again
   static std::mutex loadMutex;
   if (Driver* d = found.load(std::memory_order_acquire)) return d;
+  if (unusable.load(std::memory_order_acquire)) return nullptr;
   std::lock_guard<std::mutex> lock(loadMutex);
   if (Driver* d = found.load(std::memory_order_relaxed)) return d;
-  Api* api = loadApi();
-  if (api == nullptr) return nullptr;
+  if (unusable.load(std::memory_order_relaxed)) return nullptr;
+  bool present = false;
+  Api* api = loadApi(present);
+  if (api == nullptr) {
+    if (present) unusable.store(true, std::memory_order_release);
+    return nullptr;
+  }
   auto* driver = new Driver(api);
   found.store(driver, std::memory_order_release);
   return driver;
@@ -548,15 +558,20 @@ bool Driver::streamPlansWanted(const std::string& gpu) {
   static std::once_flag toldValue, toldQueues;
   if (want != "auto")
     std::call_once(toldValue, [&] { SHOAL_WARN("SHOAL_CUDA_STREAM_PLANS=", want, " is not auto, 1 or 0: auto"); });
-  const char* queues = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
-  if (queues != nullptr && std::atoi(queues) > 0 && std::atoi(queues) < 4) {
+  if (fewHardwareQueues()) {
     std::call_once(toldQueues, [&] {
-      SHOAL_INFO(subsys::kInit | subsys::kNet, "no stream plans: CUDA_DEVICE_MAX_CONNECTIONS=", queues,
+      SHOAL_INFO(subsys::kInit | subsys::kNet, "no stream plans: CUDA_DEVICE_MAX_CONNECTIONS=",
+                 std::getenv("CUDA_DEVICE_MAX_CONNECTIONS"),
                  " leaves too few hardware queues for a stream per lane (SHOAL_CUDA_STREAM_PLANS=1 overrides)");
     });
     return false;
   }
   return true;
+}
+
+bool Driver::fewHardwareQueues() {
+  const char* queues = std::getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+  return queues != nullptr && std::atoi(queues) > 0 && std::atoi(queues) < 4;
 }
 
 WaitMode Driver::waitModeOf(const std::string& gpu) {

@@ -63,8 +63,10 @@ const char* waitModeName(WaitMode mode);
 class Driver {
  public:
   // The driver when this process uses CUDA (its driver library is loaded and
-  // initializes), else null. Looked up again on every call until found; once
-  // found it stays for the process.
+  // initializes), else null. Looked up again on every call until found (a
+  // process may load CUDA after its first call); once found it stays for the
+  // process, and a loaded driver that was refused (too old, cuInit failed)
+  // is not asked again.
   static Driver* inUse();
   // Whether the library was built with the device-memory path.
   static bool built();
@@ -90,6 +92,11 @@ class Driver {
   // streams run stream memory operations, and SHOAL_CUDA_STREAM_PLANS
   // allows it (auto: unless CUDA_DEVICE_MAX_CONNECTIONS is below 4).
   bool streamPlansWanted(const std::string& gpu);
+  // CUDA_DEVICE_MAX_CONNECTIONS is 1 to 3 (some trainers set 1): so few
+  // hardware queues that a user stream waiting for the host blocks work the
+  // host then issues on other streams of the device (device plans, stream
+  // plans' lanes), which would deadlock.
+  static bool fewHardwareQueues();
 
   Result<bool> isCapturing(StreamHandle stream);
   Status copyAsync(void* dst, const void* src, size_t bytes, StreamHandle stream);

@@ -327,8 +327,25 @@ TEST_CASE("every collective on device buffers with 1 to 4 ranks as threads", "[c
     const uint64_t launches = shoalFakeCudaCallCount("cuLaunchKernel") - launchesBefore;
     const uint64_t copies = shoalFakeCudaCallCount("cuMemcpyAsync") - copiesBefore;
     INFO("kernel launches " << launches << ", async copies " << copies);
-    if (n > 1) CHECK(launches > 0);
+    // Each rank reduces at least once in each of the two AllReduces and the
+    // ReduceScatter (staged, the CPU would reduce: no kernel at all).
+    if (n > 1) CHECK(launches >= 3u * static_cast<uint64_t>(n));
   }
+}
+
+// With CUDA_DEVICE_MAX_CONNECTIONS below 4 streams share so few hardware
+// queues that the user's stream, waiting for the host, would hold back a
+// device plan's kernels and copies: such calls are staged (reduced by the
+// CPU, no kernel), with the right bytes.
+TEST_CASE("with few hardware queues device buffers between threads are staged, not device plans", "[cudafake]") {
+  useDevice0();
+  shoal::testing::ScopedEnv env{{"CUDA_DEVICE_MAX_CONNECTIONS", "1"}};
+  Mismatches bad;
+  const uint64_t launchesBefore = shoalFakeCudaCallCount("cuLaunchKernel");
+  onThreads(3, [&](int r, ncclComm_t comm, CUstream s) { everyCollective(r, 3, comm, s, bad); });
+  INFO(bad.first);
+  CHECK(bad.count == 0);
+  CHECK(shoalFakeCudaCallCount("cuLaunchKernel") == launchesBefore);
 }
 
 // NCCL makes a communicator for the device current when the init is called;
@@ -647,6 +664,68 @@ TEST_CASE("ranks of one host go GPU to GPU over cuda_ipc by default, and all sta
   }
 }
 
+// A communicator of threads and processes: ranks 0 and 1 are threads of one
+// process, rank 2 another process. It is not device-direct (lanes between the
+// processes would have stream rings and lanes between the threads none, so
+// ranks could choose stream plans and device plans for one call); the
+// processes meet over shm, and every collective completes with the right
+// bytes instead of ranks waiting on messages that never come.
+TEST_CASE("a communicator of threads and processes is not device-direct, and its collectives complete", "[cudafake][mp]") {
+  char logPath[] = "/tmp/shoal-cudafake-log-XXXXXX";
+  int fd = mkstemp(logPath);
+  REQUIRE(fd >= 0);
+  close(fd);
+  shoal::testing::MpConfig cfg;
+  cfg.nranks = 2;  // processes: the first holds ranks 0 and 1
+  cfg.hardLimitMs = 90000;
+  cfg.env = {{"SHOAL_TRANSPORT", ""}, {"NCCL_DEBUG", "INFO"}, {"NCCL_DEBUG_SUBSYS", "INIT"},
+             {"NCCL_DEBUG_FILE", std::string(logPath) + ".%p"}};
+  auto result = shoal::testing::runForked(cfg, [&](shoal::testing::MpChild& child) -> int {
+    if (cuInit(0) != CUDA_SUCCESS) return 10;
+    ncclUniqueId id;
+    if (!child.uniqueId(&id)) return 11;
+    const std::vector<int> ranks = child.rank() == 0 ? std::vector<int>{0, 1} : std::vector<int>{2};
+    Mismatches bad;
+    std::vector<std::thread> threads;
+    for (int r : ranks)
+      threads.emplace_back([&, r] {
+        CUcontext ctx = nullptr;
+        if (cuDevicePrimaryCtxRetain(&ctx, 0) != CUDA_SUCCESS || cuCtxSetCurrent(ctx) != CUDA_SUCCESS) {
+          bad.expect(false, "context");
+          return;
+        }
+        CUstream s = nullptr;
+        cuStreamCreate(&s, CU_STREAM_NON_BLOCKING);
+        ncclComm_t comm = nullptr;
+        if (ncclCommInitRank(&comm, 3, id, r) != ncclSuccess) {
+          bad.expect(false, std::string("init: ") + ncclGetLastError(nullptr));
+          return;
+        }
+        everyCollective(r, 3, comm, s, bad);
+        cuStreamSynchronize(s);
+        ncclCommDestroy(comm);
+        cuStreamDestroy(s);
+      });
+    for (auto& t : threads) t.join();
+    if (bad.count) child.log(bad.first);
+    return bad.count == 0 ? 0 : 1;
+  });
+  std::string log;
+  for (const auto& r : result.ranks) {
+    std::string path = std::string(logPath) + "." + std::to_string(r.pid);
+    log += readFile(path);
+    ::unlink(path.c_str());
+  }
+  ::unlink(logPath);
+  INFO(result.report() << "\n" << log);
+  CHECK(result.allPassed());
+  CHECK(log.find("some peers are threads of this process and others other processes") != std::string::npos);
+  CHECK(log.find("staged through pinned host memory (rank 0 cannot move device memory to every peer)") !=
+        std::string::npos);
+  CHECK(log.find("device-direct: device buffers move GPU to GPU") == std::string::npos);
+  CHECK(log.find("via cuda_ipc") == std::string::npos);
+}
+
 // Device plans (over cuda_ipc) reduce with the device kernels; the host path
 // reduces with the CPU reducer, which the kernels equal bit for bit. The same
 // AllReduce on device buffers and on host buffers (the same plan) must give
@@ -654,16 +733,18 @@ TEST_CASE("ranks of one host go GPU to GPU over cuda_ipc by default, and all sta
 // few types; integer avg and a device-memory PreMulSum scalar stay staged.
 TEST_CASE("device plans over cuda_ipc give the host path's bytes for every type and operator", "[cudafake][mp]") {
   // Stream plans (stream memory operations), and plans the host steps
-  // through (no stream ring: the wait kernel, stream plans switched off, too
-  // few hardware queues), told apart by the event queries the host makes.
+  // through (no stream ring: the wait kernel, stream plans switched off),
+  // told apart by the event queries the host makes; with too few hardware
+  // queues neither (staged: the CPU reduces, no kernel), the same bytes.
   struct Variant {
     std::pair<std::string, std::string> env;
     bool streamPlans;
+    bool kernels = true;
   };
   for (const Variant& variant : {Variant{{"SHOAL_CUDA_WAIT", "memops"}, true},
                                  Variant{{"SHOAL_CUDA_WAIT", "kernel"}, false},
                                  Variant{{"SHOAL_CUDA_STREAM_PLANS", "0"}, false},
-                                 Variant{{"CUDA_DEVICE_MAX_CONNECTIONS", "2"}, false}}) {
+                                 Variant{{"CUDA_DEVICE_MAX_CONNECTIONS", "2"}, false, false}}) {
   const std::string wait = variant.env.first + "=" + variant.env.second;
   auto result = forkedRanks(3, "cuda_ipc", {variant.env}, [&](shoal::testing::MpChild& child, ncclComm_t comm, CUstream s) {
     struct Case {
@@ -740,8 +821,9 @@ TEST_CASE("device plans over cuda_ipc give the host path's bytes for every type 
     }
     const uint64_t launches = shoalFakeCudaCallCount("cuLaunchKernel") - launchesBefore;
     child.log("kernel launches " + std::to_string(launches) + ", event queries " + std::to_string(queries));
-    if (launches == 0) return 5;
-    if (variant.streamPlans != (queries == 0)) return 6;  // the host polls copies only when it steps
+    if ((launches != 0) != variant.kernels) return 5;
+    // The host polls copies only when it steps.
+    if (variant.kernels && variant.streamPlans != (queries == 0)) return 6;
     ncclRedOpDestroy(premulHost, comm);
     ncclRedOpDestroy(premulDevice, comm);
     cuMemFree(scalar);
