@@ -232,6 +232,36 @@ std::string readFile(const std::string& path) {
   return ss.str();
 }
 
+// Forked ranks' INFO logs of the INIT subsystem, a file per process.
+class RankLogs {
+ public:
+  RankLogs() {
+    int fd = mkstemp(path_);
+    REQUIRE(fd >= 0);
+    close(fd);
+  }
+  ~RankLogs() { ::unlink(path_); }
+  RankLogs(const RankLogs&) = delete;
+  RankLogs& operator=(const RankLogs&) = delete;
+  // The variables that send them there.
+  std::vector<std::pair<std::string, std::string>> env() const {
+    return {{"NCCL_DEBUG", "INFO"}, {"NCCL_DEBUG_SUBSYS", "INIT"}, {"NCCL_DEBUG_FILE", std::string(path_) + ".%p"}};
+  }
+  // Every rank's log, read and removed.
+  std::string collect(const shoal::testing::MpResult& result) const {
+    std::string log;
+    for (const auto& r : result.ranks) {
+      std::string path = std::string(path_) + "." + std::to_string(r.pid);
+      log += readFile(path);
+      ::unlink(path.c_str());
+    }
+    return log;
+  }
+
+ private:
+  char path_[32] = "/tmp/shoal-cudafake-log-XXXXXX";
+};
+
 }  // namespace
 
 TEST_CASE("device pointers go to the stream path - host pointers stay on the host path - mixing them is an invalid argument", "[cudafake]") {
@@ -623,17 +653,12 @@ TEST_CASE("ranks of one host go GPU to GPU over cuda_ipc by default, and all sta
        {"staged through pinned host memory (rank 2 does not run stream plans and rank 0 does", "via shm"}},
   };
   for (const Variant& v : variants) {
-    char logPath[] = "/tmp/shoal-cudafake-log-XXXXXX";
-    int fd = mkstemp(logPath);
-    REQUIRE(fd >= 0);
-    close(fd);
+    RankLogs logs;
     shoal::testing::MpConfig cfg;
     cfg.nranks = 3;
-    cfg.env = v.env;
+    cfg.env = logs.env();
+    cfg.env.insert(cfg.env.end(), v.env.begin(), v.env.end());
     cfg.env.emplace_back("SHOAL_TRANSPORT", "");  // not forced: the registry chooses
-    cfg.env.emplace_back("NCCL_DEBUG", "INFO");
-    cfg.env.emplace_back("NCCL_DEBUG_SUBSYS", "INIT");
-    cfg.env.emplace_back("NCCL_DEBUG_FILE", std::string(logPath) + ".%p");
     auto result = shoal::testing::forkedDeviceRanks(cfg, [&](shoal::testing::MpChild& child, ncclComm_t comm, CUstream s) {
       Mismatches bad;
       const uint64_t launchesBefore = shoalFakeCudaCallCount("cuLaunchKernel");
@@ -648,13 +673,7 @@ TEST_CASE("ranks of one host go GPU to GPU over cuda_ipc by default, and all sta
       if (!v.deviceDirect && launches != 0) return 3;  // some pair went GPU to GPU
       return 0;
     }, v.rankEnv);
-    std::string log;
-    for (const auto& r : result.ranks) {
-      std::string path = std::string(logPath) + "." + std::to_string(r.pid);
-      log += readFile(path);
-      ::unlink(path.c_str());
-    }
-    ::unlink(logPath);
+    const std::string log = logs.collect(result);
     INFO(v.what << "\n" << result.report() << "\n" << log);
     CHECK(result.allPassed());
     for (const std::string& line : v.logged) CHECK(log.find(line) != std::string::npos);
@@ -671,15 +690,12 @@ TEST_CASE("ranks of one host go GPU to GPU over cuda_ipc by default, and all sta
 // processes meet over shm, and every collective completes with the right
 // bytes instead of ranks waiting on messages that never come.
 TEST_CASE("a communicator of threads and processes is not device-direct, and its collectives complete", "[cudafake][mp]") {
-  char logPath[] = "/tmp/shoal-cudafake-log-XXXXXX";
-  int fd = mkstemp(logPath);
-  REQUIRE(fd >= 0);
-  close(fd);
+  RankLogs logs;
   shoal::testing::MpConfig cfg;
   cfg.nranks = 2;  // processes: the first holds ranks 0 and 1
   cfg.hardLimitMs = 90000;
-  cfg.env = {{"SHOAL_TRANSPORT", ""}, {"NCCL_DEBUG", "INFO"}, {"NCCL_DEBUG_SUBSYS", "INIT"},
-             {"NCCL_DEBUG_FILE", std::string(logPath) + ".%p"}};
+  cfg.env = logs.env();
+  cfg.env.emplace_back("SHOAL_TRANSPORT", "");
   auto result = shoal::testing::runForked(cfg, [&](shoal::testing::MpChild& child) -> int {
     if (cuInit(0) != CUDA_SUCCESS) return 10;
     ncclUniqueId id;
@@ -710,13 +726,7 @@ TEST_CASE("a communicator of threads and processes is not device-direct, and its
     if (bad.count) child.log(bad.first);
     return bad.count == 0 ? 0 : 1;
   });
-  std::string log;
-  for (const auto& r : result.ranks) {
-    std::string path = std::string(logPath) + "." + std::to_string(r.pid);
-    log += readFile(path);
-    ::unlink(path.c_str());
-  }
-  ::unlink(logPath);
+  const std::string log = logs.collect(result);
   INFO(result.report() << "\n" << log);
   CHECK(result.allPassed());
   CHECK(log.find("some peers are threads of this process and others other processes") != std::string::npos);
@@ -1154,13 +1164,8 @@ namespace {
 // Every collective at 2 processes over shm with the stand-in's knobs `env`,
 // a stream delay too; returns the ranks' INFO logs.
 std::string fallbackRun(std::vector<std::pair<std::string, std::string>> env, int64_t& kernelLaunches) {
-  char logPath[] = "/tmp/shoal-cudafake-log-XXXXXX";
-  int fd = mkstemp(logPath);
-  REQUIRE(fd >= 0);
-  close(fd);
-  env.emplace_back("NCCL_DEBUG", "INFO");
-  env.emplace_back("NCCL_DEBUG_SUBSYS", "INIT");
-  env.emplace_back("NCCL_DEBUG_FILE", std::string(logPath) + ".%p");
+  RankLogs logs;
+  for (auto& variable : logs.env()) env.push_back(std::move(variable));
   auto result = forkedRanks(2, "shm", env, [&](shoal::testing::MpChild& child, ncclComm_t comm, CUstream s) {
     Mismatches bad;
     everyCollective(child.rank(), child.nranks(), comm, s, bad);
@@ -1183,14 +1188,7 @@ std::string fallbackRun(std::vector<std::pair<std::string, std::string>> env, in
     size_t at = r.log.find("kernel launches ");
     if (at != std::string::npos) kernelLaunches += std::atoll(r.log.c_str() + at + 16);
   }
-  std::string log;
-  for (const auto& r : result.ranks) {
-    std::string path = std::string(logPath) + "." + std::to_string(r.pid);
-    log += readFile(path);
-    ::unlink(path.c_str());
-  }
-  ::unlink(logPath);
-  return log;
+  return logs.collect(result);
 }
 
 }  // namespace
