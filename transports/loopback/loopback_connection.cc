@@ -1,21 +1,35 @@
 #include "transports/loopback/loopback_connection.h"
 
 #include <cstring>
+#include <map>
+#include <mutex>
 
 #include "core/tag.h"
 
 namespace shoal {
 
+namespace {
+
+// The stream of the process's loopback GPU copies in `context` (current on
+// the calling thread), made at the first: each copy is waited for at once,
+// so a stream per pipe would buy nothing but hardware queues to share. Kept
+// for the process, as the primary contexts it is made in are. Its own
+// stream, not the legacy default one: a user stream there may be waiting
+// for this very operation.
+Result<cuda::StreamHandle> copyStreamOf(cuda::Driver& driver, cuda::ContextHandle context) {
+  static std::mutex mutex;
+  static auto* streams = new std::map<cuda::ContextHandle, cuda::StreamHandle>();  // never freed
+  std::lock_guard<std::mutex> lock(mutex);
+  if (auto it = streams->find(context); it != streams->end()) return it->second;
+  SHOAL_ASSIGN_OR_RETURN(cuda::StreamHandle stream, driver.createStream());
+  streams->emplace(context, stream);
+  return stream;
+}
+
+}  // namespace
+
 LoopbackPipe::LoopbackPipe(const LoopbackFaults& f, cuda::Driver* driver)
     : faults(f), stallRng(f.reorderSeed), driver_(driver) {}
-
-LoopbackPipe::~LoopbackPipe() {
-  for (const auto& [context, stream] : copyStreams_) {
-    if (!driver_->pushContext(context).isOk()) continue;  // leaked rather than destroyed elsewhere
-    driver_->destroyStream(stream);
-    driver_->popContext();
-  }
-}
 
 Status LoopbackPipe::copyMessage(void* dst, const void* src, uint64_t bytes) {
   if (driver_ != nullptr) {
@@ -37,19 +51,10 @@ Status LoopbackPipe::copyMessage(void* dst, const void* src, uint64_t bytes) {
 
 Status LoopbackPipe::copyOnGpu(cuda::ContextHandle context, void* dst, const void* src, uint64_t bytes) {
   SHOAL_TRY(driver_->pushContext(context)) << "loopback: a GPU copy";
-  cuda::StreamHandle stream = nullptr;
-  for (const auto& [c, s] : copyStreams_)
-    if (c == context) stream = s;
-  Status st;
-  if (stream == nullptr) {
-    // Its own stream, which does not wait for the legacy default stream: a
-    // user stream there may be waiting for this very operation.
-    Result<cuda::StreamHandle> made = driver_->createStream();
-    if (made.isOk()) copyStreams_.emplace_back(context, stream = made.value());
-    else st = made.status();
-  }
-  if (st.isOk()) st = driver_->copyAsync(dst, src, bytes, stream);
-  if (st.isOk()) st = driver_->synchronize(stream);
+  Result<cuda::StreamHandle> stream = copyStreamOf(*driver_, context);
+  Status st = stream.status();
+  if (st.isOk()) st = driver_->copyAsync(dst, src, bytes, stream.value());
+  if (st.isOk()) st = driver_->synchronize(stream.value());
   driver_->popContext();
   if (!st.isOk()) return StatusBuilder(std::move(st)) << "loopback: a GPU copy of " << bytes << " bytes";
   return Status::ok();

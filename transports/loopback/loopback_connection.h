@@ -47,7 +47,6 @@ struct LoopbackPipe {
   // `driver`: CUDA's, where the process used it when the pipe was made
   // (device buffers may then cross it), else null.
   LoopbackPipe(const LoopbackFaults& faults, cuda::Driver* driver);
-  ~LoopbackPipe();
   // Copies a matched message (mutex held): memcpy, or by the GPU where
   // either side is device memory, which host code must not touch.
   Status copyMessage(void* dst, const void* src, uint64_t bytes);
@@ -61,12 +60,10 @@ struct LoopbackPipe {
   std::mt19937_64 stallRng;
 
  private:
-  // A GPU copy on a stream of the pipe's own in `context` (made at its
-  // first copy), waited for before the message completes.
+  // A GPU copy in `context`, waited for before the message completes.
   Status copyOnGpu(cuda::ContextHandle context, void* dst, const void* src, uint64_t bytes);
 
   cuda::Driver* driver_;
-  std::vector<std::pair<cuda::ContextHandle, cuda::StreamHandle>> copyStreams_;
 };
 
 class LoopbackConnection final : public Connection {
