@@ -131,6 +131,7 @@ struct Driver::Api {
   SHOAL_CUDA_OPTIONAL_ENTRY_POINTS(SHOAL_CUDA_FIELD)
 #undef SHOAL_CUDA_FIELD
 
+  std::atomic<bool> batchesRefused{false};  // cuStreamBatchMemOp said CUDA_ERROR_NOT_SUPPORTED once
   std::mutex mutex;  // guards the maps below
   std::map<int, WaitMode> waitModes;
   std::map<CUcontext, CUfunction> waitKernels;  // loaded per context
@@ -412,7 +413,7 @@ Status Driver::writeValuesAsync(uint64_t* base, std::span<const WordWrite> write
     return internalError("writeValuesAsync: ", writes.size(), " writes, at most ", kMaxBatchedWrites);
   CUdeviceptr at = 0;  // one registration: its words are contiguous on the device side too
   SHOAL_CU(cuMemHostGetDevicePointer(&at, base, 0));
-  if (api_->cuStreamBatchMemOp != nullptr) {
+  if (api_->cuStreamBatchMemOp != nullptr && !api_->batchesRefused.load(std::memory_order_relaxed)) {
     std::array<CUstreamBatchMemOpParams, kMaxBatchedWrites> ops{};
     for (size_t i = 0; i < writes.size(); ++i) {
       ops[i].writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_64;
@@ -423,8 +424,9 @@ Status Driver::writeValuesAsync(uint64_t* base, std::span<const WordWrite> write
     CUresult rc = api_->cuStreamBatchMemOp(static_cast<CUstream>(stream), static_cast<unsigned>(writes.size()),
                                            ops.data(), 0);
     if (rc == CUDA_SUCCESS) return Status::ok();
-    // Without batches (an older driver's refusal), one by one below.
     if (rc != CUDA_ERROR_NOT_SUPPORTED) return cudaError(*api_, "cuStreamBatchMemOp", rc);
+    // Refused (a platform without batches): one by one below, from now on.
+    api_->batchesRefused.store(true, std::memory_order_relaxed);
   }
   for (const WordWrite& w : writes) {
     CUresult rc = api_->cuStreamWriteValue64(static_cast<CUstream>(stream), at + w.offset * sizeof(uint64_t), w.value,

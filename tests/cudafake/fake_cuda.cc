@@ -132,6 +132,7 @@ CUresult guarded(F&& body) noexcept {
 struct Knobs {
   std::atomic<int> devices{1};
   std::atomic<bool> memops{true};
+  std::atomic<bool> batchMemops{true};  // cuStreamBatchMemOp (off: CUDA_ERROR_NOT_SUPPORTED, as on some platforms)
   std::atomic<bool> kernels{true};
   std::atomic<unsigned> streamDelayMs{0};
   std::atomic<bool> strictHostFn{false};
@@ -1160,6 +1161,7 @@ void loadEnvironment() {
     }
   }
   if (envFlag("SHOAL_FAKECUDA_NO_MEMOPS")) k.memops.store(false);
+  if (envFlag("SHOAL_FAKECUDA_NO_BATCH_MEMOPS")) k.batchMemops.store(false);
   if (envFlag("SHOAL_FAKECUDA_NO_KERNELS")) k.kernels.store(false);
   if (envFlag("SHOAL_FAKECUDA_STRICT_HOSTFN")) k.strictHostFn.store(true);
   if (const char* hidden = std::getenv("SHOAL_FAKECUDA_HIDE_KERNEL")) {
@@ -2340,6 +2342,7 @@ FAKE_API CUresult cuStreamBatchMemOp_v2(CUstream stream, unsigned int count, CUs
                                         unsigned int flags) {
   FAKE_ENTER("cuStreamBatchMemOp");
   if (flags != 0 || count > kMaxBatchMemOps || (count > 0 && paramArray == nullptr)) return CUDA_ERROR_INVALID_VALUE;
+  if (!knobs().batchMemops.load()) return CUDA_ERROR_NOT_SUPPORTED;
   return guarded([&] {
     return enqueueMemOps(stream, [&](Driver& d, int dev, std::vector<MemOpStep>& steps) -> CUresult {
       for (unsigned i = 0; i < count; ++i) {
