@@ -234,6 +234,9 @@ std::string Communicator::whyNotDeviceDirect(const PeerInfo& self) const {
     return !p.sameProcess(self);
   });
   if (threads && processes) return "some peers are threads of this process and others other processes";
+  // cuda_ipc moves even staged messages by copies on streams of its own,
+  // which would queue behind the user's stream waiting for them.
+  if (cuda::Driver::fewHardwareQueues()) return "CUDA_DEVICE_MAX_CONNECTIONS is below 4";
   for (int r = 0; r < nranks_; ++r) {
     if (r == rank_) continue;
     Result<Transport*> t = selectTransport(self, peers_[r], TransportChoice{.deviceDirect = true});

@@ -386,9 +386,6 @@ bool Communicator::ensureDeviceSteps() {
 
 bool Communicator::inWindows(std::span<const OpRequest> ops) {
   if (windows_->empty() || ops.size() != 1 || nranks_ < 2) return false;
-  // Host-stepped window plans are device plans (runsAsDevicePlan); with
-  // boards, SHOAL_CUDA_STREAM_PLANS=1 asked for streams despite the queues.
-  if (cuda::Driver::fewHardwareQueues() && !boards_) return false;
   const OpRequest& op = ops[0];
   if (op.shape.kind != CollKind::kAllReduce && op.shape.kind != CollKind::kAllGather &&
       op.shape.kind != CollKind::kReduceScatter)

@@ -16,6 +16,7 @@
 #include <atomic>
 #include <map>
 #include <mutex>
+#include <vector>
 #endif
 
 namespace shoal::cuda {
@@ -414,15 +415,17 @@ Status Driver::writeValuesAsync(uint64_t* base, std::span<const WordWrite> write
   CUdeviceptr at = 0;  // one registration: its words are contiguous on the device side too
   SHOAL_CU(cuMemHostGetDevicePointer(&at, base, 0));
   if (api_->cuStreamBatchMemOp != nullptr && !api_->batchesRefused.load(std::memory_order_relaxed)) {
-    std::array<CUstreamBatchMemOpParams, kMaxBatchedWrites> ops{};
+    constexpr size_t kInline = 16;  // a board message is 8
+    std::array<CUstreamBatchMemOpParams, kInline> inlineOps{};
+    std::vector<CUstreamBatchMemOpParams> moreOps(writes.size() > kInline ? writes.size() : 0);
+    CUstreamBatchMemOpParams* ops = writes.size() > kInline ? moreOps.data() : inlineOps.data();
     for (size_t i = 0; i < writes.size(); ++i) {
       ops[i].writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_64;
       ops[i].writeValue.address = at + writes[i].offset * sizeof(uint64_t);
       ops[i].writeValue.value64 = writes[i].value;
       ops[i].writeValue.flags = CU_STREAM_WRITE_VALUE_DEFAULT;
     }
-    CUresult rc = api_->cuStreamBatchMemOp(static_cast<CUstream>(stream), static_cast<unsigned>(writes.size()),
-                                           ops.data(), 0);
+    CUresult rc = api_->cuStreamBatchMemOp(static_cast<CUstream>(stream), static_cast<unsigned>(writes.size()), ops, 0);
     if (rc == CUDA_SUCCESS) return Status::ok();
     if (rc != CUDA_ERROR_NOT_SUPPORTED) return cudaError(*api_, "cuStreamBatchMemOp", rc);
     // Refused (a platform without batches): one by one below, from now on.
