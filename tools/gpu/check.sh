@@ -122,6 +122,16 @@ perf() {
   echo "--- which path ran (NCCL_DEBUG=INFO)"
   NCCL_DEBUG=INFO perf_run all_reduce_perf --procs 2 -b 1M -e 1M -n 1 -w 0 -c 1 2>&1 |
     grep -E "device-direct|staged through|stream plans|device plans" | head -4
+  echo "--- which path ran as threads (NCCL_DEBUG=INFO: device plans over loopback)"
+  NCCL_DEBUG=INFO perf_run all_reduce_perf -t 2 -b 1M -e 1M -n 1 -w 0 -c 1 2>&1 |
+    grep -E "device-direct|staged through|device plans" | head -3
+  # So few hardware queues that a stream waiting for the host would hold
+  # back the host's own GPU work (some trainers set 1): Shoal stages then,
+  # copies on the user's stream; these must finish (perf_run's limit), data
+  # checked.
+  echo "--- all_reduce_perf, CUDA_DEVICE_MAX_CONNECTIONS=1: 2 ranks as threads and as processes (staged)"
+  CUDA_DEVICE_MAX_CONNECTIONS=1 perf_run all_reduce_perf -t 2 -b 8 -e 16M -f 16 -n 5 -w 2 -c 1 || failed=1
+  CUDA_DEVICE_MAX_CONNECTIONS=1 perf_run all_reduce_perf --procs 2 -b 8 -e 16M -f 16 -n 5 -w 2 -c 1 || failed=1
   # Buffers in symmetric windows (-R 2): each rank reads the peers' buffers
   # in place (peer_read plans whole on the streams, meeting on window
   # boards), over the default transport; then the same host-stepped.
