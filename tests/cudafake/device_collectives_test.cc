@@ -1563,18 +1563,26 @@ TEST_CASE("a call on symmetric windows at other offsets on one rank is named, an
     float* recv = send + 2 * N;
     toDevice(send, valsOf(child.rank(), N));
     const uint64_t launchesBefore = shoalFakeCudaCallCount("cuLaunchKernel");
-    if (ncclAllReduce(send, recv, N, ncclFloat, ncclSum, comm, s) != ncclSuccess) return 3;
     auto t0 = Clock::now();
-    if (cuStreamSynchronize(s) != CUDA_SUCCESS) return 4;
-    const ncclResult_t async = awaitAsyncError(comm, t0);
+    // The peer may name the mismatch and break its board while this rank is
+    // still enqueueing the call (its descriptor went first): then the call
+    // itself fails, and the part already enqueued is released by the abort.
+    const ncclResult_t called = ncclAllReduce(send, recv, N, ncclFloat, ncclSum, comm, s);
+    ncclResult_t async = called;
+    if (called == ncclSuccess) {
+      if (cuStreamSynchronize(s) != CUDA_SUCCESS) return 4;
+      async = awaitAsyncError(comm, t0);
+    }
     const std::string why = ncclGetLastError(comm);
-    child.log(std::string("async ") + ncclGetErrorString(async) + " after " + std::to_string(msSince(t0)) + " ms: " + why);
+    child.log(std::string(called == ncclSuccess ? "async " : "call ") + ncclGetErrorString(async) + " after " +
+              std::to_string(msSince(t0)) + " ms: " + why);
     if (async != ncclInvalidUsage && async != ncclRemoteError) return 5;
     if (msSince(t0) > 2500) return 6;  // named at once, not at the no-progress deadline
     // The communicator has failed: the next call is refused.
     if (ncclAllReduce(send, recv, N, ncclFloat, ncclSum, comm, s) == ncclSuccess) return 7;
     child.log("kernel launches " + std::to_string(shoalFakeCudaCallCount("cuLaunchKernel") - launchesBefore));
     ncclCommAbort(comm);
+    if (cuStreamSynchronize(s) != CUDA_SUCCESS) return 8;  // released, at the latest by the abort
     ncclMemFree(pool);
     return 0;
   });
