@@ -107,10 +107,8 @@ class InitContext {
   }
   // Runs the handle's init work with the context current on this thread.
   Status run(const std::shared_ptr<ncclComm::Shared>& shared, const InitWork& work) const {
-    const bool pushed = context_ != nullptr && driver_->pushContext(context_).isOk();
-    Status st = runInit(shared, work);
-    if (pushed) driver_->popContext();
-    return st;
+    cuda::ContextScope scope(driver_, context_);
+    return runInit(shared, work);
   }
 
  private:

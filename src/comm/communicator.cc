@@ -314,16 +314,17 @@ Status Communicator::checkSharedGpus() const {
 // Gives back what the windows imported, with the rank's GPU context current.
 void Communicator::releaseWindows(std::vector<std::unique_ptr<Window>>& windows) {
   if (windows.empty()) return;
-  const bool pushed = pushOwnContext();
-  for (auto& w : windows) w->release(cuda_);
-  if (pushed) cuda_->popContext();
+  {
+    cuda::ContextScope scope(cuda_, ownContext());
+    for (auto& w : windows) w->release(cuda_);
+  }
   windows.clear();
 }
 
-bool Communicator::pushOwnContext() {
-  if (!cuda_ || peers_.empty() || peers_[rank_].gpu.empty()) return false;
+cuda::ContextHandle Communicator::ownContext() {
+  if (!cuda_ || peers_.empty() || peers_[rank_].gpu.empty()) return nullptr;
   Result<cuda::ContextHandle> context = cuda_->primaryContext(peers_[rank_].gpu);
-  return context.isOk() && cuda_->pushContext(context.value()).isOk();
+  return context.isOk() ? context.value() : nullptr;
 }
 
 namespace {
@@ -423,7 +424,7 @@ Result<Window*> Communicator::registerWindow(void* buff, size_t bytes, int flags
       failure = received.takeStatus();
     }
   }
-  const bool pushed = pushOwnContext();
+  cuda::ContextScope scope(cuda_, ownContext());
   for (int r = 0; r < nranks_ && failure.isOk(); ++r) {
     // NCCL_WIN_ENABLE=0: registered, nothing of a peer mapped.
     if (r != rank_ && params().winEnable == 0) continue;
@@ -450,7 +451,6 @@ Result<Window*> Communicator::registerWindow(void* buff, size_t bytes, int flags
   }
   auto fail = [&](Status st) -> Status {
     window->release(cuda_);
-    if (pushed) cuda_->popContext();
     return StatusBuilder(std::move(st)) << what;
   };
   Result<std::vector<std::string>> maps =
@@ -464,7 +464,6 @@ Result<Window*> Communicator::registerWindow(void* buff, size_t bytes, int flags
     all.push_back(std::move(flagsOf).value());
   }
   if (Status st = window->learnMaps(all); !st.isOk()) return fail(st);
-  if (pushed) cuda_->popContext();
   // Every rank knows the same: whether its operations run on the streams.
   window->setRegistration(registration,
                           symmetricBoards && window->mappedEverywhere() && window->deviceEverywhere());
@@ -479,9 +478,10 @@ Result<Window*> Communicator::registerWindow(void* buff, size_t bytes, int flags
 
 void Communicator::ensureWindowBoard() {
   if (boards_ || peers_[rank_].gpu.empty() || !cuda_->streamPlansWanted(peers_[rank_].gpu)) return;
-  const bool pushed = pushOwnContext();
-  Result<std::shared_ptr<WindowBoards>> made = WindowBoards::create(*cuda_, rank_, nranks_);
-  if (pushed) cuda_->popContext();
+  Result<std::shared_ptr<WindowBoards>> made = [&] {
+    cuda::ContextScope scope(cuda_, ownContext());
+    return WindowBoards::create(*cuda_, rank_, nranks_);
+  }();
   if (made.isOk()) boards_ = std::move(made).value();
   else
     SHOAL_INFO(subsys::kReg, describe(), ": no window board (", made.status().message(),

@@ -344,9 +344,9 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
   void releaseWindows(std::vector<std::unique_ptr<Window>>& windows);
   // Releases deregistered windows once no submitted job may read them.
   void releaseRetiredWindows();
-  // Makes this rank's GPU's primary context current (false: none, or it
-  // could not be); the caller pops it.
-  bool pushOwnContext();
+  // This rank's GPU's primary context (null: no GPU, or none to be had), to
+  // make current with a cuda::ContextScope.
+  cuda::ContextHandle ownContext();
 
   RedOpTable redOps_;
   std::shared_ptr<Windows> windows_;  // registered, not yet deregistered

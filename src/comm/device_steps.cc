@@ -13,12 +13,12 @@ Result<std::shared_ptr<DevicePlanSteps>> DevicePlanSteps::make(cuda::Driver& dri
 }
 
 DevicePlanSteps::~DevicePlanSteps() {
-  if (!driver_.pushContext(context_).isOk()) return;  // never free memory a GPU may still use
+  cuda::ContextScope scope(driver_, context_);
+  if (!scope.entered()) return;  // never free memory a GPU may still use
   (void)driver_.synchronize(stream_);
   for (auto [p, bytes] : retired_) freeScratch(p, bytes);
   if (scratch_) freeScratch(scratch_, scratchBytes_);
   driver_.destroyStream(stream_);
-  driver_.popContext();
 }
 
 void DevicePlanSteps::freeScratch(uint8_t* p, uint64_t bytes) {
@@ -28,11 +28,10 @@ void DevicePlanSteps::freeScratch(uint8_t* p, uint64_t bytes) {
 
 template <typename Enqueue>
 Status DevicePlanSteps::runAndWait(Enqueue enqueue) {
-  SHOAL_TRY(driver_.pushContext(context_)) << "device plan step";
-  Status st = enqueue();
-  if (st.isOk()) st = driver_.synchronize(stream_);
-  driver_.popContext();
-  return st;
+  cuda::ContextScope scope(driver_, context_);
+  SHOAL_TRY(scope.status()) << "device plan step";
+  SHOAL_TRY(enqueue());
+  return driver_.synchronize(stream_);
 }
 
 reduce::ElementOp elementOpOf(ReduceOp op) {

@@ -86,15 +86,12 @@ bool StreamPlans::settle() {
   if (settled_) return true;
   // Its own context, whatever the calling thread has current (a destroy
   // from another thread, or with no context).
-  if (context_ == nullptr || !driver_.pushContext(context_).isOk()) {
+  cuda::ContextScope scope(driver_, context_);
+  if (!scope.entered()) {
     SHOAL_WARN("stream plans: cannot make their CUDA context current to wait for their streams; their device "
                "memory is not freed");
     return false;
   }
-  struct Pop {
-    cuda::Driver& driver;
-    ~Pop() { driver.popContext(); }
-  } pop{driver_};
   if (!laneStreams_.empty() || tail_ != nullptr) {
     // Every plan's end (the user's stream waited for each lane before
     // recording the tail), and each lane's own end: a plan whose enqueueing

@@ -398,14 +398,20 @@ Status Driver::copy(void* dst, const void* src, size_t bytes) {
   return Status::ok();
 }
 
+namespace {
+// One word written by the stream at device address `at`.
+Status writeWord(Driver::Api& api, CUdeviceptr at, uint64_t value, StreamHandle stream) {
+  CUresult rc = api.cuStreamWriteValue64(static_cast<CUstream>(stream), at, value, CU_STREAM_WRITE_VALUE_DEFAULT);
+  if (rc == CUDA_ERROR_NOT_SUPPORTED) return error(Code::kUnsupported, "cuStreamWriteValue64 is not supported");
+  if (rc != CUDA_SUCCESS) return cudaError(api, "cuStreamWriteValue64", rc);
+  return Status::ok();
+}
+}  // namespace
+
 Status Driver::writeValueAsync(uint64_t* word, uint64_t value, StreamHandle stream) {
   CUdeviceptr at = 0;
   SHOAL_CU(cuMemHostGetDevicePointer(&at, word, 0));
-  CUresult rc = api_->cuStreamWriteValue64(static_cast<CUstream>(stream), at, value,
-                                           CU_STREAM_WRITE_VALUE_DEFAULT);
-  if (rc == CUDA_ERROR_NOT_SUPPORTED) return error(Code::kUnsupported, "cuStreamWriteValue64 is not supported");
-  if (rc != CUDA_SUCCESS) return cudaError(*api_, "cuStreamWriteValue64", rc);
-  return Status::ok();
+  return writeWord(*api_, at, value, stream);
 }
 
 Status Driver::writeValuesAsync(uint64_t* base, std::span<const WordWrite> writes, StreamHandle stream) {
@@ -431,12 +437,8 @@ Status Driver::writeValuesAsync(uint64_t* base, std::span<const WordWrite> write
     // Refused (a platform without batches): one by one below, from now on.
     api_->batchesRefused.store(true, std::memory_order_relaxed);
   }
-  for (const WordWrite& w : writes) {
-    CUresult rc = api_->cuStreamWriteValue64(static_cast<CUstream>(stream), at + w.offset * sizeof(uint64_t), w.value,
-                                             CU_STREAM_WRITE_VALUE_DEFAULT);
-    if (rc == CUDA_ERROR_NOT_SUPPORTED) return error(Code::kUnsupported, "cuStreamWriteValue64 is not supported");
-    if (rc != CUDA_SUCCESS) return cudaError(*api_, "cuStreamWriteValue64", rc);
-  }
+  for (const WordWrite& w : writes)
+    SHOAL_TRY(writeWord(*api_, at + w.offset * sizeof(uint64_t), w.value, stream));
   return Status::ok();
 }
 

@@ -211,4 +211,29 @@ class Driver {
   Api* api_;
 };
 
+// Makes a context current on this thread for the scope's life: pushed at
+// construction, popped at the end on every path. No driver or no context
+// pushes nothing (entered() false, status() ok); a refused push leaves
+// nothing to pop and says why in status().
+class ContextScope {
+ public:
+  ContextScope(Driver* driver, ContextHandle context) {
+    if (driver == nullptr || context == nullptr) return;
+    status_ = driver->pushContext(context);
+    if (status_.isOk()) driver_ = driver;
+  }
+  ContextScope(Driver& driver, ContextHandle context) : ContextScope(&driver, context) {}
+  ~ContextScope() {
+    if (driver_) driver_->popContext();
+  }
+  ContextScope(const ContextScope&) = delete;
+  ContextScope& operator=(const ContextScope&) = delete;
+  bool entered() const { return driver_ != nullptr; }
+  const Status& status() const { return status_; }
+
+ private:
+  Driver* driver_ = nullptr;
+  Status status_;
+};
+
 }  // namespace shoal::cuda

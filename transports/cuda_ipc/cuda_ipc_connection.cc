@@ -14,22 +14,6 @@
 namespace shoal::cuda_ipc {
 namespace {
 
-// The connection's context is current on this thread while the guard lives.
-class ContextScope {
- public:
-  ContextScope(cuda::Driver& driver, cuda::ContextHandle context) : driver_(driver) {
-    status_ = driver.pushContext(context);
-  }
-  ~ContextScope() {
-    if (status_.isOk()) driver_.popContext();
-  }
-  const Status& status() const { return status_; }
-
- private:
-  cuda::Driver& driver_;
-  Status status_;
-};
-
 // A liveness look every this many polls that moved nothing while work is
 // pending: a recv() on the socket costs about a microsecond.
 constexpr uint32_t kIdlePollsPerLook = 64;
@@ -45,7 +29,7 @@ Result<std::unique_ptr<CudaIpcConnection>> CudaIpcConnection::make(ConnectionSet
   cuda::Driver* driver = cuda::Driver::inUse();
   if (driver == nullptr) return error(Code::kInternalError, "cuda_ipc without a CUDA driver");
   std::unique_ptr<CudaIpcConnection> c(new CudaIpcConnection(std::move(setup)));
-  ContextScope scope(*driver, c->setup_.context);
+  cuda::ContextScope scope(*driver, c->setup_.context);
   SHOAL_TRY(scope.status()) << "cuda_ipc connection to " << c->setup_.peerDescription;
   SHOAL_ASSIGN_OR_RETURN(c->sendStream_, driver->createStream(), "cuda_ipc connection to ",
                          c->setup_.peerDescription);
@@ -70,8 +54,8 @@ CudaIpcConnection::~CudaIpcConnection() {
   if (setup_.control) setup_.control->closed[setup_.side].store(1, std::memory_order_release);
   cuda::Driver* driver = cuda::Driver::inUse();
   if (driver != nullptr) {
-    ContextScope scope(*driver, setup_.context);
-    if (scope.status().isOk()) {
+    cuda::ContextScope scope(*driver, setup_.context);
+    if (scope.entered()) {
       // Copies still queued read or write the FIFO and the posted buffers.
       if (sendStream_) (void)driver->synchronize(sendStream_);
       if (recvStream_) (void)driver->synchronize(recvStream_);
@@ -113,7 +97,7 @@ Status CudaIpcConnection::fail(Status status) {
   // reported an error: the caller's job ends, and its buffers may be freed.
   // (A stream is synchronized in its own context, whichever is current.)
   if (cuda::Driver* driver = cuda::Driver::inUse()) {
-    ContextScope scope(*driver, setup_.context);
+    cuda::ContextScope scope(*driver, setup_.context);
     (void)driver->synchronize(sendStream_);
     (void)driver->synchronize(recvStream_);
   }
@@ -211,7 +195,7 @@ Status CudaIpcConnection::poll(std::vector<Completion>& done, bool& progressed) 
   if (driver == nullptr) return fail(internalError("cuda_ipc: the CUDA driver is gone"));
   bool moved = false;
   {
-    ContextScope scope(*driver, setup_.context);
+    cuda::ContextScope scope(*driver, setup_.context);
     if (!scope.status().isOk()) return fail(scope.status());
     Status s = retire(sendCopies_, sendEvents_, out_->published, sendPublished_, done, moved);
     if (s.isOk()) s = retire(recvCopies_, recvEvents_, in_->consumed, recvConsumed_, done, moved);

@@ -212,11 +212,9 @@ class CudaIpcTransport final : public Transport {
     setup.side = key.selfRank < key.peerRank ? 0 : 1;
     setup.peerDescription = peer;
     SHOAL_ASSIGN_OR_RETURN(setup.context, driver->primaryContext(options.self->gpu), "cuda_ipc connection to ", peer);
-    SHOAL_TRY(driver->pushContext(setup.context)) << "cuda_ipc connection to " << peer;
-    Result<std::unique_ptr<Connection>> made =
-        setup.side == 0 ? offer(key, options, *driver, std::move(setup)) : accept(key, options, *driver, std::move(setup));
-    driver->popContext();
-    return made;
+    cuda::ContextScope scope(*driver, setup.context);
+    SHOAL_TRY(scope.status()) << "cuda_ipc connection to " << peer;
+    return setup.side == 0 ? offer(key, options, *driver, std::move(setup)) : accept(key, options, *driver, std::move(setup));
   }
 
  private:

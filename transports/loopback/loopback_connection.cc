@@ -50,12 +50,12 @@ Status LoopbackPipe::copyMessage(void* dst, const void* src, uint64_t bytes) {
 }
 
 Status LoopbackPipe::copyOnGpu(cuda::ContextHandle context, void* dst, const void* src, uint64_t bytes) {
-  SHOAL_TRY(driver_->pushContext(context)) << "loopback: a GPU copy";
+  cuda::ContextScope scope(*driver_, context);
+  SHOAL_TRY(scope.status()) << "loopback: a GPU copy";
   Result<cuda::StreamHandle> stream = copyStreamOf(*driver_, context);
   Status st = stream.status();
   if (st.isOk()) st = driver_->copyAsync(dst, src, bytes, stream.value());
   if (st.isOk()) st = driver_->synchronize(stream.value());
-  driver_->popContext();
   if (!st.isOk()) return StatusBuilder(std::move(st)) << "loopback: a GPU copy of " << bytes << " bytes";
   return Status::ok();
 }
