@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <chrono>
@@ -60,6 +61,17 @@ void useDevice0() {
   CUcontext ctx = nullptr;
   REQUIRE(cuDevicePrimaryCtxRetain(&ctx, dev) == CUDA_SUCCESS);
   REQUIRE(cuCtxSetCurrent(ctx) == CUDA_SUCCESS);
+}
+
+// Two ranks of one process, initialized together in a group.
+std::array<ncclComm_t, 2> groupInitTwoRanks() {
+  ncclUniqueId id;
+  NCCL_OK(ncclGetUniqueId(&id));
+  std::array<ncclComm_t, 2> comms{nullptr, nullptr};
+  NCCL_OK(ncclGroupStart());
+  for (int r = 0; r < 2; ++r) NCCL_OK(ncclCommInitRank(&comms[r], 2, id, r));
+  NCCL_OK(ncclGroupEnd());
+  return comms;
 }
 
 CUstream newStream() {
@@ -389,20 +401,16 @@ TEST_CASE("inits in a group and nonblocking inits take the device current at the
     NCCL_OK(ncclCommCuDevice(comm, &device));
     CHECK(device == 0);
   };
-  ncclUniqueId id;
-  NCCL_OK(ncclGetUniqueId(&id));
-  ncclComm_t comms[2] = {nullptr, nullptr};
-  NCCL_OK(ncclGroupStart());
-  for (int r = 0; r < 2; ++r) NCCL_OK(ncclCommInitRank(&comms[r], 2, id, r));
-  NCCL_OK(ncclGroupEnd());
-  for (ncclComm_t comm : comms) {
+  for (ncclComm_t comm : groupInitTwoRanks()) {
     expectDevice0(comm);
     NCCL_OK(ncclCommDestroy(comm));
   }
 
+  ncclUniqueId id;
   NCCL_OK(ncclGetUniqueId(&id));
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
+  ncclComm_t comms[2] = {nullptr, nullptr};
   for (int r = 0; r < 2; ++r) {
     ncclResult_t rc = ncclCommInitRankConfig(&comms[r], 2, id, r, &config);
     CHECK((rc == ncclInProgress || rc == ncclSuccess));
@@ -1047,19 +1055,29 @@ TEST_CASE("stream plans report ranks that called different operations and releas
     DeviceFloats buf(4000, [](size_t i) { return static_cast<float>(i); });
     // Rank 0 reduces 1000 elements, rank 1 4000.
     const size_t count = child.rank() == 0 ? 1000 : 4000;
-    if (ncclAllReduce(buf.at(), buf.at(), count, ncclFloat, ncclSum, comm, s) != ncclSuccess) return 2;
     auto t0 = Clock::now();
-    if (cuStreamSynchronize(s) != CUDA_SUCCESS) return 3;
-    double ms = msSince(t0);
-    const ncclResult_t async = awaitAsyncError(comm, t0);
+    // The peer may name the mismatch and break the ring while this rank is
+    // still enqueueing the call: then the call itself fails, and what it had
+    // enqueued is released by the abort.
+    const ncclResult_t called = ncclAllReduce(buf.at(), buf.at(), count, ncclFloat, ncclSum, comm, s);
+    ncclResult_t async = called;
+    double ms = 0;
+    if (called == ncclSuccess) {
+      if (cuStreamSynchronize(s) != CUDA_SUCCESS) return 3;
+      ms = msSince(t0);
+      async = awaitAsyncError(comm, t0);
+    }
     std::string why = ncclGetLastError(comm);
-    child.log("stream released after " + std::to_string(ms) + " ms, async " + ncclGetErrorString(async) + ": " + why);
+    child.log(std::string(called == ncclSuccess ? "stream released after " + std::to_string(ms) + " ms, async "
+                                                : "call failed, ") +
+              ncclGetErrorString(async) + ": " + why);
     if (async != ncclInvalidUsage && async != ncclRemoteError && async != ncclSystemError) return 4;
     if (async == ncclInvalidUsage && why.find("message mismatch") == std::string::npos) return 5;
     // The communicator has failed: a matching call now is refused, not run
     // on a released ring.
     if (ncclAllReduce(buf.at(), buf.at(), 1000, ncclFloat, ncclSum, comm, s) == ncclSuccess) return 6;
     ncclCommAbort(comm);
+    if (cuStreamSynchronize(s) != CUDA_SUCCESS) return 7;  // released, at the latest by the abort
     return 0;
   });
   INFO(result.report());
@@ -1126,12 +1144,7 @@ namespace {
 
 void abortReleasesStream() {
   useDevice0();
-  ncclUniqueId id;
-  NCCL_OK(ncclGetUniqueId(&id));
-  ncclComm_t comms[2] = {nullptr, nullptr};
-  NCCL_OK(ncclGroupStart());
-  for (int r = 0; r < 2; ++r) NCCL_OK(ncclCommInitRank(&comms[r], 2, id, r));
-  NCCL_OK(ncclGroupEnd());
+  std::array<ncclComm_t, 2> comms = groupInitTwoRanks();
   CUstream s = newStream();
   DeviceFloats buf(1000, [](size_t i) { return static_cast<float>(i); });
   // Rank 0 calls, rank 1 never does: rank 0's stream waits in the collective.
