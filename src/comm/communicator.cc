@@ -118,6 +118,7 @@ Status Communicator::initialize() {
     SHOAL_ASSIGN_OR_RETURN(proposals[r], decodeInitProposal(answers[r]), describe(), ": from rank ", r);
   }
   SHOAL_ASSIGN_OR_RETURN(InitAgreement agreement, agree(proposals), describe());
+  rankWithFewQueues_ = agreement.rankWithFewQueues;
   const TransportChoice choice{.deviceDirect = agreement.deviceDirect};
   connections_.setChoice(choice);
   if (!self.gpu.empty()) {
@@ -200,6 +201,7 @@ Result<InitProposal> Communicator::proposal(const PeerInfo& self) const {
   };
   p.readsEveryPeer = readsEveryPeer(TransportChoice{});
   p.streamPlans = cuda_ != nullptr && !self.gpu.empty() && cuda_->streamPlansWanted(self.gpu);
+  p.fewHardwareQueues = cuda_ != nullptr && !self.gpu.empty() && cuda::Driver::fewHardwareQueues();
   std::string whyNot = whyNotDeviceDirect(self);
   p.deviceDirect = whyNot.empty();
   if (p.deviceDirect) p.readsEveryPeerDeviceDirect = readsEveryPeer(TransportChoice{.deviceDirect = true});
@@ -470,7 +472,11 @@ Result<Window*> Communicator::registerWindow(void* buff, size_t bytes, int flags
   SHOAL_INFO(subsys::kReg, describe(), ": window ", buff, " (", bytes, " bytes) registered; ",
              window->mappedEverywhere() ? "every rank maps every rank's buffer"
                                         : "some ranks' buffers are not mapped by others",
-             window->onStreams() ? "; its operations run on the streams" : "");
+             window->onStreams() ? "; its operations run on the streams" : "",
+             rankWithFewQueues_ >= 0 && window->deviceEverywhere()
+                 ? str("; its operations are staged (rank ", rankWithFewQueues_,
+                       "'s CUDA_DEVICE_MAX_CONNECTIONS is below 4)")
+                 : std::string());
   Window* registered = window.get();
   windows_->add(std::move(window));
   return registered;

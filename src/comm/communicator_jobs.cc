@@ -386,6 +386,11 @@ bool Communicator::ensureDeviceSteps() {
 
 bool Communicator::inWindows(std::span<const OpRequest> ops) {
   if (windows_->empty() || ops.size() != 1 || nranks_ < 2) return false;
+  // A GPU with too few hardware queues would run a windowed plan's kernels
+  // and copies behind the user's stream waiting for them (windows without a
+  // board on every rank are stepped by the host): then every rank stages,
+  // as the ranks agreed at init.
+  if (rankWithFewQueues_ >= 0) return false;
   const OpRequest& op = ops[0];
   if (op.shape.kind != CollKind::kAllReduce && op.shape.kind != CollKind::kAllGather &&
       op.shape.kind != CollKind::kReduceScatter)
@@ -409,7 +414,9 @@ bool Communicator::runsAsDevicePlan(std::span<const OpRequest> ops, bool windowe
   // One operation (groups stay staged), between ranks, on device memory;
   // its kernels and copies go on streams other than the user's, which waits
   // for them: not with too few hardware queues to keep them apart (staged
-  // buffers are copied on the user's stream itself).
+  // buffers are copied on the user's stream itself). A windowed operation
+  // was decided alike on every rank from what they agreed at init (no rank
+  // had too few), which this rank's environment now cannot overturn.
   if (ops.size() != 1 || nranks_ < 2 || bridge_->deviceReducer() == nullptr) return false;
   if (!windowed && cuda::Driver::fewHardwareQueues()) return false;
   const OpRequest& op = ops[0];

@@ -64,6 +64,7 @@ std::string encodeInitProposal(const InitProposal& proposal) {
   w.u8(proposal.deviceDirect ? 1 : 0);
   w.u8(proposal.readsEveryPeerDeviceDirect ? 1 : 0);
   w.u8(proposal.streamPlans ? 1 : 0);
+  w.u8(proposal.fewHardwareQueues ? 1 : 0);
   w.u8(proposal.netLink ? 1 : 0);
   if (proposal.netLink) {
     w.str(proposal.netLink->transport);
@@ -85,8 +86,9 @@ Result<InitProposal> decodeInitProposal(std::string_view bytes) {
   const std::optional<bool> deviceDirect = flag();
   const std::optional<bool> readsDeviceDirect = flag();
   const std::optional<bool> streamPlans = flag();
+  const std::optional<bool> fewQueues = flag();
   const std::optional<bool> hasLink = flag();
-  bool flagsOk = reads && deviceDirect && readsDeviceDirect && streamPlans && hasLink;
+  bool flagsOk = reads && deviceDirect && readsDeviceDirect && streamPlans && fewQueues && hasLink;
   if (flagsOk && *hasLink) {
     NetLink link;
     link.transport = r.str(kMaxFieldBytes);
@@ -102,6 +104,7 @@ Result<InitProposal> decodeInitProposal(std::string_view bytes) {
   proposal.deviceDirect = *deviceDirect;
   proposal.readsEveryPeerDeviceDirect = *readsDeviceDirect;
   proposal.streamPlans = *streamPlans;
+  proposal.fewHardwareQueues = *fewQueues;
   SHOAL_ASSIGN_OR_RETURN(proposal.machine, readMachineFacts(r), "init proposal");
   SHOAL_TRY(closed(r, "init proposal"));
   return proposal;
@@ -128,6 +131,7 @@ Result<InitAgreement> agree(const std::vector<InitProposal>& proposals) {
   }
   for (size_t r = 0; r < proposals.size(); ++r) {
     const InitProposal& p = proposals[r];
+    if (p.fewHardwareQueues && agreement.rankWithFewQueues < 0) agreement.rankWithFewQueues = static_cast<int>(r);
     agreement.everyoneReadsPeers = agreement.everyoneReadsPeers &&
                                    (agreement.deviceDirect ? p.readsEveryPeerDeviceDirect : p.readsEveryPeer);
     if (p.netLink) {

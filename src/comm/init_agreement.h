@@ -60,6 +60,11 @@ struct InitProposal {
   // cuda_ipc refuses a pair whose sides differ, so device-direct needs every
   // rank alike.
   bool streamPlans = false;
+  // Whether its GPU has too few hardware queues for work on streams of the
+  // library's own while the user's stream waits for it
+  // (cuda::Driver::fewHardwareQueues): then no rank steps operations on
+  // windows through the GPU, since every rank must run the same plan.
+  bool fewHardwareQueues = false;
   std::optional<NetLink> netLink;  // only the first node leader's names one
   MachineTopology machine;         // the facts writeMachineFacts carries
 };
@@ -72,6 +77,9 @@ struct InitAgreement {
   bool deviceDirect = false;
   // Why not, when some rank could have been ("" otherwise): for the log.
   std::string notDeviceDirect;
+  // The first rank that proposed fewHardwareQueues (-1: none): operations
+  // on windows are staged on every rank, not read from the peers' windows.
+  int rankWithFewQueues = -1;
   std::optional<NetLink> netLink;
   MachineTopology machine;  // agreedMachine() of every rank's
 };

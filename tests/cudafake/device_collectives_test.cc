@@ -756,18 +756,14 @@ TEST_CASE("a communicator of threads and processes is not device-direct, and its
 TEST_CASE("device plans over cuda_ipc give the host path's bytes for every type and operator", "[cudafake][mp]") {
   // Stream plans (stream memory operations), and plans the host steps
   // through (no stream ring: the wait kernel, stream plans switched off),
-  // told apart by the event queries the host makes; with too few hardware
-  // queues neither (staged over the forced cuda_ipc: the CPU reduces, no
-  // kernel), the same bytes.
+  // told apart by the event queries the host makes, the same bytes.
   struct Variant {
     std::pair<std::string, std::string> env;
     bool streamPlans;
-    bool kernels = true;
   };
   for (const Variant& variant : {Variant{{"SHOAL_CUDA_WAIT", "memops"}, true},
                                  Variant{{"SHOAL_CUDA_WAIT", "kernel"}, false},
-                                 Variant{{"SHOAL_CUDA_STREAM_PLANS", "0"}, false},
-                                 Variant{{"CUDA_DEVICE_MAX_CONNECTIONS", "2"}, false, false}}) {
+                                 Variant{{"SHOAL_CUDA_STREAM_PLANS", "0"}, false}}) {
   const std::string wait = variant.env.first + "=" + variant.env.second;
   auto result = forkedRanks(3, "cuda_ipc", {variant.env}, [&](shoal::testing::MpChild& child, ncclComm_t comm, CUstream s) {
     struct Case {
@@ -844,9 +840,9 @@ TEST_CASE("device plans over cuda_ipc give the host path's bytes for every type 
     }
     const uint64_t launches = shoalFakeCudaCallCount("cuLaunchKernel") - launchesBefore;
     child.log("kernel launches " + std::to_string(launches) + ", event queries " + std::to_string(queries));
-    if ((launches != 0) != variant.kernels) return 5;
+    if (launches == 0) return 5;
     // The host polls copies only when it steps.
-    if (variant.kernels && variant.streamPlans != (queries == 0)) return 6;
+    if (variant.streamPlans != (queries == 0)) return 6;
     ncclRedOpDestroy(premulHost, comm);
     ncclRedOpDestroy(premulDevice, comm);
     cuMemFree(scalar);
@@ -856,6 +852,46 @@ TEST_CASE("device plans over cuda_ipc give the host path's bytes for every type 
   INFO(wait << "\n" << result.report());
   CHECK(result.allPassed());
   }
+}
+
+// cuda_ipc copies even staged messages on streams of its own, which with too
+// few hardware queues would sit behind the user's stream waiting for them:
+// it is not offered then, and forcing it fails the first call with the
+// reason (connections are made at first use).
+TEST_CASE("cuda_ipc is refused with too few hardware queues whether forced or not", "[cudafake][mp]") {
+  auto forced = forkedRanks(2, "cuda_ipc", {{"CUDA_DEVICE_MAX_CONNECTIONS", "2"}},
+                            [&](shoal::testing::MpChild& child, ncclComm_t comm, CUstream s) {
+    DeviceFloats buf(1000);
+    if (ncclAllReduce(buf.at(), buf.at(), 1000, ncclFloat, ncclSum, comm, s) == ncclSuccess) return 2;
+    child.log(std::string("refused: ") + ncclGetLastError(comm));
+    ncclCommAbort(comm);
+    return 0;
+  });
+  INFO(forced.report());
+  CHECK(forced.allPassed());
+  CHECK(forced.report().find("forced transport cuda_ipc cannot run in this process: CUDA_DEVICE_MAX_CONNECTIONS=2 "
+                             "leaves too few hardware queues") != std::string::npos);
+  // One rank with few queues: its peers do not reach it over cuda_ipc either.
+  RankLogs logs;
+  shoal::testing::MpConfig cfg;
+  cfg.nranks = 2;
+  cfg.env = logs.env();
+  cfg.env.emplace_back("SHOAL_TRANSPORT", "");
+  auto chosen = shoal::testing::forkedDeviceRanks(cfg, [&](shoal::testing::MpChild& child, ncclComm_t comm, CUstream s) {
+    DeviceFloats buf(1000, [&](size_t i) { return val(child.rank(), i); });
+    if (ncclAllReduce(buf.at(), buf.at(), 1000, ncclFloat, ncclSum, comm, s) != ncclSuccess) return 2;
+    if (cuStreamSynchronize(s) != CUDA_SUCCESS) return 3;
+    std::vector<float> got = buf.read();
+    for (size_t i = 0; i < got.size(); ++i)
+      if (got[i] != val(0, i) + val(1, i)) return 4;
+    ncclCommDestroy(comm);
+    return 0;
+  }, {{{"CUDA_DEVICE_MAX_CONNECTIONS", "1"}}, {}});
+  const std::string log = logs.collect(chosen);
+  INFO(chosen.report() << "\n" << log);
+  CHECK(chosen.allPassed());
+  CHECK(log.find("via cuda_ipc") == std::string::npos);
+  CHECK(log.find("via shm") != std::string::npos);
 }
 
 // Stream plans: over cuda_ipc with stream memory operations, an operation
@@ -1555,6 +1591,58 @@ TEST_CASE("collectives on window buffers read peers' device memory in place, ove
       CHECK(count("(one_shot_read) count 3000 on the streams") == (onStreams ? static_cast<size_t>(n) : 0u));
     }
   ::unlink(logPath);
+}
+
+// A rank whose GPU has too few hardware queues (CUDA_DEVICE_MAX_CONNECTIONS
+// below 4) would run a windowed plan's kernels and copies behind the user's
+// stream waiting for them. The ranks agree on it at init, so every rank
+// stages its calls on windows (no kernel, no peer read), default and
+// symmetric windows alike, and says why at the registration.
+TEST_CASE("one rank with too few hardware queues stages every rank's calls on windows", "[cudafake][mp]") {
+  for (int flags : {NCCL_WIN_DEFAULT, NCCL_WIN_COLL_SYMMETRIC}) {
+    RankLogs logs;
+    shoal::testing::MpConfig cfg;
+    cfg.nranks = 3;
+    cfg.env = logs.env();
+    cfg.env.emplace_back("NCCL_DEBUG_SUBSYS", "INIT,REG,COLL");
+    cfg.env.emplace_back("NCCL_DEBUG", "TRACE");
+    cfg.env.emplace_back("SHOAL_TRANSPORT", "shm");
+    auto result = shoal::testing::forkedDeviceRanks(cfg, [&](shoal::testing::MpChild& child, ncclComm_t comm, CUstream s) {
+      const int r = child.rank(), n = child.nranks();
+      const size_t N = 3000;
+      void* pool = nullptr;
+      if (ncclMemAlloc(&pool, 2 * N * sizeof(float)) != ncclSuccess) return 1;
+      auto* send = static_cast<float*>(pool);
+      float* recv = send + N;
+      ncclWindow_t win = nullptr;
+      if (ncclCommWindowRegister(comm, pool, 2 * N * sizeof(float), &win, flags) != ncclSuccess) return 2;
+      toDevice(send, valsOf(r, N));
+      const uint64_t launchesBefore = shoalFakeCudaCallCount("cuLaunchKernel");
+      if (ncclAllReduce(send, recv, N, ncclFloat, ncclSum, comm, s) != ncclSuccess) return 3;
+      if (cuStreamSynchronize(s) != CUDA_SUCCESS) return 4;
+      const uint64_t launches = shoalFakeCudaCallCount("cuLaunchKernel") - launchesBefore;
+      std::vector<float> got = fromDevice(recv, N);
+      for (size_t i = 0; i < N; ++i)
+        if (got[i] != sumOfVals(n, i)) {
+          child.log("element " + std::to_string(i) + ": " + std::to_string(got[i]));
+          return 5;
+        }
+      child.log("kernel launches " + std::to_string(launches));
+      if (launches != 0) return 6;  // a device plan ran: not staged
+      if (ncclCommWindowDeregister(comm, win) != ncclSuccess) return 7;
+      child.barrier();
+      ncclMemFree(pool);
+      return ncclCommDestroy(comm) == ncclSuccess ? 0 : 8;
+    }, {{}, {{"CUDA_DEVICE_MAX_CONNECTIONS", "1"}}, {}});
+    const std::string log = logs.collect(result);
+    INFO("flags " << flags << "\n" << result.report() << "\n" << log);
+    CHECK(result.allPassed());
+    size_t staged = 0;
+    const std::string why = "its operations are staged (rank 1's CUDA_DEVICE_MAX_CONNECTIONS is below 4)";
+    for (size_t at = log.find(why); at != std::string::npos; at = log.find(why, at + 1)) ++staged;
+    CHECK(staged == 3u);  // every rank says so
+    CHECK(log.find("reading the peers' windows") == std::string::npos);
+  }
 }
 
 // Symmetric windows promise the same offsets on every rank: a rank that

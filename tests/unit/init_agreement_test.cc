@@ -102,6 +102,7 @@ TEST_CASE("an init proposal round-trips with and without a network link", "[init
   withLink.deviceDirect = true;
   withLink.readsEveryPeerDeviceDirect = false;
   withLink.streamPlans = true;
+  withLink.fewHardwareQueues = true;
   withLink.netLink = NetLink{"tcp", true, true};
   withLink.machine = sampleMachine(96);
   const std::string bytes = encodeInitProposal(withLink);
@@ -111,6 +112,7 @@ TEST_CASE("an init proposal round-trips with and without a network link", "[init
   CHECK(back->deviceDirect);
   CHECK_FALSE(back->readsEveryPeerDeviceDirect);
   CHECK(back->streamPlans);
+  CHECK(back->fewHardwareQueues);
   REQUIRE(back->netLink.has_value());
   CHECK(*back->netLink == NetLink{"tcp", true, true});
   CHECK(back->machine.cores == 96);
@@ -125,11 +127,12 @@ TEST_CASE("an init proposal round-trips with and without a network link", "[init
   CHECK(plainBack->readsEveryPeer);
   CHECK_FALSE(plainBack->deviceDirect);
   CHECK_FALSE(plainBack->streamPlans);
+  CHECK_FALSE(plainBack->fewHardwareQueues);
   CHECK_FALSE(plainBack->netLink.has_value());
 
-  // A flag byte other than 0 or 1 (each of the five), and a link without a
+  // A flag byte other than 0 or 1 (each of the six), and a link without a
   // transport name.
-  for (size_t at = 1; at <= 5; ++at) {
+  for (size_t at = 1; at <= 6; ++at) {
     std::string badFlag = encodeInitProposal(plain);
     badFlag[at] = 2;
     CHECK_FALSE(decodeInitProposal(badFlag).isOk());
@@ -194,6 +197,19 @@ TEST_CASE("agree: device-direct needs every rank, and every rank alike in stream
   REQUIRE(agreed.isOk());
   CHECK_FALSE(agreed->deviceDirect);
   CHECK(agreed->notDeviceDirect.empty());
+}
+
+TEST_CASE("agree names the first rank with too few hardware queues, whatever else is agreed", "[init_agreement]") {
+  std::vector<InitProposal> proposals(4);
+  auto agreed = agree(proposals);
+  REQUIRE(agreed.isOk());
+  CHECK(agreed->rankWithFewQueues == -1);
+  proposals[3].fewHardwareQueues = true;
+  proposals[2].fewHardwareQueues = true;
+  agreed = agree(proposals);
+  REQUIRE(agreed.isOk());
+  CHECK(agreed->rankWithFewQueues == 2);
+  CHECK_FALSE(agreed->deviceDirect);
 }
 
 TEST_CASE("a split record round-trips, NCCL_SPLIT_NOCOLOR and negative keys included", "[init_agreement]") {

@@ -188,6 +188,12 @@ class CudaIpcTransport final : public Transport {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!address_.empty()) return address_;
     if (cuda::Driver::inUse() == nullptr) return error(Code::kUnsupported, "this process does not use CUDA");
+    // Its copies, even of staged messages, run on streams of its own: with
+    // so few hardware queues they would sit behind a user's stream that
+    // waits for them. Unpublished, no peer picks it and forcing it is refused.
+    if (cuda::Driver::fewHardwareQueues())
+      return error(Code::kUnsupported, "CUDA_DEVICE_MAX_CONNECTIONS=", std::getenv("CUDA_DEVICE_MAX_CONNECTIONS"),
+                   " leaves too few hardware queues for its copies, which run on streams of their own (it needs at least 4)");
     std::string name;
     SHOAL_ASSIGN_OR_RETURN(net::Fd fd, net::listenAbstract("shoal-cuda-ipc", name), "cuda_ipc");
     listener_ = std::move(fd);
