@@ -613,6 +613,29 @@ static Result<void*> mapAllocation(Driver::Api& api, CUmemGenericAllocationHandl
   return reinterpret_cast<void*>(at);
 }
 
+// A cuMem mapping is reachable only from the devices it was granted to:
+// every other device of this process with peer access to `owner` gets
+// read-write access too (as NCCL's ncclMemAlloc does), so ranks on another
+// GPU of the process can copy from it and read it in kernels. A refusal is
+// logged; that device's copies would then fail with the driver's error.
+static void grantPeerAccess(Driver::Api& api, CUdeviceptr at, size_t size, int owner) {
+  int count = 0;
+  if (api.cuDeviceGetCount(&count) != CUDA_SUCCESS) return;
+  for (int i = 0; i < count; ++i) {
+    int canAccess = 0;
+    if (i == owner || api.cuDeviceCanAccessPeer(&canAccess, static_cast<CUdevice>(i), static_cast<CUdevice>(owner)) !=
+                          CUDA_SUCCESS || canAccess == 0)
+      continue;
+    CUmemAccessDesc access{};
+    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    access.location.id = i;
+    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    if (CUresult rc = api.cuMemSetAccess(at, size, &access, 1); rc != CUDA_SUCCESS)
+      SHOAL_INFO(subsys::kAlloc, "CUDA: device ", i, " was refused access to device ", owner, "'s allocation (",
+                 static_cast<int>(rc), ")");
+  }
+}
+
 Result<void*> Driver::deviceAlloc(size_t bytes) {
   SHOAL_ASSIGN_OR_RETURN(std::optional<DeviceIdentity> device, currentDevice());
   if (!device) return error(Code::kInvalidUsage, "no CUDA context is current on this thread");
@@ -633,7 +656,10 @@ Result<void*> Driver::deviceAlloc(size_t bytes) {
   size_t size = (std::max<size_t>(bytes, 1) + granularity - 1) / granularity * granularity;
   CUmemGenericAllocationHandle handle = 0;
   SHOAL_CU(cuMemCreate(&handle, size, &prop, 0));
-  return mapAllocation(*api_, handle, size, granularity, prop.location, "ncclMemAlloc: mapping a cuMem allocation");
+  SHOAL_ASSIGN_OR_RETURN(void* at, mapAllocation(*api_, handle, size, granularity, prop.location,
+                                                 "ncclMemAlloc: mapping a cuMem allocation"));
+  grantPeerAccess(*api_, reinterpret_cast<CUdeviceptr>(at), size, device->ordinal);
+  return at;
 }
 
 bool Driver::deviceFree(void* ptr) {

@@ -18,6 +18,16 @@ catch_discover_tests(cudafake_device_tests EXTRA_ARGS -w NoTests PROPERTIES LABE
 # property name): each test sets the rest itself, from these definitions.
 target_compile_definitions(cudafake_device_tests PRIVATE SHOAL_CUDAFAKE_LIB="${SHOAL_CUDAFAKE_LIB}")
 
+# Ranks on two GPUs of one process: the stand-in's device count is set before
+# its first cuInit, so they have a binary of their own.
+add_executable(cudafake_two_gpus_tests ${CMAKE_CURRENT_LIST_DIR}/two_gpus_test.cc)
+target_link_libraries(cudafake_two_gpus_tests PRIVATE shoal_static shoal_cudafake shoal_cuda_headers
+  shoal_catch_main Catch2::Catch2)
+target_include_directories(cudafake_two_gpus_tests PRIVATE ${PROJECT_SOURCE_DIR}/tests)
+target_compile_definitions(cudafake_two_gpus_tests PRIVATE SHOAL_CUDAFAKE_LIB="${SHOAL_CUDAFAKE_LIB}")
+catch_discover_tests(cudafake_two_gpus_tests EXTRA_ARGS -w NoTests PROPERTIES LABELS cudafake TIMEOUT 120
+  ENVIRONMENT "NCCL_SOCKET_IFNAME=lo")
+
 add_executable(cudafake_no_cuda_test ${CMAKE_CURRENT_LIST_DIR}/no_cuda_test.cc)
 target_link_libraries(cudafake_no_cuda_test PRIVATE shoal_static shoal_catch_main Catch2::Catch2)
 add_dependencies(cudafake_no_cuda_test shoal_cudafake)

@@ -1,0 +1,109 @@
+// Ranks on two GPUs of one process, on the driver stand-in with two devices
+// (set before anything initializes it, hence a binary of its own). The
+// stand-in checks cuMem access rights as the driver does: a copy or kernel
+// on one device touching another device's cuMem mapping needs
+// cuMemSetAccess for it.
+#include <catch2/catch.hpp>
+
+#include <cuda.h>
+#include <nccl.h>
+#include <stdlib.h>
+
+#include <array>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "cudafake/fake_cuda.h"
+
+namespace {
+
+// The library loads the stand-in this binary links, which emulates two
+// devices (both before anything reads the parameters or calls cuInit).
+const bool kDriverNamed = setenv("SHOAL_CUDA_DRIVER", SHOAL_CUDAFAKE_LIB, 0) == 0;
+const int kTwoDevices = shoalFakeCudaSetDevices(2);
+
+#define NCCL_OK(call)                                                                             \
+  do {                                                                                            \
+    ncclResult_t nccl_rc_ = (call);                                                               \
+    INFO(#call << ": " << ncclGetErrorString(nccl_rc_) << " / " << ncclGetLastError(nullptr));   \
+    REQUIRE(nccl_rc_ == ncclSuccess);                                                             \
+  } while (0)
+
+float valueOf(int rank, size_t i) { return static_cast<float>((rank + 1) * 1000 + static_cast<int>(i % 997)); }
+
+CUcontext contextOf(int device) {
+  CUcontext ctx = nullptr;
+  REQUIRE(cuDevicePrimaryCtxRetain(&ctx, device) == CUDA_SUCCESS);
+  return ctx;
+}
+
+}  // namespace
+
+// ncclMemAlloc grants every GPU with peer access to the owner, as NCCL's
+// does: ranks on two GPUs of one process (ncclCommInitAll) are
+// device-direct, their messages GPU copies between the two allocations, run
+// on the receiving GPU. Without the grant the copies fail (illegal address).
+TEST_CASE("ncclMemAlloc memory of one GPU is reachable from the other: ranks on two GPUs as threads", "[cudafake]") {
+  REQUIRE(kDriverNamed);
+  REQUIRE(kTwoDevices == 0);  // before any cuInit in this process
+  REQUIRE(cuInit(0) == CUDA_SUCCESS);
+  int count = 0;
+  REQUIRE(cuDeviceGetCount(&count) == CUDA_SUCCESS);
+  REQUIRE(count == 2);
+  const std::array<int, 2> devices{0, 1};
+  std::array<ncclComm_t, 2> comms{};
+  NCCL_OK(ncclCommInitAll(comms.data(), 2, devices.data()));
+  for (int r = 0; r < 2; ++r) {
+    int device = -1;
+    NCCL_OK(ncclCommCuDevice(comms[r], &device));
+    CHECK(device == r);
+  }
+  // A large message and a small one, each a GPU copy between the two.
+  for (size_t N : {size_t{50000}, size_t{8}}) {
+    std::array<void*, 2> send{}, recv{};
+    std::array<CUstream, 2> streams{};
+    for (int r = 0; r < 2; ++r) {
+      REQUIRE(cuCtxSetCurrent(contextOf(r)) == CUDA_SUCCESS);
+      NCCL_OK(ncclMemAlloc(&send[r], N * sizeof(float)));
+      NCCL_OK(ncclMemAlloc(&recv[r], N * sizeof(float)));
+      std::vector<float> values(N);
+      for (size_t i = 0; i < N; ++i) values[i] = valueOf(r, i);
+      REQUIRE(cuMemcpyHtoD(reinterpret_cast<CUdeviceptr>(send[r]), values.data(), N * sizeof(float)) == CUDA_SUCCESS);
+      REQUIRE(cuStreamCreate(&streams[r], CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+    }
+    const unsigned long long launchesBefore = shoalFakeCudaCallCount("cuLaunchKernel");
+    // One thread drives both ranks: a group, as with NCCL.
+    NCCL_OK(ncclGroupStart());
+    for (int r = 0; r < 2; ++r) {
+      REQUIRE(cuCtxSetCurrent(contextOf(r)) == CUDA_SUCCESS);
+      NCCL_OK(ncclAllReduce(send[r], recv[r], N, ncclFloat, ncclSum, comms[r], streams[r]));
+    }
+    NCCL_OK(ncclGroupEnd());
+    for (int r = 0; r < 2; ++r) REQUIRE(cuStreamSynchronize(streams[r]) == CUDA_SUCCESS);
+    for (int r = 0; r < 2; ++r) {
+      ncclResult_t async = ncclSuccess;
+      NCCL_OK(ncclCommGetAsyncError(comms[r], &async));
+      INFO(N << " floats, rank " << r << ": " << ncclGetLastError(comms[r]));
+      REQUIRE(async == ncclSuccess);
+    }
+    for (int r = 0; r < 2; ++r) {
+      std::vector<float> got(N);
+      REQUIRE(cuMemcpyDtoH(got.data(), reinterpret_cast<CUdeviceptr>(recv[r]), N * sizeof(float)) == CUDA_SUCCESS);
+      size_t wrong = 0;
+      for (size_t i = 0; i < N; ++i)
+        if (got[i] != valueOf(0, i) + valueOf(1, i)) ++wrong;
+      INFO(N << " floats, rank " << r);
+      CHECK(wrong == 0);
+    }
+    // Reduced by the kernels on each GPU, not staged through the host.
+    CHECK(shoalFakeCudaCallCount("cuLaunchKernel") > launchesBefore);
+    for (int r = 0; r < 2; ++r) {
+      REQUIRE(cuCtxSetCurrent(contextOf(r)) == CUDA_SUCCESS);
+      NCCL_OK(ncclMemFree(send[r]));
+      NCCL_OK(ncclMemFree(recv[r]));
+      REQUIRE(cuStreamDestroy(streams[r]) == CUDA_SUCCESS);
+    }
+  }
+  for (int r = 0; r < 2; ++r) NCCL_OK(ncclCommDestroy(comms[r]));
+}
