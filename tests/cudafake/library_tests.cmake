@@ -20,7 +20,8 @@ target_compile_definitions(cudafake_device_tests PRIVATE SHOAL_CUDAFAKE_LIB="${S
 
 # Ranks on two GPUs of one process: the stand-in's device count is set before
 # its first cuInit, so they have a binary of their own.
-add_executable(cudafake_two_gpus_tests ${CMAKE_CURRENT_LIST_DIR}/two_gpus_test.cc)
+add_executable(cudafake_two_gpus_tests ${CMAKE_CURRENT_LIST_DIR}/two_gpus_test.cc
+  ${PROJECT_SOURCE_DIR}/tests/support/mp_harness.cc)
 target_link_libraries(cudafake_two_gpus_tests PRIVATE shoal_static shoal_cudafake shoal_cuda_headers
   shoal_catch_main Catch2::Catch2)
 target_include_directories(cudafake_two_gpus_tests PRIVATE ${PROJECT_SOURCE_DIR}/tests)

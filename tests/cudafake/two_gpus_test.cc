@@ -2,19 +2,25 @@
 // (set before anything initializes it, hence a binary of its own). The
 // stand-in checks cuMem access rights as the driver does: a copy or kernel
 // on one device touching another device's cuMem mapping needs
-// cuMemSetAccess for it.
+// cuMemSetAccess for it. Each case runs in a process of its own (ctest), as
+// the forked ones must: a fork after another case's threads could inherit
+// their locks held.
 #include <catch2/catch.hpp>
 
 #include <cuda.h>
 #include <nccl.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include <array>
+#include <fstream>
+#include <iterator>
 #include <cstring>
 #include <string>
 #include <vector>
 
 #include "cudafake/fake_cuda.h"
+#include "support/mp_harness.h"
 
 namespace {
 
@@ -106,4 +112,79 @@ TEST_CASE("ncclMemAlloc memory of one GPU is reachable from the other: ranks on 
     }
   }
   for (int r = 0; r < 2; ++r) NCCL_OK(ncclCommDestroy(comms[r]));
+}
+
+// Two processes, each on its own GPU (both visible, as under torchrun with
+// cudaSetDevice): the GPUs have peer access, so the communicator is
+// device-direct over cuda_ipc, and each rank maps the other's cuMem
+// allocations for its own GPU.
+TEST_CASE("processes on two GPUs with peer access go GPU to GPU over cuda_ipc", "[cudafake][mp]") {
+  REQUIRE(kTwoDevices == 0);
+  char logPath[] = "/tmp/shoal-two-gpus-log-XXXXXX";
+  const int fd = mkstemp(logPath);
+  REQUIRE(fd >= 0);
+  close(fd);
+  shoal::testing::MpConfig cfg;
+  cfg.nranks = 2;
+  cfg.env = {{"SHOAL_TRANSPORT", ""}, {"NCCL_DEBUG", "INFO"}, {"NCCL_DEBUG_SUBSYS", "INIT"},
+             {"NCCL_DEBUG_FILE", std::string(logPath) + ".%p"}};
+  auto result = shoal::testing::runForked(cfg, [&](shoal::testing::MpChild& child) -> int {
+    const int r = child.rank();
+    if (cuInit(0) != CUDA_SUCCESS) return 10;
+    int count = 0;
+    if (cuDeviceGetCount(&count) != CUDA_SUCCESS || count != 2) return 11;
+    CUcontext ctx = nullptr;
+    if (cuDevicePrimaryCtxRetain(&ctx, r) != CUDA_SUCCESS || cuCtxSetCurrent(ctx) != CUDA_SUCCESS) return 12;
+    CUstream s = nullptr;
+    if (cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) return 13;
+    ncclUniqueId id;
+    if (!child.uniqueId(&id)) return 14;
+    ncclComm_t comm = nullptr;
+    if (ncclCommInitRank(&comm, 2, id, r) != ncclSuccess) {
+      child.log(std::string("init: ") + ncclGetLastError(nullptr));
+      return 15;
+    }
+    int device = -1;
+    if (ncclCommCuDevice(comm, &device) != ncclSuccess || device != r) return 16;
+    const size_t N = 50000;
+    std::vector<float> values(N);
+    for (size_t i = 0; i < N; ++i) values[i] = valueOf(r, i);
+    CUdeviceptr buf = 0;
+    if (cuMemAlloc(&buf, N * sizeof(float)) != CUDA_SUCCESS) return 17;
+    cuMemcpyHtoD(buf, values.data(), N * sizeof(float));
+    const unsigned long long launchesBefore = shoalFakeCudaCallCount("cuLaunchKernel");
+    if (ncclAllReduce(reinterpret_cast<void*>(buf), reinterpret_cast<void*>(buf), N, ncclFloat, ncclSum, comm, s) !=
+        ncclSuccess)
+      return 18;
+    if (cuStreamSynchronize(s) != CUDA_SUCCESS) return 19;
+    ncclResult_t async = ncclSuccess;
+    ncclCommGetAsyncError(comm, &async);
+    if (async != ncclSuccess) {
+      child.log(std::string("async: ") + ncclGetLastError(comm));
+      return 20;
+    }
+    std::vector<float> got(N);
+    cuMemcpyDtoH(got.data(), buf, N * sizeof(float));
+    for (size_t i = 0; i < N; ++i)
+      if (got[i] != valueOf(0, i) + valueOf(1, i)) {
+        child.log("element " + std::to_string(i) + ": " + std::to_string(got[i]));
+        return 21;
+      }
+    if (shoalFakeCudaCallCount("cuLaunchKernel") == launchesBefore) return 22;  // staged after all
+    cuMemFree(buf);
+    child.barrier();
+    return ncclCommDestroy(comm) == ncclSuccess ? 0 : 23;
+  });
+  std::string log;
+  for (const auto& rank : result.ranks) {
+    const std::string path = std::string(logPath) + "." + std::to_string(rank.pid);
+    std::ifstream in(path);
+    log += std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    ::unlink(path.c_str());
+  }
+  ::unlink(logPath);
+  INFO(result.report() << "\n" << log);
+  CHECK(result.allPassed());
+  CHECK(log.find("device-direct: device buffers move GPU to GPU") != std::string::npos);
+  CHECK(log.find("via cuda_ipc") != std::string::npos);
 }
