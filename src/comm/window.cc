@@ -90,9 +90,13 @@ void Window::map(int r, const WindowRecord& record, const PeerInfo& self, const 
   addresses_[at] = record.address;
   device_[at] = record.deviceMemory;
   if (peer.sameProcess(self)) {
-    // This process: its address, unless it is device memory of another GPU,
-    // which this rank's kernels have not been given access to.
-    if (!record.deviceMemory || peer.gpu == self.gpu) buffers_[at] = reinterpret_cast<uint8_t*>(record.address);
+    // This process: its address, unless it is device memory of another GPU
+    // that this rank's GPU was not granted (ncclMemAlloc grants every GPU
+    // with peer access; other device memory is not granted).
+    void* address = reinterpret_cast<void*>(record.address);
+    if (!record.deviceMemory || peer.gpu == self.gpu ||
+        (driver != nullptr && record.deviceSerial != 0 && driver->reachableFrom(address, record.bytes, self.gpu)))
+      buffers_[at] = static_cast<uint8_t*>(address);
     return;
   }
   if (!self.sameKernel(peer)) return;

@@ -9,7 +9,8 @@
 // (WindowMailbox) and all-gathers to whom it sent, maps each peer's buffer
 // that it can (map()) and all-gathers which rank maps which, so that every
 // rank knows the same (learnMaps()). A peer's buffer is mapped here when it
-// is in this process (its address, unless device memory of another GPU),
+// is in this process (its address, unless device memory of another GPU not
+// granted to this rank's: cuda::Driver::reachableFrom),
 // host memory in the peer's shared allocation (mapped read-only), or device
 // memory of the peer's cuMem allocation on a GPU that shares memory with
 // this rank's (imported once per allocation through cuda::PeerImports,

@@ -92,6 +92,7 @@ bool Driver::fewHardwareQueues() { return false; }
 Result<void*> Driver::deviceAlloc(size_t) { return notBuilt(); }
 bool Driver::deviceFree(void*) { return false; }
 std::optional<Driver::DeviceAllocation> Driver::deviceAllocationOf(const void*, size_t) { return std::nullopt; }
+bool Driver::reachableFrom(const void*, size_t, const std::string&) { return false; }
 Result<ContextHandle> Driver::primaryContext(const std::string&) { return notBuilt(); }
 Result<ContextHandle> Driver::primaryContextOfDevice(int) { return notBuilt(); }
 bool Driver::gpusShareMemory(const std::string&, const std::string&) { return false; }
@@ -141,6 +142,7 @@ struct Driver::Api {
     size_t bytes;
     CUmemGenericAllocationHandle handle;
     uint64_t serial;
+    uint64_t reachableFrom;  // bit d: device ordinal d may access it (cuMemSetAccess)
   };
   std::map<uintptr_t, DeviceAllocation> deviceAllocations;
   uint64_t lastSerial = 0;
@@ -587,6 +589,8 @@ WaitMode Driver::waitModeOf(const std::string& gpu) {
   return waitMode(ordinal.value());
 }
 
+static uint64_t deviceBit(int ordinal) { return ordinal >= 0 && ordinal < 64 ? uint64_t{1} << ordinal : 0; }
+
 // Maps `handle` (size bytes) at a new address, read-write for `location`'s
 // device, and records it for deviceFree; on failure releases the handle.
 static Result<void*> mapAllocation(Driver::Api& api, CUmemGenericAllocationHandle handle, size_t size,
@@ -609,7 +613,7 @@ static Result<void*> mapAllocation(Driver::Api& api, CUmemGenericAllocationHandl
     return cudaError(api, what, rc);
   }
   std::lock_guard<std::mutex> lock(api.mutex);
-  api.deviceAllocations[static_cast<uintptr_t>(at)] = {size, handle, ++api.lastSerial};
+  api.deviceAllocations[static_cast<uintptr_t>(at)] = {size, handle, ++api.lastSerial, deviceBit(location.id)};
   return reinterpret_cast<void*>(at);
 }
 
@@ -618,9 +622,11 @@ static Result<void*> mapAllocation(Driver::Api& api, CUmemGenericAllocationHandl
 // read-write access too (as NCCL's ncclMemAlloc does), so ranks on another
 // GPU of the process can copy from it and read it in kernels. A refusal is
 // logged; that device's copies would then fail with the driver's error.
-static void grantPeerAccess(Driver::Api& api, CUdeviceptr at, size_t size, int owner) {
+// Returns the devices granted (deviceBit).
+static uint64_t grantPeerAccess(Driver::Api& api, CUdeviceptr at, size_t size, int owner) {
+  uint64_t granted = 0;
   int count = 0;
-  if (api.cuDeviceGetCount(&count) != CUDA_SUCCESS) return;
+  if (api.cuDeviceGetCount(&count) != CUDA_SUCCESS) return granted;
   for (int i = 0; i < count; ++i) {
     int canAccess = 0;
     if (i == owner || api.cuDeviceCanAccessPeer(&canAccess, static_cast<CUdevice>(i), static_cast<CUdevice>(owner)) !=
@@ -630,10 +636,13 @@ static void grantPeerAccess(Driver::Api& api, CUdeviceptr at, size_t size, int o
     access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     access.location.id = i;
     access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    if (CUresult rc = api.cuMemSetAccess(at, size, &access, 1); rc != CUDA_SUCCESS)
+    if (CUresult rc = api.cuMemSetAccess(at, size, &access, 1); rc == CUDA_SUCCESS)
+      granted |= deviceBit(i);
+    else
       SHOAL_INFO(subsys::kAlloc, "CUDA: device ", i, " was refused access to device ", owner, "'s allocation (",
                  static_cast<int>(rc), ")");
   }
+  return granted;
 }
 
 Result<void*> Driver::deviceAlloc(size_t bytes) {
@@ -658,7 +667,9 @@ Result<void*> Driver::deviceAlloc(size_t bytes) {
   SHOAL_CU(cuMemCreate(&handle, size, &prop, 0));
   SHOAL_ASSIGN_OR_RETURN(void* at, mapAllocation(*api_, handle, size, granularity, prop.location,
                                                  "ncclMemAlloc: mapping a cuMem allocation"));
-  grantPeerAccess(*api_, reinterpret_cast<CUdeviceptr>(at), size, device->ordinal);
+  const uint64_t granted = grantPeerAccess(*api_, reinterpret_cast<CUdeviceptr>(at), size, device->ordinal);
+  std::lock_guard<std::mutex> lock(api_->mutex);
+  api_->deviceAllocations[reinterpret_cast<uintptr_t>(at)].reachableFrom |= granted;
   return at;
 }
 
@@ -753,6 +764,16 @@ std::optional<Driver::DeviceAllocation> Driver::deviceAllocationOf(const void* p
   --it;
   if (!rangeInside(at, bytes, it->first, it->second.bytes)) return std::nullopt;
   return DeviceAllocation{reinterpret_cast<uint8_t*>(it->first), it->second.bytes, it->second.serial};
+}
+bool Driver::reachableFrom(const void* ptr, size_t bytes, const std::string& gpu) {
+  Result<int> ordinal = ordinalOf(*api_, gpu);
+  if (!ordinal.isOk() || ordinal.value() < 0) return false;
+  const auto at = reinterpret_cast<uintptr_t>(ptr);
+  std::lock_guard<std::mutex> lock(api_->mutex);
+  auto it = api_->deviceAllocations.upper_bound(at);
+  if (it == api_->deviceAllocations.begin()) return false;
+  --it;
+  return rangeInside(at, bytes, it->first, it->second.bytes) && (it->second.reachableFrom & deviceBit(ordinal.value()));
 }
 
 Result<Driver::Exported> Driver::exportDeviceMemory(void* ptr) {

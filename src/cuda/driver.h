@@ -170,6 +170,10 @@ class Driver {
     uint64_t serial = 0;
   };
   std::optional<DeviceAllocation> deviceAllocationOf(const void* ptr, size_t bytes);
+  // Whether [ptr, ptr + bytes) lies in one such allocation that the GPU
+  // named "GPU-<uuid>" (of this process) was granted access to: its own
+  // device's, and deviceAlloc's to every GPU with peer access to it.
+  bool reachableFrom(const void* ptr, size_t bytes, const std::string& gpu);
 
   // --- For transports that move device memory (cuda_ipc, loopback).
   // The primary context of the GPU named "GPU-<uuid>", retained once per

@@ -17,8 +17,10 @@
 #include <iterator>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "comm/window.h"
 #include "cudafake/fake_cuda.h"
 #include "support/mp_harness.h"
 
@@ -187,4 +189,64 @@ TEST_CASE("processes on two GPUs with peer access go GPU to GPU over cuda_ipc", 
   CHECK(result.allPassed());
   CHECK(log.find("device-direct: device buffers move GPU to GPU") != std::string::npos);
   CHECK(log.find("via cuda_ipc") != std::string::npos);
+}
+
+// Windows of ranks on two GPUs of one process: each maps the other's
+// ncclMemAlloc buffer by address (its GPU was granted access), and the
+// AllReduce's kernels on each GPU read the other GPU's buffer in place.
+TEST_CASE("windows of ranks on two GPUs of one process are read across the GPUs", "[cudafake]") {
+  REQUIRE(kTwoDevices == 0);
+  REQUIRE(cuInit(0) == CUDA_SUCCESS);
+  const std::array<int, 2> devices{0, 1};
+  std::array<ncclComm_t, 2> comms{};
+  NCCL_OK(ncclCommInitAll(comms.data(), 2, devices.data()));
+  constexpr size_t N = 5000;
+  for (int flags : {NCCL_WIN_DEFAULT, NCCL_WIN_COLL_SYMMETRIC}) {
+    std::array<std::string, 2> wrong;
+    const unsigned long long launchesBefore = shoalFakeCudaCallCount("cuLaunchKernel");
+    auto rank = [&](int r) {
+      auto fail = [&](const std::string& what) {
+        if (wrong[r].empty()) wrong[r] = what + ": " + ncclGetLastError(comms[r]);
+      };
+      if (cuCtxSetCurrent(contextOf(r)) != CUDA_SUCCESS) return fail("context");
+      CUstream s = nullptr;
+      if (cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) return fail("stream");
+      void* pool = nullptr;
+      if (ncclMemAlloc(&pool, 2 * N * sizeof(float)) != ncclSuccess) return fail("ncclMemAlloc");
+      auto* send = static_cast<float*>(pool);
+      float* recv = send + N;
+      std::vector<float> values(N);
+      for (size_t i = 0; i < N; ++i) values[i] = valueOf(r, i);
+      cuMemcpyHtoD(reinterpret_cast<CUdeviceptr>(send), values.data(), N * sizeof(float));
+      ncclWindow_t win = nullptr;
+      if (ncclCommWindowRegister(comms[r], pool, 2 * N * sizeof(float), &win, flags) != ncclSuccess)
+        return fail("register");
+      if (!reinterpret_cast<shoal::Window*>(win)->mappedEverywhere()) return fail("the other GPU's buffer is not mapped");
+      if (ncclAllReduce(send, recv, N, ncclFloat, ncclSum, comms[r], s) != ncclSuccess) return fail("AllReduce");
+      if (cuStreamSynchronize(s) != CUDA_SUCCESS) return fail("synchronize");
+      ncclResult_t async = ncclSuccess;
+      ncclCommGetAsyncError(comms[r], &async);
+      if (async != ncclSuccess) return fail("async");
+      std::vector<float> got(N);
+      cuMemcpyDtoH(got.data(), reinterpret_cast<CUdeviceptr>(recv), N * sizeof(float));
+      for (size_t i = 0; i < N; ++i)
+        if (got[i] != valueOf(0, i) + valueOf(1, i)) return fail("element " + std::to_string(i));
+      if (ncclCommWindowDeregister(comms[r], win) != ncclSuccess) return fail("deregister");
+      // Both ranks are done reading before either frees (host memory: no kernel).
+      float fence = 1.0f;
+      if (ncclAllReduce(&fence, &fence, 1, ncclFloat, ncclSum, comms[r], s) != ncclSuccess) return fail("fence");
+      cuStreamSynchronize(s);
+      ncclMemFree(pool);
+      cuStreamDestroy(s);
+    };
+    std::thread other(rank, 1);
+    rank(0);
+    other.join();
+    INFO("flags " << flags << ": " << wrong[0] << " / " << wrong[1]);
+    CHECK(wrong[0].empty());
+    CHECK(wrong[1].empty());
+    // Each rank reduces reading the other's window: one kernel each.
+    CHECK(shoalFakeCudaCallCount("cuLaunchKernel") - launchesBefore == 2u);
+  }
+  for (ncclComm_t comm : comms) NCCL_OK(ncclCommDestroy(comm));
 }
