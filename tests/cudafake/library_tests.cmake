@@ -7,27 +7,26 @@ set(SHOAL_CUDAFAKE_DIR ${PROJECT_BINARY_DIR}/tests/cudafake)
 set_target_properties(shoal_cudafake PROPERTIES LIBRARY_OUTPUT_DIRECTORY ${SHOAL_CUDAFAKE_DIR})
 set(SHOAL_CUDAFAKE_LIB ${SHOAL_CUDAFAKE_DIR}/libshoal_cudafake.so)
 
-add_executable(cudafake_device_tests ${CMAKE_CURRENT_LIST_DIR}/device_collectives_test.cc
-  ${PROJECT_SOURCE_DIR}/tests/support/mp_harness.cc)
-target_link_libraries(cudafake_device_tests PRIVATE shoal_static shoal_cudafake shoal_cuda_headers
-  shoal_catch_main Catch2::Catch2)
-target_include_directories(cudafake_device_tests PRIVATE ${PROJECT_SOURCE_DIR}/tests)
-catch_discover_tests(cudafake_device_tests EXTRA_ARGS -w NoTests PROPERTIES LABELS cudafake TIMEOUT 300
-  ENVIRONMENT "NCCL_SOCKET_IFNAME=lo")
+# A test binary of the library on the stand-in (which it links, and whose
+# path it is given), each test case a ctest test labelled cudafake.
 # catch_discover_tests passes one ENVIRONMENT entry intact (a second becomes a
-# property name): each test sets the rest itself, from these definitions.
-target_compile_definitions(cudafake_device_tests PRIVATE SHOAL_CUDAFAKE_LIB="${SHOAL_CUDAFAKE_LIB}")
+# property name): each test sets the rest itself, from the definitions.
+function(shoal_cudafake_tests name timeout)
+  add_executable(${name} ${ARGN})
+  target_link_libraries(${name} PRIVATE shoal_static shoal_cudafake shoal_cuda_headers shoal_catch_main
+    Catch2::Catch2)
+  target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/tests)
+  target_compile_definitions(${name} PRIVATE SHOAL_CUDAFAKE_LIB="${SHOAL_CUDAFAKE_LIB}")
+  catch_discover_tests(${name} EXTRA_ARGS -w NoTests PROPERTIES LABELS cudafake TIMEOUT ${timeout}
+    ENVIRONMENT "NCCL_SOCKET_IFNAME=lo")
+endfunction()
 
+shoal_cudafake_tests(cudafake_device_tests 300 ${CMAKE_CURRENT_LIST_DIR}/device_collectives_test.cc
+  ${PROJECT_SOURCE_DIR}/tests/support/mp_harness.cc)
 # Ranks on two GPUs of one process: the stand-in's device count is set before
 # its first cuInit, so they have a binary of their own.
-add_executable(cudafake_two_gpus_tests ${CMAKE_CURRENT_LIST_DIR}/two_gpus_test.cc
+shoal_cudafake_tests(cudafake_two_gpus_tests 120 ${CMAKE_CURRENT_LIST_DIR}/two_gpus_test.cc
   ${PROJECT_SOURCE_DIR}/tests/support/mp_harness.cc)
-target_link_libraries(cudafake_two_gpus_tests PRIVATE shoal_static shoal_cudafake shoal_cuda_headers
-  shoal_catch_main Catch2::Catch2)
-target_include_directories(cudafake_two_gpus_tests PRIVATE ${PROJECT_SOURCE_DIR}/tests)
-target_compile_definitions(cudafake_two_gpus_tests PRIVATE SHOAL_CUDAFAKE_LIB="${SHOAL_CUDAFAKE_LIB}")
-catch_discover_tests(cudafake_two_gpus_tests EXTRA_ARGS -w NoTests PROPERTIES LABELS cudafake TIMEOUT 120
-  ENVIRONMENT "NCCL_SOCKET_IFNAME=lo")
 
 add_executable(cudafake_no_cuda_test ${CMAKE_CURRENT_LIST_DIR}/no_cuda_test.cc)
 target_link_libraries(cudafake_no_cuda_test PRIVATE shoal_static shoal_catch_main Catch2::Catch2)
@@ -40,14 +39,8 @@ target_compile_definitions(cudafake_no_cuda_test PRIVATE SHOAL_CUDAFAKE_LIB="${S
 # The device reduction kernels through cuda::DeviceReducer on the stand-in
 # (each test case in its own process: the reducer is cached per context).
 # -ffp-contract=off: the test computes expected values with float arithmetic.
-add_executable(cudafake_reduce_tests ${CMAKE_CURRENT_LIST_DIR}/device_reduce_test.cc)
-target_link_libraries(cudafake_reduce_tests PRIVATE shoal_static shoal_cudafake shoal_cuda_headers
-  shoal_catch_main Catch2::Catch2)
-target_include_directories(cudafake_reduce_tests PRIVATE ${PROJECT_SOURCE_DIR}/tests)
+shoal_cudafake_tests(cudafake_reduce_tests 120 ${CMAKE_CURRENT_LIST_DIR}/device_reduce_test.cc)
 target_compile_options(cudafake_reduce_tests PRIVATE -fno-fast-math -ffp-contract=off)
-target_compile_definitions(cudafake_reduce_tests PRIVATE SHOAL_CUDAFAKE_LIB="${SHOAL_CUDAFAKE_LIB}")
-catch_discover_tests(cudafake_reduce_tests EXTRA_ARGS -w NoTests PROPERTIES LABELS cudafake TIMEOUT 120
-  ENVIRONMENT "NCCL_SOCKET_IFNAME=lo")
 
 # The PTX nvcc produced for the reduction kernels: all 72 declared, no fma and
 # no floating add/sub/mul without a rounding modifier (premulsum and avg stay
@@ -113,25 +106,13 @@ endif()
 # FI_HMEM), logged with the reason, data checked; a device buffer handed
 # straight to an ofi connection refused with the reason.
 if(LIBFABRIC_FOUND)
-  add_executable(cudafake_ofi_device_tests ${CMAKE_CURRENT_LIST_DIR}/ofi_device_memory_test.cc
+  shoal_cudafake_tests(cudafake_ofi_device_tests 180 ${CMAKE_CURRENT_LIST_DIR}/ofi_device_memory_test.cc
     ${PROJECT_SOURCE_DIR}/tests/support/mp_harness.cc)
-  target_link_libraries(cudafake_ofi_device_tests PRIVATE shoal_static shoal_cudafake shoal_cuda_headers
-    shoal_catch_main Catch2::Catch2)
-  target_include_directories(cudafake_ofi_device_tests PRIVATE ${PROJECT_SOURCE_DIR}/tests)
   target_include_directories(cudafake_ofi_device_tests SYSTEM PRIVATE
     $<TARGET_PROPERTY:PkgConfig::LIBFABRIC,INTERFACE_INCLUDE_DIRECTORIES>)
-  target_compile_definitions(cudafake_ofi_device_tests PRIVATE SHOAL_CUDAFAKE_LIB="${SHOAL_CUDAFAKE_LIB}")
-  catch_discover_tests(cudafake_ofi_device_tests EXTRA_ARGS -w NoTests PROPERTIES LABELS cudafake TIMEOUT 180
-    ENVIRONMENT "NCCL_SOCKET_IFNAME=lo")
 endif()
 
 # The cuda_ipc transport on the stand-in: the conformance suite, device
 # buffers, the hello and its secret (forked ranks: cudafake_device_tests).
-add_executable(cudafake_cuda_ipc_tests ${CMAKE_CURRENT_LIST_DIR}/cuda_ipc_test.cc
+shoal_cudafake_tests(cudafake_cuda_ipc_tests 300 ${CMAKE_CURRENT_LIST_DIR}/cuda_ipc_test.cc
   ${PROJECT_SOURCE_DIR}/tests/transport/conformance.cc)
-target_link_libraries(cudafake_cuda_ipc_tests PRIVATE shoal_static shoal_cudafake shoal_cuda_headers
-  shoal_catch_main Catch2::Catch2)
-target_include_directories(cudafake_cuda_ipc_tests PRIVATE ${PROJECT_SOURCE_DIR}/tests)
-target_compile_definitions(cudafake_cuda_ipc_tests PRIVATE SHOAL_CUDAFAKE_LIB="${SHOAL_CUDAFAKE_LIB}")
-catch_discover_tests(cudafake_cuda_ipc_tests EXTRA_ARGS -w NoTests PROPERTIES LABELS cudafake TIMEOUT 300
-  ENVIRONMENT "NCCL_SOCKET_IFNAME=lo")
