@@ -118,7 +118,10 @@ Status Communicator::initialize() {
     SHOAL_ASSIGN_OR_RETURN(proposals[r], decodeInitProposal(answers[r]), describe(), ": from rank ", r);
   }
   SHOAL_ASSIGN_OR_RETURN(InitAgreement agreement, agree(proposals), describe());
-  rankWithFewQueues_ = agreement.rankWithFewQueues;
+  if (agreement.rankWithFewQueues >= 0)
+    windowsStaged_ = str("rank ", agreement.rankWithFewQueues, "'s CUDA_DEVICE_MAX_CONNECTIONS is below 4");
+  else if (agreement.rankSynchronous >= 0)
+    windowsStaged_ = str("rank ", agreement.rankSynchronous, "'s streams are synchronous");
   const TransportChoice choice{.deviceDirect = agreement.deviceDirect};
   connections_.setChoice(choice);
   if (!self.gpu.empty()) {
@@ -202,6 +205,8 @@ Result<InitProposal> Communicator::proposal(const PeerInfo& self) const {
   p.readsEveryPeer = readsEveryPeer(TransportChoice{});
   p.streamPlans = cuda_ != nullptr && !self.gpu.empty() && cuda_->streamPlansWanted(self.gpu);
   p.fewHardwareQueues = cuda_ != nullptr && !self.gpu.empty() && cuda::Driver::fewHardwareQueues();
+  p.synchronousStreams =
+      cuda_ != nullptr && !self.gpu.empty() && cuda_->waitModeOf(self.gpu) == cuda::WaitMode::kSynchronous;
   std::string whyNot = whyNotDeviceDirect(self);
   p.deviceDirect = whyNot.empty();
   if (p.deviceDirect) p.readsEveryPeerDeviceDirect = readsEveryPeer(TransportChoice{.deviceDirect = true});
@@ -473,9 +478,8 @@ Result<Window*> Communicator::registerWindow(void* buff, size_t bytes, int flags
              window->mappedEverywhere() ? "every rank maps every rank's buffer"
                                         : "some ranks' buffers are not mapped by others",
              window->onStreams() ? "; its operations run on the streams" : "",
-             rankWithFewQueues_ >= 0 && window->deviceEverywhere()
-                 ? str("; its operations are staged (rank ", rankWithFewQueues_,
-                       "'s CUDA_DEVICE_MAX_CONNECTIONS is below 4)")
+             !windowsStaged_.empty() && window->deviceEverywhere()
+                 ? str("; its operations are staged (", windowsStaged_, ")")
                  : std::string());
   Window* registered = window.get();
   windows_->add(std::move(window));

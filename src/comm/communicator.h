@@ -366,9 +366,10 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
   uint64_t windowOperationsThrough();
   bool streamsUnsettled_ = false;  // a stream held a plan past settleStreamPlans()
   uint64_t windowRegistrations_ = 0;  // names each registration's descriptor tickets
-  // The first rank whose GPU has too few hardware queues (InitAgreement;
-  // -1: none): operations on windows are then staged on every rank.
-  int rankWithFewQueues_ = -1;
+  // Why operations on windows are staged on every rank ("" when they are
+  // not): a rank whose GPU has too few hardware queues or synchronous
+  // streams (InitAgreement).
+  std::string windowsStaged_;
 
   cuda::Driver* cuda_ = nullptr;         // set at init when the process uses CUDA
   int cudaDevice_ = -1;

@@ -107,12 +107,14 @@ Result<Communicator::StreamSubmission> Communicator::beginStreamOrdered(std::spa
   }
   const bool direct = !submission.synchronous && runsAsDevicePlan(kept, windowed);
   // Its peers read its windows in place, and it theirs: staging is no way
-  // out (this rank would run another plan than they do).
-  if (windowed && !direct)
+  // out (this rank would run another plan than they do). Also where its
+  // streams turned synchronous after init (memory operations refused at a
+  // call; synchronous streams known at init stage every rank's calls).
+  if (inWindow && !direct)
     return error(Code::kInvalidUsage, describe(), ": ", collKindName(kept[0].shape.kind),
                  " on buffers in windows (ncclCommWindowRegister), which every rank reads in place, cannot run "
-                 "as a device plan on this rank (its buffers must be device memory of the communicator's GPU, and "
-                 "its device kernels loaded: see the INFO log)");
+                 "as a device plan on this rank (its buffers must be device memory of the communicator's GPU, "
+                 "its device kernels loaded and its streams not synchronous: see the INFO log)");
   SHOAL_ASSIGN_OR_RETURN(StreamBridge::Staged staged, bridge_->stage(kept, rank_, nranks_, direct), describe());
   auto held = std::make_shared<StreamBridge::Staged>(std::move(staged));
   StreamBridge::Staged& st = *held;
@@ -388,9 +390,9 @@ bool Communicator::inWindows(std::span<const OpRequest> ops) {
   if (windows_->empty() || ops.size() != 1 || nranks_ < 2) return false;
   // A GPU with too few hardware queues would run a windowed plan's kernels
   // and copies behind the user's stream waiting for them (windows without a
-  // board on every rank are stepped by the host): then every rank stages,
-  // as the ranks agreed at init.
-  if (rankWithFewQueues_ >= 0) return false;
+  // board on every rank are stepped by the host), and synchronous streams
+  // stage: then every rank stages, as the ranks agreed at init.
+  if (!windowsStaged_.empty()) return false;
   const OpRequest& op = ops[0];
   if (op.shape.kind != CollKind::kAllReduce && op.shape.kind != CollKind::kAllGather &&
       op.shape.kind != CollKind::kReduceScatter)

@@ -65,6 +65,7 @@ std::string encodeInitProposal(const InitProposal& proposal) {
   w.u8(proposal.readsEveryPeerDeviceDirect ? 1 : 0);
   w.u8(proposal.streamPlans ? 1 : 0);
   w.u8(proposal.fewHardwareQueues ? 1 : 0);
+  w.u8(proposal.synchronousStreams ? 1 : 0);
   w.u8(proposal.netLink ? 1 : 0);
   if (proposal.netLink) {
     w.str(proposal.netLink->transport);
@@ -87,8 +88,9 @@ Result<InitProposal> decodeInitProposal(std::string_view bytes) {
   const std::optional<bool> readsDeviceDirect = flag();
   const std::optional<bool> streamPlans = flag();
   const std::optional<bool> fewQueues = flag();
+  const std::optional<bool> synchronous = flag();
   const std::optional<bool> hasLink = flag();
-  bool flagsOk = reads && deviceDirect && readsDeviceDirect && streamPlans && fewQueues && hasLink;
+  bool flagsOk = reads && deviceDirect && readsDeviceDirect && streamPlans && fewQueues && synchronous && hasLink;
   if (flagsOk && *hasLink) {
     NetLink link;
     link.transport = r.str(kMaxFieldBytes);
@@ -105,6 +107,7 @@ Result<InitProposal> decodeInitProposal(std::string_view bytes) {
   proposal.readsEveryPeerDeviceDirect = *readsDeviceDirect;
   proposal.streamPlans = *streamPlans;
   proposal.fewHardwareQueues = *fewQueues;
+  proposal.synchronousStreams = *synchronous;
   SHOAL_ASSIGN_OR_RETURN(proposal.machine, readMachineFacts(r), "init proposal");
   SHOAL_TRY(closed(r, "init proposal"));
   return proposal;
@@ -132,6 +135,7 @@ Result<InitAgreement> agree(const std::vector<InitProposal>& proposals) {
   for (size_t r = 0; r < proposals.size(); ++r) {
     const InitProposal& p = proposals[r];
     if (p.fewHardwareQueues && agreement.rankWithFewQueues < 0) agreement.rankWithFewQueues = static_cast<int>(r);
+    if (p.synchronousStreams && agreement.rankSynchronous < 0) agreement.rankSynchronous = static_cast<int>(r);
     agreement.everyoneReadsPeers = agreement.everyoneReadsPeers &&
                                    (agreement.deviceDirect ? p.readsEveryPeerDeviceDirect : p.readsEveryPeer);
     if (p.netLink) {

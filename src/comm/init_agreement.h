@@ -65,6 +65,10 @@ struct InitProposal {
   // (cuda::Driver::fewHardwareQueues): then no rank steps operations on
   // windows through the GPU, since every rank must run the same plan.
   bool fewHardwareQueues = false;
+  // Whether its GPU's streams are synchronous (WaitMode::kSynchronous): its
+  // calls on windows would be staged while its peers read the windows, so
+  // no rank reads them.
+  bool synchronousStreams = false;
   std::optional<NetLink> netLink;  // only the first node leader's names one
   MachineTopology machine;         // the facts writeMachineFacts carries
 };
@@ -80,6 +84,8 @@ struct InitAgreement {
   // The first rank that proposed fewHardwareQueues (-1: none): operations
   // on windows are staged on every rank, not read from the peers' windows.
   int rankWithFewQueues = -1;
+  // The first rank that proposed synchronousStreams (-1: none): the same.
+  int rankSynchronous = -1;
   std::optional<NetLink> netLink;
   MachineTopology machine;  // agreedMachine() of every rank's
 };

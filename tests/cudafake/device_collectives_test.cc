@@ -890,6 +890,8 @@ TEST_CASE("cuda_ipc is refused with too few hardware queues whether forced or no
   const std::string log = logs.collect(chosen);
   INFO(chosen.report() << "\n" << log);
   CHECK(chosen.allPassed());
+  CHECK(log.find("transport cuda_ipc unavailable: CUDA_DEVICE_MAX_CONNECTIONS=1 leaves too few hardware queues") !=
+        std::string::npos);
   CHECK(log.find("via cuda_ipc") == std::string::npos);
   CHECK(log.find("via shm") != std::string::npos);
 }
@@ -1595,10 +1597,18 @@ TEST_CASE("collectives on window buffers read peers' device memory in place, ove
 
 // A rank whose GPU has too few hardware queues (CUDA_DEVICE_MAX_CONNECTIONS
 // below 4) would run a windowed plan's kernels and copies behind the user's
-// stream waiting for them. The ranks agree on it at init, so every rank
-// stages its calls on windows (no kernel, no peer read), default and
+// stream waiting for them; one whose streams are synchronous would stage
+// while its peers read the windows. The ranks agree on it at init, so every
+// rank stages its calls on windows (no kernel, no peer read), default and
 // symmetric windows alike, and says why at the registration.
-TEST_CASE("one rank with too few hardware queues stages every rank's calls on windows", "[cudafake][mp]") {
+TEST_CASE("one rank with too few hardware queues or synchronous streams stages every rank's calls on windows",
+          "[cudafake][mp]") {
+  struct Case {
+    std::pair<std::string, std::string> rankOneEnv;
+    std::string why;
+  };
+  for (const Case& c : {Case{{"CUDA_DEVICE_MAX_CONNECTIONS", "1"}, "rank 1's CUDA_DEVICE_MAX_CONNECTIONS is below 4"},
+                        Case{{"SHOAL_CUDA_WAIT", "sync"}, "rank 1's streams are synchronous"}})
   for (int flags : {NCCL_WIN_DEFAULT, NCCL_WIN_COLL_SYMMETRIC}) {
     RankLogs logs;
     shoal::testing::MpConfig cfg;
@@ -1633,12 +1643,13 @@ TEST_CASE("one rank with too few hardware queues stages every rank's calls on wi
       child.barrier();
       ncclMemFree(pool);
       return ncclCommDestroy(comm) == ncclSuccess ? 0 : 8;
-    }, {{}, {{"CUDA_DEVICE_MAX_CONNECTIONS", "1"}}, {}});
+    }, {{}, {c.rankOneEnv}, {}});
     const std::string log = logs.collect(result);
-    INFO("flags " << flags << "\n" << result.report() << "\n" << log);
+    INFO(c.rankOneEnv.first << "=" << c.rankOneEnv.second << ", flags " << flags << "\n" << result.report() << "\n"
+                            << log);
     CHECK(result.allPassed());
     size_t staged = 0;
-    const std::string why = "its operations are staged (rank 1's CUDA_DEVICE_MAX_CONNECTIONS is below 4)";
+    const std::string why = "its operations are staged (" + c.why + ")";
     for (size_t at = log.find(why); at != std::string::npos; at = log.find(why, at + 1)) ++staged;
     CHECK(staged == 3u);  // every rank says so
     CHECK(log.find("reading the peers' windows") == std::string::npos);

@@ -103,6 +103,7 @@ TEST_CASE("an init proposal round-trips with and without a network link", "[init
   withLink.readsEveryPeerDeviceDirect = false;
   withLink.streamPlans = true;
   withLink.fewHardwareQueues = true;
+  withLink.synchronousStreams = true;
   withLink.netLink = NetLink{"tcp", true, true};
   withLink.machine = sampleMachine(96);
   const std::string bytes = encodeInitProposal(withLink);
@@ -113,6 +114,7 @@ TEST_CASE("an init proposal round-trips with and without a network link", "[init
   CHECK_FALSE(back->readsEveryPeerDeviceDirect);
   CHECK(back->streamPlans);
   CHECK(back->fewHardwareQueues);
+  CHECK(back->synchronousStreams);
   REQUIRE(back->netLink.has_value());
   CHECK(*back->netLink == NetLink{"tcp", true, true});
   CHECK(back->machine.cores == 96);
@@ -128,11 +130,12 @@ TEST_CASE("an init proposal round-trips with and without a network link", "[init
   CHECK_FALSE(plainBack->deviceDirect);
   CHECK_FALSE(plainBack->streamPlans);
   CHECK_FALSE(plainBack->fewHardwareQueues);
+  CHECK_FALSE(plainBack->synchronousStreams);
   CHECK_FALSE(plainBack->netLink.has_value());
 
-  // A flag byte other than 0 or 1 (each of the six), and a link without a
+  // A flag byte other than 0 or 1 (each of the seven), and a link without a
   // transport name.
-  for (size_t at = 1; at <= 6; ++at) {
+  for (size_t at = 1; at <= 7; ++at) {
     std::string badFlag = encodeInitProposal(plain);
     badFlag[at] = 2;
     CHECK_FALSE(decodeInitProposal(badFlag).isOk());
@@ -199,17 +202,27 @@ TEST_CASE("agree: device-direct needs every rank, and every rank alike in stream
   CHECK(agreed->notDeviceDirect.empty());
 }
 
-TEST_CASE("agree names the first rank with too few hardware queues, whatever else is agreed", "[init_agreement]") {
-  std::vector<InitProposal> proposals(4);
-  auto agreed = agree(proposals);
-  REQUIRE(agreed.isOk());
-  CHECK(agreed->rankWithFewQueues == -1);
-  proposals[3].fewHardwareQueues = true;
-  proposals[2].fewHardwareQueues = true;
-  agreed = agree(proposals);
-  REQUIRE(agreed.isOk());
-  CHECK(agreed->rankWithFewQueues == 2);
-  CHECK_FALSE(agreed->deviceDirect);
+TEST_CASE("agree names the first rank with too few hardware queues and with synchronous streams", "[init_agreement]") {
+  for (bool deviceDirect : {false, true}) {
+    std::vector<InitProposal> proposals(4);
+    for (InitProposal& p : proposals) {
+      p.deviceDirect = deviceDirect;
+      p.streamPlans = deviceDirect;
+    }
+    auto agreed = agree(proposals);
+    REQUIRE(agreed.isOk());
+    CHECK(agreed->deviceDirect == deviceDirect);
+    CHECK(agreed->rankWithFewQueues == -1);
+    CHECK(agreed->rankSynchronous == -1);
+    proposals[3].fewHardwareQueues = true;
+    proposals[2].fewHardwareQueues = true;
+    proposals[1].synchronousStreams = true;
+    agreed = agree(proposals);
+    REQUIRE(agreed.isOk());
+    CHECK(agreed->rankWithFewQueues == 2);
+    CHECK(agreed->rankSynchronous == 1);
+    CHECK(agreed->deviceDirect == deviceDirect);  // decided apart
+  }
 }
 
 TEST_CASE("a split record round-trips, NCCL_SPLIT_NOCOLOR and negative keys included", "[init_agreement]") {
