@@ -621,7 +621,8 @@ static Result<void*> mapAllocation(Driver::Api& api, CUmemGenericAllocationHandl
 // every other device of this process with peer access to `owner` gets
 // read-write access too (as NCCL's ncclMemAlloc does), so ranks on another
 // GPU of the process can copy from it and read it in kernels. A refusal is
-// logged; that device's copies would then fail with the driver's error.
+// a warning (NCCL fails the allocation): windows do not map it there, and
+// that device's copies from it fail with the driver's error.
 // Returns the devices granted (deviceBit).
 static uint64_t grantPeerAccess(Driver::Api& api, CUdeviceptr at, size_t size, int owner) {
   uint64_t granted = 0;
@@ -639,8 +640,8 @@ static uint64_t grantPeerAccess(Driver::Api& api, CUdeviceptr at, size_t size, i
     if (CUresult rc = api.cuMemSetAccess(at, size, &access, 1); rc == CUDA_SUCCESS)
       granted |= deviceBit(i);
     else
-      SHOAL_INFO(subsys::kAlloc, "CUDA: device ", i, " was refused access to device ", owner, "'s allocation (",
-                 static_cast<int>(rc), ")");
+      SHOAL_WARN("CUDA: device ", i, " was refused access to device ", owner, "'s ncclMemAlloc allocation (",
+                 static_cast<int>(rc), "): ranks on device ", i, " cannot copy from it");
   }
   return granted;
 }

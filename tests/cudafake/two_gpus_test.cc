@@ -40,10 +40,18 @@ const int kTwoDevices = shoalFakeCudaSetDevices(2);
 
 float valueOf(int rank, size_t i) { return static_cast<float>((rank + 1) * 1000 + static_cast<int>(i % 997)); }
 
+// Device `device`'s primary context (null if it cannot be had: the caller
+// says so; Catch's assertions are for the test's own thread).
 CUcontext contextOf(int device) {
   CUcontext ctx = nullptr;
-  REQUIRE(cuDevicePrimaryCtxRetain(&ctx, device) == CUDA_SUCCESS);
-  return ctx;
+  return cuDevicePrimaryCtxRetain(&ctx, device) == CUDA_SUCCESS ? ctx : nullptr;
+}
+
+// Makes device `device`'s primary context current (the test's thread).
+void useDevice(int device) {
+  CUcontext ctx = contextOf(device);
+  REQUIRE(ctx != nullptr);
+  REQUIRE(cuCtxSetCurrent(ctx) == CUDA_SUCCESS);
 }
 
 }  // namespace
@@ -72,7 +80,7 @@ TEST_CASE("ncclMemAlloc memory of one GPU is reachable from the other: ranks on 
     std::array<void*, 2> send{}, recv{};
     std::array<CUstream, 2> streams{};
     for (int r = 0; r < 2; ++r) {
-      REQUIRE(cuCtxSetCurrent(contextOf(r)) == CUDA_SUCCESS);
+      useDevice(r);
       NCCL_OK(ncclMemAlloc(&send[r], N * sizeof(float)));
       NCCL_OK(ncclMemAlloc(&recv[r], N * sizeof(float)));
       std::vector<float> values(N);
@@ -84,7 +92,7 @@ TEST_CASE("ncclMemAlloc memory of one GPU is reachable from the other: ranks on 
     // One thread drives both ranks: a group, as with NCCL.
     NCCL_OK(ncclGroupStart());
     for (int r = 0; r < 2; ++r) {
-      REQUIRE(cuCtxSetCurrent(contextOf(r)) == CUDA_SUCCESS);
+      useDevice(r);
       NCCL_OK(ncclAllReduce(send[r], recv[r], N, ncclFloat, ncclSum, comms[r], streams[r]));
     }
     NCCL_OK(ncclGroupEnd());
@@ -107,7 +115,7 @@ TEST_CASE("ncclMemAlloc memory of one GPU is reachable from the other: ranks on 
     // Reduced by the kernels on each GPU, not staged through the host.
     CHECK(shoalFakeCudaCallCount("cuLaunchKernel") > launchesBefore);
     for (int r = 0; r < 2; ++r) {
-      REQUIRE(cuCtxSetCurrent(contextOf(r)) == CUDA_SUCCESS);
+      useDevice(r);
       NCCL_OK(ncclMemFree(send[r]));
       NCCL_OK(ncclMemFree(recv[r]));
       REQUIRE(cuStreamDestroy(streams[r]) == CUDA_SUCCESS);
@@ -194,6 +202,8 @@ TEST_CASE("processes on two GPUs with peer access go GPU to GPU over cuda_ipc", 
 // Windows of ranks on two GPUs of one process: each maps the other's
 // ncclMemAlloc buffer by address (its GPU was granted access), and the
 // AllReduce's kernels on each GPU read the other GPU's buffer in place.
+// Other device memory of another GPU (cuMemAlloc) was granted nothing: not
+// mapped, the call takes the other paths, with the right sums.
 TEST_CASE("windows of ranks on two GPUs of one process are read across the GPUs", "[cudafake]") {
   REQUIRE(kTwoDevices == 0);
   REQUIRE(cuInit(0) == CUDA_SUCCESS);
@@ -201,27 +211,36 @@ TEST_CASE("windows of ranks on two GPUs of one process are read across the GPUs"
   std::array<ncclComm_t, 2> comms{};
   NCCL_OK(ncclCommInitAll(comms.data(), 2, devices.data()));
   constexpr size_t N = 5000;
-  for (int flags : {NCCL_WIN_DEFAULT, NCCL_WIN_COLL_SYMMETRIC}) {
+  constexpr size_t kBytes = 2 * N * sizeof(float);
+  struct Case {
+    int flags;
+    bool ncclMemory;  // ncclMemAlloc, else cuMemAlloc
+  };
+  for (const Case c : {Case{NCCL_WIN_DEFAULT, true}, Case{NCCL_WIN_COLL_SYMMETRIC, true}, Case{NCCL_WIN_DEFAULT, false}}) {
     std::array<std::string, 2> wrong;
+    std::array<bool, 2> mapped{};
     const unsigned long long launchesBefore = shoalFakeCudaCallCount("cuLaunchKernel");
     auto rank = [&](int r) {
       auto fail = [&](const std::string& what) {
         if (wrong[r].empty()) wrong[r] = what + ": " + ncclGetLastError(comms[r]);
       };
-      if (cuCtxSetCurrent(contextOf(r)) != CUDA_SUCCESS) return fail("context");
+      CUcontext ctx = contextOf(r);
+      if (ctx == nullptr || cuCtxSetCurrent(ctx) != CUDA_SUCCESS) return fail("context");
       CUstream s = nullptr;
       if (cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) return fail("stream");
       void* pool = nullptr;
-      if (ncclMemAlloc(&pool, 2 * N * sizeof(float)) != ncclSuccess) return fail("ncclMemAlloc");
+      CUdeviceptr legacy = 0;
+      if (c.ncclMemory ? ncclMemAlloc(&pool, kBytes) != ncclSuccess : cuMemAlloc(&legacy, kBytes) != CUDA_SUCCESS)
+        return fail("allocation");
+      if (!c.ncclMemory) pool = reinterpret_cast<void*>(legacy);
       auto* send = static_cast<float*>(pool);
       float* recv = send + N;
       std::vector<float> values(N);
       for (size_t i = 0; i < N; ++i) values[i] = valueOf(r, i);
       cuMemcpyHtoD(reinterpret_cast<CUdeviceptr>(send), values.data(), N * sizeof(float));
       ncclWindow_t win = nullptr;
-      if (ncclCommWindowRegister(comms[r], pool, 2 * N * sizeof(float), &win, flags) != ncclSuccess)
-        return fail("register");
-      if (!reinterpret_cast<shoal::Window*>(win)->mappedEverywhere()) return fail("the other GPU's buffer is not mapped");
+      if (ncclCommWindowRegister(comms[r], pool, kBytes, &win, c.flags) != ncclSuccess) return fail("register");
+      mapped[r] = reinterpret_cast<shoal::Window*>(win)->mappedEverywhere();
       if (ncclAllReduce(send, recv, N, ncclFloat, ncclSum, comms[r], s) != ncclSuccess) return fail("AllReduce");
       if (cuStreamSynchronize(s) != CUDA_SUCCESS) return fail("synchronize");
       ncclResult_t async = ncclSuccess;
@@ -236,16 +255,21 @@ TEST_CASE("windows of ranks on two GPUs of one process are read across the GPUs"
       float fence = 1.0f;
       if (ncclAllReduce(&fence, &fence, 1, ncclFloat, ncclSum, comms[r], s) != ncclSuccess) return fail("fence");
       cuStreamSynchronize(s);
-      ncclMemFree(pool);
+      if (c.ncclMemory) ncclMemFree(pool);
+      else cuMemFree(legacy);
       cuStreamDestroy(s);
     };
     std::thread other(rank, 1);
     rank(0);
     other.join();
-    INFO("flags " << flags << ": " << wrong[0] << " / " << wrong[1]);
+    INFO("flags " << c.flags << (c.ncclMemory ? ", ncclMemAlloc: " : ", cuMemAlloc: ") << wrong[0] << " / "
+                  << wrong[1]);
     CHECK(wrong[0].empty());
     CHECK(wrong[1].empty());
-    // Each rank reduces reading the other's window: one kernel each.
+    CHECK(mapped[0] == c.ncclMemory);
+    CHECK(mapped[1] == c.ncclMemory);
+    // One kernel per rank either way: reading the other's window, or
+    // reducing what a GPU copy brought.
     CHECK(shoalFakeCudaCallCount("cuLaunchKernel") - launchesBefore == 2u);
   }
   for (ncclComm_t comm : comms) NCCL_OK(ncclCommDestroy(comm));
