@@ -204,7 +204,7 @@ Result<InitProposal> Communicator::proposal(const PeerInfo& self) const {
   };
   p.readsEveryPeer = readsEveryPeer(TransportChoice{});
   p.streamPlans = cuda_ != nullptr && !self.gpu.empty() && cuda_->streamPlansWanted(self.gpu);
-  p.fewHardwareQueues = cuda_ != nullptr && !self.gpu.empty() && cuda::Driver::fewHardwareQueues();
+  p.fewHardwareQueues = cuda_ != nullptr && cuda::Driver::fewHardwareQueues();  // the process's setting
   p.synchronousStreams =
       cuda_ != nullptr && !self.gpu.empty() && cuda_->waitModeOf(self.gpu) == cuda::WaitMode::kSynchronous;
   std::string whyNot = whyNotDeviceDirect(self);

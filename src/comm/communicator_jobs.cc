@@ -109,12 +109,24 @@ Result<Communicator::StreamSubmission> Communicator::beginStreamOrdered(std::spa
   // Its peers read its windows in place, and it theirs: staging is no way
   // out (this rank would run another plan than they do). Also where its
   // streams turned synchronous after init (memory operations refused at a
-  // call; synchronous streams known at init stage every rank's calls).
-  if (inWindow && !direct)
+  // call; synchronous streams known at init stage every rank's calls): then
+  // its peers are already running the call, so the communicator fails and
+  // they learn of it.
+  if (inWindow && !direct) {
+    if (submission.synchronous) {
+      Status st = invalidUsage(describe(), ": ", collKindName(kept[0].shape.kind),
+                               " on buffers in windows (ncclCommWindowRegister), which every rank reads in place: "
+                               "this rank's streams turned synchronous after init (a stream memory operation was "
+                               "refused), so it cannot run the plan its peers run");
+      if (boards_) breakWindowBoards();
+      setAsyncError(st);
+      return st;
+    }
     return error(Code::kInvalidUsage, describe(), ": ", collKindName(kept[0].shape.kind),
                  " on buffers in windows (ncclCommWindowRegister), which every rank reads in place, cannot run "
-                 "as a device plan on this rank (its buffers must be device memory of the communicator's GPU, "
-                 "its device kernels loaded and its streams not synchronous: see the INFO log)");
+                 "as a device plan on this rank (its buffers must be device memory of the communicator's GPU, and "
+                 "its device kernels loaded: see the INFO log)");
+  }
   SHOAL_ASSIGN_OR_RETURN(StreamBridge::Staged staged, bridge_->stage(kept, rank_, nranks_, direct), describe());
   auto held = std::make_shared<StreamBridge::Staged>(std::move(staged));
   StreamBridge::Staged& st = *held;

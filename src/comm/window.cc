@@ -92,9 +92,10 @@ void Window::map(int r, const WindowRecord& record, const PeerInfo& self, const 
   if (peer.sameProcess(self)) {
     // This process: its address, unless it is device memory of another GPU
     // that this rank's GPU was not granted (ncclMemAlloc grants every GPU
-    // with peer access; other device memory is not granted).
+    // with peer access; other device memory is not granted), or this rank
+    // had no GPU at init (nothing is known of where its calls run).
     void* address = reinterpret_cast<void*>(record.address);
-    if (!record.deviceMemory || peer.gpu == self.gpu ||
+    if (!record.deviceMemory || (!self.gpu.empty() && peer.gpu == self.gpu) ||
         (driver != nullptr && record.deviceSerial != 0 && driver->reachableFrom(address, record.bytes, self.gpu)))
       buffers_[at] = static_cast<uint8_t*>(address);
     return;

@@ -1656,6 +1656,51 @@ TEST_CASE("one rank with too few hardware queues or synchronous streams stages e
   }
 }
 
+// A rank whose streams turn synchronous after init (a stream memory
+// operation refused at a call, no wait kernel) cannot run the windowed plan
+// its peers run: its call fails with the reason, the communicator fails,
+// and the peer's call is released with an error too.
+TEST_CASE("a rank whose streams turn synchronous after init fails its windowed call and the communicator",
+          "[cudafake][mp]") {
+  auto result = forkedRanks(2, "shm", {{"SHOAL_PROGRESS_TIMEOUT_MS", "1000"}},
+                            [&](shoal::testing::MpChild& child, ncclComm_t comm, CUstream s) {
+    const int r = child.rank();
+    const size_t N = 3000;
+    void* pool = nullptr;
+    if (ncclMemAlloc(&pool, 2 * N * sizeof(float)) != ncclSuccess) return 1;
+    auto* send = static_cast<float*>(pool);
+    ncclWindow_t win = nullptr;
+    if (ncclCommWindowRegister(comm, pool, 2 * N * sizeof(float), &win, NCCL_WIN_DEFAULT) != ncclSuccess) return 2;
+    toDevice(send, valsOf(r, N));
+    if (r == 1) {
+      shoalFakeCudaSetMemOps(0);
+      shoalFakeCudaHideKernel("shoal_wait_u64");
+    }
+    auto t0 = Clock::now();
+    const ncclResult_t called = ncclAllReduce(send, send + N, N, ncclFloat, ncclSum, comm, s);
+    ncclResult_t async = called;
+    if (called == ncclSuccess) {
+      cuStreamSynchronize(s);
+      async = awaitAsyncError(comm, t0);
+    }
+    const std::string why = ncclGetLastError(comm);
+    child.log(std::string(called == ncclSuccess ? "async " : "call ") + ncclGetErrorString(async) + ": " + why);
+    if (r == 1) {
+      if (called != ncclInvalidUsage || why.find("turned synchronous after init") == std::string::npos) return 3;
+      ncclResult_t state = ncclSuccess;
+      ncclCommGetAsyncError(comm, &state);
+      if (state != ncclInvalidUsage) return 4;  // the communicator has failed
+    } else if (async == ncclSuccess || async == ncclInProgress) {
+      return 5;
+    }
+    ncclCommAbort(comm);
+    cuStreamSynchronize(s);
+    return 0;
+  });
+  INFO(result.report());
+  CHECK(result.allPassed());
+}
+
 // Symmetric windows promise the same offsets on every rank: a rank that
 // breaks it meets its peers' streams with another descriptor. Their waits
 // stall (no kernel runs before), a rank names both calls at once, and the
@@ -1881,6 +1926,62 @@ TEST_CASE("collectives on window buffers with ranks as threads read each other's
   // The AllReduce's reductions ran as kernels reading the peers' buffers,
   // n - 1 per rank (peer_read: each rank reduces its block).
   CHECK(shoalFakeCudaCallCount("cuLaunchKernel") - launchesBefore == static_cast<uint64_t>(kRanks * (kRanks - 1)));
+}
+
+// Ranks as threads that had no CUDA context at init know nothing of where
+// their calls will run: their device windows are not mapped by each other
+// (every rank knows it at the registration), and the calls take the other
+// paths, with the right sums.
+TEST_CASE("device windows of threads initialized without a context are not read across", "[cudafake]") {
+  constexpr int kRanks = 2;
+  constexpr size_t N = 1000;
+  REQUIRE(cuInit(0) == CUDA_SUCCESS);
+  ncclUniqueId id;
+  NCCL_OK(ncclGetUniqueId(&id));
+  std::array<std::string, kRanks> wrong;
+  std::array<bool, kRanks> mapped{};
+  auto rank = [&](int r) {
+    auto fail = [&](const std::string& what) {
+      if (wrong[r].empty()) wrong[r] = what;
+    };
+    cuCtxSetCurrent(nullptr);
+    ncclComm_t comm = nullptr;
+    if (ncclCommInitRank(&comm, kRanks, id, r) != ncclSuccess) return fail("init");
+    CUcontext ctx = nullptr;
+    if (cuDevicePrimaryCtxRetain(&ctx, 0) != CUDA_SUCCESS || cuCtxSetCurrent(ctx) != CUDA_SUCCESS)
+      return fail("context");
+    CUstream s = nullptr;
+    cuStreamCreate(&s, CU_STREAM_NON_BLOCKING);
+    void* pool = nullptr;
+    if (ncclMemAlloc(&pool, 2 * N * sizeof(float)) != ncclSuccess) return fail("ncclMemAlloc");
+    auto* send = static_cast<float*>(pool);
+    toDevice(send, valsOf(r, N));
+    ncclWindow_t win = nullptr;
+    if (ncclCommWindowRegister(comm, pool, 2 * N * sizeof(float), &win, NCCL_WIN_DEFAULT) != ncclSuccess)
+      return fail(std::string("register: ") + ncclGetLastError(comm));
+    mapped[r] = reinterpret_cast<shoal::Window*>(win)->mappedEverywhere();
+    if (ncclAllReduce(send, send + N, N, ncclFloat, ncclSum, comm, s) != ncclSuccess)
+      return fail(std::string("AllReduce: ") + ncclGetLastError(comm));
+    cuStreamSynchronize(s);
+    std::vector<float> got = fromDevice(send + N, N);
+    for (size_t i = 0; i < N; ++i)
+      if (got[i] != sumOfVals(kRanks, i)) return fail("element " + std::to_string(i));
+    ncclCommWindowDeregister(comm, win);
+    float fence = 1.0f;  // both done before either frees
+    ncclAllReduce(&fence, &fence, 1, ncclFloat, ncclSum, comm, s);
+    cuStreamSynchronize(s);
+    ncclMemFree(pool);
+    ncclCommDestroy(comm);
+    cuStreamDestroy(s);
+  };
+  std::thread other(rank, 1);
+  rank(0);
+  other.join();
+  INFO(wrong[0] << " / " << wrong[1]);
+  CHECK(wrong[0].empty());
+  CHECK(wrong[1].empty());
+  CHECK_FALSE(mapped[0]);
+  CHECK_FALSE(mapped[1]);
 }
 
 // NCCL_WIN_ENABLE=0: windows are registered and nothing of a peer is
