@@ -43,6 +43,8 @@
 #include <thread>
 #include <vector>
 
+#include "support/nccl_ok.h"
+
 namespace {
 
 // ---------------------------------------------------------------------------
@@ -74,13 +76,6 @@ bool mentions(const std::string& text, const std::string& word) {
   return lower(text).find(lower(word)) != std::string::npos;
 }
 
-#define NCCL_OK(call)                                                                  \
-  do {                                                                                 \
-    ncclResult_t rc_ = (call);                                                         \
-    if (rc_ != ncclSuccess)                                                            \
-      FAIL(#call << " returned " << ncclGetErrorString(rc_) << " (" << int(rc_)        \
-                 << "): " << ncclGetLastError(nullptr));                               \
-  } while (0)
 
 #define NCCL_EXPECT(call, want)                                                        \
   do {                                                                                 \

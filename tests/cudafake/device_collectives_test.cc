@@ -33,6 +33,7 @@
 #include "cudafake/fake_cuda.h"
 #include "support/mp_harness.h"
 #include "support/scoped_env.h"
+#include "support/nccl_ok.h"
 
 namespace {
 
@@ -46,12 +47,6 @@ double msSince(Clock::time_point t0) {
 }
 
 #define CU_OK(call) REQUIRE((call) == CUDA_SUCCESS)
-#define NCCL_OK(call)                                                        \
-  do {                                                                       \
-    ncclResult_t nccl_rc_ = (call);                                          \
-    INFO(#call << ": " << ncclGetErrorString(nccl_rc_) << " / " << ncclGetLastError(nullptr)); \
-    REQUIRE(nccl_rc_ == ncclSuccess);                                        \
-  } while (0)
 
 // Makes device 0's primary context current on the calling thread.
 void useDevice0() {
@@ -1450,6 +1445,22 @@ std::vector<float> valsOf(int rank, size_t n, size_t from = 0) {
   for (size_t i = 0; i < n; ++i) v[i] = val(rank, from + i);
   return v;
 }
+// A send and a receive buffer of n floats, back to back in one ncclMemAlloc
+// allocation registered as a window with `flags`, send holding this rank's
+// values (for forked ranks: false when a step fails; freed by the caller).
+struct WindowedPair {
+  void* pool = nullptr;
+  ncclWindow_t win = nullptr;
+  float* send = nullptr;
+  float* recv = nullptr;
+  bool make(ncclComm_t comm, int rank, size_t n, int flags) {
+    if (ncclMemAlloc(&pool, 2 * n * sizeof(float)) != ncclSuccess) return false;
+    send = static_cast<float*>(pool);
+    recv = send + n;
+    return ncclCommWindowRegister(comm, pool, 2 * n * sizeof(float), &win, flags) == ncclSuccess &&
+           toDevice(send, valsOf(rank, n));
+  }
+};
 }  // namespace
 
 // Collectives on buffers inside windows every rank registered run as
@@ -1618,20 +1629,15 @@ TEST_CASE("one rank with too few hardware queues or synchronous streams stages e
     cfg.env.emplace_back("NCCL_DEBUG", "TRACE");
     cfg.env.emplace_back("SHOAL_TRANSPORT", "shm");
     auto result = shoal::testing::forkedDeviceRanks(cfg, [&](shoal::testing::MpChild& child, ncclComm_t comm, CUstream s) {
-      const int r = child.rank(), n = child.nranks();
+      const int n = child.nranks();
       const size_t N = 3000;
-      void* pool = nullptr;
-      if (ncclMemAlloc(&pool, 2 * N * sizeof(float)) != ncclSuccess) return 1;
-      auto* send = static_cast<float*>(pool);
-      float* recv = send + N;
-      ncclWindow_t win = nullptr;
-      if (ncclCommWindowRegister(comm, pool, 2 * N * sizeof(float), &win, flags) != ncclSuccess) return 2;
-      toDevice(send, valsOf(r, N));
+      WindowedPair w;
+      if (!w.make(comm, child.rank(), N, flags)) return 2;
       const uint64_t launchesBefore = shoalFakeCudaCallCount("cuLaunchKernel");
-      if (ncclAllReduce(send, recv, N, ncclFloat, ncclSum, comm, s) != ncclSuccess) return 3;
+      if (ncclAllReduce(w.send, w.recv, N, ncclFloat, ncclSum, comm, s) != ncclSuccess) return 3;
       if (cuStreamSynchronize(s) != CUDA_SUCCESS) return 4;
       const uint64_t launches = shoalFakeCudaCallCount("cuLaunchKernel") - launchesBefore;
-      std::vector<float> got = fromDevice(recv, N);
+      std::vector<float> got = fromDevice(w.recv, N);
       for (size_t i = 0; i < N; ++i)
         if (got[i] != sumOfVals(n, i)) {
           child.log("element " + std::to_string(i) + ": " + std::to_string(got[i]));
@@ -1639,9 +1645,9 @@ TEST_CASE("one rank with too few hardware queues or synchronous streams stages e
         }
       child.log("kernel launches " + std::to_string(launches));
       if (launches != 0) return 6;  // a device plan ran: not staged
-      if (ncclCommWindowDeregister(comm, win) != ncclSuccess) return 7;
+      if (ncclCommWindowDeregister(comm, w.win) != ncclSuccess) return 7;
       child.barrier();
-      ncclMemFree(pool);
+      ncclMemFree(w.pool);
       return ncclCommDestroy(comm) == ncclSuccess ? 0 : 8;
     }, {{}, {c.rankOneEnv}, {}});
     const std::string log = logs.collect(result);
@@ -1666,18 +1672,14 @@ TEST_CASE("a rank whose streams turn synchronous after init fails its windowed c
                             [&](shoal::testing::MpChild& child, ncclComm_t comm, CUstream s) {
     const int r = child.rank();
     const size_t N = 3000;
-    void* pool = nullptr;
-    if (ncclMemAlloc(&pool, 2 * N * sizeof(float)) != ncclSuccess) return 1;
-    auto* send = static_cast<float*>(pool);
-    ncclWindow_t win = nullptr;
-    if (ncclCommWindowRegister(comm, pool, 2 * N * sizeof(float), &win, NCCL_WIN_DEFAULT) != ncclSuccess) return 2;
-    toDevice(send, valsOf(r, N));
+    WindowedPair w;
+    if (!w.make(comm, r, N, NCCL_WIN_DEFAULT)) return 2;
     if (r == 1) {
       shoalFakeCudaSetMemOps(0);
       shoalFakeCudaHideKernel("shoal_wait_u64");
     }
     auto t0 = Clock::now();
-    const ncclResult_t called = ncclAllReduce(send, send + N, N, ncclFloat, ncclSum, comm, s);
+    const ncclResult_t called = ncclAllReduce(w.send, w.recv, N, ncclFloat, ncclSum, comm, s);
     ncclResult_t async = called;
     if (called == ncclSuccess) {
       cuStreamSynchronize(s);
@@ -1807,14 +1809,13 @@ TEST_CASE("window calls without a peer-reading plan take the other paths, and de
   auto result = forkedRanks(3, "shm", {}, [&](shoal::testing::MpChild& child, ncclComm_t comm, CUstream s) {
     const int r = child.rank(), n = child.nranks();
     const size_t N = 2048;
-    void* pool = nullptr;
-    if (ncclMemAlloc(&pool, 2 * N * sizeof(float)) != ncclSuccess) return 1;
-    auto* send = static_cast<float*>(pool);
-    float* recv = send + N;
-    ncclWindow_t win = nullptr;
-    if (ncclCommWindowRegister(comm, pool, 2 * N * sizeof(float), &win, flags) != ncclSuccess) return 2;
+    WindowedPair w;
+    if (!w.make(comm, r, N, flags)) return 2;
+    void* pool = w.pool;
+    float* send = w.send;
+    float* recv = w.recv;
+    ncclWindow_t win = w.win;
 
-    toDevice(send, valsOf(r, N));
     if (ncclAllReduce(send, recv, N, ncclFloat, ncclAvg, comm, s) != ncclSuccess) {
       child.log(std::string("float avg: ") + ncclGetLastError(comm));
       return 3;

@@ -23,6 +23,7 @@
 #include "comm/window.h"
 #include "cudafake/fake_cuda.h"
 #include "support/mp_harness.h"
+#include "support/nccl_ok.h"
 
 namespace {
 
@@ -31,12 +32,6 @@ namespace {
 const bool kDriverNamed = setenv("SHOAL_CUDA_DRIVER", SHOAL_CUDAFAKE_LIB, 0) == 0;
 const int kTwoDevices = shoalFakeCudaSetDevices(2);
 
-#define NCCL_OK(call)                                                                             \
-  do {                                                                                            \
-    ncclResult_t nccl_rc_ = (call);                                                               \
-    INFO(#call << ": " << ncclGetErrorString(nccl_rc_) << " / " << ncclGetLastError(nullptr));   \
-    REQUIRE(nccl_rc_ == ncclSuccess);                                                             \
-  } while (0)
 
 float valueOf(int rank, size_t i) { return static_cast<float>((rank + 1) * 1000 + static_cast<int>(i % 997)); }
 
