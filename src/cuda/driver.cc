@@ -764,17 +764,14 @@ std::optional<Driver::DeviceAllocation> Driver::deviceAllocationOf(const void* p
   if (it == api_->deviceAllocations.begin()) return std::nullopt;
   --it;
   if (!rangeInside(at, bytes, it->first, it->second.bytes)) return std::nullopt;
-  return DeviceAllocation{reinterpret_cast<uint8_t*>(it->first), it->second.bytes, it->second.serial};
+  return DeviceAllocation{reinterpret_cast<uint8_t*>(it->first), it->second.bytes, it->second.serial,
+                          it->second.reachableFrom};
 }
 bool Driver::reachableFrom(const void* ptr, size_t bytes, const std::string& gpu) {
   Result<int> ordinal = ordinalOf(*api_, gpu);
   if (!ordinal.isOk() || ordinal.value() < 0) return false;
-  const auto at = reinterpret_cast<uintptr_t>(ptr);
-  std::lock_guard<std::mutex> lock(api_->mutex);
-  auto it = api_->deviceAllocations.upper_bound(at);
-  if (it == api_->deviceAllocations.begin()) return false;
-  --it;
-  return rangeInside(at, bytes, it->first, it->second.bytes) && (it->second.reachableFrom & deviceBit(ordinal.value()));
+  std::optional<DeviceAllocation> allocation = deviceAllocationOf(ptr, bytes);
+  return allocation && (allocation->reachableFrom & deviceBit(ordinal.value())) != 0;
 }
 
 Result<Driver::Exported> Driver::exportDeviceMemory(void* ptr) {

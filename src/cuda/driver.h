@@ -168,6 +168,7 @@ class Driver {
     uint8_t* base = nullptr;
     size_t bytes = 0;
     uint64_t serial = 0;
+    uint64_t reachableFrom = 0;  // bit d: device ordinal d was granted access
   };
   std::optional<DeviceAllocation> deviceAllocationOf(const void* ptr, size_t bytes);
   // Whether [ptr, ptr + bytes) lies in one such allocation that the GPU
