@@ -286,6 +286,8 @@ Status Communicator::findCudaDevice(PeerInfo& self) {
   SHOAL_ASSIGN_OR_RETURN(std::optional<cuda::DeviceIdentity> device, cuda_->currentDevice(),
                          describe(), ": the current CUDA device");
   if (device) {
+    SHOAL_ASSIGN_OR_RETURN(ownContext_, cuda_->currentContext(), describe(), ": the current CUDA context");
+    ownDevice_ = device;
     cudaDevice_ = device->ordinal;
     self.gpu = device->uuidText();
     SHOAL_INFO(subsys::kInit, describe(), ": CUDA device ", cudaDevice_, " (", self.gpu, ")");
@@ -326,12 +328,6 @@ void Communicator::releaseWindows(std::vector<std::unique_ptr<Window>>& windows)
     for (auto& w : windows) w->release(cuda_);
   }
   windows.clear();
-}
-
-cuda::ContextHandle Communicator::ownContext() {
-  if (!cuda_ || peers_.empty() || peers_[rank_].gpu.empty()) return nullptr;
-  Result<cuda::ContextHandle> context = cuda_->primaryContext(peers_[rank_].gpu);
-  return context.isOk() ? context.value() : nullptr;
 }
 
 namespace {

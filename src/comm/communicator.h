@@ -35,6 +35,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <thread>
@@ -257,6 +258,11 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
   // integer average). Every rank must pass such buffers, as NCCL asks of
   // registered buffers.
   bool inWindows(std::span<const OpRequest> ops);
+  // Whether a stream-ordered operation can go on its stream: `refused` says
+  // why not (a stream of another context than this rank's: an invalid
+  // argument; one being captured: invalid usage). The error returned: the
+  // driver could not tell.
+  Status checkStream(const OpRequest& op, Status& refused);
   // Runs stream-ordered operations (one, or a group) as a stream plan
   // (comm/stream_plan.h) where it can: their plan's every lane has a stream
   // link and its compute steps the GPU runs. False: they go the other ways.
@@ -344,9 +350,11 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
   void releaseWindows(std::vector<std::unique_ptr<Window>>& windows);
   // Releases deregistered windows once no submitted job may read them.
   void releaseRetiredWindows();
-  // This rank's GPU's primary context (null: no GPU, or none to be had), to
-  // make current with a cuda::ContextScope.
-  cuda::ContextHandle ownContext();
+  // The context current at init (null: no GPU then), which this rank's
+  // device work runs in, made current with a cuda::ContextScope: NCCL's
+  // calls may come with another device current (one thread driving the
+  // communicators of several GPUs in a group) or none.
+  cuda::ContextHandle ownContext() const { return ownContext_; }
 
   RedOpTable redOps_;
   std::shared_ptr<Windows> windows_;  // registered, not yet deregistered
@@ -373,6 +381,8 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
 
   cuda::Driver* cuda_ = nullptr;         // set at init when the process uses CUDA
   int cudaDevice_ = -1;
+  std::optional<cuda::DeviceIdentity> ownDevice_;  // current at init, with its context:
+  cuda::ContextHandle ownContext_ = nullptr;
   std::unique_ptr<StreamBridge> bridge_;  // made by the first stream-ordered operation
   // Device plans' compute steps and scratch, made by the first one (its
   // jobs share it, comm/device_steps.h); deviceStepsTried_ once that was tried.

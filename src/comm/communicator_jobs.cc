@@ -55,6 +55,10 @@ void Communicator::trackDetached(const JobPtr& job) {
 Result<bool> Communicator::streamOrdered(const OpRequest& op) {
   if (cuda_ == nullptr) return false;
   if (!bridge_) {
+    // The bridge loads its kernels in this rank's context, whatever the
+    // caller has current.
+    cuda::ContextScope scope(cuda_, ownContext());
+    SHOAL_TRY(scope.status()) << describe() << ": making its CUDA context current";
     SHOAL_ASSIGN_OR_RETURN(std::optional<cuda::DeviceIdentity> device, cuda_->currentDevice(),
                            describe(), ": the current CUDA device");
     cuda::DeviceIdentity identity = device ? *device : cuda::DeviceIdentity{};
@@ -71,20 +75,42 @@ Result<bool> Communicator::streamOrdered(const OpRequest& op) {
   return bridge_->streamOrdered(op, rank_, nranks_);
 }
 
+Status Communicator::checkStream(const OpRequest& op, Status& refused) {
+  if (ownContext() != nullptr) {
+    // Its kernels are loaded in its context and run on no other's streams.
+    SHOAL_ASSIGN_OR_RETURN(cuda::ContextHandle streams, cuda_->streamContext(op.stream), describe(),
+                           ": the stream's CUDA context");
+    if (streams != ownContext()) {
+      refused = invalidArgument(describe(), ": ", collKindName(op.shape.kind), " on a stream of another CUDA "
+                                "context than the communicator's (device ", cudaDevice_, "): pass a stream of "
+                                "its device");
+      return Status::ok();
+    }
+  }
+  SHOAL_ASSIGN_OR_RETURN(bool capturing, cuda_->isCapturing(op.stream), describe());
+  if (capturing)
+    refused = invalidUsage(describe(), ": ", collKindName(op.shape.kind),
+                           " on a stream that is being captured into a CUDA graph: Shoal does not "
+                           "replay collectives in graphs yet (call it outside the capture)");
+  return Status::ok();
+}
+
 Result<Communicator::StreamSubmission> Communicator::beginStreamOrdered(std::span<const OpRequest> ops) {
   UseGuard use(*this);
   if (!bridge_) return internalError(describe(), ": stream-ordered operation without a bridge");
+  // Its kernels, streams and copies are this rank's context's, as NCCL sets
+  // the communicator's device for its calls.
+  cuda::ContextScope scope(cuda_, ownContext());
+  SHOAL_TRY(scope.status()) << describe() << ": making its CUDA context current";
   if (aborted()) return error(Code::kAborted, describe(), " was aborted");
   StreamSubmission submission;
   std::vector<OpRequest> kept;
   std::remove_copy_if(ops.begin(), ops.end(), std::back_inserter(kept), droppedByNccl);
   if (kept.empty()) return submission;  // nothing reaches the stream
   for (const OpRequest& op : kept) {
-    SHOAL_ASSIGN_OR_RETURN(bool capturing, cuda_->isCapturing(op.stream), describe());
-    if (!capturing) continue;
-    Status refused = invalidUsage(describe(), ": ", collKindName(op.shape.kind),
-                                  " on a stream that is being captured into a CUDA graph: Shoal does not "
-                                  "replay collectives in graphs yet (call it outside the capture)");
+    Status refused;
+    SHOAL_TRY(checkStream(op, refused));
+    if (refused.isOk()) continue;
     // Peers running a call on symmetric windows wait on this rank's board:
     // they learn of it now, and the communicator has failed.
     if (boards_ && inWindows(kept)) {
@@ -461,6 +487,8 @@ bool Communicator::runsAsDevicePlan(std::span<const OpRequest> ops, bool windowe
 
 Status Communicator::finishStreamOrdered(StreamSubmission& submission) {
   if (!submission.synchronous || !submission.job) return Status::ok();
+  cuda::ContextScope scope(cuda_, ownContext());
+  SHOAL_TRY(scope.status()) << describe() << ": making its CUDA context current";
   auto& staged = *static_cast<StreamBridge::Staged*>(submission.staged.get());
   Status st = waitFor(*submission.job);
   if (st.isOk()) st = bridge_->copyOut(staged, submission.ops);
@@ -475,6 +503,8 @@ Status Communicator::submitStreamOrdered(std::span<const OpRequest> ops) {
 
 Status Communicator::connectAhead(const std::vector<OpRequest>& ops) {
   UseGuard use(*this);
+  cuda::ContextScope scope(cuda_, ownContext());
+  SHOAL_TRY(scope.status()) << describe() << ": making its CUDA context current";
   for (const OpRequest& op : ops) {
     if (droppedByNccl(op)) continue;
     SHOAL_ASSIGN_OR_RETURN(std::shared_ptr<const PreparedPlan> prepared,

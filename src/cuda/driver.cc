@@ -64,6 +64,7 @@ WaitMode Driver::waitMode(int) { return WaitMode::kSynchronous; }
 void Driver::memOpsUnsupported(int) {}
 Result<bool> Driver::isCapturing(StreamHandle) { return false; }
 static Status notBuilt() { return error(Code::kCudaError, "built without CUDA"); }
+Result<ContextHandle> Driver::streamContext(StreamHandle) { return notBuilt(); }
 Status Driver::copyAsync(void*, const void*, size_t, StreamHandle) { return notBuilt(); }
 Status Driver::copy(void*, const void*, size_t) { return notBuilt(); }
 Status Driver::writeValueAsync(uint64_t*, uint64_t, StreamHandle) { return notBuilt(); }
@@ -123,7 +124,8 @@ constexpr int kApiVersion = 12000;
   X(cuModuleUnload) X(cuDeviceGetCount) X(cuDeviceGet) X(cuDevicePrimaryCtxRetain)          \
   X(cuDeviceCanAccessPeer) X(cuCtxPushCurrent) X(cuCtxPopCurrent) X(cuStreamCreate)      \
   X(cuStreamDestroy) X(cuEventQuery) X(cuMemExportToShareableHandle)                     \
-  X(cuMemImportFromShareableHandle) X(cuMemHostRegister) X(cuMemHostUnregister)
+  X(cuMemImportFromShareableHandle) X(cuMemHostRegister) X(cuMemHostUnregister)       \
+  X(cuStreamGetCtx)
 // Entry points of newer drivers, used when present: cuFuncLoad (12.4).
 #define SHOAL_CUDA_OPTIONAL_ENTRY_POINTS(X) X(cuFuncLoad) X(cuStreamBatchMemOp)
 
@@ -385,6 +387,12 @@ Result<bool> Driver::isCapturing(StreamHandle stream) {
   CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
   SHOAL_CU(cuStreamIsCapturing(static_cast<CUstream>(stream), &status));
   return status != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
+Result<ContextHandle> Driver::streamContext(StreamHandle stream) {
+  CUcontext ctx = nullptr;
+  SHOAL_CU(cuStreamGetCtx(static_cast<CUstream>(stream), &ctx));
+  return static_cast<ContextHandle>(ctx);
 }
 
 Status Driver::copyAsync(void* dst, const void* src, size_t bytes, StreamHandle stream) {

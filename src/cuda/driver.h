@@ -99,6 +99,8 @@ class Driver {
   static bool fewHardwareQueues();
 
   Result<bool> isCapturing(StreamHandle stream);
+  // The context a stream belongs to (for the special streams, the current one).
+  Result<ContextHandle> streamContext(StreamHandle stream);
   Status copyAsync(void* dst, const void* src, size_t bytes, StreamHandle stream);
   Status copy(void* dst, const void* src, size_t bytes);
   // Stream memory operations on a 64-bit word of pinned host memory: the

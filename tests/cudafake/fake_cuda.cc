@@ -400,6 +400,7 @@ struct Event {
 struct ReduceKernel;
 struct Function;
 struct Module {
+  Context* ctx = nullptr;            // current at the load: its kernels run on its streams only
   std::vector<std::string> entries;  // the kernels found in the image
   std::vector<std::unique_ptr<Function>> functions;
 };
@@ -2993,6 +2994,7 @@ FAKE_API CUresult cuModuleLoadData(CUmodule* module, const void* image) {
   return guarded([&]() -> CUresult {
     if (currentContext() == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
     auto m = std::make_unique<Module>();
+    m->ctx = currentContext();
     size_t size = 0;
     if (fatbinSize(image, &size)) {
       m->entries = fatbinEntries(image, size);
@@ -3088,8 +3090,19 @@ FAKE_API CUresult cuFuncIsLoaded(CUfunctionLoadingState* state, CUfunction funct
 // block, an element misaligned (CUDA_ERROR_MISALIGNED_ADDRESS), memory CUDA
 // does not know or past an allocation's end (CUDA_ERROR_ILLEGAL_ADDRESS), and
 // integer avg by 0 (CUDA_ERROR_INVALID_VALUE; a GPU would give unspecified values).
-CUresult launchReduceLocked(Driver& d, const ReduceKernel& k, unsigned threads, CUstream hStream,
+// Reduction kernel launches per device (shoalFakeCudaReduceLaunchesOn).
+std::atomic<unsigned long long> gReduceLaunches[kMaxDevices];
+
+// A kernel runs in the context its module was loaded in: a stream of
+// another context (another GPU's) is refused, as the driver refuses it.
+CUresult launchStreamLocked(Driver& d, const Function& fn, CUstream hStream, std::shared_ptr<Stream>& out) {
+  if (CUresult r = resolveStreamLocked(d, hStream, out); r != CUDA_SUCCESS) return r;
+  return fn.module->ctx == out->ctx ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+
+CUresult launchReduceLocked(Driver& d, const Function& fn, unsigned threads, CUstream hStream,
                             void** kernelParams) {
+  const ReduceKernel& k = *fn.reduce;
   for (int i = 0; i < kReduceParams; ++i)
     if (kernelParams[i] == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (threads > kReduceMaxThreads) return CUDA_ERROR_INVALID_VALUE;
@@ -3102,9 +3115,10 @@ CUresult launchReduceLocked(Driver& d, const ReduceKernel& k, unsigned threads, 
   std::memcpy(&scalar, kernelParams[4], sizeof scalar);
   std::memcpy(&bits, kernelParams[5], sizeof bits);
   std::shared_ptr<Stream> s;
-  if (CUresult r = resolveStreamLocked(d, hStream, s); r != CUDA_SUCCESS) return r;
-  if (count == 0) return CUDA_SUCCESS;  // no thread touches memory
+  if (CUresult r = launchStreamLocked(d, fn, hStream, s); r != CUDA_SUCCESS) return r;
   const int dev = s->ctx->device;
+  if (dev >= 0 && dev < kMaxDevices) gReduceLaunches[dev].fetch_add(1);
+  if (count == 0) return CUDA_SUCCESS;  // no thread touches memory
   const size_t size = k.elementSize;
   if (count > SIZE_MAX / size) return CUDA_ERROR_INVALID_VALUE;
   const size_t bytes = count * size;
@@ -3152,7 +3166,7 @@ FAKE_API CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned i
     auto* fn = reinterpret_cast<Function*>(f);
     if (d.functions.count(fn) != 0 && fn->reduce != nullptr) {
       return guarded([&]() -> CUresult {
-        return launchReduceLocked(d, *fn->reduce, blockDimX * blockDimY * blockDimZ, hStream, kernelParams);
+        return launchReduceLocked(d, *fn, blockDimX * blockDimY * blockDimZ, hStream, kernelParams);
       });
     }
   }
@@ -3171,7 +3185,7 @@ FAKE_API CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned i
     {
       std::lock_guard lk(d.mu);
       if (d.functions.count(reinterpret_cast<Function*>(f)) == 0) return CUDA_ERROR_INVALID_HANDLE;
-      if (CUresult r = resolveStreamLocked(d, hStream, s); r != CUDA_SUCCESS) return r;
+      if (CUresult r = launchStreamLocked(d, *reinterpret_cast<Function*>(f), hStream, s); r != CUDA_SUCCESS) return r;
       const int dev = s->ctx->device;
       // A misaligned or bad pointer faults the kernel; report it at launch.
       if (word % 8 != 0 || abortWord % 4 != 0) return CUDA_ERROR_MISALIGNED_ADDRESS;
@@ -3401,6 +3415,10 @@ FAKE_API unsigned long long shoalFakeCudaCallCount(const char* name) {
   } catch (...) {
     return 0;
   }
+}
+
+FAKE_API unsigned long long shoalFakeCudaReduceLaunchesOn(int device) {
+  return device >= 0 && device < kMaxDevices ? gReduceLaunches[device].load() : 0;
 }
 
 FAKE_API int shoalFakeCudaLiveStreams(void) {

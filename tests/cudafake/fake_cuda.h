@@ -53,6 +53,10 @@ void shoalFakeCudaFailNth(const char* name, int n);
  * through pointers from cuGetProcAddress. */
 unsigned long long shoalFakeCudaCallCount(const char* name);
 
+/* How many reduction kernels were launched onto streams of device `device`
+ * in this process (0 for a device out of range). */
+unsigned long long shoalFakeCudaReduceLaunchesOn(int device);
+
 /* Every stream worker sleeps `ms` before each operation it runs (0: off).
  * Environment: SHOAL_FAKECUDA_STREAM_DELAY_MS=ms. */
 void shoalFakeCudaSetStreamDelayMs(unsigned ms);

@@ -14,6 +14,7 @@
 
 #include <array>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <cstring>
 #include <string>
@@ -49,13 +50,9 @@ void useDevice(int device) {
   REQUIRE(cuCtxSetCurrent(ctx) == CUDA_SUCCESS);
 }
 
-}  // namespace
-
-// ncclMemAlloc grants every GPU with peer access to the owner, as NCCL's
-// does: ranks on two GPUs of one process (ncclCommInitAll) are
-// device-direct, their messages GPU copies between the two allocations, run
-// on the receiving GPU. Without the grant the copies fail (illegal address).
-TEST_CASE("ncclMemAlloc memory of one GPU is reachable from the other: ranks on two GPUs as threads", "[cudafake]") {
+// The two communicators of ncclCommInitAll on devices 0 and 1, checked to
+// be on them.
+std::array<ncclComm_t, 2> commsOnTwoGpus() {
   REQUIRE(kDriverNamed);
   REQUIRE(kTwoDevices == 0);  // before any cuInit in this process
   REQUIRE(cuInit(0) == CUDA_SUCCESS);
@@ -70,7 +67,14 @@ TEST_CASE("ncclMemAlloc memory of one GPU is reachable from the other: ranks on 
     NCCL_OK(ncclCommCuDevice(comms[r], &device));
     CHECK(device == r);
   }
-  // A large message and a small one, each a GPU copy between the two.
+  return comms;
+}
+
+// One thread drives both ranks in a group, as with NCCL: an AllReduce of
+// ncclMemAlloc buffers, each rank's on its GPU, a large message and a small
+// one. `beforeCall(r)` runs before rank r's call (what the caller makes
+// current then). Checks the sums and that the GPUs' kernels reduced.
+void allReduceOnTwoGpus(const std::array<ncclComm_t, 2>& comms, const std::function<void(int)>& beforeCall) {
   for (size_t N : {size_t{50000}, size_t{8}}) {
     std::array<void*, 2> send{}, recv{};
     std::array<CUstream, 2> streams{};
@@ -83,14 +87,21 @@ TEST_CASE("ncclMemAlloc memory of one GPU is reachable from the other: ranks on 
       REQUIRE(cuMemcpyHtoD(reinterpret_cast<CUdeviceptr>(send[r]), values.data(), N * sizeof(float)) == CUDA_SUCCESS);
       REQUIRE(cuStreamCreate(&streams[r], CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
     }
-    const unsigned long long launchesBefore = shoalFakeCudaCallCount("cuLaunchKernel");
-    // One thread drives both ranks: a group, as with NCCL.
+    const std::array<unsigned long long, 2> launchesBefore{shoalFakeCudaReduceLaunchesOn(0),
+                                                           shoalFakeCudaReduceLaunchesOn(1)};
     NCCL_OK(ncclGroupStart());
     for (int r = 0; r < 2; ++r) {
-      useDevice(r);
+      beforeCall(r);
       NCCL_OK(ncclAllReduce(send[r], recv[r], N, ncclFloat, ncclSum, comms[r], streams[r]));
     }
+    CUcontext callers = nullptr;
+    REQUIRE(cuCtxGetCurrent(&callers) == CUDA_SUCCESS);
     NCCL_OK(ncclGroupEnd());
+    // The library made each communicator's context current for its work,
+    // and the caller's is current again.
+    CUcontext after = nullptr;
+    REQUIRE(cuCtxGetCurrent(&after) == CUDA_SUCCESS);
+    CHECK(after == callers);
     for (int r = 0; r < 2; ++r) REQUIRE(cuStreamSynchronize(streams[r]) == CUDA_SUCCESS);
     for (int r = 0; r < 2; ++r) {
       ncclResult_t async = ncclSuccess;
@@ -99,6 +110,7 @@ TEST_CASE("ncclMemAlloc memory of one GPU is reachable from the other: ranks on 
       REQUIRE(async == ncclSuccess);
     }
     for (int r = 0; r < 2; ++r) {
+      useDevice(r);
       std::vector<float> got(N);
       REQUIRE(cuMemcpyDtoH(got.data(), reinterpret_cast<CUdeviceptr>(recv[r]), N * sizeof(float)) == CUDA_SUCCESS);
       size_t wrong = 0;
@@ -107,8 +119,9 @@ TEST_CASE("ncclMemAlloc memory of one GPU is reachable from the other: ranks on 
       INFO(N << " floats, rank " << r);
       CHECK(wrong == 0);
     }
-    // Reduced by the kernels on each GPU, not staged through the host.
-    CHECK(shoalFakeCudaCallCount("cuLaunchKernel") > launchesBefore);
+    // Reduced by the kernels of each rank on its own GPU, not staged
+    // through the host.
+    for (int r = 0; r < 2; ++r) CHECK(shoalFakeCudaReduceLaunchesOn(r) > launchesBefore[r]);
     for (int r = 0; r < 2; ++r) {
       useDevice(r);
       NCCL_OK(ncclMemFree(send[r]));
@@ -116,13 +129,73 @@ TEST_CASE("ncclMemAlloc memory of one GPU is reachable from the other: ranks on 
       REQUIRE(cuStreamDestroy(streams[r]) == CUDA_SUCCESS);
     }
   }
+}
+
+}  // namespace
+
+// ncclMemAlloc grants every GPU with peer access to the owner, as NCCL's
+// does: ranks on two GPUs of one process (ncclCommInitAll) are
+// device-direct, their messages GPU copies between the two allocations, run
+// on the receiving GPU. Without the grant the copies fail (illegal address).
+TEST_CASE("ncclMemAlloc memory of one GPU is reachable from the other: ranks on two GPUs as threads", "[cudafake]") {
+  const std::array<ncclComm_t, 2> comms = commsOnTwoGpus();
+  allReduceOnTwoGpus(comms, [](int r) { useDevice(r); });
   for (int r = 0; r < 2; ++r) NCCL_OK(ncclCommDestroy(comms[r]));
 }
 
-// Two processes, each on its own GPU (both visible, as under torchrun with
-// cudaSetDevice): the GPUs have peer access, so the communicator is
-// device-direct over cuda_ipc, and each rank maps the other's cuMem
-// allocations for its own GPU.
+// NCCL's single-thread example calls each GPU's communicator in a group
+// without setting the device between the calls: each communicator's work
+// runs on its own GPU's context (its kernels loaded there, launched on its
+// streams) whatever the caller has current, or with none current; the
+// caller's context is current again after the calls.
+TEST_CASE("one thread calls the communicators of two GPUs with another device current or none", "[cudafake]") {
+  const std::array<ncclComm_t, 2> comms = commsOnTwoGpus();
+  allReduceOnTwoGpus(comms, [](int) { REQUIRE(cuCtxSetCurrent(nullptr) == CUDA_SUCCESS); });
+  const CUcontext second = contextOf(1);
+  allReduceOnTwoGpus(comms, [&](int) { REQUIRE(cuCtxSetCurrent(second) == CUDA_SUCCESS); });
+  for (int r = 0; r < 2; ++r) NCCL_OK(ncclCommDestroy(comms[r]));
+}
+
+// A stream of another GPU than the communicator's is a bad argument, named
+// (its kernels cannot run there), and nothing is left waiting: the same
+// call on the right stream then runs.
+TEST_CASE("a stream of another GPU than the communicator's is refused with ncclInvalidArgument", "[cudafake]") {
+  const std::array<ncclComm_t, 2> comms = commsOnTwoGpus();
+  constexpr size_t N = 1000;
+  std::array<void*, 2> buf{};
+  std::array<CUstream, 2> streams{};
+  for (int r = 0; r < 2; ++r) {
+    useDevice(r);
+    NCCL_OK(ncclMemAlloc(&buf[r], N * sizeof(float)));
+    std::vector<float> values(N);
+    for (size_t i = 0; i < N; ++i) values[i] = valueOf(r, i);
+    REQUIRE(cuMemcpyHtoD(reinterpret_cast<CUdeviceptr>(buf[r]), values.data(), N * sizeof(float)) == CUDA_SUCCESS);
+    REQUIRE(cuStreamCreate(&streams[r], CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+  }
+  CHECK(ncclAllReduce(buf[0], buf[0], N, ncclFloat, ncclSum, comms[0], streams[1]) == ncclInvalidArgument);
+  const std::string why = ncclGetLastError(comms[0]);
+  INFO(why);
+  CHECK(why.find("a stream of another CUDA context than the communicator's (device 0)") != std::string::npos);
+  NCCL_OK(ncclGroupStart());
+  for (int r = 0; r < 2; ++r) NCCL_OK(ncclAllReduce(buf[r], buf[r], N, ncclFloat, ncclSum, comms[r], streams[r]));
+  NCCL_OK(ncclGroupEnd());
+  for (int r = 0; r < 2; ++r) {
+    REQUIRE(cuStreamSynchronize(streams[r]) == CUDA_SUCCESS);
+    std::vector<float> got(N);
+    REQUIRE(cuMemcpyDtoH(got.data(), reinterpret_cast<CUdeviceptr>(buf[r]), N * sizeof(float)) == CUDA_SUCCESS);
+    size_t wrong = 0;
+    for (size_t i = 0; i < N; ++i)
+      if (got[i] != valueOf(0, i) + valueOf(1, i)) ++wrong;
+    CHECK(wrong == 0);
+  }
+  for (int r = 0; r < 2; ++r) {
+    useDevice(r);
+    NCCL_OK(ncclMemFree(buf[r]));
+    REQUIRE(cuStreamDestroy(streams[r]) == CUDA_SUCCESS);
+    NCCL_OK(ncclCommDestroy(comms[r]));
+  }
+}
+
 TEST_CASE("processes on two GPUs with peer access go GPU to GPU over cuda_ipc", "[cudafake][mp]") {
   REQUIRE(kTwoDevices == 0);
   char logPath[] = "/tmp/shoal-two-gpus-log-XXXXXX";
@@ -200,11 +273,7 @@ TEST_CASE("processes on two GPUs with peer access go GPU to GPU over cuda_ipc", 
 // Other device memory of another GPU (cuMemAlloc) was granted nothing: not
 // mapped, the call takes the other paths, with the right sums.
 TEST_CASE("windows of ranks on two GPUs of one process are read across the GPUs", "[cudafake]") {
-  REQUIRE(kTwoDevices == 0);
-  REQUIRE(cuInit(0) == CUDA_SUCCESS);
-  const std::array<int, 2> devices{0, 1};
-  std::array<ncclComm_t, 2> comms{};
-  NCCL_OK(ncclCommInitAll(comms.data(), 2, devices.data()));
+  const std::array<ncclComm_t, 2> comms = commsOnTwoGpus();
   constexpr size_t N = 5000;
   constexpr size_t kBytes = 2 * N * sizeof(float);
   struct Case {
