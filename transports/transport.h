@@ -177,6 +177,10 @@ struct ConnectOptions {
   const PeerInfo* peer = nullptr;
   std::string secret;   // shared by the communicator's ranks; authenticates peers
   Deadline deadline = Deadline::never();
+  // Whether the connection may carry a stream link (Connection::streamLink,
+  // stream plans), as every rank of the communicator agreed at init: false,
+  // none of its connections does, whatever the GPU could.
+  bool streamLinks = true;
 };
 
 // A transport describes what it can do through the members below; the layers

@@ -124,9 +124,12 @@ Status Communicator::initialize() {
     windowsStaged_ = str("rank ", agreement.rankSynchronous, "'s streams are synchronous");
   const TransportChoice choice{.deviceDirect = agreement.deviceDirect};
   connections_.setChoice(choice);
+  connections_.setStreamLinks(agreement.streamLinks);
   if (!self.gpu.empty()) {
     if (agreement.deviceDirect)
-      SHOAL_INFO(subsys::kInit, describe(), ": device-direct: device buffers move GPU to GPU");
+      SHOAL_INFO(subsys::kInit, describe(), ": device-direct: device buffers move GPU to GPU",
+                 agreement.noStreamLinks.empty() ? std::string()
+                                                 : str("; no stream links, so device plans (", agreement.noStreamLinks, ")"));
     else
       SHOAL_INFO(subsys::kInit, describe(), ": device buffers are staged through pinned host memory",
                  agreement.notDeviceDirect.empty() ? std::string() : str(" (", agreement.notDeviceDirect, ")"));
@@ -203,7 +206,8 @@ Result<InitProposal> Communicator::proposal(const PeerInfo& self) const {
     return true;
   };
   p.readsEveryPeer = readsEveryPeer(TransportChoice{});
-  p.streamPlans = cuda_ != nullptr && !self.gpu.empty() && cuda_->streamPlansWanted(self.gpu);
+  p.streamPlans = cuda_ != nullptr && !self.gpu.empty() && cuda_->streamPlansWanted(self.gpu) &&
+                  !threadsAndProcesses(self);
   p.fewHardwareQueues = cuda_ != nullptr && cuda::Driver::fewHardwareQueues();  // the process's setting
   p.synchronousStreams =
       cuda_ != nullptr && !self.gpu.empty() && cuda_->waitModeOf(self.gpu) == cuda::WaitMode::kSynchronous;
@@ -222,25 +226,34 @@ Result<InitProposal> Communicator::proposal(const PeerInfo& self) const {
   return p;
 }
 
-// Why this rank cannot move device buffers GPU to GPU to every peer ("" when
-// it can): it needs a GPU, every peer reached by a transport that moves
-// device memory (cuda_ipc, loopback), and its reduction kernels (loaded
-// now: a device-direct communicator runs its reductions with them, and a
-// load that fails must keep every rank on the staged path, not fail calls).
-// Not where some peers are threads of this process and others other
-// processes: lanes to the others would have stream links and lanes to
-// these none, so ranks whose plans differ in that would run stream plans
-// on some ranks and device plans on others, whose messages never meet.
-std::string Communicator::whyNotDeviceDirect(const PeerInfo& self) const {
-  if (cuda_ == nullptr || self.gpu.empty()) return "no CUDA device";
-  if (nranks_ < 2) return "a single rank";
+// Whether some peers are threads of this process and others other
+// processes: lanes to the others could have stream links and lanes to these
+// have none, so ranks whose plans differ in that would run stream plans on
+// some ranks and device plans on others, whose messages never meet. Such a
+// rank proposes no stream plans (every rank then runs device plans).
+bool Communicator::threadsAndProcesses(const PeerInfo& self) const {
   const bool threads = std::any_of(peers_.begin(), peers_.end(), [&](const PeerInfo& p) {
     return p.rank != rank_ && p.sameProcess(self);
   });
   const bool processes = std::any_of(peers_.begin(), peers_.end(), [&](const PeerInfo& p) {
     return !p.sameProcess(self);
   });
-  if (threads && processes) return "some peers are threads of this process and others other processes";
+  return threads && processes;
+}
+
+// Why this rank cannot move device buffers GPU to GPU to every peer ("" when
+// it can): it needs a GPU whose streams are not synchronous (it would stage
+// its calls while its peers run device plans), every peer reached by a
+// transport that moves device memory (cuda_ipc, loopback), and its
+// reduction kernels (loaded now: a device-direct communicator runs its
+// reductions with them, and a load that fails must keep every rank on the
+// staged path, not fail calls).
+std::string Communicator::whyNotDeviceDirect(const PeerInfo& self) const {
+  if (cuda_ == nullptr || self.gpu.empty()) return "no CUDA device";
+  if (nranks_ < 2) return "a single rank";
+  if (cuda_->waitModeOf(self.gpu) == cuda::WaitMode::kSynchronous)
+    return "its streams are synchronous (SHOAL_CUDA_WAIT, or the device runs neither stream memory operations nor "
+           "the wait kernel)";
   // cuda_ipc moves even staged messages by copies on streams of its own,
   // which would queue behind the user's stream waiting for them.
   if (cuda::Driver::fewHardwareQueues()) return "CUDA_DEVICE_MAX_CONNECTIONS is below 4";

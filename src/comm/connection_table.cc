@@ -26,6 +26,7 @@ Result<Connection*> ConnectionTable::to(int peer, uint16_t channel, bool unlessW
   opts.self = &peers_[rank_];
   opts.peer = &peers_[peer];
   opts.secret = secret_;
+  opts.streamLinks = streamLinks_;
   opts.deadline = Deadline::afterMs(params().initTimeoutMs).cancelledBy(&abortFlag_);
   SHOAL_ASSIGN_OR_RETURN(auto conn, transport->connect(ckey, opts),
       "connecting to rank ", peer, " (host ", peers_[peer].hostname, ") over ", transport->name());

@@ -41,6 +41,9 @@ class ConnectionTable {
   // first connection (and the first question about one).
   void setChoice(TransportChoice choice) { choice_ = choice; }
   TransportChoice choice() const { return choice_; }
+  // Whether connections may carry stream links (ConnectOptions), as the
+  // ranks agreed at init; set before the first connection.
+  void setStreamLinks(bool allowed) { streamLinks_ = allowed; }
 
   // The connection to `peer` on `channel`, made on first use. With
   // `unlessWaiting`, one whose set-up would wait for the peer
@@ -81,6 +84,7 @@ class ConnectionTable {
   const std::atomic<bool>& abortFlag_;
   std::map<std::pair<int, uint16_t>, std::unique_ptr<Connection>> connections_;
   TransportChoice choice_;
+  bool streamLinks_ = true;
   std::vector<int8_t> peerMovesDeviceMemory_;  // per peer: -1 not asked yet, else the verdict
 };
 

@@ -34,6 +34,22 @@ Status closed(const wire::Reader& r, const char* what) {
   return Status::ok();
 }
 
+// Whether every rank proposed a flag (false when there are none), and the
+// first rank that did not where some did (-1 otherwise): whom the log names.
+struct Unanimity {
+  bool all = false;
+  int firstWithout = -1;
+};
+Unanimity unanimity(const std::vector<InitProposal>& proposals, bool InitProposal::*flag) {
+  bool any = false;
+  int firstWithout = -1;
+  for (size_t r = 0; r < proposals.size(); ++r) {
+    if (proposals[r].*flag) any = true;
+    else if (firstWithout < 0) firstWithout = static_cast<int>(r);
+  }
+  return any ? Unanimity{firstWithout < 0, firstWithout} : Unanimity{};
+}
+
 }  // namespace
 
 std::string encodePeerRecord(const PeerRecord& record) {
@@ -117,21 +133,15 @@ Result<InitAgreement> agree(const std::vector<InitProposal>& proposals) {
   InitAgreement agreement;
   std::vector<MachineTopology> machines;
   machines.reserve(proposals.size());
-  const bool anyDirect = std::any_of(proposals.begin(), proposals.end(), [](const InitProposal& p) {
-    return p.deviceDirect;
-  });
-  agreement.deviceDirect = !proposals.empty() && anyDirect;
-  for (size_t r = 0; r < proposals.size() && agreement.deviceDirect; ++r) {
-    if (!proposals[r].deviceDirect) {
-      agreement.deviceDirect = false;
-      agreement.notDeviceDirect = str("rank ", r, " cannot move device memory to every peer");
-    } else if (proposals[r].streamPlans != proposals[0].streamPlans) {
-      agreement.deviceDirect = false;
-      agreement.notDeviceDirect = str("rank ", r, (proposals[r].streamPlans ? " runs" : " does not run"),
-                                      " stream plans and rank 0", (proposals[0].streamPlans ? " does" : " does not"),
-                                      " (SHOAL_CUDA_WAIT, SHOAL_CUDA_STREAM_PLANS)");
-    }
-  }
+  const Unanimity direct = unanimity(proposals, &InitProposal::deviceDirect);
+  agreement.deviceDirect = direct.all;
+  if (direct.firstWithout >= 0)
+    agreement.notDeviceDirect = str("rank ", direct.firstWithout, " cannot move device memory to every peer");
+  const Unanimity links = unanimity(proposals, &InitProposal::streamPlans);
+  agreement.streamLinks = links.all;
+  if (links.firstWithout >= 0)
+    agreement.noStreamLinks = str("rank ", links.firstWithout, " does not run stream plans (SHOAL_CUDA_WAIT, "
+                                  "SHOAL_CUDA_STREAM_PLANS, or peers both threads and processes)");
   for (size_t r = 0; r < proposals.size(); ++r) {
     const InitProposal& p = proposals[r];
     if (p.fewHardwareQueues && agreement.rankWithFewQueues < 0) agreement.rankWithFewQueues = static_cast<int>(r);

@@ -56,9 +56,11 @@ struct InitProposal {
   // every peer's memory.
   bool deviceDirect = false;
   bool readsEveryPeerDeviceDirect = false;
-  // Whether its GPU's streams run stream plans (Driver::streamPlansWanted):
-  // cuda_ipc refuses a pair whose sides differ, so device-direct needs every
-  // rank alike.
+  // Whether its GPU's streams run stream plans (Driver::streamPlansWanted)
+  // and its peers are not a mix of threads of its process and other
+  // processes (loopback between threads has no stream link, so a plan's
+  // lanes would have stream links to some peers and none to others): the
+  // connections carry stream links only where every rank proposes them.
   bool streamPlans = false;
   // Whether its GPU has too few hardware queues for work on streams of the
   // library's own while the user's stream waits for it
@@ -77,10 +79,17 @@ Result<InitProposal> decodeInitProposal(std::string_view bytes);
 
 struct InitAgreement {
   bool everyoneReadsPeers = true;
-  // Every rank proposed device-direct, all with stream plans or all without.
+  // Every rank proposed device-direct.
   bool deviceDirect = false;
   // Why not, when some rank could have been ("" otherwise): for the log.
   std::string notDeviceDirect;
+  // Every rank proposed stream plans: the connections carry stream links
+  // (cuda_ipc's stream ring; ConnectOptions::streamLinks). Otherwise none
+  // does, and a device-direct communicator runs device plans (the host
+  // steps, the GPUs copy and reduce) on every rank alike.
+  bool streamLinks = false;
+  // Why not, when some rank proposed them ("" otherwise): for the log.
+  std::string noStreamLinks;
   // The first rank that proposed fewHardwareQueues (-1: none): operations
   // on windows are staged on every rank, not read from the peers' windows.
   int rankWithFewQueues = -1;

@@ -630,9 +630,10 @@ TEST_CASE("every collective on device buffers as processes over shm, tcp and cud
 // Device-direct by default: processes of one host whose GPUs share memory
 // choose cuda_ipc themselves (no SHOAL_TRANSPORT), so device buffers go GPU
 // to GPU and reductions run in the kernels; the ranks agree at init, so one
-// rank that cannot (its kernels did not load, its streams run no stream
-// plans, or NCCL_P2P_DISABLE=1) keeps every rank on staging over shm, with
-// the reason logged, instead of failing calls or splitting the pairs.
+// rank that cannot (its kernels did not load, its streams are synchronous,
+// or NCCL_P2P_DISABLE=1) keeps every rank on staging over shm, with the
+// reason logged, instead of failing calls or splitting the pairs; one rank
+// whose streams run no stream plans keeps every rank on device plans.
 TEST_CASE("ranks of one host go GPU to GPU over cuda_ipc by default, and all stage when one cannot", "[cudafake][mp]") {
   using Env = std::vector<std::pair<std::string, std::string>>;
   struct Variant {
@@ -640,23 +641,31 @@ TEST_CASE("ranks of one host go GPU to GPU over cuda_ipc by default, and all sta
     Env env;
     std::vector<Env> rankEnv;
     bool deviceDirect;
+    bool streamPlans;
     std::vector<std::string> logged;  // in the ranks' INFO logs
   };
   const std::string hidden = shoal::cuda::DeviceReducer::kernelName(shoal::DataType::kInt8, shoal::reduce::ElementOp::kSum);
   const std::vector<Variant> variants = {
-      {"default", {}, {}, true, {"device-direct: device buffers move GPU to GPU", "via cuda_ipc", ": stream plans:"}},
-      {"stream plans off everywhere", {{"SHOAL_CUDA_STREAM_PLANS", "0"}}, {}, true,
+      {"default", {}, {}, true, true, {"device-direct: device buffers move GPU to GPU", "via cuda_ipc", ": stream plans:"}},
+      {"stream plans off everywhere", {{"SHOAL_CUDA_STREAM_PLANS", "0"}}, {}, true, false,
        {"device-direct: device buffers move GPU to GPU", "via cuda_ipc", ": device plans:"}},
-      {"NCCL_P2P_DISABLE=1", {{"NCCL_P2P_DISABLE", "1"}}, {}, false,
+      {"NCCL_P2P_DISABLE=1", {{"NCCL_P2P_DISABLE", "1"}}, {}, false, false,
        {"device buffers are staged through pinned host memory", "via shm"}},
-      {"rank 1's kernels do not load", {}, {{}, {{"SHOAL_FAKECUDA_HIDE_KERNEL", hidden}}}, false,
+      {"rank 1's kernels do not load", {}, {{}, {{"SHOAL_FAKECUDA_HIDE_KERNEL", hidden}}}, false, false,
        {"staged through pinned host memory (rank 1 cannot move device memory to every peer)",
         "the reduction kernels did not load", "via shm"}},
-      {"rank 2's streams run no stream plans", {}, {{}, {}, {{"SHOAL_CUDA_STREAM_PLANS", "0"}}}, false,
-       {"staged through pinned host memory (rank 2 does not run stream plans and rank 0 does", "via shm"}},
+      // Its peers' connections carry no stream ring either: device plans on
+      // every rank (the ring's sides would differ, and cuda_ipc refuses that).
+      {"rank 2's streams run no stream plans", {}, {{}, {}, {{"SHOAL_CUDA_STREAM_PLANS", "0"}}}, true, false,
+       {"device-direct: device buffers move GPU to GPU; no stream links, so device plans (rank 2 does not run "
+        "stream plans", "via cuda_ipc", ": device plans:"}},
+      // It would stage its calls while its peers run device plans.
+      {"rank 1's streams are synchronous", {}, {{}, {{"SHOAL_CUDA_WAIT", "sync"}}}, false, false,
+       {"staged through pinned host memory (rank 1 cannot move device memory to every peer)",
+        "device buffers cannot go GPU to GPU: its streams are synchronous", "via shm"}},
       // cuda_ipc's copies run on streams of its own, which so few hardware
       // queues would put behind the user's stream waiting for them.
-      {"CUDA_DEVICE_MAX_CONNECTIONS=1", {{"CUDA_DEVICE_MAX_CONNECTIONS", "1"}}, {}, false,
+      {"CUDA_DEVICE_MAX_CONNECTIONS=1", {{"CUDA_DEVICE_MAX_CONNECTIONS", "1"}}, {}, false, false,
        {"device buffers cannot go GPU to GPU: CUDA_DEVICE_MAX_CONNECTIONS is below 4", "via shm"}},
   };
   for (const Variant& v : variants) {
@@ -685,18 +694,20 @@ TEST_CASE("ranks of one host go GPU to GPU over cuda_ipc by default, and all sta
     CHECK(result.allPassed());
     for (const std::string& line : v.logged) CHECK(log.find(line) != std::string::npos);
     CHECK((log.find("via shm") != std::string::npos) != v.deviceDirect);
-    // Stream plans only where every rank's streams run them.
-    CHECK((log.find(": stream plans:") != std::string::npos) == (v.deviceDirect && v.env.empty()));
+    // Stream plans only where every rank's streams run them (else device
+    // plans on every rank: the kernels' launches above).
+    CHECK((log.find(": stream plans:") != std::string::npos) == v.streamPlans);
   }
 }
 
 // A communicator of threads and processes: ranks 0 and 1 are threads of one
-// process, rank 2 another process. It is not device-direct (lanes between the
-// processes would have stream rings and lanes between the threads none, so
-// ranks could choose stream plans and device plans for one call); the
-// processes meet over shm, and every collective completes with the right
-// bytes instead of ranks waiting on messages that never come.
-TEST_CASE("a communicator of threads and processes is not device-direct, and its collectives complete", "[cudafake][mp]") {
+// process, rank 2 another process. It is device-direct (loopback between the
+// threads, cuda_ipc between the processes) without stream links: lanes
+// between the processes would have stream rings and lanes between the
+// threads none, so ranks could choose stream plans and device plans for one
+// call, and wait on messages that never come. Every rank runs device plans:
+// the kernels reduce, every collective with the right bytes.
+TEST_CASE("a communicator of threads and processes runs device plans on every rank", "[cudafake][mp]") {
   RankLogs logs;
   shoal::testing::MpConfig cfg;
   cfg.nranks = 2;  // processes: the first holds ranks 0 and 1
@@ -709,6 +720,7 @@ TEST_CASE("a communicator of threads and processes is not device-direct, and its
     if (!child.uniqueId(&id)) return 11;
     const std::vector<int> ranks = child.rank() == 0 ? std::vector<int>{0, 1} : std::vector<int>{2};
     Mismatches bad;
+    const uint64_t launchesBefore = shoalFakeCudaReduceLaunchesOn(0);
     std::vector<std::thread> threads;
     for (int r : ranks)
       threads.emplace_back([&, r] {
@@ -731,16 +743,18 @@ TEST_CASE("a communicator of threads and processes is not device-direct, and its
       });
     for (auto& t : threads) t.join();
     if (bad.count) child.log(bad.first);
-    return bad.count == 0 ? 0 : 1;
+    if (shoalFakeCudaReduceLaunchesOn(0) == launchesBefore) child.log("no reduction kernel ran: staged");
+    return bad.count == 0 && shoalFakeCudaReduceLaunchesOn(0) > launchesBefore ? 0 : 1;
   });
   const std::string log = logs.collect(result);
   INFO(result.report() << "\n" << log);
   CHECK(result.allPassed());
-  CHECK(log.find("some peers are threads of this process and others other processes") != std::string::npos);
-  CHECK(log.find("staged through pinned host memory (rank 0 cannot move device memory to every peer)") !=
-        std::string::npos);
-  CHECK(log.find("device-direct: device buffers move GPU to GPU") == std::string::npos);
-  CHECK(log.find("via cuda_ipc") == std::string::npos);
+  CHECK(log.find("device-direct: device buffers move GPU to GPU; no stream links, so device plans (rank 0 does not "
+                 "run stream plans") != std::string::npos);
+  CHECK(log.find("via cuda_ipc") != std::string::npos);
+  CHECK(log.find("via loopback") != std::string::npos);
+  CHECK(log.find(": stream plans:") == std::string::npos);
+  CHECK(log.find("via shm") == std::string::npos);
 }
 
 // Device plans (over cuda_ipc) reduce with the device kernels; the host path

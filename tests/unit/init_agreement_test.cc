@@ -166,7 +166,7 @@ TEST_CASE("agree pools proposals: peer reads need everyone, the leader names the
   CHECK(twoLinks.status().message().find("two ranks proposed the network link") != std::string::npos);
 }
 
-TEST_CASE("agree: device-direct needs every rank, and every rank alike in stream plans", "[init_agreement]") {
+TEST_CASE("agree: device-direct needs every rank and stream links need every rank with stream plans", "[init_agreement]") {
   std::vector<InitProposal> proposals(3);
   for (InitProposal& p : proposals) {
     p.deviceDirect = true;
@@ -178,14 +178,19 @@ TEST_CASE("agree: device-direct needs every rank, and every rank alike in stream
   REQUIRE(agreed.isOk());
   CHECK(agreed->deviceDirect);
   CHECK(agreed->notDeviceDirect.empty());
+  CHECK(agreed->streamLinks);
+  CHECK(agreed->noStreamLinks.empty());
   CHECK_FALSE(agreed->everyoneReadsPeers);  // peer reads as the chosen transports allow
 
+  // One rank without stream plans: device-direct still, no stream links.
   proposals[2].streamPlans = false;
   agreed = agree(proposals);
   REQUIRE(agreed.isOk());
-  CHECK_FALSE(agreed->deviceDirect);
-  CHECK(agreed->notDeviceDirect == "rank 2 does not run stream plans and rank 0 does (SHOAL_CUDA_WAIT, SHOAL_CUDA_STREAM_PLANS)");
-  CHECK(agreed->everyoneReadsPeers);  // back on the default transports
+  CHECK(agreed->deviceDirect);
+  CHECK_FALSE(agreed->streamLinks);
+  CHECK(agreed->noStreamLinks ==
+        "rank 2 does not run stream plans (SHOAL_CUDA_WAIT, SHOAL_CUDA_STREAM_PLANS, or peers both threads and processes)");
+  CHECK_FALSE(agreed->everyoneReadsPeers);
 
   proposals[2].streamPlans = true;
   proposals[1].deviceDirect = false;
@@ -193,13 +198,20 @@ TEST_CASE("agree: device-direct needs every rank, and every rank alike in stream
   REQUIRE(agreed.isOk());
   CHECK_FALSE(agreed->deviceDirect);
   CHECK(agreed->notDeviceDirect == "rank 1 cannot move device memory to every peer");
+  CHECK(agreed->everyoneReadsPeers);  // back on the default transports
+  CHECK(agreed->streamLinks);         // a forced cuda_ipc would carry them
 
   // Nobody could: nothing to explain.
-  for (InitProposal& p : proposals) p.deviceDirect = false;
+  for (InitProposal& p : proposals) {
+    p.deviceDirect = false;
+    p.streamPlans = false;
+  }
   agreed = agree(proposals);
   REQUIRE(agreed.isOk());
   CHECK_FALSE(agreed->deviceDirect);
   CHECK(agreed->notDeviceDirect.empty());
+  CHECK_FALSE(agreed->streamLinks);
+  CHECK(agreed->noStreamLinks.empty());
 }
 
 TEST_CASE("agree names the first rank with too few hardware queues and with synchronous streams", "[init_agreement]") {

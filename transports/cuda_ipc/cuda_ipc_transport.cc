@@ -249,9 +249,10 @@ class CudaIpcTransport final : public Transport {
     setup.control->magic = cuda_ipc::kControlMagic;
     setup.control->slots = setup.slots;
     setup.control->slotBytes = setup.slotBytes;
-    // The stream ring where this GPU's streams run memory operations; the
-    // peer refuses the connection if its own cannot (runsStreamRing).
-    setup.streamRing = driver.streamPlansWanted(options.self->gpu);
+    // The stream ring where this GPU's streams run memory operations and
+    // the communicator's ranks agreed on stream links; the peer refuses the
+    // connection if it would not run it.
+    setup.streamRing = options.streamLinks && driver.streamPlansWanted(options.self->gpu);
     if (setup.streamRing) {
       if (Status st = driver.registerHost(setup.control, cuda_ipc::controlBytes()); !st.isOk()) {
         // Not a quiet downgrade: every connection of a rank has the ring or none.
@@ -310,7 +311,7 @@ class CudaIpcTransport final : public Transport {
     // connections: its messages are matched only with the peer's stream
     // messages, and a plan runs on the streams only if every lane can.
     setup.streamRing = arrival.hello.streamRing;
-    const bool mine = driver.streamPlansWanted(options.self->gpu);
+    const bool mine = options.streamLinks && driver.streamPlansWanted(options.self->gpu);
     if (mine != setup.streamRing) {
       ::munmap(setup.control, cuda_ipc::controlBytes());
       return invalidUsage("cuda_ipc connection to ", setup.peerDescription, ": ",
