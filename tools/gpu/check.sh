@@ -10,18 +10,26 @@
 # off here); PyTorch is optional (the torch stage is skipped without it).
 #
 #   bash tools/gpu/check.sh [OUTDIR]       (default: $OUT, else ./gpu-check)
-#   STAGES="build perf torch bench" selects stages; RANKS="1 2 4" the rank counts;
-#   PERF_MAX=64M the sweep's largest size; BIG=1G the bandwidth run's size.
+#   STAGES="probe build bench torch perf" selects stages (they run in that
+#   order: the goal's figures first); RANKS="1 2 4" the sweeps' rank counts;
+#   PERF_MAX=64M the sweeps' largest size; BIG=1G the bandwidth runs' size;
+#   BUDGET_S=420 the whole run's time.
 #
-# Each stage runs under a time limit and writes OUTDIR/<stage>.log; a failed
-# stage never stops the later ones. The last lines (also OUTDIR/summary.txt)
-# give one PASS/FAIL/SKIP line per stage. Exit status: 0 when nothing failed.
+# Each stage runs under a time limit, capped by what is left of BUDGET_S (a
+# lent GPU machine may give 15 minutes in all, its start included: the
+# default leaves room for a second, shorter run), and writes
+# OUTDIR/<stage>.log; a failed stage never stops the later ones, and a stage
+# with under 30 s left is skipped. Inside perf the runs that answer the most
+# come first. The last lines (also OUTDIR/summary.txt) give one
+# PASS/FAIL/SKIP line per stage. Exit status: 0 when nothing failed.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
 OUTDIR=${1:-${OUT:-$ROOT/gpu-check}}
 mkdir -p "$OUTDIR"
-STAGES=${STAGES:-"probe build perf torch bench"}
+STAGES=${STAGES:-"probe build bench torch perf"}
+BUDGET_S=${BUDGET_S:-420}
+END_S=$((SECONDS + BUDGET_S))
 RANKS=${RANKS:-"1 2 4"}
 PERF_MAX=${PERF_MAX:-64M}
 BIG=${BIG:-1G}
@@ -40,6 +48,9 @@ stage() {
   local name=$1 limit=$2
   shift 2
   if ! wants "$name"; then note "SKIP $name (not in STAGES)"; return 0; fi
+  local left=$((END_S - SECONDS))
+  if ((left < 30)); then note "SKIP $name: ${left}s of BUDGET_S=${BUDGET_S} left"; return 0; fi
+  ((limit > left)) && limit=$left
   local t0=$SECONDS
   echo "=== $name (limit ${limit}s)" | tee "$OUTDIR/$name.log"
   timeout -k 5 "$limit" bash -c "$*" 2>&1 | tee -a "$OUTDIR/$name.log"
@@ -94,44 +105,25 @@ perf_run() {
 
 perf() {
   local failed=0
-  for bin in all_reduce_perf all_gather_perf reduce_scatter_perf broadcast_perf sendrecv_perf; do
-    for n in $RANKS; do
-      echo "--- $bin: $n ranks as threads"
-      perf_run "$bin" -t "$n" -b 8 -e "$PERF_MAX" -f 8 -n 5 -w 2 -c 1 || failed=1
-      if ((n > 1)); then
-        echo "--- $bin: $n ranks as processes"
-        perf_run "$bin" --procs "$n" -b 8 -e "$PERF_MAX" -f 8 -n 5 -w 2 -c 1 || failed=1
-      fi
-    done
-  done
-  echo "--- all_reduce_perf: every type and operator, 2 processes"
-  perf_run all_reduce_perf --procs 2 -b 1K -e 1M -f 32 -d all -o all -n 2 -w 1 -c 1 || failed=1
-  echo "--- all_reduce_perf: 2 processes, $BIG, bandwidth (device-direct: cuda_ipc, stream plans)"
-  perf_run all_reduce_perf --procs 2 -b "$BIG" -e "$BIG" -n 5 -w 2 -c 1 || failed=1
-  # The processes above are device-direct by default (cuda_ipc, stream
-  # plans); beside them, the same staged through pinned host memory over
-  # shm, and host-stepped device plans.
-  for bin in all_reduce_perf all_gather_perf reduce_scatter_perf; do
-    echo "--- $bin: 2 processes staged over shm (NCCL_P2P_DISABLE=1)"
-    NCCL_P2P_DISABLE=1 perf_run "$bin" --procs 2 -b 8 -e "$PERF_MAX" -f 8 -n 5 -w 2 -c 1 || failed=1
-  done
-  echo "--- all_reduce_perf: 2 processes staged over shm, $BIG, bandwidth (NCCL_P2P_DISABLE=1)"
-  NCCL_P2P_DISABLE=1 perf_run all_reduce_perf --procs 2 -b "$BIG" -e "$BIG" -n 5 -w 2 -c 1 || failed=1
-  echo "--- the same over cuda_ipc, the host stepping through the plan (SHOAL_CUDA_STREAM_PLANS=0: no stream ring)"
-  SHOAL_CUDA_STREAM_PLANS=0 perf_run all_reduce_perf --procs 2 -b "$BIG" -e "$BIG" -n 5 -w 2 -c 1 || failed=1
+  # Which path ran, then the bandwidth runs the GPU goal compares: processes
+  # device-direct by default (cuda_ipc, stream plans), the same with the
+  # host stepping through the plan (device plans: no stream ring), staged
+  # through pinned host memory over shm, and threads (device plans over
+  # loopback).
   echo "--- which path ran (NCCL_DEBUG=INFO)"
   NCCL_DEBUG=INFO perf_run all_reduce_perf --procs 2 -b 1M -e 1M -n 1 -w 0 -c 1 2>&1 |
     grep -E "device-direct|staged through|stream plans|device plans" | head -4
   echo "--- which path ran as threads (NCCL_DEBUG=INFO: device plans over loopback)"
   NCCL_DEBUG=INFO perf_run all_reduce_perf -t 2 -b 1M -e 1M -n 1 -w 0 -c 1 2>&1 |
     grep -E "device-direct|staged through|device plans" | head -3
-  # So few hardware queues that a stream waiting for the host would hold
-  # back the host's own GPU work (some trainers set 1): Shoal stages then,
-  # copies on the user's stream; these must finish (perf_run's limit), data
-  # checked.
-  echo "--- all_reduce_perf, CUDA_DEVICE_MAX_CONNECTIONS=1: 2 ranks as threads and as processes (staged)"
-  CUDA_DEVICE_MAX_CONNECTIONS=1 perf_run all_reduce_perf -t 2 -b 8 -e 16M -f 16 -n 5 -w 2 -c 1 || failed=1
-  CUDA_DEVICE_MAX_CONNECTIONS=1 perf_run all_reduce_perf --procs 2 -b 8 -e 16M -f 16 -n 5 -w 2 -c 1 || failed=1
+  echo "--- all_reduce_perf: 2 processes, $BIG, bandwidth (device-direct: cuda_ipc, stream plans)"
+  perf_run all_reduce_perf --procs 2 -b "$BIG" -e "$BIG" -n 5 -w 2 -c 1 || failed=1
+  echo "--- the same over cuda_ipc, the host stepping through the plan (SHOAL_CUDA_STREAM_PLANS=0: no stream ring)"
+  SHOAL_CUDA_STREAM_PLANS=0 perf_run all_reduce_perf --procs 2 -b "$BIG" -e "$BIG" -n 5 -w 2 -c 1 || failed=1
+  echo "--- all_reduce_perf: 2 processes staged over shm, $BIG, bandwidth (NCCL_P2P_DISABLE=1)"
+  NCCL_P2P_DISABLE=1 perf_run all_reduce_perf --procs 2 -b "$BIG" -e "$BIG" -n 5 -w 2 -c 1 || failed=1
+  echo "--- all_reduce_perf: 2 ranks as threads, $BIG, bandwidth (device plans over loopback)"
+  perf_run all_reduce_perf -t 2 -b "$BIG" -e "$BIG" -n 5 -w 2 -c 1 || failed=1
   # Buffers in symmetric windows (-R 2): each rank reads the peers' buffers
   # in place (peer_read plans whole on the streams, meeting on window
   # boards), over the default transport; then the same host-stepped.
@@ -150,6 +142,31 @@ perf() {
   grep -c "reading the peers' windows" "$OUTDIR/windows-trace.log"
   echo "--- of those, AllReduces in one phase (64K: one_shot_read; 1M: peer_read)"
   grep -c "(one_shot_read) count .* on the streams" "$OUTDIR/windows-trace.log"
+  echo "--- all_reduce_perf: every type and operator, 2 processes"
+  perf_run all_reduce_perf --procs 2 -b 1K -e 1M -f 32 -d all -o all -n 2 -w 1 -c 1 || failed=1
+  # So few hardware queues that a stream waiting for the host would hold
+  # back the host's own GPU work (some trainers set 1): Shoal stages then,
+  # copies on the user's stream; these must finish (perf_run's limit), data
+  # checked.
+  echo "--- all_reduce_perf, CUDA_DEVICE_MAX_CONNECTIONS=1: 2 ranks as threads and as processes (staged)"
+  CUDA_DEVICE_MAX_CONNECTIONS=1 perf_run all_reduce_perf -t 2 -b 8 -e 16M -f 16 -n 5 -w 2 -c 1 || failed=1
+  CUDA_DEVICE_MAX_CONNECTIONS=1 perf_run all_reduce_perf --procs 2 -b 8 -e 16M -f 16 -n 5 -w 2 -c 1 || failed=1
+  # The sweeps of every collective, threads and device-direct processes,
+  # then staged processes beside them.
+  for bin in all_reduce_perf all_gather_perf reduce_scatter_perf broadcast_perf sendrecv_perf; do
+    for n in $RANKS; do
+      echo "--- $bin: $n ranks as threads"
+      perf_run "$bin" -t "$n" -b 8 -e "$PERF_MAX" -f 8 -n 5 -w 2 -c 1 || failed=1
+      if ((n > 1)); then
+        echo "--- $bin: $n ranks as processes"
+        perf_run "$bin" --procs "$n" -b 8 -e "$PERF_MAX" -f 8 -n 5 -w 2 -c 1 || failed=1
+      fi
+    done
+  done
+  for bin in all_reduce_perf all_gather_perf reduce_scatter_perf; do
+    echo "--- $bin: 2 processes staged over shm (NCCL_P2P_DISABLE=1)"
+    NCCL_P2P_DISABLE=1 perf_run "$bin" --procs 2 -b 8 -e "$PERF_MAX" -f 8 -n 5 -w 2 -c 1 || failed=1
+  done
   return $failed
 }
 
@@ -180,11 +197,11 @@ bench_stage() {
   return $failed
 }
 
-stage probe 60 "$(declare -f probe); probe"
-stage build 180 "$(declare -f build); ROOT='$ROOT' BUILD='$BUILD' build"
-stage perf 480 "$(declare -f perf perf_run); BUILD='$BUILD' RANKS='$RANKS' PERF_MAX='$PERF_MAX' BIG='$BIG' perf"
-stage torch 180 "$(declare -f torch_stage); ROOT='$ROOT' BUILD='$BUILD' torch_stage"
-stage bench 300 "$(declare -f bench_stage); ROOT='$ROOT' BUILD='$BUILD' bench_stage"
+stage probe 30 "$(declare -f probe); probe"
+stage build 240 "$(declare -f build); ROOT='$ROOT' BUILD='$BUILD' build"
+stage bench 180 "$(declare -f bench_stage); ROOT='$ROOT' BUILD='$BUILD' bench_stage"
+stage torch 90 "$(declare -f torch_stage); ROOT='$ROOT' BUILD='$BUILD' torch_stage"
+stage perf 420 "$(declare -f perf perf_run); BUILD='$BUILD' RANKS='$RANKS' PERF_MAX='$PERF_MAX' BIG='$BIG' OUTDIR='$OUTDIR' perf"
 
 echo "=== summary"
 cat "$SUMMARY"
