@@ -73,8 +73,11 @@ std::array<ncclComm_t, 2> commsOnTwoGpus() {
 // One thread drives both ranks in a group, as with NCCL: an AllReduce of
 // ncclMemAlloc buffers, each rank's on its GPU, a large message and a small
 // one. `beforeCall(r)` runs before rank r's call (what the caller makes
-// current then). Checks the sums and that the GPUs' kernels reduced.
-void allReduceOnTwoGpus(const std::array<ncclComm_t, 2>& comms, const std::function<void(int)>& beforeCall) {
+// current then). With `nullStreams` the calls pass the NULL stream, which is
+// then each communicator's own device's. Checks the sums and that the GPUs'
+// kernels reduced.
+void allReduceOnTwoGpus(const std::array<ncclComm_t, 2>& comms, const std::function<void(int)>& beforeCall,
+                        bool nullStreams = false) {
   for (size_t N : {size_t{50000}, size_t{8}}) {
     std::array<void*, 2> send{}, recv{};
     std::array<CUstream, 2> streams{};
@@ -85,7 +88,7 @@ void allReduceOnTwoGpus(const std::array<ncclComm_t, 2>& comms, const std::funct
       std::vector<float> values(N);
       for (size_t i = 0; i < N; ++i) values[i] = valueOf(r, i);
       REQUIRE(cuMemcpyHtoD(reinterpret_cast<CUdeviceptr>(send[r]), values.data(), N * sizeof(float)) == CUDA_SUCCESS);
-      REQUIRE(cuStreamCreate(&streams[r], CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+      if (!nullStreams) REQUIRE(cuStreamCreate(&streams[r], CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
     }
     const std::array<unsigned long long, 2> launchesBefore{shoalFakeCudaReduceLaunchesOn(0),
                                                            shoalFakeCudaReduceLaunchesOn(1)};
@@ -102,7 +105,10 @@ void allReduceOnTwoGpus(const std::array<ncclComm_t, 2>& comms, const std::funct
     CUcontext after = nullptr;
     REQUIRE(cuCtxGetCurrent(&after) == CUDA_SUCCESS);
     CHECK(after == callers);
-    for (int r = 0; r < 2; ++r) REQUIRE(cuStreamSynchronize(streams[r]) == CUDA_SUCCESS);
+    for (int r = 0; r < 2; ++r) {
+      useDevice(r);  // a NULL stream is the current context's
+      REQUIRE(cuStreamSynchronize(streams[r]) == CUDA_SUCCESS);
+    }
     for (int r = 0; r < 2; ++r) {
       ncclResult_t async = ncclSuccess;
       NCCL_OK(ncclCommGetAsyncError(comms[r], &async));
@@ -126,7 +132,7 @@ void allReduceOnTwoGpus(const std::array<ncclComm_t, 2>& comms, const std::funct
       useDevice(r);
       NCCL_OK(ncclMemFree(send[r]));
       NCCL_OK(ncclMemFree(recv[r]));
-      REQUIRE(cuStreamDestroy(streams[r]) == CUDA_SUCCESS);
+      if (!nullStreams) REQUIRE(cuStreamDestroy(streams[r]) == CUDA_SUCCESS);
     }
   }
 }
@@ -146,13 +152,15 @@ TEST_CASE("ncclMemAlloc memory of one GPU is reachable from the other: ranks on 
 // NCCL's single-thread example calls each GPU's communicator in a group
 // without setting the device between the calls: each communicator's work
 // runs on its own GPU's context (its kernels loaded there, launched on its
-// streams) whatever the caller has current, or with none current; the
-// caller's context is current again after the calls.
+// streams) whatever the caller has current, or with none current, and a
+// NULL stream is its own device's; the caller's context is current again
+// after the calls.
 TEST_CASE("one thread calls the communicators of two GPUs with another device current or none", "[cudafake]") {
   const std::array<ncclComm_t, 2> comms = commsOnTwoGpus();
   allReduceOnTwoGpus(comms, [](int) { REQUIRE(cuCtxSetCurrent(nullptr) == CUDA_SUCCESS); });
   const CUcontext second = contextOf(1);
   allReduceOnTwoGpus(comms, [&](int) { REQUIRE(cuCtxSetCurrent(second) == CUDA_SUCCESS); });
+  allReduceOnTwoGpus(comms, [&](int) { REQUIRE(cuCtxSetCurrent(second) == CUDA_SUCCESS); }, /*nullStreams=*/true);
   for (int r = 0; r < 2; ++r) NCCL_OK(ncclCommDestroy(comms[r]));
 }
 
