@@ -441,10 +441,17 @@ Result<Window*> Communicator::registerWindow(void* buff, size_t bytes, int flags
     }
   }
   cuda::ContextScope scope(cuda_, ownContext());
+  // Peers' device buffers are read by this rank's kernels: without them it
+  // maps none, and every rank's calls on them take the other paths.
+  const bool runsKernels = cuda_ != nullptr && ownContext() != nullptr && scope.status().isOk() &&
+                           cuda::DeviceReducer::forCurrentContext(*cuda_).isOk();
+  if (!runsKernels && cuda_ != nullptr && records[static_cast<size_t>(rank_)].deviceMemory)
+    SHOAL_INFO(subsys::kReg, describe(), ": window ", buff, ": no device reduction kernels here (see the INFO log), "
+               "so no peer's device buffer is mapped and calls on it are not read in place");
   for (int r = 0; r < nranks_ && failure.isOk(); ++r) {
     // NCCL_WIN_ENABLE=0: registered, nothing of a peer mapped.
     if (r != rank_ && params().winEnable == 0) continue;
-    window->map(r, records[static_cast<size_t>(r)], peers_[rank_], peers_[r], cuda_,
+    window->map(r, records[static_cast<size_t>(r)], peers_[rank_], peers_[r], cuda_, runsKernels,
                 std::move(descriptors[static_cast<size_t>(r)]));
   }
   // The peers' window boards, where this rank's streams meet theirs.

@@ -84,11 +84,12 @@ bool Window::sendsTo(const WindowRecord& mine, const WindowRecord& theirs, const
 }
 
 void Window::map(int r, const WindowRecord& record, const PeerInfo& self, const PeerInfo& peer, cuda::Driver* driver,
-                 net::Fd descriptor) {
+                 bool runsKernels, net::Fd descriptor) {
   const auto at = static_cast<size_t>(r);
   sizes_[at] = record.bytes;
   addresses_[at] = record.address;
   device_[at] = record.deviceMemory;
+  if (record.deviceMemory && !runsKernels && peer.rank != self.rank) return;
   if (peer.sameProcess(self)) {
     // This process: its address, unless it is device memory of another GPU
     // that this rank's GPU was not granted (ncclMemAlloc grants every GPU

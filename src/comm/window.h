@@ -97,8 +97,12 @@ class Window {
   // the rank's buffer is then not mapped here): `descriptor` is what rank r
   // sent for its device allocation, if it did. `self` and `peer` are the two
   // ranks' PeerInfo. The device import needs the rank's GPU context current.
+  // Without `runsKernels` (this rank's device reduction kernels did not
+  // load) no other rank's device buffer is mapped: a peer-reading plan on
+  // device buffers is the kernels' work, and a rank that cannot run it must
+  // keep every rank from choosing it (the maps are exchanged).
   void map(int r, const WindowRecord& record, const PeerInfo& self, const PeerInfo& peer, cuda::Driver* driver,
-           net::Fd descriptor = net::Fd());
+           bool runsKernels, net::Fd descriptor = net::Fd());
   // What this rank says in the last all-gather, and what every rank said.
   WindowFlags mapsFlags(std::string error) const;
   Status learnMaps(const std::vector<WindowFlags>& all);

@@ -1676,6 +1676,61 @@ TEST_CASE("one rank with too few hardware queues or synchronous streams stages e
   }
 }
 
+// A rank whose device reduction kernels did not load cannot run the
+// peer-reading plans on device windows (their reductions are the kernels'
+// work): it maps no peer's device buffer, so every rank sees the windows not
+// mapped everywhere and stages its calls on them, with the right sums,
+// instead of the peers reading in place while that rank fails its call.
+TEST_CASE("a rank without device kernels maps no peer's device window and every rank stages", "[cudafake][mp]") {
+  const std::string hidden = shoal::cuda::DeviceReducer::kernelName(shoal::DataType::kInt8, shoal::reduce::ElementOp::kSum);
+  for (int flags : {NCCL_WIN_DEFAULT, NCCL_WIN_COLL_SYMMETRIC}) {
+    RankLogs logs;
+    shoal::testing::MpConfig cfg;
+    cfg.nranks = 3;
+    cfg.env = logs.env();
+    cfg.env.emplace_back("NCCL_DEBUG_SUBSYS", "INIT,REG,COLL");
+    cfg.env.emplace_back("NCCL_DEBUG", "TRACE");
+    cfg.env.emplace_back("SHOAL_TRANSPORT", "shm");
+    cfg.env.emplace_back("SHOAL_PROGRESS_TIMEOUT_MS", "3000");
+    auto result = shoal::testing::forkedDeviceRanks(cfg, [&](shoal::testing::MpChild& child, ncclComm_t comm, CUstream s) {
+      const int n = child.nranks();
+      const size_t N = 3000;
+      WindowedPair w;
+      if (!w.make(comm, child.rank(), N, flags)) return 2;
+      if (ncclAllReduce(w.send, w.recv, N, ncclFloat, ncclSum, comm, s) != ncclSuccess) {
+        child.log(std::string("AllReduce: ") + ncclGetLastError(comm));
+        return 3;
+      }
+      if (cuStreamSynchronize(s) != CUDA_SUCCESS) return 4;
+      ncclResult_t async = ncclSuccess;
+      ncclCommGetAsyncError(comm, &async);
+      if (async != ncclSuccess) {
+        child.log(std::string("async: ") + ncclGetLastError(comm));
+        return 5;
+      }
+      std::vector<float> got = fromDevice(w.recv, N);
+      for (size_t i = 0; i < N; ++i)
+        if (got[i] != sumOfVals(n, i)) {
+          child.log("element " + std::to_string(i) + ": " + std::to_string(got[i]));
+          return 6;
+        }
+      if (ncclCommWindowDeregister(comm, w.win) != ncclSuccess) return 7;
+      child.barrier();
+      ncclMemFree(w.pool);
+      return ncclCommDestroy(comm) == ncclSuccess ? 0 : 8;
+    }, {{}, {{"SHOAL_FAKECUDA_HIDE_KERNEL", hidden}}, {}});
+    const std::string log = logs.collect(result);
+    INFO("flags " << flags << "\n" << result.report() << "\n" << log);
+    CHECK(result.allPassed());
+    CHECK(log.find("no device reduction kernels here") != std::string::npos);
+    size_t unmapped = 0;
+    const std::string said = "some ranks' buffers are not mapped by others";
+    for (size_t at = log.find(said); at != std::string::npos; at = log.find(said, at + 1)) ++unmapped;
+    CHECK(unmapped == 3u);  // every rank knows
+    CHECK(log.find("reading the peers' windows") == std::string::npos);
+  }
+}
+
 // A rank whose streams turn synchronous after init (a stream memory
 // operation refused at a call, no wait kernel) cannot run the windowed plan
 // its peers run: its call fails with the reason, the communicator fails,
