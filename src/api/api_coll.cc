@@ -115,6 +115,7 @@ Status dispatch(ncclComm_t handle, const std::shared_ptr<Communicator>& comm, Op
       if (findHostStream(stream))
         return invalidArgument("a Shoal host stream was passed with memory CUDA knows; pass a CUDA stream");
       req.stream = stream;
+      SHOAL_TRY(comm->admitStream(req));
     }
   }
   if (group::active()) {

@@ -105,6 +105,10 @@ class InitContext {
     Result<cuda::ContextHandle> primary = driver->primaryContextOfDevice(device);
     return primary.isOk() ? InitContext(driver, primary.value()) : InitContext();
   }
+  static InitContext of(cuda::ContextHandle context) {
+    cuda::Driver* driver = cuda::Driver::inUse();
+    return driver != nullptr ? InitContext(driver, context) : InitContext();
+  }
   // Runs the handle's init work with the context current on this thread.
   Status run(const std::shared_ptr<ncclComm::Shared>& shared, const InitWork& work) const {
     cuda::ContextScope scope(driver_, context_);
@@ -125,9 +129,9 @@ namespace shoal::api {
 // thread and return ncclInProgress. *out is valid in every case but an
 // immediate failure.
 Status launchInit(ncclComm_t* out, ncclComm_t handle, bool blocking, InitWork work, const void* parent,
-                  int deviceOf) {
+                  cuda::ContextHandle contextOf) {
   auto shared = handle->shared;
-  const InitContext context = deviceOf >= 0 ? InitContext::ofDevice(deviceOf) : InitContext::callers();
+  const InitContext context = contextOf != nullptr ? InitContext::of(contextOf) : InitContext::callers();
   if (group::active()) {
     *out = handle;
     auto run = [shared, work, context] { return context.run(shared, work); };
@@ -328,7 +332,7 @@ SHOAL_API(ncclResult_t, ncclCommSplit,
       return parent->split(color, key, options, cancel);
     };
     return launchInit(newcomm, handle, options.blocking && parent->options().blocking,
-                      std::move(work), parent.get(), parent->cudaDevice());
+                      std::move(work), parent.get(), parent->cudaContext());
   });
 }
 

@@ -148,7 +148,7 @@ SHOAL_API(ncclResult_t, ncclCommShrink,
       return child;
     };
     return api::launchInit(newcomm, handle, options.blocking && parent->options().blocking, std::move(work),
-                           nullptr, parent->cudaDevice());
+                           nullptr, parent->cudaContext());
   });
 }
 
@@ -255,6 +255,6 @@ SHOAL_API(ncclResult_t, ncclCommGrow,
       return child;
     };
     return api::launchInit(newcomm, handle, options.blocking && parent->options().blocking, std::move(work),
-                           nullptr, parent->cudaDevice());
+                           nullptr, parent->cudaContext());
   });
 }

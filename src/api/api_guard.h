@@ -119,10 +119,10 @@ using InitWork = std::function<Result<std::shared_ptr<Communicator>>(const std::
 // `parent`: the communicator whose bootstrap the work uses (a split), whose
 // collective set-ups in one group must run in call order (group::addOrderedInit).
 // The work runs with the CUDA context current at the call, or, given
-// `deviceOf` >= 0 (a communicator made from a parent: NCCL gives it the
-// parent's device), with that device's primary context.
+// `contextOf` (a communicator made from a parent: NCCL gives it the
+// parent's device), with that context (the parent's own).
 Status launchInit(ncclComm_t* out, ncclComm_t handle, bool blocking, InitWork work,
-                  const void* parent = nullptr, int deviceOf = -1);
+                  const void* parent = nullptr, cuda::ContextHandle contextOf = nullptr);
 // The scope of a communicator made from a unique id with ncclCommInitRank.
 std::string scopeForId(const UniqueIdContents& id);
 // Makes rank `rank` of `nranks` from a unique id, as ncclCommInitRank does,

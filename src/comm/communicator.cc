@@ -242,8 +242,9 @@ bool Communicator::threadsAndProcesses(const PeerInfo& self) const {
 }
 
 // Why this rank cannot move device buffers GPU to GPU to every peer ("" when
-// it can): it needs a GPU whose streams are not synchronous (it would stage
-// its calls while its peers run device plans), every peer reached by a
+// it can): it needs a GPU whose streams are not synchronous (such a rank
+// stages every call, and staged host memory goes better over shm than
+// through cuda_ipc's FIFOs), every peer reached by a
 // transport that moves device memory (cuda_ipc, loopback), and its
 // reduction kernels (loaded now: a device-direct communicator runs its
 // reductions with them, and a load that fails must keep every rank on the
@@ -300,7 +301,6 @@ Status Communicator::findCudaDevice(PeerInfo& self) {
                          describe(), ": the current CUDA device");
   if (device) {
     SHOAL_ASSIGN_OR_RETURN(ownContext_, cuda_->currentContext(), describe(), ": the current CUDA context");
-    ownDevice_ = device;
     cudaDevice_ = device->ordinal;
     self.gpu = device->uuidText();
     SHOAL_INFO(subsys::kInit, describe(), ": CUDA device ", cudaDevice_, " (", self.gpu, ")");
@@ -337,7 +337,7 @@ Status Communicator::checkSharedGpus() const {
 void Communicator::releaseWindows(std::vector<std::unique_ptr<Window>>& windows) {
   if (windows.empty()) return;
   {
-    cuda::ContextScope scope(cuda_, ownContext());
+    cuda::ContextScope scope(cuda_, cudaContext());
     for (auto& w : windows) w->release(cuda_);
   }
   windows.clear();
@@ -440,10 +440,10 @@ Result<Window*> Communicator::registerWindow(void* buff, size_t bytes, int flags
       failure = received.takeStatus();
     }
   }
-  cuda::ContextScope scope(cuda_, ownContext());
+  cuda::ContextScope scope(cuda_, cudaContext());
   // Peers' device buffers are read by this rank's kernels: without them it
   // maps none, and every rank's calls on them take the other paths.
-  const bool runsKernels = cuda_ != nullptr && ownContext() != nullptr && scope.status().isOk() &&
+  const bool runsKernels = cuda_ != nullptr && cudaContext() != nullptr && scope.status().isOk() &&
                            cuda::DeviceReducer::forCurrentContext(*cuda_).isOk();
   if (!runsKernels && cuda_ != nullptr && records[static_cast<size_t>(rank_)].deviceMemory)
     SHOAL_INFO(subsys::kReg, describe(), ": window ", buff, ": no device reduction kernels here (see the INFO log), "
@@ -505,7 +505,7 @@ Result<Window*> Communicator::registerWindow(void* buff, size_t bytes, int flags
 void Communicator::ensureWindowBoard() {
   if (boards_ || peers_[rank_].gpu.empty() || !cuda_->streamPlansWanted(peers_[rank_].gpu)) return;
   Result<std::shared_ptr<WindowBoards>> made = [&] {
-    cuda::ContextScope scope(cuda_, ownContext());
+    cuda::ContextScope scope(cuda_, cudaContext());
     return WindowBoards::create(*cuda_, rank_, nranks_);
   }();
   if (made.isOk()) boards_ = std::move(made).value();

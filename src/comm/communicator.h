@@ -35,7 +35,6 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <optional>
 #include <span>
 #include <string>
 #include <thread>
@@ -147,9 +146,17 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
   // is the current context's at init (-1: none was current).
   bool usesCuda() const { return cuda_ != nullptr; }
   int cudaDevice() const { return cudaDevice_; }
+  // The CUDA context current at init (null: none), which its device work
+  // runs in; communicators made from it (split, shrink, grow) take it too.
+  cuda::ContextHandle cudaContext() const { return ownContext_; }
   // Whether op runs in its stream's order; an invalid argument when it mixes
   // memory CUDA knows with pageable host memory.
   Result<bool> streamOrdered(const OpRequest& op);
+  // Whether a stream-ordered op may go on its stream, asked when it is
+  // called (in a group too, as NCCL checks arguments): a stream of another
+  // context than the communicator's is an invalid argument, one being
+  // captured into a CUDA graph invalid usage.
+  Status admitStream(const OpRequest& op);
   // A stream-ordered submission (every op streamOrdered). With stream memory
   // operations the job waits in the engine for its stream and the call
   // returns at once; synchronously, finishStreamOrdered waits for it and
@@ -260,10 +267,13 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
   // registered buffers.
   bool inWindows(std::span<const OpRequest> ops);
   // Whether a stream-ordered operation can go on its stream: `refused` says
-  // why not (a stream of another context than this rank's: an invalid
-  // argument; one being captured: invalid usage). The error returned: the
-  // driver could not tell.
-  Status checkStream(const OpRequest& op, Status& refused);
+  // why not (with `context`, a stream of another context than this rank's:
+  // an invalid argument; one being captured: invalid usage). The error
+  // returned: the driver could not tell.
+  Status streamRefusal(const OpRequest& op, bool context, Status& refused);
+  // The first refusal of the operations' streams (breaking this rank's
+  // window board where peers may be reading its windows for them).
+  Status checkStreams(std::span<const OpRequest> ops, bool contexts);
   // Runs stream-ordered operations (one, or a group) as a stream plan
   // (comm/stream_plan.h) where it can: their plan's every lane has a stream
   // link and its compute steps the GPU runs. False: they go the other ways.
@@ -351,11 +361,6 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
   void releaseWindows(std::vector<std::unique_ptr<Window>>& windows);
   // Releases deregistered windows once no submitted job may read them.
   void releaseRetiredWindows();
-  // The context current at init (null: no GPU then), which this rank's
-  // device work runs in, made current with a cuda::ContextScope: NCCL's
-  // calls may come with another device current (one thread driving the
-  // communicators of several GPUs in a group) or none.
-  cuda::ContextHandle ownContext() const { return ownContext_; }
 
   RedOpTable redOps_;
   std::shared_ptr<Windows> windows_;  // registered, not yet deregistered
@@ -382,7 +387,10 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
 
   cuda::Driver* cuda_ = nullptr;         // set at init when the process uses CUDA
   int cudaDevice_ = -1;
-  std::optional<cuda::DeviceIdentity> ownDevice_;  // current at init, with its context:
+  // The context current at init (null: no GPU then), which this rank's
+  // device work runs in, made current with a cuda::ContextScope: NCCL's
+  // calls may come with another device current (one thread driving the
+  // communicators of several GPUs in a group) or none.
   cuda::ContextHandle ownContext_ = nullptr;
   std::unique_ptr<StreamBridge> bridge_;  // made by the first stream-ordered operation
   // Device plans' compute steps and scratch, made by the first one (its

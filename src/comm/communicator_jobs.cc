@@ -57,7 +57,7 @@ Result<bool> Communicator::streamOrdered(const OpRequest& op) {
   if (!bridge_) {
     // The bridge loads its kernels in this rank's context, whatever the
     // caller has current.
-    cuda::ContextScope scope(cuda_, ownContext());
+    cuda::ContextScope scope(cuda_, cudaContext());
     SHOAL_TRY(scope.status()) << describe() << ": making its CUDA context current";
     SHOAL_ASSIGN_OR_RETURN(std::optional<cuda::DeviceIdentity> device, cuda_->currentDevice(),
                            describe(), ": the current CUDA device");
@@ -75,12 +75,13 @@ Result<bool> Communicator::streamOrdered(const OpRequest& op) {
   return bridge_->streamOrdered(op, rank_, nranks_);
 }
 
-Status Communicator::checkStream(const OpRequest& op, Status& refused) {
-  if (ownContext() != nullptr) {
-    // Its kernels are loaded in its context and run on no other's streams.
+Status Communicator::streamRefusal(const OpRequest& op, bool context, Status& refused) {
+  // Its kernels are loaded in its context and run on no other's streams
+  // (a special stream is the current context's: this rank's, made current).
+  if (context && cudaContext() != nullptr && !cuda::Driver::specialStream(op.stream)) {
     SHOAL_ASSIGN_OR_RETURN(cuda::ContextHandle streams, cuda_->streamContext(op.stream), describe(),
                            ": the stream's CUDA context");
-    if (streams != ownContext()) {
+    if (streams != cudaContext()) {
       refused = invalidArgument(describe(), ": ", collKindName(op.shape.kind), " on a stream of another CUDA "
                                 "context than the communicator's (device ", cudaDevice_, "): pass a stream of "
                                 "its device");
@@ -95,30 +96,43 @@ Status Communicator::checkStream(const OpRequest& op, Status& refused) {
   return Status::ok();
 }
 
+Status Communicator::checkStreams(std::span<const OpRequest> ops, bool contexts) {
+  for (const OpRequest& op : ops) {
+    Status refused;
+    SHOAL_TRY(streamRefusal(op, contexts, refused));
+    if (refused.isOk()) continue;
+    // Peers running a call on symmetric windows wait on this rank's board:
+    // they learn of it now, and the communicator has failed.
+    if (boards_ && inWindows(ops)) {
+      breakWindowBoards();
+      setAsyncError(refused);
+    }
+    return refused;
+  }
+  return Status::ok();
+}
+
+Status Communicator::admitStream(const OpRequest& op) {
+  cuda::ContextScope scope(cuda_, cudaContext());
+  SHOAL_TRY(scope.status()) << describe() << ": making its CUDA context current";
+  return checkStreams(std::span<const OpRequest>(&op, 1), /*contexts=*/true);
+}
+
 Result<Communicator::StreamSubmission> Communicator::beginStreamOrdered(std::span<const OpRequest> ops) {
   UseGuard use(*this);
   if (!bridge_) return internalError(describe(), ": stream-ordered operation without a bridge");
   // Its kernels, streams and copies are this rank's context's, as NCCL sets
   // the communicator's device for its calls.
-  cuda::ContextScope scope(cuda_, ownContext());
+  cuda::ContextScope scope(cuda_, cudaContext());
   SHOAL_TRY(scope.status()) << describe() << ": making its CUDA context current";
   if (aborted()) return error(Code::kAborted, describe(), " was aborted");
   StreamSubmission submission;
   std::vector<OpRequest> kept;
   std::remove_copy_if(ops.begin(), ops.end(), std::back_inserter(kept), droppedByNccl);
   if (kept.empty()) return submission;  // nothing reaches the stream
-  for (const OpRequest& op : kept) {
-    Status refused;
-    SHOAL_TRY(checkStream(op, refused));
-    if (refused.isOk()) continue;
-    // Peers running a call on symmetric windows wait on this rank's board:
-    // they learn of it now, and the communicator has failed.
-    if (boards_ && inWindows(kept)) {
-      breakWindowBoards();
-      setAsyncError(refused);
-    }
-    return refused;
-  }
+  // Each call's stream was admitted when it was made (admitStream); a group
+  // may have begun capturing one since.
+  SHOAL_TRY(checkStreams(kept, /*contexts=*/false));
   submission.synchronous = bridge_->waitMode() == cuda::WaitMode::kSynchronous;
   // An operation on windows reads its peers' buffers in place (one copy),
   // before any other way.
@@ -487,7 +501,7 @@ bool Communicator::runsAsDevicePlan(std::span<const OpRequest> ops, bool windowe
 
 Status Communicator::finishStreamOrdered(StreamSubmission& submission) {
   if (!submission.synchronous || !submission.job) return Status::ok();
-  cuda::ContextScope scope(cuda_, ownContext());
+  cuda::ContextScope scope(cuda_, cudaContext());
   SHOAL_TRY(scope.status()) << describe() << ": making its CUDA context current";
   auto& staged = *static_cast<StreamBridge::Staged*>(submission.staged.get());
   Status st = waitFor(*submission.job);
@@ -503,7 +517,7 @@ Status Communicator::submitStreamOrdered(std::span<const OpRequest> ops) {
 
 Status Communicator::connectAhead(const std::vector<OpRequest>& ops) {
   UseGuard use(*this);
-  cuda::ContextScope scope(cuda_, ownContext());
+  cuda::ContextScope scope(cuda_, cudaContext());
   SHOAL_TRY(scope.status()) << describe() << ": making its CUDA context current";
   for (const OpRequest& op : ops) {
     if (droppedByNccl(op)) continue;

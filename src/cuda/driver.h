@@ -101,6 +101,9 @@ class Driver {
   Result<bool> isCapturing(StreamHandle stream);
   // The context a stream belongs to (for the special streams, the current one).
   Result<ContextHandle> streamContext(StreamHandle stream);
+  // NULL, CU_STREAM_LEGACY or CU_STREAM_PER_THREAD: a stream of whatever
+  // context is current.
+  static bool specialStream(StreamHandle stream) { return reinterpret_cast<uintptr_t>(stream) <= 2; }
   Status copyAsync(void* dst, const void* src, size_t bytes, StreamHandle stream);
   Status copy(void* dst, const void* src, size_t bytes);
   // Stream memory operations on a 64-bit word of pinned host memory: the
@@ -220,12 +223,17 @@ class Driver {
 
 // Makes a context current on this thread for the scope's life: pushed at
 // construction, popped at the end on every path. No driver or no context
-// pushes nothing (entered() false, status() ok); a refused push leaves
-// nothing to pop and says why in status().
+// pushes nothing (entered() false, status() ok), nor does the context
+// already current (entered() true); a refused push leaves nothing to pop
+// and says why in status().
 class ContextScope {
  public:
   ContextScope(Driver* driver, ContextHandle context) {
     if (driver == nullptr || context == nullptr) return;
+    if (Result<ContextHandle> current = driver->currentContext(); current.isOk() && current.value() == context) {
+      alreadyCurrent_ = true;
+      return;
+    }
     status_ = driver->pushContext(context);
     if (status_.isOk()) driver_ = driver;
   }
@@ -235,11 +243,13 @@ class ContextScope {
   }
   ContextScope(const ContextScope&) = delete;
   ContextScope& operator=(const ContextScope&) = delete;
-  bool entered() const { return driver_ != nullptr; }
+  // Whether the context is current in the scope.
+  bool entered() const { return driver_ != nullptr || alreadyCurrent_; }
   const Status& status() const { return status_; }
 
  private:
-  Driver* driver_ = nullptr;
+  Driver* driver_ = nullptr;  // set when a push is to be popped
+  bool alreadyCurrent_ = false;
   Status status_;
 };
 

@@ -659,7 +659,7 @@ TEST_CASE("ranks of one host go GPU to GPU over cuda_ipc by default, and all sta
       {"rank 2's streams run no stream plans", {}, {{}, {}, {{"SHOAL_CUDA_STREAM_PLANS", "0"}}}, true, false,
        {"device-direct: device buffers move GPU to GPU; no stream links, so device plans (rank 2 does not run "
         "stream plans", "via cuda_ipc", ": device plans:"}},
-      // It would stage its calls while its peers run device plans.
+      // It stages every call, which goes better over shm than through cuda_ipc.
       {"rank 1's streams are synchronous", {}, {{}, {{"SHOAL_CUDA_WAIT", "sync"}}}, false, false,
        {"staged through pinned host memory (rank 1 cannot move device memory to every peer)",
         "device buffers cannot go GPU to GPU: its streams are synchronous", "via shm"}},
@@ -1625,15 +1625,23 @@ TEST_CASE("collectives on window buffers read peers' device memory in place, ove
 // stream waiting for them; one whose streams are synchronous would stage
 // while its peers read the windows. The ranks agree on it at init, so every
 // rank stages its calls on windows (no kernel, no peer read), default and
-// symmetric windows alike, and says why at the registration.
-TEST_CASE("one rank with too few hardware queues or synchronous streams stages every rank's calls on windows",
+// symmetric windows alike, and says why at the registration. A rank whose
+// device reduction kernels did not load cannot run the peer-reading plans
+// (their reductions are the kernels' work): it maps no peer's device
+// buffer, so every rank sees the windows not mapped everywhere and stages
+// (with the fix removed, the peers read in place while that rank fails its
+// call, and they wait for the no-progress deadline).
+TEST_CASE("one rank with too few hardware queues or synchronous streams or no kernels stages every rank's calls on windows",
           "[cudafake][mp]") {
   struct Case {
     std::pair<std::string, std::string> rankOneEnv;
-    std::string why;
+    std::string said;  // by every rank at the registration
   };
-  for (const Case& c : {Case{{"CUDA_DEVICE_MAX_CONNECTIONS", "1"}, "rank 1's CUDA_DEVICE_MAX_CONNECTIONS is below 4"},
-                        Case{{"SHOAL_CUDA_WAIT", "sync"}, "rank 1's streams are synchronous"}})
+  const std::string hidden = shoal::cuda::DeviceReducer::kernelName(shoal::DataType::kInt8, shoal::reduce::ElementOp::kSum);
+  for (const Case& c : {Case{{"CUDA_DEVICE_MAX_CONNECTIONS", "1"},
+                             "its operations are staged (rank 1's CUDA_DEVICE_MAX_CONNECTIONS is below 4)"},
+                        Case{{"SHOAL_CUDA_WAIT", "sync"}, "its operations are staged (rank 1's streams are synchronous)"},
+                        Case{{"SHOAL_FAKECUDA_HIDE_KERNEL", hidden}, "some ranks' buffers are not mapped by others"}})
   for (int flags : {NCCL_WIN_DEFAULT, NCCL_WIN_COLL_SYMMETRIC}) {
     RankLogs logs;
     shoal::testing::MpConfig cfg;
@@ -1642,13 +1650,17 @@ TEST_CASE("one rank with too few hardware queues or synchronous streams stages e
     cfg.env.emplace_back("NCCL_DEBUG_SUBSYS", "INIT,REG,COLL");
     cfg.env.emplace_back("NCCL_DEBUG", "TRACE");
     cfg.env.emplace_back("SHOAL_TRANSPORT", "shm");
+    cfg.env.emplace_back("SHOAL_PROGRESS_TIMEOUT_MS", "3000");
     auto result = shoal::testing::forkedDeviceRanks(cfg, [&](shoal::testing::MpChild& child, ncclComm_t comm, CUstream s) {
       const int n = child.nranks();
       const size_t N = 3000;
       WindowedPair w;
       if (!w.make(comm, child.rank(), N, flags)) return 2;
       const uint64_t launchesBefore = shoalFakeCudaCallCount("cuLaunchKernel");
-      if (ncclAllReduce(w.send, w.recv, N, ncclFloat, ncclSum, comm, s) != ncclSuccess) return 3;
+      if (ncclAllReduce(w.send, w.recv, N, ncclFloat, ncclSum, comm, s) != ncclSuccess) {
+        child.log(std::string("AllReduce: ") + ncclGetLastError(comm));
+        return 3;
+      }
       if (cuStreamSynchronize(s) != CUDA_SUCCESS) return 4;
       const uint64_t launches = shoalFakeCudaCallCount("cuLaunchKernel") - launchesBefore;
       std::vector<float> got = fromDevice(w.recv, N);
@@ -1668,65 +1680,9 @@ TEST_CASE("one rank with too few hardware queues or synchronous streams stages e
     INFO(c.rankOneEnv.first << "=" << c.rankOneEnv.second << ", flags " << flags << "\n" << result.report() << "\n"
                             << log);
     CHECK(result.allPassed());
-    size_t staged = 0;
-    const std::string why = "its operations are staged (" + c.why + ")";
-    for (size_t at = log.find(why); at != std::string::npos; at = log.find(why, at + 1)) ++staged;
-    CHECK(staged == 3u);  // every rank says so
-    CHECK(log.find("reading the peers' windows") == std::string::npos);
-  }
-}
-
-// A rank whose device reduction kernels did not load cannot run the
-// peer-reading plans on device windows (their reductions are the kernels'
-// work): it maps no peer's device buffer, so every rank sees the windows not
-// mapped everywhere and stages its calls on them, with the right sums,
-// instead of the peers reading in place while that rank fails its call.
-TEST_CASE("a rank without device kernels maps no peer's device window and every rank stages", "[cudafake][mp]") {
-  const std::string hidden = shoal::cuda::DeviceReducer::kernelName(shoal::DataType::kInt8, shoal::reduce::ElementOp::kSum);
-  for (int flags : {NCCL_WIN_DEFAULT, NCCL_WIN_COLL_SYMMETRIC}) {
-    RankLogs logs;
-    shoal::testing::MpConfig cfg;
-    cfg.nranks = 3;
-    cfg.env = logs.env();
-    cfg.env.emplace_back("NCCL_DEBUG_SUBSYS", "INIT,REG,COLL");
-    cfg.env.emplace_back("NCCL_DEBUG", "TRACE");
-    cfg.env.emplace_back("SHOAL_TRANSPORT", "shm");
-    cfg.env.emplace_back("SHOAL_PROGRESS_TIMEOUT_MS", "3000");
-    auto result = shoal::testing::forkedDeviceRanks(cfg, [&](shoal::testing::MpChild& child, ncclComm_t comm, CUstream s) {
-      const int n = child.nranks();
-      const size_t N = 3000;
-      WindowedPair w;
-      if (!w.make(comm, child.rank(), N, flags)) return 2;
-      if (ncclAllReduce(w.send, w.recv, N, ncclFloat, ncclSum, comm, s) != ncclSuccess) {
-        child.log(std::string("AllReduce: ") + ncclGetLastError(comm));
-        return 3;
-      }
-      if (cuStreamSynchronize(s) != CUDA_SUCCESS) return 4;
-      ncclResult_t async = ncclSuccess;
-      ncclCommGetAsyncError(comm, &async);
-      if (async != ncclSuccess) {
-        child.log(std::string("async: ") + ncclGetLastError(comm));
-        return 5;
-      }
-      std::vector<float> got = fromDevice(w.recv, N);
-      for (size_t i = 0; i < N; ++i)
-        if (got[i] != sumOfVals(n, i)) {
-          child.log("element " + std::to_string(i) + ": " + std::to_string(got[i]));
-          return 6;
-        }
-      if (ncclCommWindowDeregister(comm, w.win) != ncclSuccess) return 7;
-      child.barrier();
-      ncclMemFree(w.pool);
-      return ncclCommDestroy(comm) == ncclSuccess ? 0 : 8;
-    }, {{}, {{"SHOAL_FAKECUDA_HIDE_KERNEL", hidden}}, {}});
-    const std::string log = logs.collect(result);
-    INFO("flags " << flags << "\n" << result.report() << "\n" << log);
-    CHECK(result.allPassed());
-    CHECK(log.find("no device reduction kernels here") != std::string::npos);
-    size_t unmapped = 0;
-    const std::string said = "some ranks' buffers are not mapped by others";
-    for (size_t at = log.find(said); at != std::string::npos; at = log.find(said, at + 1)) ++unmapped;
-    CHECK(unmapped == 3u);  // every rank knows
+    size_t said = 0;
+    for (size_t at = log.find(c.said); at != std::string::npos; at = log.find(c.said, at + 1)) ++said;
+    CHECK(said == 3u);  // every rank says so
     CHECK(log.find("reading the peers' windows") == std::string::npos);
   }
 }

@@ -156,17 +156,24 @@ TEST_CASE("ncclMemAlloc memory of one GPU is reachable from the other: ranks on 
 // NULL stream is its own device's; the caller's context is current again
 // after the calls.
 TEST_CASE("one thread calls the communicators of two GPUs with another device current or none", "[cudafake]") {
-  const std::array<ncclComm_t, 2> comms = commsOnTwoGpus();
-  allReduceOnTwoGpus(comms, [](int) { REQUIRE(cuCtxSetCurrent(nullptr) == CUDA_SUCCESS); });
   const CUcontext second = contextOf(1);
-  allReduceOnTwoGpus(comms, [&](int) { REQUIRE(cuCtxSetCurrent(second) == CUDA_SUCCESS); });
-  allReduceOnTwoGpus(comms, [&](int) { REQUIRE(cuCtxSetCurrent(second) == CUDA_SUCCESS); }, /*nullStreams=*/true);
-  for (int r = 0; r < 2; ++r) NCCL_OK(ncclCommDestroy(comms[r]));
+  // Fresh communicators each time: their first call makes what they keep
+  // (kernels, streams), on whatever is current then.
+  struct Pass {
+    CUcontext current;
+    bool nullStreams;
+  };
+  for (const Pass pass : {Pass{second, false}, Pass{nullptr, false}, Pass{second, true}}) {
+    const std::array<ncclComm_t, 2> comms = commsOnTwoGpus();
+    allReduceOnTwoGpus(comms, [&](int) { REQUIRE(cuCtxSetCurrent(pass.current) == CUDA_SUCCESS); }, pass.nullStreams);
+    for (int r = 0; r < 2; ++r) NCCL_OK(ncclCommDestroy(comms[r]));
+  }
 }
 
 // A stream of another GPU than the communicator's is a bad argument, named
-// (its kernels cannot run there), and nothing is left waiting: the same
-// call on the right stream then runs.
+// (its kernels cannot run there), refused when the call is made, in a
+// group too (the group stays as it was, as for every argument error), so
+// nothing is left waiting: the same call on the right stream then runs.
 TEST_CASE("a stream of another GPU than the communicator's is refused with ncclInvalidArgument", "[cudafake]") {
   const std::array<ncclComm_t, 2> comms = commsOnTwoGpus();
   constexpr size_t N = 1000;
@@ -185,6 +192,7 @@ TEST_CASE("a stream of another GPU than the communicator's is refused with ncclI
   INFO(why);
   CHECK(why.find("a stream of another CUDA context than the communicator's (device 0)") != std::string::npos);
   NCCL_OK(ncclGroupStart());
+  CHECK(ncclAllReduce(buf[1], buf[1], N, ncclFloat, ncclSum, comms[1], streams[0]) == ncclInvalidArgument);
   for (int r = 0; r < 2; ++r) NCCL_OK(ncclAllReduce(buf[r], buf[r], N, ncclFloat, ncclSum, comms[r], streams[r]));
   NCCL_OK(ncclGroupEnd());
   for (int r = 0; r < 2; ++r) {
