@@ -28,6 +28,13 @@ shoal_cudafake_tests(cudafake_device_tests 300 ${CMAKE_CURRENT_LIST_DIR}/device_
 shoal_cudafake_tests(cudafake_two_gpus_tests 120 ${CMAKE_CURRENT_LIST_DIR}/two_gpus_test.cc
   ${PROJECT_SOURCE_DIR}/tests/support/mp_harness.cc)
 
+# The device path's long-running behaviour: threads, fds, memory, streams
+# and device allocations flat over hundreds of rounds (the soak driver's
+# resource sampling).
+# (The driver brings the fork harness.)
+shoal_cudafake_tests(cudafake_soak_tests 300 ${CMAKE_CURRENT_LIST_DIR}/device_soak_test.cc)
+target_link_libraries(cudafake_soak_tests PRIVATE shoal_soak_driver)
+
 add_executable(cudafake_no_cuda_test ${CMAKE_CURRENT_LIST_DIR}/no_cuda_test.cc)
 target_link_libraries(cudafake_no_cuda_test PRIVATE shoal_static shoal_catch_main Catch2::Catch2)
 add_dependencies(cudafake_no_cuda_test shoal_cudafake)
