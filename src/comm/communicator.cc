@@ -44,6 +44,10 @@ Communicator::Communicator(InitRequest request)
       windows_(Windows::make()) {}
 
 Communicator::~Communicator() {
+  // Teardown may run on any thread (a watchdog's abort, the last job's
+  // release), with another context current or none: what it frees is this
+  // rank's context's.
+  cuda::ContextScope scope(cuda_, cudaContext());
   if (idleWatched_) Engine::instance().unwatchIdle(this);  // first: a check may be running
   hang::untrack(this);
   Engine::instance().retire(reinterpret_cast<uintptr_t>(this),
@@ -58,6 +62,10 @@ Communicator::~Communicator() {
   // A stream still holding a plan may read the peers' windows: kept mapped.
   if (settled) releaseWindows(windows);
   else new std::vector<std::unique_ptr<Window>>(std::move(windows));
+  // The staging and the boards while the context is current (as the
+  // members' own destruction would order them).
+  bridge_.reset();
+  boards_.reset();
 }
 
 bool Communicator::settleStreamPlans() {
