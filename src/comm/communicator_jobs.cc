@@ -48,6 +48,9 @@ CollShape Communicator::placedShape(const OpRequest& op) const {
 
 void Communicator::trackDetached(const JobPtr& job) {
   std::lock_guard<std::mutex> lock(jobsMutex_);
+  // Calls nobody waits for (stream-ordered ones, a nonblocking
+  // communicator's never polled) hold only what is still in flight.
+  dropFinishedDetachedLocked();
   inFlight_.push_back(job);
   anyInFlight_.store(true, std::memory_order_release);
 }
@@ -102,7 +105,10 @@ Status Communicator::checkStreams(std::span<const OpRequest> ops, bool contexts)
     SHOAL_TRY(streamRefusal(op, contexts, refused));
     if (refused.isOk()) continue;
     // Peers running a call on symmetric windows wait on this rank's board:
-    // they learn of it now, and the communicator has failed.
+    // they learn of it now, and the communicator has failed. (A call
+    // refused inside a group is judged alone: one that would read windows
+    // alone fails the communicator even if the group would not have; after
+    // an error NCCL's users abort anyway.)
     if (boards_ && inWindows(ops)) {
       breakWindowBoards();
       setAsyncError(refused);
@@ -113,6 +119,7 @@ Status Communicator::checkStreams(std::span<const OpRequest> ops, bool contexts)
 }
 
 Status Communicator::admitStream(const OpRequest& op) {
+  if (droppedByNccl(op)) return Status::ok();  // never reaches a stream
   cuda::ContextScope scope(cuda_, cudaContext());
   SHOAL_TRY(scope.status()) << describe() << ": making its CUDA context current";
   return checkStreams(std::span<const OpRequest>(&op, 1), /*contexts=*/true);
@@ -165,7 +172,7 @@ Result<Communicator::StreamSubmission> Communicator::beginStreamOrdered(std::spa
     return error(Code::kInvalidUsage, describe(), ": ", collKindName(kept[0].shape.kind),
                  " on buffers in windows (ncclCommWindowRegister), which every rank reads in place, cannot run "
                  "as a device plan on this rank (its buffers must be device memory of the communicator's GPU, and "
-                 "its device kernels loaded: see the INFO log)");
+                 "its device plan steps made: see the INFO log)");
   }
   SHOAL_ASSIGN_OR_RETURN(StreamBridge::Staged staged, bridge_->stage(kept, rank_, nranks_, direct), describe());
   auto held = std::make_shared<StreamBridge::Staged>(std::move(staged));
@@ -323,8 +330,8 @@ Result<bool> Communicator::submitWindowStreamPlan(std::span<const OpRequest> ops
                         "this rank's streams no longer run stream memory operations"));
   if (!ensureDeviceSteps() || !runsAsDevicePlan(ops, /*windowed=*/true))
     return cannot(error(Code::kInvalidUsage, describe(), ": it runs on every rank's streams, and cannot on this "
-                        "rank (its buffers must be device memory of the communicator's GPU, and its device kernels "
-                        "loaded: see the INFO log)"));
+                        "rank (its buffers must be device memory of the communicator's GPU, and its device plan "
+                        "steps made: see the INFO log)"));
   boards_->setCall(
       WindowCall{op.shape.count, where->sendRegistration, where->recvRegistration, where->sendOffset, where->recvOffset});
   // Small AllReduces out of place in one phase. In place or not is the same

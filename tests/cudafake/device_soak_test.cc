@@ -1,14 +1,20 @@
 // Long-running behaviour of the device path, on the driver stand-in: a
-// process that runs collectives on device buffers call after call keeps its
-// threads, file descriptors, memory, CUDA streams and device allocations
-// where they were after warm-up, whichever path the calls take (stream plans
-// over cuda_ipc, device plans, staging over shm) and with windows registered
-// and deregistered around the calls. The host path's soak is tests/soak.
+// process that runs collectives on device buffers call after call, never
+// waiting on the communicator (as a trainer does: only its streams),
+// keeps its threads, file descriptors, CUDA streams, events and device
+// allocations exactly where they were after warm-up, its heap within 256 KiB
+// and its resident memory within the soak's slack, whichever path the calls
+// take (stream plans over cuda_ipc, device plans, staging over shm) and with
+// windows registered and deregistered around the calls. The host path's
+// soak is tests/soak.
 #include <catch2/catch.hpp>
 
 #include <cuda.h>
 #include <nccl.h>
+#include <unistd.h>
 
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <utility>
 #include <vector>
@@ -25,14 +31,22 @@ const bool kDriverNamed = setenv("SHOAL_CUDA_DRIVER", SHOAL_CUDAFAKE_LIB, 0) == 
 struct Held {
   shoal::soak::Resources process;
   int streams = -1;
+  int events = -1;
   int allocations = -1;
 };
 
-Held sampleHeld() { return {shoal::soak::sampleResources(), shoalFakeCudaLiveStreams(), shoalFakeCudaLiveAllocations()}; }
+Held standIn(const shoal::soak::Resources& process) {
+  return {process, shoalFakeCudaLiveStreams(), shoalFakeCudaLiveEvents(), shoalFakeCudaLiveAllocations()};
+}
 
 std::string describe(const Held& h) {
-  return shoal::soak::formatResources(h.process) + ", CUDA streams " + std::to_string(h.streams) +
-         ", device allocations " + std::to_string(h.allocations);
+  return shoal::soak::formatResources(h.process) + ", CUDA streams " + std::to_string(h.streams) + ", events " +
+         std::to_string(h.events) + ", device allocations " + std::to_string(h.allocations);
+}
+
+std::string readFile(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
 // One round on every rank: AllReduce (large and 8 B), AllGather,
@@ -84,22 +98,32 @@ TEST_CASE("device collectives keep threads, descriptors, memory, streams and dev
     const char* what;
     std::vector<std::pair<std::string, std::string>> env;
     bool windows;
+    std::string logged;  // in each rank's INFO log: the path the calls took
   };
-  for (const Variant& v : {Variant{"stream plans over cuda_ipc, symmetric windows", {}, true},
-                           Variant{"device plans over cuda_ipc", {{"SHOAL_CUDA_STREAM_PLANS", "0"}}, false},
-                           Variant{"staged over shm", {{"NCCL_P2P_DISABLE", "1"}}, false}}) {
+  char logPath[] = "/tmp/shoal-cudafake-soak-XXXXXX";
+  const int logFd = mkstemp(logPath);
+  REQUIRE(logFd >= 0);
+  close(logFd);
+  for (const Variant& v : {Variant{"stream plans over cuda_ipc, symmetric windows", {}, true, ": stream plans:"},
+                           Variant{"device plans over cuda_ipc", {{"SHOAL_CUDA_STREAM_PLANS", "0"}}, false,
+                                   ": device plans:"},
+                           Variant{"staged over shm", {{"NCCL_P2P_DISABLE", "1"}}, false,
+                                   "staged through pinned host memory"}}) {
     shoal::testing::MpConfig cfg;
     cfg.nranks = 2;
     cfg.hardLimitMs = 150000;
     cfg.env = v.env;
     cfg.env.emplace_back("SHOAL_TRANSPORT", "");  // the library chooses
+    cfg.env.emplace_back("NCCL_DEBUG", "INFO");
+    cfg.env.emplace_back("NCCL_DEBUG_SUBSYS", "INIT,COLL");
+    cfg.env.emplace_back("NCCL_DEBUG_FILE", std::string(logPath) + ".%p");
     auto result = shoal::testing::forkedDeviceRanks(cfg, [&](shoal::testing::MpChild& child, ncclComm_t comm, CUstream s) {
       const int n = child.nranks();
       const size_t count = 1 << 16;  // 256 KiB of floats, a multiple of n
       void* pool = nullptr;
-      if (ncclMemAlloc(&pool, 4 * count * sizeof(float)) != ncclSuccess) return 2;
+      if (ncclMemAlloc(&pool, 5 * count * sizeof(float)) != ncclSuccess) return 2;
       auto* send = static_cast<float*>(pool);
-      float* recv = send + 2 * count;  // windows take the first half
+      float* recv = send + 2 * count;  // windows take the first 2 counts, the ring's Recv the last
       const std::vector<float> ones(count, 1.0f);
       if (cuMemcpyHtoD(reinterpret_cast<CUdeviceptr>(send), ones.data(), count * sizeof(float)) != CUDA_SUCCESS)
         return 3;
@@ -111,24 +135,42 @@ TEST_CASE("device collectives keep threads, descriptors, memory, streams and dev
           }
         return true;
       };
-      if (!rounds(30)) return 4;  // warm-up: connections, streams, staging, imports
+      // A registration with no call on it releases the windows retired
+      // before it, then goes itself: nothing is left retired when sampled.
+      auto settleWindows = [&]() -> bool {
+        if (!v.windows) return true;
+        ncclWindow_t win = nullptr;
+        return ncclCommWindowRegister(comm, send, 2 * count * sizeof(float), &win, NCCL_WIN_COLL_SYMMETRIC) ==
+                   ncclSuccess &&
+               ncclCommWindowDeregister(comm, win) == ncclSuccess;
+      };
+      if (!rounds(30) || !settleWindows()) return 4;  // warm-up: connections, streams, staging, imports
       child.barrier();
-      const Held baseline = sampleHeld();
-      if (!rounds(300)) return 5;
+      const Held baseline = standIn(shoal::soak::sampleResources());
+      if (!rounds(300) || !settleWindows()) return 5;
       child.barrier();
-      shoal::soak::Resources settled = shoal::soak::settleTo(baseline.process);
-      const Held after{settled, shoalFakeCudaLiveStreams(), shoalFakeCudaLiveAllocations()};
+      const Held after = standIn(shoal::soak::settleTo(baseline.process));
       child.log("after warm-up: " + describe(baseline) + "; after 300 more rounds: " + describe(after));
-      const std::string grew = shoal::soak::compareResources(baseline.process, after.process, shoal::soak::Slack{});
+      shoal::soak::Slack slack;
+      slack.heapKiB = 256;
+      const std::string grew = shoal::soak::compareResources(baseline.process, after.process, slack,
+                                                             /*checkHeap=*/true);
       if (!grew.empty()) child.log("grew: " + grew);
       ncclMemFree(pool);
       if (ncclCommDestroy(comm) != ncclSuccess) return 6;
-      if (!grew.empty()) return 7;
-      if (after.streams != baseline.streams) return 8;
-      if (after.allocations != baseline.allocations) return 9;
+      const std::string log = readFile(std::string(logPath) + "." + std::to_string(::getpid()));
+      if (log.find(v.logged) == std::string::npos) {
+        child.log("the INFO log does not say \"" + v.logged + "\"");
+        return 7;
+      }
+      if (!grew.empty()) return 8;
+      if (after.streams != baseline.streams || after.events != baseline.events) return 9;
+      if (after.allocations != baseline.allocations) return 10;
       return 0;
     });
+    for (const auto& rank : result.ranks) ::unlink((std::string(logPath) + "." + std::to_string(rank.pid)).c_str());
     INFO(v.what << "\n" << result.report());
     CHECK(result.allPassed());
   }
+  ::unlink(logPath);
 }

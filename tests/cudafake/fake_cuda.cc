@@ -3417,6 +3417,12 @@ FAKE_API unsigned long long shoalFakeCudaCallCount(const char* name) {
   }
 }
 
+FAKE_API int shoalFakeCudaLiveEvents(void) {
+  Driver& d = drv();
+  std::lock_guard lk(d.mu);
+  return static_cast<int>(d.events.size());
+}
+
 FAKE_API unsigned long long shoalFakeCudaReduceLaunchesOn(int device) {
   return device >= 0 && device < kMaxDevices ? gReduceLaunches[device].load() : 0;
 }

@@ -82,6 +82,8 @@ int shoalFakeCudaSetDevices(int count);
  * freed. */
 int shoalFakeCudaLiveStreams(void);
 int shoalFakeCudaLiveAllocations(void);
+/* Events created by cuEventCreate and not yet destroyed. */
+int shoalFakeCudaLiveEvents(void);
 
 /* Number of CUDA calls made from inside host functions so far. */
 unsigned long long shoalFakeCudaHostFnViolations(void);
