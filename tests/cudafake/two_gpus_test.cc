@@ -191,6 +191,8 @@ TEST_CASE("a stream of another GPU than the communicator's is refused with ncclI
   const std::string why = ncclGetLastError(comms[0]);
   INFO(why);
   CHECK(why.find("a stream of another CUDA context than the communicator's (device 0)") != std::string::npos);
+  // A call of no elements never reaches a stream, as in NCCL: not refused.
+  NCCL_OK(ncclAllReduce(buf[0], buf[0], 0, ncclFloat, ncclSum, comms[0], streams[1]));
   NCCL_OK(ncclGroupStart());
   CHECK(ncclAllReduce(buf[1], buf[1], N, ncclFloat, ncclSum, comms[1], streams[0]) == ncclInvalidArgument);
   for (int r = 0; r < 2; ++r) NCCL_OK(ncclAllReduce(buf[r], buf[r], N, ncclFloat, ncclSum, comms[r], streams[r]));
