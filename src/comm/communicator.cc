@@ -205,15 +205,11 @@ Result<std::vector<PeerInfo>> Communicator::exchangePeers(const PeerInfo& self, 
 // machine facts.
 Result<InitProposal> Communicator::proposal(const PeerInfo& self) const {
   InitProposal p;
-  auto readsEveryPeer = [&](TransportChoice choice) {
-    for (int r = 0; r < nranks_; ++r) {
-      if (r == rank_ || peers_[r].sameProcess(self)) continue;
-      auto chosen = selectTransport(self, peers_[r], choice);
-      if (!chosen.isOk() || !chosen.value()->readsPeerMemory(peers_[r])) return false;
-    }
-    return true;
-  };
-  p.readsEveryPeer = readsEveryPeer(TransportChoice{});
+  for (int r = 0; r < nranks_ && p.readsEveryPeer; ++r) {
+    if (r == rank_ || peers_[r].sameProcess(self)) continue;
+    auto chosen = selectTransport(self, peers_[r], TransportChoice{});
+    p.readsEveryPeer = chosen.isOk() && chosen.value()->readsPeerMemory(peers_[r]);
+  }
   p.streamPlans = cuda_ != nullptr && !self.gpu.empty() && cuda_->streamPlansWanted(self.gpu) &&
                   !threadsAndProcesses(self);
   p.fewHardwareQueues = cuda_ != nullptr && cuda::Driver::fewHardwareQueues();  // the process's setting
@@ -221,8 +217,8 @@ Result<InitProposal> Communicator::proposal(const PeerInfo& self) const {
       cuda_ != nullptr && !self.gpu.empty() && cuda_->waitModeOf(self.gpu) == cuda::WaitMode::kSynchronous;
   std::string whyNot = whyNotDeviceDirect(self);
   p.deviceDirect = whyNot.empty();
-  if (p.deviceDirect) p.readsEveryPeerDeviceDirect = readsEveryPeer(TransportChoice{.deviceDirect = true});
-  else if (!self.gpu.empty()) SHOAL_INFO(subsys::kInit, describe(), ": device buffers cannot go GPU to GPU: ", whyNot);
+  if (!p.deviceDirect && !self.gpu.empty())
+    SHOAL_INFO(subsys::kInit, describe(), ": device buffers cannot go GPU to GPU: ", whyNot);
   if (topology_.leaders.size() > 1 && rank_ == topology_.leaders[0]) {
     // Device-direct needs every pair to move device memory, which no network
     // transport does: a communicator with a network link is never device-direct.

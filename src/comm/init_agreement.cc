@@ -78,7 +78,6 @@ std::string encodeInitProposal(const InitProposal& proposal) {
   w.u8(kInitProposal);
   w.u8(proposal.readsEveryPeer ? 1 : 0);
   w.u8(proposal.deviceDirect ? 1 : 0);
-  w.u8(proposal.readsEveryPeerDeviceDirect ? 1 : 0);
   w.u8(proposal.streamPlans ? 1 : 0);
   w.u8(proposal.fewHardwareQueues ? 1 : 0);
   w.u8(proposal.synchronousStreams ? 1 : 0);
@@ -101,12 +100,11 @@ Result<InitProposal> decodeInitProposal(std::string_view bytes) {
   };
   const std::optional<bool> reads = flag();
   const std::optional<bool> deviceDirect = flag();
-  const std::optional<bool> readsDeviceDirect = flag();
   const std::optional<bool> streamPlans = flag();
   const std::optional<bool> fewQueues = flag();
   const std::optional<bool> synchronous = flag();
   const std::optional<bool> hasLink = flag();
-  bool flagsOk = reads && deviceDirect && readsDeviceDirect && streamPlans && fewQueues && synchronous && hasLink;
+  bool flagsOk = reads && deviceDirect && streamPlans && fewQueues && synchronous && hasLink;
   if (flagsOk && *hasLink) {
     NetLink link;
     link.transport = r.str(kMaxFieldBytes);
@@ -120,7 +118,6 @@ Result<InitProposal> decodeInitProposal(std::string_view bytes) {
   if (!r.ok() || !flagsOk) return internalError("malformed init proposal");
   proposal.readsEveryPeer = *reads;
   proposal.deviceDirect = *deviceDirect;
-  proposal.readsEveryPeerDeviceDirect = *readsDeviceDirect;
   proposal.streamPlans = *streamPlans;
   proposal.fewHardwareQueues = *fewQueues;
   proposal.synchronousStreams = *synchronous;
@@ -146,8 +143,7 @@ Result<InitAgreement> agree(const std::vector<InitProposal>& proposals) {
     const InitProposal& p = proposals[r];
     if (p.fewHardwareQueues && agreement.rankWithFewQueues < 0) agreement.rankWithFewQueues = static_cast<int>(r);
     if (p.synchronousStreams && agreement.rankSynchronous < 0) agreement.rankSynchronous = static_cast<int>(r);
-    agreement.everyoneReadsPeers = agreement.everyoneReadsPeers &&
-                                   (agreement.deviceDirect ? p.readsEveryPeerDeviceDirect : p.readsEveryPeer);
+    agreement.everyoneReadsPeers = agreement.everyoneReadsPeers && !agreement.deviceDirect && p.readsEveryPeer;
     if (p.netLink) {
       if (agreement.netLink && *agreement.netLink != *p.netLink)
         return internalError("two ranks proposed the network link (", agreement.netLink->transport, " and, from rank ",

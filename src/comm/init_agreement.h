@@ -52,10 +52,8 @@ struct InitProposal {
   bool readsEveryPeer = true;     // this rank reads every other process's memory
   // Device-direct (transports/registry.h, TransportChoice): this rank has a
   // GPU whose reduction kernels loaded and reaches every peer through a
-  // transport that moves device memory; and whether it would then read
-  // every peer's memory.
+  // transport that moves device memory.
   bool deviceDirect = false;
-  bool readsEveryPeerDeviceDirect = false;
   // Whether its GPU's streams run stream plans (Driver::streamPlansWanted)
   // and its peers are not a mix of threads of its process and other
   // processes (loopback between threads has no stream link, so a plan's
@@ -78,6 +76,12 @@ std::string encodeInitProposal(const InitProposal& proposal);
 Result<InitProposal> decodeInitProposal(std::string_view bytes);
 
 struct InitAgreement {
+  // Every rank reads every peer's buffers (RankView::peerReads): never on a
+  // device-direct communicator, whose buffers are device memory that no
+  // host step reads and that device plans reach only inside windows (those
+  // take their peer-reading plans apart: PlanCache::windowPlanFor). Threads
+  // of one process could read each other's host buffers, but a plan chosen
+  // for that would stage every large call on device buffers.
   bool everyoneReadsPeers = true;
   // Every rank proposed device-direct.
   bool deviceDirect = false;

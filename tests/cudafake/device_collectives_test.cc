@@ -370,6 +370,44 @@ TEST_CASE("every collective on device buffers with 1 to 4 ranks as threads", "[c
   }
 }
 
+// Large calls between threads: the sizes where the host path would read the
+// peers' buffers in place (peer_read), which device buffers outside windows
+// cannot offer, must still run on the GPU (reduced by the kernels), not be
+// staged through host memory and reduced by the CPU.
+TEST_CASE("large collectives on device buffers between threads reduce on the GPU", "[cudafake]") {
+  useDevice0();
+  const size_t N = size_t{1} << 20;  // 4 MiB of floats
+  for (int n : {2, 3}) {
+    Mismatches bad;
+    const uint64_t launchesBefore = shoalFakeCudaReduceLaunchesOn(0);
+    onThreads(n, [&](int r, ncclComm_t comm, CUstream s) {
+      auto expectAll = [&](const DeviceFloats& buf, const std::function<float(size_t)>& want, const char* what) {
+        cuStreamSynchronize(s);
+        std::vector<float> got = buf.read();
+        for (size_t i = 0; i < got.size(); ++i)
+          if (got[i] != want(i)) {
+            bad.expect(false, std::string(what) + " rank " + std::to_string(r) + " element " + std::to_string(i));
+            return;
+          }
+      };
+      DeviceFloats send(N * n, [&](size_t i) { return val(r, i); });
+      DeviceFloats recv(N * n);
+      bad.expect(ncclAllReduce(send.at(), recv.at(), N, ncclFloat, ncclSum, comm, s) == ncclSuccess, "AllReduce");
+      expectAll(recv, [&](size_t i) { return i < N ? sumOfVals(n, i) : -1.0f; }, "AllReduce");
+      DeviceFloats part(N);
+      bad.expect(ncclReduceScatter(send.at(), part.at(), N, ncclFloat, ncclSum, comm, s) == ncclSuccess,
+                 "ReduceScatter");
+      expectAll(part, [&](size_t i) { return sumOfVals(n, r * N + i); }, "ReduceScatter");
+      bad.expect(ncclAllGather(send.at(), recv.at(), N, ncclFloat, comm, s) == ncclSuccess, "AllGather");
+      expectAll(recv, [&](size_t i) { return val(static_cast<int>(i / N), i % N); }, "AllGather");
+    });
+    INFO(n << " ranks: " << bad.first);
+    CHECK(bad.count == 0);
+    // Every rank reduces in the AllReduce and in the ReduceScatter.
+    CHECK(shoalFakeCudaReduceLaunchesOn(0) - launchesBefore >= 2u * static_cast<uint64_t>(n));
+  }
+}
+
 // With CUDA_DEVICE_MAX_CONNECTIONS below 4 streams share so few hardware
 // queues that the user's stream, waiting for the host, would hold back a
 // device plan's kernels and copies: such calls are staged (reduced by the

@@ -100,7 +100,6 @@ TEST_CASE("an init proposal round-trips with and without a network link", "[init
   InitProposal withLink;
   withLink.readsEveryPeer = false;
   withLink.deviceDirect = true;
-  withLink.readsEveryPeerDeviceDirect = false;
   withLink.streamPlans = true;
   withLink.fewHardwareQueues = true;
   withLink.synchronousStreams = true;
@@ -111,7 +110,6 @@ TEST_CASE("an init proposal round-trips with and without a network link", "[init
   REQUIRE(back.isOk());
   CHECK_FALSE(back->readsEveryPeer);
   CHECK(back->deviceDirect);
-  CHECK_FALSE(back->readsEveryPeerDeviceDirect);
   CHECK(back->streamPlans);
   CHECK(back->fewHardwareQueues);
   CHECK(back->synchronousStreams);
@@ -133,9 +131,9 @@ TEST_CASE("an init proposal round-trips with and without a network link", "[init
   CHECK_FALSE(plainBack->synchronousStreams);
   CHECK_FALSE(plainBack->netLink.has_value());
 
-  // A flag byte other than 0 or 1 (each of the seven), and a link without a
+  // A flag byte other than 0 or 1 (each of the six), and a link without a
   // transport name.
-  for (size_t at = 1; at <= 7; ++at) {
+  for (size_t at = 1; at <= 6; ++at) {
     std::string badFlag = encodeInitProposal(plain);
     badFlag[at] = 2;
     CHECK_FALSE(decodeInitProposal(badFlag).isOk());
@@ -171,8 +169,7 @@ TEST_CASE("agree: device-direct needs every rank and stream links need every ran
   for (InitProposal& p : proposals) {
     p.deviceDirect = true;
     p.streamPlans = true;
-    p.readsEveryPeer = true;               // over shm, were it chosen
-    p.readsEveryPeerDeviceDirect = false;  // over cuda_ipc
+    p.readsEveryPeer = true;  // over shm, or threads of one process
   }
   auto agreed = agree(proposals);
   REQUIRE(agreed.isOk());
@@ -180,7 +177,9 @@ TEST_CASE("agree: device-direct needs every rank and stream links need every ran
   CHECK(agreed->notDeviceDirect.empty());
   CHECK(agreed->streamLinks);
   CHECK(agreed->noStreamLinks.empty());
-  CHECK_FALSE(agreed->everyoneReadsPeers);  // peer reads as the chosen transports allow
+  // Device buffers outside windows are read by no host step and no device
+  // plan: a plan reading the peers would stage every call.
+  CHECK_FALSE(agreed->everyoneReadsPeers);
 
   // One rank without stream plans: device-direct still, no stream links.
   proposals[2].streamPlans = false;
