@@ -107,6 +107,17 @@ if(TARGET all_reduce_perf)
     -b 8 -e 1M -f 8 -c 1 -n 3)
   shoal_add_device_perf_test(cudafake.perf.reduce_scatter.t3.windows reduce_scatter_perf -t 3 -R 2
     -b 8 -e 1M -f 8 -c 1 -n 3)
+  # The GPU check script's benchmark stage (tools/gpu/check.sh), small, on
+  # this build's benchmarks and the stand-in: every run it makes passes its
+  # data check and takes the path it names (device-direct, stream plans,
+  # device plans between threads, windows read in place), so the script a
+  # GPU machine runs is known to work before one is lent.
+  add_test(NAME cudafake.gpu_check_script
+    COMMAND bash ${PROJECT_SOURCE_DIR}/tools/gpu/check.sh ${PROJECT_BINARY_DIR}/tests/cudafake/gpu-check)
+  set_tests_properties(cudafake.gpu_check_script PROPERTIES LABELS cudafake TIMEOUT 300
+    ENVIRONMENT "NCCL_SOCKET_IFNAME=lo;SHOAL_CUDA_DRIVER=${SHOAL_CUDAFAKE_LIB};BUILD_DIR=${PROJECT_BINARY_DIR};STAGES=perf;BIG=1M;PERF_MAX=64K;RANKS=1 2;BUDGET_S=280"
+    PASS_REGULAR_EXPRESSION "PASS perf"
+    FAIL_REGULAR_EXPRESSION "FAIL")
 endif()
 
 # Device buffers over the ofi transport: staged (this libfabric grants no

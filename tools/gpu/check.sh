@@ -103,19 +103,31 @@ perf_run() {
   fi
 }
 
+# expect_path WHAT PATTERN LOG: fails, saying so, unless LOG has PATTERN
+# (the path the run was meant to take did not run).
+expect_path() {
+  if grep -qE "$2" <<<"$3"; then return 0; fi
+  echo "FAILED: $1 (no \"$2\" in its log)"
+  return 1
+}
+
 perf() {
-  local failed=0
+  local failed=0 log
   # Which path ran, then the bandwidth runs the GPU goal compares: processes
   # device-direct by default (cuda_ipc, stream plans), the same with the
   # host stepping through the plan (device plans: no stream ring), staged
   # through pinned host memory over shm, and threads (device plans over
   # loopback).
   echo "--- which path ran (NCCL_DEBUG=INFO)"
-  NCCL_DEBUG=INFO perf_run all_reduce_perf --procs 2 -b 1M -e 1M -n 1 -w 0 -c 1 2>&1 |
-    grep -E "device-direct|staged through|stream plans|device plans" | head -4
+  log=$(NCCL_DEBUG=INFO perf_run all_reduce_perf --procs 2 -b 1M -e 1M -n 1 -w 0 -c 1 2>&1) || failed=1
+  grep -E "device-direct|staged through|stream plans|device plans|FAILED" <<<"$log" | head -5
+  expect_path "2 processes device-direct" "device-direct: device buffers move GPU to GPU" "$log" || failed=1
+  expect_path "2 processes on stream plans" "stream plans: operations" "$log" || failed=1
   echo "--- which path ran as threads (NCCL_DEBUG=INFO: device plans over loopback)"
-  NCCL_DEBUG=INFO perf_run all_reduce_perf -t 2 -b 1M -e 1M -n 1 -w 0 -c 1 2>&1 |
-    grep -E "device-direct|staged through|device plans" | head -3
+  log=$(NCCL_DEBUG=INFO perf_run all_reduce_perf -t 2 -b 1M -e 1M -n 1 -w 0 -c 1 2>&1) || failed=1
+  grep -E "device-direct|staged through|device plans|FAILED" <<<"$log" | head -4
+  expect_path "2 threads device-direct" "device-direct: device buffers move GPU to GPU" "$log" || failed=1
+  expect_path "2 threads on device plans" "device plans: operations" "$log" || failed=1
   echo "--- all_reduce_perf: 2 processes, $BIG, bandwidth (device-direct: cuda_ipc, stream plans)"
   perf_run all_reduce_perf --procs 2 -b "$BIG" -e "$BIG" -n 5 -w 2 -c 1 || failed=1
   echo "--- the same over cuda_ipc, the host stepping through the plan (SHOAL_CUDA_STREAM_PLANS=0: no stream ring)"
@@ -137,11 +149,14 @@ perf() {
   SHOAL_CUDA_STREAM_PLANS=0 perf_run all_reduce_perf --procs 2 -R 2 -b 1M -e "$BIG" -f 8 -n 5 -w 2 -c 1 || failed=1
   echo "--- which path ran with windows (NCCL_DEBUG=TRACE: calls on the streams, of those reading the peers' windows)"
   NCCL_DEBUG=TRACE NCCL_DEBUG_SUBSYS=COLL perf_run all_reduce_perf --procs 2 -R 2 -b 64K -e 1M -f 16 -n 1 -w 0 -c 1 \
-    >"$OUTDIR/windows-trace.log" 2>&1
-  grep -c "on the streams, reading the peers' windows" "$OUTDIR/windows-trace.log"
-  grep -c "reading the peers' windows" "$OUTDIR/windows-trace.log"
+    >"$OUTDIR/windows-trace.log" 2>&1 || failed=1
+  log=$(<"$OUTDIR/windows-trace.log")
+  grep -c "on the streams, reading the peers' windows" <<<"$log"
+  grep -c "reading the peers' windows" <<<"$log"
+  expect_path "windows read in place on the streams" "on the streams, reading the peers' windows" "$log" || failed=1
   echo "--- of those, AllReduces in one phase (64K: one_shot_read; 1M: peer_read)"
-  grep -c "(one_shot_read) count .* on the streams" "$OUTDIR/windows-trace.log"
+  grep -c "(one_shot_read) count .* on the streams" <<<"$log"
+  expect_path "64 KiB AllReduce on windows in one phase" "\(one_shot_read\) count .* on the streams" "$log" || failed=1
   echo "--- all_reduce_perf: every type and operator, 2 processes"
   perf_run all_reduce_perf --procs 2 -b 1K -e 1M -f 32 -d all -o all -n 2 -w 1 -c 1 || failed=1
   # So few hardware queues that a stream waiting for the host would hold
@@ -201,7 +216,7 @@ stage probe 30 "$(declare -f probe); probe"
 stage build 240 "$(declare -f build); ROOT='$ROOT' BUILD='$BUILD' build"
 stage bench 180 "$(declare -f bench_stage); ROOT='$ROOT' BUILD='$BUILD' bench_stage"
 stage torch 90 "$(declare -f torch_stage); ROOT='$ROOT' BUILD='$BUILD' torch_stage"
-stage perf 420 "$(declare -f perf perf_run); BUILD='$BUILD' RANKS='$RANKS' PERF_MAX='$PERF_MAX' BIG='$BIG' OUTDIR='$OUTDIR' perf"
+stage perf 420 "$(declare -f perf perf_run expect_path); BUILD='$BUILD' RANKS='$RANKS' PERF_MAX='$PERF_MAX' BIG='$BIG' OUTDIR='$OUTDIR' perf"
 
 echo "=== summary"
 cat "$SUMMARY"
