@@ -28,7 +28,7 @@ void logVersionOnce() {
   static std::once_flag once;
   std::call_once(once, [] {
     SHOAL_LOG(LogLevel::kVersion, subsys::kInit, "NCCL version 2.30.7+shoal ", SHOAL_VERSION_STRING,
-              " (Shoal, host memory)");
+              cuda::Driver::built() ? " (Shoal: host and CUDA device memory)" : " (Shoal: host memory; built without CUDA)");
   });
 }
 

@@ -136,6 +136,10 @@ perf() {
   NCCL_P2P_DISABLE=1 perf_run all_reduce_perf --procs 2 -b "$BIG" -e "$BIG" -n 5 -w 2 -c 1 || failed=1
   echo "--- all_reduce_perf: 2 ranks as threads, $BIG, bandwidth (device plans over loopback)"
   perf_run all_reduce_perf -t 2 -b "$BIG" -e "$BIG" -n 5 -w 2 -c 1 || failed=1
+  # The tuner prices device plans with host figures (4 MiB segments at
+  # most): each segment costs the host a copy and a kernel it waits for.
+  echo "--- the same in 64 MiB segments (SHOAL_SEGMENT_BYTES: fewer, larger GPU steps)"
+  SHOAL_SEGMENT_BYTES=67108864 perf_run all_reduce_perf -t 2 -b "$BIG" -e "$BIG" -n 5 -w 2 -c 1 || failed=1
   # Buffers in symmetric windows (-R 2): each rank reads the peers' buffers
   # in place (peer_read plans whole on the streams, meeting on window
   # boards), over the default transport; then the same host-stepped.
