@@ -36,10 +36,14 @@ Result<std::unique_ptr<CudaIpcConnection>> CudaIpcConnection::make(ConnectionSet
   SHOAL_ASSIGN_OR_RETURN(c->recvStream_, driver->createStream(), "cuda_ipc connection to ",
                          c->setup_.peerDescription);
   if (c->setup_.streamRing) {
-    SHOAL_ASSIGN_OR_RETURN(void* log, driver->hostAlloc((kHeaderLog * 2 + 1) * sizeof(uint64_t)),
-                           "cuda_ipc: the stream ring's header log");
-    c->headerLog_ = static_cast<uint64_t*>(log);
-    *c->headersLogged() = 0;
+    StreamRing::Setup ring;
+    ring.side = c->setup_.side;
+    ring.words = &c->setup_.control->streamWords;
+    for (int lane = 0; lane < 2; ++lane) ring.fifo[lane] = c->slotAddress(2 + lane, 0);
+    ring.slots = c->setup_.slots;
+    ring.slotBytes = c->setup_.slotBytes;
+    ring.peerDescription = c->setup_.peerDescription;
+    SHOAL_ASSIGN_OR_RETURN(c->ring_, StreamRing::make(*driver, std::move(ring)), "cuda_ipc");
   }
   for (uint32_t i = 0; i < c->setup_.slots; ++i) {
     SHOAL_ASSIGN_OR_RETURN(cuda::EventHandle send, driver->createEvent(), "cuda_ipc events");
@@ -65,7 +69,9 @@ CudaIpcConnection::~CudaIpcConnection() {
       driver->destroyStream(recvStream_);
       // The peer's mapping keeps the memory until it unmaps it too.
       if (setup_.fifo) (void)driver->deviceFree(setup_.fifo);
-      driver->hostFree(headerLog_);
+      ring_.reset();
+    } else {
+      (void)ring_.release();  // a stream may still write its header log: never freed under it
     }
     if (setup_.streamRing) driver->unregisterHost(setup_.control);
   }
@@ -92,7 +98,7 @@ Status CudaIpcConnection::postRecv(void* data, uint64_t bytes, uint64_t tag, uin
 Status CudaIpcConnection::fail(Status status) {
   if (!failed_.isOk()) return failed_;
   failed_ = std::move(status);
-  hostRingFailed_.store(true, std::memory_order_release);
+  if (ring_) ring_->markFailed();
   // No copy of this connection may touch a posted buffer once it has
   // reported an error: the caller's job ends, and its buffers may be freed.
   // (A stream is synchronized in its own context, whichever is current.)
@@ -249,122 +255,6 @@ Status CudaIpcConnection::lookAtPeer(bool idle) {
   if (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
     return remoteError(setup_.peerDescription, ": cuda_ipc socket: ", std::strerror(errno));
   return Status::ok();
-}
-
-// The stream ring. A chunk's wait, copy and word write are enqueued on the
-// caller's stream in that order, so the word is written once the copy is
-// done (a stream memory write follows the stream's earlier work).
-Status CudaIpcConnection::usableStreamRing() const {
-  if (setup_.control->streamBroken.load(std::memory_order_acquire))
-    return remoteError(setup_.peerDescription, ": the stream ring is broken (an operation on it failed, on this rank "
-                       "or the peer; see the first error)");
-  if (hostRingFailed_.load(std::memory_order_acquire))
-    return remoteError(setup_.peerDescription, ": the connection has failed");
-  return Status::ok();
-}
-
-Status CudaIpcConnection::enqueueSend(const void* src, uint64_t bytes, uint64_t tag, void* stream) {
-  SHOAL_TRY(usableStreamRing());
-  cuda::Driver& driver = *cuda::Driver::inUse();
-  StreamLane& lane = setup_.control->streamLanes[setup_.side];
-  const auto* from = static_cast<const uint8_t*>(src);
-  uint64_t chunk = streamSendEnqueued_.load(std::memory_order_relaxed);
-  for (uint64_t offset = 0; offset < bytes; offset += setup_.slotBytes, ++chunk) {
-    const uint64_t n = std::min<uint64_t>(setup_.slotBytes, bytes - offset);
-    // Slot chunk % slots is free once the peer has copied out chunk - slots.
-    if (chunk >= setup_.slots) {
-      SHOAL_TRY(driver.waitValueAsync(&lane.consumed, chunk - setup_.slots + 1, stream));
-    }
-    if (offset == 0) {
-      uint64_t* header = lane.headers[chunk % setup_.slots];
-      SHOAL_TRY(driver.writeValueAsync(&header[0], tag, stream));
-      SHOAL_TRY(driver.writeValueAsync(&header[1], bytes, stream));
-    }
-    SHOAL_TRY(driver.copyAsync(slotAddress(2 + setup_.side, chunk), from + offset, n, stream));
-    SHOAL_TRY(driver.writeValueAsync(&lane.published, chunk + 1, stream));
-    // Counted per chunk enqueued whole (a failed call leaves the ring to release()).
-    streamSendEnqueued_.store(chunk + 1, std::memory_order_release);
-  }
-  return Status::ok();
-}
-
-Status CudaIpcConnection::enqueueRecv(void* dst, uint64_t bytes, uint64_t tag, void* stream) {
-  SHOAL_TRY(usableStreamRing());
-  if (bytes == 0) return Status::ok();
-  cuda::Driver& driver = *cuda::Driver::inUse();
-  StreamLane& lane = setup_.control->streamLanes[1 - setup_.side];
-  auto* to = static_cast<uint8_t*>(dst);
-  uint64_t chunk = streamRecvEnqueued_.load(std::memory_order_relaxed);
-  const uint64_t message = streamRecvMessages_++;
-  {
-    std::lock_guard<std::mutex> lock(expectedMutex_);
-    expected_.push_back(Expected{message, chunk, tag, bytes});
-  }
-  for (uint64_t offset = 0; offset < bytes; offset += setup_.slotBytes, ++chunk) {
-    const uint64_t n = std::min<uint64_t>(setup_.slotBytes, bytes - offset);
-    SHOAL_TRY(driver.waitValueAsync(&lane.published, chunk + 1, stream));
-    if (offset == 0) {
-      SHOAL_TRY(driver.copyAsync(headerLog_ + 2 * (message % kHeaderLog), lane.headers[chunk % setup_.slots],
-                                 2 * sizeof(uint64_t), stream));
-      SHOAL_TRY(driver.writeValueAsync(headersLogged(), message + 1, stream));
-    }
-    SHOAL_TRY(driver.copyAsync(to + offset, slotAddress(2 + (1 - setup_.side), chunk), n, stream));
-    SHOAL_TRY(driver.writeValueAsync(&lane.consumed, chunk + 1, stream));
-    streamRecvEnqueued_.store(chunk + 1, std::memory_order_release);
-  }
-  return Status::ok();
-}
-
-StreamLink::Progress CudaIpcConnection::progress() const {
-  const StreamLane& out = setup_.control->streamLanes[setup_.side];
-  const StreamLane& in = setup_.control->streamLanes[1 - setup_.side];
-  Progress p;
-  p.sendEnqueued = streamSendEnqueued_.load(std::memory_order_acquire);
-  p.sent = __atomic_load_n(&out.consumed, __ATOMIC_ACQUIRE);
-  p.recvEnqueued = streamRecvEnqueued_.load(std::memory_order_acquire);
-  p.received = __atomic_load_n(&in.published, __ATOMIC_ACQUIRE);
-  return p;
-}
-
-Status CudaIpcConnection::verify() {
-  if (setup_.control->streamBroken.load(std::memory_order_acquire)) return usableStreamRing();
-  std::lock_guard<std::mutex> lock(expectedMutex_);
-  while (!expected_.empty()) {
-    const Expected& e = expected_.front();
-    // The header is in the log once the stream has counted it (it writes
-    // the count after the copy); entry m is reused by message m + kHeaderLog,
-    // whose copy may start once the count has reached that: read between two
-    // looks at the count, and a read that may have met that copy is not
-    // checked (no false alarm).
-    const uint64_t* logged = headersLogged();
-    if (static_cast<int64_t>(__atomic_load_n(logged, __ATOMIC_ACQUIRE) - (e.message + 1)) < 0) break;
-    const uint64_t* header = headerLog_ + 2 * (e.message % kHeaderLog);
-    const uint64_t tag = __atomic_load_n(&header[0], __ATOMIC_ACQUIRE);
-    const uint64_t bytes = __atomic_load_n(&header[1], __ATOMIC_ACQUIRE);
-    const bool overwritten =
-        static_cast<int64_t>(__atomic_load_n(logged, __ATOMIC_ACQUIRE) - (e.message + kHeaderLog)) >= 0;
-    if (!overwritten && (tag != e.tag || bytes != e.bytes))
-      return invalidUsage(setup_.peerDescription, ": message mismatch on the stream ring: the receive expects ",
-                          describeTag(e.tag), ", ", e.bytes, " bytes; the peer sent ", describeTag(tag), ", ",
-                          bytes, " bytes (ranks called different operations or counts)");
-    expected_.pop_front();
-  }
-  return Status::ok();
-}
-
-void CudaIpcConnection::release() {
-  // For good, for both sides: the peer's plans on this ring fail (verify)
-  // and release their side; nothing more is enqueued on it.
-  setup_.control->streamBroken.store(1, std::memory_order_release);
-  // Far past every chunk enqueued (the waits compare cyclically): the words
-  // this side's streams wait on, which only the peer writes otherwise (and
-  // may write again while its streams run: the caller releases again until
-  // ours have passed).
-  constexpr uint64_t kReleased = 1ull << 40;
-  StreamLane& out = setup_.control->streamLanes[setup_.side];
-  StreamLane& in = setup_.control->streamLanes[1 - setup_.side];
-  __atomic_store_n(&out.consumed, streamSendEnqueued_.load() + kReleased, __ATOMIC_RELEASE);
-  __atomic_store_n(&in.published, streamRecvEnqueued_.load() + kReleased, __ATOMIC_RELEASE);
 }
 
 Status CudaIpcConnection::checkAlive() {

@@ -20,13 +20,8 @@
 //
 // Stream link: where both sides' GPUs run stream memory operations, the
 // allocation holds a second pair of FIFOs that CUDA streams drive themselves
-// (StreamLink, stream plans): per chunk, the sender's stream waits until the
-// slot is free (the peer's `consumed` word, cuStreamWaitValue64), copies,
-// and writes `published`; the receiver's stream waits for `published`,
-// copies out and writes `consumed`. The words live in the control block,
-// registered with CUDA on both sides, so the host reads them for progress
-// and writes them to release the streams of a failed link. Chunk numbers
-// are counted when messages are enqueued, in call order, on both sides.
+// (a StreamRing, transports/stream_ring; stream plans). Its words live in
+// the control block, registered with CUDA on both sides.
 //
 // Liveness: the Unix socket stays open for the connection's life, so the
 // kernel tells each side when the other process is gone (end of stream);
@@ -44,11 +39,12 @@
 
 #include "cuda/driver.h"
 #include "net/fd.h"
+#include "transports/stream_ring/stream_ring.h"
 #include "transports/transport.h"
 
 namespace shoal::cuda_ipc {
 
-inline constexpr uint32_t kControlMagic = 0x32495043;  // "CPI2"
+inline constexpr uint32_t kControlMagic = 0x33495043;  // "CPI3"
 inline constexpr uint32_t kMaxSlots = 64;
 
 struct SlotHeader {
@@ -65,29 +61,18 @@ struct Lane {
   alignas(64) SlotHeader slots[kMaxSlots];
 };
 
-// One direction of the stream ring: words CUDA streams wait on and write
-// (64-bit stream memory operations, cyclic compare).
-struct StreamLane {
-  alignas(64) uint64_t published = 0;  // chunks the sender's stream has copied in
-  alignas(64) uint64_t consumed = 0;   // chunks the receiver's stream has copied out
-  // Per slot, the tag and byte count of the message whose first chunk it
-  // holds, written by the sender's stream before that chunk is published.
-  alignas(64) uint64_t headers[kMaxSlots][2] = {};
-};
+static_assert(kMaxSlots <= kStreamRingMaxSlots);
 
-// The shared control block; lanes[s] (streamLanes[s]) carries side s's
-// messages to the other side.
+// The shared control block; lanes[s] (streamWords.lanes[s]) carries side
+// s's messages to the other side.
 struct Control {
   uint32_t magic = 0;
   uint32_t slots = 0;
   uint64_t slotBytes = 0;
   uint32_t streamRing = 0;  // 1: the allocation's second FIFO pair is the stream ring
   std::atomic<uint32_t> closed[2];
-  // Set for good by a side that released the stream ring (a failed stream
-  // plan): neither side enqueues on it again, and a plan still on it fails.
-  std::atomic<uint32_t> streamBroken{0};
   Lane lanes[2];
-  StreamLane streamLanes[2];
+  StreamRingWords streamWords;
 };
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
 // Bytes of the control block's mapping.
@@ -106,7 +91,7 @@ struct ConnectionSetup {
   std::string peerDescription;
 };
 
-class CudaIpcConnection final : public Connection, private StreamLink {
+class CudaIpcConnection final : public Connection {
  public:
   // Takes ownership of everything in `setup`; creates streams and events in
   // its context (which must not be current on another thread's stack only).
@@ -123,18 +108,9 @@ class CudaIpcConnection final : public Connection, private StreamLink {
   Status checkAlive() override;
   void quiesce() override { (void)fail(error(Code::kAborted, "the operation using this connection ended")); }
   const std::string& peerDescription() const override { return setup_.peerDescription; }
-  StreamLink* streamLink() override { return setup_.streamRing ? this : nullptr; }
+  StreamLink* streamLink() override { return ring_.get(); }
 
  private:
-  // StreamLink.
-  Status enqueueSend(const void* src, uint64_t bytes, uint64_t tag, void* stream) override;
-  Status enqueueRecv(void* dst, uint64_t bytes, uint64_t tag, void* stream) override;
-  Progress progress() const override;
-  Status verify() override;
-  void release() override;
-  // An error once the ring may not be used: released, or the connection failed.
-  Status usableStreamRing() const;
-
   explicit CudaIpcConnection(ConnectionSetup setup);
 
   struct Op {
@@ -181,24 +157,7 @@ class CudaIpcConnection final : public Connection, private StreamLink {
   uint64_t recvConsumed_ = 0;   // == in_->consumed
   uint32_t idlePolls_ = 0;
   Status failed_;
-  std::atomic<bool> hostRingFailed_{false};  // failed_ is set (read by the enqueuing thread)
-  // The stream ring: chunks enqueued each way (written on the enqueuing
-  // thread, read by progress() from any thread).
-  std::atomic<uint64_t> streamSendEnqueued_{0}, streamRecvEnqueued_{0};
-  // Received messages' headers, copied by the receiving stream from the
-  // slot into a pinned log (entry m % kHeaderLog) before it hands the slot
-  // back, and what each receive expected, checked in order by verify().
-  static constexpr uint64_t kHeaderLog = 1024;
-  // kHeaderLog x {tag, bytes}, then the count of messages whose header the
-  // stream has copied (written by the stream after each copy).
-  uint64_t* headerLog_ = nullptr;
-  uint64_t* headersLogged() const { return headerLog_ + 2 * kHeaderLog; }
-  struct Expected {
-    uint64_t message = 0, firstChunk = 0, tag = 0, bytes = 0;
-  };
-  std::mutex expectedMutex_;
-  std::deque<Expected> expected_;  // guarded by expectedMutex_
-  uint64_t streamRecvMessages_ = 0;
+  std::unique_ptr<StreamRing> ring_;  // where setup_.streamRing
 };
 
 }  // namespace shoal::cuda_ipc
