@@ -15,6 +15,7 @@
 
 #include <array>
 #include <atomic>
+#include <barrier>
 #include <cmath>
 #include <chrono>
 #include <cstring>
@@ -406,6 +407,68 @@ TEST_CASE("large collectives on device buffers between threads reduce on the GPU
     // Every rank reduces in the AllReduce and in the ReduceScatter.
     CHECK(shoalFakeCudaReduceLaunchesOn(0) - launchesBefore >= 2u * static_cast<uint64_t>(n));
   }
+}
+
+// Ranks that are threads of one process run stream plans over loopback's
+// stream ring, as processes do over cuda_ipc's: the host takes no step
+// while the streams run an operation (no stream synchronization, no event
+// query), a stream wait per chunk, the reductions by the kernels.
+TEST_CASE("stream plans between threads run with no host step and give the right bytes", "[cudafake]") {
+  useDevice0();
+  // 8 KiB slots: every message in many chunks, the ring wrapping many times.
+  shoal::testing::ScopedEnv env{{"SHOAL_LOOPBACK_RING_BYTES", "65536"}};
+  const int n = 3;
+  const size_t N = 30000;  // 120 KB per rank
+  const char* watched[] = {"cuStreamSynchronize", "cuEventQuery", "cuEventSynchronize", "cuCtxSynchronize",
+                           "cuStreamWaitValue64", "cuLaunchKernel"};
+  uint64_t before[6] = {}, delta[6] = {};
+  std::barrier phase(n);
+  Mismatches bad;
+  onThreads(n, [&](int r, ncclComm_t comm, CUstream s) {
+    DeviceFloats send(N * n, [&](size_t i) { return val(r, i); });
+    DeviceFloats ar(N), ag(N * n), rs(N);
+    // Connections, kernels and scratch first.
+    bad.expect(ncclAllReduce(send.at(), ar.at(), N, ncclFloat, ncclSum, comm, s) == ncclSuccess, "warm-up");
+    cuStreamSynchronize(s);
+    phase.arrive_and_wait();
+    if (r == 0)
+      for (int k = 0; k < 6; ++k) before[k] = shoalFakeCudaCallCount(watched[k]);
+    phase.arrive_and_wait();
+    shoalFakeCudaStreamDelay(s, 100);  // the calls return before any of their work runs
+    bad.expect(ncclAllReduce(send.at(), ar.at(), N, ncclFloat, ncclSum, comm, s) == ncclSuccess, "AllReduce");
+    bad.expect(ncclAllGather(send.at(), ag.at(), N, ncclFloat, comm, s) == ncclSuccess, "AllGather");
+    bad.expect(ncclReduceScatter(send.at(), rs.at(), N, ncclFloat, ncclSum, comm, s) == ncclSuccess,
+               "ReduceScatter");
+    // Waited for without a synchronizing call.
+    auto t0 = Clock::now();
+    while (cuStreamQuery(s) == CUDA_ERROR_NOT_READY && msSince(t0) < 30000) ::usleep(1000);
+    bad.expect(cuStreamQuery(s) == CUDA_SUCCESS, "the stream finished");
+    phase.arrive_and_wait();
+    if (r == 0)
+      for (int k = 0; k < 6; ++k) delta[k] = shoalFakeCudaCallCount(watched[k]) - before[k];
+    phase.arrive_and_wait();
+    ncclResult_t async = ncclInProgress;
+    ncclCommGetAsyncError(comm, &async);
+    bad.expect(async == ncclSuccess, "no asynchronous error");
+    std::vector<float> got = ar.read();
+    for (size_t i = 0; i < N; ++i) bad.expect(got[i] == sumOfVals(n, i), "AllReduce element " + std::to_string(i));
+    got = ag.read();
+    for (size_t i = 0; i < N * n; ++i)
+      bad.expect(got[i] == val(static_cast<int>(i / N), i % N), "AllGather element " + std::to_string(i));
+    got = rs.read();
+    for (size_t i = 0; i < N; ++i)
+      bad.expect(got[i] == sumOfVals(n, r * N + i), "ReduceScatter element " + std::to_string(i));
+  });
+  INFO(bad.first);
+  CHECK(bad.count == 0);
+  INFO("synchronize " << delta[0] << ", event queries " << delta[1] << ", stream waits " << delta[4]
+                      << ", kernel launches " << delta[5]);
+  CHECK(delta[0] == 0);
+  CHECK(delta[1] == 0);
+  CHECK(delta[2] == 0);
+  CHECK(delta[3] == 0);
+  CHECK(delta[4] >= 3u * 15u);  // a wait per chunk: 120 KB in 8 KiB chunks, three operations
+  CHECK(delta[5] > 0);          // the reductions by the kernels
 }
 
 // With CUDA_DEVICE_MAX_CONNECTIONS below 4 streams share so few hardware

@@ -111,35 +111,47 @@ expect_path() {
   return 1
 }
 
+# which_path WHO ARGS...: a 1 MiB AllReduce of ARGS, its INFO lines on
+# the path, and that it went device-direct on stream plans.
+# NCCL_DEBUG_SUBSYS: the INIT and COLL lines, whatever the caller set.
+which_path() {
+  local who=$1 log rc=0
+  shift
+  log=$(NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,COLL perf_run all_reduce_perf "$@" -b 1M -e 1M -n 1 -w 0 -c 1 2>&1) ||
+    rc=1
+  grep -E "device-direct|staged through|stream plans|device plans" <<<"$log" | head -6
+  grep -E "^FAILED|Out of bounds" <<<"$log"
+  expect_path "$who device-direct" "device-direct: device buffers move GPU to GPU" "$log" || rc=1
+  expect_path "$who on stream plans" "stream plans: operations" "$log" || rc=1
+  return $rc
+}
+
 perf() {
   local failed=0 log
   # Which path ran, then the bandwidth runs the GPU goal compares: processes
   # device-direct by default (cuda_ipc, stream plans), the same with the
   # host stepping through the plan (device plans: no stream ring), staged
-  # through pinned host memory over shm, and threads (device plans over
-  # loopback).
+  # through pinned host memory over shm, and threads (stream plans over
+  # loopback's stream ring; then host-stepped, one GPU copy per message).
   echo "--- which path ran (NCCL_DEBUG=INFO)"
-  log=$(NCCL_DEBUG=INFO perf_run all_reduce_perf --procs 2 -b 1M -e 1M -n 1 -w 0 -c 1 2>&1) || failed=1
-  grep -E "device-direct|staged through|stream plans|device plans|FAILED" <<<"$log" | head -5
-  expect_path "2 processes device-direct" "device-direct: device buffers move GPU to GPU" "$log" || failed=1
-  expect_path "2 processes on stream plans" "stream plans: operations" "$log" || failed=1
-  echo "--- which path ran as threads (NCCL_DEBUG=INFO: device plans over loopback)"
-  log=$(NCCL_DEBUG=INFO perf_run all_reduce_perf -t 2 -b 1M -e 1M -n 1 -w 0 -c 1 2>&1) || failed=1
-  grep -E "device-direct|staged through|device plans|FAILED" <<<"$log" | head -4
-  expect_path "2 threads device-direct" "device-direct: device buffers move GPU to GPU" "$log" || failed=1
-  expect_path "2 threads on device plans" "device plans: operations" "$log" || failed=1
+  which_path "2 processes" --procs 2 || failed=1
+  echo "--- which path ran as threads (NCCL_DEBUG=INFO: stream plans over loopback's stream ring)"
+  which_path "2 threads" -t 2 || failed=1
   echo "--- all_reduce_perf: 2 processes, $BIG, bandwidth (device-direct: cuda_ipc, stream plans)"
   perf_run all_reduce_perf --procs 2 -b "$BIG" -e "$BIG" -n 5 -w 2 -c 1 || failed=1
   echo "--- the same over cuda_ipc, the host stepping through the plan (SHOAL_CUDA_STREAM_PLANS=0: no stream ring)"
   SHOAL_CUDA_STREAM_PLANS=0 perf_run all_reduce_perf --procs 2 -b "$BIG" -e "$BIG" -n 5 -w 2 -c 1 || failed=1
   echo "--- all_reduce_perf: 2 processes staged over shm, $BIG, bandwidth (NCCL_P2P_DISABLE=1)"
   NCCL_P2P_DISABLE=1 perf_run all_reduce_perf --procs 2 -b "$BIG" -e "$BIG" -n 5 -w 2 -c 1 || failed=1
-  echo "--- all_reduce_perf: 2 ranks as threads, $BIG, bandwidth (device plans over loopback)"
+  echo "--- all_reduce_perf: 2 ranks as threads, $BIG, bandwidth (stream plans over loopback's stream ring)"
   perf_run all_reduce_perf -t 2 -b "$BIG" -e "$BIG" -n 5 -w 2 -c 1 || failed=1
-  # The tuner prices device plans with host figures (4 MiB segments at
-  # most): each segment costs the host a copy and a kernel it waits for.
+  echo "--- the same, the host stepping through the plan (SHOAL_CUDA_STREAM_PLANS=0: one GPU copy per message)"
+  SHOAL_CUDA_STREAM_PLANS=0 perf_run all_reduce_perf -t 2 -b "$BIG" -e "$BIG" -n 5 -w 2 -c 1 || failed=1
+  # The tuner prices GPU links with host figures (4 MiB segments at most):
+  # each segment of a host-stepped plan costs a copy and a kernel waited for.
   echo "--- the same in 64 MiB segments (SHOAL_SEGMENT_BYTES: fewer, larger GPU steps)"
-  SHOAL_SEGMENT_BYTES=67108864 perf_run all_reduce_perf -t 2 -b "$BIG" -e "$BIG" -n 5 -w 2 -c 1 || failed=1
+  SHOAL_CUDA_STREAM_PLANS=0 SHOAL_SEGMENT_BYTES=67108864 perf_run all_reduce_perf -t 2 -b "$BIG" -e "$BIG" -n 5 -w 2 -c 1 ||
+    failed=1
   # Buffers in symmetric windows (-R 2): each rank reads the peers' buffers
   # in place (peer_read plans whole on the streams, meeting on window
   # boards), over the default transport; then the same host-stepped.
@@ -220,7 +232,7 @@ stage probe 30 "$(declare -f probe); probe"
 stage build 240 "$(declare -f build); ROOT='$ROOT' BUILD='$BUILD' build"
 stage bench 180 "$(declare -f bench_stage); ROOT='$ROOT' BUILD='$BUILD' bench_stage"
 stage torch 90 "$(declare -f torch_stage); ROOT='$ROOT' BUILD='$BUILD' torch_stage"
-stage perf 420 "$(declare -f perf perf_run expect_path); BUILD='$BUILD' RANKS='$RANKS' PERF_MAX='$PERF_MAX' BIG='$BIG' OUTDIR='$OUTDIR' perf"
+stage perf 420 "$(declare -f perf perf_run expect_path which_path); BUILD='$BUILD' RANKS='$RANKS' PERF_MAX='$PERF_MAX' BIG='$BIG' OUTDIR='$OUTDIR' perf"
 
 echo "=== summary"
 cat "$SUMMARY"

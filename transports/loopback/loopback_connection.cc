@@ -3,6 +3,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <new>
 
 #include "core/tag.h"
 
@@ -30,6 +31,33 @@ Result<cuda::StreamHandle> copyStreamOf(cuda::Driver& driver, cuda::ContextHandl
 
 LoopbackPipe::LoopbackPipe(const LoopbackFaults& f, cuda::Driver* driver)
     : faults(f), stallRng(f.reorderSeed), driver_(driver) {}
+
+LoopbackPipe::~LoopbackPipe() {
+  if (!ring_.words) return;
+  cuda::ContextScope scope(*driver_, ring_.context);
+  if (!scope.entered()) return;  // never free memory a stream may still use
+  if (ring_.fifo) (void)driver_->deviceFree(ring_.fifo);
+  driver_->hostFree(ring_.words);
+}
+
+Status LoopbackPipe::makeRing(cuda::ContextHandle context, uint64_t bytesPerDirection) {
+  if (driver_ == nullptr) return internalError("loopback: a stream ring without CUDA");
+  RingMemory ring;
+  ring.context = context;
+  ring.slots = kRingSlots;
+  ring.slotBytes = (bytesPerDirection / kRingSlots + 4095) / 4096 * 4096;
+  SHOAL_ASSIGN_OR_RETURN(void* fifo, driver_->deviceAlloc(2 * ring.slots * ring.slotBytes),
+                         "loopback: the stream ring's FIFOs");
+  ring.fifo = static_cast<uint8_t*>(fifo);
+  Result<void*> words = driver_->hostAlloc(sizeof(StreamRingWords));
+  if (!words.isOk()) {
+    (void)driver_->deviceFree(fifo);
+    return StatusBuilder(words.takeStatus()) << "loopback: the stream ring's words";
+  }
+  ring.words = new (words.value()) StreamRingWords();
+  ring_ = ring;
+  return Status::ok();
+}
 
 Status LoopbackPipe::copyMessage(void* dst, const void* src, uint64_t bytes) {
   if (driver_ != nullptr) {
@@ -68,7 +96,30 @@ LoopbackConnection::LoopbackConnection(std::shared_ptr<LoopbackPipe> pipe, int s
       recvDir_(recvDir),
       peerDescription_(std::move(peerDescription)) {}
 
+Status LoopbackConnection::attachRing(cuda::Driver& driver, cuda::ContextHandle context) {
+  const LoopbackPipe::RingMemory* memory = pipe_->ring();
+  if (memory == nullptr) return internalError("loopback: the pipe to ", peerDescription_, " has no stream ring");
+  StreamRing::Setup setup;
+  setup.side = side_;
+  setup.words = memory->words;
+  for (int lane = 0; lane < 2; ++lane) setup.fifo[lane] = memory->fifo + lane * memory->slots * memory->slotBytes;
+  setup.slots = memory->slots;
+  setup.slotBytes = memory->slotBytes;
+  setup.peerDescription = peerDescription_;
+  SHOAL_ASSIGN_OR_RETURN(ring_, StreamRing::make(driver, std::move(setup)), "loopback to ", peerDescription_);
+  ringContext_ = context;
+  return Status::ok();
+}
+
 LoopbackConnection::~LoopbackConnection() {
+  if (ring_) {
+    // Its header log is pinned memory of the ring's context; a stream that
+    // may still write it keeps it (never freed under a stream).
+    cuda::Driver* driver = cuda::Driver::inUse();
+    cuda::ContextScope scope(driver, ringContext_);
+    if (driver != nullptr && scope.entered()) ring_.reset();
+    else (void)ring_.release();
+  }
   std::lock_guard<std::mutex> lock(pipe_->mutex);
   pipe_->closed[side_] = true;
   // Our queued sends point into buffers that may die with us: drop them.
@@ -147,6 +198,7 @@ Status LoopbackConnection::poll(std::vector<Completion>& done, bool& progressed)
   take(pipe.directions[sendDir_].senderDone);
   take(pipe.directions[recvDir_].receiverDone);
   if (!pipe.failure.isOk()) {
+    if (ring_) ring_->markFailed();
     Status s = pipe.failure;
     return s.withContext(peerDescription_);
   }

@@ -3,9 +3,16 @@
 // memcpy, or by the GPU when either is device memory (ranks of one process
 // passing device buffers to device plans: Transport::movesDeviceMemory).
 //
+// Stream link: where the communicator's ranks agreed on stream links
+// (ConnectOptions::streamLinks) and the GPU's streams run stream plans, the
+// pipe also holds a stream ring (transports/stream_ring): FIFOs in GPU
+// memory and words in pinned host memory, allocated by the end that made
+// the pipe, on which both ends' streams run stream plans with no host step.
+//
 // Lifetime: a Pipe is shared by its two endpoints (shared_ptr); each endpoint
 // belongs to one communicator and is polled only by the engine. The pipe mutex
 // orders the two endpoints, which may be polled by different threads over time.
+// The ring's memory lives with the pipe, so until both ends are gone.
 #pragma once
 
 #include <deque>
@@ -18,6 +25,7 @@
 
 #include "cuda/driver.h"
 #include "transports/loopback/loopback_transport.h"
+#include "transports/stream_ring/stream_ring.h"
 
 namespace shoal {
 
@@ -47,6 +55,9 @@ struct LoopbackPipe {
   // `driver`: CUDA's, where the process used it when the pipe was made
   // (device buffers may then cross it), else null.
   LoopbackPipe(const LoopbackFaults& faults, cuda::Driver* driver);
+  ~LoopbackPipe();
+  LoopbackPipe(const LoopbackPipe&) = delete;
+  LoopbackPipe& operator=(const LoopbackPipe&) = delete;
   // Copies a matched message (mutex held): memcpy, or by the GPU where
   // either side is device memory, which host code must not touch.
   Status copyMessage(void* dst, const void* src, uint64_t bytes);
@@ -59,11 +70,26 @@ struct LoopbackPipe {
   int64_t messagesPosted = 0;  // counts fail_nth / blackhole_nth per pipe
   std::mt19937_64 stallRng;
 
+  // Slots per direction of the stream ring.
+  static constexpr uint32_t kRingSlots = 8;
+  // The stream ring's memory, both directions: made (in `context`, current
+  // on the calling thread) before the pipe is shared, freed with it.
+  struct RingMemory {
+    cuda::ContextHandle context = nullptr;
+    StreamRingWords* words = nullptr;  // pinned host memory
+    uint8_t* fifo = nullptr;           // 2 x slots x slotBytes of GPU memory
+    uint32_t slots = 0;
+    uint64_t slotBytes = 0;
+  };
+  Status makeRing(cuda::ContextHandle context, uint64_t bytesPerDirection);
+  const RingMemory* ring() const { return ring_.words ? &ring_ : nullptr; }
+
  private:
   // A GPU copy in `context`, waited for before the message completes.
   Status copyOnGpu(cuda::ContextHandle context, void* dst, const void* src, uint64_t bytes);
 
   cuda::Driver* driver_;
+  RingMemory ring_;
 };
 
 class LoopbackConnection final : public Connection {
@@ -79,6 +105,11 @@ class LoopbackConnection final : public Connection {
   Status poll(std::vector<Completion>& done, bool& progressed) override;
   size_t pending() const override { return pending_; }
   const std::string& peerDescription() const override { return peerDescription_; }
+  StreamLink* streamLink() override { return ring_.get(); }
+
+  // This end of the pipe's stream ring (the pipe must have one), its
+  // streams' copies run in `context` (current on the calling thread).
+  Status attachRing(cuda::Driver& driver, cuda::ContextHandle context);
 
  private:
   Status deliver(LoopbackPipe::Direction& dir, bool& progressed);
@@ -89,6 +120,8 @@ class LoopbackConnection final : public Connection {
   int recvDir_;
   std::string peerDescription_;
   size_t pending_ = 0;
+  cuda::ContextHandle ringContext_ = nullptr;
+  std::unique_ptr<StreamRing> ring_;
 };
 
 }  // namespace shoal

@@ -3,8 +3,10 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <algorithm>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <tuple>
 
 #include "core/params.h"
@@ -55,22 +57,46 @@ class LoopbackTransport final : public Transport {
     int low = std::min(key.selfRank, key.peerRank);
     int high = std::max(key.selfRank, key.peerRank);
     auto mapKey = std::make_tuple(key.commId, low, high, key.channel);
+    // A stream ring where every rank agreed on stream links and this GPU's
+    // streams run stream plans: then so do the peer's (the agreement), and
+    // both ends have it or the connection fails (every connection of a rank
+    // has a ring or none, or the ranks' plans would differ).
+    cuda::Driver* driver = cuda::Driver::inUse();
+    const bool ring = options.streamLinks && driver != nullptr && options.self != nullptr &&
+                      !options.self->gpu.empty() && driver->streamPlansWanted(options.self->gpu);
+    cuda::ContextHandle context = nullptr;
+    std::optional<cuda::ContextScope> scope;
+    if (ring) {
+      SHOAL_ASSIGN_OR_RETURN(context, driver->primaryContext(options.self->gpu), "loopback to ", desc);
+      scope.emplace(*driver, context);
+      SHOAL_TRY(scope->status()) << "loopback to " << desc;
+    }
     std::shared_ptr<LoopbackPipe> pipe;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       auto it = pending_.find(mapKey);
       if (it == pending_.end()) {
-        pipe = std::make_shared<LoopbackPipe>(currentFaults(), cuda::Driver::inUse());
+        pipe = std::make_shared<LoopbackPipe>(currentFaults(), driver);
+        if (ring) {
+          const uint64_t bytes = std::clamp<int64_t>(params().loopbackRingBytes, 64 << 10, 1ll << 30);
+          SHOAL_TRY(pipe->makeRing(context, bytes)) << "loopback to " << desc;
+        }
         pending_.emplace(mapKey, pipe);
       } else {
         pipe = it->second;
         pending_.erase(it);  // both sides have it now
       }
     }
+    if (ring != (pipe->ring() != nullptr))
+      return invalidUsage("loopback to ", desc, ": one end has a stream ring and the other none (the ranks must "
+                          "agree on stream links: SHOAL_CUDA_STREAM_PLANS, SHOAL_CUDA_WAIT alike on every rank)");
     int side = key.selfRank == low ? 0 : 1;
     // Side 0 sends on direction 0 and receives on direction 1.
-    return std::unique_ptr<Connection>(
-        std::make_unique<LoopbackConnection>(pipe, side, side, 1 - side, std::move(desc)));
+    auto connection = std::make_unique<LoopbackConnection>(pipe, side, side, 1 - side, std::move(desc));
+    if (ring) {
+      SHOAL_TRY(connection->attachRing(*driver, context));
+    }
+    return std::unique_ptr<Connection>(std::move(connection));
   }
 
  private:
