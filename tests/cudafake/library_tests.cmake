@@ -130,6 +130,9 @@ if(LIBFABRIC_FOUND)
     $<TARGET_PROPERTY:PkgConfig::LIBFABRIC,INTERFACE_INCLUDE_DIRECTORIES>)
 endif()
 
+# The stream ring through loopback's connect path (threads of a process).
+shoal_cudafake_tests(cudafake_stream_ring_tests 120 ${CMAKE_CURRENT_LIST_DIR}/stream_ring_test.cc)
+
 # The cuda_ipc transport on the stand-in: the conformance suite, device
 # buffers, the hello and its secret (forked ranks: cudafake_device_tests).
 shoal_cudafake_tests(cudafake_cuda_ipc_tests 300 ${CMAKE_CURRENT_LIST_DIR}/cuda_ipc_test.cc

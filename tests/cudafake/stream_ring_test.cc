@@ -1,0 +1,229 @@
+// The stream ring (transports/stream_ring) on the driver stand-in, through
+// the loopback transport's connect path (ranks that are threads of one
+// process): messages of many chunks both ways in order with the exact
+// bytes, the ring wrapping; a mismatched tag or size named by verify();
+// release() letting a stream that waits for a message never sent go on, and
+// refusing more; no ring where stream links were not agreed or to oneself;
+// the ring's memory freed once both ends are gone.
+#include <catch2/catch.hpp>
+
+#include <cuda.h>
+#include <stdlib.h>
+
+#include <atomic>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "cuda/driver.h"
+#include "cudafake/fake_cuda.h"
+#include "support/scoped_env.h"
+#include "transports/loopback/loopback_transport.h"
+
+namespace shoal {
+namespace {
+
+// The library loads the stand-in this binary links.
+const bool kDriverNamed = setenv("SHOAL_CUDA_DRIVER", SHOAL_CUDAFAKE_LIB, 0) == 0;
+
+#define CU_OK(call) REQUIRE((call) == CUDA_SUCCESS)
+
+uint64_t freshCommId() {
+  static std::atomic<uint64_t> next{0x5173a00000000000ull};
+  return next++;
+}
+
+// Device 0's primary context current on this thread; its "GPU-<uuid>".
+std::string useDevice0() {
+  REQUIRE(kDriverNamed);
+  CU_OK(cuInit(0));
+  CUcontext ctx = nullptr;
+  CU_OK(cuDevicePrimaryCtxRetain(&ctx, 0));
+  CU_OK(cuCtxSetCurrent(ctx));
+  cuda::Driver* driver = cuda::Driver::inUse();
+  REQUIRE(driver != nullptr);
+  auto device = driver->currentDevice();
+  REQUIRE(device.isOk());
+  REQUIRE(device.value().has_value());
+  return device.value()->uuidText();
+}
+
+CUstream newStream() {
+  CUstream s = nullptr;
+  CU_OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  return s;
+}
+
+// Two ends of one loopback pipe between "threads" of this process, each
+// with a stream for its sends and one for its receives (a side's send may
+// wait for a slot its peer frees only after its own receive).
+struct RingPair {
+  std::unique_ptr<Transport> transport = makeLoopbackTransport();
+  PeerInfo a, b;
+  std::unique_ptr<Connection> ends[2];
+  CUstream sendStream[2] = {nullptr, nullptr}, recvStream[2] = {nullptr, nullptr};
+
+  explicit RingPair(bool streamLinks = true) {
+    const std::string gpu = useDevice0();
+    for (PeerInfo* p : {&a, &b}) {
+      p->hostname = "here";
+      p->hostId = "host";
+      p->kernelId = "kernel";
+      p->processId = 7;  // one process
+      p->gpu = gpu;
+    }
+    a.rank = 0;
+    b.rank = 1;
+    const uint64_t id = freshCommId();
+    ConnectOptions oa{&a, &b, "", Deadline::afterMs(10000), streamLinks};
+    ConnectOptions ob{&b, &a, "", Deadline::afterMs(10000), streamLinks};
+    auto ca = transport->connect({id, 0, 1, 0}, oa);
+    INFO(ca.status().toString());
+    REQUIRE(ca.isOk());
+    auto cb = transport->connect({id, 1, 0, 0}, ob);
+    INFO(cb.status().toString());
+    REQUIRE(cb.isOk());
+    ends[0] = std::move(ca).value();
+    ends[1] = std::move(cb).value();
+    for (int s = 0; s < 2; ++s) {
+      sendStream[s] = newStream();
+      recvStream[s] = newStream();
+    }
+  }
+  ~RingPair() {
+    for (int s = 0; s < 2; ++s) {
+      cuStreamSynchronize(sendStream[s]);
+      cuStreamSynchronize(recvStream[s]);
+      cuStreamDestroy(sendStream[s]);
+      cuStreamDestroy(recvStream[s]);
+    }
+  }
+  StreamLink& link(int side) {
+    StreamLink* l = ends[side]->streamLink();
+    REQUIRE(l != nullptr);
+    return *l;
+  }
+};
+
+struct DeviceBytes {
+  CUdeviceptr ptr = 0;
+  size_t n = 0;
+  explicit DeviceBytes(size_t bytes, uint8_t seed = 0) : n(bytes) {
+    CU_OK(cuMemAlloc(&ptr, std::max<size_t>(n, 1)));
+    std::vector<uint8_t> host(n);
+    for (size_t i = 0; i < n; ++i) host[i] = static_cast<uint8_t>(seed + i * 7);
+    if (n) CU_OK(cuMemcpyHtoD(ptr, host.data(), n));
+  }
+  ~DeviceBytes() { cuMemFree(ptr); }
+  DeviceBytes(const DeviceBytes&) = delete;
+  void* at() const { return reinterpret_cast<void*>(ptr); }
+  std::vector<uint8_t> read() const {
+    std::vector<uint8_t> host(n);
+    if (n) CU_OK(cuMemcpyDtoH(host.data(), ptr, n));
+    return host;
+  }
+};
+
+bool finishes(CUstream s) {
+  return cuStreamSynchronize(s) == CUDA_SUCCESS;
+}
+
+}  // namespace
+
+TEST_CASE("loopback stream ring: messages of many chunks both ways arrive in order with their bytes",
+          "[cudafake][stream_ring]") {
+  // 8 KiB slots: the larger messages take many chunks and wrap the ring.
+  testing::ScopedEnv env{{"SHOAL_LOOPBACK_RING_BYTES", "65536"}};
+  RingPair pair;
+  const size_t sizes[] = {1, 8192, 8193, 100000, 0, 250001};
+  std::vector<std::unique_ptr<DeviceBytes>> sent[2], received[2];
+  for (int from = 0; from < 2; ++from) {
+    const int to = 1 - from;
+    uint64_t tag = 100 * (from + 1);
+    for (size_t bytes : sizes) {
+      sent[from].push_back(std::make_unique<DeviceBytes>(bytes, static_cast<uint8_t>(bytes + from)));
+      received[from].push_back(std::make_unique<DeviceBytes>(bytes, 0xee));
+      REQUIRE(pair.link(from).enqueueSend(sent[from].back()->at(), bytes, tag, pair.sendStream[from]).isOk());
+      REQUIRE(pair.link(to).enqueueRecv(received[from].back()->at(), bytes, tag, pair.recvStream[to]).isOk());
+      ++tag;
+    }
+  }
+  for (int s = 0; s < 2; ++s) {
+    REQUIRE(finishes(pair.sendStream[s]));
+    REQUIRE(finishes(pair.recvStream[s]));
+  }
+  for (int from = 0; from < 2; ++from)
+    for (size_t m = 0; m < std::size(sizes); ++m) {
+      INFO("from side " << from << ", message " << m << " of " << sizes[m] << " bytes");
+      CHECK(received[from][m]->read() == sent[from][m]->read());
+    }
+  for (int s = 0; s < 2; ++s) {
+    CHECK(pair.link(s).verify().isOk());
+    const StreamLink::Progress p = pair.link(s).progress();
+    CHECK(p.sent == p.sendEnqueued);
+    CHECK(p.received == p.recvEnqueued);
+    CHECK(p.sendEnqueued > 2 * 8u);  // wrapped the 8 slots
+  }
+}
+
+TEST_CASE("loopback stream ring: a receive expecting another tag or size is named by verify()",
+          "[cudafake][stream_ring]") {
+  RingPair pair;
+  DeviceBytes src(4096, 1), dst(4096);
+  REQUIRE(pair.link(0).enqueueSend(src.at(), 4096, 11, pair.sendStream[0]).isOk());
+  REQUIRE(pair.link(1).enqueueRecv(dst.at(), 4096, 12, pair.recvStream[1]).isOk());
+  REQUIRE(finishes(pair.sendStream[0]));
+  REQUIRE(finishes(pair.recvStream[1]));
+  Status st = pair.link(1).verify();
+  INFO(st.toString());
+  CHECK(st.code() == Code::kInvalidUsage);
+  CHECK(st.message().find("message mismatch on the stream ring") != std::string::npos);
+  CHECK(st.message().find("4096 bytes") != std::string::npos);
+}
+
+TEST_CASE("loopback stream ring: release() lets a stream waiting for a message never sent go on, for good",
+          "[cudafake][stream_ring]") {
+  RingPair pair;
+  DeviceBytes dst(1024);
+  REQUIRE(pair.link(1).enqueueRecv(dst.at(), 1024, 5, pair.recvStream[1]).isOk());
+  // Nothing comes: the stream waits.
+  CHECK(cuStreamQuery(pair.recvStream[1]) == CUDA_ERROR_NOT_READY);
+  pair.link(1).release();
+  CHECK(finishes(pair.recvStream[1]));
+  // Broken for both ends: nothing more is enqueued, verify() says so.
+  DeviceBytes src(1024, 3);
+  Status send = pair.link(0).enqueueSend(src.at(), 1024, 6, pair.sendStream[0]);
+  CHECK(send.code() == Code::kRemoteError);
+  CHECK(send.message().find("stream ring is broken") != std::string::npos);
+  CHECK_FALSE(pair.link(0).verify().isOk());
+}
+
+TEST_CASE("loopback has no stream ring where stream links were not agreed, nor to oneself", "[cudafake][stream_ring]") {
+  RingPair none(/*streamLinks=*/false);
+  CHECK(none.ends[0]->streamLink() == nullptr);
+  CHECK(none.ends[1]->streamLink() == nullptr);
+  auto transport = makeLoopbackTransport();
+  ConnectOptions self{&none.a, &none.a, "", Deadline::afterMs(1000), true};
+  auto own = transport->connect({freshCommId(), 0, 0, 0}, self);
+  REQUIRE(own.isOk());
+  CHECK(own.value()->streamLink() == nullptr);
+}
+
+TEST_CASE("a loopback stream ring's memory is freed once both ends are gone", "[cudafake][stream_ring]") {
+  useDevice0();
+  const int before = shoalFakeCudaLiveAllocations();
+  {
+    RingPair pair;
+    CHECK(shoalFakeCudaLiveAllocations() > before);  // FIFOs, words, header logs
+    DeviceBytes src(20000, 9), dst(20000);
+    REQUIRE(pair.link(0).enqueueSend(src.at(), 20000, 1, pair.sendStream[0]).isOk());
+    REQUIRE(pair.link(1).enqueueRecv(dst.at(), 20000, 1, pair.recvStream[1]).isOk());
+    REQUIRE(finishes(pair.recvStream[1]));
+    CHECK(dst.read() == src.read());
+    pair.ends[0].reset();  // one end gone: the other's ring memory stays
+    REQUIRE(pair.link(1).verify().isOk());
+  }
+  CHECK(shoalFakeCudaLiveAllocations() == before);
+}
+
+}  // namespace shoal
