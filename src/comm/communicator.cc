@@ -210,8 +210,13 @@ Result<InitProposal> Communicator::proposal(const PeerInfo& self) const {
     auto chosen = selectTransport(self, peers_[r], TransportChoice{});
     p.readsEveryPeer = chosen.isOk() && chosen.value()->readsPeerMemory(peers_[r]);
   }
-  p.streamPlans = cuda_ != nullptr && !self.gpu.empty() && cuda_->streamPlansWanted(self.gpu) &&
-                  !threadsAndProcesses(self);
+  p.streamPlans = cuda_ != nullptr && !self.gpu.empty() && cuda_->streamPlansWanted(self.gpu);
+  if (p.streamPlans) {
+    if (std::string whyNot = whyNoStreamLinks(self); !whyNot.empty()) {
+      p.streamPlans = false;
+      SHOAL_INFO(subsys::kInit, describe(), ": no stream plans: ", whyNot);
+    }
+  }
   p.fewHardwareQueues = cuda_ != nullptr && cuda::Driver::fewHardwareQueues();  // the process's setting
   p.synchronousStreams =
       cuda_ != nullptr && !self.gpu.empty() && cuda_->waitModeOf(self.gpu) == cuda::WaitMode::kSynchronous;
@@ -230,19 +235,35 @@ Result<InitProposal> Communicator::proposal(const PeerInfo& self) const {
   return p;
 }
 
-// Whether some peers are threads of this process and others other
-// processes: lanes to the others could have stream links and lanes to these
-// have none, so ranks whose plans differ in that would run stream plans on
-// some ranks and device plans on others, whose messages never meet. Such a
-// rank proposes no stream plans (every rank then runs device plans).
-bool Communicator::threadsAndProcesses(const PeerInfo& self) const {
-  const bool threads = std::any_of(peers_.begin(), peers_.end(), [&](const PeerInfo& p) {
-    return p.rank != rank_ && p.sameProcess(self);
-  });
-  const bool processes = std::any_of(peers_.begin(), peers_.end(), [&](const PeerInfo& p) {
-    return !p.sameProcess(self);
-  });
-  return threads && processes;
+// Why this rank's peers rule out stream links ("" when they do not); such
+// a rank proposes no stream plans, and every rank then runs device plans.
+// - Some peers are threads of this process and others other processes:
+//   lanes to the others would have stream links (cuda_ipc) and lanes to
+//   these none, so ranks whose plans differ in that would run stream plans
+//   on some ranks and device plans on others, whose messages never meet.
+// - A thread of this process on a GPU this one's copies cannot reach: the
+//   loopback stream ring's FIFOs live on one of the two.
+// - A thread of this process on this GPU (unless SHOAL_CUDA_STREAM_PLANS=1):
+//   both ranks' streams, each waiting on words the other's write, share one
+//   context's hardware queues (CUDA_DEVICE_MAX_CONNECTIONS), where a wait
+//   holds back whatever queues behind it.
+std::string Communicator::whyNoStreamLinks(const PeerInfo& self) const {
+  bool processes = false;
+  const PeerInfo* thread = nullptr;
+  for (const PeerInfo& p : peers_) {
+    if (!p.sameProcess(self)) processes = true;
+    else if (p.rank != rank_ && !thread) thread = &p;
+  }
+  if (thread && processes) return "its peers are both threads of its process and other processes";
+  for (const PeerInfo& p : peers_) {
+    if (p.rank == rank_ || !p.sameProcess(self)) continue;
+    if (p.gpu != self.gpu && !cuda_->gpusShareMemory(self.gpu, p.gpu))
+      return str("rank ", p.rank, ", a thread of its process, is on a GPU without peer access to its own");
+    if (p.gpu == self.gpu && params().cudaStreamPlans != "1")
+      return str("rank ", p.rank, ", a thread of its process, shares its GPU (and its hardware queues; "
+                 "SHOAL_CUDA_STREAM_PLANS=1 overrides)");
+  }
+  return "";
 }
 
 // Why this rank cannot move device buffers GPU to GPU to every peer ("" when

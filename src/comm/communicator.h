@@ -238,7 +238,7 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
   Result<std::vector<PeerInfo>> exchangePeers(const PeerInfo& self, Deadline deadline);
   Result<InitProposal> proposal(const PeerInfo& self) const;
   std::string whyNotDeviceDirect(const PeerInfo& self) const;
-  bool threadsAndProcesses(const PeerInfo& self) const;
+  std::string whyNoStreamLinks(const PeerInfo& self) const;
   void chooseWaitSpin(const PeerInfo& self) const;
   // Init: whether the process uses CUDA and the current device (self.gpu).
   Status findCudaDevice(PeerInfo& self);

@@ -138,7 +138,7 @@ Result<InitAgreement> agree(const std::vector<InitProposal>& proposals) {
   agreement.streamLinks = links.all;
   if (links.firstWithout >= 0)
     agreement.noStreamLinks = str("rank ", links.firstWithout, " does not run stream plans (SHOAL_CUDA_WAIT, "
-                                  "SHOAL_CUDA_STREAM_PLANS, or peers both threads and processes)");
+                                  "SHOAL_CUDA_STREAM_PLANS, or its peers: see its INFO log)");
   for (size_t r = 0; r < proposals.size(); ++r) {
     const InitProposal& p = proposals[r];
     if (p.fewHardwareQueues && agreement.rankWithFewQueues < 0) agreement.rankWithFewQueues = static_cast<int>(r);

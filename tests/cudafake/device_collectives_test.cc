@@ -412,11 +412,13 @@ TEST_CASE("large collectives on device buffers between threads reduce on the GPU
 // Ranks that are threads of one process run stream plans over loopback's
 // stream ring, as processes do over cuda_ipc's: the host takes no step
 // while the streams run an operation (no stream synchronization, no event
-// query), a stream wait per chunk, the reductions by the kernels.
+// query), a stream wait per chunk, the reductions by the kernels. Threads
+// on one GPU do so only when told (SHOAL_CUDA_STREAM_PLANS=1: their streams
+// share its hardware queues); by default they run device plans.
 TEST_CASE("stream plans between threads run with no host step and give the right bytes", "[cudafake]") {
   useDevice0();
   // 8 KiB slots: every message in many chunks, the ring wrapping many times.
-  shoal::testing::ScopedEnv env{{"SHOAL_LOOPBACK_RING_BYTES", "65536"}};
+  shoal::testing::ScopedEnv env{{"SHOAL_LOOPBACK_RING_BYTES", "65536"}, {"SHOAL_CUDA_STREAM_PLANS", "1"}};
   const int n = 3;
   const size_t N = 30000;  // 120 KB per rank
   const char* watched[] = {"cuStreamSynchronize", "cuEventQuery", "cuEventSynchronize", "cuCtxSynchronize",
@@ -469,6 +471,73 @@ TEST_CASE("stream plans between threads run with no host step and give the right
   CHECK(delta[3] == 0);
   CHECK(delta[4] >= 3u * 15u);  // a wait per chunk: 120 KB in 8 KiB chunks, three operations
   CHECK(delta[5] > 0);          // the reductions by the kernels
+}
+
+// A thread whose peer destroys its communicator while this one's stream
+// plan waits on their stream ring learns of it at the liveness check
+// (SHOAL_IDLE_CHECK_MS), not at the no-progress deadline; its stream goes on.
+TEST_CASE("a thread's stream plan whose peer destroyed its communicator fails at the liveness check", "[cudafake]") {
+  useDevice0();
+  shoal::testing::ScopedEnv env{{"SHOAL_CUDA_STREAM_PLANS", "1"}, {"SHOAL_IDLE_CHECK_MS", "200"}};
+  std::barrier warm(2);
+  Mismatches bad;
+  std::string error;
+  double failedAfterMs = -1;
+  onThreads(2, [&](int r, ncclComm_t comm, CUstream s) {
+    const size_t N = 1000;
+    DeviceFloats send(N, [&](size_t i) { return val(r, i); });
+    DeviceFloats recv(N);
+    bad.expect(ncclAllReduce(send.at(), recv.at(), N, ncclFloat, ncclSum, comm, s) == ncclSuccess, "warm-up");
+    cuStreamSynchronize(s);
+    warm.arrive_and_wait();
+    if (r == 0) return;  // its communicator is destroyed now; it never calls again
+    auto t0 = Clock::now();
+    bad.expect(ncclAllReduce(send.at(), recv.at(), N, ncclFloat, ncclSum, comm, s) == ncclSuccess, "the call");
+    ncclResult_t async = ncclSuccess;
+    while (msSince(t0) < 60000) {
+      ncclCommGetAsyncError(comm, &async);
+      if (async != ncclSuccess && async != ncclInProgress) break;
+      ::usleep(10000);
+    }
+    failedAfterMs = msSince(t0);
+    error = ncclGetLastError(comm);
+    bad.expect(async == ncclRemoteError, "the call failed with ncclRemoteError");
+    bad.expect(cuStreamSynchronize(s) == CUDA_SUCCESS, "its stream went on");
+  });
+  INFO(bad.first << "; " << error << " after " << failedAfterMs << " ms");
+  CHECK(bad.count == 0);
+  CHECK(error.find("closed its end of the loopback connection") != std::string::npos);
+  CHECK(failedAfterMs < 30000);  // the no-progress deadline is 300 s
+}
+
+// Threads on one GPU share its context's hardware queues, where a stream
+// waiting on a word another rank's stream writes could hold that stream
+// back: by default they run device plans (the host steps, waiting for each
+// GPU step), right bytes.
+TEST_CASE("threads on one GPU run device plans by default", "[cudafake]") {
+  useDevice0();
+  Mismatches bad;
+  const uint64_t syncsBefore = shoalFakeCudaCallCount("cuStreamSynchronize");
+  const uint64_t waitsBefore = shoalFakeCudaCallCount("cuStreamWaitValue64");
+  onThreads(2, [&](int r, ncclComm_t comm, CUstream s) {
+    const size_t N = size_t{3} << 20;  // 12 MiB: three 4 MiB segments, each a few steps
+    DeviceFloats send(N, [&](size_t i) { return val(r, i); });
+    DeviceFloats recv(N);
+    bad.expect(ncclAllReduce(send.at(), recv.at(), N, ncclFloat, ncclSum, comm, s) == ncclSuccess, "AllReduce");
+    cuStreamSynchronize(s);
+    std::vector<float> got = recv.read();
+    for (size_t i = 0; i < N; ++i) bad.expect(got[i] == sumOfVals(2, i), "AllReduce element " + std::to_string(i));
+  });
+  INFO(bad.first);
+  CHECK(bad.count == 0);
+  // The device plan's steps are waited for: more than the test's own
+  // synchronizations and the teardown's (6 in all with stream plans); the
+  // stream waits only for "ready" handed over by the engine.
+  const uint64_t syncs = shoalFakeCudaCallCount("cuStreamSynchronize") - syncsBefore;
+  const uint64_t waits = shoalFakeCudaCallCount("cuStreamWaitValue64") - waitsBefore;
+  INFO("synchronizations " << syncs << ", stream waits " << waits);
+  CHECK(syncs > 12u);
+  CHECK(waits <= 4u);
 }
 
 // With CUDA_DEVICE_MAX_CONNECTIONS below 4 streams share so few hardware

@@ -188,7 +188,7 @@ TEST_CASE("agree: device-direct needs every rank and stream links need every ran
   CHECK(agreed->deviceDirect);
   CHECK_FALSE(agreed->streamLinks);
   CHECK(agreed->noStreamLinks ==
-        "rank 2 does not run stream plans (SHOAL_CUDA_WAIT, SHOAL_CUDA_STREAM_PLANS, or peers both threads and processes)");
+        "rank 2 does not run stream plans (SHOAL_CUDA_WAIT, SHOAL_CUDA_STREAM_PLANS, or its peers: see its INFO log)");
   CHECK_FALSE(agreed->everyoneReadsPeers);
 
   proposals[2].streamPlans = true;

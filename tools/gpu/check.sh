@@ -111,18 +111,19 @@ expect_path() {
   return 1
 }
 
-# which_path WHO ARGS...: a 1 MiB AllReduce of ARGS, its INFO lines on
-# the path, and that it went device-direct on stream plans.
-# NCCL_DEBUG_SUBSYS: the INIT and COLL lines, whatever the caller set.
+# which_path WHO PLANS ARGS...: a 1 MiB AllReduce of ARGS, its INFO lines
+# on the path, and that it went device-direct on PLANS ("stream plans" or
+# "device plans"). NCCL_DEBUG_SUBSYS: the INIT and COLL lines, whatever the
+# caller set.
 which_path() {
-  local who=$1 log rc=0
-  shift
+  local who=$1 plans=$2 log rc=0
+  shift 2
   log=$(NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,COLL perf_run all_reduce_perf "$@" -b 1M -e 1M -n 1 -w 0 -c 1 2>&1) ||
     rc=1
-  grep -E "device-direct|staged through|stream plans|device plans" <<<"$log" | head -6
+  grep -E "device-direct|staged through|stream plans|device plans" <<<"$log" | head -8
   grep -E "^FAILED|Out of bounds" <<<"$log"
   expect_path "$who device-direct" "device-direct: device buffers move GPU to GPU" "$log" || rc=1
-  expect_path "$who on stream plans" "stream plans: operations" "$log" || rc=1
+  expect_path "$who on $plans" "$plans: operations" "$log" || rc=1
   return $rc
 }
 
@@ -131,27 +132,33 @@ perf() {
   # Which path ran, then the bandwidth runs the GPU goal compares: processes
   # device-direct by default (cuda_ipc, stream plans), the same with the
   # host stepping through the plan (device plans: no stream ring), staged
-  # through pinned host memory over shm, and threads (stream plans over
-  # loopback's stream ring; then host-stepped, one GPU copy per message).
+  # through pinned host memory over shm, and threads on the GPU (device
+  # plans by default, one GPU copy per message; then stream plans over
+  # loopback's stream ring, their streams sharing the GPU's hardware queues).
   echo "--- which path ran (NCCL_DEBUG=INFO)"
-  which_path "2 processes" --procs 2 || failed=1
-  echo "--- which path ran as threads (NCCL_DEBUG=INFO: stream plans over loopback's stream ring)"
-  which_path "2 threads" -t 2 || failed=1
+  which_path "2 processes" "stream plans" --procs 2 || failed=1
+  echo "--- which path ran as threads (NCCL_DEBUG=INFO: device plans; stream plans when told)"
+  which_path "2 threads" "device plans" -t 2 || failed=1
+  SHOAL_CUDA_STREAM_PLANS=1 which_path "2 threads, SHOAL_CUDA_STREAM_PLANS=1," "stream plans" -t 2 || failed=1
   echo "--- all_reduce_perf: 2 processes, $BIG, bandwidth (device-direct: cuda_ipc, stream plans)"
   perf_run all_reduce_perf --procs 2 -b "$BIG" -e "$BIG" -n 5 -w 2 -c 1 || failed=1
   echo "--- the same over cuda_ipc, the host stepping through the plan (SHOAL_CUDA_STREAM_PLANS=0: no stream ring)"
   SHOAL_CUDA_STREAM_PLANS=0 perf_run all_reduce_perf --procs 2 -b "$BIG" -e "$BIG" -n 5 -w 2 -c 1 || failed=1
   echo "--- all_reduce_perf: 2 processes staged over shm, $BIG, bandwidth (NCCL_P2P_DISABLE=1)"
   NCCL_P2P_DISABLE=1 perf_run all_reduce_perf --procs 2 -b "$BIG" -e "$BIG" -n 5 -w 2 -c 1 || failed=1
-  echo "--- all_reduce_perf: 2 ranks as threads, $BIG, bandwidth (stream plans over loopback's stream ring)"
+  echo "--- all_reduce_perf: 2 ranks as threads, $BIG, bandwidth (device plans: the host steps, one GPU copy per message)"
   perf_run all_reduce_perf -t 2 -b "$BIG" -e "$BIG" -n 5 -w 2 -c 1 || failed=1
-  echo "--- the same, the host stepping through the plan (SHOAL_CUDA_STREAM_PLANS=0: one GPU copy per message)"
-  SHOAL_CUDA_STREAM_PLANS=0 perf_run all_reduce_perf -t 2 -b "$BIG" -e "$BIG" -n 5 -w 2 -c 1 || failed=1
   # The tuner prices GPU links with host figures (4 MiB segments at most):
   # each segment of a host-stepped plan costs a copy and a kernel waited for.
   echo "--- the same in 64 MiB segments (SHOAL_SEGMENT_BYTES: fewer, larger GPU steps)"
-  SHOAL_CUDA_STREAM_PLANS=0 SHOAL_SEGMENT_BYTES=67108864 perf_run all_reduce_perf -t 2 -b "$BIG" -e "$BIG" -n 5 -w 2 -c 1 ||
-    failed=1
+  SHOAL_SEGMENT_BYTES=67108864 perf_run all_reduce_perf -t 2 -b "$BIG" -e "$BIG" -n 5 -w 2 -c 1 || failed=1
+  # Stream plans between threads of one GPU: their streams share its
+  # hardware queues, so a stream waiting for a peer's word may hold back
+  # the peer's own work (a hang would end at perf_run's limit).
+  for n in 2 4; do
+    echo "--- the same, $n threads on stream plans (SHOAL_CUDA_STREAM_PLANS=1: loopback's stream ring)"
+    SHOAL_CUDA_STREAM_PLANS=1 perf_run all_reduce_perf -t "$n" -b "$BIG" -e "$BIG" -n 5 -w 2 -c 1 || failed=1
+  done
   # Buffers in symmetric windows (-R 2): each rank reads the peers' buffers
   # in place (peer_read plans whole on the streams, meeting on window
   # boards), over the default transport; then the same host-stepped.

@@ -183,6 +183,20 @@ Status LoopbackConnection::deliver(LoopbackPipe::Direction& dir, bool& progresse
   return Status::ok();
 }
 
+Status LoopbackConnection::checkAlive() {
+  if (sendDir_ == recvDir_) return Status::ok();  // to oneself
+  std::lock_guard<std::mutex> lock(pipe_->mutex);
+  if (!pipe_->closed[1 - side_]) return Status::ok();
+  bool owed = pending_ > 0;
+  if (ring_) {
+    const StreamLink::Progress p = ring_->progress();
+    owed = owed || p.sent < p.sendEnqueued || p.received < p.recvEnqueued;
+  }
+  if (!owed) return Status::ok();
+  return remoteError(peerDescription_, " closed its end of the loopback connection (communicator destroyed or "
+                     "aborted) while operations here still wait for it");
+}
+
 Status LoopbackConnection::poll(std::vector<Completion>& done, bool& progressed) {
   std::lock_guard<std::mutex> lock(pipe_->mutex);
   LoopbackPipe& pipe = *pipe_;

@@ -106,6 +106,10 @@ class LoopbackConnection final : public Connection {
   size_t pending() const override { return pending_; }
   const std::string& peerDescription() const override { return peerDescription_; }
   StreamLink* streamLink() override { return ring_.get(); }
+  // A peer that destroyed or aborted its end while this one still waits
+  // for it (host messages pending, or stream ring chunks its streams have
+  // not passed) is an error; one that left with nothing owed is not.
+  Status checkAlive() override;
 
   // This end of the pipe's stream ring (the pipe must have one), its
   // streams' copies run in `context` (current on the calling thread).
