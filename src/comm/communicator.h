@@ -274,6 +274,12 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
   // The first refusal of the operations' streams (breaking this rank's
   // window board where peers may be reading its windows for them).
   Status checkStreams(std::span<const OpRequest> ops, bool contexts);
+  // Takes a group's Send/Recv pairs to this rank itself out of `ops` and
+  // enqueues each as a copy in its streams' order (the k-th Send to itself
+  // into the k-th Recv from itself): their lane is no connection's, so a
+  // stream plan, which the peers run for the rest of the group, has no link
+  // for it. A pair whose sizes differ is an invalid usage, before any copy.
+  Status copySelfPairs(std::vector<OpRequest>& ops);
   // Runs stream-ordered operations (one, or a group) as a stream plan
   // (comm/stream_plan.h) where it can: their plan's every lane has a stream
   // link and its compute steps the GPU runs. False: they go the other ways.

@@ -140,6 +140,8 @@ Result<Communicator::StreamSubmission> Communicator::beginStreamOrdered(std::spa
   // Each call's stream was admitted when it was made (admitStream); a group
   // may have begun capturing one since.
   SHOAL_TRY(checkStreams(kept, /*contexts=*/false));
+  SHOAL_TRY(copySelfPairs(kept));
+  if (kept.empty()) return submission;  // copies on the streams only
   submission.synchronous = bridge_->waitMode() == cuda::WaitMode::kSynchronous;
   // An operation on windows reads its peers' buffers in place (one copy),
   // before any other way.
@@ -220,6 +222,57 @@ Result<Communicator::StreamSubmission> Communicator::beginStreamOrdered(std::spa
   submission.ops = std::move(kept);
   submission.staged = std::move(held);
   return submission;
+}
+
+Status Communicator::copySelfPairs(std::vector<OpRequest>& ops) {
+  std::vector<size_t> sends, recvs;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    if (ops[i].shape.peer != rank_) continue;
+    if (ops[i].shape.kind == CollKind::kSend) sends.push_back(i);
+    if (ops[i].shape.kind == CollKind::kRecv) recvs.push_back(i);
+  }
+  const size_t pairs = std::min(sends.size(), recvs.size());
+  if (pairs == 0) return Status::ok();
+  auto bytesOf = [](const OpRequest& op) { return op.shape.count * dataTypeSize(op.shape.dtype); };
+  for (size_t k = 0; k < pairs; ++k) {
+    const OpRequest& send = ops[sends[k]];
+    const OpRequest& recv = ops[recvs[k]];
+    if (bytesOf(send) != bytesOf(recv))
+      return invalidUsage(describe(), ": Send to itself #", k, " of ", bytesOf(send), " bytes meets Recv from itself #",
+                          k, " of ", bytesOf(recv), " bytes (sizes must match)");
+  }
+  std::vector<bool> taken(ops.size(), false);
+  for (size_t k = 0; k < pairs; ++k) {
+    const OpRequest& send = ops[sends[k]];
+    const OpRequest& recv = ops[recvs[k]];
+    taken[sends[k]] = taken[recvs[k]] = true;
+    const uint64_t bytes = bytesOf(send);
+    if (bytes == 0 || send.sendbuff == recv.recvbuff) continue;
+    auto sendStream = static_cast<cuda::StreamHandle>(send.stream);
+    auto recvStream = static_cast<cuda::StreamHandle>(recv.stream);
+    Status st;
+    if (sendStream == recvStream) {
+      st = cuda_->copyAsync(recv.recvbuff, send.sendbuff, bytes, recvStream);
+    } else {
+      // On the receive's stream once the send's has reached the call; the
+      // send's stream goes on once the copy is done (its buffer is read).
+      Result<cuda::EventHandle> event = cuda_->createEvent();
+      st = event.status();
+      if (st.isOk()) st = cuda_->recordEvent(event.value(), sendStream);
+      if (st.isOk()) st = cuda_->streamWaitEvent(recvStream, event.value());
+      if (st.isOk()) st = cuda_->copyAsync(recv.recvbuff, send.sendbuff, bytes, recvStream);
+      if (st.isOk()) st = cuda_->recordEvent(event.value(), recvStream);
+      if (st.isOk()) st = cuda_->streamWaitEvent(sendStream, event.value());
+      if (event.isOk()) cuda_->destroyEvent(event.value());  // released once the streams have passed it
+    }
+    if (!st.isOk())
+      return StatusBuilder(std::move(st)) << describe() << ": Send/Recv to itself, a copy of " << bytes << " bytes";
+  }
+  size_t kept = 0;
+  for (size_t i = 0; i < ops.size(); ++i)
+    if (!taken[i]) ops[kept++] = ops[i];
+  ops.resize(kept);
+  return Status::ok();
 }
 
 Result<bool> Communicator::submitStreamPlan(std::span<const OpRequest> ops, StreamSubmission& submission) {

@@ -473,6 +473,60 @@ TEST_CASE("stream plans between threads run with no host step and give the right
   CHECK(delta[5] > 0);          // the reductions by the kernels
 }
 
+// NCCL's Gather by Send/Recv: the root receives from every rank, itself
+// included, in one group, and every rank sends to it. The root's Send/Recv
+// to itself is a copy on its stream, so the rest of its group runs on the
+// streams as its peers' single Sends do (a group with a lane to itself ran
+// host-stepped on the root alone, and met nobody until the deadline).
+TEST_CASE("a Gather by Send/Recv with the root sending to itself runs on the streams of every rank", "[cudafake]") {
+  useDevice0();
+  shoal::testing::ScopedEnv env{{"SHOAL_CUDA_STREAM_PLANS", "1"}, {"SHOAL_PROGRESS_TIMEOUT_MS", "10000"}};
+  const int n = 3, root = 1;
+  const size_t N = 5000;
+  Mismatches bad;
+  onThreads(n, [&](int r, ncclComm_t comm, CUstream s) {
+    DeviceFloats send(N, [&](size_t i) { return val(r, i); });
+    DeviceFloats gathered(N * n);
+    CUstream other = nullptr;  // the root's receives on a second stream
+    cuStreamCreate(&other, CU_STREAM_NON_BLOCKING);
+    bad.expect(ncclGroupStart() == ncclSuccess, "group start");
+    bad.expect(ncclSend(send.at(), N, ncclFloat, root, comm, s) == ncclSuccess, "Send");
+    if (r == root)
+      for (int q = 0; q < n; ++q)
+        bad.expect(ncclRecv(gathered.at(q * N), N, ncclFloat, q, comm, q % 2 ? other : s) == ncclSuccess, "Recv");
+    bad.expect(ncclGroupEnd() == ncclSuccess, "group end");
+    bad.expect(cuStreamSynchronize(s) == CUDA_SUCCESS && cuStreamSynchronize(other) == CUDA_SUCCESS, "streams");
+    ncclResult_t async = ncclInProgress;
+    ncclCommGetAsyncError(comm, &async);
+    bad.expect(async == ncclSuccess, std::string("no asynchronous error: ") + ncclGetLastError(comm));
+    if (r == root) {
+      std::vector<float> got = gathered.read();
+      for (size_t i = 0; i < N * n; ++i)
+        bad.expect(got[i] == val(static_cast<int>(i / N), i % N), "element " + std::to_string(i));
+    }
+    cuStreamDestroy(other);
+  });
+  INFO(bad.first);
+  CHECK(bad.count == 0);
+}
+
+// Send/Recv pairs to oneself must match in size, as any Send and Recv.
+TEST_CASE("a Send to oneself and a Recv from oneself of other sizes are an invalid usage", "[cudafake]") {
+  useDevice0();
+  ncclComm_t comm = soloComm();
+  CUstream s = newStream();
+  DeviceFloats a(100), b(100);
+  NCCL_OK(ncclGroupStart());
+  NCCL_OK(ncclSend(a.at(), 100, ncclFloat, 0, comm, s));
+  NCCL_OK(ncclRecv(b.at(), 50, ncclFloat, 0, comm, s));
+  CHECK(ncclGroupEnd() == ncclInvalidUsage);
+  CHECK(std::string(ncclGetLastError(comm)).find("Send to itself #0 of 400 bytes meets Recv from itself #0 of 200 bytes") !=
+        std::string::npos);
+  cuStreamSynchronize(s);
+  cuStreamDestroy(s);
+  ncclCommDestroy(comm);
+}
+
 // A thread whose peer destroys its communicator while this one's stream
 // plan waits on their stream ring learns of it at the liveness check
 // (SHOAL_IDLE_CHECK_MS), not at the no-progress deadline; its stream goes on.
