@@ -304,7 +304,13 @@ Result<bool> Communicator::submitStreamPlan(std::span<const OpRequest> ops, Stre
     return Status(e.code(), str(describe(), " is in an error state from an earlier operation: ", e.message()));
   }
   std::vector<Connection*> lanes;
-  SHOAL_TRY(connections_.forPlan(plan, lanes)) << describe();
+  if (Status connected = connections_.forPlan(plan, lanes); !connected.isOk()) {
+    // Its peers may be running their halves on stream links already: the
+    // communicator fails, as for any call it cannot run as they do.
+    connected = StatusBuilder(std::move(connected)) << describe();
+    setAsyncError(connected);
+    return connected;
+  }
   if (!StreamPlans::linksAll(lanes)) return false;
   // Its peers run it on their streams: so must this rank, or fail the
   // communicator (and the rings, so that the peers fail now, not at their

@@ -209,6 +209,54 @@ TEST_CASE("loopback has no stream ring where stream links were not agreed, nor t
   CHECK(own.value()->streamLink() == nullptr);
 }
 
+// A failure on one end of a pipe fails the other end at once: its connect,
+// or its operations (the ring broken), never their deadline.
+TEST_CASE("a loopback end that fails to make or match the stream ring fails the other end at once",
+          "[cudafake][stream_ring]") {
+  const std::string gpu = useDevice0();
+  auto transport = makeLoopbackTransport();
+  PeerInfo a, b;
+  for (PeerInfo* p : {&a, &b}) {
+    p->hostname = "here";
+    p->hostId = "host";
+    p->processId = 7;
+    p->gpu = gpu;
+  }
+  a.rank = 0;
+  b.rank = 1;
+  SECTION("the first end cannot allocate the ring") {
+    const uint64_t id = freshCommId();
+    shoalFakeCudaFailNth("cuMemCreate", 1);
+    auto first = transport->connect({id, 0, 1, 0}, ConnectOptions{&a, &b, "", Deadline::afterMs(1000), true});
+    shoalFakeCudaFailNth("cuMemCreate", 0);
+    REQUIRE_FALSE(first.isOk());
+    auto second = transport->connect({id, 1, 0, 0}, ConnectOptions{&b, &a, "", Deadline::afterMs(1000), true});
+    REQUIRE_FALSE(second.isOk());
+    INFO(second.status().toString());
+    CHECK(second.status().message().find("the peer's end failed") != std::string::npos);
+  }
+  SECTION("the second end would have no ring") {
+    const uint64_t id = freshCommId();
+    auto first = transport->connect({id, 0, 1, 0}, ConnectOptions{&a, &b, "", Deadline::afterMs(1000), true});
+    REQUIRE(first.isOk());
+    auto second = transport->connect({id, 1, 0, 0}, ConnectOptions{&b, &a, "", Deadline::afterMs(1000), false});
+    REQUIRE_FALSE(second.isOk());
+    CHECK(second.status().message().find("one end has a stream ring and the other none") != std::string::npos);
+    // The first end's ring is broken and its connection failed.
+    StreamLink* link = first.value()->streamLink();
+    REQUIRE(link != nullptr);
+    CUstream s = newStream();
+    DeviceBytes src(64, 1);
+    Status sent = link->enqueueSend(src.at(), 64, 1, s);
+    CHECK(sent.message().find("stream ring is broken") != std::string::npos);
+    std::vector<Completion> done;
+    bool progressed = false;
+    REQUIRE(first.value()->postSend(src.at(), 64, 1, 1).code() == Code::kInvalidUsage);
+    CHECK(first.value()->poll(done, progressed).code() == Code::kInvalidUsage);
+    cuStreamDestroy(s);
+  }
+}
+
 TEST_CASE("a loopback stream ring's memory is freed once both ends are gone", "[cudafake][stream_ring]") {
   useDevice0();
   const int before = shoalFakeCudaLiveAllocations();

@@ -96,6 +96,17 @@ LoopbackConnection::LoopbackConnection(std::shared_ptr<LoopbackPipe> pipe, int s
       recvDir_(recvDir),
       peerDescription_(std::move(peerDescription)) {}
 
+void LoopbackPipe::fail(const Status& status) {
+  std::lock_guard<std::mutex> lock(mutex);
+  if (failure.isOk()) failure = status;
+  if (ring_.words) ring_.words->broken.store(1, std::memory_order_release);
+}
+
+Status LoopbackPipe::failed() {
+  std::lock_guard<std::mutex> lock(mutex);
+  return failure;
+}
+
 Status LoopbackConnection::attachRing(cuda::Driver& driver, cuda::ContextHandle context) {
   const LoopbackPipe::RingMemory* memory = pipe_->ring();
   if (memory == nullptr) return internalError("loopback: the pipe to ", peerDescription_, " has no stream ring");

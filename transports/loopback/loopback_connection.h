@@ -82,6 +82,10 @@ struct LoopbackPipe {
     uint64_t slotBytes = 0;
   };
   Status makeRing(cuda::ContextHandle context, uint64_t bytesPerDirection);
+  // Fails the pipe for both ends (the first failure stays) and breaks its
+  // stream ring; what failed it, or OK.
+  void fail(const Status& status);
+  Status failed();
   const RingMemory* ring() const { return ring_.words ? &ring_ : nullptr; }
 
  private:

@@ -71,30 +71,44 @@ class LoopbackTransport final : public Transport {
       scope.emplace(*driver, context);
       SHOAL_TRY(scope->status()) << "loopback to " << desc;
     }
+    // A failure on either end fails the pipe (and breaks its ring), so the
+    // other end's operations fail at once rather than at their deadline.
     std::shared_ptr<LoopbackPipe> pipe;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       auto it = pending_.find(mapKey);
       if (it == pending_.end()) {
         pipe = std::make_shared<LoopbackPipe>(currentFaults(), driver);
+        pending_.emplace(mapKey, pipe);
         if (ring) {
           const uint64_t bytes = std::clamp<int64_t>(params().loopbackRingBytes, 64 << 10, 1ll << 30);
-          SHOAL_TRY(pipe->makeRing(context, bytes)) << "loopback to " << desc;
+          if (Status made = pipe->makeRing(context, bytes); !made.isOk()) {
+            made = StatusBuilder(std::move(made)) << "loopback to " << desc;
+            pipe->fail(made);
+            return made;
+          }
         }
-        pending_.emplace(mapKey, pipe);
       } else {
         pipe = it->second;
         pending_.erase(it);  // both sides have it now
       }
     }
-    if (ring != (pipe->ring() != nullptr))
-      return invalidUsage("loopback to ", desc, ": one end has a stream ring and the other none (the ranks must "
-                          "agree on stream links: SHOAL_CUDA_STREAM_PLANS, SHOAL_CUDA_WAIT alike on every rank)");
+    if (Status theirs = pipe->failed(); !theirs.isOk())
+      return StatusBuilder(std::move(theirs)) << "loopback to " << desc << ": the peer's end failed";
+    if (ring != (pipe->ring() != nullptr)) {
+      Status st = invalidUsage("loopback to ", desc, ": one end has a stream ring and the other none (the ranks must "
+                               "agree on stream links: SHOAL_CUDA_STREAM_PLANS, SHOAL_CUDA_WAIT alike on every rank)");
+      pipe->fail(st);
+      return st;
+    }
     int side = key.selfRank == low ? 0 : 1;
     // Side 0 sends on direction 0 and receives on direction 1.
     auto connection = std::make_unique<LoopbackConnection>(pipe, side, side, 1 - side, std::move(desc));
     if (ring) {
-      SHOAL_TRY(connection->attachRing(*driver, context));
+      if (Status attached = connection->attachRing(*driver, context); !attached.isOk()) {
+        pipe->fail(attached);
+        return attached;
+      }
     }
     return std::unique_ptr<Connection>(std::move(connection));
   }
