@@ -140,9 +140,10 @@ class Connection {
   // at the same time as the engine). Cheap and never blocking: a look at what
   // the transport already has (tcp: EOF, errors and how long since the peer's
   // host last answered; shm: the peer's process and its `closed` flag). An
-  // error names the peer and fails the connection for good. Default: alive
-  // (loopback, which cannot lose its peer; ofi, which leaves it to the next
-  // operation's errors and no-progress deadline).
+  // error names the peer and fails the connection for good (loopback: a
+  // peer that closed its end while this one still waits for it). Default:
+  // alive (ofi, which leaves it to the next operation's errors and
+  // no-progress deadline).
   virtual Status checkAlive() { return Status::ok(); }
   // The job whose operations are posted here ended without them (failed,
   // aborted, retired): whatever still touches their buffers stops before

@@ -259,10 +259,10 @@ std::string Communicator::whyNoStreamLinks(const PeerInfo& self) const {
     if (p.rank == rank_ || !p.sameProcess(self)) continue;
     if (p.gpu != self.gpu && !cuda_->gpusShareMemory(self.gpu, p.gpu))
       return str("rank ", p.rank, ", a thread of its process, is on a GPU without peer access to its own");
-    if (p.gpu == self.gpu && params().cudaStreamPlans != "1")
-      return str("rank ", p.rank, ", a thread of its process, shares its GPU (and its hardware queues; "
-                 "SHOAL_CUDA_STREAM_PLANS=1 overrides)");
   }
+  if (int thread = threadOnOwnGpu(self); thread >= 0)
+    return str("rank ", thread, ", a thread of its process, shares its GPU (and its hardware queues; "
+               "SHOAL_CUDA_STREAM_PLANS=1 overrides)");
   return "";
 }
 
@@ -527,8 +527,19 @@ Result<Window*> Communicator::registerWindow(void* buff, size_t bytes, int flags
   return registered;
 }
 
+int Communicator::threadOnOwnGpu(const PeerInfo& self) const {
+  if (params().cudaStreamPlans == "1") return -1;
+  for (const PeerInfo& p : peers_)
+    if (p.rank != rank_ && p.sameProcess(self) && p.gpu == self.gpu) return p.rank;
+  return -1;
+}
+
 void Communicator::ensureWindowBoard() {
   if (boards_ || peers_[rank_].gpu.empty() || !cuda_->streamPlansWanted(peers_[rank_].gpu)) return;
+  // Its streams would wait on words a thread's streams write through the
+  // same context's hardware queues (whyNoStreamLinks): windows are then
+  // stepped by the host on every rank (boards are needed everywhere).
+  if (threadOnOwnGpu(peers_[rank_]) >= 0) return;
   Result<std::shared_ptr<WindowBoards>> made = [&] {
     cuda::ContextScope scope(cuda_, cudaContext());
     return WindowBoards::create(*cuda_, rank_, nranks_);

@@ -239,6 +239,10 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
   Result<InitProposal> proposal(const PeerInfo& self) const;
   std::string whyNotDeviceDirect(const PeerInfo& self) const;
   std::string whyNoStreamLinks(const PeerInfo& self) const;
+  // A rank that is a thread of this process on this rank's GPU (-1: none,
+  // or SHOAL_CUDA_STREAM_PLANS=1, which lets their streams wait on each
+  // other's words through the context's shared hardware queues).
+  int threadOnOwnGpu(const PeerInfo& self) const;
   void chooseWaitSpin(const PeerInfo& self) const;
   // Init: whether the process uses CUDA and the current device (self.gpu).
   Status findCudaDevice(PeerInfo& self);

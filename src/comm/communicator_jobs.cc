@@ -195,8 +195,9 @@ Result<Communicator::StreamSubmission> Communicator::beginStreamOrdered(std::spa
     // enqueued never takes a sequence number its peers would wait for.
     if (Status s = bridge_->enqueue(st, kept); !s.isOk()) {
       if (s.code() != Code::kUnsupported) return StatusBuilder(std::move(s)) << describe();
-      // The device refused stream memory operations: synchronous from now on.
-      return beginStreamOrdered(ops);
+      // The device refused stream memory operations: synchronous from now on
+      // (the pairs to itself are on the streams already).
+      return beginStreamOrdered(kept);
     }
     auto job = std::make_shared<Job>();
     if (direct) job->deviceSteps = deviceSteps_;
@@ -306,8 +307,10 @@ Result<bool> Communicator::submitStreamPlan(std::span<const OpRequest> ops, Stre
   std::vector<Connection*> lanes;
   if (Status connected = connections_.forPlan(plan, lanes); !connected.isOk()) {
     // Its peers may be running their halves on stream links already: the
-    // communicator fails, as for any call it cannot run as they do.
+    // communicator fails, as for any call it cannot run as they do, and so
+    // do their plans on its links.
     connected = StatusBuilder(std::move(connected)) << describe();
+    connections_.releaseStreamLinks();
     setAsyncError(connected);
     return connected;
   }

@@ -60,6 +60,11 @@ bool ConnectionTable::movesDeviceMemory(const Plan& plan) {
   return true;
 }
 
+void ConnectionTable::releaseStreamLinks() {
+  for (auto& [key, connection] : connections_)
+    if (StreamLink* link = connection->streamLink()) link->release();
+}
+
 void ConnectionTable::publishFailure(std::string_view report) {
   for (auto& [key, connection] : connections_) connection->publishFailure(report);
 }

@@ -57,6 +57,9 @@ class ConnectionTable {
 
   // This rank's failure, written into every connection's side channel.
   void publishFailure(std::string_view report);
+  // Breaks every connection's stream link for good (StreamLink::release):
+  // the peers' stream plans on them fail now, not at their deadline.
+  void releaseStreamLinks();
   // A same-host peer's failure report from a side channel, waited for until
   // the deadline (the peer may fail a moment after us); "" when none carries one.
   std::string peerFailure(int peer, Deadline deadline) const;

@@ -2135,9 +2135,14 @@ TEST_CASE("window calls without a peer-reading plan take the other paths, and de
 
 // Ranks as threads of one process: each maps the others' window buffers by
 // their addresses (nothing imported), and the calls read them in place.
+// Threads on one GPU step their windowed calls by the host unless told
+// (SHOAL_CUDA_STREAM_PLANS=1): on the streams, each rank's streams would
+// wait on words the others' write through the context's shared queues.
 TEST_CASE("collectives on window buffers with ranks as threads read each other's buffers by address", "[cudafake]") {
   constexpr int kRanks = 3;
   constexpr size_t N = 5000;
+  const bool forced = GENERATE(false, true);
+  shoal::testing::ScopedEnv env{{"SHOAL_CUDA_STREAM_PLANS", forced ? "1" : "auto"}};
   const uint64_t importsBefore = shoalFakeCudaCallCount("cuMemImportFromShareableHandle");
   const uint64_t launchesBefore = shoalFakeCudaCallCount("cuLaunchKernel");
   Mismatches bad;
@@ -2150,6 +2155,7 @@ TEST_CASE("collectives on window buffers with ranks as threads read each other's
                "register");
     auto* window = reinterpret_cast<shoal::Window*>(win);
     bad.expect(window != nullptr && window->mappedEverywhere(), "every rank maps every rank's buffer");
+    bad.expect(window != nullptr && window->onStreams() == forced, "on the streams only when told");
     auto* send = static_cast<float*>(pool);
     float* recv = send + N * kRanks;
     toDevice(send, valsOf(r, N));
@@ -2170,7 +2176,7 @@ TEST_CASE("collectives on window buffers with ranks as threads read each other's
     cuStreamSynchronize(s);
     ncclMemFree(pool);
   });
-  INFO(bad.first);
+  INFO((forced ? "SHOAL_CUDA_STREAM_PLANS=1: " : "") << bad.first);
   CHECK(bad.count == 0);
   CHECK(shoalFakeCudaCallCount("cuMemImportFromShareableHandle") == importsBefore);
   // The AllReduce's reductions ran as kernels reading the peers' buffers,

@@ -230,6 +230,10 @@ TEST_CASE("a loopback end that fails to make or match the stream ring fails the 
     auto first = transport->connect({id, 0, 1, 0}, ConnectOptions{&a, &b, "", Deadline::afterMs(1000), true});
     shoalFakeCudaFailNth("cuMemCreate", 0);
     REQUIRE_FALSE(first.isOk());
+    // Asked again, the same end does not take its own failed pipe for the peer's.
+    auto again = transport->connect({id, 0, 1, 0}, ConnectOptions{&a, &b, "", Deadline::afterMs(1000), true});
+    REQUIRE_FALSE(again.isOk());
+    CHECK(again.status().message().find("an earlier connect failed") != std::string::npos);
     auto second = transport->connect({id, 1, 0, 0}, ConnectOptions{&b, &a, "", Deadline::afterMs(1000), true});
     REQUIRE_FALSE(second.isOk());
     INFO(second.status().toString());

@@ -68,6 +68,7 @@ struct LoopbackPipe {
   Status failure;  // set once; fails both endpoints
   LoopbackFaults faults;
   int64_t messagesPosted = 0;  // counts fail_nth / blackhole_nth per pipe
+  int madeBy = -1;             // the rank whose connect made it (set before it is shared)
   std::mt19937_64 stallRng;
 
   // Slots per direction of the stream ring.

@@ -79,6 +79,7 @@ class LoopbackTransport final : public Transport {
       auto it = pending_.find(mapKey);
       if (it == pending_.end()) {
         pipe = std::make_shared<LoopbackPipe>(currentFaults(), driver);
+        pipe->madeBy = key.selfRank;
         pending_.emplace(mapKey, pipe);
         if (ring) {
           const uint64_t bytes = std::clamp<int64_t>(params().loopbackRingBytes, 64 << 10, 1ll << 30);
@@ -88,6 +89,9 @@ class LoopbackTransport final : public Transport {
             return made;
           }
         }
+      } else if (it->second->madeBy == key.selfRank && !it->second->failed().isOk()) {
+        // This end's own pipe, failed when it made it, kept for the peer to find.
+        return StatusBuilder(it->second->failed()) << "loopback to " << desc << ": an earlier connect failed";
       } else {
         pipe = it->second;
         pending_.erase(it);  // both sides have it now
