@@ -248,13 +248,12 @@ Result<InitProposal> Communicator::proposal(const PeerInfo& self) const {
 //   context's hardware queues (CUDA_DEVICE_MAX_CONNECTIONS), where a wait
 //   holds back whatever queues behind it.
 std::string Communicator::whyNoStreamLinks(const PeerInfo& self) const {
-  bool processes = false;
-  const PeerInfo* thread = nullptr;
+  bool threads = false, processes = false;
   for (const PeerInfo& p : peers_) {
     if (!p.sameProcess(self)) processes = true;
-    else if (p.rank != rank_ && !thread) thread = &p;
+    else if (p.rank != rank_) threads = true;
   }
-  if (thread && processes) return "its peers are both threads of its process and other processes";
+  if (threads && processes) return "its peers are both threads of its process and other processes";
   for (const PeerInfo& p : peers_) {
     if (p.rank == rank_ || !p.sameProcess(self)) continue;
     if (p.gpu != self.gpu && !cuda_->gpusShareMemory(self.gpu, p.gpu))

@@ -55,10 +55,10 @@ struct InitProposal {
   // transport that moves device memory.
   bool deviceDirect = false;
   // Whether its GPU's streams run stream plans (Driver::streamPlansWanted)
-  // and its peers are not a mix of threads of its process and other
-  // processes (loopback between threads has no stream link, so a plan's
-  // lanes would have stream links to some peers and none to others): the
-  // connections carry stream links only where every rank proposes them.
+  // and its peers allow stream links (Communicator::whyNoStreamLinks: not
+  // a mix of threads and processes, no thread of its process on its GPU
+  // or on one without peer access): the connections carry stream links
+  // only where every rank proposes them.
   bool streamPlans = false;
   // Whether its GPU has too few hardware queues for work on streams of the
   // library's own while the user's stream waits for it
@@ -88,7 +88,7 @@ struct InitAgreement {
   // Why not, when some rank could have been ("" otherwise): for the log.
   std::string notDeviceDirect;
   // Every rank proposed stream plans: the connections carry stream links
-  // (cuda_ipc's stream ring; ConnectOptions::streamLinks). Otherwise none
+  // (the stream ring of cuda_ipc or loopback; ConnectOptions::streamLinks). Otherwise none
   // does, and a device-direct communicator runs device plans (the host
   // steps, the GPUs copy and reduce) on every rank alike.
   bool streamLinks = false;

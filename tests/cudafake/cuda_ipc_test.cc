@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "cuda/driver.h"
+#include "cudafake/device0.h"
 #include "cudafake/fake_cuda.h"
 #include "support/scoped_env.h"
 #include "transport/conformance.h"
@@ -39,16 +40,7 @@ uint64_t freshCommId() {
 // Device 0's primary context current on this thread; its "GPU-<uuid>".
 std::string useDevice0() {
   REQUIRE(kDriverNamed);
-  REQUIRE(cuInit(0) == CUDA_SUCCESS);
-  CUcontext ctx = nullptr;
-  REQUIRE(cuDevicePrimaryCtxRetain(&ctx, 0) == CUDA_SUCCESS);
-  REQUIRE(cuCtxSetCurrent(ctx) == CUDA_SUCCESS);
-  cuda::Driver* driver = cuda::Driver::inUse();
-  REQUIRE(driver != nullptr);
-  auto device = driver->currentDevice();
-  REQUIRE(device.isOk());
-  REQUIRE(device.value().has_value());
-  return device.value()->uuidText();
+  return testing::makeDevice0Current();
 }
 
 struct PairWorld {

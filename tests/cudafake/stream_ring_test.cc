@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "cuda/driver.h"
+#include "cudafake/device0.h"
 #include "cudafake/fake_cuda.h"
 #include "support/scoped_env.h"
 #include "transports/loopback/loopback_transport.h"
@@ -36,16 +37,7 @@ uint64_t freshCommId() {
 // Device 0's primary context current on this thread; its "GPU-<uuid>".
 std::string useDevice0() {
   REQUIRE(kDriverNamed);
-  CU_OK(cuInit(0));
-  CUcontext ctx = nullptr;
-  CU_OK(cuDevicePrimaryCtxRetain(&ctx, 0));
-  CU_OK(cuCtxSetCurrent(ctx));
-  cuda::Driver* driver = cuda::Driver::inUse();
-  REQUIRE(driver != nullptr);
-  auto device = driver->currentDevice();
-  REQUIRE(device.isOk());
-  REQUIRE(device.value().has_value());
-  return device.value()->uuidText();
+  return testing::makeDevice0Current();
 }
 
 CUstream newStream() {

@@ -128,7 +128,7 @@ LoopbackConnection::~LoopbackConnection() {
     // may still write it keeps it (never freed under a stream).
     cuda::Driver* driver = cuda::Driver::inUse();
     cuda::ContextScope scope(driver, ringContext_);
-    if (driver != nullptr && scope.entered()) ring_.reset();
+    if (scope.entered()) ring_.reset();
     else (void)ring_.release();
   }
   std::lock_guard<std::mutex> lock(pipe_->mutex);

@@ -89,9 +89,9 @@ class LoopbackTransport final : public Transport {
             return made;
           }
         }
-      } else if (it->second->madeBy == key.selfRank && !it->second->failed().isOk()) {
+      } else if (Status own = it->second->failed(); it->second->madeBy == key.selfRank && !own.isOk()) {
         // This end's own pipe, failed when it made it, kept for the peer to find.
-        return StatusBuilder(it->second->failed()) << "loopback to " << desc << ": an earlier connect failed";
+        return StatusBuilder(std::move(own)) << "loopback to " << desc << ": an earlier connect failed";
       } else {
         pipe = it->second;
         pending_.erase(it);  // both sides have it now

@@ -20,9 +20,6 @@ Result<std::unique_ptr<StreamRing>> StreamRing::make(cuda::Driver& driver, Setup
 
 StreamRing::~StreamRing() { driver_.hostFree(headerLog_); }
 
-// A chunk's wait, copy and word write are enqueued on the caller's stream
-// in that order, so the word is written once the copy is done (a stream
-// memory write follows the stream's earlier work).
 Status StreamRing::usable() const {
   if (setup_.words->broken.load(std::memory_order_acquire))
     return remoteError(setup_.peerDescription, ": the stream ring is broken (an operation on it failed, on this rank "
@@ -32,6 +29,9 @@ Status StreamRing::usable() const {
   return Status::ok();
 }
 
+// A chunk's wait, copy and word write are enqueued on the caller's stream
+// in that order, so the word is written once the copy is done (a stream
+// memory write follows the stream's earlier work).
 Status StreamRing::enqueueSend(const void* src, uint64_t bytes, uint64_t tag, void* stream) {
   SHOAL_TRY(usable());
   StreamRingLane& lane = setup_.words->lanes[setup_.side];
