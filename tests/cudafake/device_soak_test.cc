@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <string>
 #include <utility>
@@ -22,6 +23,7 @@
 #include "cudafake/device_ranks.h"
 #include "cudafake/fake_cuda.h"
 #include "soak/soak.h"
+#include "support/scoped_env.h"
 
 namespace {
 
@@ -173,4 +175,230 @@ TEST_CASE("device collectives keep threads, descriptors, memory, streams and dev
     CHECK(result.allPassed());
   }
   ::unlink(logPath);
+}
+
+namespace {
+
+// How a churn round ends its communicator.
+enum class Churn { kInitDestroy, kSplit, kAbort };
+
+// Rank 0's fresh ncclUniqueId, to every rank through `base` (a device
+// Broadcast, as an application would pass it).
+bool shareFreshId(ncclComm_t base, CUstream s, int rank, ncclUniqueId* id, CUdeviceptr scratch) {
+  if (rank == 0 && ncclGetUniqueId(id) != ncclSuccess) return false;
+  if (rank == 0 && cuMemcpyHtoD(scratch, id->internal, sizeof(id->internal)) != CUDA_SUCCESS) return false;
+  if (ncclBroadcast(reinterpret_cast<void*>(scratch), reinterpret_cast<void*>(scratch), sizeof(id->internal),
+                    ncclUint8, 0, base, s) != ncclSuccess)
+    return false;
+  return cuStreamSynchronize(s) == CUDA_SUCCESS && cuMemcpyDtoH(id->internal, scratch, sizeof(id->internal)) ==
+                                                       CUDA_SUCCESS;
+}
+
+// One churn round on this rank: a communicator made (from a fresh id, or
+// split from `base`), a buffer of its own from ncclMemAlloc, the calls of
+// round() on it (connections, imports, a window), then the communicator
+// destroyed, or aborted with rank 0's unmatched AllReduce on the stream,
+// and the buffer freed. Returns what went wrong ("" when nothing).
+std::string churnOnce(Churn how, ncclComm_t base, CUstream s, int rank, int n, CUdeviceptr idScratch) {
+  ncclComm_t comm = nullptr;
+  if (how == Churn::kSplit) {
+    if (ncclCommSplit(base, 0, n - 1 - rank, &comm, nullptr) != ncclSuccess)
+      return std::string("split: ") + ncclGetLastError(base);
+  } else {
+    ncclUniqueId id;
+    if (!shareFreshId(base, s, rank, &id, idScratch)) return std::string("sharing an id: ") + ncclGetLastError(base);
+    if (ncclCommInitRank(&comm, n, id, rank) != ncclSuccess) return std::string("init: ") + ncclGetLastError(nullptr);
+  }
+  const size_t count = 1 << 14;  // 64 KiB of floats, a multiple of n
+  void* pool = nullptr;
+  if (ncclMemAlloc(&pool, 5 * count * sizeof(float)) != ncclSuccess) return "ncclMemAlloc";
+  auto* send = static_cast<float*>(pool);
+  const std::vector<float> ones(count, 1.0f);
+  std::string bad;
+  if (cuMemcpyHtoD(reinterpret_cast<CUdeviceptr>(send), ones.data(), count * sizeof(float)) != CUDA_SUCCESS)
+    bad = "filling the buffer";
+  if (bad.empty()) bad = round(comm, s, rank, n, send, send + 2 * count, count, /*windows=*/true);
+  if (how == Churn::kAbort) {
+    // Rank 0's call waits for a peer that never makes it; the abort must
+    // release its stream and everything the call holds. (It may also fail
+    // at once: the peer's abort can break their stream ring first.)
+    if (rank == 0) (void)ncclAllReduce(send, send + count, count, ncclFloat, ncclSum, comm, s);
+    if (ncclCommAbort(comm) != ncclSuccess && bad.empty()) bad = "abort";
+    cuStreamSynchronize(s);  // released, whatever the error
+  } else if (ncclCommDestroy(comm) != ncclSuccess && bad.empty()) {
+    bad = "destroy";
+  }
+  if (ncclMemFree(pool) != ncclSuccess && bad.empty()) bad = "ncclMemFree";
+  return bad;
+}
+
+const char* churnName(Churn how) {
+  switch (how) {
+    case Churn::kInitDestroy: return "made and destroyed";
+    case Churn::kSplit: return "split and destroyed";
+    case Churn::kAbort: return "made and aborted mid-call";
+  }
+  return "?";
+}
+
+}  // namespace
+
+// Communicators come and go for the life of a job (a trainer's subgroups, a
+// recovery after an abort): every one made, used on device buffers over
+// cuda_ipc (connections, stream rings, imported buffers, windows) and
+// destroyed or aborted must give back all of it.
+TEST_CASE("device communicators made, split, aborted and destroyed over and over keep resources flat",
+          "[cudafake][mp]") {
+  REQUIRE(kDriverNamed);
+  for (Churn how : {Churn::kInitDestroy, Churn::kSplit, Churn::kAbort}) {
+    shoal::testing::MpConfig cfg;
+    cfg.nranks = 2;
+    cfg.hardLimitMs = 150000;
+    cfg.env = {{"SHOAL_TRANSPORT", ""}, {"SHOAL_PROGRESS_TIMEOUT_MS", "30000"}};
+    auto result = shoal::testing::forkedDeviceRanks(cfg, [&](shoal::testing::MpChild& child, ncclComm_t base,
+                                                             CUstream s) {
+      const int rank = child.rank(), n = child.nranks();
+      CUdeviceptr idScratch = 0;
+      if (cuMemAlloc(&idScratch, sizeof(ncclUniqueId)) != CUDA_SUCCESS) return 2;
+      auto rounds = [&](int times) -> bool {
+        for (int i = 0; i < times; ++i)
+          if (std::string bad = churnOnce(how, base, s, rank, n, idScratch); !bad.empty()) {
+            child.log(std::string(churnName(how)) + ", round " + std::to_string(i) + ": " + bad);
+            return false;
+          }
+        return true;
+      };
+      if (!rounds(4)) return 3;  // warm-up: the base communicator's connections, kernels, the caches
+      child.barrier();
+      const Held baseline = standIn(shoal::soak::sampleResources());
+      if (!rounds(40)) return 4;
+      child.barrier();
+      const Held after = standIn(shoal::soak::settleTo(baseline.process));
+      child.log(std::string(churnName(how)) + ": after warm-up " + describe(baseline) + "; after 40 more: " +
+                describe(after));
+      cuMemFree(idScratch);
+      // The heap holds each destroyed handle (about 130 B with the
+      // allocator's share) until 4096 more are (api/api_guard.h): 40 rounds
+      // keep well within this.
+      shoal::soak::Slack slack;
+      slack.heapKiB = 96;
+      if (std::string grew = shoal::soak::compareResources(baseline.process, after.process, slack, true);
+          !grew.empty()) {
+        child.log("grew: " + grew);
+        return 5;
+      }
+      if (after.streams != baseline.streams || after.events != baseline.events) return 6;
+      if (after.allocations != baseline.allocations) return 7;
+      return ncclCommDestroy(base) == ncclSuccess ? 0 : 8;
+    });
+    INFO(churnName(how) << "\n" << result.report());
+    CHECK(result.allPassed());
+  }
+}
+
+// Ranks of one process, made and driven by one thread in groups: on one
+// GPU (device plans by default, stream plans over loopback's stream ring
+// when told) and on two GPUs (the ring by default).
+TEST_CASE("device communicators of threads made and destroyed over and over keep resources flat", "[cudafake]") {
+  REQUIRE(shoalFakeCudaSetDevices(2) == 0);
+  REQUIRE(cuInit(0) == CUDA_SUCCESS);
+  struct Variant {
+    const char* what;
+    std::vector<int> devices;
+    const char* streamPlans;
+  };
+  for (const Variant& v : {Variant{"one GPU, device plans", {0, 0}, "0"},
+                           Variant{"one GPU, stream plans", {0, 0}, "1"},
+                           Variant{"two GPUs, stream plans", {0, 1}, "auto"}}) {
+    shoal::testing::ScopedEnv env{{"SHOAL_CUDA_STREAM_PLANS", v.streamPlans}};
+    const int n = static_cast<int>(v.devices.size());
+    std::vector<CUcontext> ctx(n);
+    std::vector<CUstream> streams(n);
+    for (int r = 0; r < n; ++r) {
+      REQUIRE(cuDevicePrimaryCtxRetain(&ctx[r], v.devices[r]) == CUDA_SUCCESS);
+      REQUIRE(cuCtxSetCurrent(ctx[r]) == CUDA_SUCCESS);
+      REQUIRE(cuStreamCreate(&streams[r], CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+    }
+    const size_t count = 1 << 14;
+    std::string bad;
+    auto once = [&]() {
+      std::vector<ncclComm_t> comms(n);
+      // In a group from one thread (ncclCommInitAll refuses a device twice),
+      // each rank on the device current at its call.
+      ncclUniqueId id;
+      bool made = ncclGetUniqueId(&id) == ncclSuccess && ncclGroupStart() == ncclSuccess;
+      for (int r = 0; r < n && made; ++r)
+        made = cuCtxSetCurrent(ctx[r]) == CUDA_SUCCESS && ncclCommInitRank(&comms[r], n, id, r) == ncclSuccess;
+      if (ncclGroupEnd() != ncclSuccess || !made) {
+        bad = std::string("init: ") + ncclGetLastError(nullptr);
+        return;
+      }
+      std::vector<void*> pools(n);
+      const std::vector<float> ones(count, 1.0f);
+      for (int r = 0; r < n; ++r) {
+        cuCtxSetCurrent(ctx[r]);
+        if (ncclMemAlloc(&pools[r], 3 * count * sizeof(float)) != ncclSuccess ||
+            cuMemcpyHtoD(reinterpret_cast<CUdeviceptr>(pools[r]), ones.data(), count * sizeof(float)) !=
+                CUDA_SUCCESS)
+          bad = "buffers";
+      }
+      auto grouped = [&](const char* what, const std::function<ncclResult_t(int, float*, float*)>& call) {
+        ncclGroupStart();
+        for (int r = 0; r < n; ++r) {
+          auto* send = static_cast<float*>(pools[r]);
+          if (call(r, send, send + count) != ncclSuccess && bad.empty())
+            bad = std::string(what) + ": " + ncclGetLastError(comms[r]);
+        }
+        if (ncclGroupEnd() != ncclSuccess && bad.empty()) bad = std::string(what) + " group end";
+      };
+      if (bad.empty()) {
+        grouped("AllReduce", [&](int r, float* send, float* recv) {
+          return ncclAllReduce(send, recv, count, ncclFloat, ncclSum, comms[r], streams[r]);
+        });
+        grouped("AllGather", [&](int r, float* send, float* recv) {
+          return ncclAllGather(send, recv + count, count / n, ncclFloat, comms[r], streams[r]);
+        });
+        grouped("Send/Recv", [&](int r, float* send, float* recv) {
+          ncclResult_t a = ncclSend(send, count / n, ncclFloat, (r + 1) % n, comms[r], streams[r]);
+          ncclResult_t b = ncclRecv(recv + count / 2, count / n, ncclFloat, (r + n - 1) % n, comms[r], streams[r]);
+          return a != ncclSuccess ? a : b;
+        });
+        grouped("AllReduce", [&](int r, float* send, float* recv) {
+          return ncclAllReduce(send, recv, count, ncclFloat, ncclSum, comms[r], streams[r]);
+        });
+      }
+      for (int r = 0; r < n; ++r) {
+        cuCtxSetCurrent(ctx[r]);
+        cuStreamSynchronize(streams[r]);
+        float got = 0;
+        cuMemcpyDtoH(&got, reinterpret_cast<CUdeviceptr>(static_cast<float*>(pools[r]) + count + 7), sizeof got);
+        if (got != static_cast<float>(n) && bad.empty()) bad = "AllReduce gave " + std::to_string(got);
+      }
+      for (int r = 0; r < n; ++r)
+        if (ncclCommDestroy(comms[r]) != ncclSuccess && bad.empty()) bad = "destroy";
+      for (int r = 0; r < n; ++r) {
+        cuCtxSetCurrent(ctx[r]);
+        ncclMemFree(pools[r]);
+      }
+    };
+    for (int i = 0; i < 4 && bad.empty(); ++i) once();
+    INFO(v.what << ": " << bad);
+    REQUIRE(bad.empty());
+    const Held baseline = standIn(shoal::soak::sampleResources());
+    for (int i = 0; i < 60 && bad.empty(); ++i) once();
+    const Held after = standIn(shoal::soak::settleTo(baseline.process));
+    INFO(v.what << ": after warm-up " << describe(baseline) << "; after 60 more: " << describe(after));
+    REQUIRE(bad.empty());
+    shoal::soak::Slack slack;
+    slack.heapKiB = 96;
+    CHECK(shoal::soak::compareResources(baseline.process, after.process, slack, true) == "");
+    CHECK(after.streams == baseline.streams);
+    CHECK(after.events == baseline.events);
+    CHECK(after.allocations == baseline.allocations);
+    for (int r = 0; r < n; ++r) {
+      cuCtxSetCurrent(ctx[r]);
+      cuStreamDestroy(streams[r]);
+      cuDevicePrimaryCtxRelease(v.devices[r]);
+    }
+  }
 }
