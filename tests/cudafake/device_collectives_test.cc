@@ -1411,6 +1411,81 @@ TEST_CASE("a killed peer releases the stream within the deadline with the error 
   }
 }
 
+// A process whose peer destroyed its communicator while this
+// one's stream plan waits on their cuda_ipc stream ring learns of it at the
+// liveness check, not at the no-progress deadline, and its stream goes on:
+// the plan posts nothing on the connection, so only the ring says that
+// something here still waits for the peer.
+TEST_CASE("a process's stream plan whose peer destroyed its communicator fails at the liveness check",
+          "[cudafake][mp]") {
+  auto result = forkedRanks(2, "cuda_ipc", {{"SHOAL_IDLE_CHECK_MS", "200"}},
+                            [&](shoal::testing::MpChild& child, ncclComm_t comm, CUstream s) {
+    DeviceFloats buf(1000, [&](size_t i) { return val(child.rank(), i); });
+    if (ncclAllReduce(buf.at(), buf.at(), 1000, ncclFloat, ncclSum, comm, s) != ncclSuccess) return 2;
+    cuStreamSynchronize(s);
+    if (child.rank() == 1) return ncclCommDestroy(comm) == ncclSuccess ? 0 : 3;  // then exits
+    ::usleep(300000);
+    auto t0 = Clock::now();
+    if (ncclAllReduce(buf.at(), buf.at(), 1000, ncclFloat, ncclSum, comm, s) != ncclSuccess) return 4;
+    if (cuStreamSynchronize(s) != CUDA_SUCCESS) return 5;  // released, not stuck
+    double ms = msSince(t0);
+    ncclResult_t async = ncclSuccess;
+    ncclCommGetAsyncError(comm, &async);
+    std::string why = ncclGetLastError(comm);
+    child.log("stream released after " + std::to_string(ms) + " ms, async " + ncclGetErrorString(async) + ": " + why);
+    if (async != ncclRemoteError) return 6;
+    if (why.find("closed its end of the cuda_ipc connection") == std::string::npos) return 7;
+    if (ms > 30000) return 8;  // the no-progress deadline is 300 s
+    ncclCommAbort(comm);
+    return 0;
+  });
+  INFO(result.report());
+  CHECK(result.allPassed());
+}
+
+// A thread's Recv that failed (its deadline passed) leaves nothing behind on
+// the loopback pipe: its peer's Send, made late, fails too instead of
+// copying into the buffer its caller was told is free again.
+TEST_CASE("a late Send between threads does not write into a failed Recv's buffer", "[cudafake]") {
+  useDevice0();
+  shoal::testing::ScopedEnv env{{"SHOAL_PROGRESS_TIMEOUT_MS", "500"}};
+  std::barrier phase(2);
+  Mismatches bad;
+  std::string error;
+  onThreads(2, [&](int r, ncclComm_t comm, CUstream s) {
+    const size_t N = 1000;
+    DeviceFloats buf(N, [&](size_t i) { return val(r, i); });
+    bad.expect(ncclAllReduce(buf.at(), buf.at(), N, ncclFloat, ncclSum, comm, s) == ncclSuccess, "warm-up");
+    cuStreamSynchronize(s);
+    phase.arrive_and_wait();
+    if (r == 0) {
+      auto t0 = Clock::now();
+      bad.expect(ncclRecv(buf.at(), N, ncclFloat, 1, comm, s) == ncclSuccess, "the Recv");
+      const ncclResult_t failed = awaitAsyncError(comm, t0);
+      bad.expect(failed != ncclSuccess && failed != ncclInProgress, "the Recv failed at its deadline");
+      bad.expect(cuStreamSynchronize(s) == CUDA_SUCCESS, "its stream went on");
+      const std::vector<float> canary(N, -7.0f);
+      cuMemcpyHtoD(reinterpret_cast<CUdeviceptr>(buf.at()), canary.data(), N * sizeof(float));
+    }
+    phase.arrive_and_wait();
+    if (r == 1) {
+      ncclResult_t called = ncclSend(buf.at(), N, ncclFloat, 0, comm, s);
+      cuStreamSynchronize(s);
+      ncclResult_t async = called;
+      if (called == ncclSuccess) async = awaitAsyncError(comm, Clock::now());
+      error = ncclGetLastError(comm);
+      bad.expect(async != ncclSuccess && async != ncclInProgress, "the late Send failed");
+    }
+    phase.arrive_and_wait();
+    if (r == 0) {
+      std::vector<float> got = buf.read();
+      for (size_t i = 0; i < N; ++i) bad.expect(got[i] == -7.0f, "element " + std::to_string(i) + " kept");
+    }
+  });
+  INFO(bad.first << "; the late Send: " << error);
+  CHECK(bad.count == 0);
+}
+
 namespace {
 
 void abortReleasesStream() {

@@ -240,12 +240,20 @@ bool CudaIpcConnection::mightProgress() const {
 
 Status CudaIpcConnection::lookAtPeer(bool idle) {
   // A peer that closed its end on purpose (destroyed or aborted its
-  // communicator) left; it did not die: the idle check stays quiet, an
-  // operation that needs it fails.
+  // communicator) left; it did not die: the idle check stays quiet unless
+  // something here still waits for it (an operation posted here, or a
+  // stream plan's messages on the ring, which posts none), and an operation
+  // that needs it fails.
   if (setup_.control->closed[1 - setup_.side].load(std::memory_order_acquire)) {
-    if (idle) return Status::ok();
+    bool ringOwed = false;
+    if (ring_) {
+      const StreamLink::Progress p = ring_->progress();
+      ringOwed = p.sent < p.sendEnqueued || p.received < p.recvEnqueued;
+    }
+    if (idle && pending() == 0 && !ringOwed) return Status::ok();
     return remoteError(setup_.peerDescription, " closed its end of the cuda_ipc connection (communicator "
-                       "destroyed or aborted) with ", pending(), " operations pending here");
+                       "destroyed or aborted) with ", pending(), " operations pending here",
+                       ringOwed ? " and stream plan messages still owed on its stream ring" : "");
   }
   char byte = 0;
   ssize_t got = ::recv(setup_.socket.get(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);

@@ -194,6 +194,21 @@ Status LoopbackConnection::deliver(LoopbackPipe::Direction& dir, bool& progresse
   return Status::ok();
 }
 
+void LoopbackConnection::quiesce() {
+  std::lock_guard<std::mutex> lock(pipe_->mutex);
+  LoopbackPipe& pipe = *pipe_;
+  if (pipe.failure.isOk())
+    pipe.failure = remoteError("the loopback pipe to ", peerDescription_, " was closed by the other end: its "
+                               "operation ended without its messages (it failed or was aborted)");
+  if (const LoopbackPipe::RingMemory* ring = pipe.ring()) ring->words->broken.store(1, std::memory_order_release);
+  if (ring_) ring_->markFailed();
+  pipe.directions[sendDir_].sends.clear();
+  pipe.directions[recvDir_].recvs.clear();
+  pipe.directions[sendDir_].senderDone.clear();
+  pipe.directions[recvDir_].receiverDone.clear();
+  pending_ = 0;
+}
+
 Status LoopbackConnection::checkAlive() {
   if (sendDir_ == recvDir_) return Status::ok();  // to oneself
   std::lock_guard<std::mutex> lock(pipe_->mutex);

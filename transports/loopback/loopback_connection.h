@@ -115,6 +115,11 @@ class LoopbackConnection final : public Connection {
   // for it (host messages pending, or stream ring chunks its streams have
   // not passed) is an error; one that left with nothing owed is not.
   Status checkAlive() override;
+  // The job using this end ended without its messages: the peer's poll
+  // delivers both directions, so this end's queued sends and receives go
+  // (a late peer would otherwise copy into or out of buffers their caller
+  // has been told are free), and the pipe fails for both ends.
+  void quiesce() override;
 
   // This end of the pipe's stream ring (the pipe must have one), its
   // streams' copies run in `context` (current on the calling thread).
