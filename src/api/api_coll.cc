@@ -110,11 +110,14 @@ Status checkDataTypePublic(ncclDataType_t datatype) { return checkDataType(datat
 Status dispatch(ncclComm_t handle, const std::shared_ptr<Communicator>& comm, OpRequest&& req,
                 cudaStream_t stream) {
   if (comm->usesCuda()) [[unlikely]] {
-    SHOAL_ASSIGN_OR_RETURN(req.streamOrdered, comm->streamOrdered(req));
+    req.noBuffers = comm->movesNoBytes(req);
+    req.stream = stream;
+    if (!(req.noBuffers && findHostStream(stream))) {
+      SHOAL_ASSIGN_OR_RETURN(req.streamOrdered, comm->streamOrdered(req));
+    }
     if (req.streamOrdered) {
       if (findHostStream(stream))
         return invalidArgument("a Shoal host stream was passed with memory CUDA knows; pass a CUDA stream");
-      req.stream = stream;
       SHOAL_TRY(comm->admitStream(req));
     }
   }

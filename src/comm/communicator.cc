@@ -10,6 +10,7 @@
 #include <optional>
 #include <utility>
 
+#include "comm/deferred_release.h"
 #include "comm/device_steps.h"
 #include "comm/hang_report.h"
 #include "comm/init_agreement.h"
@@ -43,6 +44,12 @@ Communicator::Communicator(InitRequest request)
       connections_(commId_, rank_, peers_, request_.secret, abortFlag_),
       windows_(Windows::make()) {}
 
+namespace {
+// How long a communicator's end waits for its streams to pass the staging
+// before leaving it to comm/deferred_release.h.
+constexpr int64_t kTeardownGraceMs = 200;
+}  // namespace
+
 Communicator::~Communicator() {
   // Teardown may run on any thread (a watchdog's abort, the last job's
   // release), with another context current or none: what it frees is this
@@ -52,14 +59,31 @@ Communicator::~Communicator() {
   hang::untrack(this);
   Engine::instance().retire(reinterpret_cast<uintptr_t>(this),
                             error(Code::kAborted, "communicator destroyed"));
-  // Stream plans' streams first (retire released their links), then the
-  // connections (cuda_ipc waits for its copies), then what their copies may
-  // have used: device plans' scratch, the staging.
-  const bool settled = settleStreamPlans();
+  // What a stream may still use goes once the streams have passed it: the
+  // stream plans' lanes (retire released their links), the connections
+  // (their rings; cuda_ipc waits for its copies), then what their copies may
+  // have used: scratch, windows, the staging, the boards. A stream held back
+  // by the user's own work ahead of our operations leaves it all to be
+  // freed off this thread once it has passed (comm/deferred_release.h): a
+  // watchdog aborting communicators one after the other does not wait for
+  // each.
+  Deadline grace = Deadline::afterMs(kTeardownGraceMs);
+  Backoff backoff;
+  bool passed = streamsPassed();
+  while (!passed && !grace.expired()) {
+    backoff.pause();
+    passed = streamsPassed();
+  }
+  if (!passed) {
+    leaveToStreams();
+    return;
+  }
+  const bool settled = settleStreamPlans(0);
   connections_.clear();
   deviceSteps_.reset();
   std::vector<std::unique_ptr<Window>> windows = windows_->takeAll();
-  // A stream still holding a plan may read the peers' windows: kept mapped.
+  // A stream that held a plan past a failure may read the peers' windows:
+  // kept mapped.
   if (settled) releaseWindows(windows);
   else new std::vector<std::unique_ptr<Window>>(std::move(windows));
   // The staging and the boards while the context is current (as the
@@ -68,17 +92,81 @@ Communicator::~Communicator() {
   boards_.reset();
 }
 
-bool Communicator::settleStreamPlans() {
+bool Communicator::streamsPassed() {
+  return (!streamPlans_ || streamPlans_->settle(0)) && (!bridge_ || bridge_->passed());
+}
+
+void Communicator::leaveToStreams() {
+  // Everything a stream may touch, freed in the destructor's order once the
+  // streams have passed it, or left allocated if they never do.
+  struct Remains {
+    std::unique_ptr<StreamPlans> plans;
+    std::vector<std::unique_ptr<Connection>> connections;
+    std::shared_ptr<DevicePlanSteps> deviceSteps, streamPlanScratch;
+    std::vector<std::unique_ptr<Window>> windows;
+    bool keepWindows = false;  // a stream held a plan past a failure before
+    std::unique_ptr<StreamBridge> bridge;
+    std::shared_ptr<WindowBoards> boards;
+    bool freed = false;
+    ~Remains() {
+      if (freed) return;
+      (void)plans.release();
+      for (auto& c : connections) (void)c.release();
+      for (auto& w : windows) (void)w.release();
+      (void)bridge.release();
+      new std::shared_ptr<DevicePlanSteps>(std::move(deviceSteps));
+      new std::shared_ptr<DevicePlanSteps>(std::move(streamPlanScratch));
+      new std::shared_ptr<WindowBoards>(std::move(boards));
+    }
+  };
+  auto remains = std::make_shared<Remains>();
+  remains->plans = std::move(streamPlans_);
+  remains->connections = connections_.take();
+  remains->deviceSteps = std::move(deviceSteps_);
+  remains->streamPlanScratch = std::move(streamPlanScratch_);
+  remains->windows = windows_->takeAll();
+  remains->keepWindows = streamsUnsettled_;
+  remains->bridge = std::move(bridge_);
+  remains->boards = std::move(boards_);
+  Remains* watched = remains.get();  // freed only by `free`, after the last look
+  cuda::Driver* driver = cuda_;
+  const cuda::ContextHandle context = cudaContext();
+  deferred::release(
+      describe() + ": what its streams may still use (stream plans' lanes and rings, scratch, windows, staging)",
+      [watched] {
+        return (!watched->plans || watched->plans->settle(0)) && (!watched->bridge || watched->bridge->passed());
+      },
+      [remains, driver, context]() mutable {
+        cuda::ContextScope scope(driver, context);
+        remains->plans.reset();
+        remains->connections.clear();
+        remains->deviceSteps.reset();
+        remains->streamPlanScratch.reset();
+        for (auto& w : remains->windows) {
+          if (remains->keepWindows) (void)w.release();  // a stream that never passed may read them
+          else w->release(driver);
+        }
+        remains->windows.clear();
+        remains->bridge.reset();
+        remains->boards.reset();
+        remains->freed = true;
+        remains.reset();
+      },
+      std::max<int64_t>(params().progressTimeoutMs, 1000));
+}
+
+bool Communicator::settleStreamPlans(int64_t waitMs) {
   if (!streamPlans_) return !streamsUnsettled_;
   // A stream still holding a plan (the user's own work ahead of it) keeps
   // the rings it may touch, and the scratch and boards (which StreamPlans
   // keeps then).
-  const bool settled = streamPlans_->settle();
+  const bool settled = streamPlans_->settle(waitMs);
   if (!settled) {
     connections_.abandon();
     streamsUnsettled_ = true;  // for good: the windows they may read stay mapped
   }
   streamPlans_.reset();
+  streamPlanScratch_.reset();  // kept by streamPlans_ where a stream may still use it
   boardsHeld_ = false;
   return settled;
 }

@@ -90,6 +90,12 @@ struct OpRequest {
   // in its order (its buffers are memory CUDA knows; StreamBridge).
   void* stream = nullptr;
   bool streamOrdered = false;
+  // It moves no bytes on this rank (a zero count): no buffer says whether
+  // it runs in stream order, so it does where the rank has a CUDA context,
+  // and in a group takes the kind of the group's other operations
+  // (group::end). NCCL drops a zero-count collective and still matches a
+  // zero-byte Send/Recv (PyTorch's all_to_all with empty splits).
+  bool noBuffers = false;
 };
 
 // A user-created reduction operator (ncclRedOpCreatePreMulSum).
@@ -150,8 +156,12 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
   // runs in; communicators made from it (split, shrink, grow) take it too.
   cuda::ContextHandle cudaContext() const { return ownContext_; }
   // Whether op runs in its stream's order; an invalid argument when it mixes
-  // memory CUDA knows with pageable host memory.
+  // memory CUDA knows with pageable host memory. One with noBuffers does
+  // where this rank has a CUDA context (the caller passes no Shoal host
+  // stream for it).
   Result<bool> streamOrdered(const OpRequest& op);
+  // Whether op moves no bytes on this rank (OpRequest::noBuffers).
+  bool movesNoBytes(const OpRequest& op) const;
   // Whether a stream-ordered op may go on its stream, asked when it is
   // called (in a group too, as NCCL checks arguments): a stream of another
   // context than the communicator's is an invalid argument, one being
@@ -166,6 +176,9 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
     bool synchronous = false;
     std::vector<OpRequest> ops;  // as the caller passed them
     std::shared_ptr<void> staged;  // the StreamBridge::Staged it uses
+    // Streams of the call that carried only pairs to itself: they wait for
+    // the plan once it is on the lead stream (ops[0].stream).
+    std::vector<cuda::StreamHandle> joinAfter;
   };
   Result<StreamSubmission> beginStreamOrdered(std::span<const OpRequest> ops);
   Status finishStreamOrdered(StreamSubmission& submission);
@@ -284,6 +297,10 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
   // stream plan, which the peers run for the rest of the group, has no link
   // for it. A pair whose sizes differ is an invalid usage, before any copy.
   Status copySelfPairs(std::vector<OpRequest>& ops);
+  // The distinct streams of ops, in order; `to` waits for each of `from`'s
+  // work so far (an event each).
+  static std::vector<cuda::StreamHandle> streamsOf(std::span<const OpRequest> ops);
+  Status joinStreams(std::span<const cuda::StreamHandle> from, cuda::StreamHandle to);
   // Runs stream-ordered operations (one, or a group) as a stream plan
   // (comm/stream_plan.h) where it can: their plan's every lane has a stream
   // link and its compute steps the GPU runs. False: they go the other ways.
@@ -305,7 +322,17 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
   bool ensureDeviceSteps();
   // Before the connections go (destroy, failure): waits (bounded) for the
   // streams to pass every stream plan, whose jobs were retired first.
-  bool settleStreamPlans();  // false: a stream still holds a plan
+  // Waits up to waitMs for the streams to pass the stream plans (false: a
+  // stream still holds a plan; the connections are then abandoned).
+  bool settleStreamPlans(int64_t waitMs);
+  // How long a failed call waits so (its streams are past the rings before
+  // the connections go).
+  static constexpr int64_t kFailureSettleMs = 10000;
+  // Whether the streams have passed everything of ours (teardown).
+  bool streamsPassed();
+  // Teardown with a stream not past our work yet: what it may still use is
+  // freed once it has (comm/deferred_release.h).
+  void leaveToStreams();
   // Whether op's send and recv buffers share no byte, and op.shape with
   // disjointBuffers so set: calls whose buffers may overlap (in place) and
   // calls whose buffers cannot get plans of their own (collectives/plan.h).
@@ -408,6 +435,10 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
   std::shared_ptr<DevicePlanSteps> deviceSteps_;
   bool deviceStepsTried_ = false;
   std::unique_ptr<StreamPlans> streamPlans_;  // made by the first stream plan
+  // Stream plans' scratch, apart from device plans': those run in the
+  // engine's order, stream plans in their streams', and nothing orders one
+  // against the other across two streams. Made and let go with streamPlans_.
+  std::shared_ptr<DevicePlanSteps> streamPlanScratch_;
 
   std::atomic<Code> initState_{Code::kInProgress};
   mutable std::mutex asyncMutex_;

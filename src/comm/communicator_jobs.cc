@@ -55,6 +55,11 @@ void Communicator::trackDetached(const JobPtr& job) {
   anyInFlight_.store(true, std::memory_order_release);
 }
 
+bool Communicator::movesNoBytes(const OpRequest& op) const {
+  const OpLayout layout = opLayout(op.shape, rank_, nranks_);
+  return layout.sendBytes == 0 && layout.recvBytes == 0 && op.scalar.deviceScalar == nullptr;
+}
+
 Result<bool> Communicator::streamOrdered(const OpRequest& op) {
   if (cuda_ == nullptr) return false;
   if (!bridge_) {
@@ -66,6 +71,7 @@ Result<bool> Communicator::streamOrdered(const OpRequest& op) {
                            describe(), ": the current CUDA device");
     cuda::DeviceIdentity identity = device ? *device : cuda::DeviceIdentity{};
     if (!device) {
+      if (op.noBuffers) return false;
       // No context: the buffers cannot be device memory of this thread's;
       // classify them anyway (a CUDA error never means "host pointer").
       SHOAL_ASSIGN_OR_RETURN(cuda::MemoryKind kind, cuda_->memoryKind(op.sendbuff ? op.sendbuff : op.recvbuff));
@@ -75,6 +81,7 @@ Result<bool> Communicator::streamOrdered(const OpRequest& op) {
     }
     bridge_ = std::make_unique<StreamBridge>(*cuda_, identity);
   }
+  if (op.noBuffers) return true;  // as the device operations it goes with
   return bridge_->streamOrdered(op, rank_, nranks_);
 }
 
@@ -140,8 +147,18 @@ Result<Communicator::StreamSubmission> Communicator::beginStreamOrdered(std::spa
   // Each call's stream was admitted when it was made (admitStream); a group
   // may have begun capturing one since.
   SHOAL_TRY(checkStreams(kept, /*contexts=*/false));
+  std::vector<cuda::StreamHandle> streams = streamsOf(kept);
   SHOAL_TRY(copySelfPairs(kept));
   if (kept.empty()) return submission;  // copies on the streams only
+  // A stream that carried only pairs to itself still joins the group, as
+  // every stream of an NCCL group waits for the others: the plan starts
+  // after its earlier work, and its later work comes after the plan
+  // (finishStreamOrdered).
+  const std::vector<cuda::StreamHandle> planStreams = streamsOf(kept);
+  for (cuda::StreamHandle s : streams)
+    if (std::find(planStreams.begin(), planStreams.end(), s) == planStreams.end())
+      submission.joinAfter.push_back(s);
+  SHOAL_TRY(joinStreams(submission.joinAfter, static_cast<cuda::StreamHandle>(kept[0].stream)));
   submission.synchronous = bridge_->waitMode() == cuda::WaitMode::kSynchronous;
   // An operation on windows reads its peers' buffers in place (one copy),
   // before any other way.
@@ -197,7 +214,9 @@ Result<Communicator::StreamSubmission> Communicator::beginStreamOrdered(std::spa
       if (s.code() != Code::kUnsupported) return StatusBuilder(std::move(s)) << describe();
       // The device refused stream memory operations: synchronous from now on
       // (the pairs to itself are on the streams already).
-      return beginStreamOrdered(kept);
+      Result<StreamSubmission> again = beginStreamOrdered(kept);
+      if (again.isOk()) again.value().joinAfter = std::move(submission.joinAfter);
+      return again;
     }
     auto job = std::make_shared<Job>();
     if (direct) job->deviceSteps = deviceSteps_;
@@ -417,7 +436,10 @@ Status Communicator::launchStreamPlan(std::span<const OpRequest> ops, const JobP
                                       std::span<const std::array<uint8_t*, 2>> peerBuffers,
                                       StreamSubmission& submission, bool windowOneShot) {
   if (!streamPlans_) {
-    streamPlans_ = std::make_unique<StreamPlans>(*cuda_, *bridge_->deviceReducer(), deviceSteps_);
+    SHOAL_ASSIGN_OR_RETURN(streamPlanScratch_,
+                           DevicePlanSteps::make(*cuda_, *bridge_->deviceReducer(), /*computes=*/false), describe(),
+                           ": stream plans");
+    streamPlans_ = std::make_unique<StreamPlans>(*cuda_, *bridge_->deviceReducer(), streamPlanScratch_);
     SHOAL_INFO(subsys::kInit | subsys::kColl, describe(),
                ": stream plans: operations whose every connection has a stream link run whole on the GPU's "
                "streams (no host step while they run)");
@@ -430,8 +452,8 @@ Status Communicator::launchStreamPlan(std::span<const OpRequest> ops, const JobP
   SHOAL_ASSIGN_OR_RETURN(StreamBridge::Staged staged, bridge_->stage(ops, rank_, nranks_, /*direct=*/true),
                          describe());
   // The job as any other's: plan, tags, connections, buffers, device
-  // scratch (held by the job while it lives).
-  job->deviceSteps = deviceSteps_;
+  // scratch (stream plans' own, held by the job while it lives).
+  job->deviceSteps = streamPlanScratch_;
   if (Result<bool> any = prepareJob(*job, ops, /*detached=*/true, windowOneShot); !any.isOk()) {
     bridge_->release(staged);  // nothing of it reached a stream
     return any.takeStatus();
@@ -569,14 +591,44 @@ bool Communicator::runsAsDevicePlan(std::span<const OpRequest> ops, bool windowe
 }
 
 Status Communicator::finishStreamOrdered(StreamSubmission& submission) {
-  if (!submission.synchronous || !submission.job) return Status::ok();
+  if (submission.joinAfter.empty() && (!submission.synchronous || !submission.job)) return Status::ok();
   cuda::ContextScope scope(cuda_, cudaContext());
   SHOAL_TRY(scope.status()) << describe() << ": making its CUDA context current";
-  auto& staged = *static_cast<StreamBridge::Staged*>(submission.staged.get());
-  Status st = waitFor(*submission.job);
-  if (st.isOk()) st = bridge_->copyOut(staged, submission.ops);
-  bridge_->release(staged);
+  Status st;
+  if (submission.synchronous && submission.job) {
+    auto& staged = *static_cast<StreamBridge::Staged*>(submission.staged.get());
+    st = waitFor(*submission.job);
+    if (st.isOk()) st = bridge_->copyOut(staged, submission.ops);
+    bridge_->release(staged);
+  }
+  // The streams of pairs to itself alone wait for the plan (the lead's work).
+  if (st.isOk() && !submission.ops.empty())
+    for (cuda::StreamHandle s : submission.joinAfter) {
+      const cuda::StreamHandle lead[1] = {static_cast<cuda::StreamHandle>(submission.ops[0].stream)};
+      st = joinStreams(lead, s);
+      if (!st.isOk()) break;
+    }
   return st;
+}
+
+std::vector<cuda::StreamHandle> Communicator::streamsOf(std::span<const OpRequest> ops) {
+  std::vector<cuda::StreamHandle> streams;
+  for (const OpRequest& op : ops) {
+    auto s = static_cast<cuda::StreamHandle>(op.stream);
+    if (std::find(streams.begin(), streams.end(), s) == streams.end()) streams.push_back(s);
+  }
+  return streams;
+}
+
+Status Communicator::joinStreams(std::span<const cuda::StreamHandle> from, cuda::StreamHandle to) {
+  for (cuda::StreamHandle s : from) {
+    SHOAL_ASSIGN_OR_RETURN(cuda::EventHandle event, cuda_->createEvent(), describe(), ": joining a group's streams");
+    Status st = cuda_->recordEvent(event, s);
+    if (st.isOk()) st = cuda_->streamWaitEvent(to, event);
+    cuda_->destroyEvent(event);  // released once the streams have passed it
+    SHOAL_TRY(st) << describe() << ": joining a group's streams";
+  }
+  return Status::ok();
 }
 
 Status Communicator::submitStreamOrdered(std::span<const OpRequest> ops) {
@@ -699,7 +751,7 @@ Status Communicator::handleFailure(const Job& job, Status st) {
     (void)request_.store->set(failureKey(rank_), st.message(), reportDeadline);
   }
   Engine::instance().retire(reinterpret_cast<uintptr_t>(this), st);
-  settleStreamPlans();  // its streams are past the FIFOs before the connections go
+  settleStreamPlans(kFailureSettleMs);  // its streams are past the FIFOs before the connections go
   connections_.clear();
   setAsyncError(st);
   return st;
@@ -776,7 +828,8 @@ Result<bool> Communicator::prepareJob(Job& job, std::span<const OpRequest> ops, 
 
   uint8_t* scratch = nullptr;
   if (plan.scratchBytes > 0 && job.deviceSteps) {
-    SHOAL_ASSIGN_OR_RETURN(scratch, deviceSteps_->scratch(plan.scratchBytes), describe());
+    DevicePlanSteps& steps = job.deviceSteps == streamPlanScratch_ ? *streamPlanScratch_ : *deviceSteps_;
+    SHOAL_ASSIGN_OR_RETURN(scratch, steps.scratch(plan.scratchBytes), describe());
   } else if (plan.scratchBytes > 0) {
     if (wait) {
       if (scratch_.size() < plan.scratchBytes) scratch_.resize(plan.scratchBytes);

@@ -12,7 +12,10 @@ ConnectionTable::ConnectionTable(uint64_t commId, int rank, const std::vector<Pe
 
 Result<Connection*> ConnectionTable::to(int peer, uint16_t channel, bool unlessWaiting) {
   const auto key = std::make_pair(peer, channel);
-  if (auto it = connections_.find(key); it != connections_.end()) return it->second.get();
+  {
+    std::lock_guard<std::mutex> lock(mapMutex_);
+    if (auto it = connections_.find(key); it != connections_.end()) return it->second.get();
+  }
   if (peer < 0 || peer >= static_cast<int>(peers_.size())) return internalError("plan names peer ", peer);
   Transport* transport = nullptr;
   if (peer == rank_) {
@@ -34,8 +37,37 @@ Result<Connection*> ConnectionTable::to(int peer, uint16_t channel, bool unlessW
              channel == kP2pChannel ? std::string("p2p") : std::to_string(channel), " : ", rank_,
              " -> ", peer, " via ", transport->name());
   Connection* raw = conn.get();
+  std::lock_guard<std::mutex> lock(mapMutex_);
   connections_.emplace(key, std::move(conn));
   return raw;
+}
+
+void ConnectionTable::clear() {
+  std::map<std::pair<int, uint16_t>, std::unique_ptr<Connection>> closing;
+  {
+    std::lock_guard<std::mutex> lock(mapMutex_);
+    closing.swap(connections_);
+  }
+  // Closed outside the lock: cuda_ipc waits for its copies, a dump need not.
+}
+
+void ConnectionTable::abandon() {
+  std::lock_guard<std::mutex> lock(mapMutex_);
+  for (auto& entry : connections_) (void)entry.second.release();
+  connections_.clear();
+}
+
+std::vector<std::unique_ptr<Connection>> ConnectionTable::take() {
+  std::lock_guard<std::mutex> lock(mapMutex_);
+  std::vector<std::unique_ptr<Connection>> taken;
+  for (auto& entry : connections_) taken.push_back(std::move(entry.second));
+  connections_.clear();
+  return taken;
+}
+
+size_t ConnectionTable::size() const {
+  std::lock_guard<std::mutex> lock(mapMutex_);
+  return connections_.size();
 }
 
 Status ConnectionTable::forPlan(const Plan& plan, std::vector<Connection*>& laneConnections) {
@@ -92,9 +124,11 @@ Status ConnectionTable::findLostPeer() {
 }
 
 std::string ConnectionTable::describe() const {
+  std::lock_guard<std::mutex> lock(mapMutex_);
   std::string out;
   for (const auto& [key, conn] : connections_)
-    out += str("    ", conn->peerDescription(), " channel ", key.second, ": ", conn->pending(), " pending\n");
+    out += str("    ", conn->peerDescription(), " channel ",
+               key.second == kP2pChannel ? std::string("p2p") : std::to_string(key.second), "\n");
   return out;
 }
 

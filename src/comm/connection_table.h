@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -67,17 +68,18 @@ class ConnectionTable {
   // (Connection::checkAlive), as its error; ok when every peer is there.
   Status findLostPeer();
   // Closes every connection (peers waiting on us see the close).
-  void clear() { connections_.clear(); }
+  void clear();
   // Forgets every connection without closing it or freeing its memory: a
   // GPU stream may still use it (StreamPlans::settle timed out).
-  void abandon() {
-    for (auto& entry : connections_) (void)entry.second.release();
-    connections_.clear();
-  }
+  void abandon();
+  // Hands every connection over (closed by whoever drops them).
+  std::vector<std::unique_ptr<Connection>> take();
 
-  // "    <peer> channel <c>: <n> pending" lines, for state dumps.
+  // "    <peer> channel <c>" lines, for state dumps: from any thread, while
+  // the communicator is busy (what a connection has pending is its
+  // progress thread's; the hang report says what each operation waits on).
   std::string describe() const;
-  size_t size() const { return connections_.size(); }
+  size_t size() const;
 
  private:
   const uint64_t commId_;
@@ -86,6 +88,10 @@ class ConnectionTable {
   const std::string secret_;
   const std::atomic<bool>& abortFlag_;
   std::map<std::pair<int, uint16_t>, std::unique_ptr<Connection>> connections_;
+  // Held where the map changes and by describe()/size(), which other
+  // threads call (a watchdog's state dump); the communicator's own threads
+  // take turns with the map otherwise (comm/communicator.h, UseGuard).
+  mutable std::mutex mapMutex_;
   TransportChoice choice_;
   bool streamLinks_ = true;
   std::vector<int8_t> peerMovesDeviceMemory_;  // per peer: -1 not asked yet, else the verdict

@@ -5,20 +5,23 @@
 namespace shoal {
 
 Result<std::shared_ptr<DevicePlanSteps>> DevicePlanSteps::make(cuda::Driver& driver,
-                                                               const cuda::DeviceReducer& reducer) {
+                                                               const cuda::DeviceReducer& reducer, bool computes) {
   SHOAL_ASSIGN_OR_RETURN(cuda::ContextHandle context, driver.currentContext(), "device plans");
   if (context == nullptr) return invalidUsage("device plans need a current CUDA context");
-  SHOAL_ASSIGN_OR_RETURN(cuda::StreamHandle stream, driver.createStream(), "device plans: a stream");
+  cuda::StreamHandle stream = nullptr;
+  if (computes) {
+    SHOAL_ASSIGN_OR_RETURN(stream, driver.createStream(), "device plans: a stream");
+  }
   return std::shared_ptr<DevicePlanSteps>(new DevicePlanSteps(driver, reducer, context, stream));
 }
 
 DevicePlanSteps::~DevicePlanSteps() {
   cuda::ContextScope scope(driver_, context_);
   if (!scope.entered()) return;  // never free memory a GPU may still use
-  (void)driver_.synchronize(stream_);
+  if (stream_) (void)driver_.synchronize(stream_);
   for (auto [p, bytes] : retired_) freeScratch(p, bytes);
   if (scratch_) freeScratch(scratch_, scratchBytes_);
-  driver_.destroyStream(stream_);
+  if (stream_) driver_.destroyStream(stream_);
 }
 
 void DevicePlanSteps::freeScratch(uint8_t* p, uint64_t bytes) {
@@ -28,6 +31,7 @@ void DevicePlanSteps::freeScratch(uint8_t* p, uint64_t bytes) {
 
 template <typename Enqueue>
 Status DevicePlanSteps::runAndWait(Enqueue enqueue) {
+  if (!stream_) return internalError("device plan step on scratch-only steps");
   cuda::ContextScope scope(driver_, context_);
   SHOAL_TRY(scope.status()) << "device plan step";
   SHOAL_TRY(enqueue());

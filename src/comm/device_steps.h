@@ -32,8 +32,10 @@ reduce::ElementOp elementOpOf(ReduceOp op);
 
 class DevicePlanSteps final : public DeviceSteps {
  public:
-  // With the communicator's context current on the calling thread.
-  static Result<std::shared_ptr<DevicePlanSteps>> make(cuda::Driver& driver, const cuda::DeviceReducer& reducer);
+  // With the communicator's context current on the calling thread. Without
+  // `computes`, scratch only (stream plans': they compute on their streams).
+  static Result<std::shared_ptr<DevicePlanSteps>> make(cuda::Driver& driver, const cuda::DeviceReducer& reducer,
+                                                       bool computes = true);
   ~DevicePlanSteps() override;
 
   Status reduce(ReduceOp op, DataType dtype, uint8_t* dst, const uint8_t* a, const uint8_t* b, uint64_t count,
@@ -54,7 +56,7 @@ class DevicePlanSteps final : public DeviceSteps {
   cuda::Driver& driver_;
   const cuda::DeviceReducer& reducer_;
   cuda::ContextHandle context_;
-  cuda::StreamHandle stream_;
+  cuda::StreamHandle stream_;  // null: scratch only
   std::mutex scratchMutex_;
   uint8_t* scratch_ = nullptr;
   uint64_t scratchBytes_ = 0;

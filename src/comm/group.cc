@@ -44,6 +44,57 @@ Status runInits(std::vector<std::function<Status()>>& inits) {
   return Status::ok();
 }
 
+// Whether the group runs in stream order: every operation that has buffers
+// agrees, on every communicator (an invalid argument where they mix), and
+// those without (zero counts) take its kind, as they would their
+// communicator's alone (a call may pass no buffer to classify by).
+Result<bool> settleStreamOrder(std::vector<CommOps>& comms) {
+  enum Kind { kNone, kHost, kOrdered };
+  Kind group = kNone;
+  std::vector<Kind> kinds;
+  for (const auto& c : comms) {
+    Kind kind = kNone;
+    for (const OpRequest& op : c.ops) {
+      if (op.noBuffers) continue;
+      const Kind mine = op.streamOrdered ? kOrdered : kHost;
+      if (kind != kNone && kind != mine)
+        return invalidArgument(c.comm->describe(), ": a group mixes operations on memory CUDA knows "
+                               "with operations on pageable host memory");
+      kind = mine;
+    }
+    if (kind != kNone && group != kNone && kind != group)
+      return invalidArgument("a group mixes communicators on memory CUDA knows with communicators "
+                             "on pageable host memory");
+    if (kind != kNone) group = kind;
+    kinds.push_back(kind);
+  }
+  for (size_t i = 0; i < comms.size(); ++i) {
+    const Kind kind = kinds[i] != kNone ? kinds[i] : group;
+    for (OpRequest& op : comms[i].ops) {
+      if (!op.noBuffers || kind == kNone || op.streamOrdered == (kind == kOrdered)) continue;
+      if (kind == kHost) {
+        op.streamOrdered = false;
+        continue;
+      }
+      // One of no bytes is in stream order wherever it can be (its call
+      // admitted its stream): this one was called with a Shoal host stream,
+      // or with no CUDA context current.
+      return invalidArgument(comms[i].comm->describe(), ": an operation of no bytes in a group of "
+                             "operations in CUDA stream order was called with a Shoal host stream or "
+                             "without a current CUDA context");
+    }
+  }
+  if (group != kNone) return group == kOrdered;
+  // Nothing but operations of no bytes: each communicator's are all of one
+  // kind (their calls classify them alike); the first's decides.
+  bool ordered = !comms.empty() && comms[0].ops[0].streamOrdered;
+  for (const auto& c : comms)
+    for (const OpRequest& op : c.ops)
+      if (op.streamOrdered != ordered)
+        return invalidArgument("a group mixes operations in CUDA stream order with host operations");
+  return ordered;
+}
+
 // A group whose communicators all run in stream order: every submission is
 // made first (the jobs of one thread's several ranks then wait in the engine
 // together), then synchronous ones are waited for and copied back.
@@ -127,14 +178,8 @@ Status end() {
   }
 
   // Operations in CUDA stream order go to their streams (StreamBridge).
-  for (const auto& c : work.comms) {
-    size_t ordered = std::count_if(c.ops.begin(), c.ops.end(),
-                                   [](const OpRequest& op) { return op.streamOrdered; });
-    if (ordered != 0 && ordered != c.ops.size())
-      return invalidArgument(c.comm->describe(), ": a group mixes operations on memory CUDA knows "
-                             "with operations on pageable host memory");
-  }
-  if (!work.comms.empty() && work.comms[0].ops[0].streamOrdered) return endStreamOrdered(work.comms);
+  SHOAL_ASSIGN_OR_RETURN(bool streamOrdered, settleStreamOrder(work.comms));
+  if (streamOrdered) return endStreamOrdered(work.comms);
 
   // One blocking communicator (a batch of sends and receives, coalesced
   // collectives): the same inline path as an ungrouped call when none of its

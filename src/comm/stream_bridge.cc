@@ -39,28 +39,22 @@ StreamBridge::StreamBridge(cuda::Driver& driver, cuda::DeviceIdentity device)
 
 StreamBridge::~StreamBridge() {
   // A stream may still copy out of a slot or write its words (the engine
-  // released it, but the stream runs behind). Wait for every busy slot's
-  // "released"; what a stream never releases within the deadline is left
-  // allocated rather than freed under it.
-  Deadline deadline = Deadline::afterMs(std::max<int64_t>(params().progressTimeoutMs, 1000));
-  Backoff backoff;
-  bool leak = false;
-  for (;;) {
-    bool busy = false;
-    for (const auto& slot : slots_)
-      if (slot->busy && !streamWordReached(slot->words + kReleased, slot->seq)) busy = true;
-    if (!busy) break;
-    if (deadline.expired()) {
-      SHOAL_WARN("CUDA: a stream has not passed this communicator's staged operations; their "
-                 "pinned staging is left allocated");
-      leak = true;
-      break;
-    }
-    backoff.pause();
+  // released it, but the stream runs behind): what it has not passed is
+  // left allocated rather than freed under it (the owner waits first:
+  // Communicator's teardown, comm/deferred_release.h).
+  if (!passed()) {
+    SHOAL_WARN("CUDA: a stream has not passed this communicator's staged operations; their "
+               "pinned staging is left allocated");
+    return;
   }
-  if (leak) return;
   for (const auto& slot : slots_) driver_.hostFree(slot->staging);
   for (uint64_t* page : doorbellPages_) driver_.hostFree(page);
+}
+
+bool StreamBridge::passed() const {
+  for (const auto& slot : slots_)
+    if (slot->busy && !streamWordReached(slot->words + kReleased, slot->seq)) return false;
+  return true;
 }
 
 Result<bool> StreamBridge::streamOrdered(const OpRequest& op, int rank, int nranks) {

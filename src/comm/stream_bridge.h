@@ -38,9 +38,12 @@ namespace shoal {
 class StreamBridge {
  public:
   StreamBridge(cuda::Driver& driver, cuda::DeviceIdentity device);
-  // Waits (bounded) until every stream has passed the operations staged here,
-  // then frees the staging; memory a stream may still write is never freed.
+  // Frees the staging where every stream has passed the operations staged
+  // here (passed()); memory a stream may still write is never freed.
   ~StreamBridge();
+  // Whether every stream has passed the operations staged here (released
+  // their slots). From any thread once the communicator is gone.
+  bool passed() const;
   StreamBridge(const StreamBridge&) = delete;
   StreamBridge& operator=(const StreamBridge&) = delete;
 

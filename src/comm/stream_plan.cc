@@ -77,12 +77,9 @@ class StreamPlanWatch final : public StreamWatch {
   uint64_t lastSeen_ = 0;
 };
 
-// How long teardown waits for streams to pass a released plan.
-constexpr int64_t kTeardownWaitMs = 10000;
-
 }  // namespace
 
-bool StreamPlans::settle() {
+bool StreamPlans::settle(int64_t waitMs) {
   if (settled_) return true;
   // Its own context, whatever the calling thread has current (a destroy
   // from another thread, or with no context).
@@ -93,57 +90,58 @@ bool StreamPlans::settle() {
     return false;
   }
   if (!laneStreams_.empty() || tail_ != nullptr) {
-    // Every plan's end (the user's stream waited for each lane before
-    // recording the tail), and each lane's own end: a plan whose enqueueing
-    // failed part way left lane work the tail does not cover.
-    std::vector<cuda::EventHandle> ends;
-    bool lost = false;  // a lane whose end cannot be known: nothing is freed
-    for (cuda::StreamHandle lane : laneStreams_) {
-      Result<cuda::EventHandle> e = driver_.createEvent();
-      if (!e.isOk()) {
-        lost = true;
-        continue;
-      }
-      if (driver_.recordEvent(e.value(), lane).isOk()) ends.push_back(e.value());
-      else {
-        driver_.destroyEvent(e.value());
-        lost = true;
+    if (!endsRecorded_) {
+      // Every plan's end (the user's stream waited for each lane before
+      // recording the tail), and each lane's own end: a plan whose
+      // enqueueing failed part way left lane work the tail does not cover.
+      endsRecorded_ = true;
+      for (cuda::StreamHandle lane : laneStreams_) {
+        Result<cuda::EventHandle> e = driver_.createEvent();
+        if (!e.isOk()) {
+          endsLost_ = true;
+          continue;
+        }
+        if (driver_.recordEvent(e.value(), lane).isOk()) {
+          ends_.push_back(e.value());
+        } else {
+          driver_.destroyEvent(e.value());
+          endsLost_ = true;  // a lane whose end cannot be known: nothing is freed
+        }
       }
     }
-    if (tail_) ends.push_back(tail_);
-    Deadline deadline = Deadline::afterMs(kTeardownWaitMs);
+    if (endsLost_) return false;
+    Deadline deadline = Deadline::afterMs(std::max<int64_t>(waitMs, 1));
     Backoff backoff;
-    size_t passed = 0;
-    bool timedOut = lost;
-    while (!timedOut && passed < ends.size()) {
-      Result<bool> done = driver_.eventDone(ends[passed]);
-      if (!done.isOk()) {
-        timedOut = true;
-        break;
+    for (;;) {
+      while (endsPassed_ < ends_.size()) {
+        Result<bool> done = driver_.eventDone(ends_[endsPassed_]);
+        if (!done.isOk()) {
+          endsLost_ = true;
+          return false;
+        }
+        if (!done.value()) break;
+        ++endsPassed_;
       }
-      if (done.value()) {
-        ++passed;
-        continue;
+      bool tailDone = true;
+      if (endsPassed_ == ends_.size() && tail_) {
+        Result<bool> done = driver_.eventDone(tail_);
+        if (!done.isOk()) {
+          endsLost_ = true;
+          return false;
+        }
+        tailDone = done.value();
       }
-      if (deadline.expired()) {
-        timedOut = true;
-        break;
-      }
+      if (endsPassed_ == ends_.size() && tailDone) break;
+      if (deadline.expired()) return false;
       // Released links stay released while we wait (a peer's streams may
       // still write the words ours wait on).
       if (released_->load(std::memory_order_acquire))
         for (StreamLink* link : links_) link->release();
       backoff.pause();
     }
-    for (cuda::EventHandle e : ends)
-      if (e != tail_) driver_.destroyEvent(e);
-    if (timedOut) {
-      SHOAL_WARN("stream plans: the streams have not passed the last plan ", kTeardownWaitMs,
-                 " ms after the communicator's end (work of the user's ahead of it?); the device memory "
-                 "they may use is not freed");
-      return false;
-    }
   }
+  for (cuda::EventHandle e : ends_) driver_.destroyEvent(e);
+  ends_.clear();
   for (cuda::StreamHandle lane : laneStreams_) driver_.destroyStream(lane);  // every lane has passed
   laneStreams_.clear();
   if (tail_) driver_.destroyEvent(tail_);

@@ -46,12 +46,13 @@ class StreamPlans {
     Result<cuda::ContextHandle> current = driver_.currentContext();
     if (current.isOk()) context_ = current.value();
   }
-  // Waits (bounded) until the streams have passed every plan enqueued here
-  // and frees the lane streams: true. False when a stream still holds a
-  // plan after the bound; then nothing is freed (the caller keeps the
-  // connections and scratch too). The communicator's jobs are retired
-  // first, so their links are released and no plan waits for a peer.
-  bool settle();
+  // Waits up to waitMs until the streams have passed every plan enqueued
+  // here and frees the lane streams: true. False when a stream still holds
+  // a plan then; nothing is freed (the caller keeps the connections and
+  // scratch too) and a later call goes on waiting (comm/deferred_release.h).
+  // The communicator's jobs are retired first, so their links are released
+  // and no plan waits for a peer.
+  bool settle(int64_t waitMs);
   ~StreamPlans();
   StreamPlans(const StreamPlans&) = delete;
   StreamPlans& operator=(const StreamPlans&) = delete;
@@ -107,6 +108,12 @@ class StreamPlans {
   cuda::EventHandle tail_ = nullptr;
   std::vector<cuda::EventHandle> events_;  // reused by every plan (enqueueSteps)
   bool anyEnqueued_ = false;
+  // settle(): the lanes' ends, recorded by its first call, and how many of
+  // them the streams have passed; lost where an end could not be recorded.
+  std::vector<cuda::EventHandle> ends_;
+  size_t endsPassed_ = 0;
+  bool endsRecorded_ = false;
+  bool endsLost_ = false;
 };
 
 }  // namespace shoal

@@ -2329,6 +2329,37 @@ TEST_CASE("shoalCommDumpState describes a communicator", "[api][diagnostics]") {
   NCCL_EXPECT(shoalCommDumpState(w[0], nullptr, 10), ncclInvalidArgument);
 }
 
+// A watchdog dumps the state of a communicator exactly when its calls are
+// likely to fail: a dump from another thread while a blocking call reaches
+// its deadline and the communicator closes its connections reads no freed
+// connection (ASan and TSan runs).
+TEST_CASE("shoalCommDumpState from another thread while a failed call closes the connections",
+          "[api][diagnostics]") {
+  ::setenv("SHOAL_PROGRESS_TIMEOUT_MS", "100", 1);
+  ncclResetDebugInit();
+  int dumps = 0;
+  for (int round = 0; round < 5; ++round) {
+    World w(2);
+    float a[4] = {1, 1, 1, 1}, b[4] = {1, 1, 1, 1};
+    grouped(2, [&](int r) { return ncclAllReduce(r ? b : a, r ? b : a, 4, ncclFloat, ncclSum, w[r], nullptr); });
+    std::atomic<bool> stop{false};
+    std::thread watchdog([&] {
+      char buf[4096];
+      while (!stop.load()) {
+        if (shoalCommDumpState(w[0], buf, sizeof(buf)) == ncclSuccess) ++dumps;
+      }
+    });
+    // Rank 1 never calls: rank 0 fails at its deadline and closes its connections.
+    const ncclResult_t rc = ncclAllReduce(a, a, 4, ncclFloat, ncclSum, w[0], nullptr);
+    stop.store(true);
+    watchdog.join();
+    CHECK(rc != ncclSuccess);
+  }
+  ::setenv("SHOAL_PROGRESS_TIMEOUT_MS", "30000", 1);
+  ncclResetDebugInit();
+  CHECK(dumps > 0);
+}
+
 TEST_CASE("a count whose byte size overflows is an invalid argument before any byte moves", "[api]") {
   World w(2);
   float buf[4] = {1, 2, 3, 4};

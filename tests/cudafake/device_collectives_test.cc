@@ -21,11 +21,13 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "comm/deferred_release.h"
 #include "comm/window.h"
 #include "core/params.h"
 #include "cuda/device_reducer.h"
@@ -508,6 +510,140 @@ TEST_CASE("a Gather by Send/Recv with the root sending to itself runs on the str
   });
   INFO(bad.first);
   CHECK(bad.count == 0);
+}
+
+// The stream that carries only the root's Recv from itself is still one of
+// the group's: a consumer on it after ncclGroupEnd sees every rank's block,
+// even when a peer's stream reaches the call late.
+TEST_CASE("a stream with only a pair to itself waits for the rest of its group", "[cudafake]") {
+  useDevice0();
+  for (const char* plans : {"0", "1"}) {
+    shoal::testing::ScopedEnv env{{"SHOAL_CUDA_STREAM_PLANS", plans}, {"SHOAL_PROGRESS_TIMEOUT_MS", "10000"}};
+    const int n = 3, root = 1;
+    const size_t N = 5000;
+    Mismatches bad;
+    onThreads(n, [&](int r, ncclComm_t comm, CUstream s) {
+      DeviceFloats send(N, [&](size_t i) { return val(r, i); });
+      DeviceFloats gathered(N * n, [](size_t) { return -1.0f; });
+      CUstream other = nullptr;  // the root's Recv from itself alone
+      cuStreamCreate(&other, CU_STREAM_NON_BLOCKING);
+      if (r == 0) shoalFakeCudaStreamDelay(s, 500);
+      bad.expect(ncclGroupStart() == ncclSuccess, "group start");
+      bad.expect(ncclSend(send.at(), N, ncclFloat, root, comm, s) == ncclSuccess, "Send");
+      if (r == root)
+        for (int q = 0; q < n; ++q)
+          bad.expect(ncclRecv(gathered.at(q * N), N, ncclFloat, q, comm, q == root ? other : s) == ncclSuccess,
+                     "Recv");
+      bad.expect(ncclGroupEnd() == ncclSuccess, "group end");
+      if (r == root) {
+        std::vector<float> got(N * n);
+        cuMemcpyDtoHAsync(got.data(), reinterpret_cast<CUdeviceptr>(gathered.at()), N * n * sizeof(float), other);
+        bad.expect(cuStreamSynchronize(other) == CUDA_SUCCESS, "the consumer's stream");
+        for (size_t i = 0; i < N * n; ++i)
+          bad.expect(got[i] == val(static_cast<int>(i / N), i % N), "element " + std::to_string(i));
+      }
+      bad.expect(cuStreamSynchronize(s) == CUDA_SUCCESS && cuStreamSynchronize(other) == CUDA_SUCCESS, "streams");
+      cuStreamDestroy(other);
+    });
+    INFO("SHOAL_CUDA_STREAM_PLANS=" << plans << ": " << bad.first);
+    CHECK(bad.count == 0);
+  }
+}
+
+// An operation of no bytes has no buffer to tell its kind by: it goes with
+// the device operations of its group (NCCL drops a zero-count collective
+// and matches zero-byte Send/Recv; PyTorch's all_to_all sends empty splits),
+// whichever communicator of the group comes first.
+TEST_CASE("zero-count operations join a group of device operations", "[cudafake]") {
+  useDevice0();
+  CUstream s = newStream();
+  const size_t N = 1000;
+  DeviceFloats a(N, [](size_t i) { return static_cast<float>(i); });
+  SECTION("a collective and a self Send/Recv of no bytes beside ones with bytes") {
+    ncclComm_t comm = soloComm();
+    DeviceFloats b(N), c(N);
+    NCCL_OK(ncclGroupStart());
+    NCCL_OK(ncclAllReduce(a.at(), b.at(), 0, ncclFloat, ncclSum, comm, s));
+    NCCL_OK(ncclAllReduce(a.at(), b.at(), N, ncclFloat, ncclSum, comm, s));
+    NCCL_OK(ncclSend(a.at(), 0, ncclFloat, 0, comm, s));
+    NCCL_OK(ncclRecv(c.at(), 0, ncclFloat, 0, comm, s));
+    NCCL_OK(ncclSend(a.at(), N, ncclFloat, 0, comm, s));
+    NCCL_OK(ncclRecv(c.at(), N, ncclFloat, 0, comm, s));
+    NCCL_OK(ncclGroupEnd());
+    CU_OK(cuStreamSynchronize(s));
+    CHECK(b.read() == a.read());
+    CHECK(c.read() == a.read());
+    // Alone, as NCCL: returns at once, on the stream.
+    NCCL_OK(ncclAllReduce(a.at(), b.at(), 0, ncclFloat, ncclSum, comm, s));
+    NCCL_OK(ncclGroupStart());
+    NCCL_OK(ncclSend(a.at(), 0, ncclFloat, 0, comm, s));
+    NCCL_OK(ncclRecv(c.at(), 0, ncclFloat, 0, comm, s));
+    NCCL_OK(ncclGroupEnd());
+    CU_OK(cuStreamSynchronize(s));
+    ncclCommDestroy(comm);
+  }
+  SECTION("a communicator of zero counts first, one with bytes next") {
+    ncclComm_t first = soloComm(), second = soloComm();
+    DeviceFloats b(N);
+    NCCL_OK(ncclGroupStart());
+    NCCL_OK(ncclAllReduce(a.at(), b.at(), 0, ncclFloat, ncclSum, first, s));
+    NCCL_OK(ncclAllReduce(a.at(), b.at(), N, ncclFloat, ncclSum, second, s));
+    NCCL_OK(ncclGroupEnd());
+    CU_OK(cuStreamSynchronize(s));
+    CHECK(b.read() == a.read());
+    ncclCommDestroy(first);
+    ncclCommDestroy(second);
+  }
+  SECTION("a communicator on host memory and one on device memory mix, in either order") {
+    ncclComm_t host = soloComm(), device = soloComm();
+    std::vector<float> h(N, 1.0f), hout(N);
+    DeviceFloats b(N);
+    for (bool hostFirst : {true, false}) {
+      NCCL_OK(ncclGroupStart());
+      if (hostFirst) NCCL_OK(ncclAllReduce(h.data(), hout.data(), N, ncclFloat, ncclSum, host, nullptr));
+      NCCL_OK(ncclAllReduce(a.at(), b.at(), N, ncclFloat, ncclSum, device, s));
+      if (!hostFirst) NCCL_OK(ncclAllReduce(h.data(), hout.data(), N, ncclFloat, ncclSum, host, nullptr));
+      CHECK(ncclGroupEnd() == ncclInvalidArgument);
+      CHECK(std::string(ncclGetLastError(nullptr)).find("a group mixes communicators") != std::string::npos);
+    }
+    CU_OK(cuStreamSynchronize(s));
+    ncclCommDestroy(host);
+    ncclCommDestroy(device);
+  }
+  cuStreamDestroy(s);
+}
+
+// An all-to-all with empty splits, as PyTorch issues it: zero-byte Send/Recv
+// between ranks in the group beside ones with bytes, every path.
+TEST_CASE("an all-to-all with empty splits between threads", "[cudafake]") {
+  useDevice0();
+  for (const char* plans : {"0", "1"}) {
+    shoal::testing::ScopedEnv env{{"SHOAL_CUDA_STREAM_PLANS", plans}};
+    const int n = 3;
+    const size_t N = 5000;
+    Mismatches bad;
+    onThreads(n, [&](int r, ncclComm_t comm, CUstream s) {
+      // Rank r sends N * r elements to each peer (rank 0 sends nothing).
+      DeviceFloats send(N * r + 1, [&](size_t i) { return val(r, i); });
+      std::vector<std::unique_ptr<DeviceFloats>> recv;
+      for (int p = 0; p < n; ++p)
+        recv.push_back(std::make_unique<DeviceFloats>(N * p + 1, [](size_t) { return -1.0f; }));
+      bad.expect(ncclGroupStart() == ncclSuccess, "group");
+      for (int p = 0; p < n; ++p) {
+        bad.expect(ncclSend(send.at(), N * r, ncclFloat, p, comm, s) == ncclSuccess, "Send");
+        bad.expect(ncclRecv(recv[p]->at(), N * p, ncclFloat, p, comm, s) == ncclSuccess, "Recv");
+      }
+      bad.expect(ncclGroupEnd() == ncclSuccess, std::string("group end: ") + ncclGetLastError(comm));
+      bad.expect(cuStreamSynchronize(s) == CUDA_SUCCESS, "stream");
+      for (int p = 0; p < n; ++p) {
+        std::vector<float> got = recv[p]->read();
+        for (size_t i = 0; i < N * p; ++i) bad.expect(got[i] == val(p, i), "from rank " + std::to_string(p));
+        bad.expect(got[N * p] == -1.0f, "past the end from rank " + std::to_string(p));
+      }
+    });
+    INFO("SHOAL_CUDA_STREAM_PLANS=" << plans << ": " << bad.first);
+    CHECK(bad.count == 0);
+  }
 }
 
 // Send/Recv pairs to oneself must match in size, as any Send and Recv.
@@ -1511,6 +1647,62 @@ void abortReleasesStream() {
 
 TEST_CASE("ncclCommAbort releases a stream whose collective waits for a peer that never calls", "[cudafake]") {
   abortReleasesStream();
+}
+
+// A watchdog aborts communicators one after the other; a stream held back
+// by the user's own work ahead of a collective must not hold up the abort:
+// what that stream may still use (staging; stream plans' lanes, rings and
+// scratch) is freed once it has passed.
+TEST_CASE("ncclCommAbort returns while the user's stream is held back, and its memory goes later", "[cudafake]") {
+  useDevice0();
+  // Two ranks as threads: a warm-up, then a call whose stream 0 is held
+  // back by `delayMs` of the user's work, and both aborted. Returns how
+  // long the aborts took.
+  auto cycle = [](int delayMs) -> double {
+    std::array<ncclComm_t, 2> comms = groupInitTwoRanks();
+    std::array<CUstream, 2> s{newStream(), newStream()};
+    double ms = 0;
+    {
+      DeviceFloats a(1000, [](size_t) { return 1.0f; }), b(1000, [](size_t) { return 1.0f; });
+      for (int call = 0; call < 2; ++call) {
+        if (call == 1 && delayMs > 0) shoalFakeCudaStreamDelay(s[0], delayMs);
+        NCCL_OK(ncclGroupStart());
+        NCCL_OK(ncclAllReduce(a.at(), a.at(), 1000, ncclFloat, ncclSum, comms[0], s[0]));
+        NCCL_OK(ncclAllReduce(b.at(), b.at(), 1000, ncclFloat, ncclSum, comms[1], s[1]));
+        NCCL_OK(ncclGroupEnd());
+        if (call == 0) {
+          CU_OK(cuStreamSynchronize(s[0]));
+          CU_OK(cuStreamSynchronize(s[1]));
+        }
+      }
+      auto t0 = Clock::now();
+      NCCL_OK(ncclCommAbort(comms[0]));
+      NCCL_OK(ncclCommAbort(comms[1]));
+      ms = msSince(t0);
+      if (delayMs > 0) CHECK(shoal::deferred::waiting() > 0);  // stream 0 has not reached the call yet
+      CU_OK(cuStreamSynchronize(s[0]));
+      CU_OK(cuStreamSynchronize(s[1]));
+    }
+    for (CUstream x : s) cuStreamDestroy(x);
+    return ms;
+  };
+  for (const char* plans : {"0", "1"}) {
+    shoal::testing::ScopedEnv env{{"SHOAL_CUDA_STREAM_PLANS", plans}};
+    (void)cycle(0);  // what the process keeps for good (kernels, copy streams)
+  }
+  for (const char* plans : {"0", "1"}) {
+    INFO("SHOAL_CUDA_STREAM_PLANS=" << plans);
+    shoal::testing::ScopedEnv env{{"SHOAL_CUDA_STREAM_PLANS", plans}};
+    const int allocations = shoalFakeCudaLiveAllocations(), streams = shoalFakeCudaLiveStreams();
+    const double ms = cycle(3000);
+    INFO("the two aborts took " << ms << " ms");
+    CHECK(ms < 1500);
+    auto t0 = Clock::now();
+    while (shoal::deferred::waiting() > 0 && msSince(t0) < 10000) ::usleep(5000);
+    CHECK(shoal::deferred::waiting() == 0);
+    CHECK(shoalFakeCudaLiveAllocations() == allocations);
+    CHECK(shoalFakeCudaLiveStreams() == streams);
+  }
 }
 
 TEST_CASE("ncclCommAbort releases a stream waiting in the wait kernel", "[cudafake]") {

@@ -248,7 +248,9 @@ TEST_CASE("a loopback end that fails to make or match the stream ring fails the 
     std::vector<Completion> done;
     bool progressed = false;
     REQUIRE(first.value()->postSend(src.at(), 64, 1, 1).code() == Code::kInvalidUsage);
-    CHECK(first.value()->poll(done, progressed).code() == Code::kInvalidUsage);
+    // Nothing of it pending: a poll has nothing to fail, every post fails.
+    CHECK(first.value()->poll(done, progressed).isOk());
+    CHECK(first.value()->postRecv(src.at(), 64, 1, 2).code() == Code::kInvalidUsage);
     cuStreamDestroy(s);
   }
 }
@@ -270,4 +272,49 @@ TEST_CASE("a loopback stream ring's memory is freed once both ends are gone", "[
   CHECK(shoalFakeCudaLiveAllocations() == before);
 }
 
+}  // namespace shoal
+
+namespace shoal {
+namespace {
+
+// An end whose peer never connects (its rank destroyed or aborted before its
+// first call) gives the ring's memory back when it closes; one whose
+// operation failed keeps the pipe, without the memory, so that a late peer
+// fails at once.
+TEST_CASE("a loopback end whose peer never came gives back the ring's memory", "[cudafake][stream_ring]") {
+  const std::string gpu = useDevice0();
+  auto transport = makeLoopbackTransport();
+  PeerInfo a, b;
+  for (PeerInfo* p : {&a, &b}) {
+    p->hostname = "here";
+    p->hostId = "host";
+    p->processId = 7;
+    p->gpu = gpu;
+  }
+  a.rank = 0;
+  b.rank = 1;
+  const int before = shoalFakeCudaLiveAllocations();
+  for (bool failed : {false, true}) {
+    INFO((failed ? "its operation failed" : "closed"));
+    const uint64_t id = freshCommId();
+    auto first = transport->connect({id, 0, 1, 0}, ConnectOptions{&a, &b, "", Deadline::afterMs(1000), true});
+    REQUIRE(first.isOk());
+    CHECK(shoalFakeCudaLiveAllocations() > before);
+    if (failed) first.value()->quiesce();
+    first.value().reset();
+    CHECK(shoalFakeCudaLiveAllocations() == before);
+    // The peer, late: a fresh pipe it would wait on alone, or the failure.
+    auto late = transport->connect({id, 1, 0, 0}, ConnectOptions{&b, &a, "", Deadline::afterMs(1000), true});
+    if (failed) {
+      REQUIRE_FALSE(late.isOk());
+      CHECK(late.status().message().find("closed by the other end") != std::string::npos);
+    } else {
+      REQUIRE(late.isOk());
+      late.value().reset();
+    }
+    CHECK(shoalFakeCudaLiveAllocations() == before);
+  }
+}
+
+}  // namespace
 }  // namespace shoal

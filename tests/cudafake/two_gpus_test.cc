@@ -356,3 +356,72 @@ TEST_CASE("windows of ranks on two GPUs of one process are read across the GPUs"
   }
   for (ncclComm_t comm : comms) NCCL_OK(ncclCommDestroy(comm));
 }
+
+// A device plan (a Reduce with ncclAvg: its chain scales at the start, so no
+// rank takes a stream plan for it) on one stream and a stream plan (an
+// AllReduce) on another: nothing orders the two across the streams, so they
+// must not share device scratch (they did: both results came out wrong).
+TEST_CASE("a device plan and a stream plan on two streams do not share scratch", "[cudafake]") {
+  REQUIRE(kDriverNamed);
+  REQUIRE(kTwoDevices == 0);
+  REQUIRE(cuInit(0) == CUDA_SUCCESS);
+  const int n = 2;
+  const size_t N = 4 << 20;
+  ncclUniqueId id;
+  NCCL_OK(ncclGetUniqueId(&id));
+  std::vector<std::string> failures(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      std::string& bad = failures[r];
+      CUcontext ctx = contextOf(r);
+      CUstream a = nullptr, b = nullptr;
+      ncclComm_t comm = nullptr;
+      if (ctx == nullptr || cuCtxSetCurrent(ctx) != CUDA_SUCCESS ||
+          cuStreamCreate(&a, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS ||
+          cuStreamCreate(&b, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) {
+        bad = "set-up";
+        return;
+      }
+      if (ncclCommInitRank(&comm, n, id, r) != ncclSuccess) {
+        bad = std::string("init: ") + ncclGetLastError(nullptr);
+        return;
+      }
+      auto filled = [&](float v) {
+        CUdeviceptr p = 0;
+        std::vector<float> h(N, v);
+        if (cuMemAlloc(&p, N * sizeof(float)) != CUDA_SUCCESS ||
+            cuMemcpyHtoD(p, h.data(), N * sizeof(float)) != CUDA_SUCCESS)
+          bad = "buffers";
+        return p;
+      };
+      for (int it = 0; it < 3 && bad.empty(); ++it) {
+        CUdeviceptr x = filled(2.0f * (r + 1)), reduced = filled(-1), y = filled(100.0f * (r + 1));
+        if (ncclReduce(reinterpret_cast<void*>(x), reinterpret_cast<void*>(reduced), N, ncclFloat, ncclAvg, 0, comm,
+                       a) != ncclSuccess ||
+            ncclAllReduce(reinterpret_cast<void*>(y), reinterpret_cast<void*>(y), N, ncclFloat, ncclSum, comm, b) !=
+                ncclSuccess)
+          bad = std::string("calls: ") + ncclGetLastError(comm);
+        cuStreamSynchronize(a);
+        cuStreamSynchronize(b);
+        std::vector<float> sum(N), avg(N);
+        cuMemcpyDtoH(sum.data(), y, N * sizeof(float));
+        if (r == 0) cuMemcpyDtoH(avg.data(), reduced, N * sizeof(float));
+        for (size_t i = 0; i < N && bad.empty(); ++i) {
+          if (sum[i] != 300.0f) bad = "AllReduce element " + std::to_string(i) + " is " + std::to_string(sum[i]);
+          if (r == 0 && avg[i] != 3.0f) bad = "Reduce element " + std::to_string(i) + " is " + std::to_string(avg[i]);
+        }
+        cuMemFree(x);
+        cuMemFree(reduced);
+        cuMemFree(y);
+      }
+      ncclCommDestroy(comm);
+      cuStreamDestroy(a);
+      cuStreamDestroy(b);
+    });
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < n; ++r) {
+    INFO("rank " << r << ": " << failures[r]);
+    CHECK(failures[r].empty());
+  }
+}

@@ -32,12 +32,15 @@ Result<cuda::StreamHandle> copyStreamOf(cuda::Driver& driver, cuda::ContextHandl
 LoopbackPipe::LoopbackPipe(const LoopbackFaults& f, cuda::Driver* driver)
     : faults(f), stallRng(f.reorderSeed), driver_(driver) {}
 
-LoopbackPipe::~LoopbackPipe() {
+LoopbackPipe::~LoopbackPipe() { freeRing(); }
+
+void LoopbackPipe::freeRing() {
   if (!ring_.words) return;
   cuda::ContextScope scope(*driver_, ring_.context);
   if (!scope.entered()) return;  // never free memory a stream may still use
   if (ring_.fifo) (void)driver_->deviceFree(ring_.fifo);
   driver_->hostFree(ring_.words);
+  ring_ = RingMemory{};
 }
 
 Status LoopbackPipe::makeRing(cuda::ContextHandle context, uint64_t bytesPerDirection) {
@@ -131,11 +134,23 @@ LoopbackConnection::~LoopbackConnection() {
     if (scope.entered()) ring_.reset();
     else (void)ring_.release();
   }
-  std::lock_guard<std::mutex> lock(pipe_->mutex);
-  pipe_->closed[side_] = true;
-  // Our queued sends point into buffers that may die with us: drop them.
-  pipe_->directions[sendDir_].sends.clear();
-  pipe_->directions[recvDir_].recvs.clear();
+  bool forget = false;
+  {
+    std::lock_guard<std::mutex> lock(pipe_->mutex);
+    pipe_->closed[side_] = true;
+    // Our queued sends point into buffers that may die with us: drop them.
+    pipe_->directions[sendDir_].sends.clear();
+    pipe_->directions[recvDir_].recvs.clear();
+    if (sendDir_ != recvDir_ && !pipe_->attached[1 - side_]) {
+      // The peer never came; our streams have passed the ring (the
+      // communicator settles them first), and no other will use it. A
+      // failed pipe stays, without its memory, for a late peer to learn of
+      // the failure at once.
+      if (pipe_->failure.isOk()) forget = true;
+      else pipe_->freeRing();
+    }
+  }
+  if (forget && pipe_->forget) pipe_->forget();  // the transport's lock, not the pipe's
 }
 
 Status LoopbackConnection::postSend(const void* data, uint64_t bytes, uint64_t tag,
@@ -239,6 +254,9 @@ Status LoopbackConnection::poll(std::vector<Completion>& done, bool& progressed)
   take(pipe.directions[recvDir_].receiverDone);
   if (!pipe.failure.isOk()) {
     if (ring_) ring_->markFailed();
+    // Everything this end posted has completed (the peer's job may have
+    // failed after it matched them): the failure is its next post's.
+    if (pending_ == 0) return Status::ok();
     Status s = pipe.failure;
     return s.withContext(peerDescription_);
   }

@@ -17,6 +17,7 @@
 
 #include <deque>
 #include <memory>
+#include <functional>
 #include <mutex>
 #include <random>
 #include <string>
@@ -69,6 +70,11 @@ struct LoopbackPipe {
   LoopbackFaults faults;
   int64_t messagesPosted = 0;  // counts fail_nth / blackhole_nth per pipe
   int madeBy = -1;             // the rank whose connect made it (set before it is shared)
+  bool attached[2] = {false, false};  // an end's connection was made on it
+  // Takes the pipe out of the transport's table of pipes waiting for their
+  // second end (set before it is shared): its only end closed before the
+  // peer came, so nobody will, and its ring memory goes with it.
+  std::function<void()> forget;
   std::mt19937_64 stallRng;
 
   // Slots per direction of the stream ring.
@@ -88,6 +94,8 @@ struct LoopbackPipe {
   void fail(const Status& status);
   Status failed();
   const RingMemory* ring() const { return ring_.words ? &ring_ : nullptr; }
+  // Frees the ring's memory (no stream may use it any more).
+  void freeRing();
 
  private:
   // A GPU copy in `context`, waited for before the message completes.

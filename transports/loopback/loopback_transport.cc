@@ -80,6 +80,11 @@ class LoopbackTransport final : public Transport {
       if (it == pending_.end()) {
         pipe = std::make_shared<LoopbackPipe>(currentFaults(), driver);
         pipe->madeBy = key.selfRank;
+        pipe->forget = [this, mapKey, raw = pipe.get()] {
+          std::lock_guard<std::mutex> lock(mutex_);
+          if (auto found = pending_.find(mapKey); found != pending_.end() && found->second.get() == raw)
+            pending_.erase(found);
+        };
         pending_.emplace(mapKey, pipe);
         if (ring) {
           const uint64_t bytes = std::clamp<int64_t>(params().loopbackRingBytes, 64 << 10, 1ll << 30);
@@ -108,6 +113,10 @@ class LoopbackTransport final : public Transport {
     int side = key.selfRank == low ? 0 : 1;
     // Side 0 sends on direction 0 and receives on direction 1.
     auto connection = std::make_unique<LoopbackConnection>(pipe, side, side, 1 - side, std::move(desc));
+    {
+      std::lock_guard<std::mutex> lock(pipe->mutex);
+      pipe->attached[side] = true;
+    }
     if (ring) {
       if (Status attached = connection->attachRing(*driver, context); !attached.isOk()) {
         pipe->fail(attached);
