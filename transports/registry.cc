@@ -51,6 +51,10 @@ const std::vector<Transport*>& allTransports() { return registry().ordered; }
 
 Transport* transportToSelf() { return registry().toSelf; }
 
+void forgetRank(uint64_t commId, int rank) {
+  for (Transport* t : allTransports()) t->forgetRank(commId, rank);
+}
+
 void forgetMemory(void* base, size_t bytes) {
   for (Transport* t : allTransports()) t->forgetMemory(base, bytes);
 }

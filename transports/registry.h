@@ -28,6 +28,9 @@ Transport* transportToSelf();
 // Tells every transport that [base, base + bytes) is being freed or
 // deregistered (Transport::forgetMemory). Thread-safe.
 void forgetMemory(void* base, size_t bytes);
+// Tells every transport that a communicator's rank in this process is gone
+// (Transport::forgetRank). Thread-safe.
+void forgetRank(uint64_t commId, int rank);
 
 // Fills self.addresses with every transport's local address (transports that
 // fail to start are skipped and logged; the error is kept for selection).

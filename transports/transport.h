@@ -213,6 +213,10 @@ class Transport {
   // Memory [base, base + bytes) is being freed or deregistered: drop any
   // registration or cached key of it (a later buffer may reuse the address).
   virtual void forgetMemory(void* /*base*/, size_t /*bytes*/) {}
+  // Rank `rank` of communicator `commId` in this process is gone: drop what
+  // the transport holds for its connections not made yet (cuda_ipc: hellos
+  // its peers sent, with their FIFOs' descriptors).
+  virtual void forgetRank(uint64_t /*commId*/, int /*rank*/) {}
   // Whether this process should start it (localAddress) at all: a transport
   // whose start is costly may wait to be asked for by the environment.
   virtual bool wantedInThisProcess() const { return true; }

@@ -9,6 +9,7 @@
 #include <catch2/catch.hpp>
 
 #include <cuda.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -211,6 +212,36 @@ TEST_CASE("cuda_ipc: the higher rank waits for the lower one's hello until its d
   CHECK_THAT(cb.status().message(), Catch::Contains("rank 0"));
   CHECK(world.transport->connectWaitsForPeer({1, 1, 0, 0}));
   CHECK_FALSE(world.transport->connectWaitsForPeer({1, 0, 1, 0}));
+}
+
+int openFds() {
+  int n = 0;
+  for (int fd = 0; fd < 4096; ++fd)
+    if (::fcntl(fd, F_GETFD) != -1) ++n;
+  return n;
+}
+
+// The lower rank's hello for a connection its peer never makes (the peer's
+// communicator destroyed or aborted first) goes when that rank is
+// forgotten: its descriptors are closed and the sender's liveness look
+// learns of it, not at the hello's expiry (the set-up deadline) at a later
+// accept.
+TEST_CASE("cuda_ipc: a hello its rank never claimed goes when the rank is forgotten", "[cudafake][cuda_ipc]") {
+  PairWorld world;
+  const int before = openFds();
+  const uint64_t id = freshCommId();
+  auto ca = world.transport->connect({id, 0, 1, 0}, ConnectOptions{&world.a, &world.b, "secret", Deadline::afterMs(5000)});
+  REQUIRE(ca.isOk());
+  CHECK(ca.value()->checkAlive().isOk());
+  world.transport->forgetRank(id, 0);  // another rank: kept
+  CHECK(ca.value()->checkAlive().isOk());
+  world.transport->forgetRank(id, 1);
+  Status alive = ca.value()->checkAlive();
+  INFO(alive.toString());
+  CHECK(alive.code() == Code::kRemoteError);
+  CHECK_THAT(alive.message(), Catch::Contains("its communicator ended before it connected"));
+  ca.value().reset();
+  CHECK(openFds() == before);
 }
 
 TEST_CASE("cuda_ipc connects ranks of device communicators in other processes of this kernel only", "[cudafake][cuda_ipc]") {

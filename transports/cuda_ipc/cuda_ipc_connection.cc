@@ -258,8 +258,10 @@ Status CudaIpcConnection::lookAtPeer(bool idle) {
   char byte = 0;
   ssize_t got = ::recv(setup_.socket.get(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
   if (got == 0)
-    return remoteError(setup_.peerDescription, ": the peer process has exited (killed or crashed) while ",
-                       idle ? "the connection was idle" : "operations were pending", " (its cuda_ipc socket closed)");
+    return remoteError(setup_.peerDescription, ": its cuda_ipc socket closed while ",
+                       idle ? "the connection was idle" : "operations were pending",
+                       " (the peer process exited, killed or crashed, or its communicator ended before it "
+                       "connected)");
   if (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
     return remoteError(setup_.peerDescription, ": cuda_ipc socket: ", std::strerror(errno));
   return Status::ok();

@@ -341,6 +341,17 @@ class CudaIpcTransport final : public Transport {
     return std::unique_ptr<Connection>(std::move(connection));
   }
 
+  // Hellos a rank now gone never claimed: their FIFO descriptors, control
+  // memory and sockets go now (the sender sees its socket close), not when
+  // they expire at a later accept.
+  void forgetRank(uint64_t commId, int rank) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    drainListenerLocked();
+    std::erase_if(arrived_, [&](const auto& entry) {
+      return std::get<0>(entry.first) == commId && std::get<2>(entry.first) == rank;
+    });
+  }
+
   // Accepts on the listener until the hello for `key` has arrived (hellos
   // for other connections are kept for their connect()).
   Result<Arrival> awaitHello(const ConnectionKey& key, const ConnectOptions& options) {
