@@ -120,6 +120,10 @@ void Communicator::leaveToStreams() {
       new std::shared_ptr<WindowBoards>(std::move(boards));
     }
   };
+  // Only stream plans' lanes use the connections (their rings): without
+  // them the connections close now, so that peers waiting on this rank
+  // learn of it at their next look.
+  if (!streamPlans_ || streamPlans_->settle(0)) connections_.clear();
   auto remains = std::make_shared<Remains>();
   remains->plans = std::move(streamPlans_);
   remains->connections = connections_.take();

@@ -91,9 +91,9 @@ struct OpRequest {
   void* stream = nullptr;
   bool streamOrdered = false;
   // It moves no bytes on this rank (a zero count): no buffer says whether
-  // it runs in stream order, so it does where the rank has a CUDA context,
-  // and in a group takes the kind of the group's other operations
-  // (group::end). NCCL drops a zero-count collective and still matches a
+  // it runs in stream order, so it goes as the communicator's last call
+  // with buffers did (Communicator::streamOrdered), and in a group takes
+  // the kind of the group's other operations (group::end). NCCL drops a zero-count collective and still matches a
   // zero-byte Send/Recv (PyTorch's all_to_all with empty splits).
   bool noBuffers = false;
 };
@@ -158,7 +158,7 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
   // Whether op runs in its stream's order; an invalid argument when it mixes
   // memory CUDA knows with pageable host memory. One with noBuffers does
   // where this rank has a CUDA context (the caller passes no Shoal host
-  // stream for it).
+  // stream for it) and its last call with buffers did, or none has yet.
   Result<bool> streamOrdered(const OpRequest& op);
   // Whether op moves no bytes on this rank (OpRequest::noBuffers).
   bool movesNoBytes(const OpRequest& op) const;
@@ -430,6 +430,9 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
   // communicators of several GPUs in a group) or none.
   cuda::ContextHandle ownContext_ = nullptr;
   std::unique_ptr<StreamBridge> bridge_;  // made by the first stream-ordered operation
+  // The kind of the last call with buffers (streamOrdered): -1 none yet,
+  // 0 host memory, 1 stream order; a call of no bytes takes it.
+  std::atomic<int> lastBufferKind_{-1};
   // Device plans' compute steps and scratch, made by the first one (its
   // jobs share it, comm/device_steps.h); deviceStepsTried_ once that was tried.
   std::shared_ptr<DevicePlanSteps> deviceSteps_;

@@ -81,8 +81,15 @@ Result<bool> Communicator::streamOrdered(const OpRequest& op) {
     }
     bridge_ = std::make_unique<StreamBridge>(*cuda_, identity);
   }
-  if (op.noBuffers) return true;  // as the device operations it goes with
-  return bridge_->streamOrdered(op, rank_, nranks_);
+  if (op.noBuffers) {
+    // As the communicator's calls with buffers went (its ranks make the
+    // same calls, so they agree); before any, in stream order.
+    const int kind = lastBufferKind_.load(std::memory_order_relaxed);
+    return kind < 0 || kind == 1;
+  }
+  SHOAL_ASSIGN_OR_RETURN(bool ordered, bridge_->streamOrdered(op, rank_, nranks_));
+  lastBufferKind_.store(ordered ? 1 : 0, std::memory_order_relaxed);
+  return ordered;
 }
 
 Status Communicator::streamRefusal(const OpRequest& op, bool context, Status& refused) {

@@ -646,6 +646,36 @@ TEST_CASE("an all-to-all with empty splits between threads", "[cudafake]") {
   }
 }
 
+// On pageable host memory the same: a rank whose part is all empty goes as
+// its communicator's calls with buffers went (the host path), so it meets
+// its peers' host-path Recv of no bytes instead of a stream plan nobody runs.
+TEST_CASE("an all-to-all with empty splits on host memory between threads", "[cudafake]") {
+  useDevice0();
+  shoal::testing::ScopedEnv env{{"SHOAL_CUDA_STREAM_PLANS", "1"}, {"SHOAL_PROGRESS_TIMEOUT_MS", "10000"}};
+  const int n = 3;
+  const size_t N = 5000;
+  Mismatches bad;
+  onThreads(n, [&](int r, ncclComm_t comm, CUstream s) {
+    std::vector<float> warm(16, 1.0f);
+    bad.expect(ncclAllReduce(warm.data(), warm.data(), 16, ncclFloat, ncclSum, comm, s) == ncclSuccess, "warm-up");
+    // Rank 0 sends and receives nothing; the others N elements each way.
+    const size_t mine = r == 0 ? 0 : N;
+    std::vector<float> send(N, static_cast<float>(r + 1));
+    std::vector<std::vector<float>> recv(n, std::vector<float>(N, -1.0f));
+    bad.expect(ncclGroupStart() == ncclSuccess, "group");
+    for (int p = 0; p < n; ++p) {
+      const size_t theirs = p == 0 ? 0 : N;
+      bad.expect(ncclSend(send.data(), std::min(mine, theirs), ncclFloat, p, comm, s) == ncclSuccess, "Send");
+      bad.expect(ncclRecv(recv[p].data(), std::min(mine, theirs), ncclFloat, p, comm, s) == ncclSuccess, "Recv");
+    }
+    bad.expect(ncclGroupEnd() == ncclSuccess, std::string("group end: ") + ncclGetLastError(comm));
+    for (int p = 1; p < n && r != 0; ++p)
+      bad.expect(recv[p][N - 1] == static_cast<float>(p + 1), "from rank " + std::to_string(p));
+  });
+  INFO(bad.first);
+  CHECK(bad.count == 0);
+}
+
 // Send/Recv pairs to oneself must match in size, as any Send and Recv.
 TEST_CASE("a Send to oneself and a Recv from oneself of other sizes are an invalid usage", "[cudafake]") {
   useDevice0();
@@ -1703,6 +1733,40 @@ TEST_CASE("ncclCommAbort returns while the user's stream is held back, and its m
     CHECK(shoalFakeCudaLiveAllocations() == allocations);
     CHECK(shoalFakeCudaLiveStreams() == streams);
   }
+}
+
+// What waits for a held-back stream is the staging only: the connections
+// close at the abort, so a peer waiting on this rank learns of it at its
+// next liveness look, not once the stream has passed (or at its deadline).
+TEST_CASE("ncclCommAbort with its stream held back closes its connections at once", "[cudafake][mp]") {
+  auto result = forkedRanks(2, "cuda_ipc", {{"SHOAL_CUDA_STREAM_PLANS", "0"}, {"SHOAL_IDLE_CHECK_MS", "200"}},
+                            [&](shoal::testing::MpChild& child, ncclComm_t comm, CUstream s) {
+    DeviceFloats buf(1000, [&](size_t i) { return val(child.rank(), i); });
+    if (ncclAllReduce(buf.at(), buf.at(), 1000, ncclFloat, ncclSum, comm, s) != ncclSuccess) return 2;
+    cuStreamSynchronize(s);
+    if (child.rank() == 0) shoalFakeCudaStreamDelay(s, 6000);  // the user's work ahead of the call
+    if (ncclAllReduce(buf.at(), buf.at(), 1000, ncclFloat, ncclSum, comm, s) != ncclSuccess) return 3;
+    child.barrier();
+    if (child.rank() == 0) {
+      ::usleep(200000);
+      auto t0 = Clock::now();
+      if (ncclCommAbort(comm) != ncclSuccess) return 4;
+      child.log("abort took " + std::to_string(msSince(t0)) + " ms");
+      cuStreamSynchronize(s);
+      return 0;
+    }
+    auto t0 = Clock::now();
+    const ncclResult_t async = awaitAsyncError(comm, t0);
+    const double ms = msSince(t0);
+    child.log("failed after " + std::to_string(ms) + " ms: " + ncclGetLastError(comm));
+    if (async == ncclSuccess || async == ncclInProgress) return 5;
+    if (ms > 4000) return 6;  // rank 0's stream reaches the call after 6 s
+    cuStreamSynchronize(s);
+    ncclCommAbort(comm);
+    return 0;
+  });
+  INFO(result.report());
+  CHECK(result.allPassed());
 }
 
 TEST_CASE("ncclCommAbort releases a stream waiting in the wait kernel", "[cudafake]") {

@@ -278,9 +278,9 @@ namespace shoal {
 namespace {
 
 // An end whose peer never connects (its rank destroyed or aborted before its
-// first call) gives the ring's memory back when it closes; one whose
-// operation failed keeps the pipe, without the memory, so that a late peer
-// fails at once.
+// first call) gives the ring's memory back when it closes. A pipe it never
+// used goes; one it used, or whose operation failed, stays, failed, so that
+// a late peer fails at once instead of waiting alone for its deadline.
 TEST_CASE("a loopback end whose peer never came gives back the ring's memory", "[cudafake][stream_ring]") {
   const std::string gpu = useDevice0();
   auto transport = makeLoopbackTransport();
@@ -294,23 +294,26 @@ TEST_CASE("a loopback end whose peer never came gives back the ring's memory", "
   a.rank = 0;
   b.rank = 1;
   const int before = shoalFakeCudaLiveAllocations();
-  for (bool failed : {false, true}) {
-    INFO((failed ? "its operation failed" : "closed"));
+  enum Use { kUnused, kPosted, kFailed };
+  for (Use use : {kUnused, kPosted, kFailed}) {
+    INFO((use == kUnused ? "unused" : use == kPosted ? "a receive posted" : "its operation failed"));
     const uint64_t id = freshCommId();
     auto first = transport->connect({id, 0, 1, 0}, ConnectOptions{&a, &b, "", Deadline::afterMs(1000), true});
     REQUIRE(first.isOk());
     CHECK(shoalFakeCudaLiveAllocations() > before);
-    if (failed) first.value()->quiesce();
+    uint8_t byte = 0;
+    if (use == kPosted) REQUIRE(first.value()->postRecv(&byte, 1, 1, 1).isOk());
+    if (use == kFailed) first.value()->quiesce();
     first.value().reset();
     CHECK(shoalFakeCudaLiveAllocations() == before);
     // The peer, late: a fresh pipe it would wait on alone, or the failure.
     auto late = transport->connect({id, 1, 0, 0}, ConnectOptions{&b, &a, "", Deadline::afterMs(1000), true});
-    if (failed) {
-      REQUIRE_FALSE(late.isOk());
-      CHECK(late.status().message().find("closed by the other end") != std::string::npos);
-    } else {
+    if (use == kUnused) {
       REQUIRE(late.isOk());
       late.value().reset();
+    } else {
+      REQUIRE_FALSE(late.isOk());
+      CHECK(late.status().message().find("closed by the other end") != std::string::npos);
     }
     CHECK(shoalFakeCudaLiveAllocations() == before);
   }

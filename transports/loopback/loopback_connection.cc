@@ -126,7 +126,10 @@ Status LoopbackConnection::attachRing(cuda::Driver& driver, cuda::ContextHandle 
 }
 
 LoopbackConnection::~LoopbackConnection() {
+  bool used = used_;
   if (ring_) {
+    const StreamLink::Progress p = ring_->progress();
+    used = used || p.sendEnqueued > 0 || p.recvEnqueued > 0;
     // Its header log is pinned memory of the ring's context; a stream that
     // may still write it keeps it (never freed under a stream).
     cuda::Driver* driver = cuda::Driver::inUse();
@@ -143,11 +146,18 @@ LoopbackConnection::~LoopbackConnection() {
     pipe_->directions[recvDir_].recvs.clear();
     if (sendDir_ != recvDir_ && !pipe_->attached[1 - side_]) {
       // The peer never came; our streams have passed the ring (the
-      // communicator settles them first), and no other will use it. A
-      // failed pipe stays, without its memory, for a late peer to learn of
-      // the failure at once.
-      if (pipe_->failure.isOk()) forget = true;
-      else pipe_->freeRing();
+      // communicator settles them first), and no other will use it. A pipe
+      // this end never used goes; one it used (or that failed) stays,
+      // failed and without its memory, so that a late peer fails at once
+      // instead of waiting alone for its deadline.
+      if (pipe_->failure.isOk() && !used) {
+        forget = true;
+      } else {
+        if (pipe_->failure.isOk())
+          pipe_->failure = remoteError("the loopback pipe to ", peerDescription_, " was closed by the other end "
+                                       "before this end connected (its communicator destroyed or aborted)");
+        pipe_->freeRing();
+      }
     }
   }
   if (forget && pipe_->forget) pipe_->forget();  // the transport's lock, not the pipe's
@@ -163,6 +173,7 @@ Status LoopbackConnection::postSend(const void* data, uint64_t bytes, uint64_t t
     pipe_->failure = remoteError(peerDescription_, ": injected failure at message ", n);
     return pipe_->failure;
   }
+  used_ = true;
   int64_t readyAt = f.delayUs > 0 ? nowNs() + f.delayUs * 1000 : 0;
   bool blackhole = f.blackholeNth > 0 && n == f.blackholeNth;
   pipe_->directions[sendDir_].sends.push_back({data, bytes, tag, token, readyAt, blackhole});
@@ -173,6 +184,7 @@ Status LoopbackConnection::postSend(const void* data, uint64_t bytes, uint64_t t
 Status LoopbackConnection::postRecv(void* data, uint64_t bytes, uint64_t tag, uint64_t token) {
   std::lock_guard<std::mutex> lock(pipe_->mutex);
   if (!pipe_->failure.isOk()) return pipe_->failure;
+  used_ = true;
   pipe_->directions[recvDir_].recvs.push_back({data, bytes, tag, token});
   ++pending_;
   return Status::ok();

@@ -70,7 +70,7 @@ struct LoopbackPipe {
   LoopbackFaults faults;
   int64_t messagesPosted = 0;  // counts fail_nth / blackhole_nth per pipe
   int madeBy = -1;             // the rank whose connect made it (set before it is shared)
-  bool attached[2] = {false, false};  // an end's connection was made on it
+  bool attached[2] = {false, false};  // an end's connect took the pipe (set with the transport's lock)
   // Takes the pipe out of the transport's table of pipes waiting for their
   // second end (set before it is shared): its only end closed before the
   // peer came, so nobody will, and its ring memory goes with it.
@@ -142,6 +142,7 @@ class LoopbackConnection final : public Connection {
   int recvDir_;
   std::string peerDescription_;
   size_t pending_ = 0;
+  bool used_ = false;  // an operation was posted here (the pipe's peer may wait for it)
   cuda::ContextHandle ringContext_ = nullptr;
   std::unique_ptr<StreamRing> ring_;
 };

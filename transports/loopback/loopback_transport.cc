@@ -85,6 +85,7 @@ class LoopbackTransport final : public Transport {
           if (auto found = pending_.find(mapKey); found != pending_.end() && found->second.get() == raw)
             pending_.erase(found);
         };
+        pipe->attached[key.selfRank == low ? 0 : 1] = true;  // not shared yet
         pending_.emplace(mapKey, pipe);
         if (ring) {
           const uint64_t bytes = std::clamp<int64_t>(params().loopbackRingBytes, 64 << 10, 1ll << 30);
@@ -100,6 +101,10 @@ class LoopbackTransport final : public Transport {
       } else {
         pipe = it->second;
         pending_.erase(it);  // both sides have it now
+        // Marked before the lock goes: the first end's close then keeps
+        // the ring's memory for this one.
+        std::lock_guard<std::mutex> pipeLock(pipe->mutex);
+        pipe->attached[key.selfRank == low ? 0 : 1] = true;
       }
     }
     if (Status theirs = pipe->failed(); !theirs.isOk())
@@ -113,10 +118,6 @@ class LoopbackTransport final : public Transport {
     int side = key.selfRank == low ? 0 : 1;
     // Side 0 sends on direction 0 and receives on direction 1.
     auto connection = std::make_unique<LoopbackConnection>(pipe, side, side, 1 - side, std::move(desc));
-    {
-      std::lock_guard<std::mutex> lock(pipe->mutex);
-      pipe->attached[side] = true;
-    }
     if (ring) {
       if (Status attached = connection->attachRing(*driver, context); !attached.isOk()) {
         pipe->fail(attached);
@@ -165,6 +166,7 @@ std::pair<std::unique_ptr<Connection>, std::unique_ptr<Connection>> makeLoopback
     const std::string& descriptionA, const std::string& descriptionB,
     const LoopbackFaults& faults) {
   auto pipe = std::make_shared<LoopbackPipe>(faults, cuda::Driver::inUse());
+  pipe->attached[0] = pipe->attached[1] = true;  // both ends made here
   // a's description names its peer, b.
   return {std::make_unique<LoopbackConnection>(pipe, 0, 0, 1, descriptionB),
           std::make_unique<LoopbackConnection>(pipe, 1, 1, 0, descriptionA)};
