@@ -40,6 +40,22 @@ std::string useDevice0() {
   return testing::makeDevice0Current();
 }
 
+// Ranks 0 and 1 as threads of one process on `gpu`.
+struct ThreadRanks {
+  PeerInfo a, b;
+  explicit ThreadRanks(const std::string& gpu) {
+    for (PeerInfo* p : {&a, &b}) {
+      p->hostname = "here";
+      p->hostId = "host";
+      p->kernelId = "kernel";
+      p->processId = 7;  // one process
+      p->gpu = gpu;
+    }
+    a.rank = 0;
+    b.rank = 1;
+  }
+};
+
 CUstream newStream() {
   CUstream s = nullptr;
   CU_OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
@@ -51,21 +67,13 @@ CUstream newStream() {
 // wait for a slot its peer frees only after its own receive).
 struct RingPair {
   std::unique_ptr<Transport> transport = makeLoopbackTransport();
-  PeerInfo a, b;
+  ThreadRanks ranks{useDevice0()};
+  PeerInfo& a = ranks.a;
+  PeerInfo& b = ranks.b;
   std::unique_ptr<Connection> ends[2];
   CUstream sendStream[2] = {nullptr, nullptr}, recvStream[2] = {nullptr, nullptr};
 
   explicit RingPair(bool streamLinks = true) {
-    const std::string gpu = useDevice0();
-    for (PeerInfo* p : {&a, &b}) {
-      p->hostname = "here";
-      p->hostId = "host";
-      p->kernelId = "kernel";
-      p->processId = 7;  // one process
-      p->gpu = gpu;
-    }
-    a.rank = 0;
-    b.rank = 1;
     const uint64_t id = freshCommId();
     ConnectOptions oa{&a, &b, "", Deadline::afterMs(10000), streamLinks};
     ConnectOptions ob{&b, &a, "", Deadline::afterMs(10000), streamLinks};
@@ -205,17 +213,10 @@ TEST_CASE("loopback has no stream ring where stream links were not agreed, nor t
 // or its operations (the ring broken), never their deadline.
 TEST_CASE("a loopback end that fails to make or match the stream ring fails the other end at once",
           "[cudafake][stream_ring]") {
-  const std::string gpu = useDevice0();
   auto transport = makeLoopbackTransport();
-  PeerInfo a, b;
-  for (PeerInfo* p : {&a, &b}) {
-    p->hostname = "here";
-    p->hostId = "host";
-    p->processId = 7;
-    p->gpu = gpu;
-  }
-  a.rank = 0;
-  b.rank = 1;
+  ThreadRanks ranks(useDevice0());
+  PeerInfo& a = ranks.a;
+  PeerInfo& b = ranks.b;
   SECTION("the first end cannot allocate the ring") {
     const uint64_t id = freshCommId();
     shoalFakeCudaFailNth("cuMemCreate", 1);
@@ -282,17 +283,10 @@ namespace {
 // used goes; one it used, or whose operation failed, stays, failed, so that
 // a late peer fails at once instead of waiting alone for its deadline.
 TEST_CASE("a loopback end whose peer never came gives back the ring's memory", "[cudafake][stream_ring]") {
-  const std::string gpu = useDevice0();
   auto transport = makeLoopbackTransport();
-  PeerInfo a, b;
-  for (PeerInfo* p : {&a, &b}) {
-    p->hostname = "here";
-    p->hostId = "host";
-    p->processId = 7;
-    p->gpu = gpu;
-  }
-  a.rank = 0;
-  b.rank = 1;
+  ThreadRanks ranks(useDevice0());
+  PeerInfo& a = ranks.a;
+  PeerInfo& b = ranks.b;
   const int before = shoalFakeCudaLiveAllocations();
   enum Use { kUnused, kPosted, kFailed };
   for (Use use : {kUnused, kPosted, kFailed}) {
