@@ -91,9 +91,10 @@ struct OpRequest {
   void* stream = nullptr;
   bool streamOrdered = false;
   // It moves no bytes on this rank (a zero count): no buffer says whether
-  // it runs in stream order, so it goes as the communicator's last call
-  // with buffers did (Communicator::streamOrdered), and in a group takes
-  // the kind of the group's other operations (group::end). NCCL drops a zero-count collective and still matches a
+  // it runs in stream order, so in a group it takes the kind of the group's
+  // other operations, or of its communicator's last call with buffers where
+  // the group has none (group::end), and alone that last call's
+  // (Communicator::streamOrdered). NCCL drops a zero-count collective and still matches a
   // zero-byte Send/Recv (PyTorch's all_to_all with empty splits).
   bool noBuffers = false;
 };
@@ -158,10 +159,14 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
   // Whether op runs in its stream's order; an invalid argument when it mixes
   // memory CUDA knows with pageable host memory. One with noBuffers does
   // where this rank has a CUDA context (the caller passes no Shoal host
-  // stream for it) and its last call with buffers did, or none has yet.
+  // stream for it): in a group always (group::end settles it), alone where
+  // its last call with buffers did, or none has yet.
   Result<bool> streamOrdered(const OpRequest& op);
   // Whether op moves no bytes on this rank (OpRequest::noBuffers).
   bool movesNoBytes(const OpRequest& op) const;
+  // The kind of its last call with buffers: -1 none yet, 0 pageable host
+  // memory, 1 stream order.
+  int lastBufferKind() const { return lastBufferKind_.load(std::memory_order_relaxed); }
   // Whether a stream-ordered op may go on its stream, asked when it is
   // called (in a group too, as NCCL checks arguments): a stream of another
   // context than the communicator's is an invalid argument, one being

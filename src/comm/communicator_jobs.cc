@@ -10,6 +10,7 @@
 #include "collectives/builders.h"
 #include "comm/communicator.h"
 #include "comm/device_steps.h"
+#include "comm/group.h"
 #include "comm/stream_bridge.h"
 #include "comm/stream_plan.h"
 #include "comm/window.h"
@@ -82,10 +83,12 @@ Result<bool> Communicator::streamOrdered(const OpRequest& op) {
     bridge_ = std::make_unique<StreamBridge>(*cuda_, identity);
   }
   if (op.noBuffers) {
-    // As the communicator's calls with buffers went (its ranks make the
-    // same calls, so they agree); before any, in stream order.
-    const int kind = lastBufferKind_.load(std::memory_order_relaxed);
-    return kind < 0 || kind == 1;
+    // In a group, in stream order (its stream admitted) until the group's
+    // other operations say otherwise (group::end). Alone, as the
+    // communicator's calls with buffers went (its ranks make the same calls,
+    // so they agree); before any, in stream order.
+    if (group::active()) return true;
+    return lastBufferKind() != 0;
   }
   SHOAL_ASSIGN_OR_RETURN(bool ordered, bridge_->streamOrdered(op, rank_, nranks_));
   lastBufferKind_.store(ordered ? 1 : 0, std::memory_order_relaxed);

@@ -46,8 +46,9 @@ Status runInits(std::vector<std::function<Status()>>& inits) {
 
 // Whether the group runs in stream order: every operation that has buffers
 // agrees, on every communicator (an invalid argument where they mix), and
-// those without (zero counts) take its kind, as they would their
-// communicator's alone (a call may pass no buffer to classify by).
+// those without (zero counts, called in stream order where they could be)
+// take its kind, or where the group has none their communicator's last
+// call's (a call may pass no buffer to classify by).
 Result<bool> settleStreamOrder(std::vector<CommOps>& comms) {
   enum Kind { kNone, kHost, kOrdered };
   Kind group = kNone;
@@ -69,7 +70,10 @@ Result<bool> settleStreamOrder(std::vector<CommOps>& comms) {
     kinds.push_back(kind);
   }
   for (size_t i = 0; i < comms.size(); ++i) {
-    const Kind kind = kinds[i] != kNone ? kinds[i] : group;
+    Kind kind = kinds[i] != kNone ? kinds[i] : group;
+    // A group of no bytes at all goes as each communicator's last call with
+    // buffers went (its peers' groups may have buffers of that kind).
+    if (kind == kNone && comms[i].comm->lastBufferKind() == 0) kind = kHost;
     for (OpRequest& op : comms[i].ops) {
       if (!op.noBuffers || kind == kNone || op.streamOrdered == (kind == kOrdered)) continue;
       if (kind == kHost) {
@@ -85,8 +89,8 @@ Result<bool> settleStreamOrder(std::vector<CommOps>& comms) {
     }
   }
   if (group != kNone) return group == kOrdered;
-  // Nothing but operations of no bytes: each communicator's are all of one
-  // kind (their calls classify them alike); the first's decides.
+  // Nothing but operations of no bytes, settled per communicator above:
+  // the first's kind decides, and the others must agree.
   bool ordered = !comms.empty() && comms[0].ops[0].streamOrdered;
   for (const auto& c : comms)
     for (const OpRequest& op : c.ops)

@@ -582,6 +582,21 @@ TEST_CASE("zero-count operations join a group of device operations", "[cudafake]
     CU_OK(cuStreamSynchronize(s));
     ncclCommDestroy(comm);
   }
+  SECTION("after a call on host memory, a group of device calls whose first moves no bytes") {
+    ncclComm_t comm = soloComm();
+    std::vector<float> h(N, 1.0f);
+    NCCL_OK(ncclAllReduce(h.data(), h.data(), N, ncclFloat, ncclSum, comm, nullptr));
+    DeviceFloats b(N);
+    NCCL_OK(ncclGroupStart());
+    NCCL_OK(ncclSend(a.at(), 0, ncclFloat, 0, comm, s));
+    NCCL_OK(ncclRecv(b.at(), 0, ncclFloat, 0, comm, s));
+    NCCL_OK(ncclAllReduce(a.at(), b.at(), N, ncclFloat, ncclSum, comm, s));
+    CHECK(ncclGroupEnd() == ncclSuccess);
+    INFO(ncclGetLastError(comm));
+    CU_OK(cuStreamSynchronize(s));
+    CHECK(b.read() == a.read());
+    ncclCommDestroy(comm);
+  }
   SECTION("a communicator of zero counts first, one with bytes next") {
     ncclComm_t first = soloComm(), second = soloComm();
     DeviceFloats b(N);
