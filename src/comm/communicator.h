@@ -188,6 +188,8 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
   Result<StreamSubmission> beginStreamOrdered(std::span<const OpRequest> ops);
   Status finishStreamOrdered(StreamSubmission& submission);
   Status submitStreamOrdered(std::span<const OpRequest> ops);
+  // The distinct streams of ops, first use first (a group's first leads).
+  static std::vector<cuda::StreamHandle> streamsOf(std::span<const OpRequest> ops);
 
   // Submits the operations as one job (a group) and, if `wait`, runs it to
   // completion. A failure becomes the async error too.
@@ -302,10 +304,6 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
   // stream plan, which the peers run for the rest of the group, has no link
   // for it. A pair whose sizes differ is an invalid usage, before any copy.
   Status copySelfPairs(std::vector<OpRequest>& ops);
-  // The distinct streams of ops, in order; `to` waits for each of `from`'s
-  // work so far (an event each).
-  static std::vector<cuda::StreamHandle> streamsOf(std::span<const OpRequest> ops);
-  Status joinStreams(std::span<const cuda::StreamHandle> from, cuda::StreamHandle to);
   // Runs stream-ordered operations (one, or a group) as a stream plan
   // (comm/stream_plan.h) where it can: their plan's every lane has a stream
   // link and its compute steps the GPU runs. False: they go the other ways.

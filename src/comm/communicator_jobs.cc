@@ -168,7 +168,8 @@ Result<Communicator::StreamSubmission> Communicator::beginStreamOrdered(std::spa
   for (cuda::StreamHandle s : streams)
     if (std::find(planStreams.begin(), planStreams.end(), s) == planStreams.end())
       submission.joinAfter.push_back(s);
-  SHOAL_TRY(joinStreams(submission.joinAfter, static_cast<cuda::StreamHandle>(kept[0].stream)));
+  const cuda::StreamHandle lead[1] = {static_cast<cuda::StreamHandle>(kept[0].stream)};
+  SHOAL_TRY(joinStreams(*cuda_, submission.joinAfter, lead)) << describe();
   submission.synchronous = bridge_->waitMode() == cuda::WaitMode::kSynchronous;
   // An operation on windows reads its peers' buffers in place (one copy),
   // before any other way.
@@ -473,10 +474,8 @@ Status Communicator::launchStreamPlan(std::span<const OpRequest> ops, const JobP
 
   // A group's streams: the first leads; it starts after the others' earlier
   // work, and their later work comes after the plan.
-  std::vector<cuda::StreamHandle> others;
-  for (const OpRequest& op : ops)
-    if (op.stream != ops[0].stream && std::find(others.begin(), others.end(), op.stream) == others.end())
-      others.push_back(op.stream);
+  const std::vector<cuda::StreamHandle> streams = streamsOf(ops);
+  const std::span<const cuda::StreamHandle> others = std::span(streams).subspan(1);
   StreamPlans::Launch launch;
   launch.plan = job->prepared->plan.get();
   launch.buffers = job->buffers;
@@ -490,7 +489,7 @@ Status Communicator::launchStreamPlan(std::span<const OpRequest> ops, const JobP
   launch.label = job->description();
   std::shared_ptr<StreamWatch> watch;
   const cuda::StreamHandle lead[1] = {launch.stream};
-  Status st = streamPlans_->join(others, lead);
+  Status st = joinStreams(*cuda_, others, lead);
   if (st.isOk()) {
     st = bridge_->enqueueAround(staged, launch.stream, [&]() -> Status {
       SHOAL_ASSIGN_OR_RETURN(watch, streamPlans_->enqueue(launch));
@@ -499,7 +498,7 @@ Status Communicator::launchStreamPlan(std::span<const OpRequest> ops, const JobP
   } else {
     bridge_->release(staged);
   }
-  if (st.isOk()) st = streamPlans_->join(lead, others);
+  if (st.isOk()) st = joinStreams(*cuda_, lead, others);
   if (!st.isOk()) {
     // Part of the plan may be on the streams, and its peers' halves on
     // theirs: the communicator cannot go on (its links are released).
@@ -612,12 +611,11 @@ Status Communicator::finishStreamOrdered(StreamSubmission& submission) {
     bridge_->release(staged);
   }
   // The streams of pairs to itself alone wait for the plan (the lead's work).
-  if (st.isOk() && !submission.ops.empty())
-    for (cuda::StreamHandle s : submission.joinAfter) {
-      const cuda::StreamHandle lead[1] = {static_cast<cuda::StreamHandle>(submission.ops[0].stream)};
-      st = joinStreams(lead, s);
-      if (!st.isOk()) break;
-    }
+  if (st.isOk() && !submission.ops.empty()) {
+    const cuda::StreamHandle lead[1] = {static_cast<cuda::StreamHandle>(submission.ops[0].stream)};
+    st = joinStreams(*cuda_, lead, submission.joinAfter);
+    if (!st.isOk()) st = StatusBuilder(std::move(st)) << describe();
+  }
   return st;
 }
 
@@ -630,16 +628,6 @@ std::vector<cuda::StreamHandle> Communicator::streamsOf(std::span<const OpReques
   return streams;
 }
 
-Status Communicator::joinStreams(std::span<const cuda::StreamHandle> from, cuda::StreamHandle to) {
-  for (cuda::StreamHandle s : from) {
-    SHOAL_ASSIGN_OR_RETURN(cuda::EventHandle event, cuda_->createEvent(), describe(), ": joining a group's streams");
-    Status st = cuda_->recordEvent(event, s);
-    if (st.isOk()) st = cuda_->streamWaitEvent(to, event);
-    cuda_->destroyEvent(event);  // released once the streams have passed it
-    SHOAL_TRY(st) << describe() << ": joining a group's streams";
-  }
-  return Status::ok();
-}
 
 Status Communicator::submitStreamOrdered(std::span<const OpRequest> ops) {
   SHOAL_ASSIGN_OR_RETURN(StreamSubmission submission, beginStreamOrdered(ops));

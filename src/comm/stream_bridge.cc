@@ -15,15 +15,6 @@ namespace {
 uint64_t alignUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
 
-// The streams of a submission, first use first: the first leads.
-std::vector<cuda::StreamHandle> streamsOf(std::span<const OpRequest> ops) {
-  std::vector<cuda::StreamHandle> streams;
-  for (const OpRequest& op : ops)
-    if (std::find(streams.begin(), streams.end(), op.stream) == streams.end())
-      streams.push_back(op.stream);
-  return streams;
-}
-
 // SHOAL_CUDA_STAGING_BYTES, never negative.
 uint64_t stagingLimit() { return static_cast<uint64_t>(std::max<int64_t>(params().cudaStagingBytes, 0)); }
 
@@ -286,7 +277,7 @@ Status StreamBridge::enqueue(const Staged& staged, std::span<const OpRequest> op
   Slot& slot = *slots_[staged.slot];
   const cuda::WaitMode mode = waitMode();
   slot.words[kSeqSource] = staged.seq;
-  const std::vector<cuda::StreamHandle> streams = streamsOf(ops);
+  const std::vector<cuda::StreamHandle> streams = Communicator::streamsOf(ops);
   cuda::StreamHandle lead = streams[0];
   std::vector<cuda::EventHandle> events;
   auto destroyEvents = [&] {
@@ -359,7 +350,7 @@ void StreamBridge::releaseStream(const Staged& staged) {
 }
 
 Status StreamBridge::copyIn(const Staged& staged, std::span<const OpRequest> ops) {
-  for (cuda::StreamHandle s : streamsOf(ops)) SHOAL_TRY(driver_.synchronize(s));
+  for (cuda::StreamHandle s : Communicator::streamsOf(ops)) SHOAL_TRY(driver_.synchronize(s));
   return copyInputs(*slots_[staged.slot], ops, nullptr, /*async=*/false);
 }
 

@@ -290,13 +290,14 @@ Status StreamPlans::enqueueSteps(const Launch& launch) {
   return Status::ok();
 }
 
-Status StreamPlans::join(std::span<const cuda::StreamHandle> from, std::span<const cuda::StreamHandle> waiting) {
+Status joinStreams(cuda::Driver& driver, std::span<const cuda::StreamHandle> from,
+                   std::span<const cuda::StreamHandle> waiting) {
   if (from.empty() || waiting.empty()) return Status::ok();
   for (cuda::StreamHandle f : from) {
-    SHOAL_ASSIGN_OR_RETURN(cuda::EventHandle e, driver_.createEvent(), "joining a group's streams");
-    Status st = driver_.recordEvent(e, f);
-    for (size_t i = 0; st.isOk() && i < waiting.size(); ++i) st = driver_.streamWaitEvent(waiting[i], e);
-    driver_.destroyEvent(e);  // freed once its work is done
+    SHOAL_ASSIGN_OR_RETURN(cuda::EventHandle e, driver.createEvent(), "joining a group's streams");
+    Status st = driver.recordEvent(e, f);
+    for (size_t i = 0; st.isOk() && i < waiting.size(); ++i) st = driver.streamWaitEvent(waiting[i], e);
+    driver.destroyEvent(e);  // freed once its work is done
     SHOAL_TRY(st) << "joining a group's streams";
   }
   return Status::ok();

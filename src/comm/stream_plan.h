@@ -36,6 +36,11 @@
 
 namespace shoal {
 
+// Each stream of `waiting` waits for the work enqueued so far on each of
+// `from` (an event per stream of `from`), in the current context.
+Status joinStreams(cuda::Driver& driver, std::span<const cuda::StreamHandle> from,
+                   std::span<const cuda::StreamHandle> waiting);
+
 class StreamPlans {
  public:
   // In the context current on the calling thread, whose reduction kernels
@@ -81,9 +86,6 @@ class StreamPlans {
   // may be on the streams already: the caller fails the communicator and
   // releases the links (the watch's release does it).
   Result<std::shared_ptr<StreamWatch>> enqueue(const Launch& launch);
-  // Each stream of `waiting` waits for the work enqueued so far on each of
-  // `from` (an event per stream of `from`).
-  Status join(std::span<const cuda::StreamHandle> from, std::span<const cuda::StreamHandle> waiting);
 
  private:
   Status enqueueSteps(const Launch& launch);
