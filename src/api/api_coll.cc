@@ -18,6 +18,7 @@
 
 using namespace shoal;
 using shoal::api::guard;
+using shoal::api::groupGuard;
 
 namespace shoal::api {
 namespace {
@@ -233,7 +234,7 @@ using shoal::api::collective;
 SHOAL_API(ncclResult_t, ncclAllReduce,
           (const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
            ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream)) {
-  return guard("ncclAllReduce", [&] {
+  return groupGuard("ncclAllReduce", [&] {
     return collective(comm, CollKind::kAllReduce, sendbuff, recvbuff, count, datatype, op, -1,
                       stream);
   });
@@ -242,7 +243,7 @@ SHOAL_API(ncclResult_t, ncclAllReduce,
 SHOAL_API(ncclResult_t, ncclReduce,
           (const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
            ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream)) {
-  return guard("ncclReduce", [&] {
+  return groupGuard("ncclReduce", [&] {
     return collective(comm, CollKind::kReduce, sendbuff, recvbuff, count, datatype, op, root,
                       stream);
   });
@@ -251,7 +252,7 @@ SHOAL_API(ncclResult_t, ncclReduce,
 SHOAL_API(ncclResult_t, ncclBroadcast,
           (const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root,
            ncclComm_t comm, cudaStream_t stream)) {
-  return guard("ncclBroadcast", [&] {
+  return groupGuard("ncclBroadcast", [&] {
     return collective(comm, CollKind::kBroadcast, sendbuff, recvbuff, count, datatype, ncclSum,
                       root, stream);
   });
@@ -260,7 +261,7 @@ SHOAL_API(ncclResult_t, ncclBroadcast,
 SHOAL_API(ncclResult_t, ncclBcast,
           (void* buff, size_t count, ncclDataType_t datatype, int root, ncclComm_t comm,
            cudaStream_t stream)) {
-  return guard("ncclBcast", [&] {
+  return groupGuard("ncclBcast", [&] {
     return collective(comm, CollKind::kBroadcast, buff, buff, count, datatype, ncclSum, root,
                       stream);
   });
@@ -269,7 +270,7 @@ SHOAL_API(ncclResult_t, ncclBcast,
 SHOAL_API(ncclResult_t, ncclReduceScatter,
           (const void* sendbuff, void* recvbuff, size_t recvcount, ncclDataType_t datatype,
            ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream)) {
-  return guard("ncclReduceScatter", [&] {
+  return groupGuard("ncclReduceScatter", [&] {
     return collective(comm, CollKind::kReduceScatter, sendbuff, recvbuff, recvcount, datatype, op,
                       -1, stream);
   });
@@ -278,7 +279,7 @@ SHOAL_API(ncclResult_t, ncclReduceScatter,
 SHOAL_API(ncclResult_t, ncclAllGather,
           (const void* sendbuff, void* recvbuff, size_t sendcount, ncclDataType_t datatype,
            ncclComm_t comm, cudaStream_t stream)) {
-  return guard("ncclAllGather", [&] {
+  return groupGuard("ncclAllGather", [&] {
     return collective(comm, CollKind::kAllGather, sendbuff, recvbuff, sendcount, datatype, ncclSum,
                       -1, stream);
   });
@@ -287,7 +288,7 @@ SHOAL_API(ncclResult_t, ncclAllGather,
 SHOAL_API(ncclResult_t, ncclAlltoAll,
           (const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype,
            ncclComm_t comm, cudaStream_t stream)) {
-  return guard("ncclAlltoAll", [&] {
+  return groupGuard("ncclAlltoAll", [&] {
     return collective(comm, CollKind::kAllToAll, sendbuff, recvbuff, count, datatype, ncclSum, -1,
                       stream);
   });
@@ -296,7 +297,7 @@ SHOAL_API(ncclResult_t, ncclAlltoAll,
 SHOAL_API(ncclResult_t, ncclGather,
           (const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root,
            ncclComm_t comm, cudaStream_t stream)) {
-  return guard("ncclGather", [&] {
+  return groupGuard("ncclGather", [&] {
     return collective(comm, CollKind::kGather, sendbuff, recvbuff, count, datatype, ncclSum, root,
                       stream);
   });
@@ -305,7 +306,7 @@ SHOAL_API(ncclResult_t, ncclGather,
 SHOAL_API(ncclResult_t, ncclScatter,
           (const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root,
            ncclComm_t comm, cudaStream_t stream)) {
-  return guard("ncclScatter", [&] {
+  return groupGuard("ncclScatter", [&] {
     return collective(comm, CollKind::kScatter, sendbuff, recvbuff, count, datatype, ncclSum, root,
                       stream);
   });
@@ -314,7 +315,7 @@ SHOAL_API(ncclResult_t, ncclScatter,
 SHOAL_API(ncclResult_t, ncclSend,
           (const void* sendbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
            cudaStream_t stream)) {
-  return guard("ncclSend", [&] {
+  return groupGuard("ncclSend", [&] {
     return shoal::api::pointToPoint(comm, CollKind::kSend, sendbuff, nullptr, count, datatype,
                                     peer, stream);
   });
@@ -323,7 +324,7 @@ SHOAL_API(ncclResult_t, ncclSend,
 SHOAL_API(ncclResult_t, ncclRecv,
           (void* recvbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
            cudaStream_t stream)) {
-  return guard("ncclRecv", [&] {
+  return groupGuard("ncclRecv", [&] {
     return shoal::api::pointToPoint(comm, CollKind::kRecv, nullptr, recvbuff, count, datatype,
                                     peer, stream);
   });

@@ -15,6 +15,7 @@
 
 using namespace shoal;
 using shoal::api::guard;
+using shoal::api::groupGuard;
 
 namespace shoal::api {
 
@@ -60,6 +61,13 @@ constexpr int64_t kCallsLeaveMs = 10000;
              waitedMs, " ms; its memory is kept");
 }
 
+// The handle's init failed (with its shared mutex held, or before any work ran).
+void recordInitFailure(ncclComm::Shared& shared, const Status& why) {
+  shared.initError = why;
+  const int code = toNcclCode(why.code());
+  shared.state.store(code == ncclSuccess ? ncclInternalError : code, std::memory_order_release);
+}
+
 // Runs a handle's init work and records the outcome in its shared state. An
 // abort that lands while the work runs wins over its outcome: ncclCommAbort
 // reads impl only after setting cancelInit, so a communicator that finished
@@ -74,11 +82,7 @@ Status runInit(const std::shared_ptr<ncclComm::Shared>& shared, const InitWork& 
                    cause.isOk() ? "" : "; init stopped at: ", cause.message());
   }
   if (!result.isOk()) {
-    shared->initError = result.status();
-    shared->state.store(toNcclCode(result.status().code()) == ncclSuccess
-                            ? ncclInternalError
-                            : toNcclCode(result.status().code()),
-                        std::memory_order_release);
+    recordInitFailure(*shared, result.status());
     return result.status();
   }
   shared->impl = result.value();
@@ -135,8 +139,13 @@ Status launchInit(ncclComm_t* out, ncclComm_t handle, bool blocking, InitWork wo
   if (group::active()) {
     *out = handle;
     auto run = [shared, work, context] { return context.run(shared, work); };
-    if (parent) group::addOrderedInit(parent, std::move(run));
-    else group::addInit(std::move(run));
+    // The group failed before the work ran: the handle reports why.
+    auto abandon = [shared](const Status& why) {
+      std::lock_guard<std::mutex> lock(shared->mutex);
+      recordInitFailure(*shared, why);
+    };
+    if (parent) group::addOrderedInit(parent, std::move(run), std::move(abandon));
+    else group::addInit(std::move(run), std::move(abandon));
     return Status::ok();
   }
   if (!blocking) {
@@ -227,19 +236,19 @@ SHOAL_API(ncclResult_t, ncclGetUniqueId, (ncclUniqueId * uniqueId)) {
 
 SHOAL_API(ncclResult_t, ncclCommInitRank,
           (ncclComm_t * comm, int nranks, ncclUniqueId commId, int rank)) {
-  return guard("ncclCommInitRank", [&] { return initRank(comm, nranks, commId, rank, nullptr); });
+  return groupGuard("ncclCommInitRank", [&] { return initRank(comm, nranks, commId, rank, nullptr); });
 }
 
 SHOAL_API(ncclResult_t, ncclCommInitRankConfig,
           (ncclComm_t * comm, int nranks, ncclUniqueId commId, int rank, ncclConfig_t* config)) {
-  return guard("ncclCommInitRankConfig",
+  return groupGuard("ncclCommInitRankConfig",
                [&] { return initRank(comm, nranks, commId, rank, config); });
 }
 
 SHOAL_API(ncclResult_t, ncclCommInitRankScalable,
           (ncclComm_t * newcomm, int nranks, int myrank, int nId, ncclUniqueId* commIds,
            ncclConfig_t* config)) {
-  return guard("ncclCommInitRankScalable", [&]() -> Status {
+  return groupGuard("ncclCommInitRankScalable", [&]() -> Status {
     if (nId < 1 || commIds == nullptr)
       return invalidArgument("nId ", nId, " must be >= 1 with a non-NULL commIds array");
     if (nId > nranks)  // as NCCL: at most one root per rank
@@ -303,7 +312,7 @@ SHOAL_API(ncclResult_t, ncclCommInitAll, (ncclComm_t * comms, int ndev, const in
 
 SHOAL_API(ncclResult_t, ncclCommSplit,
           (ncclComm_t comm, int color, int key, ncclComm_t* newcomm, ncclConfig_t* config)) {
-  return guard("ncclCommSplit", [&]() -> Status {
+  return groupGuard("ncclCommSplit", [&]() -> Status {
     if (newcomm == nullptr) return invalidArgument("newcomm is NULL");
     *newcomm = nullptr;
     if (color < NCCL_SPLIT_NOCOLOR)

@@ -21,6 +21,7 @@
 
 using namespace shoal;
 using shoal::api::guard;
+using shoal::api::groupGuard;
 
 namespace {
 
@@ -78,7 +79,7 @@ SHOAL_API(ncclResult_t, ncclCommRevoke, (ncclComm_t comm, int revokeFlags)) {
 SHOAL_API(ncclResult_t, ncclCommShrink,
           (ncclComm_t comm, int* excludeRanksList, int excludeRanksCount, ncclComm_t* newcomm,
            ncclConfig_t* config, int shrinkFlags)) {
-  return guard("ncclCommShrink", [&]() -> Status {
+  return groupGuard("ncclCommShrink", [&]() -> Status {
     if (comm == nullptr) return invalidArgument("comm is NULL");
     if (newcomm == nullptr) return invalidArgument("newcomm is NULL");
     *newcomm = nullptr;
@@ -171,7 +172,7 @@ SHOAL_API(ncclResult_t, ncclCommGetUniqueId, (ncclComm_t comm, ncclUniqueId* uni
 SHOAL_API(ncclResult_t, ncclCommGrow,
           (ncclComm_t comm, int nRanks, const ncclUniqueId* uniqueId, int rank,
            ncclComm_t* newcomm, ncclConfig_t* config)) {
-  return guard("ncclCommGrow", [&]() -> Status {
+  return groupGuard("ncclCommGrow", [&]() -> Status {
     api::logVersionOnce();
     if (newcomm == nullptr) return invalidArgument("newcomm is NULL");
     *newcomm = nullptr;

@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "comm/communicator.h"
+#include "comm/group.h"
 #include "core/clock.h"
 #include "core/status.h"
 
@@ -98,6 +99,18 @@ ncclResult_t guard(const char* function, Body&& body) noexcept {
   } catch (...) {
     return toResult(internalError(function, ": unexpected exception"));
   }
+}
+
+// guard for the calls NCCL records in an open group (collectives,
+// point-to-point, inits, splits, window registrations): one that fails there
+// also fails the group, whose outermost ncclGroupEnd then runs none of it.
+template <typename Body>
+ncclResult_t groupGuard(const char* function, Body&& body) noexcept {
+  return guard(function, [&]() -> Status {
+    Status st = body();
+    if (!st.isOk() && st.code() != Code::kInProgress && group::active()) group::fail(function, st);
+    return st;
+  });
 }
 
 // The communicator behind a handle, ready for use, or an error that says why

@@ -22,6 +22,7 @@
 
 using namespace shoal;
 using shoal::api::guard;
+using shoal::api::groupGuard;
 
 namespace {
 
@@ -171,7 +172,7 @@ SHOAL_API(ncclResult_t, ncclCommDeregister, (const ncclComm_t comm, void* handle
 // registration runs at ncclGroupEnd, which fills *win (NULL until then).
 SHOAL_API(ncclResult_t, ncclCommWindowRegister,
           (ncclComm_t comm, void* buff, size_t size, ncclWindow_t* win, int winFlags)) {
-  return guard("ncclCommWindowRegister", [&]() -> Status {
+  return groupGuard("ncclCommWindowRegister", [&]() -> Status {
     if (win == nullptr) return invalidArgument("win is NULL");
     *win = nullptr;
     if (buff == nullptr || size == 0) return invalidArgument("buff ", buff, " with size ", size, ": a window needs memory");

@@ -20,6 +20,8 @@ struct GroupState {
   std::vector<CommOps> comms;  // in order of first use
   std::vector<std::function<Status()>> inits;
   std::vector<std::pair<const void*, std::vector<std::function<Status()>>>> ordered;  // by key, in order of first use
+  std::vector<Abandon> abandons;  // of the inits and ordered works that have one
+  Status failure;                 // the first call that failed inside the group
 };
 
 thread_local GroupState tGroup;
@@ -27,6 +29,13 @@ thread_local GroupState tGroup;
 // thread-init guard, and every collective call asks whether a group is open
 // (initial-exec: a plain load, not a call to __tls_get_addr; see core/log.cc).
 [[gnu::tls_model("initial-exec")]] thread_local int tDepth = 0;
+
+// A group in which a call failed runs none of its work, as in NCCL (each
+// rank's group is all or nothing): the inits' handles learn why.
+Status discard(GroupState& work) {
+  for (auto& abandon : work.abandons) abandon(work.failure);
+  return work.failure;
+}
 
 // Runs the functions concurrently (one thread each when several) and returns
 // the first error: inits of one clique, or call checks, must not wait for
@@ -42,6 +51,20 @@ Status runInits(std::vector<std::function<Status()>>& inits) {
   for (auto& s : results)
     if (!s.isOk()) return s;
   return Status::ok();
+}
+
+// The group's inits, and its communicators' ordered set-up work, all at once.
+Status runDeferredInits(GroupState& work) {
+  for (auto& [key, works] : work.ordered)
+    work.inits.push_back([&works]() -> Status {
+      // Every one runs (each is collective: the peers run theirs too, and a
+      // split's handle learns its outcome only from it); the first error wins.
+      Status first;
+      for (auto& w : works)
+        if (Status st = w(); !st.isOk() && first.isOk()) first = std::move(st);
+      return first;
+    });
+  return work.inits.empty() ? Status::ok() : runInits(work.inits);
 }
 
 // Whether the group runs in stream order: every operation that has buffers
@@ -142,9 +165,13 @@ void addOp(const std::shared_ptr<Communicator>& comm, OpRequest op) {
   tGroup.comms.push_back({comm, {std::move(op)}});  // the one reference the group keeps
 }
 
-void addInit(std::function<Status()> init) { tGroup.inits.push_back(std::move(init)); }
+void addInit(std::function<Status()> init, Abandon abandon) {
+  tGroup.inits.push_back(std::move(init));
+  if (abandon) tGroup.abandons.push_back(std::move(abandon));
+}
 
-void addOrderedInit(const void* key, std::function<Status()> work) {
+void addOrderedInit(const void* key, std::function<Status()> work, Abandon abandon) {
+  if (abandon) tGroup.abandons.push_back(std::move(abandon));
   for (auto& [k, works] : tGroup.ordered)
     if (k == key) {
       works.push_back(std::move(work));
@@ -154,23 +181,20 @@ void addOrderedInit(const void* key, std::function<Status()> work) {
   tGroup.ordered.back().second.push_back(std::move(work));
 }
 
+void fail(const char* function, const Status& why) {
+  if (!tGroup.failure.isOk()) return;
+  tGroup.failure = error(why.code(), "the group was not run, because ", function, " inside it failed: ",
+                         why.message());
+}
+
 Status end() {
   if (tDepth == 0) return invalidUsage("ncclGroupEnd: not in a group call (no matching ncclGroupStart)");
   if (--tDepth > 0) return Status::ok();
   GroupState work = std::move(tGroup);
   tGroup = GroupState{};
+  if (!work.failure.isOk()) return discard(work);
 
-  for (auto& [key, works] : work.ordered)
-    work.inits.push_back([&works]() -> Status {
-      // Every one runs (each is collective: the peers run theirs too, and a
-      // split's handle learns its outcome only from it); the first error wins.
-      Status first;
-      for (auto& w : works)
-        if (Status st = w(); !st.isOk() && first.isOk()) first = std::move(st);
-      return first;
-    });
-  Status result;
-  if (!work.inits.empty()) result = runInits(work.inits);
+  Status result = runDeferredInits(work);
   if (!result.isOk()) return result;
 
   // SHOAL_CHECK_MODE=1: every communicator's part of the group is compared
@@ -232,6 +256,10 @@ Result<float> simulateEnd() {
   if (--tDepth > 0) return 0.0f;
   GroupState work = std::move(tGroup);
   tGroup = GroupState{};
+  if (!work.failure.isOk()) return discard(work);
+  // Inits are not operations: they run, as in NCCL (their handles would
+  // otherwise never finish); the operations are only estimated.
+  SHOAL_TRY(runDeferredInits(work));
   float total = 0;
   for (auto& c : work.comms)
     for (auto& op : c.ops) {

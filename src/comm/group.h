@@ -1,7 +1,8 @@
 // Group: NCCL's ncclGroupStart/ncclGroupEnd semantics: a thread-local depth,
 // only the outermost end runs anything, an end outside a group is
-// ncclInvalidUsage, and an argument error is returned at once by the call
-// inside the group, leaving the group as it was.
+// ncclInvalidUsage, and a call that fails inside the group (a bad argument,
+// a failed communicator) makes the whole group fail: the outermost end runs
+// none of it and returns that error, so no rank waits on half a group.
 //
 // Role: a thread-local builder. Inside a group, operations are recorded per
 // communicator and deferred inits are recorded; the outermost end runs the
@@ -26,20 +27,27 @@ void start();
 // Closes one level; the outermost runs everything recorded. Returns
 // kInProgress when nonblocking communicators still work in the background.
 Status end();
-// Like end() but runs nothing: discards the operations and returns the
-// tuner's time estimate in microseconds (ncclGroupSimulateEnd).
+// Like end() but runs no operation: runs the inits, discards the operations
+// and returns the tuner's time estimate in microseconds (ncclGroupSimulateEnd).
 Result<float> simulateEnd();
 
 // Records an operation inside the current group.
 void addOp(const std::shared_ptr<Communicator>& comm, OpRequest op);
+// What a deferred init does when its group fails before it ran: tell the
+// handle it made why (it was given out at the call).
+using Abandon = std::function<void(const Status& why)>;
 // Records an init to run at the outermost end.
-void addInit(std::function<Status()> init);
+void addInit(std::function<Status()> init, Abandon abandon = {});
 // Records collective set-up work over an existing communicator (`key`: its
 // splits, its window registrations) to run at the outermost end with the
 // inits: one communicator's run one after another in call order (their
 // exchanges over its bootstrap must meet the peers' in the same order),
 // different communicators' concurrently. Each runs; the first error is the
 // group's.
-void addOrderedInit(const void* key, std::function<Status()> work);
+void addOrderedInit(const void* key, std::function<Status()> work, Abandon abandon = {});
+// Records that `function`, called inside the group, failed (NCCL's group
+// error): the outermost end (or simulated end) then runs nothing, abandons
+// the inits and returns the first such error.
+void fail(const char* function, const Status& why);
 
 }  // namespace shoal::group

@@ -1414,7 +1414,11 @@ TEST_CASE("group nesting: only the outermost ncclGroupEnd runs the operations", 
   requireWorking(w);
 }
 
-TEST_CASE("an argument error inside a group leaves the group intact", "[api][group][errors]") {
+// As in NCCL, a group is all or nothing on each rank: a call that fails
+// inside it (here a bad operator, then a bad type) makes the outermost
+// ncclGroupEnd run none of the group and return that error. Running the rest
+// would leave this rank's peers, or the rank itself, waiting on half a group.
+TEST_CASE("a call that fails inside a group fails the whole group", "[api][group][errors]") {
   World w(2);
   const TypeInfo& t = typeOf(ncclFloat32);
   std::vector<Buf> send, recv;
@@ -1422,19 +1426,79 @@ TEST_CASE("an argument error inside a group leaves the group intact", "[api][gro
     send.emplace_back(t, 32);
     recv.emplace_back(t, 32);
     send[r].fill([r](size_t i) { return val(r, i); });
+    recv[r].fill([](size_t) { return -3; });
   }
   NCCL_OK(ncclGroupStart());
   NCCL_OK(ncclAllReduce(send[0].at(), recv[0].at(), 32, ncclFloat, ncclSum, w[0], nullptr));
+  NCCL_OK(ncclGroupStart());  // nested: only the outermost end decides
   NCCL_EXPECT(ncclAllReduce(send[1].at(), recv[1].at(), 32, ncclFloat,
                             static_cast<ncclRedOp_t>(ncclNumOps + 40), w[1], nullptr),
               ncclInvalidArgument);
+  NCCL_OK(ncclGroupEnd());
   NCCL_EXPECT(ncclAllReduce(send[1].at(), recv[1].at(), 32, static_cast<ncclDataType_t>(77), ncclSum,
                             w[1], nullptr),
               ncclInvalidArgument);
   NCCL_OK(ncclAllReduce(send[1].at(), recv[1].at(), 32, ncclFloat, ncclSum, w[1], nullptr));
-  NCCL_OK(ncclGroupEnd());
+  NCCL_EXPECT(ncclGroupEnd(), ncclInvalidArgument);
+  const std::string why = lastError();
+  INFO(why);
+  CHECK(why.find("the group was not run, because ncclAllReduce inside it failed") != std::string::npos);
+  CHECK(why.find("reduction operator 45 was not created") != std::string::npos);  // the first failure
+  for (int r = 0; r < 2; ++r) checkBuf(recv[r], [](size_t) { return -3; }, "a failed group runs nothing");
+  NCCL_EXPECT(ncclGroupEnd(), ncclInvalidUsage);  // the group is closed
+  // Nothing of it is left behind: one AllReduce per rank now matches, with
+  // no stray operation of the failed group merged into rank 0's.
+  grouped(2, [&](int r) { return ncclAllReduce(send[r].at(), recv[r].at(), 32, ncclFloat, ncclSum, w[r], nullptr); });
   for (int r = 0; r < 2; ++r)
-    checkBuf(recv[r], [](size_t i) { return val(0, i) + val(1, i); }, "group after an argument error");
+    checkBuf(recv[r], [](size_t i) { return val(0, i) + val(1, i); }, "the next group");
+  // A failed communicator fails the group too (NCCL's CommCheck does).
+  NCCL_OK(ncclGroupStart());
+  NCCL_OK(ncclAllReduce(send[0].at(), recv[0].at(), 32, ncclFloat, ncclSum, w[0], nullptr));
+  NCCL_EXPECT(ncclSend(send[1].at(), 32, ncclFloat, 0, nullptr, nullptr), ncclInvalidArgument);
+  NCCL_EXPECT(ncclGroupEnd(), ncclInvalidArgument);
+  CHECK(lastError().find("because ncclSend inside it failed") != std::string::npos);
+  requireWorking(w);
+}
+
+// An init recorded in a group that then fails never runs: its handle, given
+// out at the call, reports the group's error and can be destroyed. A
+// simulated end runs the inits (as NCCL does) and only estimates operations.
+TEST_CASE("inits in a failed group report its error, and a simulated end runs them", "[api][group][errors]") {
+  ncclUniqueId id = newId();
+  ncclComm_t comm = nullptr;
+  NCCL_OK(ncclGroupStart());
+  NCCL_OK(ncclCommInitRank(&comm, 1, id, 0));
+  REQUIRE(comm != nullptr);
+  float x = 1;
+  NCCL_EXPECT(ncclAllReduce(&x, &x, 1, ncclFloat, ncclSum, nullptr, nullptr), ncclInvalidArgument);
+  NCCL_EXPECT(ncclGroupEnd(), ncclInvalidArgument);
+  ncclResult_t async = ncclSuccess;
+  NCCL_OK(ncclCommGetAsyncError(comm, &async));
+  CHECK(async == ncclInvalidArgument);
+  NCCL_EXPECT(ncclAllReduce(&x, &x, 1, ncclFloat, ncclSum, comm, nullptr), ncclInvalidUsage);
+  CHECK(lastError().find("failed to initialize: the group was not run") != std::string::npos);
+  NCCL_OK(ncclCommDestroy(comm));
+
+  // A simulated end of a failed group returns its error too.
+  comm = nullptr;
+  NCCL_OK(ncclGroupStart());
+  NCCL_OK(ncclCommInitRank(&comm, 1, newId(), 0));
+  NCCL_EXPECT(ncclBroadcast(&x, &x, 1, ncclFloat, 0, nullptr, nullptr), ncclInvalidArgument);
+  ncclSimInfo_t info = NCCL_SIM_INFO_INITIALIZER;
+  NCCL_EXPECT(ncclGroupSimulateEnd(&info), ncclInvalidArgument);
+  NCCL_OK(ncclCommDestroy(comm));
+
+  comm = nullptr;
+  NCCL_OK(ncclGroupStart());
+  NCCL_OK(ncclCommInitRank(&comm, 1, newId(), 0));
+  NCCL_OK(ncclGroupSimulateEnd(&info));
+  NCCL_OK(ncclCommGetAsyncError(comm, &async));
+  CHECK(async == ncclSuccess);
+  x = 5;
+  float y = 0;
+  NCCL_OK(ncclAllReduce(&x, &y, 1, ncclFloat, ncclSum, comm, nullptr));
+  CHECK(y == 5);
+  NCCL_OK(ncclCommDestroy(comm));
 }
 
 TEST_CASE("ncclGroupSimulateEnd estimates and runs nothing", "[api][group]") {

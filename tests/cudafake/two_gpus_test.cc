@@ -172,8 +172,8 @@ TEST_CASE("one thread calls the communicators of two GPUs with another device cu
 
 // A stream of another GPU than the communicator's is a bad argument, named
 // (its kernels cannot run there), refused when the call is made, in a
-// group too (the group stays as it was, as for every argument error), so
-// nothing is left waiting: the same call on the right stream then runs.
+// group too (where it fails the whole group, as every failed call does), so
+// nothing is left waiting: the same calls on the right streams then run.
 TEST_CASE("a stream of another GPU than the communicator's is refused with ncclInvalidArgument", "[cudafake]") {
   const std::array<ncclComm_t, 2> comms = commsOnTwoGpus();
   constexpr size_t N = 1000;
@@ -195,6 +195,9 @@ TEST_CASE("a stream of another GPU than the communicator's is refused with ncclI
   NCCL_OK(ncclAllReduce(buf[0], buf[0], 0, ncclFloat, ncclSum, comms[0], streams[1]));
   NCCL_OK(ncclGroupStart());
   CHECK(ncclAllReduce(buf[1], buf[1], N, ncclFloat, ncclSum, comms[1], streams[0]) == ncclInvalidArgument);
+  NCCL_OK(ncclAllReduce(buf[0], buf[0], N, ncclFloat, ncclSum, comms[0], streams[0]));
+  CHECK(ncclGroupEnd() == ncclInvalidArgument);  // the group fails whole, rank 0's call too
+  NCCL_OK(ncclGroupStart());
   for (int r = 0; r < 2; ++r) NCCL_OK(ncclAllReduce(buf[r], buf[r], N, ncclFloat, ncclSum, comms[r], streams[r]));
   NCCL_OK(ncclGroupEnd());
   for (int r = 0; r < 2; ++r) {
