@@ -287,14 +287,10 @@ Status Communicator::copySelfPairs(std::vector<OpRequest>& ops) {
     } else {
       // On the receive's stream once the send's has reached the call; the
       // send's stream goes on once the copy is done (its buffer is read).
-      Result<cuda::EventHandle> event = cuda_->createEvent();
-      st = event.status();
-      if (st.isOk()) st = cuda_->recordEvent(event.value(), sendStream);
-      if (st.isOk()) st = cuda_->streamWaitEvent(recvStream, event.value());
+      const cuda::StreamHandle sender[1] = {sendStream}, receiver[1] = {recvStream};
+      st = joinStreams(*cuda_, sender, receiver);
       if (st.isOk()) st = cuda_->copyAsync(recv.recvbuff, send.sendbuff, bytes, recvStream);
-      if (st.isOk()) st = cuda_->recordEvent(event.value(), recvStream);
-      if (st.isOk()) st = cuda_->streamWaitEvent(sendStream, event.value());
-      if (event.isOk()) cuda_->destroyEvent(event.value());  // released once the streams have passed it
+      if (st.isOk()) st = joinStreams(*cuda_, receiver, sender);
     }
     if (!st.isOk())
       return StatusBuilder(std::move(st)) << describe() << ": Send/Recv to itself, a copy of " << bytes << " bytes";

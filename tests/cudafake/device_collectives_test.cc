@@ -550,6 +550,42 @@ TEST_CASE("a stream with only a pair to itself waits for the rest of its group",
   }
 }
 
+// A Send to oneself and its Recv on two streams are one copy on the Recv's
+// stream, ordered both ways: it reads the send buffer only after the Send's
+// stream has written it, and that stream overwrites it only after the copy.
+TEST_CASE("a Send and a Recv to oneself on two streams wait for each other's work", "[cudafake]") {
+  useDevice0();
+  // Either the Send's stream is late (the copy must wait to read), or the
+  // Recv's (the Send's stream must wait to overwrite).
+  for (const bool sendLate : {true, false})
+    for (const char* plans : {"0", "1"}) {
+      shoal::testing::ScopedEnv env{{"SHOAL_CUDA_STREAM_PLANS", plans}, {"SHOAL_PROGRESS_TIMEOUT_MS", "10000"}};
+      const size_t N = 5000;
+      Mismatches bad;
+      onThreads(2, [&](int r, ncclComm_t comm, CUstream s) {
+        DeviceFloats send(N), recv(N);  // both -1
+        std::vector<float> values(N), garbage(N, -7.0f);
+        for (size_t i = 0; i < N; ++i) values[i] = val(r, i);
+        CUstream other = nullptr;
+        cuStreamCreate(&other, CU_STREAM_NON_BLOCKING);
+        shoalFakeCudaStreamDelay(sendLate ? s : other, 400);
+        cuMemcpyHtoDAsync(send.ptr, values.data(), N * sizeof(float), s);
+        bad.expect(ncclGroupStart() == ncclSuccess, "group start");
+        bad.expect(ncclSend(send.at(), N, ncclFloat, r, comm, s) == ncclSuccess, "Send");
+        bad.expect(ncclRecv(recv.at(), N, ncclFloat, r, comm, other) == ncclSuccess, "Recv");
+        bad.expect(ncclGroupEnd() == ncclSuccess, "group end");
+        cuMemcpyHtoDAsync(send.ptr, garbage.data(), N * sizeof(float), s);  // reuses the send buffer
+        bad.expect(cuStreamSynchronize(s) == CUDA_SUCCESS && cuStreamSynchronize(other) == CUDA_SUCCESS, "streams");
+        std::vector<float> got = recv.read();
+        for (size_t i = 0; i < N; ++i) bad.expect(got[i] == values[i], "element " + std::to_string(i));
+        cuStreamDestroy(other);
+      });
+      INFO((sendLate ? "the Send's stream late" : "the Recv's stream late")
+           << ", SHOAL_CUDA_STREAM_PLANS=" << plans << ": " << bad.first);
+      CHECK(bad.count == 0);
+    }
+}
+
 // An operation of no bytes has no buffer to tell its kind by: it goes with
 // the device operations of its group (NCCL drops a zero-count collective
 // and matches zero-byte Send/Recv; PyTorch's all_to_all sends empty splits),
