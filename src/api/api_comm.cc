@@ -368,7 +368,7 @@ bool shoal::api::finalizeCalled(const Communicator* impl) {
 }
 
 SHOAL_API(ncclResult_t, ncclCommFinalize, (ncclComm_t comm)) {
-  return guard("ncclCommFinalize", [&]() -> Status {
+  return groupGuard("ncclCommFinalize", [&]() -> Status {
     if (comm == nullptr) return Status::ok();  // as NCCL: nothing to finalize
     SHOAL_ASSIGN_OR_RETURN(auto impl, api::readyComm(comm));
     if (!markFinalized(impl.get()))

@@ -108,11 +108,8 @@ SHOAL_API(ncclResult_t, ncclCommShrink,
     if (config) {
       SHOAL_ASSIGN_OR_RETURN(options, api::parseConfig(config));
     }
-    if (shrinkFlags == NCCL_SHRINK_ABORT) {
-      // Outstanding operations may wait on the excluded ranks forever: stop
-      // them first (the parent is then only good for destroy).
-      parent->abort();
-    } else if (!parent->aborted() && parent->asyncState() == Code::kInProgress) {
+    const bool abortFirst = shrinkFlags == NCCL_SHRINK_ABORT;
+    if (!abortFirst && !parent->aborted() && parent->asyncState() == Code::kInProgress) {
       return invalidUsage(parent->describe(),
                           " has operations in flight: NCCL_SHRINK_DEFAULT needs none (wait for them, or "
                           "pass NCCL_SHRINK_ABORT)");
@@ -124,8 +121,12 @@ SHOAL_API(ncclResult_t, ncclCommShrink,
     handle->cudaDev = comm->cudaDev;
     handle->shared->store = store;
     handle->shared->secret = secret;
-    auto work = [parent, store, secret, prefix, excluded, options](const std::atomic<bool>* cancel)
+    auto work = [parent, store, secret, prefix, excluded, options, abortFirst](const std::atomic<bool>* cancel)
         -> Result<std::shared_ptr<Communicator>> {
+      // Outstanding operations may wait on the excluded ranks forever: stop
+      // them first (the parent is then only good for destroy). Here, not at
+      // the call: a shrink in a group that fails does not run at all.
+      if (abortFirst) parent->abort();
       Deadline deadline = Deadline::afterMs(params().initTimeoutMs).cancelledBy(cancel);
       Result<SurvivorAgreement> agreement =
           agreeOnSurvivors(*store, prefix, parent->rank(), parent->nranks(), excluded, deadline);
@@ -169,93 +170,103 @@ SHOAL_API(ncclResult_t, ncclCommGetUniqueId, (ncclComm_t comm, ncclUniqueId* uni
   });
 }
 
+namespace {
+// ncclCommGrow past the checks NCCL makes before joining a group.
+Status grow(ncclComm_t comm, int nRanks, const ncclUniqueId* uniqueId, int rank, ncclComm_t* newcomm,
+            ncclConfig_t* config) {
+  if (comm == nullptr) {
+    // A new rank: the id from the coordinator's ncclCommGetUniqueId and a
+    // rank number after the existing ones.
+    if (uniqueId == nullptr)
+      return invalidArgument("a new rank (comm NULL) must pass the unique id from ncclCommGetUniqueId");
+    if (rank < 0 || rank >= nRanks)
+      return invalidArgument("rank ", rank, " is out of range for nRanks ", nRanks);
+    SHOAL_ASSIGN_OR_RETURN(CommOptions options, api::parseConfig(config));
+    SHOAL_ASSIGN_OR_RETURN(UniqueIdContents id, decodeUniqueId(uniqueId->internal),
+                           "ncclUniqueId was not made by ncclCommGetUniqueId");
+    ncclComm_t handle = api::newHandle();
+    auto work = [id, nRanks, rank, options, shared = handle->shared](const std::atomic<bool>* cancel)
+        -> Result<std::shared_ptr<Communicator>> {
+      Deadline deadline = Deadline::afterMs(params().initTimeoutMs).cancelledBy(cancel);
+      // The coordinator says how many ranks exist: a new rank must not
+      // claim one of their numbers.
+      SHOAL_ASSIGN_OR_RETURN(auto store, connectStore(id, deadline),
+                             "new rank ", rank, ": connecting to the grow root ", id.address);
+      SHOAL_ASSIGN_OR_RETURN(auto base, store->get({api::scopeForId(id) + "/grow-base"}, deadline),
+                             "new rank ", rank, ": waiting for the coordinator's ncclCommGrow");
+      const int existing = std::atoi(base[0].c_str());
+      if (rank < existing)
+        return invalidArgument("new rank ", rank, " is the number of an existing rank: new ranks take ",
+                               existing, "..", nRanks - 1);
+      return api::initFromId(id, nRanks, rank, options, cancel, *shared, std::move(store));
+    };
+    return api::launchInit(newcomm, handle, options.blocking, std::move(work));
+  }
+  SHOAL_ASSIGN_OR_RETURN(auto parent, api::readyComm(comm));
+  if (rank != -1)
+    return invalidArgument("rank ", rank, ": existing ranks pass -1 (they keep their numbers)");
+  if (nRanks <= parent->nranks())
+    return invalidArgument("nRanks ", nRanks, " must exceed the communicator's ", parent->nranks(), " ranks");
+  SHOAL_TRY(needStore(comm, *parent, "ncclCommGrow"));
+  CommOptions options = parent->options();
+  if (config) {
+    SHOAL_ASSIGN_OR_RETURN(options, api::parseConfig(config));
+  }
+  std::optional<UniqueIdContents> coordinatorId;
+  if (uniqueId != nullptr) {
+    SHOAL_ASSIGN_OR_RETURN(coordinatorId, decodeUniqueId(uniqueId->internal),
+                           "ncclUniqueId was not made by ncclCommGetUniqueId");
+  }
+  const std::string key = elasticPrefix(*parent, "grow", comm->shared->grows++) + "/id";
+  auto parentStore = comm->shared->store;
+  ncclComm_t handle = api::newHandle();
+  handle->cudaDev = comm->cudaDev;
+  auto work = [parent, parentStore, key, coordinatorId, nRanks, options, shared = handle->shared](
+                  const std::atomic<bool>* cancel) -> Result<std::shared_ptr<Communicator>> {
+    Deadline deadline = Deadline::afterMs(params().initTimeoutMs).cancelledBy(cancel);
+    UniqueIdContents id;
+    std::shared_ptr<Store> growStore;  // held from the first contact to the init
+    if (coordinatorId) {
+      // The coordinator: tell the existing ranks (through the parent's
+      // store) and the new ones (through the new one) what they need.
+      id = *coordinatorId;
+      char raw[UniqueIdContents::kBytes];
+      encodeUniqueId(id, raw);
+      SHOAL_TRY(parentStore->set(key, std::string_view(raw, sizeof(raw)), deadline))
+          << parent->describe() << ": publishing the grow id";
+      SHOAL_ASSIGN_OR_RETURN(growStore, connectStore(id, deadline), parent->describe(),
+                             ": connecting to the grow root ", id.address);
+      SHOAL_TRY(growStore->set(api::scopeForId(id) + "/grow-base", std::to_string(parent->nranks()), deadline))
+          << parent->describe() << ": publishing the number of existing ranks";
+    } else {
+      SHOAL_ASSIGN_OR_RETURN(auto raw, parentStore->get({key}, deadline), parent->describe(),
+                             ": waiting for the coordinator's ncclCommGrow (the rank that passes the id)");
+      if (raw[0].size() != UniqueIdContents::kBytes)
+        return internalError(parent->describe(), ": malformed grow id in the store");
+      SHOAL_ASSIGN_OR_RETURN(id, decodeUniqueId(raw[0].data()), parent->describe(), ": grow id");
+    }
+    auto child = api::initFromId(id, nRanks, parent->rank(), options, cancel, *shared, std::move(growStore));
+    if (child.isOk()) {
+      SHOAL_INFO(subsys::kInit, parent->describe(), ": grown to ", child.value()->describe());
+      if (coordinatorId) (void)parentStore->erase({key}, Deadline::afterMs(Bootstrap::kLeaveMs));
+    }
+    return child;
+  };
+  return api::launchInit(newcomm, handle, options.blocking && parent->options().blocking, std::move(work),
+                         nullptr, parent->cudaContext());
+}
+}  // namespace
+
 SHOAL_API(ncclResult_t, ncclCommGrow,
           (ncclComm_t comm, int nRanks, const ncclUniqueId* uniqueId, int rank,
            ncclComm_t* newcomm, ncclConfig_t* config)) {
-  return groupGuard("ncclCommGrow", [&]() -> Status {
+  return guard("ncclCommGrow", [&]() -> Status {
     api::logVersionOnce();
+    // As NCCL, these before the call joins a group (they do not fail it).
     if (newcomm == nullptr) return invalidArgument("newcomm is NULL");
     *newcomm = nullptr;
     if (nRanks <= 0) return invalidArgument("nRanks ", nRanks, " must be > 0");
-    if (comm == nullptr) {
-      // A new rank: the id from the coordinator's ncclCommGetUniqueId and a
-      // rank number after the existing ones.
-      if (uniqueId == nullptr)
-        return invalidArgument("a new rank (comm NULL) must pass the unique id from ncclCommGetUniqueId");
-      if (rank < 0 || rank >= nRanks)
-        return invalidArgument("rank ", rank, " is out of range for nRanks ", nRanks);
-      SHOAL_ASSIGN_OR_RETURN(CommOptions options, api::parseConfig(config));
-      SHOAL_ASSIGN_OR_RETURN(UniqueIdContents id, decodeUniqueId(uniqueId->internal),
-                             "ncclUniqueId was not made by ncclCommGetUniqueId");
-      ncclComm_t handle = api::newHandle();
-      auto work = [id, nRanks, rank, options, shared = handle->shared](const std::atomic<bool>* cancel)
-          -> Result<std::shared_ptr<Communicator>> {
-        Deadline deadline = Deadline::afterMs(params().initTimeoutMs).cancelledBy(cancel);
-        // The coordinator says how many ranks exist: a new rank must not
-        // claim one of their numbers.
-        SHOAL_ASSIGN_OR_RETURN(auto store, connectStore(id, deadline),
-                               "new rank ", rank, ": connecting to the grow root ", id.address);
-        SHOAL_ASSIGN_OR_RETURN(auto base, store->get({api::scopeForId(id) + "/grow-base"}, deadline),
-                               "new rank ", rank, ": waiting for the coordinator's ncclCommGrow");
-        const int existing = std::atoi(base[0].c_str());
-        if (rank < existing)
-          return invalidArgument("new rank ", rank, " is the number of an existing rank: new ranks take ",
-                                 existing, "..", nRanks - 1);
-        return api::initFromId(id, nRanks, rank, options, cancel, *shared, std::move(store));
-      };
-      return api::launchInit(newcomm, handle, options.blocking, std::move(work));
-    }
-    SHOAL_ASSIGN_OR_RETURN(auto parent, api::readyComm(comm));
-    if (rank != -1)
-      return invalidArgument("rank ", rank, ": existing ranks pass -1 (they keep their numbers)");
-    if (nRanks <= parent->nranks())
-      return invalidArgument("nRanks ", nRanks, " must exceed the communicator's ", parent->nranks(), " ranks");
-    SHOAL_TRY(needStore(comm, *parent, "ncclCommGrow"));
-    CommOptions options = parent->options();
-    if (config) {
-      SHOAL_ASSIGN_OR_RETURN(options, api::parseConfig(config));
-    }
-    std::optional<UniqueIdContents> coordinatorId;
-    if (uniqueId != nullptr) {
-      SHOAL_ASSIGN_OR_RETURN(coordinatorId, decodeUniqueId(uniqueId->internal),
-                             "ncclUniqueId was not made by ncclCommGetUniqueId");
-    }
-    const std::string key = elasticPrefix(*parent, "grow", comm->shared->grows++) + "/id";
-    auto parentStore = comm->shared->store;
-    ncclComm_t handle = api::newHandle();
-    handle->cudaDev = comm->cudaDev;
-    auto work = [parent, parentStore, key, coordinatorId, nRanks, options, shared = handle->shared](
-                    const std::atomic<bool>* cancel) -> Result<std::shared_ptr<Communicator>> {
-      Deadline deadline = Deadline::afterMs(params().initTimeoutMs).cancelledBy(cancel);
-      UniqueIdContents id;
-      std::shared_ptr<Store> growStore;  // held from the first contact to the init
-      if (coordinatorId) {
-        // The coordinator: tell the existing ranks (through the parent's
-        // store) and the new ones (through the new one) what they need.
-        id = *coordinatorId;
-        char raw[UniqueIdContents::kBytes];
-        encodeUniqueId(id, raw);
-        SHOAL_TRY(parentStore->set(key, std::string_view(raw, sizeof(raw)), deadline))
-            << parent->describe() << ": publishing the grow id";
-        SHOAL_ASSIGN_OR_RETURN(growStore, connectStore(id, deadline), parent->describe(),
-                               ": connecting to the grow root ", id.address);
-        SHOAL_TRY(growStore->set(api::scopeForId(id) + "/grow-base", std::to_string(parent->nranks()), deadline))
-            << parent->describe() << ": publishing the number of existing ranks";
-      } else {
-        SHOAL_ASSIGN_OR_RETURN(auto raw, parentStore->get({key}, deadline), parent->describe(),
-                               ": waiting for the coordinator's ncclCommGrow (the rank that passes the id)");
-        if (raw[0].size() != UniqueIdContents::kBytes)
-          return internalError(parent->describe(), ": malformed grow id in the store");
-        SHOAL_ASSIGN_OR_RETURN(id, decodeUniqueId(raw[0].data()), parent->describe(), ": grow id");
-      }
-      auto child = api::initFromId(id, nRanks, parent->rank(), options, cancel, *shared, std::move(growStore));
-      if (child.isOk()) {
-        SHOAL_INFO(subsys::kInit, parent->describe(), ": grown to ", child.value()->describe());
-        if (coordinatorId) (void)parentStore->erase({key}, Deadline::afterMs(Bootstrap::kLeaveMs));
-      }
-      return child;
-    };
-    return api::launchInit(newcomm, handle, options.blocking && parent->options().blocking, std::move(work),
-                           nullptr, parent->cudaContext());
+    return api::failsGroup("ncclCommGrow", [&] { return grow(comm, nRanks, uniqueId, rank, newcomm, config); });
   });
 }
+

@@ -104,13 +104,23 @@ ncclResult_t guard(const char* function, Body&& body) noexcept {
 // guard for the calls NCCL records in an open group (collectives,
 // point-to-point, inits, splits, window registrations): one that fails there
 // also fails the group, whose outermost ncclGroupEnd then runs none of it.
+// failsGroup runs such a call's body inside guard, for a call that checks
+// some arguments before (NCCL returns those errors before joining a group).
+template <typename Body>
+Status failsGroup(const char* function, Body&& body) {
+  Status st;
+  try {
+    st = body();
+  } catch (...) {
+    if (group::active()) group::fail(function, internalError("an unexpected exception"));
+    throw;  // guard's firewall reports it
+  }
+  if (!st.isOk() && st.code() != Code::kInProgress && group::active()) group::fail(function, st);
+  return st;
+}
 template <typename Body>
 ncclResult_t groupGuard(const char* function, Body&& body) noexcept {
-  return guard(function, [&]() -> Status {
-    Status st = body();
-    if (!st.isOk() && st.code() != Code::kInProgress && group::active()) group::fail(function, st);
-    return st;
-  });
+  return guard(function, [&]() -> Status { return failsGroup(function, body); });
 }
 
 // The communicator behind a handle, ready for use, or an error that says why

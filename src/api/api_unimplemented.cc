@@ -4,11 +4,13 @@
 #include "api/api_guard.h"
 
 using namespace shoal;
-using shoal::api::guard;
+using shoal::api::groupGuard;
 
 namespace {
+// Through groupGuard: the one-sided calls go into a group in NCCL, and one
+// refused there must not leave the rest of its group running.
 ncclResult_t notImplemented(const char* function, const char* what) {
-  return guard(function, [&] {
+  return groupGuard(function, [&] {
     return Status(Code::kUnsupported, str("not implemented in Shoal ", SHOAL_VERSION_STRING, ": ",
                                           what));
   });

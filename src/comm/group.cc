@@ -21,7 +21,7 @@ struct GroupState {
   std::vector<std::function<Status()>> inits;
   std::vector<std::pair<const void*, std::vector<std::function<Status()>>>> ordered;  // by key, in order of first use
   std::vector<Abandon> abandons;  // of the inits and ordered works that have one
-  Status failure;                 // the first call that failed inside the group
+  Status failure;                 // the calls that failed inside the group
 };
 
 thread_local GroupState tGroup;
@@ -182,9 +182,12 @@ void addOrderedInit(const void* key, std::function<Status()> work, Abandon aband
 }
 
 void fail(const char* function, const Status& why) {
-  if (!tGroup.failure.isOk()) return;
-  tGroup.failure = error(why.code(), "the group was not run, because ", function, " inside it failed: ",
-                         why.message());
+  // NCCL's group error is the last failure's code; every failure is said,
+  // in call order (the first is often the cause of the rest).
+  const std::string said = tGroup.failure.isOk()
+                               ? str("the group was not run, because ", function, " inside it failed: ", why.message())
+                               : str(tGroup.failure.message(), "; then ", function, " failed: ", why.message());
+  tGroup.failure = Status(why.code(), said);
 }
 
 Status end() {

@@ -47,7 +47,7 @@ void addInit(std::function<Status()> init, Abandon abandon = {});
 void addOrderedInit(const void* key, std::function<Status()> work, Abandon abandon = {});
 // Records that `function`, called inside the group, failed (NCCL's group
 // error): the outermost end (or simulated end) then runs nothing, abandons
-// the inits and returns the first such error.
+// the inits and returns the last such error's code (as NCCL), naming them all.
 void fail(const char* function, const Status& why);
 
 }  // namespace shoal::group

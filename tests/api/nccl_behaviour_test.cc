@@ -1451,12 +1451,35 @@ TEST_CASE("a call that fails inside a group fails the whole group", "[api][group
   grouped(2, [&](int r) { return ncclAllReduce(send[r].at(), recv[r].at(), 32, ncclFloat, ncclSum, w[r], nullptr); });
   for (int r = 0; r < 2; ++r)
     checkBuf(recv[r], [](size_t i) { return val(0, i) + val(1, i); }, "the next group");
-  // A failed communicator fails the group too (NCCL's CommCheck does).
+  // A NULL communicator fails the group too (NCCL's CommCheck does), and so
+  // does a revoked one; the group's error is the last failure's code, as in
+  // NCCL, and every failure is named.
+  ncclComm_t revoked = nullptr;
+  NCCL_OK(ncclCommInitRank(&revoked, 1, newId(), 0));
+  NCCL_OK(ncclCommRevoke(revoked, NCCL_REVOKE_DEFAULT));
   NCCL_OK(ncclGroupStart());
   NCCL_OK(ncclAllReduce(send[0].at(), recv[0].at(), 32, ncclFloat, ncclSum, w[0], nullptr));
   NCCL_EXPECT(ncclSend(send[1].at(), 32, ncclFloat, 0, nullptr, nullptr), ncclInvalidArgument);
-  NCCL_EXPECT(ncclGroupEnd(), ncclInvalidArgument);
-  CHECK(lastError().find("because ncclSend inside it failed") != std::string::npos);
+  NCCL_EXPECT(ncclAllReduce(send[1].at(), recv[1].at(), 32, ncclFloat, ncclSum, revoked, nullptr), ncclInvalidUsage);
+  NCCL_EXPECT(ncclGroupEnd(), ncclInvalidUsage);
+  const std::string both = lastError();
+  INFO(both);
+  CHECK(both.find("because ncclSend inside it failed") != std::string::npos);
+  CHECK(both.find("; then ncclAllReduce failed") != std::string::npos);
+  NCCL_OK(ncclCommDestroy(revoked));
+  // A shrink that aborts its parent, in a group that fails, never ran: the
+  // parent is not aborted.
+  NCCL_OK(ncclGroupStart());
+  int excluded = 1;
+  ncclComm_t shrunk = nullptr;
+  NCCL_OK(ncclCommShrink(w[0], &excluded, 1, &shrunk, nullptr, NCCL_SHRINK_ABORT));
+  NCCL_EXPECT(ncclSignal(1, 0, 0, 0, w[0], nullptr), ncclInvalidUsage);  // not implemented: fails the group
+  NCCL_EXPECT(ncclGroupEnd(), ncclInvalidUsage);
+  CHECK(lastError().find("because ncclSignal inside it failed") != std::string::npos);
+  ncclResult_t async = ncclSuccess;
+  NCCL_OK(ncclCommGetAsyncError(shrunk, &async));
+  CHECK(async == ncclInvalidUsage);
+  NCCL_OK(ncclCommDestroy(shrunk));
   requireWorking(w);
 }
 
@@ -1486,6 +1509,8 @@ TEST_CASE("inits in a failed group report its error, and a simulated end runs th
   NCCL_EXPECT(ncclBroadcast(&x, &x, 1, ncclFloat, 0, nullptr, nullptr), ncclInvalidArgument);
   ncclSimInfo_t info = NCCL_SIM_INFO_INITIALIZER;
   NCCL_EXPECT(ncclGroupSimulateEnd(&info), ncclInvalidArgument);
+  NCCL_OK(ncclCommGetAsyncError(comm, &async));
+  CHECK(async == ncclInvalidArgument);
   NCCL_OK(ncclCommDestroy(comm));
 
   comm = nullptr;

@@ -197,6 +197,16 @@ TEST_CASE("a stream of another GPU than the communicator's is refused with ncclI
   CHECK(ncclAllReduce(buf[1], buf[1], N, ncclFloat, ncclSum, comms[1], streams[0]) == ncclInvalidArgument);
   NCCL_OK(ncclAllReduce(buf[0], buf[0], N, ncclFloat, ncclSum, comms[0], streams[0]));
   CHECK(ncclGroupEnd() == ncclInvalidArgument);  // the group fails whole, rank 0's call too
+  {
+    useDevice(0);
+    REQUIRE(cuStreamSynchronize(streams[0]) == CUDA_SUCCESS);
+    std::vector<float> got(N);
+    REQUIRE(cuMemcpyDtoH(got.data(), reinterpret_cast<CUdeviceptr>(buf[0]), N * sizeof(float)) == CUDA_SUCCESS);
+    size_t moved = 0;
+    for (size_t i = 0; i < N; ++i)
+      if (got[i] != valueOf(0, i)) ++moved;
+    CHECK(moved == 0);
+  }
   NCCL_OK(ncclGroupStart());
   for (int r = 0; r < 2; ++r) NCCL_OK(ncclAllReduce(buf[r], buf[r], N, ncclFloat, ncclSum, comms[r], streams[r]));
   NCCL_OK(ncclGroupEnd());
