@@ -7,6 +7,7 @@
 
 #include "core/log.h"
 #include "core/params.h"
+#include "memory/known_ranges.h"
 #include "transports/cuda_ipc/cuda_ipc_transport.h"
 #include "transports/loopback/loopback_transport.h"
 #include "transports/ofi/ofi_transport.h"
@@ -55,7 +56,10 @@ void forgetRank(uint64_t commId, int rank) {
   for (Transport* t : allTransports()) t->forgetRank(commId, rank);
 }
 
+void rememberMemory(const void* base, size_t bytes) { memory::rememberRange(base, bytes); }
+
 void forgetMemory(void* base, size_t bytes) {
+  memory::forgetRange(base, bytes);
   for (Transport* t : allTransports()) t->forgetMemory(base, bytes);
 }
 

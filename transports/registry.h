@@ -25,8 +25,14 @@ const std::vector<Transport*>& allTransports();
 Transport* findTransport(std::string_view name);
 // The transport a rank uses for its own messages (in-process, whatever is forced).
 Transport* transportToSelf();
+// [base, base + bytes) keeps its pages until forgetMemory names it
+// (memory/known_ranges.h): transports may keep registrations of it. Called
+// for ncclMemAlloc and ncclCommRegister buffers and Shoal's own staging and
+// scratch; every other buffer's registrations last one operation. Thread-safe.
+void rememberMemory(const void* base, size_t bytes);
 // Tells every transport that [base, base + bytes) is being freed or
-// deregistered (Transport::forgetMemory). Thread-safe.
+// deregistered (Transport::forgetMemory), and ends what rememberMemory said
+// of that range. Thread-safe.
 void forgetMemory(void* base, size_t bytes);
 // Tells every transport that a communicator's rank in this process is gone
 // (Transport::forgetRank). Thread-safe.

@@ -106,10 +106,12 @@ SHOAL_API(ncclResult_t, ncclMemAlloc, (void** ptr, size_t size)) {
       if (device) {
         SHOAL_ASSIGN_OR_RETURN(*ptr, driver->deviceAlloc(size), "ncclMemAlloc of ", size,
                                " bytes on CUDA device ", device->ordinal);
+        rememberMemory(*ptr, size);  // ncclMemFree says when it ends
         return Status::ok();
       }
     }
     SHOAL_ASSIGN_OR_RETURN(*ptr, memory::allocateShared(size), "ncclMemAlloc of ", size, " bytes");
+    rememberMemory(*ptr, size);
     return Status::ok();
   });
 }
@@ -120,6 +122,7 @@ SHOAL_API(ncclResult_t, ncclMemFree, (void* ptr)) {
     if (cuda::Driver* driver = cuda::Driver::inUse()) {
       if (auto allocation = driver->deviceAllocationOf(ptr, 1); allocation && allocation->base == ptr) {
         Windows::retireMemory(ptr, allocation->bytes);  // its address may come back in another allocation
+        forgetMemory(ptr, allocation->bytes);
         if (driver->deviceFree(ptr)) return Status::ok();
       }
     }
@@ -142,6 +145,7 @@ SHOAL_API(ncclResult_t, ncclCommRegister,
     auto* reg = new Registration{Registration::kMagic, comm, buff, size};
     std::lock_guard<std::mutex> lock(gRegMutex);
     gRegistrations.insert(reg);
+    rememberMemory(buff, size);  // until ncclCommDeregister: transports may keep registrations of it
     *handle = reg;
     return Status::ok();
   });

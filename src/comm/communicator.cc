@@ -60,6 +60,7 @@ Communicator::~Communicator() {
   Engine::instance().retire(reinterpret_cast<uintptr_t>(this),
                             error(Code::kAborted, "communicator destroyed"));
   forgetRank(commId_, rank_);  // what peers sent for connections it never made
+  if (!scratch_.empty()) forgetMemory(scratch_.data(), scratch_.size());  // freed with this
   // What a stream may still use goes once the streams have passed it: the
   // stream plans' lanes (retire released their links), the connections
   // (their rings; cuda_ipc waits for its copies), then what their copies may

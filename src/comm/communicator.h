@@ -323,6 +323,10 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
                           bool windowOneShot = false);
   // Makes deviceSteps_ the first time (false where it cannot, said at INFO).
   bool ensureDeviceSteps();
+  // Grows scratch_ to `bytes`, telling the transports that the old arena
+  // ends and the new one lasts (transports/registry.h: registrations of it
+  // may be kept).
+  void growScratch(uint64_t bytes);
   // Before the connections go (destroy, failure): waits (bounded) for the
   // streams to pass every stream plan, whose jobs were retired first.
   // Waits up to waitMs for the streams to pass the stream plans (false: a
@@ -385,7 +389,7 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
   std::unique_ptr<PlanCache> plans_;  // made at init, once the ranks agreed
   ConnectionTable connections_;       // after peers_ and abortFlag_, which it reads
   std::shared_ptr<const std::string> label_;  // describe(), once peers are known
-  std::vector<uint8_t> scratch_;        // waited jobs run one at a time: one arena
+  std::vector<uint8_t> scratch_;        // waited jobs run one at a time: one arena (growScratch)
 
   std::atomic<uint64_t> collSeq_{0};
   // Splits of this communicator so far: names each child's scope. Counted

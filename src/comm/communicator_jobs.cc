@@ -13,6 +13,7 @@
 #include "comm/group.h"
 #include "comm/stream_bridge.h"
 #include "comm/stream_plan.h"
+#include "transports/registry.h"
 #include "comm/window.h"
 #include "comm/window_board.h"
 #include "core/clock.h"
@@ -753,6 +754,13 @@ Status Communicator::handleFailure(const Job& job, Status st) {
 
 std::string Communicator::failureKey(int rank) const { return bootstrap_->failureKey(rank); }
 
+void Communicator::growScratch(uint64_t bytes) {
+  if (!scratch_.empty()) forgetMemory(scratch_.data(), scratch_.size());
+  std::vector<uint8_t>().swap(scratch_);  // no copy of what it held
+  scratch_.resize(bytes);
+  rememberMemory(scratch_.data(), scratch_.size());
+}
+
 Result<JobPtr> Communicator::enqueue(std::span<const OpRequest> ops, bool detached) {
   UseGuard use(*this);
   auto job = std::make_shared<Job>();
@@ -826,7 +834,7 @@ Result<bool> Communicator::prepareJob(Job& job, std::span<const OpRequest> ops, 
     SHOAL_ASSIGN_OR_RETURN(scratch, steps.scratch(plan.scratchBytes), describe());
   } else if (plan.scratchBytes > 0) {
     if (wait) {
-      if (scratch_.size() < plan.scratchBytes) scratch_.resize(plan.scratchBytes);
+      if (scratch_.size() < plan.scratchBytes) growScratch(plan.scratchBytes);
       scratch = scratch_.data();
     } else {
       job.ownedScratch.resize(plan.scratchBytes);  // lives as long as the job

@@ -71,6 +71,7 @@ Result<uint8_t*> DevicePlanSteps::scratch(uint64_t bytes) {
   if (scratch_) retired_.emplace_back(scratch_, scratchBytes_);
   scratch_ = static_cast<uint8_t*>(fresh);
   scratchBytes_ = bytes;
+  rememberMemory(scratch_, bytes);  // freeScratch says when it ends
   return scratch_;
 }
 

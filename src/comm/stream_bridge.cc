@@ -8,6 +8,7 @@
 #include "core/clock.h"
 #include "core/log.h"
 #include "core/params.h"
+#include "transports/registry.h"
 
 namespace shoal {
 namespace {
@@ -38,8 +39,16 @@ StreamBridge::~StreamBridge() {
                "pinned staging is left allocated");
     return;
   }
-  for (const auto& slot : slots_) driver_.hostFree(slot->staging);
+  for (const auto& slot : slots_) freeStaging(*slot);
   for (uint64_t* page : doorbellPages_) driver_.hostFree(page);
+}
+
+void StreamBridge::freeStaging(Slot& slot) {
+  if (slot.staging == nullptr) return;
+  forgetMemory(slot.staging, slot.stagingBytes);  // a transport may hold a registration of it
+  driver_.hostFree(slot.staging);
+  slot.staging = nullptr;
+  slot.stagingBytes = 0;
 }
 
 bool StreamBridge::passed() const {
@@ -101,10 +110,8 @@ void StreamBridge::reclaim() {
       if (!slot->busy && slot->stagingBytes > 0 && (!largest || slot->stagingBytes > largest->stagingBytes))
         largest = slot.get();
     if (!largest) break;
-    driver_.hostFree(largest->staging);
     kept -= largest->stagingBytes;
-    largest->staging = nullptr;
-    largest->stagingBytes = 0;
+    freeStaging(*largest);
   }
 }
 
@@ -171,13 +178,12 @@ Result<size_t> StreamBridge::takeSlot(uint64_t stagingBytes) {
   }
   Slot& slot = *slots_[best];
   if (slot.stagingBytes < stagingBytes) {
-    driver_.hostFree(slot.staging);
-    slot.staging = nullptr;
-    slot.stagingBytes = 0;
+    freeStaging(slot);
     SHOAL_ASSIGN_OR_RETURN(void* staging, driver_.hostAlloc(stagingBytes),
                            "CUDA: ", stagingBytes, " bytes of pinned staging");
     slot.staging = static_cast<uint8_t*>(staging);
     slot.stagingBytes = stagingBytes;
+    rememberMemory(staging, stagingBytes);  // freeStaging says when it ends
   }
   return best;
 }

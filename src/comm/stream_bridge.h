@@ -123,6 +123,8 @@ class StreamBridge {
   static constexpr int64_t kThrottleMs = 2000;
   bool overBoundLogged_ = false;
   Result<size_t> takeSlot(uint64_t stagingBytes);
+  // Frees a slot's staging, telling the transports first (transports/registry.h).
+  void freeStaging(Slot& slot);
   void reclaim();
   Status newDoorbellPage();
   // Copies every op's inputs into (or outputs out of) its staging; async on

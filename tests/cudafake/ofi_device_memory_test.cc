@@ -90,10 +90,12 @@ TEST_CASE("over ofi device buffers are staged - logged with the reason - the cap
   close(fd);
   shoal::testing::MpConfig cfg;
   cfg.nranks = 2;
+  // Every buffer registered, as providers with FI_MR_LOCAL (EFA, verbs) need.
   cfg.env = {{"SHOAL_TRANSPORT", "ofi"},     {"FI_PROVIDER", "tcp;ofi_rxm"},
              {"FI_TCP_IFACE", "lo"},         {"NCCL_SOCKET_IFNAME", "lo"},
              {"NCCL_DEBUG", "INFO"},         {"NCCL_DEBUG_SUBSYS", "INIT,NET"},
-             {"NCCL_DEBUG_FILE", std::string(logPath) + ".%p"}};
+             {"NCCL_DEBUG_FILE", std::string(logPath) + ".%p"},
+             {"SHOAL_OFI_ALWAYS_REGISTER", "1"}};
   // As an application does: the device's context current before init.
   auto result = shoal::testing::forkedDeviceRanks(cfg, [&](shoal::testing::MpChild& child, ncclComm_t comm,
                                                            CUstream s) -> int {
@@ -101,6 +103,7 @@ TEST_CASE("over ofi device buffers are staged - logged with the reason - the cap
     if (ofi == nullptr) return 15;
     child.log(std::string("movesDeviceMemory ") + (ofi->movesDeviceMemory() ? "true" : "false"));
     const int me = child.rank(), n = child.nranks();
+    const shoal::ofi::RegistrationStats before = shoal::ofi::registrationStats();
     int bad = 0;
     // Small and above the striping threshold (256 KiB), in place and not.
     for (size_t count : {size_t{1000}, size_t{300000}}) {
@@ -127,8 +130,19 @@ TEST_CASE("over ofi device buffers are staged - logged with the reason - the cap
     }
     if (bad) child.log("wrong elements: " + std::to_string(bad));
     cuStreamSynchronize(s);
+    const shoal::ofi::RegistrationStats used = shoal::ofi::registrationStats();
     ncclCommDestroy(comm);
     cuStreamDestroy(s);
+    // The staging grew (a larger slot replaced a smaller one) and went with
+    // the communicator: no registration of it may outlive it (the memory
+    // behind a kept one could come back at its address), while it lived its
+    // registrations were reused.
+    const shoal::ofi::RegistrationStats after = shoal::ofi::registrationStats();
+    child.log("registrations " + std::to_string(used.registrations - before.registrations) + ", reused " +
+              std::to_string(used.hits - before.hits) + ", per operation " + std::to_string(used.perOperation - before.perOperation) + ", open after destroy " + std::to_string(after.live) +
+              " (before " + std::to_string(before.live) + ")");
+    if (used.hits == before.hits) return 24;
+    if (after.live > before.live) return 25;
     return bad == 0 ? 0 : 1;
   });
   INFO(result.report());

@@ -22,6 +22,7 @@
 
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -35,6 +36,7 @@
 #include "transports/ofi/ofi_fabric.h"
 #include "transports/ofi/ofi_sockets.h"
 #include "transports/ofi/ofi_transport.h"
+#include "transports/registry.h"
 
 namespace shoal {
 namespace {
@@ -146,6 +148,16 @@ void exchange(Connection& a, Connection& b, uint64_t bytes, uint64_t seq, std::v
   REQUIRE(s.isOk());
   const std::vector<uint8_t>& sent = keep ? *keep : out;
   REQUIRE(std::equal(in.begin(), in.end(), sent.begin()));
+}
+
+// One message from `out` into `in` (any memory).
+void exchangeRaw(Connection& a, Connection& b, const void* out, void* in, uint64_t bytes, uint64_t seq) {
+  uint64_t tag = encodeTag(CollKind::kSend, DataType::kUint8, bytes, 0, -1, seq);
+  REQUIRE(a.postSend(out, bytes, tag, 1).isOk());
+  REQUIRE(b.postRecv(in, bytes, tag, 2).isOk());
+  Status s = pumpBoth(a, b);
+  INFO(s.toString());
+  REQUIRE(s.isOk());
 }
 
 void conformance(const std::string& provider, const std::string& label, uint64_t largeBytes = 64ull << 20) {
@@ -1061,6 +1073,7 @@ TEST_CASE("ofi registration cache: reuse then invalidation then re-registration"
   ConnPair pair = makePair(*w.rank0, *w.rank1, 0);
   std::vector<uint8_t> buffer(1 << 20);
   for (size_t i = 0; i < buffer.size(); ++i) buffer[i] = static_cast<uint8_t>(i * 13);
+  rememberMemory(buffer.data(), buffer.size());  // as ncclCommRegister does: cached until forgotten
   ofi::RegistrationStats s0 = ofi::registrationStats();
   exchange(*pair.first, *pair.second, buffer.size(), 1, &buffer);
   ofi::RegistrationStats s1 = ofi::registrationStats();
@@ -1075,6 +1088,44 @@ TEST_CASE("ofi registration cache: reuse then invalidation then re-registration"
   REQUIRE(s3.live < s2.live);
   exchange(*pair.first, *pair.second, buffer.size(), 4, &buffer);
   REQUIRE(ofi::registrationStats().registrations > s3.registrations);  // registered afresh
+  forgetMemory(buffer.data(), buffer.size());
+}
+
+// A buffer Shoal is not told the end of (plain malloc, a framework's
+// allocator) may be freed and a new one mapped at its address at any time:
+// a cached registration would still pin the old pages, and a provider that
+// needs registrations (EFA, verbs) would move the old memory. Such buffers
+// are registered for one operation; the provider's own cache, which watches
+// frees, makes that cheap.
+TEST_CASE("ofi registration cache: memory Shoal is not told the end of is registered per operation", "[ofi]") {
+  ScopedEnv env{{"SHOAL_OFI_ALWAYS_REGISTER", "1"}, {"SHOAL_OFI_INJECT_BYTES", "0"}};
+  OfiWorld w(kShm);
+  ConnPair pair = makePair(*w.rank0, *w.rank1, 0);
+  const size_t bytes = 1 << 20;
+  // Mapped, unmapped, then mapped again at the same address with other
+  // contents: what malloc does with a large buffer freed and asked for again.
+  void* first = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  REQUIRE(first != MAP_FAILED);
+  std::memset(first, 0x5a, bytes);
+  ofi::RegistrationStats s0 = ofi::registrationStats();
+  std::vector<uint8_t> in(bytes);
+  exchangeRaw(*pair.first, *pair.second, first, in.data(), bytes, 1);
+  ofi::RegistrationStats s1 = ofi::registrationStats();
+  CHECK(s1.registrations > s0.registrations);
+  CHECK(s1.perOperation - s0.perOperation == s1.registrations - s0.registrations);
+  CHECK(s1.live == s0.live);  // closed when the operations ended
+  CHECK(s1.hits == s0.hits);
+  REQUIRE(::munmap(first, bytes) == 0);
+  void* again = ::mmap(first, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+  REQUIRE(again == first);
+  std::memset(again, 0xa5, bytes);
+  exchangeRaw(*pair.first, *pair.second, again, in.data(), bytes, 2);
+  ofi::RegistrationStats s2 = ofi::registrationStats();
+  CHECK(s2.registrations - s1.registrations == s1.registrations - s0.registrations);  // afresh, not from a cache
+  CHECK(s2.hits == s1.hits);
+  CHECK(s2.live == s0.live);
+  CHECK(in == std::vector<uint8_t>(bytes, 0xa5));
+  ::munmap(again, bytes);
 }
 
 TEST_CASE("ofi device memory: registered only when FI_HMEM is granted and the trial registration succeeds", "[ofi]") {

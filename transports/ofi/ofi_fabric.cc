@@ -391,6 +391,7 @@ MrCache::Stats Rail::registrationStats() const {
     total.hits += s.hits;
     total.invalidated += s.invalidated;
     total.live += s.live;
+    total.perOperation += s.perOperation;
   }
   return total;
 }

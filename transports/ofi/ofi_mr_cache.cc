@@ -4,6 +4,10 @@
 
 #include <sys/uio.h>
 
+#include <tuple>
+
+#include "memory/known_ranges.h"
+
 namespace shoal::ofi {
 namespace {
 
@@ -58,11 +62,21 @@ Result<MrCache::Handle*> MrCache::acquire(const void* data, uint64_t bytes, Memo
       }
     }
   }
+  // Kept only for memory whose end Shoal hears of (memory/known_ranges.h),
+  // and then all of it at once, so that the next part of it is a hit: any
+  // other buffer may be freed and its address reused unannounced, and a kept
+  // registration would still pin the old pages. Those last one operation;
+  // the provider's own cache, which watches frees, makes them cheap.
+  const auto known = enabled_ ? memory::rememberedRangeOf(data, bytes) : std::nullopt;
+  if (known) std::tie(start, end) = pageRange(reinterpret_cast<const void*>(known->first), known->second - known->first);
   SHOAL_ASSIGN_OR_RETURN(Handle* handle, registerRange(start, end, place));
   handle->refs = 1;
-  if (enabled_) {
+  if (known) {
     entries_[{start, end}] = handle;
     if (entries_.size() > capacity_) evictIdle();
+  } else {
+    handle->stale = true;  // closed on its last release
+    ++stats_.perOperation;
   }
   return handle;
 }
@@ -70,7 +84,7 @@ Result<MrCache::Handle*> MrCache::acquire(const void* data, uint64_t bytes, Memo
 void MrCache::release(Handle* handle) {
   if (handle == nullptr) return;
   if (--handle->refs > 0) return;
-  if (!enabled_ || handle->stale) close(handle);
+  if (handle->stale) close(handle);
 }
 
 size_t MrCache::invalidate(const void* base, size_t bytes) {

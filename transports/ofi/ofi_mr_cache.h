@@ -8,16 +8,21 @@
 // not use). Registrations are widened to whole pages and reused while they
 // cover a buffer; an entry is closed when invalidated (ncclMemFree,
 // ncclCommDeregister -> ofiInvalidateRegistrations) and no operation holds
-// it, or when the cache is over capacity.
+// it, or when the cache is over capacity. Only memory whose end Shoal hears
+// of is cached (memory/known_ranges.h); other buffers are registered for one
+// operation.
 // Owner: its Rail. Thread: under the rail's mutex (Rail::mutex).
 //
 // Why a cache at all: registering pins pages and costs microseconds to
 // milliseconds; collectives reuse the same buffers over and over.
-// The hazard: a buffer freed with free() and a new one malloc'ed at the same
-// address would reuse a stale registration (the provider's own monitors, where
-// it has them, catch this; ours is the invalidation hook). Providers that need
-// no registration (tcp;ofi_rxm, shm for host memory) never reach this code
-// unless SHOAL_OFI_ALWAYS_REGISTER is set.
+// The hazard, and why only known memory is cached: a buffer freed with free()
+// and a new one malloc'ed at the same address would reuse a registration that
+// still pins the old pages. A provider's own cache watches frees (memory
+// monitors), but cannot drop a registration an application holds; so user
+// buffers not from ncclMemAlloc or ncclCommRegister are registered per
+// operation and closed after it, which the provider's cache makes cheap.
+// Providers that need no registration (tcp;ofi_rxm, shm for host memory)
+// never reach this code unless SHOAL_OFI_ALWAYS_REGISTER is set.
 #pragma once
 
 #include <rdma/fabric.h>
@@ -44,13 +49,14 @@ class MrCache {
     uintptr_t start = 0;
     uintptr_t end = 0;
     uint32_t refs = 0;
-    bool stale = false;  // invalidated while in use: closed on the last release
+    bool stale = false;  // not cached, or invalidated while in use: closed on the last release
   };
   struct Stats {
     uint64_t registrations = 0;  // fi_mr_reg calls that succeeded
     uint64_t hits = 0;
     uint64_t invalidated = 0;
     uint64_t live = 0;           // registrations currently open
+    uint64_t perOperation = 0;   // registrations not cached: memory Shoal is not told the end of
   };
 
   MrCache() = default;

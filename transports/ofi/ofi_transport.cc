@@ -153,6 +153,7 @@ RegistrationStats registrationStats() {
     total.hits += s.hits;
     total.invalidated += s.invalidated;
     total.live += s.live;
+    total.perOperation += s.perOperation;
   });
   return total;
 }

@@ -59,6 +59,7 @@ struct RegistrationStats {
   uint64_t hits = 0;
   uint64_t invalidated = 0;
   uint64_t live = 0;
+  uint64_t perOperation = 0;  // not cached: memory Shoal is not told the end of
 };
 RegistrationStats registrationStats();
 
