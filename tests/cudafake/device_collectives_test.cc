@@ -496,7 +496,10 @@ TEST_CASE("a Gather by Send/Recv with the root sending to itself runs on the str
     if (r == root)
       for (int q = 0; q < n; ++q)
         bad.expect(ncclRecv(gathered.at(q * N), N, ncclFloat, q, comm, q % 2 ? other : s) == ncclSuccess, "Recv");
-    bad.expect(ncclGroupEnd() == ncclSuccess, "group end");
+    {
+      ncclResult_t rc = ncclGroupEnd();
+      bad.expect(rc == ncclSuccess, std::string("group end: ") + std::to_string(rc) + " " + ncclGetLastError(comm));
+    }
     bad.expect(cuStreamSynchronize(s) == CUDA_SUCCESS && cuStreamSynchronize(other) == CUDA_SUCCESS, "streams");
     ncclResult_t async = ncclInProgress;
     ncclCommGetAsyncError(comm, &async);
@@ -684,7 +687,10 @@ TEST_CASE("an all-to-all with empty splits between threads", "[cudafake]") {
         bad.expect(ncclSend(send.at(), N * r, ncclFloat, p, comm, s) == ncclSuccess, "Send");
         bad.expect(ncclRecv(recv[p]->at(), N * p, ncclFloat, p, comm, s) == ncclSuccess, "Recv");
       }
-      bad.expect(ncclGroupEnd() == ncclSuccess, std::string("group end: ") + ncclGetLastError(comm));
+      {
+      ncclResult_t rc = ncclGroupEnd();
+      bad.expect(rc == ncclSuccess, std::string("group end: ") + std::to_string(rc) + " " + ncclGetLastError(comm));
+    }
       bad.expect(cuStreamSynchronize(s) == CUDA_SUCCESS, "stream");
       for (int p = 0; p < n; ++p) {
         std::vector<float> got = recv[p]->read();
@@ -719,7 +725,10 @@ TEST_CASE("an all-to-all with empty splits on host memory between threads", "[cu
       bad.expect(ncclSend(send.data(), std::min(mine, theirs), ncclFloat, p, comm, s) == ncclSuccess, "Send");
       bad.expect(ncclRecv(recv[p].data(), std::min(mine, theirs), ncclFloat, p, comm, s) == ncclSuccess, "Recv");
     }
-    bad.expect(ncclGroupEnd() == ncclSuccess, std::string("group end: ") + ncclGetLastError(comm));
+    {
+      ncclResult_t rc = ncclGroupEnd();
+      bad.expect(rc == ncclSuccess, std::string("group end: ") + std::to_string(rc) + " " + ncclGetLastError(comm));
+    }
     for (int p = 1; p < n && r != 0; ++p)
       bad.expect(recv[p][N - 1] == static_cast<float>(p + 1), "from rank " + std::to_string(p));
   });

@@ -313,5 +313,53 @@ TEST_CASE("a loopback end whose peer never came gives back the ring's memory", "
   }
 }
 
+// An end that sent whole messages on the ring and closed before its peer
+// connected (a rank whose Send fit in the ring, whose thread then destroyed
+// its communicator) leaves them there: the late peer connects and receives
+// them. A rank that never comes is forgotten by its communicator's end
+// (Transport::forgetRank): the pipe and its ring memory go.
+TEST_CASE("messages a loopback end left on the ring reach its late peer, or go with it", "[cudafake][stream_ring]") {
+  auto transport = makeLoopbackTransport();
+  ThreadRanks ranks(useDevice0());
+  PeerInfo& a = ranks.a;
+  PeerInfo& b = ranks.b;
+  const int before = shoalFakeCudaLiveAllocations();
+  for (const bool peerComes : {true, false}) {
+    INFO((peerComes ? "the peer comes late" : "the peer never comes"));
+    const uint64_t id = freshCommId();
+    DeviceBytes src(20000, 5), dst(20000);
+    {
+      auto sender = transport->connect({id, 0, 1, 0}, ConnectOptions{&a, &b, "", Deadline::afterMs(1000), true});
+      REQUIRE(sender.isOk());
+      CUstream s = newStream();
+      StreamLink* link = sender.value()->streamLink();
+      REQUIRE(link != nullptr);
+      REQUIRE(link->enqueueSend(src.at(), 20000, 7, s).isOk());
+      REQUIRE(finishes(s));  // whole in the ring
+      CU_OK(cuStreamDestroy(s));
+    }
+    if (peerComes) {
+      auto late = transport->connect({id, 1, 0, 0}, ConnectOptions{&b, &a, "", Deadline::afterMs(1000), true});
+      INFO(late.status().toString());
+      REQUIRE(late.isOk());
+      CUstream s = newStream();
+      StreamLink* link = late.value()->streamLink();
+      REQUIRE(link != nullptr);
+      REQUIRE(link->enqueueRecv(dst.at(), 20000, 7, s).isOk());
+      REQUIRE(finishes(s));
+      CHECK(dst.read() == src.read());
+      CHECK(link->verify().isOk());
+      CHECK(late.value()->checkAlive().isOk());  // nothing owed: the sender left its message
+      CU_OK(cuStreamDestroy(s));
+    } else {
+      CHECK(shoalFakeCudaLiveAllocations() > before);  // kept for the peer
+      transport->forgetRank(id, 0);  // the maker: nothing of it waits
+      CHECK(shoalFakeCudaLiveAllocations() > before);
+      transport->forgetRank(id, 1);
+    }
+  }
+  CHECK(shoalFakeCudaLiveAllocations() == before + 0);
+}
+
 }  // namespace
 }  // namespace shoal

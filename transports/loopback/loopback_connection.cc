@@ -127,8 +127,13 @@ Status LoopbackConnection::attachRing(cuda::Driver& driver, cuda::ContextHandle 
 
 LoopbackConnection::~LoopbackConnection() {
   bool used = used_;
+  // Only whole messages sent on the ring, which its streams have published
+  // (the communicator settles them first): they wait for the peer in the
+  // ring, as a message in a receiver's FIFO does.
+  bool onlyRingSends = false;
   if (ring_) {
     const StreamLink::Progress p = ring_->progress();
+    onlyRingSends = !used_ && p.recvEnqueued == 0 && p.sendEnqueued > 0 && ring_->usable().isOk();
     used = used || p.sendEnqueued > 0 || p.recvEnqueued > 0;
     // Its header log is pinned memory of the ring's context; a stream that
     // may still write it keeps it (never freed under a stream).
@@ -145,13 +150,17 @@ LoopbackConnection::~LoopbackConnection() {
     pipe_->directions[sendDir_].sends.clear();
     pipe_->directions[recvDir_].recvs.clear();
     if (sendDir_ != recvDir_ && !pipe_->attached[1 - side_]) {
-      // The peer never came; our streams have passed the ring (the
-      // communicator settles them first), and no other will use it. A pipe
-      // this end never used goes; one it used (or that failed) stays,
-      // failed and without its memory, so that a late peer fails at once
-      // instead of waiting alone for its deadline.
+      // The peer has not come yet; our streams have passed the ring (the
+      // communicator settles them first). A pipe this end never used goes.
+      // One that holds only messages this end sent on the ring stays as it
+      // is, for the peer to take them (its communicator forgets it if it
+      // never comes: LoopbackTransport::forgetRank). One it used otherwise
+      // (or that failed) stays failed and without its memory, so that a
+      // late peer fails at once instead of waiting alone for its deadline.
       if (pipe_->failure.isOk() && !used) {
         forget = true;
+      } else if (pipe_->failure.isOk() && onlyRingSends) {
+        // kept whole: the peer's connect finds it
       } else {
         if (pipe_->failure.isOk())
           pipe_->failure = remoteError("the loopback pipe to ", peerDescription_, " was closed by the other end "

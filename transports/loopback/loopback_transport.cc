@@ -127,6 +127,31 @@ class LoopbackTransport final : public Transport {
     return std::unique_ptr<Connection>(std::move(connection));
   }
 
+  // Rank `rank` of `commId` ends: the pipes its peers made for it and it
+  // never took go, closed on its side (a peer still waiting on one fails;
+  // messages left there for it go with the ring's memory).
+  void forgetRank(uint64_t commId, int rank) override {
+    std::vector<std::shared_ptr<LoopbackPipe>> dropped;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (auto it = pending_.begin(); it != pending_.end();) {
+        const auto& [id, low, high, channel] = it->first;
+        const int side = rank == low ? 0 : 1;
+        if (id == commId && (rank == low || rank == high) && it->second->madeBy != rank) {
+          std::lock_guard<std::mutex> pipeLock(it->second->mutex);
+          if (!it->second->attached[side]) {
+            it->second->closed[side] = true;
+            dropped.push_back(std::move(it->second));
+            it = pending_.erase(it);
+            continue;
+          }
+        }
+        ++it;
+      }
+    }
+    // Freed here, out of the transport's lock, unless the maker's end still holds one.
+  }
+
  private:
   std::mutex mutex_;
   std::map<std::tuple<uint64_t, int, int, uint16_t>, std::shared_ptr<LoopbackPipe>> pending_;

@@ -72,6 +72,8 @@ class StreamRing final : public StreamLink {
 
   // The connection carrying the ring has failed: enqueue* refuse from now on.
   void markFailed() { connectionFailed_.store(true, std::memory_order_release); }
+  // An error once the ring may not be used: released, or the connection failed.
+  Status usable() const;
 
   Status enqueueSend(const void* src, uint64_t bytes, uint64_t tag, void* stream) override;
   Status enqueueRecv(void* dst, uint64_t bytes, uint64_t tag, void* stream) override;
@@ -82,8 +84,6 @@ class StreamRing final : public StreamLink {
 
  private:
   StreamRing(cuda::Driver& driver, Setup setup) : driver_(driver), setup_(std::move(setup)) {}
-  // An error once the ring may not be used: released, or the connection failed.
-  Status usable() const;
   uint8_t* slotAddress(int lane, uint64_t chunk) const {
     return setup_.fifo[lane] + chunk % setup_.slots * setup_.slotBytes;
   }
