@@ -126,31 +126,34 @@ struct FloatOps {
 };
 
 // The small formats' codecs (numerics.h): code <-> float.
+// kInfToFinite: the code of +inf where max/min give the largest finite
+// value instead (NCCL takes fp8 max/min in half and converts back
+// saturating, __NV_SATFINITE), else -1.
 struct HalfCodec {
   using C = uint16_t;
   using I = int16_t;
-  static constexpr int kAbs = 0x7FFF, kNanAbove = 0x7C00, kCanon = 0x7FFF;
+  static constexpr int kAbs = 0x7FFF, kNanAbove = 0x7C00, kCanon = 0x7FFF, kInfToFinite = -1;
   SHOAL_HOST_DEVICE static float toFloat(C c) { return halfToFloat(c); }
   SHOAL_HOST_DEVICE static C fromFloat(float f) { return floatToHalf(f); }
 };
 struct Bf16Codec {
   using C = uint16_t;
   using I = int16_t;
-  static constexpr int kAbs = 0x7FFF, kNanAbove = 0x7F80, kCanon = 0x7FFF;
+  static constexpr int kAbs = 0x7FFF, kNanAbove = 0x7F80, kCanon = 0x7FFF, kInfToFinite = -1;
   SHOAL_HOST_DEVICE static float toFloat(C c) { return bf16ToFloat(c); }
   SHOAL_HOST_DEVICE static C fromFloat(float f) { return floatToBf16(f); }
 };
 struct E4m3Codec {
   using C = uint8_t;
   using I = int8_t;
-  static constexpr int kAbs = 0x7F, kNanAbove = 0x7E, kCanon = 0x7F;
+  static constexpr int kAbs = 0x7F, kNanAbove = 0x7E, kCanon = 0x7F, kInfToFinite = -1;  // no inf
   SHOAL_HOST_DEVICE static float toFloat(C c) { return e4m3ToFloat(c); }
   SHOAL_HOST_DEVICE static C fromFloat(float f) { return floatToE4m3(f); }
 };
 struct E5m2Codec {
   using C = uint8_t;
   using I = int8_t;
-  static constexpr int kAbs = 0x7F, kNanAbove = 0x7C, kCanon = 0x7F;
+  static constexpr int kAbs = 0x7F, kNanAbove = 0x7C, kCanon = 0x7F, kInfToFinite = 0x7C;
   SHOAL_HOST_DEVICE static float toFloat(C c) { return e5m2ToFloat(c); }
   SHOAL_HOST_DEVICE static C fromFloat(float f) { return floatToE5m2(f); }
 };
@@ -170,7 +173,11 @@ struct SmallOps {
   }
   SHOAL_HOST_DEVICE static S mul(S a, S s) { return prod(a, s); }
   SHOAL_HOST_DEVICE static S mm(S a, S b, bool isMax) {
-    return S(codeMaxMin<I>(I(a), I(b), I(Codec::kAbs), I(Codec::kNanAbove), I(Codec::kCanon), isMax));
+    const S r = S(codeMaxMin<I>(I(a), I(b), I(Codec::kAbs), I(Codec::kNanAbove), I(Codec::kCanon), isMax));
+    if constexpr (Codec::kInfToFinite >= 0) {
+      if ((r & Codec::kAbs) == Codec::kInfToFinite) return S(r - 1);  // +-inf -> +-largest finite
+    }
+    return r;
   }
   SHOAL_HOST_DEVICE static S max(S a, S b) { return mm(a, b, true); }
   SHOAL_HOST_DEVICE static S min(S a, S b) { return mm(a, b, false); }

@@ -569,9 +569,11 @@ uint32_t refSmall(DataType t, ReduceOp op, uint32_t a, uint32_t b, uint32_t s) {
     case ReduceOp::kMin: {
       const bool an = isNanCode(f, a), bn = isNanCode(f, b);
       if (an && bn) return f.nanCode;
-      if (an) return b;
-      if (bn) return a;
-      return refPickA(fa, fb, op == ReduceOp::kMax) ? a : b;
+      const uint32_t r = an ? b : bn ? a : refPickA(fa, fb, op == ReduceOp::kMax) ? a : b;
+      // NCCL takes fp8 max/min in half and converts back saturating: the
+      // value is kept, but inf becomes the largest finite value.
+      const bool fp8 = t == DataType::kFloat8e4m3 || t == DataType::kFloat8e5m2;
+      return fp8 ? toCode(t, fromCode(t, r)) : r;
     }
     case ReduceOp::kPreMulSum: {
       volatile float p = fa * fs;
@@ -913,6 +915,13 @@ TEST_CASE("combine: documented numerics", "[reduce][combine][isa]") {
     REQUIRE(run<uint16_t>(ReduceOp::kMax, DataType::kFloat16, 0x7E00, 0xFC00) == 0xFC00);
     REQUIRE(run<uint16_t>(ReduceOp::kMax, DataType::kFloat16, 0x7E01, 0xFE00) == 0x7FFF);
     REQUIRE(run<uint8_t>(ReduceOp::kMin, DataType::kFloat8e4m3, 0xFF, 0xFE) == 0xFE);
+    // e5m2 infinities: max/min give the largest finite value, as NCCL's
+    // saturating conversion back from half does (0x7C +inf, 0x7B 57344).
+    REQUIRE(run<uint8_t>(ReduceOp::kMax, DataType::kFloat8e5m2, 0x7C, 0x00) == 0x7B);
+    REQUIRE(run<uint8_t>(ReduceOp::kMax, DataType::kFloat8e5m2, 0x7C, 0x7E) == 0x7B);  // inf, NaN
+    REQUIRE(run<uint8_t>(ReduceOp::kMin, DataType::kFloat8e5m2, 0xFC, 0x3C) == 0xFB);
+    REQUIRE(run<uint8_t>(ReduceOp::kMin, DataType::kFloat8e5m2, 0x7C, 0x7C) == 0x7B);
+    REQUIRE(run<uint8_t>(ReduceOp::kMax, DataType::kFloat8e5m2, 0xFC, 0x80) == 0x80);
     REQUIRE(run<double>(ReduceOp::kMax, DataType::kFloat64, -INFINITY, -1e300) == -1e300);
 
     // PreMulSum: two roundings, no FMA.
