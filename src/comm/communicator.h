@@ -47,6 +47,7 @@
 #include "comm/connection_table.h"
 #include "comm/init_agreement.h"
 #include "comm/plan_cache.h"
+#include "comm/scratch_pool.h"
 #include "core/status.h"
 #include "core/tag.h"
 #include "core/types.h"
@@ -390,6 +391,7 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
   ConnectionTable connections_;       // after peers_ and abortFlag_, which it reads
   std::shared_ptr<const std::string> label_;  // describe(), once peers are known
   std::vector<uint8_t> scratch_;        // waited jobs run one at a time: one arena (growScratch)
+  std::shared_ptr<ScratchPool> detachedScratch_ = ScratchPool::make();  // jobs nobody waits for
 
   std::atomic<uint64_t> collSeq_{0};
   // Splits of this communicator so far: names each child's scope. Counted

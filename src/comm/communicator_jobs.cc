@@ -837,8 +837,8 @@ Result<bool> Communicator::prepareJob(Job& job, std::span<const OpRequest> ops, 
       if (scratch_.size() < plan.scratchBytes) growScratch(plan.scratchBytes);
       scratch = scratch_.data();
     } else {
-      job.ownedScratch.resize(plan.scratchBytes);  // lives as long as the job
-      scratch = job.ownedScratch.data();
+      job.ownedScratch = detachedScratch_->take(plan.scratchBytes);  // as long as the job holds it
+      scratch = job.ownedScratch.get();
     }
   }
   job.buffers.resize(ops.size() * kBuffersPerOp);

@@ -146,7 +146,7 @@ void Job::finish(Status status) {
 
 void Job::resetForReuse() {
   sameConnections = false;
-  ownedScratch.clear();
+  ownedScratch.reset();
   deviceSteps.reset();
   peerBuffers.reset();
   streamWatch.reset();

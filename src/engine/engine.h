@@ -214,7 +214,7 @@ class Job {
   uint64_t* streamDone = nullptr;
   uint64_t streamSeq = 0;
   bool streamReached() const;
-  std::vector<uint8_t> ownedScratch;        // detached jobs' scratch (a waiter lends its own)
+  std::shared_ptr<uint8_t> ownedScratch;    // detached jobs' scratch (a waiter lends its own)
   // Set for a device plan: its buffers (scratch included) are device memory
   // and its compute steps run here; null for every other job.
   std::shared_ptr<DeviceSteps> deviceSteps;

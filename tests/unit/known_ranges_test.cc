@@ -3,8 +3,10 @@
 #include <catch2/catch.hpp>
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
+#include "comm/scratch_pool.h"
 #include "memory/known_ranges.h"
 
 namespace shoal::memory {
@@ -42,3 +44,38 @@ TEST_CASE("known ranges: inside one remembered range only, until any overlapping
 }
 
 }  // namespace shoal::memory
+
+namespace shoal {
+
+// Detached jobs' scratch comes back to the pool and serves the next job: the
+// same remembered memory, so a network's registration of it stays valid.
+TEST_CASE("scratch pool: buffers are reused, remembered while they live, forgotten when freed", "[unit]") {
+  auto pool = ScratchPool::make();
+  uint8_t* first = nullptr;
+  {
+    std::shared_ptr<uint8_t> a = pool->take(1000);
+    first = a.get();
+    CHECK(memory::isRemembered(first, 1000));
+    std::shared_ptr<uint8_t> b = pool->take(1000);  // a is still held: another one
+    CHECK(b.get() != first);
+  }
+  CHECK(pool->keptForTest() == 2);
+  std::shared_ptr<uint8_t> again = pool->take(500);
+  CHECK((again.get() == first || memory::isRemembered(again.get(), 500)));
+  std::shared_ptr<uint8_t> big = pool->take(1 << 20);  // larger than any kept: fresh
+  CHECK(memory::isRemembered(big.get(), 1 << 20));
+  uint8_t* bigAt = big.get();
+  big.reset();
+  again.reset();
+  CHECK(pool->keptForTest() == 2);  // the largest ones kept, the rest freed
+  std::shared_ptr<uint8_t> reused = pool->take(1 << 20);
+  CHECK(reused.get() == bigAt);
+  // A buffer outliving the pool's owner keeps the pool alive; the last one
+  // out frees everything and forgets it.
+  pool.reset();
+  CHECK(memory::isRemembered(reused.get(), 1 << 20));
+  reused.reset();
+  CHECK_FALSE(memory::isRemembered(bigAt, 1));
+}
+
+}  // namespace shoal
