@@ -109,6 +109,11 @@ SHOAL_API(ncclResult_t, ncclCommShrink,
       SHOAL_ASSIGN_OR_RETURN(options, api::parseConfig(config));
     }
     const bool abortFirst = shrinkFlags == NCCL_SHRINK_ABORT;
+    // Outstanding operations may wait on the excluded ranks forever: stop
+    // them first (the parent is then only good for destroy). At the call,
+    // but in a group when it runs: a group that fails runs none of it.
+    const bool abortWhenRun = abortFirst && group::active();
+    if (abortFirst && !abortWhenRun) parent->abort();
     if (!abortFirst && !parent->aborted() && parent->asyncState() == Code::kInProgress) {
       return invalidUsage(parent->describe(),
                           " has operations in flight: NCCL_SHRINK_DEFAULT needs none (wait for them, or "
@@ -121,12 +126,9 @@ SHOAL_API(ncclResult_t, ncclCommShrink,
     handle->cudaDev = comm->cudaDev;
     handle->shared->store = store;
     handle->shared->secret = secret;
-    auto work = [parent, store, secret, prefix, excluded, options, abortFirst](const std::atomic<bool>* cancel)
+    auto work = [parent, store, secret, prefix, excluded, options, abortWhenRun](const std::atomic<bool>* cancel)
         -> Result<std::shared_ptr<Communicator>> {
-      // Outstanding operations may wait on the excluded ranks forever: stop
-      // them first (the parent is then only good for destroy). Here, not at
-      // the call: a shrink in a group that fails does not run at all.
-      if (abortFirst) parent->abort();
+      if (abortWhenRun) parent->abort();
       Deadline deadline = Deadline::afterMs(params().initTimeoutMs).cancelledBy(cancel);
       Result<SurvivorAgreement> agreement =
           agreeOnSurvivors(*store, prefix, parent->rank(), parent->nranks(), excluded, deadline);

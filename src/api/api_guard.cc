@@ -63,6 +63,7 @@ ncclComm* allocateHandle() {
 
 void releaseHandle(ncclComm* handle) {
   if (handle->initThread.joinable()) handle->initThread.join();
+  dropRegistrations(handle);
   handle->shared.reset();
   handle->magic = ncclComm::kDeadMagic;
   HandlePool& pool = handlePool();

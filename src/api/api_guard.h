@@ -77,8 +77,12 @@ namespace shoal::api {
 // communicator (docs/nccl-compat.md).
 inline constexpr size_t kHandleQuarantine = 4096;
 ncclComm* allocateHandle();
-// Drops the handle's shared state and marks it dead. No call may be inside.
+// Drops the handle's shared state and its memory registrations
+// (ncclCommRegister: NCCL's destroy ends them too) and marks it dead. No
+// call may be inside.
 void releaseHandle(ncclComm* handle);
+// Ends the ncclCommRegister registrations made on `handle` (api_misc.cc).
+void dropRegistrations(const ncclComm* handle);
 // Why a handle that is not live cannot be used.
 Status deadHandle(const ncclComm* handle);
 

@@ -43,6 +43,20 @@ std::unordered_set<api::HostStream*> gStreams;
 
 namespace shoal::api {
 
+void dropRegistrations(const ncclComm* handle) {
+  std::lock_guard<std::mutex> lock(gRegMutex);
+  for (auto it = gRegistrations.begin(); it != gRegistrations.end();) {
+    Registration* reg = *it;
+    if (reg->comm != handle) {
+      ++it;
+      continue;
+    }
+    forgetMemory(reg->buff, reg->size);  // the user may free it now
+    delete reg;
+    it = gRegistrations.erase(it);
+  }
+}
+
 HostStream* findHostStream(cudaStream_t stream) {
   if (stream == nullptr) return nullptr;
   auto* candidate = reinterpret_cast<HostStream*>(stream);
@@ -153,7 +167,10 @@ SHOAL_API(ncclResult_t, ncclCommRegister,
 
 SHOAL_API(ncclResult_t, ncclCommDeregister, (const ncclComm_t comm, void* handle)) {
   return guard("ncclCommDeregister", [&]() -> Status {
-    SHOAL_ASSIGN_OR_RETURN(auto impl, api::readyComm(comm));
+    // Any live handle, failed or revoked too: its registrations must end
+    // before their memory can be freed (a known range left behind would
+    // let a transport keep registrations of whatever comes there next).
+    if (comm == nullptr || comm->magic != ncclComm::kMagic) return api::deadHandle(comm);
     // As NCCL: a NULL handle (what NCCL's ncclCommRegister returns when it
     // skips registration) is nothing to deregister.
     if (handle == nullptr) return Status::ok();

@@ -19,6 +19,7 @@
 #include <shoal/shoal.h>
 
 #include "api/api_guard.h"  // ncclComm's shared state: CommCall's mark
+#include "memory/known_ranges.h"
 
 #include <catch2/catch.hpp>
 
@@ -2278,6 +2279,49 @@ TEST_CASE("ncclCommRegister/Deregister - also inside a group", "[api][memory]") 
   NCCL_EXPECT(ncclCommRegister(w[0], nullptr, 64, &h), ncclInvalidArgument);
   NCCL_EXPECT(ncclCommRegister(nullptr, s[0].data(), 64, &h), ncclInvalidArgument);
   requireWorking(w);
+}
+
+// A registered buffer is memory whose end Shoal hears of: a network that
+// needs registrations keeps its registration until then. So the end must
+// come: a deregistration on a revoked communicator works, and destroy or
+// abort ends what was not deregistered (as NCCL's destroy does), or a
+// buffer the user frees afterwards would stay "known" at its address.
+TEST_CASE("ncclCommRegister ranges end at deregister - also on a revoked communicator - or at destroy and abort",
+          "[api][memory]") {
+  std::vector<uint8_t> a(4096), b(4096), c(4096);
+  for (const char* end : {"deregister after revoke", "destroy", "abort"}) {
+    INFO(end);
+    ncclComm_t comm = nullptr;
+    NCCL_OK(ncclCommInitRank(&comm, 1, newId(), 0));
+    void* ha = nullptr;
+    void* hb = nullptr;
+    NCCL_OK(ncclCommRegister(comm, a.data(), a.size(), &ha));
+    NCCL_OK(ncclCommRegister(comm, b.data(), b.size(), &hb));
+    CHECK(shoal::memory::isRemembered(a.data(), a.size()));
+    CHECK(shoal::memory::isRemembered(b.data(), b.size()));
+    if (std::string(end) == "deregister after revoke") {
+      NCCL_OK(ncclCommRevoke(comm, NCCL_REVOKE_DEFAULT));
+      NCCL_OK(ncclCommDeregister(comm, ha));
+      CHECK_FALSE(shoal::memory::isRemembered(a.data(), 1));
+      CHECK(shoal::memory::isRemembered(b.data(), 1));
+      NCCL_OK(ncclCommDestroy(comm));
+    } else if (std::string(end) == "destroy") {
+      NCCL_OK(ncclCommDestroy(comm));
+    } else {
+      NCCL_OK(ncclCommAbort(comm));
+    }
+    CHECK_FALSE(shoal::memory::isRemembered(a.data(), 1));
+    CHECK_FALSE(shoal::memory::isRemembered(b.data(), 1));
+  }
+  // Another communicator's registrations are its own.
+  World w(2);
+  void* hc = nullptr;
+  NCCL_OK(ncclCommRegister(w[0], c.data(), c.size(), &hc));
+  ncclComm_t other = nullptr;
+  NCCL_OK(ncclCommInitRank(&other, 1, newId(), 0));
+  NCCL_OK(ncclCommDestroy(other));
+  CHECK(shoal::memory::isRemembered(c.data(), c.size()));
+  NCCL_OK(ncclCommDeregister(w[0], hc));
 }
 
 // ===========================================================================

@@ -1091,6 +1091,51 @@ TEST_CASE("ofi registration cache: reuse then invalidation then re-registration"
   forgetMemory(buffer.data(), buffer.size());
 }
 
+// Known memory is registered whole, once: a part of it far from where other
+// registrations start (nested ranges registered on their own, more than
+// the cache's look back) still finds that registration instead of making
+// and losing another on every operation.
+TEST_CASE("ofi registration cache: a known range is registered once however many ranges it holds", "[ofi]") {
+  OfiWorld& w = world(kTcp);
+  REQUIRE(w.rank0->localAddress().isOk());
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  const size_t bytes = 64 * page;
+  auto* base = static_cast<uint8_t*>(::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  REQUIRE(base != MAP_FAILED);
+  rememberMemory(base, bytes);
+  for (size_t i = 1; i <= 12; ++i) rememberMemory(base + i * page, 100);  // as registered tensors of a pool
+  bool tried = false;
+  ofi::forEachRail([&](ofi::Rail& rail) {
+    if (tried) return;
+    tried = true;
+    std::lock_guard<std::mutex> lock(rail.mutex);
+    ofi::MrCache& cache = rail.registrations(0);
+    const ofi::MrCache::Stats s0 = cache.stats();
+    for (size_t i = 1; i <= 12; ++i) {
+      auto h = cache.acquire(base + i * page, 100, ofi::MemoryPlace{});
+      REQUIRE(h.isOk());
+      cache.release(h.value());
+    }
+    const ofi::MrCache::Stats s1 = cache.stats();
+    CHECK(s1.registrations - s0.registrations == 12);  // each nested range, whole
+    for (int k = 0; k < 3; ++k) {
+      auto h = cache.acquire(base + 40 * page, 100, ofi::MemoryPlace{});  // in the outer range only
+      REQUIRE(h.isOk());
+      cache.release(h.value());
+    }
+    const ofi::MrCache::Stats s2 = cache.stats();
+    CHECK(s2.registrations - s1.registrations == 1);  // the outer range, once
+    CHECK(s2.hits - s1.hits == 2);
+    CHECK(s2.live - s0.live == 13);
+    CHECK(s2.perOperation == s0.perOperation);
+    cache.invalidate(base, bytes);
+    CHECK(cache.stats().live == s0.live);  // nothing lost, nothing left open
+  });
+  REQUIRE(tried);
+  forgetMemory(base, bytes);
+  ::munmap(base, bytes);
+}
+
 // A buffer Shoal is not told the end of (plain malloc, a framework's
 // allocator) may be freed and a new one mapped at its address at any time:
 // a cached registration would still pin the old pages, and a provider that

@@ -4,7 +4,6 @@
 
 #include <sys/uio.h>
 
-#include <tuple>
 
 #include "memory/known_ranges.h"
 
@@ -67,17 +66,29 @@ Result<MrCache::Handle*> MrCache::acquire(const void* data, uint64_t bytes, Memo
   // other buffer may be freed and its address reused unannounced, and a kept
   // registration would still pin the old pages. Those last one operation;
   // the provider's own cache, which watches frees, makes them cheap.
-  const auto known = enabled_ ? memory::rememberedRangeOf(data, bytes) : std::nullopt;
-  if (known) std::tie(start, end) = pageRange(reinterpret_cast<const void*>(known->first), known->second - known->first);
+  if (const auto known = enabled_ ? memory::rememberedRangeOf(data, bytes) : std::nullopt) {
+    const auto whole = pageRange(reinterpret_cast<const void*>(known->first), known->second - known->first);
+    // Registered already (found here even where the look back above was
+    // too short): the same registration.
+    if (auto found = entries_.find(whole); found != entries_.end()) {
+      ++found->second->refs;
+      ++stats_.hits;
+      return found->second;
+    }
+    Result<Handle*> handle = registerRange(whole.first, whole.second, place);
+    if (handle.isOk()) {
+      handle.value()->refs = 1;
+      entries_[whole] = handle.value();
+      if (entries_.size() > capacity_) evictIdle();
+      return handle;
+    }
+    // The whole of it could not be pinned (RLIMIT_MEMLOCK, say): this
+    // operation's pages alone, as for any other buffer.
+  }
   SHOAL_ASSIGN_OR_RETURN(Handle* handle, registerRange(start, end, place));
   handle->refs = 1;
-  if (known) {
-    entries_[{start, end}] = handle;
-    if (entries_.size() > capacity_) evictIdle();
-  } else {
-    handle->stale = true;  // closed on its last release
-    ++stats_.perOperation;
-  }
+  handle->stale = true;  // closed on its last release
+  ++stats_.perOperation;
   return handle;
 }
 
