@@ -318,7 +318,8 @@ TEST_CASE("a loopback end whose peer never came gives back the ring's memory", "
 // connected (a rank whose Send fit in the ring, whose thread then destroyed
 // its communicator) leaves them there: the late peer connects and receives
 // them. A rank that never comes is forgotten by its communicator's end
-// (Transport::forgetRank): the pipe and its ring memory go.
+// (Transport::forgetRank): the pipe and its ring memory go, and a later
+// connect to it fails.
 TEST_CASE("messages a loopback end left on the ring reach its late peer, or go with it", "[cudafake][stream_ring]") {
   auto transport = makeLoopbackTransport();
   ThreadRanks ranks(useDevice0());
@@ -359,6 +360,14 @@ TEST_CASE("messages a loopback end left on the ring reach its late peer, or go w
       transport->forgetRank(id, 1);
     }
   }
+  CHECK(shoalFakeCudaLiveAllocations() == before);
+  // A rank whose communicator ended before this one connected: the connect
+  // fails at once, with no pipe made that nobody would take.
+  const uint64_t id = freshCommId();
+  transport->forgetRank(id, 1);
+  auto toGone = transport->connect({id, 0, 1, 0}, ConnectOptions{&a, &b, "", Deadline::afterMs(1000), true});
+  REQUIRE_FALSE(toGone.isOk());
+  CHECK(toGone.status().message().find("its communicator ended") != std::string::npos);
   CHECK(shoalFakeCudaLiveAllocations() == before);
 }
 

@@ -4,9 +4,11 @@
 
 #include <cstdlib>
 #include <algorithm>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <tuple>
 
 #include "core/params.h"
@@ -77,6 +79,12 @@ class LoopbackTransport final : public Transport {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       auto it = pending_.find(mapKey);
+      if (it == pending_.end() && ended_.count({key.commId, key.peerRank}) != 0) {
+        // Nobody would take a pipe made now (messages sent on its ring
+        // would wait there for good): the peer is gone.
+        return remoteError("loopback to ", desc, ": its communicator ended (destroyed or aborted) before it "
+                           "connected to this rank");
+      }
       if (it == pending_.end()) {
         pipe = std::make_shared<LoopbackPipe>(currentFaults(), driver);
         pipe->madeBy = key.selfRank;
@@ -134,6 +142,11 @@ class LoopbackTransport final : public Transport {
     std::vector<std::shared_ptr<LoopbackPipe>> dropped;
     {
       std::lock_guard<std::mutex> lock(mutex_);
+      if (ended_.insert({commId, rank}).second) endedOrder_.emplace_back(commId, rank);
+      if (endedOrder_.size() > kEndedKept) {
+        ended_.erase(endedOrder_.front());
+        endedOrder_.pop_front();
+      }
       for (auto it = pending_.begin(); it != pending_.end();) {
         const auto& [id, low, high, channel] = it->first;
         const int side = rank == low ? 0 : 1;
@@ -155,6 +168,11 @@ class LoopbackTransport final : public Transport {
  private:
   std::mutex mutex_;
   std::map<std::tuple<uint64_t, int, int, uint16_t>, std::shared_ptr<LoopbackPipe>> pending_;
+  // Ranks whose communicator ended (forgetRank), the most recent kEndedKept:
+  // a connect to one fails at once instead of making a pipe nobody takes.
+  static constexpr size_t kEndedKept = 256;
+  std::set<std::pair<uint64_t, int>> ended_;
+  std::deque<std::pair<uint64_t, int>> endedOrder_;
 };
 
 }  // namespace
