@@ -303,7 +303,8 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
   // enqueues each as a copy in its streams' order (the k-th Send to itself
   // into the k-th Recv from itself): their lane is no connection's, so a
   // stream plan, which the peers run for the rest of the group, has no link
-  // for it. A pair whose sizes differ is an invalid usage, before any copy.
+  // for it. A pair whose sizes differ is an invalid usage, before any copy,
+  // and fails the communicator (as the loopback pipe does on host memory).
   Status copySelfPairs(std::vector<OpRequest>& ops);
   // Runs stream-ordered operations (one, or a group) as a stream plan
   // (comm/stream_plan.h) where it can: their plan's every lane has a stream
@@ -372,6 +373,10 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
   // Waits for every submitted job of ours.
   Status waitIdle(Deadline deadline);
   Status handleFailure(const Job& job, Status st);
+  // A call this rank cannot run as its peers do, found before any of it was
+  // submitted: the communicator fails as after a failed operation; peers on
+  // stream links fail now, and any peer can read why.
+  Status failBeforeRunning(Status st);
   std::string failureKey(int rank) const;
   std::string reportStem() const;  // names this rank's report files
 

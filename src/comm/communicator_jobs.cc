@@ -270,8 +270,9 @@ Status Communicator::copySelfPairs(std::vector<OpRequest>& ops) {
     const OpRequest& send = ops[sends[k]];
     const OpRequest& recv = ops[recvs[k]];
     if (bytesOf(send) != bytesOf(recv))
-      return invalidUsage(describe(), ": Send to itself #", k, " of ", bytesOf(send), " bytes meets Recv from itself #",
-                          k, " of ", bytesOf(recv), " bytes (sizes must match)");
+      return failBeforeRunning(invalidUsage(describe(), ": Send to itself #", k, " of ", bytesOf(send),
+                                            " bytes meets Recv from itself #", k, " of ", bytesOf(recv),
+                                            " bytes (sizes must match)"));
   }
   std::vector<bool> taken(ops.size(), false);
   for (size_t k = 0; k < pairs; ++k) {
@@ -336,20 +337,13 @@ Result<bool> Communicator::submitStreamPlan(std::span<const OpRequest> ops, Stre
     // Its peers may be running their halves on stream links already: the
     // communicator fails, as for any call it cannot run as they do, and so
     // do their plans on its links.
-    connected = StatusBuilder(std::move(connected)) << describe();
-    connections_.releaseStreamLinks();
-    setAsyncError(connected);
-    return connected;
+    return failBeforeRunning(StatusBuilder(std::move(connected)) << describe());
   }
   if (!StreamPlans::linksAll(lanes)) return false;
   // Its peers run it on their streams: so must this rank, or fail the
   // communicator (and the rings, so that the peers fail now, not at their
   // deadline).
-  auto cannot = [&](Status st) -> Status {
-    for (Connection* c : lanes) c->streamLink()->release();
-    setAsyncError(st);
-    return st;
-  };
+  auto cannot = [&](Status st) -> Status { return failBeforeRunning(std::move(st)); };
   if (bridge_->waitMode() != cuda::WaitMode::kMemOps)
     return cannot(error(Code::kUnsupported, describe(), ": its cuda_ipc connections run stream plans, and this "
                         "rank's streams no longer run stream memory operations"));
@@ -397,9 +391,7 @@ Result<bool> Communicator::submitWindowStreamPlan(std::span<const OpRequest> ops
   // their deadline (and no later call of this rank meets one of theirs).
   auto cannot = [&](Status st) -> Status {
     breakWindowBoards();
-    st = StatusBuilder(std::move(st)) << collKindName(op.shape.kind) << " on symmetric windows";
-    setAsyncError(st);
-    return st;
+    return failBeforeRunning(StatusBuilder(std::move(st)) << collKindName(op.shape.kind) << " on symmetric windows");
   };
   if (!found.isOk()) return cannot(StatusBuilder(found.takeStatus()) << describe());
   std::optional<Windows::OnStreams> where = std::move(found).value();
@@ -748,6 +740,19 @@ Status Communicator::handleFailure(const Job& job, Status st) {
   Engine::instance().retire(reinterpret_cast<uintptr_t>(this), st);
   settleStreamPlans(kFailureSettleMs);  // its streams are past the FIFOs before the connections go
   connections_.clear();
+  setAsyncError(st);
+  return st;
+}
+
+Status Communicator::failBeforeRunning(Status st) {
+  std::lock_guard<std::mutex> lock(failureMutex_);
+  connections_.releaseStreamLinks();
+  if (!failurePublished_) {
+    failurePublished_ = true;
+    connections_.publishFailure(st.message());
+    (void)request_.store->set(failureKey(rank_), st.message(),
+                              Deadline::afterMs(kFailureReportMs).cancelledBy(&abortFlag_));
+  }
   setAsyncError(st);
   return st;
 }

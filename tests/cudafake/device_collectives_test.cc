@@ -736,7 +736,8 @@ TEST_CASE("an all-to-all with empty splits on host memory between threads", "[cu
   CHECK(bad.count == 0);
 }
 
-// Send/Recv pairs to oneself must match in size, as any Send and Recv.
+// Send/Recv pairs to oneself must match in size, as any Send and Recv; the
+// communicator fails, as on host memory.
 TEST_CASE("a Send to oneself and a Recv from oneself of other sizes are an invalid usage", "[cudafake]") {
   useDevice0();
   ncclComm_t comm = soloComm();
@@ -746,8 +747,13 @@ TEST_CASE("a Send to oneself and a Recv from oneself of other sizes are an inval
   NCCL_OK(ncclSend(a.at(), 100, ncclFloat, 0, comm, s));
   NCCL_OK(ncclRecv(b.at(), 50, ncclFloat, 0, comm, s));
   CHECK(ncclGroupEnd() == ncclInvalidUsage);
-  CHECK(std::string(ncclGetLastError(comm)).find("Send to itself #0 of 400 bytes meets Recv from itself #0 of 200 bytes") !=
-        std::string::npos);
+  const std::string cause = "Send to itself #0 of 400 bytes meets Recv from itself #0 of 200 bytes";
+  CHECK(std::string(ncclGetLastError(comm)).find(cause) != std::string::npos);
+  ncclResult_t async = ncclSuccess;
+  NCCL_OK(ncclCommGetAsyncError(comm, &async));
+  CHECK(async == ncclInvalidUsage);
+  CHECK(ncclAllReduce(a.at(), a.at(), 100, ncclFloat, ncclSum, comm, s) == ncclInvalidUsage);
+  CHECK(std::string(ncclGetLastError(comm)).find(cause) != std::string::npos);
   cuStreamSynchronize(s);
   cuStreamDestroy(s);
   ncclCommDestroy(comm);
