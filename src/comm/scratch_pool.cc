@@ -1,7 +1,6 @@
 #include "comm/scratch_pool.h"
 
 #include <algorithm>
-#include <new>
 
 #include "transports/registry.h"
 

@@ -56,6 +56,19 @@ struct ThreadRanks {
   }
 };
 
+// A loopback transport and two "threads" that connect through it.
+struct LoopbackRanks {
+  std::unique_ptr<Transport> transport = makeLoopbackTransport();
+  ThreadRanks ranks{useDevice0()};
+  // Rank `from`'s end of pipe `id` to the other rank.
+  Result<std::unique_ptr<Connection>> connect(uint64_t id, int from, bool streamLinks = true) {
+    PeerInfo& self = from == 0 ? ranks.a : ranks.b;
+    PeerInfo& peer = from == 0 ? ranks.b : ranks.a;
+    return transport->connect({id, from, 1 - from, 0},
+                              ConnectOptions{&self, &peer, "", Deadline::afterMs(1000), streamLinks});
+  }
+};
+
 CUstream newStream() {
   CUstream s = nullptr;
   CU_OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
@@ -213,30 +226,27 @@ TEST_CASE("loopback has no stream ring where stream links were not agreed, nor t
 // or its operations (the ring broken), never their deadline.
 TEST_CASE("a loopback end that fails to make or match the stream ring fails the other end at once",
           "[cudafake][stream_ring]") {
-  auto transport = makeLoopbackTransport();
-  ThreadRanks ranks(useDevice0());
-  PeerInfo& a = ranks.a;
-  PeerInfo& b = ranks.b;
+  LoopbackRanks loopback;
   SECTION("the first end cannot allocate the ring") {
     const uint64_t id = freshCommId();
     shoalFakeCudaFailNth("cuMemCreate", 1);
-    auto first = transport->connect({id, 0, 1, 0}, ConnectOptions{&a, &b, "", Deadline::afterMs(1000), true});
+    auto first = loopback.connect(id, 0);
     shoalFakeCudaFailNth("cuMemCreate", 0);
     REQUIRE_FALSE(first.isOk());
     // Asked again, the same end does not take its own failed pipe for the peer's.
-    auto again = transport->connect({id, 0, 1, 0}, ConnectOptions{&a, &b, "", Deadline::afterMs(1000), true});
+    auto again = loopback.connect(id, 0);
     REQUIRE_FALSE(again.isOk());
     CHECK(again.status().message().find("an earlier connect failed") != std::string::npos);
-    auto second = transport->connect({id, 1, 0, 0}, ConnectOptions{&b, &a, "", Deadline::afterMs(1000), true});
+    auto second = loopback.connect(id, 1);
     REQUIRE_FALSE(second.isOk());
     INFO(second.status().toString());
     CHECK(second.status().message().find("the peer's end failed") != std::string::npos);
   }
   SECTION("the second end would have no ring") {
     const uint64_t id = freshCommId();
-    auto first = transport->connect({id, 0, 1, 0}, ConnectOptions{&a, &b, "", Deadline::afterMs(1000), true});
+    auto first = loopback.connect(id, 0);
     REQUIRE(first.isOk());
-    auto second = transport->connect({id, 1, 0, 0}, ConnectOptions{&b, &a, "", Deadline::afterMs(1000), false});
+    auto second = loopback.connect(id, 1, /*streamLinks=*/false);
     REQUIRE_FALSE(second.isOk());
     CHECK(second.status().message().find("one end has a stream ring and the other none") != std::string::npos);
     // The first end's ring is broken and its connection failed.
@@ -284,16 +294,13 @@ namespace {
 // a late peer fails at once instead of waiting alone for its deadline (one
 // that only sent whole messages on the ring keeps them for the peer: below).
 TEST_CASE("a loopback end whose peer never came gives back the ring's memory", "[cudafake][stream_ring]") {
-  auto transport = makeLoopbackTransport();
-  ThreadRanks ranks(useDevice0());
-  PeerInfo& a = ranks.a;
-  PeerInfo& b = ranks.b;
+  LoopbackRanks loopback;
   const int before = shoalFakeCudaLiveAllocations();
   enum Use { kUnused, kPosted, kFailed };
   for (Use use : {kUnused, kPosted, kFailed}) {
     INFO((use == kUnused ? "unused" : use == kPosted ? "a receive posted" : "its operation failed"));
     const uint64_t id = freshCommId();
-    auto first = transport->connect({id, 0, 1, 0}, ConnectOptions{&a, &b, "", Deadline::afterMs(1000), true});
+    auto first = loopback.connect(id, 0);
     REQUIRE(first.isOk());
     CHECK(shoalFakeCudaLiveAllocations() > before);
     uint8_t byte = 0;
@@ -302,7 +309,7 @@ TEST_CASE("a loopback end whose peer never came gives back the ring's memory", "
     first.value().reset();
     CHECK(shoalFakeCudaLiveAllocations() == before);
     // The peer, late: a fresh pipe it would wait on alone, or the failure.
-    auto late = transport->connect({id, 1, 0, 0}, ConnectOptions{&b, &a, "", Deadline::afterMs(1000), true});
+    auto late = loopback.connect(id, 1);
     if (use == kUnused) {
       REQUIRE(late.isOk());
       late.value().reset();
@@ -321,17 +328,14 @@ TEST_CASE("a loopback end whose peer never came gives back the ring's memory", "
 // (Transport::forgetRank): the pipe and its ring memory go, and a later
 // connect to it fails.
 TEST_CASE("messages a loopback end left on the ring reach its late peer, or go with it", "[cudafake][stream_ring]") {
-  auto transport = makeLoopbackTransport();
-  ThreadRanks ranks(useDevice0());
-  PeerInfo& a = ranks.a;
-  PeerInfo& b = ranks.b;
+  LoopbackRanks loopback;
   const int before = shoalFakeCudaLiveAllocations();
   for (const bool peerComes : {true, false}) {
     INFO((peerComes ? "the peer comes late" : "the peer never comes"));
     const uint64_t id = freshCommId();
     DeviceBytes src(20000, 5), dst(20000);
     {
-      auto sender = transport->connect({id, 0, 1, 0}, ConnectOptions{&a, &b, "", Deadline::afterMs(1000), true});
+      auto sender = loopback.connect(id, 0);
       REQUIRE(sender.isOk());
       CUstream s = newStream();
       StreamLink* link = sender.value()->streamLink();
@@ -341,7 +345,7 @@ TEST_CASE("messages a loopback end left on the ring reach its late peer, or go w
       CU_OK(cuStreamDestroy(s));
     }
     if (peerComes) {
-      auto late = transport->connect({id, 1, 0, 0}, ConnectOptions{&b, &a, "", Deadline::afterMs(1000), true});
+      auto late = loopback.connect(id, 1);
       INFO(late.status().toString());
       REQUIRE(late.isOk());
       CUstream s = newStream();
@@ -355,17 +359,17 @@ TEST_CASE("messages a loopback end left on the ring reach its late peer, or go w
       CU_OK(cuStreamDestroy(s));
     } else {
       CHECK(shoalFakeCudaLiveAllocations() > before);  // kept for the peer
-      transport->forgetRank(id, 0);  // the maker: nothing of it waits
+      loopback.transport->forgetRank(id, 0);  // the maker: nothing of it waits
       CHECK(shoalFakeCudaLiveAllocations() > before);
-      transport->forgetRank(id, 1);
+      loopback.transport->forgetRank(id, 1);
     }
   }
   CHECK(shoalFakeCudaLiveAllocations() == before);
   // A rank whose communicator ended before this one connected: the connect
   // fails at once, with no pipe made that nobody would take.
   const uint64_t id = freshCommId();
-  transport->forgetRank(id, 1);
-  auto toGone = transport->connect({id, 0, 1, 0}, ConnectOptions{&a, &b, "", Deadline::afterMs(1000), true});
+  loopback.transport->forgetRank(id, 1);
+  auto toGone = loopback.connect(id, 0);
   REQUIRE_FALSE(toGone.isOk());
   CHECK(toGone.status().message().find("its communicator ended") != std::string::npos);
   CHECK(shoalFakeCudaLiveAllocations() == before);
