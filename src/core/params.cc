@@ -1,5 +1,6 @@
 #include "core/params.h"
 
+#include <atomic>
 #include <cstdlib>
 #include <fstream>
 #include <map>
@@ -89,20 +90,28 @@ std::unique_ptr<Params> load() {
   return p;
 }
 
-std::mutex gMutex;
+std::mutex gMutex;  // loads
 std::unique_ptr<Params> gParams;
+// What params() returns: read on every call of the user's, so without a lock.
+std::atomic<const Params*> gCurrent{nullptr};
 
 }  // namespace
 
 const Params& params() {
+  if (const Params* p = gCurrent.load(std::memory_order_acquire)) [[likely]]
+    return *p;
   std::lock_guard<std::mutex> lock(gMutex);
-  if (!gParams) gParams = load();
+  if (!gParams) {
+    gParams = load();
+    gCurrent.store(gParams.get(), std::memory_order_release);
+  }
   return *gParams;
 }
 
 void reloadParams() {
   std::lock_guard<std::mutex> lock(gMutex);
   gParams = load();
+  gCurrent.store(gParams.get(), std::memory_order_release);
 }
 
 std::vector<ParamInfo> describeParams() {
