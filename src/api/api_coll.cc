@@ -349,7 +349,8 @@ SHOAL_API(ncclResult_t, ncclRedOpCreatePreMulSum,
     } else {
       return invalidArgument("invalid scalar residence ", static_cast<int>(residence));
     }
-    *op = static_cast<ncclRedOp_t>(impl->createRedOp(custom));
+    SHOAL_ASSIGN_OR_RETURN(int id, impl->createRedOp(custom));
+    *op = static_cast<ncclRedOp_t>(id);
     return Status::ok();
   });
 }

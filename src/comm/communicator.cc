@@ -33,6 +33,12 @@ uint64_t hash64(std::string_view s) {
   return h;
 }
 
+uint64_t mix64(uint64_t z) {  // splitmix64's finalizer
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
 }  // namespace
 
 Communicator::Communicator(InitRequest request)
@@ -42,6 +48,7 @@ Communicator::Communicator(InitRequest request)
       request_(std::move(request)),
       commId_(hash64(request_.scope)),
       connections_(commId_, rank_, peers_, request_.secret, abortFlag_),
+      redOps_(commId_ ^ (static_cast<uint64_t>(rank_) << 32)),
       windows_(Windows::make()) {}
 
 namespace {
@@ -778,35 +785,48 @@ Status Communicator::finalize() {
   return waitIdle(deadline);
 }
 
-int RedOpTable::create(const CustomRedOp& op) {
+RedOpTable::RedOpTable(uint64_t seed)
+    : base_(kFirstId + static_cast<int>((mix64(seed) % 16384) * kMaxLive)) {}
+
+Result<int> RedOpTable::create(const CustomRedOp& op) {
   std::lock_guard<std::mutex> lock(mutex_);
   const auto freeSlot = std::find(live_.begin(), live_.end(), 0);
   const size_t i = static_cast<size_t>(freeSlot - live_.begin());
   if (freeSlot == live_.end()) {
+    if (ops_.size() >= static_cast<size_t>(kMaxLive))
+      return invalidUsage("ncclRedOpCreatePreMulSum: ", kMaxLive,
+                          " user-created operators are alive on this communicator; destroy some first");
     ops_.push_back(op);
     live_.push_back(1);
   } else {
     ops_[i] = op;
     live_[i] = 1;
   }
-  return kFirstId + static_cast<int>(i);
+  return base_ + static_cast<int>(i);
+}
+
+int RedOpTable::slotOf(int id) const {
+  if (id < base_ || id - base_ >= static_cast<int>(ops_.size())) return -1;
+  const int i = id - base_;
+  return live_[static_cast<size_t>(i)] ? i : -1;
 }
 
 Result<CustomRedOp> RedOpTable::find(int id) const {
   std::lock_guard<std::mutex> lock(mutex_);
-  const size_t i = static_cast<size_t>(id - kFirstId);
-  if (id < kFirstId || i >= ops_.size() || !live_[i])
-    return invalidArgument("reduction operator ", id, " was not created on this communicator");
-  return ops_[i];
+  const int i = slotOf(id);
+  if (i < 0)
+    return invalidArgument("reduction operator ", id,
+                           " is unknown to this communicator (never created on it, or destroyed)");
+  return ops_[static_cast<size_t>(i)];
 }
 
 Status RedOpTable::destroy(int id) {
   std::lock_guard<std::mutex> lock(mutex_);
-  const size_t i = static_cast<size_t>(id - kFirstId);
-  if (id < kFirstId || i >= ops_.size() || !live_[i])
+  const int i = slotOf(id);
+  if (i < 0)
     return invalidArgument("ncclRedOpDestroy: operator ", id,
                            " is not a live user-created operator of this communicator");
-  live_[i] = 0;
+  live_[static_cast<size_t>(i)] = 0;
   return Status::ok();
 }
 

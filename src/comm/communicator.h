@@ -107,18 +107,29 @@ struct CustomRedOp {
 };
 
 // A communicator's user-created reduction operators. Their ids follow NCCL's
-// built-in ones: sum, prod, max, min, avg are 0..4 (ncclNumOps is 5; the API
-// layer checks the two agree), so the first created operator is 5.
+// built-in ones (sum, prod, max, min, avg are 0..4; ncclNumOps is 5, and the
+// API layer checks the two agree), from a base that differs between
+// communicators and between ranks of one (derived from both): an id passed
+// to another communicator is refused there, as NCCL refuses it (its ids are
+// mangled by a hash of the communicator), instead of naming an operator of
+// that one. As in NCCL, two communicators share a base with a small chance
+// (1 in 16,384).
 class RedOpTable {
  public:
   static constexpr int kFirstId = 5;
-  int create(const CustomRedOp& op);
+  static constexpr int kMaxLive = 1 << 16;  // operators alive at once
+  explicit RedOpTable(uint64_t seed);
+  Result<int> create(const CustomRedOp& op);
   Result<CustomRedOp> find(int id) const;
   Status destroy(int id);
 
  private:
+  // The slot of a live operator of this table, or -1.
+  int slotOf(int id) const;
+
+  const int base_;  // kFirstId + a multiple of kMaxLive, below 2^30
   mutable std::mutex mutex_;
-  std::vector<CustomRedOp> ops_;  // by id - kFirstId
+  std::vector<CustomRedOp> ops_;  // by id - base_
   std::vector<uint8_t> live_;     // 1: the op of that id exists
 };
 
@@ -237,7 +248,7 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
   Status finalize();
 
   // ncclRedOpCreatePreMulSum / ncclRedOpDestroy (RedOpTable).
-  int createRedOp(const CustomRedOp& op) { return redOps_.create(op); }
+  Result<int> createRedOp(const CustomRedOp& op) { return redOps_.create(op); }
   Result<CustomRedOp> findRedOp(int id) const { return redOps_.find(id); }
   Status destroyRedOp(int id) { return redOps_.destroy(id); }
 

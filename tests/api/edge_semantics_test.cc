@@ -430,6 +430,32 @@ TEST_CASE("edge: ncclRedOpCreatePreMulSum", "[api][edge]") {
   EXPECT_OK(ncclRedOpDestroy(op, w[0]));
 }
 
+// An operator belongs to the communicator that made it: another refuses its
+// handle (NCCL mangles handles per communicator), rather than running or
+// destroying an operator of its own that happens to share the number.
+TEST_CASE("edge: a user-created operator is refused by another communicator", "[api][edge]") {
+  World a(1), b(1);
+  float one = 1.f, three = 3.f;
+  ncclRedOp_t opA, opB;
+  EXPECT_OK(ncclRedOpCreatePreMulSum(&opA, &one, ncclFloat, ncclScalarHostImmediate, a[0]));
+  EXPECT_OK(ncclRedOpCreatePreMulSum(&opB, &three, ncclFloat, ncclScalarHostImmediate, b[0]));
+  CHECK(opA != opB);
+  float x = 2.f, y = 0.f;
+  EXPECT_RC(ncclAllReduce(&x, &y, 1, ncclFloat, opA, b[0], nullptr), ncclInvalidArgument,
+            "unknown to this communicator");
+  CHECK(y == 0.f);
+  EXPECT_RC(ncclRedOpDestroy(opA, b[0]), ncclInvalidArgument, "not a live user-created operator");
+  EXPECT_OK(ncclAllReduce(&x, &y, 1, ncclFloat, opB, b[0], nullptr));  // still there
+  CHECK(y == 6.f);
+  EXPECT_OK(ncclAllReduce(&x, &y, 1, ncclFloat, opA, a[0], nullptr));
+  CHECK(y == 2.f);
+  EXPECT_OK(ncclRedOpDestroy(opA, a[0]));
+  EXPECT_OK(ncclRedOpDestroy(opB, b[0]));
+  // A destroyed handle is refused by its own communicator too.
+  EXPECT_RC(ncclAllReduce(&x, &y, 1, ncclFloat, opA, a[0], nullptr), ncclInvalidArgument,
+            "unknown to this communicator");
+}
+
 TEST_CASE("edge: ncclRedOpDestroy", "[api][edge]") {
   World w(1);
   float scalar = 2.f;
