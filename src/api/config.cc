@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 
 #include "core/params.h"
 
@@ -61,19 +62,36 @@ Result<ncclConfig_t> resolveConfig(const ncclConfig_t* config) {
   defaultIfUndef(c.numRmaCtx, 1);
   defaultIfUndef(c.graphStreamOrdering, 1);
 
-  if (c.blocking != 0 && c.blocking != 1)
-    return invalidArgument("config.blocking ", c.blocking, " must be 0 or 1");
+  // NCCL 2.30's checks (parseCommConfig), each for a field the caller set.
+  auto zeroOrOne = [](const char* field, int value) -> Status {
+    if (value != 0 && value != 1) return invalidArgument("config.", field, " ", value, " must be 0 or 1");
+    return Status::ok();
+  };
+  auto positiveIfSet = [](const char* field, int value, int most) -> Status {
+    if (value != NCCL_CONFIG_UNDEF_INT && (value <= 0 || value > most))
+      return invalidArgument("config.", field, " ", value, " must be in 1..", most, " (or left undefined)");
+    return Status::ok();
+  };
+  SHOAL_TRY(zeroOrOne("blocking", c.blocking));
   if (c.minCTAs <= 0 || c.maxCTAs <= 0 || c.minCTAs > c.maxCTAs)
     return invalidArgument("config.minCTAs ", c.minCTAs, " and maxCTAs ", c.maxCTAs,
                            " must be positive with minCTAs <= maxCTAs");
-  if (c.cgaClusterSize < 0 || c.cgaClusterSize > 8)
-    return invalidArgument("config.cgaClusterSize ", c.cgaClusterSize, " must be in 0..8");
-  if (c.splitShare != 0 && c.splitShare != 1)
-    return invalidArgument("config.splitShare ", c.splitShare, " must be 0 or 1");
+  if (c.cgaClusterSize < 0) return invalidArgument("config.cgaClusterSize ", c.cgaClusterSize, " is negative");
+  SHOAL_TRY(zeroOrOne("splitShare", c.splitShare));
+  SHOAL_TRY(zeroOrOne("collnetEnable", c.collnetEnable));
+  // NCCL_CTA_POLICY_* are flags: DEFAULT (0), EFFICIENCY, ZERO, or both.
+  constexpr int kAllCtaPolicies = NCCL_CTA_POLICY_DEFAULT | NCCL_CTA_POLICY_EFFICIENCY | NCCL_CTA_POLICY_ZERO;
+  if (c.CTAPolicy < 0 || c.CTAPolicy > kAllCtaPolicies)
+    return invalidArgument("config.CTAPolicy ", c.CTAPolicy, " is not a combination of NCCL_CTA_POLICY_* flags");
+  SHOAL_TRY(zeroOrOne("shrinkShare", c.shrinkShare));
+  SHOAL_TRY(positiveIfSet("nvlsCTAs", c.nvlsCTAs, std::numeric_limits<int>::max()));
+  SHOAL_TRY(positiveIfSet("nChannelsPerNetPeer", c.nChannelsPerNetPeer, kMaxChannels));
+  SHOAL_TRY(zeroOrOne("nvlinkCentricSched", c.nvlinkCentricSched));
   if (c.graphUsageMode < 0 || c.graphUsageMode > 2)
     return invalidArgument("config.graphUsageMode ", c.graphUsageMode, " must be 0, 1 or 2");
-  if (c.CTAPolicy < 0 || c.CTAPolicy > 2)
-    return invalidArgument("config.CTAPolicy ", c.CTAPolicy, " is not a NCCL_CTA_POLICY_* value");
+  if (c.numRmaCtx < 0) return invalidArgument("config.numRmaCtx ", c.numRmaCtx, " is negative");
+  SHOAL_TRY(positiveIfSet("maxP2pPeers", c.maxP2pPeers, std::numeric_limits<int>::max()));
+  SHOAL_TRY(zeroOrOne("graphStreamOrdering", c.graphStreamOrdering));
   if (c.graphStreamOrdering == 0 && c.graphUsageMode == 2) c.graphUsageMode = 1;
 
   const Params& p = params();

@@ -2146,6 +2146,36 @@ TEST_CASE("ncclConfig_t: magic - ranges - version resets - size clamping", "[api
     cfg.maxCTAs = 2;
     CHECK(initWithConfig(&cfg) == ncclInvalidArgument);
   }
+  {  // NCCL 2.30's ranges: what it accepts and what it refuses, field by field.
+    struct Case {
+      const char* what;
+      std::function<void(ncclConfig_t&)> set;
+      ncclResult_t expect;
+    };
+    const std::vector<Case> cases = {
+        {"cgaClusterSize 16", [](ncclConfig_t& c) { c.cgaClusterSize = 16; }, ncclSuccess},
+        {"cgaClusterSize -2", [](ncclConfig_t& c) { c.cgaClusterSize = -2; }, ncclInvalidArgument},
+        {"CTAPolicy EFFICIENCY|ZERO", [](ncclConfig_t& c) { c.CTAPolicy = NCCL_CTA_POLICY_EFFICIENCY | NCCL_CTA_POLICY_ZERO; }, ncclSuccess},
+        {"CTAPolicy 4", [](ncclConfig_t& c) { c.CTAPolicy = 4; }, ncclInvalidArgument},
+        {"collnetEnable 5", [](ncclConfig_t& c) { c.collnetEnable = 5; }, ncclInvalidArgument},
+        {"shrinkShare 7", [](ncclConfig_t& c) { c.shrinkShare = 7; }, ncclInvalidArgument},
+        {"nvlsCTAs 0", [](ncclConfig_t& c) { c.nvlsCTAs = 0; }, ncclInvalidArgument},
+        {"nvlsCTAs 16", [](ncclConfig_t& c) { c.nvlsCTAs = 16; }, ncclSuccess},
+        {"nChannelsPerNetPeer 65", [](ncclConfig_t& c) { c.nChannelsPerNetPeer = 65; }, ncclInvalidArgument},
+        {"nChannelsPerNetPeer 4", [](ncclConfig_t& c) { c.nChannelsPerNetPeer = 4; }, ncclSuccess},
+        {"nvlinkCentricSched 2", [](ncclConfig_t& c) { c.nvlinkCentricSched = 2; }, ncclInvalidArgument},
+        {"numRmaCtx -1", [](ncclConfig_t& c) { c.numRmaCtx = -1; }, ncclInvalidArgument},
+        {"maxP2pPeers 0", [](ncclConfig_t& c) { c.maxP2pPeers = 0; }, ncclInvalidArgument},
+        {"maxP2pPeers 2", [](ncclConfig_t& c) { c.maxP2pPeers = 2; }, ncclSuccess},
+        {"graphStreamOrdering 3", [](ncclConfig_t& c) { c.graphStreamOrdering = 3; }, ncclInvalidArgument},
+    };
+    for (const Case& k : cases) {
+      INFO(k.what);
+      ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+      k.set(cfg);
+      CHECK(initWithConfig(&cfg) == k.expect);
+    }
+  }
   {  // blocking = 0 is honoured from a 2.14+ header...
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
     cfg.blocking = 0;
