@@ -467,7 +467,7 @@ SHOAL_API(ncclResult_t, ncclCommGetAsyncError, (ncclComm_t comm, ncclResult_t* a
 SHOAL_API(ncclResult_t, ncclCommCount, (const ncclComm_t comm, int* count)) {
   return guard("ncclCommCount", [&]() -> Status {
     if (count == nullptr) return invalidArgument("count is NULL");
-    SHOAL_ASSIGN_OR_RETURN(auto impl, api::readyComm(comm));
+    SHOAL_ASSIGN_OR_RETURN(auto impl, api::readyOrRevokedComm(comm));
     *count = impl->nranks();
     return Status::ok();
   });
@@ -476,7 +476,7 @@ SHOAL_API(ncclResult_t, ncclCommCount, (const ncclComm_t comm, int* count)) {
 SHOAL_API(ncclResult_t, ncclCommUserRank, (const ncclComm_t comm, int* rank)) {
   return guard("ncclCommUserRank", [&]() -> Status {
     if (rank == nullptr) return invalidArgument("rank is NULL");
-    SHOAL_ASSIGN_OR_RETURN(auto impl, api::readyComm(comm));
+    SHOAL_ASSIGN_OR_RETURN(auto impl, api::readyOrRevokedComm(comm));
     *rank = impl->rank();
     return Status::ok();
   });
@@ -485,7 +485,7 @@ SHOAL_API(ncclResult_t, ncclCommUserRank, (const ncclComm_t comm, int* rank)) {
 SHOAL_API(ncclResult_t, ncclCommCuDevice, (const ncclComm_t comm, int* device)) {
   return guard("ncclCommCuDevice", [&]() -> Status {
     if (device == nullptr) return invalidArgument("device is NULL");
-    SHOAL_ASSIGN_OR_RETURN(auto impl, api::readyComm(comm));
+    SHOAL_ASSIGN_OR_RETURN(auto impl, api::readyOrRevokedComm(comm));
     // The device current when the communicator was made, where CUDA is in
     // use; otherwise the device it was created for (ncclCommInitAll's list).
     *device = impl->cudaDevice() >= 0 ? impl->cudaDevice() : comm->cudaDev;

@@ -93,9 +93,11 @@ Status checkHandle(ncclComm_t comm) {
         "Attempt to use communicator before the previous operation returned ncclSuccess "
         "(initialization still in progress; poll ncclCommGetAsyncError)");
   if (state != ncclSuccess) {
+    // The init's own code, as NCCL returns a communicator's error state.
     std::lock_guard<std::mutex> lock(comm->shared->mutex);
-    return Status(Code::kInvalidUsage,
-                  str("communicator failed to initialize: ", comm->shared->initError.message()));
+    const Status& init = comm->shared->initError;
+    const Code code = init.isOk() || init.code() == Code::kInProgress ? Code::kInvalidUsage : init.code();
+    return Status(code, str("communicator failed to initialize: ", init.message()));
   }
   return Status::ok();
 }
@@ -103,7 +105,7 @@ Status checkHandle(ncclComm_t comm) {
 [[gnu::cold, gnu::noinline]] Status abortedError(const ncclComm::Shared& shared, const Communicator& impl) {
   if (shared.revoked.load(std::memory_order_acquire))
     return invalidUsage(impl.describe(), " was revoked (ncclCommRevoke): only ncclCommDestroy, ncclCommAbort, "
-                        "ncclCommSplit and ncclCommShrink may use it");
+                        "ncclCommSplit, ncclCommShrink, its queries and deregistrations may use it");
   return invalidUsage(impl.describe(), " was aborted");
 }
 

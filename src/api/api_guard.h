@@ -131,7 +131,8 @@ ncclResult_t groupGuard(const char* function, Body&& body) noexcept {
 // not (NULL, destroyed, still initializing, failed, aborted).
 Result<std::shared_ptr<Communicator>> readyComm(ncclComm_t comm);
 // readyComm, but a revoked communicator (ncclCommRevoke) is ready too: for
-// the calls NCCL allows after a revoke (split, shrink).
+// the calls NCCL allows after a revoke (split, shrink, the queries of its
+// size, rank and device, deregistrations).
 Result<std::shared_ptr<Communicator>> readyOrRevokedComm(ncclComm_t comm);
 
 // Lifecycle helpers shared by the init entry points (api_comm.cc) and the

@@ -216,8 +216,10 @@ SHOAL_API(ncclResult_t, ncclCommWindowRegister,
 
 SHOAL_API(ncclResult_t, ncclCommWindowDeregister, (ncclComm_t comm, ncclWindow_t win)) {
   return guard("ncclCommWindowDeregister", [&]() -> Status {
-    SHOAL_ASSIGN_OR_RETURN(auto impl, api::readyComm(comm));
     if (win == nullptr) return Status::ok();  // as NCCL: what a skipped registration returned
+    // On a revoked communicator too: its windows must go before their
+    // memory is freed.
+    SHOAL_ASSIGN_OR_RETURN(auto impl, api::readyOrRevokedComm(comm));
     return impl->deregisterWindow(win);
   });
 }

@@ -219,6 +219,14 @@ TEST_CASE("edge: ncclCommShrink, Revoke, GetUniqueId, Grow, Suspend, Resume, Mem
   float x = 1, y = 0;
   EXPECT_RC(ncclAllReduce(&x, &y, 1, ncclFloat, ncclSum, w[0], nullptr), ncclInvalidUsage, "revoked");
   EXPECT_RC(ncclCommRevoke(w[0], NCCL_REVOKE_DEFAULT), ncclInvalidArgument, "already revoked");
+  // Its queries still answer, as NCCL's (the abort flag skips their readiness check).
+  int count = 0, rank = -1, device = -2;
+  EXPECT_OK(ncclCommCount(w[0], &count));
+  EXPECT_OK(ncclCommUserRank(w[0], &rank));
+  EXPECT_OK(ncclCommCuDevice(w[0], &device));
+  CHECK(count == 1);
+  CHECK(rank == 0);
+  EXPECT_OK(ncclCommWindowDeregister(w[0], nullptr));
   EXPECT_RC(ncclCommSuspend(w[0], NCCL_SUSPEND_MEM), ncclInvalidUsage, "not implemented");
   EXPECT_RC(ncclCommResume(w[0]), ncclInvalidUsage, "not implemented");
   uint64_t value = 0;

@@ -1499,7 +1499,8 @@ TEST_CASE("inits in a failed group report its error, and a simulated end runs th
   ncclResult_t async = ncclSuccess;
   NCCL_OK(ncclCommGetAsyncError(comm, &async));
   CHECK(async == ncclInvalidArgument);
-  NCCL_EXPECT(ncclAllReduce(&x, &x, 1, ncclFloat, ncclSum, comm, nullptr), ncclInvalidUsage);
+  // A call on it returns its error state, as NCCL's (ncclCommEnsureReady).
+  NCCL_EXPECT(ncclAllReduce(&x, &x, 1, ncclFloat, ncclSum, comm, nullptr), ncclInvalidArgument);
   CHECK(lastError().find("failed to initialize: the group was not run") != std::string::npos);
   NCCL_OK(ncclCommDestroy(comm));
 
