@@ -594,3 +594,34 @@ TEST_CASE("edge: ncclParam*", "[api][edge]") {
   EXPECT_RC(ncclParamGetAllParameterKeys(nullptr, &nkeys), ncclInvalidArgument, "NULL output");
   EXPECT_RC(ncclParamGetAllParameterKeys(&keys, nullptr), ncclInvalidArgument, "NULL output");
 }
+
+// NCCL's device API (nccl_device.h) is not offered, but its host functions
+// exist: PyTorch resolves them at load. Creating a device communicator is
+// refused with the reason; the team queries answer truthfully.
+namespace {
+struct DeviceApiTeam {
+  int nRanks, rank, stride;
+};
+}  // namespace
+extern "C" {
+ncclResult_t ncclDevCommCreate(ncclComm_t, const void*, void*);
+DeviceApiTeam ncclTeamWorld(ncclComm_t);
+DeviceApiTeam ncclTeamLsa(ncclComm_t);
+int ncclTeamRankToWorld(ncclComm_t, DeviceApiTeam, int);
+}
+
+TEST_CASE("edge: the device API's host functions refuse creation and answer team queries", "[api][edge]") {
+  World w(2);
+  char devComm[256] = {};
+  EXPECT_RC(ncclDevCommCreate(w[1], nullptr, devComm), ncclInvalidUsage, "device API");
+  const DeviceApiTeam world = ncclTeamWorld(w[1]);
+  CHECK(world.nRanks == 2);
+  CHECK(world.rank == 1);
+  CHECK(world.stride == 1);
+  const DeviceApiTeam lsa = ncclTeamLsa(w[1]);
+  CHECK(lsa.nRanks == 1);
+  CHECK(lsa.rank == 0);
+  CHECK(ncclTeamRankToWorld(w[1], world, 0) == 0);
+  CHECK(ncclTeamRankToWorld(w[1], world, 2) == -1);
+  CHECK(ncclTeamWorld(nullptr).nRanks == 0);
+}
