@@ -134,26 +134,7 @@ Result<std::unique_ptr<Tuner>> Tuner::create(const TopologySummary& topo, TunerO
       return invalidArgument("SHOAL_ALGO=", o.shoalAlgo, " is not an algorithm (known: ", names, ")");
     }
   }
-  std::string algo = lower(o.algo);
-  t->allowListSet_ = !algo.empty();
-  if (!algo.empty()) {
-    t->allowListNegated_ = algo[0] == '^';
-    if (t->allowListNegated_) algo.erase(0, 1);
-    size_t pos = 0;
-    while (pos <= algo.size()) {
-      size_t comma = algo.find_first_of(",;", pos);
-      std::string name = algo.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
-      pos = comma == std::string::npos ? algo.size() + 1 : comma + 1;
-      if (auto colon = name.find(':'); colon != std::string::npos) name = name.substr(colon + 1);
-      if (name.empty()) continue;
-      auto it = std::find_if(ncclAlgoNames().begin(), ncclAlgoNames().end(),
-                             [&](const NcclAlgoName& n) { return name == n.nccl; });
-      if (it == ncclAlgoNames().end())
-        return invalidArgument("NCCL_ALGO=", o.algo, ": unknown algorithm '", name,
-                               "' (known: Ring, Tree, CollnetDirect, CollnetChain, NVLS, NVLSTree, PAT)");
-      t->allowList_.insert(t->allowList_.end(), it->shoal.begin(), it->shoal.end());
-    }
-  }
+  SHOAL_TRY(t->parseAlgoList(o.algo));
   const TopologySummary& s = t->topo_;
   SHOAL_INFO(subsys::kTuning, "tuner: ", s.nranks, " ranks on ", s.nnodes, " node(s), ",
              s.minRanksPerNode, "-", s.maxRanksPerNode, " per node, inside ",
@@ -176,10 +157,68 @@ void Tuner::warnForcedMissing(CollKind kind) const {
                " algorithm: the tuner chooses one for ", collKindName(kind));
 }
 
+// NCCL's syntax: entries split by ';', each a comma-separated list of
+// algorithms, '^' first to exclude them; the first entry may apply to every
+// collective, the others name theirs ("ring;allreduce:^tree"). A later entry
+// for a collective replaces what an earlier one said of it. Negation is of
+// NCCL's names: "^tree" leaves Ring, whose Shoal algorithms stay allowed
+// even where Tree's list names them too. NCCL applies the list to Broadcast,
+// Reduce, AllGather, ReduceScatter and AllReduce only.
+Status Tuner::parseAlgoList(const std::string& text) {
+  const std::string spec = lower(text);
+  if (spec.empty()) return Status::ok();
+  static constexpr CollKind kListed[] = {CollKind::kBroadcast, CollKind::kReduce, CollKind::kAllGather,
+                                         CollKind::kReduceScatter, CollKind::kAllReduce};
+  const auto& names = ncclAlgoNames();
+  size_t pos = 0;
+  bool first = true;
+  while (pos <= spec.size()) {
+    const size_t semi = spec.find(';', pos);
+    std::string entry = spec.substr(pos, semi == std::string::npos ? std::string::npos : semi - pos);
+    pos = semi == std::string::npos ? spec.size() + 1 : semi + 1;
+    if (entry.empty()) continue;
+    std::vector<CollKind> kinds(std::begin(kListed), std::end(kListed));
+    if (const size_t colon = entry.find(':'); colon != std::string::npos) {
+      const std::string function = entry.substr(0, colon);
+      entry = entry.substr(colon + 1);
+      auto it = std::find_if(std::begin(kListed), std::end(kListed),
+                             [&](CollKind k) { return lower(collKindName(k)) == function; });
+      if (it == std::end(kListed))
+        return invalidArgument("NCCL_ALGO=", text, ": '", function,
+                               "' is not a collective NCCL_ALGO applies to (Broadcast, Reduce, AllGather, "
+                               "ReduceScatter, AllReduce)");
+      kinds = {*it};
+    } else if (!first) {
+      return invalidArgument("NCCL_ALGO=", text, ": every entry but the first must name its collective (\"", entry,
+                             "\" does not)");
+    }
+    first = false;
+    const bool exclude = !entry.empty() && entry[0] == '^';
+    if (exclude) entry.erase(0, 1);
+    std::vector<bool> enabled(names.size(), exclude);
+    size_t at = 0;
+    while (at <= entry.size()) {
+      const size_t comma = entry.find(',', at);
+      const std::string name = entry.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
+      at = comma == std::string::npos ? entry.size() + 1 : comma + 1;
+      if (name.empty()) continue;
+      auto it = std::find_if(names.begin(), names.end(), [&](const NcclAlgoName& n) { return name == n.nccl; });
+      if (it == names.end())
+        return invalidArgument("NCCL_ALGO=", text, ": unknown algorithm '", name,
+                               "' (known: Ring, Tree, CollnetDirect, CollnetChain, NVLS, NVLSTree, PAT)");
+      enabled[static_cast<size_t>(it - names.begin())] = !exclude;
+    }
+    std::set<std::string> shoal;
+    for (size_t i = 0; i < names.size(); ++i)
+      if (enabled[i]) shoal.insert(names[i].shoal.begin(), names[i].shoal.end());
+    for (CollKind k : kinds) allowed_[static_cast<size_t>(k)] = shoal;
+  }
+  return Status::ok();
+}
+
 bool Tuner::allowed(const AlgorithmEntry& entry) const {
-  if (!allowListSet_) return true;
-  bool listed = std::find(allowList_.begin(), allowList_.end(), entry.name) != allowList_.end();
-  return allowListNegated_ ? !listed : listed;
+  const auto& list = allowed_[static_cast<size_t>(entry.kind)];
+  return !list || list->count(entry.name) > 0;
 }
 
 // Algorithms are charged at the slowest link of the communicator: the
@@ -282,14 +321,10 @@ Result<std::pair<TunerChoice, double>> Tuner::decide(const CollShape& shape,
     for (const AlgorithmEntry* e : all)
       if (allowed(*e) && e->supports(shape, view)) consider(e);
   }
-  if (!choice.algorithm && allowListSet_ && !pointToPoint)
+  if (!choice.algorithm && allowed_[static_cast<size_t>(shape.kind)])
     return invalidUsage("no algorithm available for ", collKindName(shape.kind), " of ",
                         operationBytes(shape), " bytes with ", dataTypeName(shape.dtype),
                         ": NCCL_ALGO was set to ", options_.algo);
-  if (!choice.algorithm) {
-    for (const AlgorithmEntry* e : all)
-      if (e->supports(shape, view)) consider(e);  // Send/Recv ignore NCCL_ALGO, as in NCCL
-  }
   if (!choice.algorithm)
     return internalError("no algorithm supports ", collKindName(shape.kind), " of ",
                          operationBytes(shape), " bytes");

@@ -15,8 +15,10 @@
 // Thread-safety: choose() is const apart from the log-once set (locked).
 #pragma once
 
+#include <array>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -77,6 +79,7 @@ class Tuner {
  private:
   Tuner() = default;
   bool allowed(const AlgorithmEntry& entry) const;
+  Status parseAlgoList(const std::string& text);  // NCCL_ALGO into allowed_
   ModelContext contextFor(const AlgorithmEntry& entry, const RankView& view) const;
   // The cheapest (channels, segment) for one algorithm, and its cost.
   std::pair<AlgoParams, double> bestParams(const AlgorithmEntry& entry, const CollShape& shape,
@@ -91,9 +94,10 @@ class Tuner {
   // kSocketPieceMaxBytes: for net through kernel sockets.
   std::vector<uint64_t> socketSegmentCandidates_;
   std::string forced_;                 // SHOAL_ALGO, lower case
-  std::vector<std::string> allowList_; // from NCCL_ALGO (lower-case Shoal names)
-  bool allowListNegated_ = false;
-  bool allowListSet_ = false;           // NCCL_ALGO was set (its list may map to nothing)
+  // NCCL_ALGO: per collective NCCL applies it to (Broadcast, Reduce,
+  // AllGather, ReduceScatter, AllReduce), the Shoal algorithms of the NCCL
+  // algorithms it leaves enabled; unset for a collective it leaves alone.
+  std::array<std::optional<std::set<std::string>>, kNumCollKinds> allowed_;
   // Collective kinds SHOAL_ALGO names no algorithm of, warned once each.
   mutable std::set<int> forcedMissingWarned_;  // guarded by logMutex_
   void warnForcedMissing(CollKind kind) const;

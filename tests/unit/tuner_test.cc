@@ -866,6 +866,46 @@ TEST_CASE("NCCL_ALGO and SHOAL_ALGO: bad names are init errors, good ones steer"
   CHECK_THAT(fromEnv.status().message(), Catch::Contains("NCCL_ALGO=Ring;Nope"));
 }
 
+// NCCL_ALGO as NCCL reads it: '^' excludes NCCL's algorithms (not Shoal's
+// names they share), per-collective entries override the first, and only
+// Broadcast, Reduce, AllGather, ReduceScatter and AllReduce are affected.
+TEST_CASE("NCCL_ALGO: exclusion, per-collective entries, the collectives it leaves alone", "[unit][tuner]") {
+  const TopologySummary s = topologies()[1].summary;
+  auto pick = [&](const std::string& algo, CollKind kind, uint64_t bytes) -> std::string {
+    TunerOptions o = testOptions();
+    o.algo = algo;
+    CollShape shape = shapeOf(kind, bytes);
+    auto choice = makeTuner(s, o)->choose(shape, viewOf(4));
+    return choice.isOk() ? std::string(choice->algorithm->name) : "error: " + choice.status().message();
+  };
+  for (CollKind kind : {CollKind::kBroadcast, CollKind::kReduce, CollKind::kAllToAll, CollKind::kGather,
+                        CollKind::kScatter, CollKind::kAllGather, CollKind::kReduceScatter}) {
+    INFO(collKindName(kind));
+    for (const char* algo : {"^tree", "^Ring", "ring", "tree"}) {
+      INFO("NCCL_ALGO=" << algo);
+      CHECK(pick(algo, kind, 64 * KiB).rfind("error", 0) == std::string::npos);
+    }
+  }
+  CHECK(pick("^tree", CollKind::kAllReduce, 256 * MiB) == "ring");
+  CHECK(pick("^ring", CollKind::kAllReduce, 256 * MiB) == "recursive_doubling");
+  // Per collective: AllReduce on Tree, the others as the first entry says.
+  CHECK(pick("ring;allreduce:tree", CollKind::kAllReduce, 256 * MiB) == "recursive_doubling");
+  CHECK(pick("ring;allreduce:tree", CollKind::kAllGather, 8) == "ring");
+  CHECK(pick("allreduce:^ring", CollKind::kAllGather, 8) != "error");
+  // Nothing left for Broadcast; AlltoAll is not NCCL_ALGO's.
+  CHECK(pick("^ring,tree", CollKind::kBroadcast, 64).find("NCCL_ALGO was set to ^ring,tree") != std::string::npos);
+  CHECK(pick("^ring,tree", CollKind::kAllToAll, 64).rfind("error", 0) == std::string::npos);
+  // An entry after the first without its collective, or an unknown one, is an init error.
+  for (const char* bad : {"ring;tree", "allreduce:ring;sendrecv:tree"}) {
+    INFO(bad);
+    TunerOptions o = testOptions();
+    o.algo = bad;
+    auto tuner = Tuner::create(s, o);
+    REQUIRE_FALSE(tuner.isOk());
+    CHECK(tuner.status().code() == Code::kInvalidArgument);
+  }
+}
+
 TEST_CASE("a forced algorithm that cannot run is an error - never a silent substitute", "[unit][tuner]") {
   // One node: hierarchical does not apply (it needs several nodes).
   const TopologySummary oneNode = summary(1, 4, LinkClass::kShm, LinkClass::kNet, smallMachine(4));
