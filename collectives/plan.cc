@@ -122,6 +122,8 @@ Plan mergePlans(const std::vector<PlanPtr>& plans) {
     const size_t nOps = p->shapes.size();
     SHOAL_CHECK(nOps >= 1, "mergePlans: plan without a shape");
     SHOAL_CHECK(!p->readsPeers, "mergePlans: peer-reading plans are single-op only");
+    SHOAL_CHECK(merged.shapes.size() + nOps <= kMaxMergedOps, "mergePlans: more than ", kMaxMergedOps,
+                " operations");
     for (size_t k = 0; k < nOps; ++k) {
       merged.shapes.push_back(p->shapes[k]);
       uint64_t off = k < p->scratchOffsets.size() ? p->scratchOffsets[k] : 0;

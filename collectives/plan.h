@@ -70,6 +70,9 @@ inline constexpr uint16_t kP2pChannel = 0xffff;
 
 // Buffers of peer-reading plans (single op only, never merged into groups).
 inline constexpr uint16_t kWindowBuffer = 0x3fff;
+// Operations a merged plan holds: their buffers (kBuffersPerOp each) stay
+// below kWindowBuffer.
+inline constexpr size_t kMaxMergedOps = kWindowBuffer / kBuffersPerOp;
 inline constexpr uint16_t kPeerBufferBase = 0x4000;
 inline constexpr uint64_t kWindowSlotBytes = 64;  // one buffer descriptor
 inline constexpr uint16_t peerBuffer(int peer, uint16_t b) {

@@ -123,8 +123,7 @@ Status dispatch(ncclComm_t handle, const std::shared_ptr<Communicator>& comm, Op
     }
   }
   if (group::active()) {
-    group::addOp(comm, std::move(req));
-    return Status::ok();
+    return group::addOp(comm, std::move(req));
   }
   if (callCheckEnabled()) [[unlikely]] {
     SHOAL_TRY(checkCallsAgree(*comm, std::span<const OpRequest>(&req, 1)));

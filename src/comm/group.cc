@@ -6,6 +6,7 @@
 #include <thread>
 #include <vector>
 
+#include "collectives/plan.h"
 #include "core/log.h"
 
 namespace shoal::group {
@@ -156,13 +157,18 @@ bool active() { return tDepth > 0; }
 int depth() { return tDepth; }
 void start() { ++tDepth; }
 
-void addOp(const std::shared_ptr<Communicator>& comm, OpRequest op) {
+Status addOp(const std::shared_ptr<Communicator>& comm, OpRequest op) {
   for (auto& c : tGroup.comms)
     if (c.comm == comm) {
+      if (c.ops.size() >= kMaxMergedOps)
+        return invalidUsage(comm->describe(), ": a group holds at most ", kMaxMergedOps,
+                            " operations per communicator (its merged plan numbers their buffers in 16 bits); "
+                            "split it into several groups");
       c.ops.push_back(std::move(op));
-      return;
+      return Status::ok();
     }
   tGroup.comms.push_back({comm, {std::move(op)}});  // the one reference the group keeps
+  return Status::ok();
 }
 
 void addInit(std::function<Status()> init, Abandon abandon) {

@@ -31,8 +31,11 @@ Status end();
 // and returns the tuner's time estimate in microseconds (ncclGroupSimulateEnd).
 Result<float> simulateEnd();
 
-// Records an operation inside the current group.
-void addOp(const std::shared_ptr<Communicator>& comm, OpRequest op);
+// Records an operation inside the current group. A group's operations on
+// one communicator run as one merged plan, which holds at most
+// kMaxMergedOps: one more is an invalid usage (and fails the group, as any
+// refused call in it).
+Status addOp(const std::shared_ptr<Communicator>& comm, OpRequest op);
 // What a deferred init does when its group fails before it ran: tell the
 // handle it made why (it was given out at the call).
 using Abandon = std::function<void(const Status& why)>;

@@ -1277,6 +1277,29 @@ TEST_CASE("AlltoAll and Gather and Scatter: every root - in place at the root", 
 // Point to point
 // ===========================================================================
 
+// A group's operations on one communicator run as one merged plan, whose
+// buffer numbers are 16 bits: the most it holds run, with the right data,
+// and one more is refused by name and fails the group (it had read the
+// wrong buffers).
+TEST_CASE("a group holds at most kMaxMergedOps operations per communicator", "[api][group]") {
+  World w(1);
+  constexpr size_t kMost = 5461;
+  std::vector<float> in(kMost + 1), out(kMost + 1, -1.f);
+  for (size_t k = 0; k < in.size(); ++k) in[k] = static_cast<float>(k);
+  NCCL_OK(ncclGroupStart());
+  for (size_t k = 0; k < kMost; ++k) NCCL_OK(ncclAllReduce(&in[k], &out[k], 1, ncclFloat, ncclSum, w[0], nullptr));
+  NCCL_OK(ncclGroupEnd());
+  size_t wrong = 0;
+  for (size_t k = 0; k < kMost; ++k) wrong += out[k] != in[k];
+  CHECK(wrong == 0);
+  NCCL_OK(ncclGroupStart());
+  for (size_t k = 0; k < kMost; ++k) NCCL_OK(ncclAllReduce(&in[k], &out[k], 1, ncclFloat, ncclSum, w[0], nullptr));
+  CHECK(ncclAllReduce(&in[kMost], &out[kMost], 1, ncclFloat, ncclSum, w[0], nullptr) == ncclInvalidUsage);
+  CHECK(ncclGroupEnd() == ncclInvalidUsage);
+  CHECK(lastError().find("a group holds at most 5461 operations per communicator") != std::string::npos);
+  CHECK(out[kMost] == -1.f);
+}
+
 TEST_CASE("Send/Recv in groups: ring - self - pairwise - ordering - zero bytes", "[api][p2p]") {
   const TypeInfo& t = typeOf(ncclFloat32);
   for (int n = 1; n <= 4; ++n) {
