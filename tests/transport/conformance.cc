@@ -7,6 +7,8 @@
 #include <set>
 #include <vector>
 
+#include <unistd.h>
+
 #include "core/clock.h"
 #include "core/tag.h"
 
@@ -249,6 +251,31 @@ void runConformanceSuite(const TransportUnderTest& transport) {
     REQUIRE_THAT(b.status.message(), Catch::Contains(std::to_string(sentBytes)));
     REQUIRE_THAT(b.status.message(), Catch::Contains(std::to_string(postedBytes)));
     pair = {};  // before the buffers, as above
+  }
+
+  SECTION("after quiesce() no later poll moves a posted operation's bytes, and posts fail") {
+    // A job that ended without its messages: later jobs' polls of this
+    // connection must not write into its buffers (their owner was told the
+    // operation is over) nor read from them.
+    Batch warmup({10}, 9, 0);
+    warmup.postSends(*a.conn);
+    warmup.postRecvs(*b.conn);
+    pumpToCompletion(a, b);
+    std::vector<uint8_t> in(1000, 7), out(1000, 3);
+    REQUIRE(b.conn->postRecv(in.data(), in.size(), tagFor(1000, 1), 5).isOk());
+    b.conn->quiesce();
+    a.status = a.conn->postSend(out.data(), out.size(), tagFor(1000, 1), 6);  // may fail at once (loopback)
+    for (int i = 0; i < 200; ++i) {  // both ends polled, whatever they answer
+      bool progressed = false;
+      (void)a.conn->poll(a.done, progressed);
+      (void)b.conn->poll(b.done, progressed);
+      if (i % 20 == 19) ::usleep(1000);
+    }
+    CHECK(std::count(in.begin(), in.end(), 7) == 1000);  // untouched
+    CHECK_FALSE(b.hasToken(5));
+    std::vector<uint8_t> late(10);
+    CHECK_FALSE(b.conn->postRecv(late.data(), late.size(), tagFor(10, 2), 7).isOk());
+    pair = {};  // before the buffers
   }
 
   SECTION("a destroyed peer is an error naming it, not a hang") {

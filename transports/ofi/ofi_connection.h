@@ -117,6 +117,13 @@ class OfiConnection final : public Connection {
   Status postRecv(void* data, uint64_t bytes, uint64_t tag, uint64_t token) override;
   Status poll(std::vector<Completion>& done, bool& progressed) override;
   size_t pending() const override { return pendingMessages_; }
+  // A job ended without its operations here (failed, aborted): the
+  // connection fails for good, so that no later poll (another job's) moves
+  // their bytes into or out of buffers their owner has been told are done.
+  // (A provider that places data without being polled, such as EFA, may
+  // still write into a posted receive until the connection is destroyed.)
+  void quiesce() override;
+
   const std::string& peerDescription() const override { return peer_; }
 
   int railIndex() const { return rail_.index(); }

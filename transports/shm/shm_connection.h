@@ -82,6 +82,10 @@ class ShmConnection final : public Connection {
   // The peer's process (pidfd), its `closed` flag and a failure it
   // published: a killed or failed peer is seen at the next check.
   Status checkAlive() override;
+  // A job ended without its operations here (failed, aborted): the
+  // connection fails for good, so that no later poll (another job's) moves
+  // their bytes into or out of buffers their owner has been told are done.
+  void quiesce() override;
   bool carriesFailureReports() const override { return true; }
   void publishFailure(std::string_view reason) override;
   std::string peerFailure() const override;

@@ -65,6 +65,10 @@ class TcpConnection final : public Connection {
   // Every socket: EOF, a pending error, or silence past net::silentAfterMs
   // (net::checkIdleSocket); nothing is read or written.
   Status checkAlive() override;
+  // A job ended without its operations here (failed, aborted): the
+  // connection fails for good, so that no later poll (another job's) moves
+  // their bytes into or out of buffers their owner has been told are done.
+  void quiesce() override;
   const std::string& peerDescription() const override { return peer_; }
 
   int laneCount() const { return static_cast<int>(lanes_.size()); }
