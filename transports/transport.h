@@ -147,9 +147,9 @@ class Connection {
   virtual Status checkAlive() { return Status::ok(); }
   // The job whose operations are posted here ended without them (failed,
   // aborted, retired): whatever still touches their buffers stops before
-  // this returns, and the connection is failed for good. Transports that
-  // move bytes only inside poll() need nothing (default); cuda_ipc waits
-  // for the GPU copies it has issued.
+  // this returns, and the connection is failed for good, so that no later
+  // job's poll moves their bytes. cuda_ipc also waits for the GPU copies it
+  // has issued. Default: nothing (test doubles).
   virtual void quiesce() {}
   // The connection's stream link (stream plans), or null: transports whose
   // bytes a host thread moves.

@@ -110,8 +110,8 @@ if(TARGET all_reduce_perf)
   # The GPU check script's benchmark stage (tools/gpu/check.sh), small, on
   # this build's benchmarks and the stand-in: every run it makes passes its
   # data check and takes the path it names (device-direct, stream plans,
-  # device plans between threads, windows read in place), so the script a
-  # GPU machine runs is known to work before one is lent.
+  # device plans between threads, windows read in place), so that its
+  # benchmark stages are known to work before a GPU machine is lent.
   add_test(NAME cudafake.gpu_check_script
     COMMAND bash ${PROJECT_SOURCE_DIR}/tools/gpu/check.sh ${PROJECT_BINARY_DIR}/tests/cudafake/gpu-check)
   set_tests_properties(cudafake.gpu_check_script PROPERTIES LABELS cudafake TIMEOUT 300

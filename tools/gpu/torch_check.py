@@ -1,14 +1,15 @@
 """torch.distributed on CUDA tensors through Shoal's libnccl.so.2 (LD_PRELOAD).
 
-Run by tools/gpu/check.sh under `torchrun --nproc_per_node N` with
+Run by tools/gpu/check.sh under `torchrun --nproc-per-node N` with
 LD_PRELOAD pointing at Shoal's library. Every rank uses cuda:0 unless more
-GPUs exist (Shoal allows several ranks per GPU). Checks all_reduce,
+GPUs exist (Shoal allows several ranks per GPU). First makes sure Shoal
+serves this process's NCCL calls (nccl_in_use), then checks all_reduce,
 all_gather_into_tensor, reduce_scatter_tensor, broadcast, send/recv and an
-async work handle in float32 and bfloat16, with exact expected values, and
-prints evidence that Shoal, not NVIDIA's NCCL, served the calls.
+async work handle in float32 and bfloat16, with exact expected values.
 """
 import ctypes
 import os
+import re
 import sys
 import time
 
@@ -16,18 +17,71 @@ import torch
 import torch.distributed as dist
 
 
-def shoal_evidence():
-    """The libnccl.so.2 mapped into this process, and Shoal's own version call."""
-    maps = open("/proc/self/maps").read()
-    paths = sorted({line.split()[-1] for line in maps.splitlines()
-                    if "libnccl" in line and "/" in line})
-    lib = ctypes.CDLL("libnccl.so.2")  # the already-loaded one: LD_PRELOAD wins
+def _version_of(lib):
+    """(major, minor, patch) from lib's ncclGetVersion, or None."""
     try:
-        fn = lib.shoalGetVersionString
+        fn = lib.ncclGetVersion
     except AttributeError:
-        return paths, None
-    fn.restype = ctypes.c_char_p
-    return paths, fn().decode()
+        return None
+    code = ctypes.c_int(0)
+    if fn(ctypes.byref(code)) != 0:
+        return None
+    v = code.value
+    base = 1000 if v < 2900 else 10000  # NCCL's encoding changed at 2.9
+    return (v // base, v % base // 100, v % 100)
+
+
+def version_text(version):
+    return ".".join(map(str, version)) if version else "unknown"
+
+
+def nccl_in_use():
+    """Which NCCL this process's calls reach: (version, Shoal's version
+    string or None, {libnccl path mapped: its version}).
+
+    PyTorch's calls bind through the global symbol scope, where LD_PRELOAD
+    comes before everything PyTorch loads: the version is the one
+    ncclGetVersion answers there (ctypes.CDLL(None)), and Shoal's string is
+    shoalGetVersionString found there. The files mapped are for information
+    only: PyTorch may load NVIDIA's libnccl.so.2 by its full path in every
+    process (its preload of the CUDA wheels' libraries), which maps it
+    without its symbols serving PyTorch's calls. Where the global scope has
+    no NCCL (none preloaded), the version is the mapped library's.
+    torch.cuda.nccl.version() says nothing here: it is the NCCL PyTorch was
+    compiled against, fixed at its build.
+    """
+    scope = ctypes.CDLL(None)
+    version = _version_of(scope)
+    try:
+        fn = scope.shoalGetVersionString
+        fn.restype = ctypes.c_char_p
+        shoal = fn().decode()
+    except AttributeError:
+        shoal = None
+    with open("/proc/self/maps") as maps:
+        paths = sorted({line.split()[-1] for line in maps if "libnccl" in line and "/" in line})
+    mapped = {}
+    for path in paths:
+        try:
+            mapped[path] = version_text(_version_of(ctypes.CDLL(path)))
+        except OSError as e:
+            mapped[path] = f"not loadable: {e}"
+    if version is None and len(paths) == 1:
+        version = _version_of(ctypes.CDLL(paths[0]))
+    return version, shoal, mapped
+
+
+def shoal_serves(version, shoal):
+    """None when Shoal serves this process's NCCL calls, else why not."""
+    if shoal is None:
+        return "shoalGetVersionString is not in the process's global scope (no Shoal in LD_PRELOAD)"
+    m = re.search(r"NCCL (\d+)\.(\d+)\.(\d+)", shoal)
+    if m is None:
+        return f"no NCCL version in Shoal's version string {shoal!r}"
+    want = tuple(int(g) for g in m.groups())
+    if version != want:
+        return f"ncclGetVersion answers {version_text(version)}, not Shoal's {version_text(want)}"
+    return None
 
 
 def main():
@@ -36,22 +90,24 @@ def main():
     ngpu = torch.cuda.device_count()
     device = torch.device("cuda", rank % ngpu)
     torch.cuda.set_device(device)
-    dist.init_process_group("nccl", device_id=device)
-    paths, version = shoal_evidence()
-    print(f"rank {rank}/{world} on {device} ({ngpu} GPUs); libnccl mapped: {paths}; "
-          f"shoalGetVersionString: {version}; torch reports NCCL {torch.cuda.nccl.version()}",
-          flush=True)
-    if version is None or any("nvidia/nccl" in p for p in paths):
-        print(f"rank {rank}: FAIL: NVIDIA's NCCL served this process, not Shoal", flush=True)
+    version, shoal, mapped = nccl_in_use()
+    print(f"rank {rank}/{world} on {device} ({ngpu} GPUs); NCCL in use: {version_text(version)} "
+          f"({shoal or 'not Shoal'}); libnccl mapped (information only): {mapped}; "
+          f"PyTorch built against NCCL {torch.cuda.nccl.version()}", flush=True)
+    why = shoal_serves(version, shoal)
+    if why is not None:
+        print(f"rank {rank}: FAIL: Shoal does not serve this process's NCCL calls: {why}", flush=True)
         sys.exit(2)
+    dist.init_process_group("nccl", device_id=device)
 
     failures = []
 
     def expect(name, got, want):
         if not torch.equal(got, want):
-            bad = (got != want).nonzero()
-            failures.append(f"{name}: {bad.numel()} wrong, first at {bad[0].tolist()}: "
-                            f"{got.flatten()[0].item()} vs {want.flatten()[0].item()}")
+            bad = (got != want).flatten().nonzero().flatten()
+            i = bad[0].item()
+            failures.append(f"{name}: {bad.numel()} wrong, first at {i}: "
+                            f"{got.flatten()[i].item()} vs {want.flatten()[i].item()}")
 
     n = 1 << 20
     for dtype in (torch.float32, torch.bfloat16):
