@@ -102,6 +102,7 @@ struct RootServer::State {
   // many tenants exist.
   std::set<std::tuple<int64_t, Tenant*, uint64_t>> waiterDeadlines;
   uint64_t nextConnId = 1;
+  int64_t lastAcceptWarningNs = -1000000000000;  // accept failures said once a second
   int pendingHandshakes = 0;
   net::RejectLog rejects{"bootstrap root"};
 
@@ -249,8 +250,13 @@ void RootServer::State::acceptNew() {
     net::SocketAddress peer;
     Result<net::Fd> accepted = net::acceptOne(listener.get(), &peer);
     if (!accepted.isOk()) {
-      // EMFILE and friends: back off a little rather than spin.
-      SHOAL_WARN("bootstrap root: ", accepted.status().message());
+      // EMFILE and friends: back off a little rather than spin, and say so
+      // once a second at most (the next tries fail alike).
+      const int64_t now = nowNs();
+      if (now - lastAcceptWarningNs >= 1000000000) {
+        lastAcceptWarningNs = now;
+        SHOAL_WARN("bootstrap root: ", accepted.status().message(), " (retried every 10 ms)");
+      }
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
       return;
     }

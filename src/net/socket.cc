@@ -212,9 +212,26 @@ Result<Fd> acceptOne(int listenFd, SocketAddress* peer) {
       return Fd(fd);
     }
     if (errno == EINTR) continue;
-    // Nothing pending, or a connection that died in the queue: not our error.
-    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == ECONNABORTED || errno == EPROTO)
-      return Fd();
+    // Nothing pending, or a connection that died in the queue or whose
+    // network went away (accept(2): to be treated as EAGAIN): not our error.
+    switch (errno) {
+      case EAGAIN:
+#if EWOULDBLOCK != EAGAIN
+      case EWOULDBLOCK:
+#endif
+      case ECONNABORTED:
+      case EPROTO:
+      case ENETDOWN:
+      case ENOPROTOOPT:
+      case EHOSTDOWN:
+      case ENONET:
+      case EHOSTUNREACH:
+      case EOPNOTSUPP:
+      case ENETUNREACH:
+        return Fd();
+      default:
+        break;
+    }
     return errnoStatus(errno, "accept");
   }
 }

@@ -3,6 +3,8 @@
 // Traffic stays on 127.0.0.1 (NCCL_SOCKET_IFNAME=lo).
 #include <catch2/catch.hpp>
 #include <netinet/in.h>
+#include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -471,6 +473,48 @@ TEST_CASE("tcp connect deadlines name the peer", "[tcp]") {
     REQUIRE_THAT(c.status().message(), Catch::Contains("rank 1 (host gone, tcp " + deadAddress + ")"));
     REQUIRE(ms < 3000);
   }
+}
+
+// Out of descriptors, accept fails and leaves the connection in the
+// kernel's queue, so the listener stays readable: the waiting rank must not
+// spin on it (it had burned a core and written a warning per try until its
+// deadline), and its timeout says why nothing arrived.
+TEST_CASE("tcp out of descriptors: the accept pauses and the timeout says why", "[tcp]") {
+  world();
+  std::unique_ptr<Transport> waiter = makeTcpTransport();
+  Result<std::string> address = waiter->localAddress();
+  REQUIRE(address.isOk());
+  Result<net::SocketAddress> target = net::SocketAddress::parse(address.value());
+  REQUIRE(target.isOk());
+  // A connection queued at the listener, then no descriptor left.
+  int client = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  REQUIRE(client >= 0);
+  REQUIRE(::connect(client, target.value().raw(), target.value().length()) == 0);
+  std::vector<int> filler;
+  for (int fd; (fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC)) >= 0;) filler.push_back(fd);
+  REQUIRE(errno == EMFILE);
+  PeerInfo self = peerInfo(*waiter, 1), peer = peerInfo(*world().rank0, 0);
+  ConnectOptions options;
+  options.self = &self;
+  options.peer = &peer;
+  options.secret = "s";
+  options.deadline = Deadline::afterMs(1000);
+  rusage before{}, after{};
+  ::getrusage(RUSAGE_SELF, &before);
+  auto c = waiter->connect(ConnectionKey{gNextCommId++, 1, 0, 0}, options);
+  ::getrusage(RUSAGE_SELF, &after);
+  for (int fd : filler) ::close(fd);
+  ::close(client);
+  auto cpuMs = [](const rusage& r) {
+    return (r.ru_utime.tv_sec + r.ru_stime.tv_sec) * 1000.0 + (r.ru_utime.tv_usec + r.ru_stime.tv_usec) / 1000.0;
+  };
+  const double spent = cpuMs(after) - cpuMs(before);
+  REQUIRE_FALSE(c.isOk());
+  INFO(c.status().toString());
+  CHECK(c.status().code() == Code::kTimeout);
+  CHECK_THAT(c.status().message(), Catch::Contains("this process failed to accept connections"));
+  INFO("CPU spent waiting: " << spent << " ms");
+  CHECK(spent < 400);
 }
 
 TEST_CASE("tcp errors from a closed peer name it", "[tcp]") {

@@ -204,6 +204,14 @@ class TcpTransport final : public Transport {
   size_t waitingCount_ = 0;
   std::vector<PendingHello> pending_;  // only the pumping thread touches it
   net::RejectLog rejects_{"tcp transport"};
+  // A failed accept (out of descriptors, memory): the connection stays in
+  // the kernel's queue and the listener readable, so the pump leaves the
+  // listener alone until then instead of spinning on it, and the failure
+  // is said once per pause and in a timeout's message.
+  static constexpr int64_t kAcceptPauseMs = 100;
+  int64_t acceptPausedUntilNs_ = 0;  // the pumping thread's
+  bool acceptFailing_ = false;       // the pumping thread's: acceptFailure_ is set
+  std::string acceptFailure_;        // mutex_; cleared by the next accept
 };
 
 Result<std::string> TcpTransport::localAddress() {
@@ -287,7 +295,8 @@ Result<std::unique_ptr<Connection>> TcpTransport::acceptPassive(const Connection
     if (options.deadline.expired()) {
       std::string arrived = lanes.empty() ? "no socket" : str(filled, " of ", lanes.size(), " sockets");
       return error(Code::kTimeout, "timed out waiting for the peer to connect (", arrived, " arrived at ",
-                   address_, ")");
+                   address_, ")",
+                   acceptFailure_.empty() ? "" : str("; this process failed to accept connections: ", acceptFailure_));
     }
     int64_t sliceMs = std::min<int64_t>(options.deadline.remainingMs() + 1, kPumpSliceMs);
     if (!pumping_) {
@@ -348,12 +357,13 @@ void TcpTransport::pump(int64_t timeoutMs) {
   do {
     fds.clear();
     // At the cap of unfinished hellos, new sockets wait in the kernel backlog.
-    bool acceptMore = static_cast<int>(pending_.size()) < kMaxPendingHellos;
+    bool acceptMore = static_cast<int>(pending_.size()) < kMaxPendingHellos && nowNs() >= acceptPausedUntilNs_;
     fds.push_back({listener_.get(), static_cast<short>(acceptMore ? POLLIN : 0), 0});
     for (const auto& p : pending_) fds.push_back({p.fd.get(), POLLIN, 0});
     int64_t now = nowNs();
     int64_t waitNs = until.atNs() - now;
     for (const auto& p : pending_) waitNs = std::min(waitNs, p.deadlineNs - now);
+    if (!acceptMore && acceptPausedUntilNs_ > now) waitNs = std::min(waitNs, acceptPausedUntilNs_ - now);
     int waitMs = static_cast<int>(std::clamp<int64_t>((waitNs + 999999) / 1000000, 0, kPumpSliceMs));
     int rc = ::poll(fds.data(), fds.size(), waitMs);
     if (rc < 0 && errno != EINTR) {
@@ -404,8 +414,19 @@ void TcpTransport::acceptNew() {
     net::SocketAddress from;
     Result<net::Fd> accepted = net::acceptOne(listener_.get(), &from);
     if (!accepted.isOk()) {
-      SHOAL_WARN("tcp transport: ", accepted.status().message());
+      // Said once per pause: the next try may fail alike.
+      const bool first = acceptPausedUntilNs_ == 0 || nowNs() - acceptPausedUntilNs_ > kAcceptPauseMs * 1000000;
+      acceptPausedUntilNs_ = nowNs() + kAcceptPauseMs * 1000000;
+      if (first) SHOAL_WARN("tcp transport: ", accepted.status().message(), " (accepts paused for ", kAcceptPauseMs, " ms)");
+      std::lock_guard<std::mutex> lock(mutex_);
+      acceptFailure_ = accepted.status().message();
+      acceptFailing_ = true;
       return;
+    }
+    if (accepted.value() && acceptFailing_) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      acceptFailure_.clear();
+      acceptFailing_ = false;
     }
     if (!accepted.value()) return;
     PendingHello p;
