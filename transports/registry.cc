@@ -86,15 +86,23 @@ Status publishAddresses(PeerInfo& self) {
   return Status::ok();
 }
 
+Result<std::string> transportOfNetwork(std::string_view net, std::string_view what) {
+  const std::string name(net);
+  if (strcasecmp(name.c_str(), "Socket") == 0) return std::string("tcp");
+  if (strcasecmp(name.c_str(), "Libfabric") == 0 || strcasecmp(name.c_str(), "OFI") == 0) return std::string("ofi");
+  return invalidArgument(what, "=", name, " is not a network Shoal has (known: Socket, Libfabric, OFI)");
+}
+
 Result<Transport*> selectTransport(const PeerInfo& self, const PeerInfo& peer, TransportChoice choice) {
   const Params& p = params();
   std::string forced = p.transport;
   bool otherHost = self.hostId != peer.hostId;
-  if (forced.empty() && otherHost && !p.net.empty()) {
-    if (strcasecmp(p.net.c_str(), "Socket") == 0) forced = "tcp";
-    else if (strcasecmp(p.net.c_str(), "Libfabric") == 0 || strcasecmp(p.net.c_str(), "OFI") == 0) forced = "ofi";
-    else
-      return invalidArgument("NCCL_NET=", p.net, " is not a network Shoal has (known: Socket, Libfabric, OFI)");
+  if (forced.empty() && otherHost) {
+    if (!p.net.empty()) {
+      SHOAL_ASSIGN_OR_RETURN(forced, transportOfNetwork(p.net, "NCCL_NET"));
+    } else if (!choice.net.empty()) {
+      SHOAL_ASSIGN_OR_RETURN(forced, transportOfNetwork(choice.net, "ncclConfig_t.netName"));
+    }
   }
   if (!forced.empty()) {
     Transport* t = findTransport(forced);

@@ -49,7 +49,16 @@ struct TransportChoice {
   // memory (Transport::movesDeviceMemory): such transports come first, so
   // device buffers go GPU to GPU instead of through pinned host memory.
   bool deviceDirect = false;
+  // The network for peers on other hosts, as NCCL names it ("Socket",
+  // "Libfabric" or "OFI"): ncclConfig_t.netName, which NCCL_NET overrides.
+  // Empty: NCCL_NET, else the default.
+  std::string net;
 };
+
+// The transport NCCL's network name stands for: Socket is tcp, Libfabric
+// and OFI are ofi; any other name is kInvalidArgument naming `what` (where
+// the name came from, e.g. "NCCL_NET").
+Result<std::string> transportOfNetwork(std::string_view net, std::string_view what);
 
 // The transport for connecting self to peer, honouring the overrides.
 Result<Transport*> selectTransport(const PeerInfo& self, const PeerInfo& peer, TransportChoice choice);

@@ -231,7 +231,14 @@ Status Communicator::initialize() {
     windowsStaged_ = str("rank ", agreement.rankWithFewQueues, "'s CUDA_DEVICE_MAX_CONNECTIONS is below 4");
   else if (agreement.rankSynchronous >= 0)
     windowsStaged_ = str("rank ", agreement.rankSynchronous, "'s streams are synchronous");
-  const TransportChoice choice{.deviceDirect = agreement.deviceDirect};
+  // ncclConfig_t.netName, unless NCCL_NET overrides it (as in NCCL): a name
+  // Shoal has no network for fails the init.
+  const std::string net = params().net.empty() ? options_.netName : params().net;
+  if (!net.empty()) {
+    SHOAL_TRY(transportOfNetwork(net, params().net.empty() ? "ncclConfig_t.netName" : "NCCL_NET").status())
+        << describe();
+  }
+  const TransportChoice choice{.deviceDirect = agreement.deviceDirect, .net = options_.netName};
   connections_.setChoice(choice);
   connections_.setStreamLinks(agreement.streamLinks);
   if (!self.gpu.empty()) {

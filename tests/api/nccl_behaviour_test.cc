@@ -45,6 +45,7 @@
 #include <vector>
 
 #include "support/nccl_ok.h"
+#include "support/scoped_env.h"
 
 namespace {
 
@@ -2199,6 +2200,16 @@ TEST_CASE("ncclConfig_t: magic - ranges - version resets - size clamping", "[api
       k.set(cfg);
       CHECK(initWithConfig(&cfg) == k.expect);
     }
+  }
+  {  // netName: a network Shoal has, or an invalid argument at init (NCCL_NET overrides it)
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    cfg.netName = "Socket";
+    CHECK(initWithConfig(&cfg) == ncclSuccess);
+    cfg.netName = "IB";
+    CHECK(initWithConfig(&cfg) == ncclInvalidArgument);
+    CHECK(mentions(lastError(), "ncclConfig_t.netName=IB is not a network"));
+    shoal::testing::ScopedEnv env{{"NCCL_NET", "Socket"}};
+    CHECK(initWithConfig(&cfg) == ncclSuccess);
   }
   {  // blocking = 0 is honoured from a 2.14+ header...
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;

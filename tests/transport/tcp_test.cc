@@ -24,6 +24,7 @@
 #include "support/scoped_env.h"
 #include "transport/conformance.h"
 #include "transports/tcp/tcp_connection.h"
+#include "transports/registry.h"
 #include "transports/tcp/tcp_transport.h"
 
 namespace shoal {
@@ -515,6 +516,38 @@ TEST_CASE("tcp out of descriptors: the accept pauses and the timeout says why", 
   CHECK_THAT(c.status().message(), Catch::Contains("this process failed to accept connections"));
   INFO("CPU spent waiting: " << spent << " ms");
   CHECK(spent < 400);
+}
+
+// ncclConfig_t.netName chooses the network for peers on other hosts, as
+// NCCL_NET does, which overrides it; a name Shoal has no network for is an
+// invalid argument naming where it came from.
+TEST_CASE("the network for other hosts: ncclConfig_t.netName, overridden by NCCL_NET", "[tcp]") {
+  useLoopbackInterface();
+  PeerInfo self, peer;
+  self.rank = 0;
+  self.hostId = self.hostname = "host-a";
+  peer.rank = 1;
+  peer.hostId = peer.hostname = "host-b";
+  for (PeerInfo* p : {&self, &peer}) p->addresses.emplace_back("tcp", "127.0.0.1:9");
+  TransportChoice choice;
+  choice.net = "Socket";
+  Result<Transport*> socket = selectTransport(self, peer, choice);
+  REQUIRE(socket.isOk());
+  CHECK(socket.value()->name() == "tcp");
+  choice.net = "OFI";  // forced: ofi, or an error naming it (no ofi address here)
+  Result<Transport*> ofi = selectTransport(self, peer, choice);
+  CHECK((ofi.isOk() ? std::string(ofi.value()->name()) : ofi.status().message()).find("ofi") != std::string::npos);
+  choice.net = "Carrier pigeon";
+  Result<Transport*> bad = selectTransport(self, peer, choice);
+  REQUIRE_FALSE(bad.isOk());
+  CHECK(bad.status().code() == Code::kInvalidArgument);
+  CHECK_THAT(bad.status().message(), Catch::Contains("ncclConfig_t.netName=Carrier pigeon is not a network"));
+  {
+    ScopedEnv env{{"NCCL_NET", "Socket"}};  // the environment wins
+    Result<Transport*> overridden = selectTransport(self, peer, choice);
+    REQUIRE(overridden.isOk());
+    CHECK(overridden.value()->name() == "tcp");
+  }
 }
 
 TEST_CASE("tcp errors from a closed peer name it", "[tcp]") {
