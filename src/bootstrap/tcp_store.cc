@@ -70,6 +70,10 @@ class TcpStore final : public Store {
   std::map<uint64_t, Reply*> waiting_;  // request id -> where its reply goes
   uint64_t nextRequestId_ = 1;
   bool reading_ = false;
+  // One request is written at a time, without mutex_: a writer the root
+  // does not read from (a full socket) holds up neither the reader nor the
+  // other callers past their own deadlines.
+  bool writing_ = false;
   Status broken_;
   std::vector<uint8_t> in_;  // owned by the current reader
 };
@@ -91,16 +95,30 @@ Result<Reply> TcpStore::request(uint8_t command, const std::vector<uint8_t>& bod
   size_t at = beginFrame(w, id, command);
   w.bytes(body.data(), body.size());
   finishFrame(w, at);
-  if (Status s = net::writeExact(fd_.get(), frame.data(), frame.size(), deadline,
-                                 str("bootstrap root ", root_));
-      !s.isOk()) {
-    if (s.code() == Code::kRemoteError)
-      s = remoteError("bootstrap root ", root_, " closed the connection (", s.message(), ")");
-    // A partly written frame leaves the stream unusable.
-    fail(s);
-    return s.withContext(what);
+  while (writing_) {
+    if (!broken_.isOk()) return Status(broken_).withContext(what);
+    if (deadline.expired())
+      return error(deadline.cancelled() ? Code::kAborted : Code::kTimeout, what,
+                   ": another request to bootstrap root ", root_, " was still being sent at the deadline");
+    const int64_t waitNs = std::min<int64_t>(deadline.remainingMs() + 1, kReaderSliceNs / 1000000) * 1000000;
+    delivered_.wait_for(lock, std::chrono::nanoseconds(waitNs));
   }
-  waiting_[id] = &reply;
+  if (!broken_.isOk()) return Status(broken_).withContext(what);
+  writing_ = true;
+  waiting_[id] = &reply;  // before the bytes go: the reader may deliver the reply at once
+  lock.unlock();
+  Status sent = net::writeExact(fd_.get(), frame.data(), frame.size(), deadline, str("bootstrap root ", root_));
+  lock.lock();
+  writing_ = false;
+  delivered_.notify_all();  // the next writer
+  if (!sent.isOk()) {
+    waiting_.erase(id);
+    if (sent.code() == Code::kRemoteError)
+      sent = remoteError("bootstrap root ", root_, " closed the connection (", sent.message(), ")");
+    // A partly written frame leaves the stream unusable.
+    fail(sent);
+    return sent.withContext(what);
+  }
   for (;;) {
     if (reply.done) break;
     if (!broken_.isOk()) {

@@ -383,9 +383,12 @@ namespace {
 // A fake root that completes the handshake for `id`, reads the first bytes of
 // one request and closes (with the rest of the request unread: a reset), as
 // the root does when the process that hosts it exits.
+// A root that completes one client's handshake, reads one request header
+// and closes; or, `deaf`, never reads anything after the handshake and
+// holds the connection until release().
 class VanishingRoot {
  public:
-  VanishingRoot() {
+  explicit VanishingRoot(bool deaf = false) : deaf_(deaf) {
     Result<net::Fd> l = net::listenOn(net::SocketAddress::parse("127.0.0.1:0").value());
     REQUIRE(l.isOk());
     listener_ = std::move(l.value());
@@ -397,6 +400,7 @@ class VanishingRoot {
   }
   const UniqueIdContents& id() const { return id_; }
   void join() { thread_.join(); }
+  void release() { released_.store(true); }
 
  private:
   void serveOnce() {
@@ -427,10 +431,17 @@ class VanishingRoot {
     Writer a(accept);
     a.u32(kAcceptTag);
     (void)net::writeExact(conn.get(), accept.data(), accept.size(), deadline, "fake");
+    if (deaf_) {
+      Deadline most = Deadline::afterMs(30000);
+      while (!released_.load() && !most.expired()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      return;
+    }
     uint8_t request[16];
     (void)net::readExact(conn.get(), request, sizeof(request), deadline, "fake");
   }
 
+  bool deaf_;
+  std::atomic<bool> released_{false};
   net::Fd listener_;
   UniqueIdContents id_;
   std::thread thread_;
@@ -451,6 +462,30 @@ TEST_CASE("a root that goes away fails requests with kRemoteError naming it", "[
   REQUIRE((nowNs() - start) / 1000000 < 3000);
   // The store stays failed, quickly.
   REQUIRE(store->set("x", "y", Deadline::afterMs(1000)).code() == Code::kRemoteError);
+}
+
+// A request the root does not read (its socket full) must not hold up
+// other callers of the same store past their own deadlines: they had waited
+// for the writer's lock until its deadline.
+TEST_CASE("a request stuck in a full socket does not hold up another caller's deadline", "[bootstrap]") {
+  useLoopback();
+  VanishingRoot fake(/*deaf=*/true);
+  auto store = mustConnect(fake.id());
+  std::future<Status> big = std::async(std::launch::async, [&] {
+    return store->set("big", std::string(48 << 20, 'x'), Deadline::afterMs(20000));  // under the frame limit
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // in its write
+  int64_t start = nowNs();
+  auto got = store->get({"small"}, Deadline::afterMs(500));
+  const int64_t ms = (nowNs() - start) / 1000000;
+  fake.release();
+  fake.join();
+  Status bigStatus = big.get();
+  INFO(got.status().toString() << " after " << ms << " ms; the big one: " << bigStatus.toString());
+  REQUIRE_FALSE(got.isOk());
+  CHECK(got.status().code() == Code::kTimeout);
+  CHECK(ms < 2000);
+  CHECK_FALSE(bigStatus.isOk());
 }
 
 TEST_CASE("Bootstrap finish: rank 0 returns once every rank is done with the root", "[bootstrap]") {
