@@ -550,6 +550,47 @@ TEST_CASE("the network for other hosts: ncclConfig_t.netName, overridden by NCCL
   }
 }
 
+// A rank whose communicator ended drops the sockets its peers sent for
+// connections it never took: the next communicator with the same id (as
+// NCCL_COMM_ID gives) must not take them for its own, and the connector's
+// writes fail instead of vanishing.
+TEST_CASE("tcp: sockets left for a rank that ended are dropped at forgetRank", "[tcp]") {
+  world();
+  std::unique_ptr<Transport> acceptor = makeTcpTransport();
+  PeerInfo self0 = peerInfo(*world().rank0, 0), self1 = peerInfo(*acceptor, 1);
+  const uint64_t commId = gNextCommId++;
+  auto options = [](PeerInfo& self, PeerInfo& peer, int64_t ms) {
+    ConnectOptions o;
+    o.self = &self;
+    o.peer = &peer;
+    o.secret = "same secret";
+    o.deadline = Deadline::afterMs(ms);
+    return o;
+  };
+  // Rank 0 connects (its hellos go out); rank 1's end never takes them.
+  auto c0 = world().rank0->connect(ConnectionKey{commId, 0, 1, 0}, options(self0, self1, 5000));
+  REQUIRE(c0.isOk());
+  // Something else rank 1 waits for runs its pump, which files the arrivals.
+  (void)acceptor->connect(ConnectionKey{gNextCommId++, 1, 0, 0}, options(self1, self0, 300));
+  acceptor->forgetRank(commId, 1);
+  // The same id again: nothing is left to take.
+  auto again = acceptor->connect(ConnectionKey{commId, 1, 0, 0}, options(self1, self0, 300));
+  INFO(again.status().toString());
+  CHECK_FALSE(again.isOk());
+  CHECK(again.status().code() == Code::kTimeout);
+  // The connector's end learns of it.
+  std::vector<uint8_t> out(4 << 20, 1);
+  Status st = c0.value()->postSend(out.data(), out.size(), encodeTag(CollKind::kSend, DataType::kUint8, out.size(), 0, 0, 1), 1);
+  std::vector<Completion> done;
+  Deadline deadline = Deadline::afterMs(5000);
+  while (st.isOk() && !deadline.expired()) {
+    bool progressed = false;
+    st = c0.value()->poll(done, progressed);
+  }
+  INFO(st.toString());
+  CHECK_FALSE(st.isOk());
+}
+
 TEST_CASE("tcp errors from a closed peer name it", "[tcp]") {
   world();
   ConnPair pair = makeTcpPair(0);

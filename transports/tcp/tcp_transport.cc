@@ -180,6 +180,11 @@ class TcpTransport final : public Transport {
   Result<std::unique_ptr<Connection>> connect(const ConnectionKey& key, const ConnectOptions& options) override;
   // The higher rank waits for the lower rank's hello.
   bool connectWaitsForPeer(const ConnectionKey& key) const override { return key.selfRank > key.peerRank; }
+  // Closes the sockets peers sent for connections the rank never took: a
+  // peer writing on one learns of the end at once, and a later communicator
+  // with the same id (NCCL_COMM_ID gives every one the same) never takes
+  // them for its own.
+  void forgetRank(uint64_t commId, int rank) override;
 
  private:
   Result<std::unique_ptr<Connection>> connectActive(const ConnectionKey& key, const ConnectOptions& options,
@@ -445,6 +450,18 @@ void TcpTransport::readHello(PendingHello& p) {
     return;
   }
   p.have += io.bytes;
+}
+
+void TcpTransport::forgetRank(uint64_t commId, int rank) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto it = waiting_.begin(); it != waiting_.end();) {
+    if (it->first.commId == commId && it->first.toRank == rank) {
+      waitingCount_ -= it->second.size();
+      it = waiting_.erase(it);
+    } else {
+      ++it;
+    }
+  }
 }
 
 void TcpTransport::expireWaiting(int64_t now) {
