@@ -9,11 +9,14 @@
 namespace shoal {
 namespace {
 
-// How often a survivor looks for the lists still missing. The lists arrive
-// within the time the survivors take to notice a failure and call shrink,
-// which differs by up to an idle check interval; polling the store costs one
-// small request per survivor each time.
+// How often a survivor looks for the lists still missing: soon after a list
+// arrived, then less often while none does, up to kPollMaxMs. The lists
+// arrive within the time the survivors take to notice a failure and call
+// shrink, which differs by up to an idle check interval; every look is one
+// request per survivor to the one root, which thousands of survivors
+// polling every 10 ms would swamp.
 constexpr int64_t kPollMs = 10;
+constexpr int64_t kPollMaxMs = 200;
 
 std::string listKey(const std::string& prefix, int parentRank) {
   return str(prefix, "/excluded/", parentRank);
@@ -59,6 +62,7 @@ Result<SurvivorAgreement> agreeOnSurvivors(Store& store, const std::string& pref
   std::vector<int> missing;
   for (int r : agreement.survivors)
     if (r != parentRank) missing.push_back(r);
+  int64_t pollMs = kPollMs;
   while (!missing.empty()) {
     std::vector<std::string> keys;
     for (int r : missing) keys.push_back(listKey(prefix, r));
@@ -85,6 +89,7 @@ Result<SurvivorAgreement> agreeOnSurvivors(Store& store, const std::string& pref
     }
     missing = std::move(stillMissing);
     if (missing.empty()) break;
+    pollMs = arrived.empty() ? std::min(pollMs * 2, kPollMaxMs) : kPollMs;
     if (deadline.expired()) {
       if (deadline.cancelled()) return error(Code::kAborted, "cancelled (ncclCommAbort)");
       return Status(Code::kTimeout,
@@ -92,7 +97,7 @@ Result<SurvivorAgreement> agreeOnSurvivors(Store& store, const std::string& pref
                         " are not excluded but never called ncclCommShrink (are they dead? exclude them); "
                         "this rank excludes ", rankListText(excluded), " (SHOAL_INIT_TIMEOUT_MS)"));
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(kPollMs));
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::min(pollMs, deadline.remainingMs() + 1)));
   }
   return agreement;
 }

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "bootstrap/bootstrap.h"
+#include "bootstrap/survivors.h"
 #include "bootstrap/root_server.h"
 #include "bootstrap/store_protocol.h"
 #include "core/params.h"
@@ -751,6 +752,49 @@ TEST_CASE("a live communicator's keys at the root stay flat while splits of spli
     REQUIRE(st.isOk());
   }
   checkUsage(settledUsage(*root, baseline), baseline);
+}
+
+}  // namespace shoal
+
+namespace shoal {
+namespace {
+
+// Counts the store's existence checks (the survivors' polls).
+class CountingStore final : public Store {
+ public:
+  explicit CountingStore(std::shared_ptr<Store> inner) : inner_(std::move(inner)) {}
+  Status set(const std::string& key, std::string_view value, Deadline deadline) override {
+    return inner_->set(key, value, deadline);
+  }
+  Result<std::vector<std::string>> get(const std::vector<std::string>& keys, Deadline deadline) override {
+    return inner_->get(keys, deadline);
+  }
+  Status erase(const std::vector<std::string>& keys, Deadline deadline) override { return inner_->erase(keys, deadline); }
+  Result<std::vector<bool>> check(const std::vector<std::string>& keys, Deadline deadline) override {
+    ++checks;
+    return inner_->check(keys, deadline);
+  }
+  std::string describe() const override { return inner_->describe(); }
+  std::atomic<int> checks{0};
+
+ private:
+  std::shared_ptr<Store> inner_;
+};
+
+}  // namespace
+
+// A survivor waiting for a peer that never calls shrink looks less and less
+// often (every one of thousands of survivors polls the one root), and still
+// names the missing rank at its deadline.
+TEST_CASE("survivors waiting for a missing rank back off their polls", "[bootstrap]") {
+  CountingStore store(makeMemoryStore());
+  Result<SurvivorAgreement> agreed =
+      agreeOnSurvivors(store, "shrink/test", 0, 3, /*excluded=*/{2}, Deadline::afterMs(1500));
+  REQUIRE_FALSE(agreed.isOk());
+  CHECK(agreed.status().code() == Code::kTimeout);
+  CHECK_THAT(agreed.status().message(), Catch::Contains("ranks {1} are not excluded but never called ncclCommShrink"));
+  INFO(store.checks.load() << " checks in 1.5 s");
+  CHECK(store.checks.load() <= 20);  // every 10 ms: about 150
 }
 
 }  // namespace shoal
