@@ -144,8 +144,15 @@ Status launchInit(ncclComm_t* out, ncclComm_t handle, bool blocking, InitWork wo
       std::lock_guard<std::mutex> lock(shared->mutex);
       recordInitFailure(*shared, why);
     };
-    if (parent) group::addOrderedInit(parent, std::move(run), std::move(abandon));
-    else group::addInit(std::move(run), std::move(abandon));
+    if (parent) {
+      group::addOrderedInit(parent, std::move(run), std::move(abandon));
+    } else if (!blocking) {
+      group::addDetachedInit([handle, shared, work, context] {
+        handle->initThread = std::thread([shared, work, context] { (void)context.run(shared, work); });
+      }, std::move(abandon));
+    } else {
+      group::addInit(std::move(run), std::move(abandon));
+    }
     return Status::ok();
   }
   if (!blocking) {

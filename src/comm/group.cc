@@ -20,6 +20,7 @@ struct CommOps {
 struct GroupState {
   std::vector<CommOps> comms;  // in order of first use
   std::vector<std::function<Status()>> inits;
+  std::vector<std::function<void()>> detachedInits;  // each starts itself
   std::vector<std::pair<const void*, std::vector<std::function<Status()>>>> ordered;  // by key, in order of first use
   std::vector<Abandon> abandons;  // of the inits and ordered works that have one
   Status failure;                 // the calls that failed inside the group
@@ -176,6 +177,11 @@ void addInit(std::function<Status()> init, Abandon abandon) {
   if (abandon) tGroup.abandons.push_back(std::move(abandon));
 }
 
+void addDetachedInit(std::function<void()> start, Abandon abandon) {
+  tGroup.detachedInits.push_back(std::move(start));
+  if (abandon) tGroup.abandons.push_back(std::move(abandon));
+}
+
 void addOrderedInit(const void* key, std::function<Status()> work, Abandon abandon) {
   if (abandon) tGroup.abandons.push_back(std::move(abandon));
   for (auto& [k, works] : tGroup.ordered)
@@ -196,6 +202,19 @@ void fail(const char* function, const Status& why) {
   tGroup.failure = Status(why.code(), said);
 }
 
+namespace {
+
+// Starts the group's nonblocking inits; whether there were any.
+bool startDetachedInits(GroupState& work) {
+  for (auto& start : work.detachedInits) start();
+  return !work.detachedInits.empty();
+}
+
+// The group's operations, once its inits have run.
+Status runOps(GroupState& work);
+
+}  // namespace
+
 Status end() {
   if (tDepth == 0) return invalidUsage("ncclGroupEnd: not in a group call (no matching ncclGroupStart)");
   if (--tDepth > 0) return Status::ok();
@@ -203,8 +222,17 @@ Status end() {
   tGroup = GroupState{};
   if (!work.failure.isOk()) return discard(work);
 
+  const bool initsInProgress = startDetachedInits(work);
   Status result = runDeferredInits(work);
-  if (!result.isOk()) return result;
+  if (result.isOk()) result = runOps(work);
+  if (result.isOk() && initsInProgress) return Status(Code::kInProgress, "");
+  return result;
+}
+
+namespace {
+
+Status runOps(GroupState& work) {
+  Status result;
 
   // SHOAL_CHECK_MODE=1: every communicator's part of the group is compared
   // with its peers first (concurrently: one thread may drive several ranks).
@@ -260,6 +288,8 @@ Status end() {
   return result;
 }
 
+}  // namespace
+
 Result<float> simulateEnd() {
   if (tDepth == 0) return invalidUsage("ncclGroupSimulateEnd: not in a group call");
   if (--tDepth > 0) return 0.0f;
@@ -268,6 +298,7 @@ Result<float> simulateEnd() {
   if (!work.failure.isOk()) return discard(work);
   // Inits are not operations: they run, as in NCCL (their handles would
   // otherwise never finish); the operations are only estimated.
+  (void)startDetachedInits(work);
   SHOAL_TRY(runDeferredInits(work));
   float total = 0;
   for (auto& c : work.comms)

@@ -41,6 +41,10 @@ Status addOp(const std::shared_ptr<Communicator>& comm, OpRequest op);
 using Abandon = std::function<void(const Status& why)>;
 // Records an init to run at the outermost end.
 void addInit(std::function<Status()> init, Abandon abandon = {});
+// Records a nonblocking communicator's init: the outermost end starts it
+// (on the handle's own thread) and returns ncclInProgress, as NCCL does,
+// instead of waiting for it.
+void addDetachedInit(std::function<void()> start, Abandon abandon = {});
 // Records collective set-up work over an existing communicator (`key`: its
 // splits, its window registrations) to run at the outermost end with the
 // inits: one communicator's run one after another in call order (their

@@ -619,6 +619,38 @@ TEST_CASE("ncclCommInitRank: argument errors and malformed unique ids", "[api]")
   NCCL_OK(ncclCommDestroy(comm));
 }
 
+// A nonblocking init inside a group starts at ncclGroupEnd, which returns
+// ncclInProgress at once, as NCCL's does: one thread can then start every
+// rank's init through groups of its own (it had waited for each to finish,
+// so the first waited for a rank the thread had not started yet).
+TEST_CASE("nonblocking inits in separate groups from one thread: ncclGroupEnd returns ncclInProgress", "[api][group]") {
+  shoal::testing::ScopedEnv env{{"SHOAL_INIT_TIMEOUT_MS", "10000"}};
+  ncclUniqueId id = newId();
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  ncclComm_t comms[2] = {nullptr, nullptr};
+  auto t0 = Clock::now();
+  for (int r = 0; r < 2; ++r) {
+    NCCL_OK(ncclGroupStart());
+    ncclResult_t called = ncclCommInitRankConfig(&comms[r], 2, id, r, &config);
+    CHECK((called == ncclSuccess || called == ncclInProgress));
+    CHECK(ncclGroupEnd() == ncclInProgress);
+    REQUIRE(comms[r] != nullptr);
+  }
+  CHECK(msSince(t0) < 5000);
+  for (ncclComm_t c : comms) CHECK(waitAsync(c) == ncclSuccess);
+  std::vector<float> in[2] = {std::vector<float>(64, 1.f), std::vector<float>(64, 2.f)};
+  std::vector<float> out[2] = {std::vector<float>(64), std::vector<float>(64)};
+  NCCL_OK(ncclGroupStart());
+  for (int r = 0; r < 2; ++r)
+    CHECK(ncclAllReduce(in[r].data(), out[r].data(), 64, ncclFloat, ncclSum, comms[r], nullptr) != ncclInvalidUsage);
+  CHECK(ncclGroupEnd() == ncclInProgress);
+  for (ncclComm_t c : comms) CHECK(waitAsync(c) == ncclSuccess);
+  CHECK(out[0][63] == 3.f);
+  CHECK(out[1][0] == 3.f);
+  for (ncclComm_t c : comms) NCCL_OK(ncclCommDestroy(c));
+}
+
 TEST_CASE("one-rank communicators do every collective as a copy", "[api]") {
   World w(1);
   const TypeInfo& t = typeOf(ncclFloat32);
