@@ -457,8 +457,20 @@ bool RootServer::State::answerIfComplete(Tenant& tenant, uint64_t waiterId) {
   }
   std::vector<std::string> values;
   values.reserve(w.keys.size());
-  for (const auto& key : w.keys) values.push_back(tenant.values[key]);
-  reply(w.connId, w.requestId, kOk, values, true);
+  uint64_t replyBytes = 64;  // the frame's header and count, generously
+  for (const auto& key : w.keys) {
+    values.push_back(tenant.values[key]);
+    replyBytes += 4 + values.back().size();
+  }
+  // A reply past the frame limit would break the client's connection (and
+  // every communicator sharing it): the request is refused, saying why.
+  if (replyBytes > kMaxFrameBytes)
+    reply(w.connId, w.requestId, kBadRequest,
+          {str("the ", w.keys.size(), " values asked for are ", replyBytes, " bytes together, more than a reply holds (",
+               kMaxFrameBytes, ")")},
+          false);
+  else
+    reply(w.connId, w.requestId, kOk, values, true);
   if (auto c = conns.find(w.connId); c != conns.end()) flush(c->second);
   waiterDeadlines.erase({w.deadlineNs, &tenant, waiterId});
   tenant.waiters.erase(it);

@@ -465,6 +465,25 @@ TEST_CASE("a root that goes away fails requests with kRemoteError naming it", "[
   REQUIRE(store->set("x", "y", Deadline::afterMs(1000)).code() == Code::kRemoteError);
 }
 
+// Values that together outgrow a reply frame are refused, saying so; the
+// connection (which every communicator of the process shares) stays usable.
+// A reply past the limit had broken it for all of them ("malformed frame").
+TEST_CASE("a GET whose reply would outgrow a frame is refused and the store stays usable", "[bootstrap]") {
+  useLoopback();
+  auto store = mustConnect(startPrivateRoot());
+  const std::string big(30 << 20, 'v');
+  for (const char* key : {"a", "b", "c"}) REQUIRE(store->set(key, big, Deadline::afterMs(20000)).isOk());
+  auto all = store->get({"a", "b", "c"}, Deadline::afterMs(20000));
+  REQUIRE_FALSE(all.isOk());
+  CHECK_THAT(all.status().message(), Catch::Contains("more than a reply holds"));
+  REQUIRE(store->set("small", "x", Deadline::afterMs(5000)).isOk());
+  auto small = store->get({"small", "a"}, Deadline::afterMs(20000));
+  INFO(small.status().toString());
+  REQUIRE(small.isOk());
+  CHECK(small.value()[0] == "x");
+  CHECK(small.value()[1].size() == big.size());
+}
+
 // A request the root does not read (its socket full) must not hold up
 // other callers of the same store past their own deadlines: they had waited
 // for the writer's lock until its deadline.
