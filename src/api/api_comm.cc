@@ -277,6 +277,15 @@ SHOAL_API(ncclResult_t, ncclCommInitAll, (ncclComm_t * comms, int ndev, const in
         if (!seen.insert(devlist[i]).second)
           return invalidUsage("ncclCommInitAll: device ", devlist[i], " appears twice in devlist");
     }
+    // In a process that uses CUDA the devices must exist, as in NCCL (on
+    // host memory alone they only label the communicators).
+    if (cuda::Driver* driver = cuda::Driver::inUse()) {
+      for (int i = 0; i < ndev; ++i) {
+        const int device = devlist ? devlist[i] : i;
+        if (Result<cuda::ContextHandle> context = driver->primaryContextOfDevice(device); !context.isOk())
+          return invalidArgument("ncclCommInitAll: invalid device ", device, " (", context.status().message(), ")");
+      }
+    }
     auto store = makeMemoryStore();
     uint64_t nonce = localProcessId() ^ reinterpret_cast<uintptr_t>(comms) ^ nowNs();
     std::string scope = str("all", nonce);

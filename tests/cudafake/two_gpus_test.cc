@@ -155,6 +155,23 @@ TEST_CASE("ncclMemAlloc memory of one GPU is reachable from the other: ranks on 
 // streams) whatever the caller has current, or with none current, and a
 // NULL stream is its own device's; the caller's context is current again
 // after the calls.
+// In a process that uses CUDA, ncclCommInitAll's devices must exist, as in
+// NCCL: a device past the count or negative is an invalid argument naming
+// it, and no communicator is made (it had made one with no device).
+TEST_CASE("ncclCommInitAll refuses a device the driver does not have", "[cudafake]") {
+  std::array<ncclComm_t, 2> comms = commsOnTwoGpus();  // the driver is in use
+  for (ncclComm_t c : comms) NCCL_OK(ncclCommDestroy(c));
+  for (int bad : {2, -1, 77}) {
+    INFO("device " << bad);
+    const std::array<int, 2> devices{0, bad};
+    std::array<ncclComm_t, 2> more{};
+    CHECK(ncclCommInitAll(more.data(), 2, devices.data()) == ncclInvalidArgument);
+    CHECK(std::string(ncclGetLastError(nullptr)).find("invalid device " + std::to_string(bad)) != std::string::npos);
+  }
+  std::array<ncclComm_t, 3> three{};
+  CHECK(ncclCommInitAll(three.data(), 3, nullptr) == ncclInvalidArgument);  // devices 0..2 of 2
+}
+
 TEST_CASE("one thread calls the communicators of two GPUs with another device current or none", "[cudafake]") {
   const CUcontext second = contextOf(1);
   // Fresh communicators each time: their first call makes what they keep
