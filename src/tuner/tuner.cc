@@ -208,9 +208,19 @@ Status Tuner::parseAlgoList(const std::string& text) {
                                "' (known: Ring, Tree, CollnetDirect, CollnetChain, NVLS, NVLSTree, PAT)");
       enabled[static_cast<size_t>(it - names.begin())] = !exclude;
     }
+    // A Shoal algorithm stays if an enabled NCCL name stands for it, or, in
+    // an exclusion, if no NCCL name does (hierarchical, peer_read): "^nvls"
+    // takes nothing away, as in NCCL.
     std::set<std::string> shoal;
-    for (size_t i = 0; i < names.size(); ++i)
-      if (enabled[i]) shoal.insert(names[i].shoal.begin(), names[i].shoal.end());
+    for (const AlgorithmEntry& a : algorithms()) {
+      bool owned = false, kept = false;
+      for (size_t i = 0; i < names.size(); ++i) {
+        if (std::find(names[i].shoal.begin(), names[i].shoal.end(), a.name) == names[i].shoal.end()) continue;
+        owned = true;
+        kept = kept || enabled[i];
+      }
+      if (kept || (exclude && !owned)) shoal.insert(a.name);
+    }
     for (CollKind k : kinds) allowed_[static_cast<size_t>(k)] = shoal;
   }
   return Status::ok();

@@ -891,7 +891,24 @@ TEST_CASE("NCCL_ALGO: exclusion, per-collective entries, the collectives it leav
   // Per collective: AllReduce on Tree, the others as the first entry says.
   CHECK(pick("ring;allreduce:tree", CollKind::kAllReduce, 256 * MiB) == "recursive_doubling");
   CHECK(pick("ring;allreduce:tree", CollKind::kAllGather, 8) == "ring");
-  CHECK(pick("allreduce:^ring", CollKind::kAllGather, 8) != "error");
+  CHECK(pick("allreduce:^ring", CollKind::kAllGather, 8).rfind("error", 0) == std::string::npos);
+  // Algorithms no NCCL name stands for stay under an exclusion: "^nvls"
+  // (a common setting) takes nothing away; a positive list leaves them out.
+  {
+    const TopologySummary twoNodes = topologies()[2].summary;  // 2x2 net+shm: hierarchical wins at 1 MiB
+    TunerOptions o = testOptions();
+    auto unset = makeTuner(twoNodes, o)->choose(shapeOf(CollKind::kAllReduce, 1 * MiB), viewOf(twoNodes));
+    REQUIRE(unset.isOk());
+    REQUIRE(std::string(unset->algorithm->name) == "hierarchical");
+    o.algo = "^nvls";
+    auto excluded = makeTuner(twoNodes, o)->choose(shapeOf(CollKind::kAllReduce, 1 * MiB), viewOf(twoNodes));
+    REQUIRE(excluded.isOk());
+    CHECK(std::string(excluded->algorithm->name) == "hierarchical");
+    o.algo = "ring,tree";
+    auto listed = makeTuner(twoNodes, o)->choose(shapeOf(CollKind::kAllReduce, 1 * MiB), viewOf(twoNodes));
+    REQUIRE(listed.isOk());
+    CHECK(std::string(listed->algorithm->name) != "hierarchical");
+  }
   // Nothing left for Broadcast; AlltoAll is not NCCL_ALGO's.
   CHECK(pick("^ring,tree", CollKind::kBroadcast, 64).find("NCCL_ALGO was set to ^ring,tree") != std::string::npos);
   CHECK(pick("^ring,tree", CollKind::kAllToAll, 64).rfind("error", 0) == std::string::npos);
