@@ -148,6 +148,9 @@ Status launchInit(ncclComm_t* out, ncclComm_t handle, bool blocking, InitWork wo
       group::addOrderedInit(parent, std::move(run), std::move(abandon));
     } else if (!blocking) {
       group::addDetachedInit([handle, shared, work, context] {
+        // Not for a handle destroyed or aborted before the group ended (its
+        // slot may even serve another communicator by now).
+        if (handle->magic != ncclComm::kMagic || handle->shared != shared) return;
         handle->initThread = std::thread([shared, work, context] { (void)context.run(shared, work); });
       }, std::move(abandon));
     } else {
