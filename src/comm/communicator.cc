@@ -231,12 +231,15 @@ Status Communicator::initialize() {
     windowsStaged_ = str("rank ", agreement.rankWithFewQueues, "'s CUDA_DEVICE_MAX_CONNECTIONS is below 4");
   else if (agreement.rankSynchronous >= 0)
     windowsStaged_ = str("rank ", agreement.rankSynchronous, "'s streams are synchronous");
-  // ncclConfig_t.netName, unless NCCL_NET overrides it (as in NCCL): a name
-  // Shoal has no network for fails the init.
+  // ncclConfig_t.netName, unless NCCL_NET overrides it (as in NCCL). A name
+  // Shoal has no network for is said now and refused where a peer on another
+  // host is connected: a variable set for a whole cluster ("IB") must not
+  // fail the jobs of one host.
   const std::string net = params().net.empty() ? options_.netName : params().net;
   if (!net.empty()) {
-    SHOAL_TRY(transportOfNetwork(net, params().net.empty() ? "ncclConfig_t.netName" : "NCCL_NET").status())
-        << describe();
+    if (Result<std::string> t = transportOfNetwork(net, params().net.empty() ? "ncclConfig_t.netName" : "NCCL_NET");
+        !t.isOk() && rank_ == 0)
+      SHOAL_WARN(describe(), ": ", t.status().message(), "; connections to other hosts will fail");
   }
   const TransportChoice choice{.deviceDirect = agreement.deviceDirect, .net = options_.netName};
   connections_.setChoice(choice);
