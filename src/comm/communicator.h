@@ -474,7 +474,8 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
   std::atomic<bool> failed_{false};  // asyncError_ is set: the calls' fast check
   std::mutex jobsMutex_;
   std::mutex failureMutex_;
-  bool failurePublished_ = false;
+  bool failurePublished_ = false;  // handleFailure ran: reports out, connections closed
+  bool refusalPublished_ = false;  // failBeforeRunning wrote its report (no teardown)
 
   // The idle liveness check. A method that touches connections_ or a
   // connection outside the engine (making them, running a job inline,

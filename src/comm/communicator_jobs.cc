@@ -747,8 +747,8 @@ Status Communicator::handleFailure(const Job& job, Status st) {
 Status Communicator::failBeforeRunning(Status st) {
   std::lock_guard<std::mutex> lock(failureMutex_);
   connections_.releaseStreamLinks();
-  if (!failurePublished_) {
-    failurePublished_ = true;
+  if (!failurePublished_ && !refusalPublished_) {
+    refusalPublished_ = true;
     connections_.publishFailure(st.message());
     (void)request_.store->set(failureKey(rank_), st.message(),
                               Deadline::afterMs(kFailureReportMs).cancelledBy(&abortFlag_));
