@@ -91,8 +91,10 @@ std::unique_ptr<Params> load() {
 }
 
 std::mutex gMutex;  // loads
-std::unique_ptr<Params> gParams;
-// What params() returns: read on every call of the user's, so without a lock.
+// What params() returns: read on every call of the user's, so without a
+// lock. Never freed, nor the ones a reload replaces: a thread may still read
+// them (one still running at exit, or one reading during
+// ncclResetDebugInit); a reload is rare and small.
 std::atomic<const Params*> gCurrent{nullptr};
 
 }  // namespace
@@ -101,17 +103,17 @@ const Params& params() {
   if (const Params* p = gCurrent.load(std::memory_order_acquire)) [[likely]]
     return *p;
   std::lock_guard<std::mutex> lock(gMutex);
-  if (!gParams) {
-    gParams = load();
-    gCurrent.store(gParams.get(), std::memory_order_release);
-  }
-  return *gParams;
+  if (const Params* p = gCurrent.load(std::memory_order_acquire)) return *p;
+  const Params* loaded = load().release();
+  gCurrent.store(loaded, std::memory_order_release);
+  return *loaded;
 }
 
 void reloadParams() {
   std::lock_guard<std::mutex> lock(gMutex);
-  gParams = load();
-  gCurrent.store(gParams.get(), std::memory_order_release);
+  static auto* replaced = new std::vector<const Params*>;  // kept, and reachable
+  if (const Params* old = gCurrent.load(std::memory_order_relaxed)) replaced->push_back(old);
+  gCurrent.store(load().release(), std::memory_order_release);
 }
 
 std::vector<ParamInfo> describeParams() {

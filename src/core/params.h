@@ -4,8 +4,9 @@
 // No other code calls getenv. Values are read from the environment (and from
 // NCCL_CONF_FILE, ~/.nccl.conf or /etc/nccl.conf, where the environment is silent)
 // the first time params() is called; tests may reload with reloadParams().
-// Thread-safety: params() returns a snapshot that is never mutated after load;
-// reloadParams() is for single-threaded tests only.
+// Thread-safety: params() returns a snapshot that is never mutated or freed
+// after load; reloadParams() (tests, ncclResetDebugInit) makes a new one,
+// which later calls see, and keeps the old one for whoever still reads it.
 #pragma once
 
 #include <cstdint>
