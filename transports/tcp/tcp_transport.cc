@@ -217,6 +217,7 @@ class TcpTransport final : public Transport {
   int64_t acceptPausedUntilNs_ = 0;  // the pumping thread's
   bool acceptFailing_ = false;       // the pumping thread's: acceptFailure_ is set
   std::string acceptFailure_;        // mutex_; cleared by the next accept
+  int64_t acceptFailureNs_ = 0;      // mutex_; when it last failed
 };
 
 Result<std::string> TcpTransport::localAddress() {
@@ -290,6 +291,7 @@ Result<std::unique_ptr<Connection>> TcpTransport::acceptPassive(const Connection
                                                                 const std::string& peer) {
   SHOAL_TRY(localAddress().status());
   SocketKey want{key.commId, key.peerRank, key.selfRank, key.channel};
+  const int64_t waitStartNs = nowNs();  // accept failures before it are not this wait's
   std::vector<net::Fd> lanes;
   int filled = 0;
   uint32_t chunkBytes = 0;
@@ -301,7 +303,9 @@ Result<std::unique_ptr<Connection>> TcpTransport::acceptPassive(const Connection
       std::string arrived = lanes.empty() ? "no socket" : str(filled, " of ", lanes.size(), " sockets");
       return error(Code::kTimeout, "timed out waiting for the peer to connect (", arrived, " arrived at ",
                    address_, ")",
-                   acceptFailure_.empty() ? "" : str("; this process failed to accept connections: ", acceptFailure_));
+                   acceptFailure_.empty() || acceptFailureNs_ < waitStartNs
+                       ? ""
+                       : str("; this process failed to accept connections: ", acceptFailure_));
     }
     int64_t sliceMs = std::min<int64_t>(options.deadline.remainingMs() + 1, kPumpSliceMs);
     if (!pumping_) {
@@ -425,6 +429,7 @@ void TcpTransport::acceptNew() {
       if (first) SHOAL_WARN("tcp transport: ", accepted.status().message(), " (accepts paused for ", kAcceptPauseMs, " ms)");
       std::lock_guard<std::mutex> lock(mutex_);
       acceptFailure_ = accepted.status().message();
+      acceptFailureNs_ = nowNs();
       acceptFailing_ = true;
       return;
     }
