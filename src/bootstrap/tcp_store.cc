@@ -242,7 +242,7 @@ Result<std::vector<std::string>> TcpStore::get(const std::vector<std::string>& k
     std::string some;
     for (size_t i = 0; i < keys.size() && i < 4; ++i) some += (i ? ", " : "") + keys[i];
     return error(Code::kTimeout, what, ": timed out waiting for the keys (", some, keys.size() > 4 ? ", ..." : "",
-                 ") at bootstrap root ", root_);
+                 ") at bootstrap root ", root_, " (", answered.status().message(), ")");
   }
   Reply reply = std::move(answered.value());
   Reader r(reply.body.data(), reply.body.size());

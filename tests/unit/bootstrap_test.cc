@@ -494,7 +494,7 @@ TEST_CASE("a request stuck in a full socket does not hold up another caller's de
   std::future<Status> big = std::async(std::launch::async, [&] {
     return store->set("big", std::string(48 << 20, 'x'), Deadline::afterMs(20000));  // under the frame limit
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // in its write
+  std::this_thread::sleep_for(std::chrono::milliseconds(1000));  // in its write (48 MiB fill the sockets)
   int64_t start = nowNs();
   auto got = store->get({"small"}, Deadline::afterMs(500));
   const int64_t ms = (nowNs() - start) / 1000000;
@@ -504,6 +504,7 @@ TEST_CASE("a request stuck in a full socket does not hold up another caller's de
   INFO(got.status().toString() << " after " << ms << " ms; the big one: " << bigStatus.toString());
   REQUIRE_FALSE(got.isOk());
   CHECK(got.status().code() == Code::kTimeout);
+  CHECK_THAT(got.status().message(), Catch::Contains("another request to bootstrap root"));
   CHECK(ms < 2000);
   CHECK_FALSE(bigStatus.isOk());
 }
