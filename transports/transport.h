@@ -151,6 +151,11 @@ class Connection {
   // job's poll moves their bytes. cuda_ipc also waits for the GPU copies it
   // has issued. Default: nothing (test doubles).
   virtual void quiesce() {}
+  // What a connection failed by quiesce() says to its later calls.
+  static Status quiescedError(const std::string& peer) {
+    return error(Code::kAborted, peer, ": an operation on this connection ended without its messages (it failed "
+                 "or was aborted); the connection is no longer used");
+  }
   // The connection's stream link (stream plans), or null: transports whose
   // bytes a host thread moves.
   virtual StreamLink* streamLink() { return nullptr; }

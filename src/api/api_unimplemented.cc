@@ -8,13 +8,13 @@ using shoal::api::groupGuard;
 using shoal::api::guard;
 
 namespace {
+Status notImplementedStatus(const char* what) {
+  return Status(Code::kUnsupported, str("not implemented in Shoal ", SHOAL_VERSION_STRING, ": ", what));
+}
 // Through groupGuard: the one-sided calls go into a group in NCCL, and one
 // refused there must not leave the rest of its group running.
 ncclResult_t notImplemented(const char* function, const char* what) {
-  return groupGuard(function, [&] {
-    return Status(Code::kUnsupported, str("not implemented in Shoal ", SHOAL_VERSION_STRING, ": ",
-                                          what));
-  });
+  return groupGuard(function, [&] { return notImplementedStatus(what); });
 }
 }  // namespace
 
@@ -61,10 +61,7 @@ struct DeviceApiMultimemHandle {  // ncclMultimemHandle_t
 };
 
 ncclResult_t deviceApiRefused(const char* function) {
-  return guard(function, [&] {
-    return Status(Code::kUnsupported, str("not implemented in Shoal ", SHOAL_VERSION_STRING,
-                                          ": NCCL's device API (nccl_device.h)"));
-  });
+  return guard(function, [&] { return notImplementedStatus("NCCL's device API (nccl_device.h)"); });
 }
 
 // This rank's place in its communicator, or nothing for a handle that is

@@ -343,13 +343,12 @@ Result<bool> Communicator::submitStreamPlan(std::span<const OpRequest> ops, Stre
   // Its peers run it on their streams: so must this rank, or fail the
   // communicator (and the rings, so that the peers fail now, not at their
   // deadline).
-  auto cannot = [&](Status st) -> Status { return failBeforeRunning(std::move(st)); };
   if (bridge_->waitMode() != cuda::WaitMode::kMemOps)
-    return cannot(error(Code::kUnsupported, describe(), ": its cuda_ipc connections run stream plans, and this "
-                        "rank's streams no longer run stream memory operations"));
+    return failBeforeRunning(error(Code::kUnsupported, describe(), ": its cuda_ipc connections run stream plans, "
+                                   "and this rank's streams no longer run stream memory operations"));
   if (!ensureDeviceSteps())
-    return cannot(error(Code::kCudaError, describe(), ": its connections run stream plans, and this rank has no "
-                        "device reduction kernels or device plan stream (see the INFO log)"));
+    return failBeforeRunning(error(Code::kCudaError, describe(), ": its connections run stream plans, and this "
+                                   "rank has no device reduction kernels or device plan stream (see the INFO log)"));
   for (const OpRequest& op : ops) {
     const OpLayout layout = opLayout(op.shape, rank_, nranks_);
     for (const void* buffer : {layout.sendBytes ? op.sendbuff : nullptr,

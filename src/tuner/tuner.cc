@@ -31,6 +31,18 @@ const std::vector<NcclAlgoName>& ncclAlgoNames() {
 
 uint64_t operationBytes(const CollShape& s) { return s.count * dataTypeSize(s.dtype); }
 
+// The non-empty pieces of `text` between `delimiter`s.
+std::vector<std::string> splitOn(const std::string& text, char delimiter) {
+  std::vector<std::string> pieces;
+  size_t pos = 0;
+  while (pos <= text.size()) {
+    const size_t end = std::min(text.find(delimiter, pos), text.size());
+    if (end > pos) pieces.push_back(text.substr(pos, end - pos));
+    pos = end + 1;
+  }
+  return pieces;
+}
+
 // Fills what the caller left unset; see TopologySummary.
 TopologySummary completeSummary(TopologySummary t) {
   t.nranks = std::max(1, t.nranks);
@@ -170,13 +182,8 @@ Status Tuner::parseAlgoList(const std::string& text) {
   static constexpr CollKind kListed[] = {CollKind::kBroadcast, CollKind::kReduce, CollKind::kAllGather,
                                          CollKind::kReduceScatter, CollKind::kAllReduce};
   const auto& names = ncclAlgoNames();
-  size_t pos = 0;
   bool first = true;
-  while (pos <= spec.size()) {
-    const size_t semi = spec.find(';', pos);
-    std::string entry = spec.substr(pos, semi == std::string::npos ? std::string::npos : semi - pos);
-    pos = semi == std::string::npos ? spec.size() + 1 : semi + 1;
-    if (entry.empty()) continue;
+  for (std::string entry : splitOn(spec, ';')) {
     std::vector<CollKind> kinds(std::begin(kListed), std::end(kListed));
     if (const size_t colon = entry.find(':'); colon != std::string::npos) {
       const std::string function = entry.substr(0, colon);
@@ -196,12 +203,7 @@ Status Tuner::parseAlgoList(const std::string& text) {
     const bool exclude = !entry.empty() && entry[0] == '^';
     if (exclude) entry.erase(0, 1);
     std::vector<bool> enabled(names.size(), exclude);
-    size_t at = 0;
-    while (at <= entry.size()) {
-      const size_t comma = entry.find(',', at);
-      const std::string name = entry.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
-      at = comma == std::string::npos ? entry.size() + 1 : comma + 1;
-      if (name.empty()) continue;
+    for (const std::string& name : splitOn(entry, ',')) {
       auto it = std::find_if(names.begin(), names.end(), [&](const NcclAlgoName& n) { return name == n.nccl; });
       if (it == names.end())
         return invalidArgument("NCCL_ALGO=", text, ": unknown algorithm '", name,

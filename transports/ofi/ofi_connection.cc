@@ -130,11 +130,6 @@ Status OfiConnection::fail(Status status) {
   return failure_;
 }
 
-void OfiConnection::quiesce() {
-  (void)fail(error(Code::kAborted, peer_, ": an operation on this connection ended without its messages (it failed "
-                   "or was aborted); the connection is no longer used"));
-}
-
 void OfiConnection::plan(Queue& queue, Op::Kind kind, void* data, uint64_t bytes, uint64_t tag, uint64_t token) {
   const uint64_t lanes = peerLanes_.size();
   if (queue.laneSeqs.size() != lanes) queue.laneSeqs.assign(lanes, 0);

@@ -122,7 +122,7 @@ class OfiConnection final : public Connection {
   // their bytes into or out of buffers their owner has been told are done.
   // (A provider that places data without being polled, such as EFA, may
   // still write into a posted receive until the connection is destroyed.)
-  void quiesce() override;
+  void quiesce() override { (void)fail(quiescedError(peer_)); }
 
   const std::string& peerDescription() const override { return peer_; }
 

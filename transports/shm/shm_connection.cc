@@ -72,11 +72,6 @@ Status ShmConnection::fail(Status status) {
   return failure_;
 }
 
-void ShmConnection::quiesce() {
-  (void)fail(error(Code::kAborted, peer_, ": an operation on this connection ended without its messages (it failed "
-                   "or was aborted); the connection is no longer used"));
-}
-
 void ShmConnection::publishFailure(std::string_view reason) {
   if (!segment_.mapped()) return;
   Header& h = segment_.header();

@@ -85,7 +85,7 @@ class ShmConnection final : public Connection {
   // A job ended without its operations here (failed, aborted): the
   // connection fails for good, so that no later poll (another job's) moves
   // their bytes into or out of buffers their owner has been told are done.
-  void quiesce() override;
+  void quiesce() override { (void)fail(quiescedError(peer_)); }
   bool carriesFailureReports() const override { return true; }
   void publishFailure(std::string_view reason) override;
   std::string peerFailure() const override;

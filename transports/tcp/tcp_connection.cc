@@ -96,11 +96,6 @@ Status TcpConnection::checkAlive() {
   return Status::ok();
 }
 
-void TcpConnection::quiesce() {
-  (void)fail(error(Code::kAborted, peer_, ": an operation on this connection ended without its messages (it failed "
-                   "or was aborted); the connection is no longer used"));
-}
-
 // --- posting
 
 Status TcpConnection::postSend(const void* data, uint64_t bytes, uint64_t tag, uint64_t token) {

@@ -68,7 +68,7 @@ class TcpConnection final : public Connection {
   // A job ended without its operations here (failed, aborted): the
   // connection fails for good, so that no later poll (another job's) moves
   // their bytes into or out of buffers their owner has been told are done.
-  void quiesce() override;
+  void quiesce() override { (void)fail(quiescedError(peer_)); }
   const std::string& peerDescription() const override { return peer_; }
 
   int laneCount() const { return static_cast<int>(lanes_.size()); }
