@@ -69,10 +69,14 @@ Transport* findTransport(std::string_view name) {
   return nullptr;
 }
 
-Status publishAddresses(PeerInfo& self) {
+Status publishAddresses(PeerInfo& self, const TransportChoice& choice) {
+  // A name Shoal has no network for is said at init and fails connections
+  // to other hosts (selectTransport), not the start of the others.
+  const Result<std::string> network = networkTransport(choice);
+  const std::string named = network.isOk() ? network.value() : std::string();
   self.addresses.clear();
   for (Transport* t : allTransports()) {
-    if (!t->wantedInThisProcess()) continue;
+    if (!t->wantedInThisProcess() && t->name() != named) continue;
     auto addr = t->localAddress();
     if (!addr.isOk()) {
       std::lock_guard<std::mutex> lock(registry().mutex);
@@ -86,35 +90,41 @@ Status publishAddresses(PeerInfo& self) {
   return Status::ok();
 }
 
-Result<std::string> transportOfNetwork(std::string_view net, std::string_view what) {
-  const std::string name(net);
+namespace {
+// The setting that names the network, as the user wrote it
+// ("NCCL_NET=Socket"), or "" where none does.
+std::string networkSetting(const TransportChoice& choice) {
+  if (!params().net.empty()) return str("NCCL_NET=", params().net);
+  return choice.net.empty() ? std::string() : str("ncclConfig_t.netName=", choice.net);
+}
+}  // namespace
+
+Result<std::string> networkTransport(const TransportChoice& choice) {
+  const std::string& name = params().net.empty() ? choice.net : params().net;
+  if (name.empty()) return std::string();
   if (strcasecmp(name.c_str(), "Socket") == 0) return std::string("tcp");
   if (strcasecmp(name.c_str(), "Libfabric") == 0 || strcasecmp(name.c_str(), "OFI") == 0) return std::string("ofi");
-  return invalidArgument(what, "=", name, " is not a network Shoal has (known: Socket, Libfabric, OFI)");
+  return invalidArgument(networkSetting(choice), " is not a network Shoal has (known: Socket, Libfabric, OFI)");
 }
 
 Result<Transport*> selectTransport(const PeerInfo& self, const PeerInfo& peer, TransportChoice choice) {
-  const Params& p = params();
-  std::string forced = p.transport;
-  bool otherHost = self.hostId != peer.hostId;
-  if (forced.empty() && otherHost) {
-    if (!p.net.empty()) {
-      SHOAL_ASSIGN_OR_RETURN(forced, transportOfNetwork(p.net, "NCCL_NET"));
-    } else if (!choice.net.empty()) {
-      SHOAL_ASSIGN_OR_RETURN(forced, transportOfNetwork(choice.net, "ncclConfig_t.netName"));
-    }
+  std::string forced = params().transport;
+  std::string forcedBy = str("SHOAL_TRANSPORT=", forced);  // said in errors
+  if (forced.empty() && self.hostId != peer.hostId) {
+    SHOAL_ASSIGN_OR_RETURN(forced, networkTransport(choice));
+    forcedBy = networkSetting(choice);
   }
   if (!forced.empty()) {
     Transport* t = findTransport(forced);
     if (!t) {
       std::string known;
       for (Transport* each : allTransports()) known += str(known.empty() ? "" : ", ", each->name());
-      return invalidArgument("SHOAL_TRANSPORT=", forced, " names no transport (known: ", known, ")");
+      return invalidArgument(forcedBy, ": this build of Shoal has no transport ", forced, " (known: ", known, ")");
     }
     if (auto why = unavailable(*t); !why.empty())
-      return invalidUsage("forced transport ", forced, " cannot run in this process: ", why);
+      return invalidUsage("forced transport ", forced, " (", forcedBy, ") cannot run in this process: ", why);
     if (!t->canConnect(self, peer))
-      return invalidUsage("forced transport ", forced, " cannot reach rank ", peer.rank, " (host ",
+      return invalidUsage("forced transport ", forced, " (", forcedBy, ") cannot reach rank ", peer.rank, " (host ",
                           peer.hostname, ")");
     return t;
   }

@@ -7,10 +7,10 @@
 // A device-direct communicator (TransportChoice) first tries the transports
 // whose connections move device memory (cuda_ipc between processes whose
 // GPUs share memory).
-// SHOAL_TRANSPORT forces a kind for every peer; NCCL_NET=Socket forces tcp and
-// NCCL_NET=Libfabric (or OFI) forces ofi for
-// peers on other hosts. A forced kind that cannot reach a peer is an error,
-// never a silent fallback. Thread-safe.
+// SHOAL_TRANSPORT forces a kind for every peer; NCCL_NET (else the
+// communicator's ncclConfig_t.netName) =Socket forces tcp and =Libfabric (or
+// OFI) forces ofi for peers on other hosts. A forced kind that cannot reach a
+// peer is an error, never a silent fallback. Thread-safe.
 #pragma once
 
 #include <string>
@@ -38,10 +38,6 @@ void forgetMemory(void* base, size_t bytes);
 // (Transport::forgetRank). Thread-safe.
 void forgetRank(uint64_t commId, int rank);
 
-// Fills self.addresses with every transport's local address (transports that
-// fail to start are skipped and logged; the error is kept for selection).
-Status publishAddresses(PeerInfo& self);
-
 // How a communicator prefers transports: agreed by all its ranks at init
 // (comm/init_agreement.h), so both ends of every pair choose alike.
 struct TransportChoice {
@@ -55,10 +51,16 @@ struct TransportChoice {
   std::string net;
 };
 
-// The transport NCCL's network name stands for: Socket is tcp, Libfabric
-// and OFI are ofi; any other name is kInvalidArgument naming `what` (where
-// the name came from, e.g. "NCCL_NET").
-Result<std::string> transportOfNetwork(std::string_view net, std::string_view what);
+// The transport for peers on other hosts that NCCL_NET, else choice.net,
+// names (Socket is tcp, Libfabric and OFI are ofi), or "" where neither names
+// one; any other name is kInvalidArgument naming where it came from.
+Result<std::string> networkTransport(const TransportChoice& choice);
+
+// Fills self.addresses with the local address of every transport wanted in
+// this process (Transport::wantedInThisProcess) or named by the choice's
+// network (networkTransport); transports that fail to start are skipped and
+// logged, the error kept for selection.
+Status publishAddresses(PeerInfo& self, const TransportChoice& choice);
 
 // The transport for connecting self to peer, honouring the overrides.
 Result<Transport*> selectTransport(const PeerInfo& self, const PeerInfo& peer, TransportChoice choice);

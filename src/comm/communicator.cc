@@ -210,7 +210,7 @@ Status Communicator::initialize() {
   self.processId = localProcessId();
   self.kernelId = localKernelId();
   SHOAL_TRY(findCudaDevice(self));
-  SHOAL_TRY(publishAddresses(self)) << describe();
+  SHOAL_TRY(publishAddresses(self, transportChoice(false))) << describe();
   SHOAL_ASSIGN_OR_RETURN(peers_, exchangePeers(self, deadline));
   topology_ = buildTopology(peers_);
   SHOAL_TRY(checkSharedGpus());
@@ -235,13 +235,9 @@ Status Communicator::initialize() {
   // Shoal has no network for is said now and refused where a peer on another
   // host is connected: a variable set for a whole cluster ("IB") must not
   // fail the jobs of one host.
-  const std::string net = params().net.empty() ? options_.netName : params().net;
-  if (!net.empty()) {
-    if (Result<std::string> t = transportOfNetwork(net, params().net.empty() ? "ncclConfig_t.netName" : "NCCL_NET");
-        !t.isOk() && rank_ == 0)
-      SHOAL_WARN(describe(), ": ", t.status().message(), "; connections to other hosts will fail");
-  }
-  const TransportChoice choice{.deviceDirect = agreement.deviceDirect, .net = options_.netName};
+  const TransportChoice choice = transportChoice(agreement.deviceDirect);
+  if (Result<std::string> net = networkTransport(choice); !net.isOk() && rank_ == 0)
+    SHOAL_WARN(describe(), ": ", net.status().message(), "; connections to other hosts will fail");
   connections_.setChoice(choice);
   connections_.setStreamLinks(agreement.streamLinks);
   if (!self.gpu.empty()) {
@@ -318,7 +314,7 @@ Result<InitProposal> Communicator::proposal(const PeerInfo& self) const {
   InitProposal p;
   for (int r = 0; r < nranks_ && p.readsEveryPeer; ++r) {
     if (r == rank_ || peers_[r].sameProcess(self)) continue;
-    auto chosen = selectTransport(self, peers_[r], TransportChoice{});
+    auto chosen = selectTransport(self, peers_[r], transportChoice(false));
     p.readsEveryPeer = chosen.isOk() && chosen.value()->readsPeerMemory(peers_[r]);
   }
   p.streamPlans = cuda_ != nullptr && !self.gpu.empty() && cuda_->streamPlansWanted(self.gpu);
@@ -338,7 +334,7 @@ Result<InitProposal> Communicator::proposal(const PeerInfo& self) const {
   if (topology_.leaders.size() > 1 && rank_ == topology_.leaders[0]) {
     // Device-direct needs every pair to move device memory, which no network
     // transport does: a communicator with a network link is never device-direct.
-    if (Result<Transport*> t = selectTransport(self, peers_[topology_.leaders[1]], TransportChoice{}); t.isOk())
+    if (Result<Transport*> t = selectTransport(self, peers_[topology_.leaders[1]], transportChoice(false)); t.isOk())
       p.netLink = NetLink{std::string(t.value()->name()), t.value()->cpuCopiesBytes(),
                           t.value()->emulatesMessagesOverSockets()};
   }
@@ -395,7 +391,7 @@ std::string Communicator::whyNotDeviceDirect(const PeerInfo& self) const {
   if (cuda::Driver::fewHardwareQueues()) return "CUDA_DEVICE_MAX_CONNECTIONS is below 4";
   for (int r = 0; r < nranks_; ++r) {
     if (r == rank_) continue;
-    Result<Transport*> t = selectTransport(self, peers_[r], TransportChoice{.deviceDirect = true});
+    Result<Transport*> t = selectTransport(self, peers_[r], transportChoice(true));
     if (!t.isOk()) return t.status().message();
     if (!t.value()->movesDeviceMemory())
       return str("rank ", r, " (host ", peers_[r].hostname, ") is reached over ", t.value()->name(),

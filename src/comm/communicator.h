@@ -270,6 +270,11 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
   Result<std::vector<PeerInfo>> exchangePeers(const PeerInfo& self, Deadline deadline);
   Result<InitProposal> proposal(const PeerInfo& self) const;
   std::string whyNotDeviceDirect(const PeerInfo& self) const;
+  // How this communicator's transports are chosen: every selection, the
+  // proposal's included, sees its ncclConfig_t.netName.
+  TransportChoice transportChoice(bool deviceDirect) const {
+    return {.deviceDirect = deviceDirect, .net = options_.netName};
+  }
   std::string whyNoStreamLinks(const PeerInfo& self) const;
   // A rank that is a thread of this process on this rank's GPU (-1: none,
   // or SHOAL_CUDA_STREAM_PLANS=1, which lets their streams wait on each

@@ -1334,7 +1334,8 @@ TEST_CASE("cuda_ipc is refused with too few hardware queues whether forced or no
   });
   INFO(forced.report());
   CHECK(forced.allPassed());
-  CHECK(forced.report().find("forced transport cuda_ipc cannot run in this process: CUDA_DEVICE_MAX_CONNECTIONS=2 "
+  CHECK(forced.report().find("forced transport cuda_ipc (SHOAL_TRANSPORT=cuda_ipc) cannot run in this process: "
+                             "CUDA_DEVICE_MAX_CONNECTIONS=2 "
                              "leaves too few hardware queues") != std::string::npos);
   // One rank with few queues: its peers do not reach it over cuda_ipc either.
   RankLogs logs;

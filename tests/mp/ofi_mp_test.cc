@@ -4,7 +4,8 @@
 // public C API is used. Covers the data of every collective at 2 and 3
 // processes (over tcp;ofi_rxm also with several channels striped over several
 // endpoints), grouped send/recv, and a SIGKILLed rank making the survivors
-// fail naming it within the no-progress deadline.
+// fail naming it within the no-progress deadline; and ncclConfig_t.netName
+// asking for ofi between emulated hosts with nothing else asking for it.
 //
 // Needs the transport registry to know "ofi" (transports/registry.cc). Every
 // run is bounded by the harness watchdog; buffers stay at or under 1 MiB.
@@ -15,10 +16,14 @@
 
 #include <catch2/catch.hpp>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdint>
+#include <fstream>
 #include <functional>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -164,6 +169,39 @@ int killOneRank(MpChild& c, int victim, int killAt) {
   return 1;
 }
 
+// Two emulated hosts (NCCL_HOSTID) whose communicator asks for ofi by
+// ncclConfig_t.netName only (no SHOAL_TRANSPORT, NCCL_NET or FI_PROVIDER):
+// ofi must start for it, carry the data, and be the network link the tuner
+// models (the log's "(ofi").
+int netNameOfi(MpChild& c, const std::string& logPrefix) {
+  const std::string logPath = logPrefix + std::to_string(c.rank());
+  ::setenv("NCCL_HOSTID", ("netname-host" + std::to_string(c.rank())).c_str(), 1);
+  ::setenv("NCCL_DEBUG_FILE", logPath.c_str(), 1);
+  ncclUniqueId id;
+  CHILD_CHECK(c, c.uniqueId(&id), "no unique id");
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.netName = "OFI";
+  ncclComm_t comm = nullptr;
+  CHILD_NCCL(c, ncclCommInitRankConfig(&comm, c.nranks(), id, c.rank(), &config));
+  std::vector<float> buf(4096);
+  for (size_t i = 0; i < buf.size(); ++i) buf[i] = value(c.rank(), i);
+  CHILD_NCCL(c, ncclAllReduce(buf.data(), buf.data(), buf.size(), ncclFloat, ncclSum, comm, nullptr));
+  CHILD_CHECK(c, expectFloats(c, "AllReduce", buf, [&](size_t i) { return sumOver(c.nranks(), i); }), "AllReduce");
+  CHILD_CHECK(c, c.barrier(), "the other rank did not finish");
+  CHILD_NCCL(c, ncclCommDestroy(comm));
+  std::ifstream in(logPath);
+  std::stringstream text;
+  text << in.rdbuf();
+  ::unlink(logPath.c_str());
+  CHILD_CHECK(c, text.str().find("ofi: connected to") != std::string::npos, "no ofi connection in the log");
+  std::string tunerLine;
+  for (std::string line; std::getline(text, line);)
+    if (line.find("tuner:") != std::string::npos) tunerLine = line;
+  CHILD_CHECK(c, tunerLine.find(", across net (ofi") != std::string::npos,
+              "the tuner does not model an ofi network link: " + tunerLine);
+  return 0;
+}
+
 MpConfig ofiConfig(int nranks, const std::string& provider) {
   MpConfig cfg;
   cfg.nranks = nranks;
@@ -245,4 +283,14 @@ TEST_CASE("mp ofi: a SIGKILLed rank makes the survivors fail naming it", "[mp][o
       else CHECK((rr.exited && rr.exitCode == 0));
     }
   }
+}
+
+TEST_CASE("mp ofi: ncclConfig_t.netName=OFI alone starts ofi for other hosts, and the tuner models it",
+          "[mp][ofi]") {
+  MpConfig cfg;
+  cfg.nranks = 2;
+  cfg.env = {{"SHOAL_TRANSPORT", ""}, {"FI_TCP_IFACE", "lo"}, {"NCCL_SOCKET_IFNAME", "lo"},
+             {"NCCL_DEBUG", "INFO"}, {"NCCL_DEBUG_SUBSYS", "INIT,NET,TUNING"}};
+  const std::string logPrefix = "/tmp/shoal-netname-" + std::to_string(::getpid()) + "-rank";
+  requirePassed(runForked(cfg, [&](MpChild& c) { return netNameOfi(c, logPrefix); }));
 }

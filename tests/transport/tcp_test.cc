@@ -534,9 +534,10 @@ TEST_CASE("the network for other hosts: ncclConfig_t.netName, overridden by NCCL
   Result<Transport*> socket = selectTransport(self, peer, choice);
   REQUIRE(socket.isOk());
   CHECK(socket.value()->name() == "tcp");
-  choice.net = "OFI";  // forced: ofi, or an error naming it (no ofi address here)
+  choice.net = "OFI";  // forced: ofi, which cannot reach a peer without an ofi address
   Result<Transport*> ofi = selectTransport(self, peer, choice);
-  CHECK((ofi.isOk() ? std::string(ofi.value()->name()) : ofi.status().message()).find("ofi") != std::string::npos);
+  REQUIRE_FALSE(ofi.isOk());
+  CHECK_THAT(ofi.status().message(), Catch::Contains("ofi") && Catch::Contains("ncclConfig_t.netName=OFI"));
   choice.net = "Carrier pigeon";
   Result<Transport*> bad = selectTransport(self, peer, choice);
   REQUIRE_FALSE(bad.isOk());
@@ -547,6 +548,12 @@ TEST_CASE("the network for other hosts: ncclConfig_t.netName, overridden by NCCL
     Result<Transport*> overridden = selectTransport(self, peer, choice);
     REQUIRE(overridden.isOk());
     CHECK(overridden.value()->name() == "tcp");
+  }
+  {
+    ScopedEnv env{{"NCCL_NET", "Libfabric"}};  // the error names the setting that forced it
+    Result<Transport*> overridden = selectTransport(self, peer, choice);
+    REQUIRE_FALSE(overridden.isOk());
+    CHECK_THAT(overridden.status().message(), Catch::Contains("NCCL_NET=Libfabric"));
   }
 }
 

@@ -351,7 +351,7 @@ std::vector<PeerInfo> layoutPeers(int ranks, int nodes, std::string& note) {
   self.hostId = localHostId();
   self.processId = localProcessId();
   self.kernelId = localKernelId();
-  if (Status st = publishAddresses(self); !st.isOk()) note = st.message();
+  if (Status st = publishAddresses(self, TransportChoice{}); !st.isOk()) note = st.message();
   int perNode = (ranks + nodes - 1) / nodes;
   std::vector<PeerInfo> peers;
   for (int r = 0; r < ranks; ++r) {
