@@ -100,6 +100,7 @@ std::string networkSetting(const TransportChoice& choice) {
 }  // namespace
 
 Result<std::string> networkTransport(const TransportChoice& choice) {
+  if (!params().transport.empty()) return std::string();  // SHOAL_TRANSPORT forces every peer's
   const std::string& name = params().net.empty() ? choice.net : params().net;
   if (name.empty()) return std::string();
   if (strcasecmp(name.c_str(), "Socket") == 0) return std::string("tcp");

@@ -53,7 +53,8 @@ struct TransportChoice {
 
 // The transport for peers on other hosts that NCCL_NET, else choice.net,
 // names (Socket is tcp, Libfabric and OFI are ofi), or "" where neither names
-// one; any other name is kInvalidArgument naming where it came from.
+// one or SHOAL_TRANSPORT forces every peer's; any other name is
+// kInvalidArgument naming where it came from.
 Result<std::string> networkTransport(const TransportChoice& choice);
 
 // Fills self.addresses with the local address of every transport wanted in

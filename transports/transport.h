@@ -223,11 +223,13 @@ class Transport {
   // its peers sent, with their FIFOs' descriptors).
   virtual void forgetRank(uint64_t /*commId*/, int /*rank*/) {}
   // Whether this process should start it (localAddress) at all: a transport
-  // whose start is costly may wait to be asked for by the environment.
+  // whose start is costly may wait to be asked for by the environment (or by
+  // a communicator's ncclConfig_t.netName, registry.h).
   virtual bool wantedInThisProcess() const { return true; }
   // Whether the registry picks it for a peer it can reach without being
-  // forced (SHOAL_TRANSPORT, NCCL_NET) on a communicator that is not
-  // device-direct; `self` is this rank's published info.
+  // forced (SHOAL_TRANSPORT, NCCL_NET, ncclConfig_t.netName) on a
+  // communicator that is not device-direct; `self` is this rank's published
+  // info.
   virtual bool chosenByDefault(const PeerInfo& /*self*/) const { return true; }
   // Prepares the transport in this process (e.g. opens the listener) and returns
   // the address peers need (empty for in-process transports). Idempotent.

@@ -172,9 +172,12 @@ int killOneRank(MpChild& c, int victim, int killAt) {
 // Two emulated hosts (NCCL_HOSTID) whose communicator asks for ofi by
 // ncclConfig_t.netName only (no SHOAL_TRANSPORT, NCCL_NET or FI_PROVIDER):
 // ofi must start for it, carry the data, and be the network link the tuner
-// models (the log's "(ofi").
+// models (the log's "(ofi"). (Where libfabric's default provider is a
+// hardware one, ofi would be modelled without netName too.)
 int netNameOfi(MpChild& c, const std::string& logPrefix) {
   const std::string logPath = logPrefix + std::to_string(c.rank());
+  ::unlink(logPath.c_str());  // the log is appended to
+  ::unsetenv("FI_PROVIDER");  // it would start ofi by itself
   ::setenv("NCCL_HOSTID", ("netname-host" + std::to_string(c.rank())).c_str(), 1);
   ::setenv("NCCL_DEBUG_FILE", logPath.c_str(), 1);
   ncclUniqueId id;
@@ -289,8 +292,10 @@ TEST_CASE("mp ofi: ncclConfig_t.netName=OFI alone starts ofi for other hosts, an
           "[mp][ofi]") {
   MpConfig cfg;
   cfg.nranks = 2;
-  cfg.env = {{"SHOAL_TRANSPORT", ""}, {"FI_TCP_IFACE", "lo"}, {"NCCL_SOCKET_IFNAME", "lo"},
+  cfg.env = {{"SHOAL_TRANSPORT", ""}, {"NCCL_NET", ""}, {"FI_TCP_IFACE", "lo"}, {"NCCL_SOCKET_IFNAME", "lo"},
              {"NCCL_DEBUG", "INFO"}, {"NCCL_DEBUG_SUBSYS", "INIT,NET,TUNING"}};
   const std::string logPrefix = "/tmp/shoal-netname-" + std::to_string(::getpid()) + "-rank";
-  requirePassed(runForked(cfg, [&](MpChild& c) { return netNameOfi(c, logPrefix); }));
+  MpResult res = runForked(cfg, [&](MpChild& c) { return netNameOfi(c, logPrefix); });
+  for (int r = 0; r < cfg.nranks; ++r) ::unlink((logPrefix + std::to_string(r)).c_str());
+  requirePassed(res);
 }

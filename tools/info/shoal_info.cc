@@ -227,11 +227,13 @@ InterfaceReport providerInfo() {
   if (!s.chosen.empty())
     r.text += "  the ofi transport would take: " + s.chosen +
               (s.chosenByDefault ? " (a hardware provider: used between hosts unless NCCL_NET=Socket)"
-                                 : " (over sockets: used only with NCCL_NET=Libfabric or SHOAL_TRANSPORT=ofi; "
+                                 : " (over sockets: used only with NCCL_NET=Libfabric, ncclConfig_t.netName=Libfabric or "
+                                   "SHOAL_TRANSPORT=ofi; "
                                    "tcp serves between hosts otherwise)") +
               "\n";
   if (!s.requested)
-    r.text += "  (libfabric starts in a job only with FI_PROVIDER, NCCL_NET=Libfabric or SHOAL_TRANSPORT=ofi set)\n";
+    r.text += "  (libfabric starts in a job only with FI_PROVIDER, NCCL_NET=Libfabric or SHOAL_TRANSPORT=ofi set, "
+              "or for a communicator whose ncclConfig_t.netName is Libfabric)\n";
   return r;
 }
 

@@ -183,8 +183,9 @@ bool ofiRequested() {
 // Providers that run libfabric's reliable datagrams over kernel sockets
 // (tcp;ofi_rxm, sockets, udp;ofi_rxd, net) add a layer over what the tcp
 // transport does directly and measured slower here: ofi is chosen by default
-// only for hardware providers (EFA, verbs, ...); NCCL_NET=Libfabric or
-// SHOAL_TRANSPORT=ofi still force it (docs/decisions/0002-ofi-default.md).
+// only for hardware providers (EFA, verbs, ...); NCCL_NET=Libfabric,
+// ncclConfig_t.netName=Libfabric or SHOAL_TRANSPORT=ofi still force it
+// (docs/decisions/0002-ofi-default.md).
 bool publishedOverSockets(const PeerInfo& self) {
   const std::string* text = self.address("ofi");
   if (!text) return true;
