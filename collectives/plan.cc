@@ -121,7 +121,11 @@ Plan mergePlans(const std::vector<PlanPtr>& plans) {
     const uint64_t scratchBase = (scratchEnd + kScratchAlign - 1) / kScratchAlign * kScratchAlign;
     const size_t nOps = p->shapes.size();
     SHOAL_CHECK(nOps >= 1, "mergePlans: plan without a shape");
-    SHOAL_CHECK(!p->readsPeers, "mergePlans: peer-reading plans are single-op only");
+    if (p->readsPeers) {
+      SHOAL_CHECK(nOps == 1 && !merged.readsPeers, "mergePlans: more than one peer-reading operation");
+      merged.readsPeers = true;
+      merged.peerReadOp = opBase;
+    }
     SHOAL_CHECK(merged.shapes.size() + nOps <= kMaxMergedOps, "mergePlans: more than ", kMaxMergedOps,
                 " operations");
     for (size_t k = 0; k < nOps; ++k) {
@@ -133,7 +137,8 @@ Plan mergePlans(const std::vector<PlanPtr>& plans) {
     if (!merged.algorithm.empty()) merged.algorithm += "+";
     merged.algorithm += p->algorithm;
     auto remap = [&](Slice s) {
-      s.buffer = static_cast<uint16_t>(s.buffer + kBuffersPerOp * opBase);
+      if (s.buffer != kWindowBuffer && !isPeerBuffer(s.buffer))  // the engine's, not the op's
+        s.buffer = static_cast<uint16_t>(s.buffer + kBuffersPerOp * opBase);
       return s;
     };
     for (const Step& s : p->steps) {

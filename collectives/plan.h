@@ -68,7 +68,8 @@ inline constexpr uint16_t kScratchBuffer = 2;
 inline constexpr int kBuffersPerOp = 3;
 inline constexpr uint16_t kP2pChannel = 0xffff;
 
-// Buffers of peer-reading plans (single op only, never merged into groups).
+// Buffers of peer-reading plans: the window and the peers' buffers of the
+// plan's one peer-reading operation (Plan::peerReadOp).
 inline constexpr uint16_t kWindowBuffer = 0x3fff;
 // Operations a merged plan holds: their buffers (kBuffersPerOp each) stay
 // below kWindowBuffer.
@@ -184,6 +185,9 @@ struct Plan {
   // Reads peers' buffers (peerBuffer()); the engine exchanges descriptors
   // through kWindowBuffer, which holds (1 + nranks) slots.
   bool readsPeers = false;
+  // The operation whose buffers the window describes: the one that reads
+  // peers (a merged plan holds at most one).
+  uint16_t peerReadOp = 0;
 
   // Human-readable dump, one step per line: the first debugging step.
   std::string toString() const;
@@ -197,6 +201,7 @@ void finalizePlan(Plan& plan);
 
 // Concatenates per-op plans of one rank into one plan (a group). Op k's buffers
 // b become 3k+b; its scratch lives at scratchOffsets[k] of one scratch area.
+// At most one of them reads peers: the window and peer buffers are its.
 Plan mergePlans(const std::vector<PlanPtr>& plans);
 
 // One step of each kind, dependencies left empty: the only place a Step's

@@ -201,8 +201,8 @@ Status checkSteps(const Plan& plan, const std::vector<OpInfo>& ops) {
     for (int u = 0; u < n; ++u) {
       const Slice sl = uses[u].slice;
       if (isEngineBuffer(sl.buffer)) {
-        if (!plan.readsPeers || plan.shapes.size() != 1)
-          return planError(plan, i, "names a window or peer buffer outside a single-op peer-reading plan");
+        if (!plan.readsPeers || s.op != plan.peerReadOp)
+          return planError(plan, i, "names a window or peer buffer outside the plan's peer-reading operation");
         if (sl.buffer == kWindowBuffer) {
           const uint64_t size = kWindowSlotBytes * (1 + static_cast<uint64_t>(plan.nranks));
           if (sl.offset > size || s.bytes > size - sl.offset)
@@ -763,7 +763,8 @@ Status simulatePlans(const std::vector<PlanPtr>& plans,
       // Ranks of a simulation share one address space: a peer's buffer is its pointer.
       const int q = peerOfBuffer(sl.buffer);
       if (q < 0 || q >= n) return internalError("peer buffer of rank ", q);
-      void* base = localKindOfPeerBuffer(sl.buffer) == kSendBuffer ? buffers[q][0].send : buffers[q][0].recv;
+      const SimOpBuffers& peer = buffers[q][ranks[q].plan->peerReadOp];
+      void* base = localKindOfPeerBuffer(sl.buffer) == kSendBuffer ? peer.send : peer.recv;
       if (!base && s.bytes > 0) return internalError("peer buffer is null");
       return base ? static_cast<uint8_t*>(base) + sl.offset : nullptr;
     }

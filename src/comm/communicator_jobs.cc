@@ -40,6 +40,18 @@ bool droppedByNccl(const OpRequest& op) {
   return op.shape.count == 0 && op.shape.kind != CollKind::kSend && op.shape.kind != CollKind::kRecv;
 }
 
+// Whether one communicator's part of a group plans its collectives as parts
+// of a merged plan (PlanCache::planFor `grouped`: no peer reads): only when
+// it holds more than one collective. Send and Recv do not count, since ranks
+// may group them differently (NCCL allows it) while a collective must be
+// planned alike on every rank; a lone collective's plan, peer-reading or
+// not, merges with them.
+bool collectivesGrouped(std::span<const OpRequest> ops) {
+  return std::count_if(ops.begin(), ops.end(), [](const OpRequest& op) {
+           return op.shape.kind != CollKind::kSend && op.shape.kind != CollKind::kRecv && !droppedByNccl(op);
+         }) > 1;
+}
+
 }  // namespace
 
 CollShape Communicator::placedShape(const OpRequest& op) const {
@@ -308,19 +320,19 @@ Result<bool> Communicator::submitStreamPlan(std::span<const OpRequest> ops, Stre
   // Between ranks, where every connection moves device memory (known per
   // peer, no connection made), then the plan's own lanes.
   if (nranks_ < 2) return false;
-  const bool group = ops.size() > 1;
+  const bool group = ops.size() > 1, grouped = collectivesGrouped(ops);
   std::shared_ptr<const PreparedPlan> prepared;
   std::vector<std::shared_ptr<const PreparedPlan>> parts;
   for (const OpRequest& op : ops) {
     const CollShape shape = placedShape(op);
-    Result<std::shared_ptr<const PreparedPlan>> found = plans_->planFor(shape, group);
+    Result<std::shared_ptr<const PreparedPlan>> found = plans_->planFor(shape, grouped);
     if (!found.isOk()) return false;  // prepareJob reports it
     prepared = std::move(found).value();
     if (!connections_.movesDeviceMemory(*prepared->plan)) return false;
     // Whether it runs on the streams depends on what every rank's plan
     // holds and on the connections, the same on both sides of each: every
     // rank decides alike.
-    Result<bool> everywhere = plans_->deviceStepsRunEverywhere(shape, group);
+    Result<bool> everywhere = plans_->deviceStepsRunEverywhere(shape, grouped);
     if (!everywhere.isOk() || !everywhere.value()) return false;
     if (group) parts.push_back(prepared);
   }
@@ -626,10 +638,11 @@ Status Communicator::connectAhead(const std::vector<OpRequest>& ops) {
   UseGuard use(*this);
   cuda::ContextScope scope(cuda_, cudaContext());
   SHOAL_TRY(scope.status()) << describe() << ": making its CUDA context current";
+  const bool grouped = collectivesGrouped(ops);
   for (const OpRequest& op : ops) {
     if (droppedByNccl(op)) continue;
     SHOAL_ASSIGN_OR_RETURN(std::shared_ptr<const PreparedPlan> prepared,
-        plans_->planFor(placedShape(op), ops.size() > 1), describe(), ": ", collKindName(op.shape.kind));
+        plans_->planFor(placedShape(op), grouped), describe(), ": ", collKindName(op.shape.kind));
     for (const auto& lane : prepared->plan->lanes)
       SHOAL_TRY(connections_.to(lane.peer, lane.channel, /*unlessWaiting=*/true).status()) << describe();
   }
@@ -806,6 +819,7 @@ Result<bool> Communicator::prepareJob(Job& job, std::span<const OpRequest> ops, 
   } else {
     std::vector<std::shared_ptr<const PreparedPlan>> parts;
     std::shared_ptr<const PreparedPlan> prepared;
+    const bool grouped = collectivesGrouped(ops);
     for (size_t k = 0; k < ops.size(); ++k) {
       const OpRequest& op = ops[k];
       if (job.peerBuffers) {  // a device plan on windows (runsAsDevicePlan found its plan)
@@ -813,7 +827,7 @@ Result<bool> Communicator::prepareJob(Job& job, std::span<const OpRequest> ops, 
                                collKindName(op.shape.kind));
         if (!prepared) return internalError(describe(), ": no window plan for ", collKindName(op.shape.kind));
       } else {
-        SHOAL_ASSIGN_OR_RETURN(prepared, plans_->planFor(placedShape(op), ops.size() > 1),
+        SHOAL_ASSIGN_OR_RETURN(prepared, plans_->planFor(placedShape(op), grouped),
           describe(), ": ", collKindName(op.shape.kind));
       }
       if (ops.size() > 1) parts.push_back(prepared);

@@ -3,9 +3,10 @@
 //
 // Role: the tuner is a pure function of the shape for a communicator's
 // lifetime, so a cached plan also stands for the tuner's decision: a repeated
-// operation costs one hash lookup. Single operations may get peer-reading
-// plans; operations merged into one group job get plans of the view without
-// peer reads, and the merged plan of a group is cached by its parts.
+// operation costs one hash lookup. A lone collective (with or without Send
+// and Recv beside it) may get a peer-reading plan; collectives merged with
+// others into one group job get plans of the view without peer reads, and
+// the merged plan of a group is cached by its parts.
 // Thread: the communicator's user thread only (NCCL: one thread uses a
 // communicator at a time).
 #pragma once
@@ -35,7 +36,8 @@ class PlanCache {
   PlanCache(std::unique_ptr<Tuner> tuner, RankView view);
 
   // The prepared plan of one operation; `grouped`: it is one of several
-  // merged into one job (no peer reads).
+  // collectives merged into one job (no peer reads: a merged plan holds at
+  // most one peer-reading operation).
   Result<std::shared_ptr<const PreparedPlan>> planFor(const CollShape& shape, bool grouped);
   // The peer-reading plan of one operation on device buffers inside windows
   // every rank maps (comm/window.h), or null when the operation has none

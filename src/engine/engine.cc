@@ -494,9 +494,10 @@ bool computeStepsRunOnDevice(const Plan& plan) {
 
 void Engine::fillWindow(Job& job) {
   const Plan& plan = *job.prepared->plan;
-  OpLayout layout = opLayout(plan.shapes[0], plan.rank, plan.nranks);
-  job.window_.describeOwn(plan.nranks, job.buffers[kSendBuffer], layout.sendBytes, job.buffers[kRecvBuffer],
-                          layout.recvBytes, job.peerBuffers.get());
+  const size_t op = plan.peerReadOp;
+  OpLayout layout = opLayout(plan.shapes[op], plan.rank, plan.nranks);
+  job.window_.describeOwn(plan.nranks, job.buffers[op * kBuffersPerOp + kSendBuffer], layout.sendBytes,
+                          job.buffers[op * kBuffersPerOp + kRecvBuffer], layout.recvBytes, job.peerBuffers.get());
 }
 
 Result<uint8_t*> Engine::addressOf(Job& job, const Slice& slice) {

@@ -1665,6 +1665,57 @@ TEST_CASE("4 threads over tcp on 127.0.0.1 (SHOAL_TRANSPORT=tcp)", "[api][thread
   requireNoErrors(errors);
 }
 
+// A collective grouped with Send/Recv on some ranks and called alone on
+// others (NCCL lets ranks group point-to-point calls as they like): every
+// rank must run the same algorithm for it, peer-reading ones included
+// (SHOAL_ALGO=peer_read makes AllReduce one wherever it may run). Rank 0
+// groups it with a Send to rank 1, which calls it alone and then the Recv;
+// rank 2 calls it alone. Then every rank groups it with a ring exchange.
+std::string collectiveBesidePointToPoint(int n, int r, ncclComm_t comm) {
+  const size_t N = 5000;
+  auto sum = [&](size_t i) {
+    float s = 0;
+    for (int q = 0; q < n; ++q) s += static_cast<float>(val(q, i));
+    return s;
+  };
+  std::vector<float> send(N), reduced(N, -1.f), got(N, -1.f);
+  for (size_t i = 0; i < N; ++i) send[i] = static_cast<float>(val(r, i));
+  for (int round = 0; round < 2; ++round) {
+    if (r == 0) {
+      T_NCCL(ncclGroupStart());
+      T_NCCL(ncclAllReduce(send.data(), reduced.data(), N, ncclFloat, ncclSum, comm, nullptr));
+      T_NCCL(ncclSend(send.data(), N, ncclFloat, 1, comm, nullptr));
+      T_NCCL(ncclGroupEnd());
+    } else {
+      T_NCCL(ncclAllReduce(send.data(), reduced.data(), N, ncclFloat, ncclSum, comm, nullptr));
+      if (r == 1) {
+        T_NCCL(ncclRecv(got.data(), N, ncclFloat, 0, comm, nullptr));
+        for (size_t i = 0; i < N; ++i) T_CHECK(got[i] == static_cast<float>(val(0, i)), "Recv element " + std::to_string(i));
+      }
+    }
+    for (size_t i = 0; i < N; ++i) T_CHECK(reduced[i] == sum(i), "AllReduce element " + std::to_string(i));
+  }
+  std::fill(reduced.begin(), reduced.end(), -1.f);
+  T_NCCL(ncclGroupStart());
+  T_NCCL(ncclSend(send.data(), N, ncclFloat, (r + 1) % n, comm, nullptr));
+  T_NCCL(ncclAllReduce(send.data(), reduced.data(), N, ncclFloat, ncclSum, comm, nullptr));
+  T_NCCL(ncclRecv(got.data(), N, ncclFloat, (r + n - 1) % n, comm, nullptr));
+  T_NCCL(ncclGroupEnd());
+  for (size_t i = 0; i < N; ++i) T_CHECK(reduced[i] == sum(i), "grouped AllReduce element " + std::to_string(i));
+  for (size_t i = 0; i < N; ++i)
+    T_CHECK(got[i] == static_cast<float>(val((r + n - 1) % n, i)), "ring element " + std::to_string(i));
+  return "";
+}
+
+TEST_CASE("a collective grouped with Send/Recv on some ranks and alone on others runs alike on all",
+          "[api][threads][group]") {
+  for (const char* algo : {"peer_read", ""}) {
+    INFO("SHOAL_ALGO=" << algo);
+    shoal::testing::ScopedEnv env{{"SHOAL_ALGO", algo}, {"SHOAL_PROGRESS_TIMEOUT_MS", "20000"}};
+    requireNoErrors(runThreads(3, [](int r, ncclComm_t comm) { return collectiveBesidePointToPoint(3, r, comm); }));
+  }
+}
+
 // Every rank passes the same nId ids (PyTorch makes one per 128 ranks, each
 // by a different rank, and all-gathers them through its store).
 static void initScalableAndRun(int n, const std::vector<ncclUniqueId>& ids) {

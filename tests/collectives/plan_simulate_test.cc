@@ -583,5 +583,61 @@ TEST_CASE("a group of two AllReduces runs as one merged plan", "[simulate]") {
   }
 }
 
+// A lone collective's plan, peer-reading or not, merges with the Send and
+// Recv beside it on some ranks and runs alone on others: the peer-reading
+// AllReduce is op 1 of rank 0's group (after a Send to rank 1), op 0 of rank
+// 1's (before the Recv) and alone on rank 2; each reads the others' buffers
+// of that operation.
+TEST_CASE("a peer-reading collective merged with Send and Recv on some ranks and alone on others",
+          "[simulate]") {
+  const int nranks = 3;
+  const uint64_t count = 1000;
+  CollShape all;
+  all.kind = CollKind::kAllReduce;
+  all.dtype = DataType::kFloat32;
+  all.count = count;
+  CollShape send = all, recv = all;
+  send.kind = CollKind::kSend;
+  send.peer = 1;
+  recv.kind = CollKind::kRecv;
+  recv.peer = 0;
+  std::vector<std::vector<float>> in(nranks, std::vector<float>(count)), out(nranks, std::vector<float>(count, -1.f));
+  std::vector<float> got(count, -1.f);
+  std::vector<PlanPtr> plans;
+  std::vector<std::vector<SimOpBuffers>> buffers(nranks);
+  for (int r = 0; r < nranks; ++r) {
+    RankView view = viewOf(r, nranks);
+    view.peerReads = true;
+    for (uint64_t i = 0; i < count; ++i) in[r][i] = static_cast<float>((r * 7 + i) % 13);
+    auto reduce = std::make_shared<Plan>(buildPeerReadAllReduce(all, view, AlgoParams{}));
+    REQUIRE(reduce->readsPeers);
+    const SimOpBuffers reduceBuffers{in[r].data(), out[r].data(), nullptr};
+    if (r == 0) {
+      plans.push_back(std::make_shared<Plan>(
+          mergePlans({std::make_shared<Plan>(buildSendRecv(send, view, AlgoParams{})), reduce})));
+      CHECK(plans.back()->peerReadOp == 1);
+      buffers[r] = {SimOpBuffers{in[r].data(), nullptr, nullptr}, reduceBuffers};
+    } else if (r == 1) {
+      plans.push_back(std::make_shared<Plan>(
+          mergePlans({reduce, std::make_shared<Plan>(buildSendRecv(recv, view, AlgoParams{}))})));
+      CHECK(plans.back()->peerReadOp == 0);
+      buffers[r] = {reduceBuffers, SimOpBuffers{nullptr, got.data(), nullptr}};
+    } else {
+      plans.push_back(reduce);
+      buffers[r] = {reduceBuffers};
+    }
+    REQUIRE(plans.back()->readsPeers);
+  }
+  Status v = verifyPlans(plans);
+  INFO(v.toString());
+  REQUIRE(v.isOk());
+  Status s = simulatePlans(plans, buffers);
+  INFO(s.toString());
+  REQUIRE(s.isOk());
+  for (int r = 0; r < nranks; ++r)
+    for (uint64_t i = 0; i < count; ++i) REQUIRE(out[r][i] == in[0][i] + in[1][i] + in[2][i]);
+  CHECK(got == in[0]);
+}
+
 }  // namespace
 }  // namespace shoal::testing

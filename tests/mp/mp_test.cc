@@ -315,6 +315,38 @@ int killOneRank(MpChild& c, int victim, int killAt) {
   return 1;
 }
 
+// An AllReduce that rank 0 groups with a Send to rank 1 and the others call
+// alone (rank 1 then receives): every rank must run the same algorithm for
+// it, the peer-reading one that SHOAL_ALGO=peer_read asks for included.
+int collectiveBesideSend(MpChild& c) {
+  const int n = c.nranks(), r = c.rank();
+  ncclComm_t comm = nullptr;
+  CHILD_NCCL(c, initComm(c, &comm));
+  const size_t N = 20000;
+  std::vector<float> send(N), reduced(N, -1.f), got(N, -1.f);
+  for (size_t i = 0; i < N; ++i) send[i] = value(r, i);
+  if (r == 0) {
+    CHILD_NCCL(c, ncclGroupStart());
+    CHILD_NCCL(c, ncclAllReduce(send.data(), reduced.data(), N, ncclFloat, ncclSum, comm, nullptr));
+    CHILD_NCCL(c, ncclSend(send.data(), N, ncclFloat, 1, comm, nullptr));
+    CHILD_NCCL(c, ncclGroupEnd());
+  } else {
+    CHILD_NCCL(c, ncclAllReduce(send.data(), reduced.data(), N, ncclFloat, ncclSum, comm, nullptr));
+    if (r == 1) {
+      CHILD_NCCL(c, ncclRecv(got.data(), N, ncclFloat, 0, comm, nullptr));
+      CHILD_CHECK(c, expectFloats(c, "Recv", got, [&](size_t i) { return value(0, i); }), "Recv data");
+    }
+  }
+  CHILD_CHECK(c, expectFloats(c, "AllReduce", reduced, [&](size_t i) {
+    float s = 0;
+    for (int q = 0; q < n; ++q) s += value(q, i);
+    return s;
+  }), "AllReduce data");
+  CHILD_CHECK(c, c.barrier(), "the other ranks did not finish");
+  CHILD_NCCL(c, ncclCommDestroy(comm));
+  return 0;
+}
+
 // `sleeper` stops calling after `stopAt` AllReduces; the others must hit the
 // no-progress deadline (SHOAL_PROGRESS_TIMEOUT_MS=2000) naming it.
 int stuckRank(MpChild& c, int sleeper, int stopAt) {
@@ -397,6 +429,17 @@ TEST_CASE("mp: grouped send/recv over tcp and shm", "[mp]") {
       INFO(transport << " nranks " << n);
       requirePassed(res);
     }
+  }
+}
+
+TEST_CASE("mp: a collective grouped with a Send on one rank and alone on the others, over shm", "[mp][group]") {
+  for (const char* algo : {"peer_read", ""}) {
+    MpConfig cfg;
+    cfg.nranks = 3;
+    cfg.env = {{"SHOAL_TRANSPORT", "shm"}, {"SHOAL_ALGO", algo}, {"SHOAL_PROGRESS_TIMEOUT_MS", "20000"}};
+    MpResult res = runForked(cfg, collectiveBesideSend);
+    INFO("SHOAL_ALGO=" << algo);
+    requirePassed(res);
   }
 }
 
