@@ -23,6 +23,10 @@ const char* stepKindName(StepKind kind) {
 namespace {
 
 std::string sliceName(Slice s) {
+  if (s.buffer == kWindowBuffer) return str("window+", s.offset);
+  if (isPeerBuffer(s.buffer))
+    return str("peer", peerOfBuffer(s.buffer), ".", localKindOfPeerBuffer(s.buffer) == kSendBuffer ? "send" : "recv",
+               "+", s.offset);
   static const char* const kNames[kBuffersPerOp] = {"send", "recv", "scratch"};
   std::string name = kNames[s.buffer % kBuffersPerOp];
   if (s.buffer >= kBuffersPerOp) name = str("op", s.buffer / kBuffersPerOp, ".", name);
@@ -44,8 +48,9 @@ std::string Plan::toString() const {
     if (s.disjointBuffers) out << " disjoint buffers";
     if (k + 1 == shapes.size()) out << "]";
   }
-  out << " steps " << steps.size() << " lanes " << lanes.size() << " scratch " << scratchBytes
-      << "\n";
+  out << " steps " << steps.size() << " lanes " << lanes.size() << " scratch " << scratchBytes;
+  if (readsPeers) out << " reads peers (op " << peerReadOp << ")";
+  out << "\n";
   for (size_t i = 0; i < steps.size(); ++i) {
     const Step& s = steps[i];
     out << "  " << i << " " << stepKindName(s.kind);

@@ -75,7 +75,7 @@ class PlanCache {
 
   std::unique_ptr<Tuner> tuner_;
   RankView view_;
-  RankView groupView_;  // view_ without peer reads: peer-reading plans are single-op
+  RankView groupView_;  // view_ without peer reads: a merged plan holds at most one peer-reading op
   Plans plans_;
   Plans groupPlans_;
   Plans windowPlans_, windowOneShotPlans_;  // null entries: no window plan

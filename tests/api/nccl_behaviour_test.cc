@@ -1681,6 +1681,8 @@ std::string collectiveBesidePointToPoint(int n, int r, ncclComm_t comm) {
   std::vector<float> send(N), reduced(N, -1.f), got(N, -1.f);
   for (size_t i = 0; i < N; ++i) send[i] = static_cast<float>(val(r, i));
   for (int round = 0; round < 2; ++round) {
+    std::fill(reduced.begin(), reduced.end(), -1.f);
+    std::fill(got.begin(), got.end(), -1.f);
     if (r == 0) {
       T_NCCL(ncclGroupStart());
       T_NCCL(ncclAllReduce(send.data(), reduced.data(), N, ncclFloat, ncclSum, comm, nullptr));
@@ -1696,6 +1698,7 @@ std::string collectiveBesidePointToPoint(int n, int r, ncclComm_t comm) {
     for (size_t i = 0; i < N; ++i) T_CHECK(reduced[i] == sum(i), "AllReduce element " + std::to_string(i));
   }
   std::fill(reduced.begin(), reduced.end(), -1.f);
+  std::fill(got.begin(), got.end(), -1.f);
   T_NCCL(ncclGroupStart());
   T_NCCL(ncclSend(send.data(), N, ncclFloat, (r + 1) % n, comm, nullptr));
   T_NCCL(ncclAllReduce(send.data(), reduced.data(), N, ncclFloat, ncclSum, comm, nullptr));

@@ -35,6 +35,16 @@ std::string describe(const Case& c) {
 
 bool rankInPlace(const Case& c, int r) { return c.inPlace != (c.mixedPlacement && r % 2 == 1); }
 
+// Every rank's plan verifies, and the plans run together on `buffers`.
+void requireRuns(const std::vector<PlanPtr>& plans, const std::vector<std::vector<SimOpBuffers>>& buffers) {
+  Status v = verifyPlans(plans);
+  INFO(v.toString());
+  REQUIRE(v.isOk());
+  Status s = simulatePlans(plans, buffers);
+  INFO(s.toString());
+  REQUIRE(s.isOk());
+}
+
 // The shape rank r's call has, as the communicator sees it
 // (buffersMayOverlap): out of place, the buffers are disjoint.
 CollShape placedShape(const Case& c, int r) {
@@ -542,12 +552,7 @@ TEST_CASE("send and recv pair up / self included / zero bytes included", "[simul
         buffers[r] = {SimOpBuffers{send[r].data(), nullptr, nullptr},
                       SimOpBuffers{nullptr, recv[r].data(), nullptr}};
       }
-      Status v = verifyPlans(plans);
-      INFO(v.toString());
-      REQUIRE(v.isOk());
-      Status s = simulatePlans(plans, buffers);
-      INFO(s.toString());
-      REQUIRE(s.isOk());
+      requireRuns(plans, buffers);
       for (int r = 0; r < nranks; ++r) REQUIRE(recv[r] == send[(r + nranks - 1) % nranks]);
     }
   }
@@ -573,10 +578,7 @@ TEST_CASE("a group of two AllReduces runs as one merged plan", "[simulate]") {
     buffers[r] = {SimOpBuffers{a[r].data(), a[r].data(), nullptr},
                   SimOpBuffers{b[r].data(), b[r].data(), nullptr}};
   }
-  Status v = verifyPlans(plans);
-  INFO(v.toString());
-  REQUIRE(v.isOk());
-  REQUIRE(simulatePlans(plans, buffers).isOk());
+  requireRuns(plans, buffers);
   for (int r = 0; r < nranks; ++r) {
     for (int i = 0; i < 100; ++i) REQUIRE(a[r][i] == 6 + 4 * i);
     for (int i = 0; i < 33; ++i) REQUIRE(b[r][i] == 6 * i);
@@ -628,12 +630,7 @@ TEST_CASE("a peer-reading collective merged with Send and Recv on some ranks and
     }
     REQUIRE(plans.back()->readsPeers);
   }
-  Status v = verifyPlans(plans);
-  INFO(v.toString());
-  REQUIRE(v.isOk());
-  Status s = simulatePlans(plans, buffers);
-  INFO(s.toString());
-  REQUIRE(s.isOk());
+  requireRuns(plans, buffers);
   for (int r = 0; r < nranks; ++r)
     for (uint64_t i = 0; i < count; ++i) REQUIRE(out[r][i] == in[0][i] + in[1][i] + in[2][i]);
   CHECK(got == in[0]);

@@ -14,6 +14,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -320,6 +321,9 @@ int killOneRank(MpChild& c, int victim, int killAt) {
 // it, the peer-reading one that SHOAL_ALGO=peer_read asks for included.
 int collectiveBesideSend(MpChild& c) {
   const int n = c.nranks(), r = c.rank();
+  // Peer reads between sibling processes need process_vm_readv, which Yama's
+  // ptrace_scope=1 allows only to a process named its tracer: any, here.
+  ::prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
   ncclComm_t comm = nullptr;
   CHILD_NCCL(c, initComm(c, &comm));
   const size_t N = 20000;
@@ -436,7 +440,8 @@ TEST_CASE("mp: a collective grouped with a Send on one rank and alone on the oth
   for (const char* algo : {"peer_read", ""}) {
     MpConfig cfg;
     cfg.nranks = 3;
-    cfg.env = {{"SHOAL_TRANSPORT", "shm"}, {"SHOAL_ALGO", algo}, {"SHOAL_PROGRESS_TIMEOUT_MS", "20000"}};
+    cfg.env = {{"SHOAL_TRANSPORT", "shm"}, {"SHOAL_SHM_CMA", "1"}, {"SHOAL_ALGO", algo},
+               {"SHOAL_PROGRESS_TIMEOUT_MS", "20000"}};
     MpResult res = runForked(cfg, collectiveBesideSend);
     INFO("SHOAL_ALGO=" << algo);
     requirePassed(res);
