@@ -140,6 +140,12 @@ void Job::finish(Status status) {
       if (c) c->quiesce();
   if (!status.isOk() && streamWatch) streamWatch->release();
   if (streamDone) releaseStream();
+  // A job that succeeded touches its scratch no more: back to its pool
+  // before anyone learns it ended, so that the communicator's next detached
+  // job takes the same buffer, not a second one, whoever still holds this
+  // job. (A failed one keeps it: a network may still write into a posted
+  // receive, and its communicator runs no other job.)
+  if (status.isOk()) ownedScratch.reset();
   status_ = std::move(status);
   state_.store(status_.isOk() ? kSucceeded : kFailed, std::memory_order_release);
 }

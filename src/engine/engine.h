@@ -214,7 +214,7 @@ class Job {
   uint64_t* streamDone = nullptr;
   uint64_t streamSeq = 0;
   bool streamReached() const;
-  std::shared_ptr<uint8_t> ownedScratch;    // detached jobs' scratch (a waiter lends its own)
+  std::shared_ptr<uint8_t> ownedScratch;    // detached jobs' scratch (a waiter lends its own); released at success
   // Set for a device plan: its buffers (scratch included) are device memory
   // and its compute steps run here; null for every other job.
   std::shared_ptr<DeviceSteps> deviceSteps;
@@ -252,6 +252,7 @@ class Job {
   void finishOk() {
     if (streamDone) [[unlikely]]
       releaseStream();
+    if (ownedScratch) ownedScratch.reset();  // as in finish()
     state_.store(kSucceeded, std::memory_order_release);
   }
   void releaseStream();

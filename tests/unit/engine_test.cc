@@ -4,6 +4,7 @@
 
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
@@ -95,6 +96,32 @@ TEST_CASE("engine runs a pipelined two-rank exchange to completion", "[unit]") {
     REQUIRE(r0.recv[i] == r0.send[i] + r1.send[i]);
     REQUIRE(r1.recv[i] == r0.recv[i]);
   }
+}
+
+// A detached job's scratch (ScratchPool) goes back when the job succeeds,
+// not when the last holder of the job lets go: the communicator's next job
+// then reuses it instead of making the pool keep a second buffer.
+TEST_CASE("a job that succeeds lets its own scratch go before it reports done", "[unit]") {
+  const size_t n = 4096;
+  auto [a, b] = makeLoopbackPair("rank 0", "rank 1");
+  Rank r0, r1;
+  fill(r0, n, 0);
+  fill(r1, n, 1000);
+  r0.job = makeJob(exchangePlan(0, 1, n * 4, 2), r0, a.get(), 3);
+  r1.job = makeJob(exchangePlan(1, 0, n * 4, 2), r1, b.get(), 4);
+  static std::atomic<int> released;  // outlives whoever holds the jobs
+  released = 0;
+  for (Rank* r : {&r0, &r1}) {
+    r->job->ownedScratch = std::shared_ptr<uint8_t>(reinterpret_cast<uint8_t*>(r->scratch.data()),
+                                                    [](uint8_t*) { released.fetch_add(1); });
+    r->job->detached = true;
+  }
+  Engine::instance().submit(r0.job);
+  Engine::instance().submit(r1.job);
+  REQUIRE(Engine::instance().wait(*r0.job).isOk());
+  REQUIRE(Engine::instance().wait(*r1.job).isOk());
+  CHECK(released.load() == 2);  // both jobs are still held here
+  for (size_t i = 0; i < n; ++i) REQUIRE(r0.recv[i] == r0.send[i] + r1.send[i]);
 }
 
 TEST_CASE("jobs of one queue run in submission order", "[unit]") {
