@@ -164,6 +164,8 @@ class Connection {
   // Where the transport has a side channel that survives the network (shm:
   // the segment), tells the peer why this rank is failing, before the
   // connection closes; peerFailure() is what the peer said ("" if nothing).
+  // A later report that extends the first (the same text and more) replaces
+  // it; any other is ignored.
   // Lets a rank whose store is unreachable still learn its neighbour's cause.
   virtual bool carriesFailureReports() const { return false; }
   virtual void publishFailure(std::string_view /*reason*/) {}

@@ -746,7 +746,10 @@ Status Communicator::handleFailure(const Job& job, Status st) {
       upstreamText += str("; rank ", peer, " (host ", peers_[peer].hostname, ") had failed first: ", report);
   }
   if (!upstreamText.empty()) {
+    // Where the cause lies upstream, the ranks that wait on this one read it
+    // here too (a chain of closed connections names the rank that died).
     st = Status(st.code(), st.message() + upstreamText);
+    connections_.publishFailure(st.message());
     (void)request_.store->set(failureKey(rank_), st.message(), reportDeadline);
   }
   Engine::instance().retire(reinterpret_cast<uintptr_t>(this), st);

@@ -221,10 +221,18 @@ TEST_CASE("shm carries a failing side's reason to its peer", "[shm]") {
   CHECK(pair.second->peerFailure().empty());
   pair.first->publishFailure("no progress waiting on rank 9 (host far)");
   CHECK(pair.second->peerFailure() == "no progress waiting on rank 9 (host far)");
+  // What the failing side learns from its own upstream extends its report
+  // (only appended: the peer may be reading it); another report does not
+  // replace it.
+  pair.first->publishFailure("no progress waiting on rank 9 (host far); rank 9 had failed first: rank 7 died");
+  CHECK(pair.second->peerFailure() == "no progress waiting on rank 9 (host far); rank 9 had failed first: rank 7 died");
+  pair.first->publishFailure("something else");
+  CHECK(pair.second->peerFailure() == "no progress waiting on rank 9 (host far); rank 9 had failed first: rank 7 died");
   pair.first.reset();  // closes its side
   Status s = receiveUntilError(*pair.second);
   REQUIRE_FALSE(s.isOk());
-  CHECK_THAT(s.message(), Catch::Contains("it reported: no progress waiting on rank 9"));
+  CHECK_THAT(s.message(), Catch::Contains("it reported: no progress waiting on rank 9") &&
+                              Catch::Contains("rank 7 died"));
 }
 
 TEST_CASE("shm stale segments of dead processes are removed", "[shm]") {

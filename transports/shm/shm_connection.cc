@@ -72,11 +72,17 @@ Status ShmConnection::fail(Status status) {
   return failure_;
 }
 
+// Append-only: the peer may be reading the published bytes, so they are
+// never rewritten; a report that extends the published one (what this rank
+// learned from its own upstream since) adds its tail, any other keeps the
+// first.
 void ShmConnection::publishFailure(std::string_view reason) {
   if (!segment_.mapped()) return;
   Header& h = segment_.header();
-  size_t n = std::min(reason.size(), kReasonBytes);
-  std::memcpy(h.reason[side_], reason.data(), n);
+  const size_t published = h.reasonLength[side_].load(std::memory_order_relaxed);  // this side writes it
+  const size_t n = std::min(reason.size(), kReasonBytes);
+  if (n <= published || std::string_view(h.reason[side_], published) != reason.substr(0, published)) return;
+  std::memcpy(h.reason[side_] + published, reason.data() + published, n - published);
   h.reasonLength[side_].store(static_cast<uint32_t>(n), std::memory_order_release);
 }
 
