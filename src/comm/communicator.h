@@ -393,6 +393,10 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
   // submitted: the communicator fails as after a failed operation; peers on
   // stream links fail now, and any peer can read why.
   Status failBeforeRunning(Status st);
+  // Says `text` of this rank's failure on its connections and in the store
+  // (failureMutex_ held). Each report extends the last (shm's side channel
+  // only appends): one that does not is added after "; then: ".
+  void publishReport(const std::string& text, Deadline deadline);
   std::string failureKey(int rank) const;
   std::string reportStem() const;  // names this rank's report files
 
@@ -481,6 +485,7 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
   std::mutex failureMutex_;
   bool failurePublished_ = false;  // handleFailure ran: reports out, connections closed
   bool refusalPublished_ = false;  // failBeforeRunning wrote its report (no teardown)
+  std::string publishedReport_;    // what publishReport said last
 
   // The idle liveness check. A method that touches connections_ or a
   // connection outside the engine (making them, running a job inline,

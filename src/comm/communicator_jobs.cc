@@ -729,8 +729,7 @@ Status Communicator::handleFailure(const Job& job, Status st) {
   // An abort (a watchdog on another thread) ends these waits at once: the
   // peers that abort too never publish a report.
   const Deadline reportDeadline = Deadline::afterMs(kFailureReportMs).cancelledBy(&abortFlag_);
-  connections_.publishFailure(st.message());
-  (void)request_.store->set(failureKey(rank_), st.message(), reportDeadline);
+  publishReport(st.message(), reportDeadline);
   std::vector<int> upstreamPeers = job.waitingOn();
   if (job.failedPeer() >= 0 && st.code() == Code::kRemoteError) upstreamPeers = {job.failedPeer()};
   Deadline deadline = reportDeadline;
@@ -747,10 +746,10 @@ Status Communicator::handleFailure(const Job& job, Status st) {
   }
   if (!upstreamText.empty()) {
     // Where the cause lies upstream, the ranks that wait on this one read it
-    // here too (a chain of closed connections names the rank that died).
+    // on the connections too (a chain of closed connections names the rank
+    // that died).
     st = Status(st.code(), st.message() + upstreamText);
-    connections_.publishFailure(st.message());
-    (void)request_.store->set(failureKey(rank_), st.message(), reportDeadline);
+    publishReport(publishedReport_ + upstreamText, reportDeadline);
   }
   Engine::instance().retire(reinterpret_cast<uintptr_t>(this), st);
   settleStreamPlans(kFailureSettleMs);  // its streams are past the FIFOs before the connections go
@@ -764,12 +763,17 @@ Status Communicator::failBeforeRunning(Status st) {
   connections_.releaseStreamLinks();
   if (!failurePublished_ && !refusalPublished_) {
     refusalPublished_ = true;
-    connections_.publishFailure(st.message());
-    (void)request_.store->set(failureKey(rank_), st.message(),
-                              Deadline::afterMs(kFailureReportMs).cancelledBy(&abortFlag_));
+    publishReport(st.message(), Deadline::afterMs(kFailureReportMs).cancelledBy(&abortFlag_));
   }
   setAsyncError(st);
   return st;
+}
+
+void Communicator::publishReport(const std::string& text, Deadline deadline) {
+  if (publishedReport_.empty() || text.starts_with(publishedReport_)) publishedReport_ = text;
+  else publishedReport_ += "; then: " + text;
+  connections_.publishFailure(publishedReport_);
+  (void)request_.store->set(failureKey(rank_), publishedReport_, deadline);
 }
 
 std::string Communicator::failureKey(int rank) const { return bootstrap_->failureKey(rank); }

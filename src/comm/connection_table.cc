@@ -93,18 +93,23 @@ bool ConnectionTable::movesDeviceMemory(const Plan& plan) {
 }
 
 void ConnectionTable::releaseStreamLinks() {
+  std::lock_guard<std::mutex> lock(mapMutex_);
   for (auto& [key, connection] : connections_)
     if (StreamLink* link = connection->streamLink()) link->release();
 }
 
 void ConnectionTable::publishFailure(std::string_view report) {
+  std::lock_guard<std::mutex> lock(mapMutex_);
   for (auto& [key, connection] : connections_) connection->publishFailure(report);
 }
 
 std::string ConnectionTable::peerFailure(int peer, Deadline deadline) const {
   std::vector<Connection*> carriers;
-  for (const auto& [key, connection] : connections_)
-    if (key.first == peer && connection->carriesFailureReports()) carriers.push_back(connection.get());
+  {
+    std::lock_guard<std::mutex> lock(mapMutex_);
+    for (const auto& [key, connection] : connections_)
+      if (key.first == peer && connection->carriesFailureReports()) carriers.push_back(connection.get());
+  }
   if (carriers.empty()) return {};
   Backoff backoff;
   while (true) {
@@ -116,6 +121,7 @@ std::string ConnectionTable::peerFailure(int peer, Deadline deadline) const {
 }
 
 Status ConnectionTable::findLostPeer() {
+  std::lock_guard<std::mutex> lock(mapMutex_);
   for (const auto& [key, connection] : connections_) {
     if (key.first == rank_ || connection->pending() != 0) continue;
     if (Status lost = connection->checkAlive(); !lost.isOk()) return lost;

@@ -88,9 +88,11 @@ class ConnectionTable {
   const std::string secret_;
   const std::atomic<bool>& abortFlag_;
   std::map<std::pair<int, uint16_t>, std::unique_ptr<Connection>> connections_;
-  // Held where the map changes and by describe()/size(), which other
-  // threads call (a watchdog's state dump); the communicator's own threads
-  // take turns with the map otherwise (comm/communicator.h, UseGuard).
+  // Held where the map changes, by describe()/size(), which other threads
+  // call (a watchdog's state dump), and wherever the whole map is walked
+  // (failure reports, the idle check, stream links): a failing call's walk
+  // may meet another thread's call still connecting. Lookups of the engine's
+  // lanes take turns otherwise (comm/communicator.h, UseGuard).
   mutable std::mutex mapMutex_;
   TransportChoice choice_;
   bool streamLinks_ = true;
