@@ -78,20 +78,30 @@ void fill(Rank& r, size_t n, float base) {
   r.scratch.assign(n, -1);
 }
 
+// Both ranks' exchangePlan jobs over `n` floats, on queues `queue` and
+// `queue` + 1.
+void makeExchange(Rank& r0, Rank& r1, Connection* a, Connection* b, size_t n, int segments, uint64_t queue) {
+  fill(r0, n, 0);
+  fill(r1, n, 1000);
+  r0.job = makeJob(exchangePlan(0, 1, n * 4, segments), r0, a, queue);
+  r1.job = makeJob(exchangePlan(1, 0, n * 4, segments), r1, b, queue + 1);
+}
+
+void runBoth(Rank& r0, Rank& r1) {
+  Engine::instance().submit(r0.job);
+  Engine::instance().submit(r1.job);
+  REQUIRE(Engine::instance().wait(*r0.job).isOk());
+  REQUIRE(Engine::instance().wait(*r1.job).isOk());
+}
+
 }  // namespace
 
 TEST_CASE("engine runs a pipelined two-rank exchange to completion", "[unit]") {
   const size_t n = 1 << 16;
   auto [a, b] = makeLoopbackPair("rank 0", "rank 1");
   Rank r0, r1;
-  fill(r0, n, 0);
-  fill(r1, n, 1000);
-  r0.job = makeJob(exchangePlan(0, 1, n * 4, 8), r0, a.get(), 1);
-  r1.job = makeJob(exchangePlan(1, 0, n * 4, 8), r1, b.get(), 2);
-  Engine::instance().submit(r0.job);
-  Engine::instance().submit(r1.job);
-  REQUIRE(Engine::instance().wait(*r0.job).isOk());
-  REQUIRE(Engine::instance().wait(*r1.job).isOk());
+  makeExchange(r0, r1, a.get(), b.get(), n, 8, 1);
+  runBoth(r0, r1);
   for (size_t i = 0; i < n; ++i) {
     REQUIRE(r0.recv[i] == r0.send[i] + r1.send[i]);
     REQUIRE(r1.recv[i] == r0.recv[i]);
@@ -105,10 +115,7 @@ TEST_CASE("a job that succeeds lets its own scratch go before it reports done", 
   const size_t n = 4096;
   auto [a, b] = makeLoopbackPair("rank 0", "rank 1");
   Rank r0, r1;
-  fill(r0, n, 0);
-  fill(r1, n, 1000);
-  r0.job = makeJob(exchangePlan(0, 1, n * 4, 2), r0, a.get(), 3);
-  r1.job = makeJob(exchangePlan(1, 0, n * 4, 2), r1, b.get(), 4);
+  makeExchange(r0, r1, a.get(), b.get(), n, 2, 3);
   static std::atomic<int> released;  // outlives whoever holds the jobs
   released = 0;
   for (Rank* r : {&r0, &r1}) {
@@ -116,10 +123,7 @@ TEST_CASE("a job that succeeds lets its own scratch go before it reports done", 
                                                     [](uint8_t*) { released.fetch_add(1); });
     r->job->detached = true;
   }
-  Engine::instance().submit(r0.job);
-  Engine::instance().submit(r1.job);
-  REQUIRE(Engine::instance().wait(*r0.job).isOk());
-  REQUIRE(Engine::instance().wait(*r1.job).isOk());
+  runBoth(r0, r1);
   CHECK(released.load() == 2);  // both jobs are still held here
   for (size_t i = 0; i < n; ++i) REQUIRE(r0.recv[i] == r0.send[i] + r1.send[i]);
 }
