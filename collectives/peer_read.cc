@@ -101,7 +101,7 @@ struct PeerReadPlan {
 
   // dst = own + sum of every peer's `peerKind` bytes at `peerOffset`, in chunks;
   // then divided for an integer average. Returns the steps that wrote dst.
-  std::vector<uint32_t> reduceFromAll(Slice dst, Slice own, uint16_t peerKind, uint64_t peerOffset,
+  std::vector<uint32_t> reduceFromAll(Slice dst, Slice own, BufferId peerKind, uint64_t peerOffset,
                                       uint64_t bytes, uint64_t elemSize, uint64_t divisor) {
     std::vector<uint32_t> last;
     const uint64_t chunk =

@@ -120,7 +120,7 @@ Plan mergePlans(const std::vector<PlanPtr>& plans) {
     SHOAL_CHECK(p->rank == merged.rank && p->nranks == merged.nranks,
                 "mergePlans: rank ", p->rank, "/", p->nranks, " vs ", merged.rank, "/",
                 merged.nranks);
-    const uint16_t opBase = static_cast<uint16_t>(merged.shapes.size());
+    const OpIndex opBase = static_cast<OpIndex>(merged.shapes.size());
     const uint32_t stepBase = static_cast<uint32_t>(merged.steps.size());
     const uint32_t depBase = static_cast<uint32_t>(merged.deps.size());
     const uint64_t scratchBase = (scratchEnd + kScratchAlign - 1) / kScratchAlign * kScratchAlign;
@@ -143,12 +143,12 @@ Plan mergePlans(const std::vector<PlanPtr>& plans) {
     merged.algorithm += p->algorithm;
     auto remap = [&](Slice s) {
       if (s.buffer != kWindowBuffer && !isPeerBuffer(s.buffer))  // the engine's, not the op's
-        s.buffer = static_cast<uint16_t>(s.buffer + kBuffersPerOp * opBase);
+        s.buffer = s.buffer + kBuffersPerOp * opBase;
       return s;
     };
     for (const Step& s : p->steps) {
       Step t = s;
-      t.op = static_cast<uint16_t>(s.op + opBase);
+      t.op = s.op + opBase;
       t.dst = remap(s.dst);
       t.src = remap(s.src);
       t.src2 = remap(s.src2);

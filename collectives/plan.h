@@ -62,31 +62,38 @@
 
 namespace shoal {
 
-inline constexpr uint16_t kSendBuffer = 0;
-inline constexpr uint16_t kRecvBuffer = 1;
-inline constexpr uint16_t kScratchBuffer = 2;
+// A buffer's number in a plan (Slice::buffer) and an operation's index in a
+// merged plan (Step::op): 32 bits, so a group of any size a process can hold
+// numbers its operations' buffers (three each) below kWindowBuffer.
+using BufferId = uint32_t;
+using OpIndex = uint32_t;
+
+inline constexpr BufferId kSendBuffer = 0;
+inline constexpr BufferId kRecvBuffer = 1;
+inline constexpr BufferId kScratchBuffer = 2;
 inline constexpr int kBuffersPerOp = 3;
 inline constexpr uint16_t kP2pChannel = 0xffff;
 
 // Buffers of peer-reading plans: the window and the peers' buffers of the
 // plan's one peer-reading operation (Plan::peerReadOp).
-inline constexpr uint16_t kWindowBuffer = 0x3fff;
+inline constexpr BufferId kWindowBuffer = 0x3fffffff;
 // Operations a merged plan holds: their buffers (kBuffersPerOp each) stay
-// below kWindowBuffer.
+// below kWindowBuffer. About 358 million: the group's own records run out
+// of memory first.
 inline constexpr size_t kMaxMergedOps = kWindowBuffer / kBuffersPerOp;
-inline constexpr uint16_t kPeerBufferBase = 0x4000;
+inline constexpr BufferId kPeerBufferBase = 0x40000000;
 inline constexpr uint64_t kWindowSlotBytes = 64;  // one buffer descriptor
-inline constexpr uint16_t peerBuffer(int peer, uint16_t b) {
-  return static_cast<uint16_t>(kPeerBufferBase + peer * 2 + (b == kRecvBuffer ? 1 : 0));
+inline constexpr BufferId peerBuffer(int peer, BufferId b) {
+  return static_cast<BufferId>(kPeerBufferBase + static_cast<BufferId>(peer) * 2 + (b == kRecvBuffer ? 1 : 0));
 }
-inline constexpr bool isPeerBuffer(uint16_t buffer) { return buffer >= kPeerBufferBase; }
-inline constexpr int peerOfBuffer(uint16_t buffer) { return (buffer - kPeerBufferBase) / 2; }
-inline constexpr uint16_t localKindOfPeerBuffer(uint16_t buffer) {
+inline constexpr bool isPeerBuffer(BufferId buffer) { return buffer >= kPeerBufferBase; }
+inline constexpr int peerOfBuffer(BufferId buffer) { return static_cast<int>((buffer - kPeerBufferBase) / 2); }
+inline constexpr BufferId localKindOfPeerBuffer(BufferId buffer) {
   return (buffer - kPeerBufferBase) % 2 == 0 ? kSendBuffer : kRecvBuffer;
 }
 
 struct Slice {
-  uint16_t buffer = kSendBuffer;  // kSendBuffer.. ; op k of a merged plan uses 3k + b
+  BufferId buffer = kSendBuffer;  // kSendBuffer.. ; op k of a merged plan uses 3k + b
   uint64_t offset = 0;            // bytes
 };
 
@@ -99,7 +106,7 @@ struct Step {
   StepKind kind = StepKind::kCopy;
   uint8_t flags = 0;
   uint16_t channel = 0;
-  uint16_t op = 0;       // which operation of a merged (group) plan
+  OpIndex op = 0;        // which operation of a merged (group) plan
   int32_t peer = -1;     // Send/Recv: communicator rank of the other side
   Slice dst;             // Recv, Reduce, Copy, Divide
   Slice src;             // Send, Reduce, Copy, Divide
@@ -187,7 +194,7 @@ struct Plan {
   bool readsPeers = false;
   // The operation whose buffers the window describes: the one that reads
   // peers (a merged plan holds at most one).
-  uint16_t peerReadOp = 0;
+  OpIndex peerReadOp = 0;
 
   // Human-readable dump, one step per line: the first debugging step.
   std::string toString() const;

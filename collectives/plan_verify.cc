@@ -84,7 +84,7 @@ std::vector<OpInfo> opInfos(const Plan& plan) {
   return ops;
 }
 
-uint64_t bufferSize(const OpInfo& op, uint16_t b) {
+uint64_t bufferSize(const OpInfo& op, BufferId b) {
   switch (b % kBuffersPerOp) {
     case kSendBuffer: return op.layout.sendBytes;
     case kRecvBuffer: return op.layout.recvBytes;
@@ -92,7 +92,7 @@ uint64_t bufferSize(const OpInfo& op, uint16_t b) {
   }
 }
 
-const char* bufferName(uint16_t b) {
+const char* bufferName(BufferId b) {
   static const char* const kNames[kBuffersPerOp] = {"send", "recv", "scratch"};
   return kNames[b % kBuffersPerOp];
 }
@@ -107,7 +107,7 @@ struct Span {
 // Window and peer buffers (peer-reading plans) are other address spaces here:
 // a region of their own each, below every local one. Ordering against peers'
 // accesses is the barriers' job, which the simulator and the tests exercise.
-bool isEngineBuffer(uint16_t b) { return b == kWindowBuffer || isPeerBuffer(b); }
+bool isEngineBuffer(BufferId b) { return b == kWindowBuffer || isPeerBuffer(b); }
 
 Span spanOf(const std::vector<OpInfo>& ops, Slice s, uint64_t bytes, bool write, bool inPlace) {
   if (isEngineBuffer(s.buffer)) {
@@ -768,7 +768,7 @@ Status simulatePlans(const std::vector<PlanPtr>& plans,
       if (!base && s.bytes > 0) return internalError("peer buffer is null");
       return base ? static_cast<uint8_t*>(base) + sl.offset : nullptr;
     }
-    const uint16_t k = sl.buffer / kBuffersPerOp;
+    const BufferId k = sl.buffer / kBuffersPerOp;
     if (k >= rs.ops.size()) return internalError("buffer ", sl.buffer, " of no op");
     const uint64_t size = bufferSize(rs.ops[k], sl.buffer);
     if (sl.offset > size || s.bytes > size - sl.offset)

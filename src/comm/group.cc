@@ -163,7 +163,7 @@ Status addOp(const std::shared_ptr<Communicator>& comm, OpRequest op) {
     if (c.comm == comm) {
       if (c.ops.size() >= kMaxMergedOps)
         return invalidUsage(comm->describe(), ": a group holds at most ", kMaxMergedOps,
-                            " operations per communicator (its merged plan numbers their buffers in 16 bits); "
+                            " operations per communicator (its merged plan numbers their buffers in 32 bits); "
                             "split it into several groups");
       c.ops.push_back(std::move(op));
       return Status::ok();

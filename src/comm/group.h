@@ -33,8 +33,8 @@ Result<float> simulateEnd();
 
 // Records an operation inside the current group. A group's operations on
 // one communicator run as one merged plan, which holds at most
-// kMaxMergedOps: one more is an invalid usage (and fails the group, as any
-// refused call in it).
+// kMaxMergedOps (about 358 million, beyond what a process holds): one more
+// is an invalid usage (and fails the group, as any refused call in it).
 Status addOp(const std::shared_ptr<Communicator>& comm, OpRequest op);
 // What a deferred init does when its group fails before it ran: tell the
 // handle it made why (it was given out at the call).

@@ -17,11 +17,11 @@ namespace shoal {
 
 namespace {
 
-bool isOpBuffer(uint16_t buffer) { return buffer != kWindowBuffer && !isPeerBuffer(buffer); }
-bool isScratch(uint16_t buffer) { return isOpBuffer(buffer) && buffer % kBuffersPerOp == kScratchBuffer; }
+bool isOpBuffer(BufferId buffer) { return buffer != kWindowBuffer && !isPeerBuffer(buffer); }
+bool isScratch(BufferId buffer) { return isOpBuffer(buffer) && buffer % kBuffersPerOp == kScratchBuffer; }
 bool sameSlice(const Slice& a, const Slice& b) { return a.buffer == b.buffer && a.offset == b.offset; }
 
-const void* scalarOf(const Job& job, uint16_t op) {
+const void* scalarOf(const Job& job, OpIndex op) {
   return job.opScalars.empty() ? nullptr : job.opScalars[op].bytes.data();
 }
 
@@ -33,7 +33,7 @@ const void* scalarOf(const Job& job, uint16_t op) {
 std::vector<PreparedPlan::ReduceOnReceiveStep> findReducesOnReceive(const Plan& plan,
                                                                    const PreparedPlan& prepared) {
   struct Access {
-    uint16_t buffer;
+    BufferId buffer;
     uint64_t begin, end;
     uint32_t step;
   };
@@ -575,7 +575,7 @@ Status Engine::postLaneSteps(Job& job, int32_t lane) {
     uint32_t index = l.steps[cursor];
     if (job.steps_[index].state != StepProgress::kReady) break;
     const Step& s = plan.steps[index];
-    const uint16_t buffer = s.kind == StepKind::kSend ? s.src.buffer : s.dst.buffer;
+    const BufferId buffer = s.kind == StepKind::kSend ? s.src.buffer : s.dst.buffer;
     uint8_t* base = buffer == kWindowBuffer ? job.window_.bytes() : job.buffers[buffer];
     uint64_t tag = job.opTags[s.op];
     const PreparedPlan::ReduceOnReceiveStep* fused =
