@@ -238,6 +238,10 @@ class Transport {
   virtual Result<std::string> localAddress() = 0;
   // Whether this transport can connect self to peer.
   virtual bool canConnect(const PeerInfo& self, const PeerInfo& peer) const = 0;
+  // Why the peer's process is known to have exited, found without a
+  // connection (asked while a connect to it waits, ConnectionTable): "" when
+  // it may be alive, or the transport cannot tell. Bounded by the deadline.
+  virtual std::string peerProcessGone(const PeerInfo& /*peer*/, Deadline /*deadline*/) const { return ""; }
   // Establishes the connection `key`; both ranks call it with mirrored keys.
   // May block until the peer's side arrives or the deadline passes, but must not
   // need the peer to be inside connect() at the same moment when it is a

@@ -240,6 +240,13 @@ Status Communicator::initialize() {
     SHOAL_WARN(describe(), ": ", net.status().message(), "; connections to other hosts will fail");
   connections_.setChoice(choice);
   connections_.setStreamLinks(agreement.streamLinks);
+  connections_.setPeerReports([this](int peer, Deadline deadline) {
+    const std::vector<std::string> key{failureKey(peer)};
+    Result<std::vector<bool>> present = request_.store->check(key, deadline);
+    if (!present.isOk() || !present.value()[0]) return std::string();
+    Result<std::vector<std::string>> report = request_.store->get(key, deadline);
+    return report.isOk() ? report.value()[0] : std::string();
+  });
   if (!self.gpu.empty()) {
     if (agreement.deviceDirect)
       SHOAL_INFO(subsys::kInit, describe(), ": device-direct: device buffers move GPU to GPU",

@@ -393,6 +393,8 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
   // submitted: the communicator fails as after a failed operation; peers on
   // stream links fail now, and any peer can read why.
   Status failBeforeRunning(Status st);
+  // A connection this rank could not make (not for an abort): the same.
+  Status connectFailed(Status st);
   // Says `text` of this rank's failure on its connections and in the store
   // (failureMutex_ held). Each report extends the last (shm's side channel
   // only appends): one that does not is added after "; then: ".

@@ -644,7 +644,8 @@ Status Communicator::connectAhead(const std::vector<OpRequest>& ops) {
     SHOAL_ASSIGN_OR_RETURN(std::shared_ptr<const PreparedPlan> prepared,
         plans_->planFor(placedShape(op), grouped), describe(), ": ", collKindName(op.shape.kind));
     for (const auto& lane : prepared->plan->lanes)
-      SHOAL_TRY(connections_.to(lane.peer, lane.channel, /*unlessWaiting=*/true).status()) << describe();
+      if (Status st = connections_.to(lane.peer, lane.channel, /*unlessWaiting=*/true).status(); !st.isOk())
+        return connectFailed(std::move(st));
   }
   return Status::ok();
 }
@@ -769,6 +770,17 @@ Status Communicator::failBeforeRunning(Status st) {
   return st;
 }
 
+// A connection this rank could not make: its peers, already running the
+// call or waiting to connect, would wait for it until their deadline (the
+// set-up deadline, minutes, for a peer waiting to be connected to). The
+// communicator fails, as for a failed operation, and says why where they look
+// (ConnectionTable::setPeerReports).
+Status Communicator::connectFailed(Status st) {
+  st = StatusBuilder(std::move(st)) << describe();
+  if (st.code() == Code::kAborted) return st;
+  return failBeforeRunning(std::move(st));
+}
+
 void Communicator::publishReport(const std::string& text, Deadline deadline) {
   if (publishedReport_.empty() || text.starts_with(publishedReport_)) publishedReport_ = text;
   else publishedReport_ += "; then: " + text;
@@ -848,8 +860,8 @@ Result<bool> Communicator::prepareJob(Job& job, std::span<const OpRequest> ops, 
   job.sameConnections = samePlan && job.laneConnections.size() == plan.lanes.size();
   if (!job.sameConnections) {
     if (Status st = connections_.forPlan(plan, job.laneConnections); !st.isOk()) {
-      job.laneConnections.clear();  // so that the next call of this shape connects again
-      return StatusBuilder(std::move(st)) << describe();
+      job.laneConnections.clear();  // never taken for this plan's by a later call
+      return connectFailed(std::move(st));
     }
   }
 

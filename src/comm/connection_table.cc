@@ -1,10 +1,79 @@
 #include "comm/connection_table.h"
 
+#include <chrono>
+#include <condition_variable>
+#include <optional>
+#include <thread>
+
 #include "core/log.h"
 #include "core/params.h"
 #include "transports/registry.h"
 
 namespace shoal {
+namespace {
+
+// While one connect waits, a thread looks for why the peer will not come
+// (ConnectionTable::whyPeerWillNotCome) after the first second, then once a
+// second; a reason it finds goes into the peer's verdict, whose flag cancels
+// the connect's deadline (and that of whatever the connection keeps waiting
+// for the peer). Most connects finish within the first second and cost the
+// thread only.
+class PeerWatch {
+ public:
+  static constexpr int64_t kFirstLookMs = 1000;
+  static constexpr int64_t kLookEveryMs = 1000;
+  static constexpr int64_t kLookMs = 1000;  // one look's own deadline
+
+  PeerWatch(ConnectionTable::PeerVerdict& verdict, const std::atomic<bool>& abortFlag,
+            std::function<std::string(Deadline)> look)
+      : verdict_(verdict), abortFlag_(abortFlag), look_(std::move(look)), thread_([this] { run(); }) {}
+  ~PeerWatch() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      done_ = true;
+    }
+    wake_.notify_one();
+    thread_.join();
+  }
+  PeerWatch(const PeerWatch&) = delete;
+  PeerWatch& operator=(const PeerWatch&) = delete;
+
+  // Why the peer will not come ("" if nothing was found, or not yet).
+  std::string reason() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return reason_;
+  }
+
+ private:
+  void run() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (wake_.wait_for(lock, std::chrono::milliseconds(kFirstLookMs), [this] { return done_; })) return;
+    for (;;) {
+      lock.unlock();
+      std::string found = look_(Deadline::afterMs(kLookMs).cancelledBy(&abortFlag_));
+      lock.lock();
+      if (done_) return;
+      if (!found.empty()) {
+        reason_ = found;
+        verdict_.why = std::move(found);  // before the flag that publishes it
+        verdict_.willNotCome.store(true, std::memory_order_release);
+        return;
+      }
+      if (wake_.wait_for(lock, std::chrono::milliseconds(kLookEveryMs), [this] { return done_; })) return;
+    }
+  }
+
+  ConnectionTable::PeerVerdict& verdict_;
+  const std::atomic<bool>& abortFlag_;
+  const std::function<std::string(Deadline)> look_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  bool done_ = false;
+  std::string reason_;
+  std::thread thread_;  // last: it starts once the rest is made
+};
+
+}  // namespace
 
 ConnectionTable::ConnectionTable(uint64_t commId, int rank, const std::vector<PeerInfo>& peers, std::string secret,
                                  const std::atomic<bool>& abortFlag)
@@ -31,7 +100,23 @@ Result<Connection*> ConnectionTable::to(int peer, uint16_t channel, bool unlessW
   opts.secret = secret_;
   opts.streamLinks = streamLinks_;
   opts.deadline = Deadline::afterMs(params().initTimeoutMs).cancelledBy(&abortFlag_);
-  SHOAL_ASSIGN_OR_RETURN(auto conn, transport->connect(ckey, opts),
+  auto willNotConnect = [&](const std::string& why) {
+    return remoteError("connecting to rank ", peer, " (host ", peers_[peer].hostname, ") over ", transport->name(),
+                       ": rank ", peer, " will not connect: ", why);
+  };
+  std::optional<PeerWatch> watch;
+  if (peer != rank_) {
+    PeerVerdict& verdict = verdictOn(peer);
+    if (verdict.willNotCome.load(std::memory_order_acquire)) return willNotConnect(verdict.why);
+    opts.deadline = opts.deadline.alsoCancelledBy(&verdict.willNotCome);
+    watch.emplace(verdict, abortFlag_,
+                  [this, peer](Deadline deadline) { return whyPeerWillNotCome(peer, deadline); });
+  }
+  Result<std::unique_ptr<Connection>> made = transport->connect(ckey, opts);
+  const std::string whyNot = watch ? watch->reason() : std::string();
+  watch.reset();
+  if (!made.isOk() && !whyNot.empty()) return willNotConnect(whyNot);
+  SHOAL_ASSIGN_OR_RETURN(auto conn, std::move(made),
       "connecting to rank ", peer, " (host ", peers_[peer].hostname, ") over ", transport->name());
   SHOAL_INFO(subsys::kInit | subsys::kNet, "Channel ",
              channel == kP2pChannel ? std::string("p2p") : std::to_string(channel), " : ", rank_,
@@ -40,6 +125,18 @@ Result<Connection*> ConnectionTable::to(int peer, uint16_t channel, bool unlessW
   std::lock_guard<std::mutex> lock(mapMutex_);
   connections_.emplace(key, std::move(conn));
   return raw;
+}
+
+ConnectionTable::PeerVerdict& ConnectionTable::verdictOn(int peer) {
+  std::lock_guard<std::mutex> lock(mapMutex_);
+  if (!verdicts_) verdicts_ = std::make_unique<PeerVerdict[]>(peers_.size());
+  return verdicts_[static_cast<size_t>(peer)];
+}
+
+std::string ConnectionTable::whyPeerWillNotCome(int peer, Deadline deadline) const {
+  if (peerReports_)
+    if (std::string report = peerReports_(peer, deadline); !report.empty()) return "it failed: " + report;
+  return peerProcessGone(peers_[peer], deadline);
 }
 
 void ConnectionTable::clear() {

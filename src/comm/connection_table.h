@@ -14,6 +14,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -33,6 +34,14 @@ namespace shoal {
 
 class ConnectionTable {
  public:
+  // What a connect's watch found of a peer: set once, never cleared (a peer
+  // that failed or exited does not come back to this communicator); `why`
+  // is written before the flag and read after it.
+  struct PeerVerdict {
+    std::atomic<bool> willNotCome{false};
+    std::string why;
+  };
+
   // `peers` (rank order, filled at init before the first connection) and
   // `abortFlag` outlive the table; an abort ends a connect waiting for its peer.
   ConnectionTable(uint64_t commId, int rank, const std::vector<PeerInfo>& peers, std::string secret,
@@ -45,6 +54,15 @@ class ConnectionTable {
   // Whether connections may carry stream links (ConnectOptions), as the
   // ranks agreed at init; set before the first connection.
   void setStreamLinks(bool allowed) { streamLinks_ = allowed; }
+  // Where a peer's failure report is looked up ("" when it published none),
+  // within the deadline; set before the first connection. A connect that
+  // waits asks once a second why its peer will not come: a peer that failed
+  // before it connected (its own connect refused, a call it could not run)
+  // publishes why, one that exited leaves its transports' listeners closed
+  // (Transport::peerProcessGone), and the wait would otherwise last the
+  // set-up deadline (SHOAL_INIT_TIMEOUT_MS).
+  using PeerReports = std::function<std::string(int peer, Deadline deadline)>;
+  void setPeerReports(PeerReports lookup) { peerReports_ = std::move(lookup); }
 
   // The connection to `peer` on `channel`, made on first use. With
   // `unlessWaiting`, one whose set-up would wait for the peer
@@ -82,6 +100,11 @@ class ConnectionTable {
   size_t size() const;
 
  private:
+  // The peer's failure report, else why its process is known to be gone;
+  // "" when it may still come.
+  std::string whyPeerWillNotCome(int peer, Deadline deadline) const;
+  PeerVerdict& verdictOn(int peer);
+
   const uint64_t commId_;
   const int rank_;
   const std::vector<PeerInfo>& peers_;
@@ -96,6 +119,11 @@ class ConnectionTable {
   mutable std::mutex mapMutex_;
   TransportChoice choice_;
   bool streamLinks_ = true;
+  PeerReports peerReports_;
+  // Per peer, made at the first connect; its flag cancels the deadlines of
+  // connects to the peer, which connections may keep (shm waits for its
+  // peer to attach), so it lives as long as the table.
+  std::unique_ptr<PeerVerdict[]> verdicts_;
   std::vector<int8_t> peerMovesDeviceMemory_;  // per peer: -1 not asked yet, else the verdict
 };
 

@@ -18,8 +18,9 @@ inline int64_t nowNs() {
 
 // A point in time to give up waiting, optionally tied to a cancel flag:
 // cancelledBy() makes it expire as soon as the flag is set (ncclCommAbort of a
-// communicator still initializing). A plain value, cheap to copy; the flag
-// must outlive every copy that is waited on.
+// communicator still initializing), alsoCancelledBy() as soon as a second one
+// is. A plain value, cheap to copy; the flags must outlive every copy that is
+// waited on.
 class Deadline {
  public:
   // A wait on a cancellable deadline wakes at least this often to look at the flag.
@@ -35,13 +36,23 @@ class Deadline {
     d.cancel_ = flag;
     return d;
   }
+  // This deadline, also expired once a second flag is true (a reason of the
+  // waiter's own beside the communicator's abort); the first flag stays.
+  Deadline alsoCancelledBy(const std::atomic<bool>* flag) const {
+    Deadline d = *this;
+    d.alsoCancel_ = flag;
+    return d;
+  }
   // This deadline, or `ms` from now if that is sooner; the cancel flag carries over.
   Deadline cappedMs(int64_t ms) const {
     Deadline capped = afterMs(ms);
-    return (capped.atNs_ < atNs_ ? capped : *this).cancelledBy(cancel_);
+    return (capped.atNs_ < atNs_ ? capped : *this).cancelledBy(cancel_).alsoCancelledBy(alsoCancel_);
   }
 
-  bool cancelled() const { return cancel_ != nullptr && cancel_->load(std::memory_order_acquire); }
+  bool cancelled() const {
+    return (cancel_ != nullptr && cancel_->load(std::memory_order_acquire)) ||
+           (alsoCancel_ != nullptr && alsoCancel_->load(std::memory_order_acquire));
+  }
   bool expired() const {
     return cancelled() || (atNs_ != std::numeric_limits<int64_t>::max() && nowNs() >= atNs_);
   }
@@ -56,7 +67,7 @@ class Deadline {
   // When a sleeping wait should next wake to re-check: atNs(), or sooner if
   // the deadline can be cancelled (max: sleep until woken).
   int64_t wakeAtNs() const {
-    if (cancel_ == nullptr) return atNs_;
+    if (cancel_ == nullptr && alsoCancel_ == nullptr) return atNs_;
     int64_t check = nowNs() + kCancelCheckMs * 1000000;
     return check < atNs_ ? check : atNs_;
   }
@@ -65,6 +76,7 @@ class Deadline {
   explicit Deadline(int64_t atNs) : atNs_(atNs) {}
   int64_t atNs_;
   const std::atomic<bool>* cancel_ = nullptr;
+  const std::atomic<bool>* alsoCancel_ = nullptr;
 };
 
 // Spin, then yield, then sleep: two ranks on two cores must not starve each

@@ -280,6 +280,10 @@ Result<Fd> connectWithRetry(const SocketAddress& address, Deadline deadline, con
   }
 }
 
+bool refusesConnections(const SocketAddress& address, Deadline deadline) {
+  return connectOnce(address, deadline, 0).error == ECONNREFUSED;
+}
+
 // --- blocking-style I/O
 
 Result<bool> waitReadable(int fd, Deadline deadline) { return waitFor(fd, POLLIN, deadline); }

@@ -290,8 +290,9 @@ int checkFailure(MpChild& c, ncclComm_t comm, ncclResult_t rc, double callMs, in
   return failed;
 }
 
-// A loop of AllReduces; `victim` SIGKILLs itself at iteration `killAt`.
-int killOneRank(MpChild& c, int victim, int killAt) {
+// A loop of AllReduces; `victim` SIGKILLs itself at iteration `killAt`; the
+// survivors must fail within `failWithinMs`.
+int killOneRank(MpChild& c, int victim, int killAt, double failWithinMs = 30000) {
   const int r = c.rank();
   ncclComm_t comm = nullptr;
   CHILD_NCCL(c, initComm(c, &comm));
@@ -309,7 +310,7 @@ int killOneRank(MpChild& c, int victim, int killAt) {
     if (rc != ncclSuccess) {
       c.log("iteration " + std::to_string(it) + " failed");
       CHILD_CHECK(c, it >= killAt, "a collective failed before the victim died");
-      return checkFailure(c, comm, rc, ms, victim, 30000, false);
+      return checkFailure(c, comm, rc, ms, victim, failWithinMs, false);
     }
   }
   c.log("every AllReduce succeeded although rank " + std::to_string(victim) + " died");
@@ -511,6 +512,27 @@ TEST_CASE("mp: a SIGKILLed rank makes every survivor fail naming it", "[mp][fail
       cfg.env = {{"SHOAL_PROGRESS_TIMEOUT_MS", "20000"}, {"SHOAL_TRANSPORT", transport}};
       MpResult res = runForked(cfg, [&](MpChild& c) { return killOneRank(c, victim, 20); });
       INFO(transport << " nranks " << n << "\n" << res.report());
+      REQUIRE_FALSE(res.timedOut);
+      CHECK(res.onlyVictimKilled(victim));
+    }
+  }
+}
+
+// A rank killed between init and its first collective never connects: its
+// peers, waiting to be connected to or connecting, must not wait out the
+// set-up deadline (SHOAL_INIT_TIMEOUT_MS, 10 minutes) but learn within
+// seconds that its process is gone. Rank 0 also serves the bootstrap root,
+// which dies with it; rank 2 is the one its peers connect to.
+TEST_CASE("mp: a rank killed before its first collective makes every survivor fail within seconds naming it",
+          "[mp][failure]") {
+  for (const char* transport : kDataTransports) {
+    for (int victim : {0, 2}) {
+      MpConfig cfg;
+      cfg.nranks = 3;
+      cfg.hardLimitMs = 60000;
+      cfg.env = {{"SHOAL_TRANSPORT", transport}};
+      MpResult res = runForked(cfg, [&](MpChild& c) { return killOneRank(c, victim, 0, 20000); });
+      INFO(transport << " victim " << victim << "\n" << res.report());
       REQUIRE_FALSE(res.timedOut);
       CHECK(res.onlyVictimKilled(victim));
     }

@@ -299,3 +299,42 @@ TEST_CASE("mp ofi: ncclConfig_t.netName=OFI alone starts ofi for other hosts, an
   for (int r = 0; r < cfg.nranks; ++r) ::unlink((logPrefix + std::to_string(r)).c_str());
   requirePassed(res);
 }
+
+// Ranks given different networks (ncclConfig_t.netName): rank 0 is forced to
+// ofi, which rank 1 never starts, so rank 0 cannot connect and fails at once;
+// rank 1, forced to tcp, waits to be connected to by rank 0 and must learn
+// why within seconds (rank 0's failure report), not at the set-up deadline.
+int netNamesDiffer(MpChild& c) {
+  ::unsetenv("FI_PROVIDER");  // it would start ofi by itself
+  ::setenv("NCCL_HOSTID", ("netnames-host" + std::to_string(c.rank())).c_str(), 1);
+  ncclUniqueId id;
+  CHILD_CHECK(c, c.uniqueId(&id), "no unique id");
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.netName = c.rank() == 0 ? "OFI" : "Socket";
+  ncclComm_t comm = nullptr;
+  CHILD_NCCL(c, ncclCommInitRankConfig(&comm, c.nranks(), id, c.rank(), &config));
+  std::vector<float> buf(4096, 1.f);
+  const double t0 = monoMs();
+  const ncclResult_t rc = ncclAllReduce(buf.data(), buf.data(), buf.size(), ncclFloat, ncclSum, comm, nullptr);
+  const double ms = monoMs() - t0;
+  const std::string last = ncclGetLastError(nullptr);
+  c.log("AllReduce returned " + describe(rc) + " after " + std::to_string(static_cast<int>(ms)) + " ms: " + last);
+  CHILD_CHECK(c, c.barrier(), "the other rank did not finish");  // rank 0 keeps the root alive till then
+  CHILD_CHECK(c, rc != ncclSuccess && rc != ncclInProgress, "the AllReduce succeeded");
+  CHILD_CHECK(c, ms < 15000, "the AllReduce took more than 15 s to fail");
+  CHILD_CHECK(c, last.find("forced transport ofi (ncclConfig_t.netName=OFI) cannot reach rank 1") != std::string::npos,
+              "the error does not say why rank 0 cannot connect: " + last);
+  if (c.rank() == 1)
+    CHILD_CHECK(c, last.find("rank 0 will not connect: it failed") != std::string::npos,
+                "rank 1's error does not say that rank 0 failed: " + last);
+  (void)ncclCommAbort(comm);
+  return 0;
+}
+
+TEST_CASE("mp ofi: ranks given different networks fail within seconds, both naming the cause", "[mp][ofi]") {
+  MpConfig cfg;
+  cfg.nranks = 2;
+  cfg.hardLimitMs = 60000;
+  cfg.env = {{"SHOAL_TRANSPORT", ""}, {"NCCL_NET", ""}, {"FI_TCP_IFACE", "lo"}, {"NCCL_SOCKET_IFNAME", "lo"}};
+  requirePassed(runForked(cfg, netNamesDiffer));
+}

@@ -177,6 +177,17 @@ class TcpTransport final : public Transport {
   bool canConnect(const PeerInfo& self, const PeerInfo& peer) const override {
     return peer.address("tcp") != nullptr;
   }
+  // Its listener lives as long as its process (the registry keeps it): a
+  // refusal at its address means the process is gone. A live process that
+  // takes the probe drops it quietly, as any connection closed before its
+  // hello (readHello).
+  std::string peerProcessGone(const PeerInfo& peer, Deadline deadline) const override {
+    const std::string* text = peer.address("tcp");
+    if (text == nullptr) return "";
+    Result<net::SocketAddress> address = net::SocketAddress::parse(*text);
+    if (!address.isOk() || !net::refusesConnections(address.value(), deadline)) return "";
+    return str("its process has exited (its tcp listener at ", *text, " refuses connections)");
+  }
   Result<std::unique_ptr<Connection>> connect(const ConnectionKey& key, const ConnectOptions& options) override;
   // The higher rank waits for the lower rank's hello.
   bool connectWaitsForPeer(const ConnectionKey& key) const override { return key.selfRank > key.peerRank; }
