@@ -290,6 +290,18 @@ TEST_CASE("socket helpers on loopback", "[net]") {
   }
 }
 
+// What the connection table's watch asks of a peer's tcp listener: a closed
+// one refuses; a live one that never accepts, or one whose backlog took the
+// probe, does not (a live peer is never judged gone).
+TEST_CASE("refusesConnections: a closed listener refuses, a live one does not", "[net]") {
+  Result<Fd> listener = listenOn(SocketAddress::parse("127.0.0.1:0").value());
+  REQUIRE(listener.isOk());
+  const SocketAddress bound = localAddressOf(listener->get()).value();
+  for (int probe = 0; probe < 3; ++probe) CHECK_FALSE(refusesConnections(bound, Deadline::afterMs(1000)));
+  listener->reset();
+  CHECK(refusesConnections(bound, Deadline::afterMs(1000)));
+}
+
 TEST_CASE("connectWithRetry retries refusals within its deadline and says how often", "[net]") {
   // A port that was free a moment ago.
   Result<Fd> temp = listenOn(SocketAddress::parse("127.0.0.1:0").value());
