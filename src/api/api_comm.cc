@@ -144,9 +144,12 @@ Status launchInit(ncclComm_t* out, ncclComm_t handle, bool blocking, InitWork wo
       std::lock_guard<std::mutex> lock(shared->mutex);
       recordInitFailure(*shared, why);
     };
-    if (parent) {
+    if (parent && blocking) {
       group::addOrderedInit(parent, std::move(run), std::move(abandon));
     } else if (!blocking) {
+      // A nonblocking init or split starts at the outermost end on its
+      // handle's own thread, and the end returns ncclInProgress (a split's
+      // turn keeps it in call order with its parent's other set-up calls).
       group::addDetachedInit([handle, shared, work, context] {
         // Not for a handle destroyed or aborted before the group ended (its
         // slot may even serve another communicator by now).
@@ -341,10 +344,13 @@ SHOAL_API(ncclResult_t, ncclCommSplit,
     if (config) {
       SHOAL_ASSIGN_OR_RETURN(options, api::parseConfig(config));
     }
+    // Splits meet over the parent's bootstrap in call order, whichever thread
+    // runs them (a nonblocking one runs on its own): its turn is taken now.
+    Communicator::SetupTurn turn = parent->takeSetupTurn();
     if (color == NCCL_SPLIT_NOCOLOR) {
       // Still a collective over the parent: take part, get no communicator.
-      auto takePart = [parent, color, key, options] {
-        return parent->split(color, key, options).takeStatus();
+      auto takePart = [parent, color, key, options, turn] {
+        return parent->split(color, key, options, nullptr, turn).takeStatus();
       };
       if (group::active()) {
         group::addOrderedInit(parent.get(), std::move(takePart));
@@ -356,8 +362,8 @@ SHOAL_API(ncclResult_t, ncclCommSplit,
     handle->cudaDev = comm->cudaDev;
     handle->shared->store = comm->shared->store;  // the child meets in the parent's store
     handle->shared->secret = comm->shared->secret;
-    auto work = [parent, color, key, options](const std::atomic<bool>* cancel) {
-      return parent->split(color, key, options, cancel);
+    auto work = [parent, color, key, options, turn](const std::atomic<bool>* cancel) {
+      return parent->split(color, key, options, cancel, turn);
     };
     return launchInit(newcomm, handle, options.blocking && parent->options().blocking,
                       std::move(work), parent.get(), parent->cudaContext());

@@ -201,8 +201,9 @@ SHOAL_API(ncclResult_t, ncclCommWindowRegister,
     if ((winFlags & ~kKnownFlags) != 0)
       return invalidArgument("winFlags 0x", std::hex, winFlags, " has bits no NCCL_WIN_* flag names");
     SHOAL_ASSIGN_OR_RETURN(auto impl, api::readyComm(comm));
-    auto registerNow = [impl, buff, size, win, winFlags]() -> Status {
-      SHOAL_ASSIGN_OR_RETURN(Window* window, impl->registerWindow(buff, size, winFlags));
+    // Its turn among the communicator's set-up calls is this call's place.
+    auto registerNow = [impl, buff, size, win, winFlags, turn = impl->takeSetupTurn()]() -> Status {
+      SHOAL_ASSIGN_OR_RETURN(Window* window, impl->registerWindow(buff, size, winFlags, turn));
       *win = reinterpret_cast<ncclWindow_t>(window);
       return Status::ok();
     };

@@ -482,6 +482,12 @@ void Communicator::releaseWindows(std::vector<std::unique_ptr<Window>>& windows)
 }
 
 namespace {
+// Ends a set-up turn when its work returns, whoever else holds the turn.
+struct TurnDone {
+  Turns::Turn& turn;
+  ~TurnDone() { turn.done(); }
+};
+
 // The ticket of a registration's board message, apart from its window's.
 WindowMailbox::Ticket windowBoardTicket(WindowMailbox::Ticket ticket) {
   ticket.registration |= 1ull << 63;
@@ -489,10 +495,13 @@ WindowMailbox::Ticket windowBoardTicket(WindowMailbox::Ticket ticket) {
 }
 }  // namespace
 
-Result<Window*> Communicator::registerWindow(void* buff, size_t bytes, int flags) {
+Result<Window*> Communicator::registerWindow(void* buff, size_t bytes, int flags, SetupTurn turn) {
+  const Deadline deadline = Deadline::afterMs(params().initTimeoutMs).cancelledBy(&abortFlag_);
+  if (!turn) turn = takeSetupTurn();
+  const TurnDone turnDone{*turn};
+  SHOAL_TRY(turn->wait(deadline, "ncclCommWindowRegister")) << describe();
   UseGuard use(*this);
   releaseRetiredWindows();
-  const Deadline deadline = Deadline::afterMs(params().initTimeoutMs).cancelledBy(&abortFlag_);
   const uint64_t registration = windowRegistrations_++;  // every rank registers in the same order
   const std::string what = str(describe(), ": ncclCommWindowRegister");
   auto window = std::make_unique<Window>(buff, bytes, flags, rank_, nranks_);
@@ -708,8 +717,11 @@ uint64_t Communicator::windowOperationsThrough() {
 Window* Communicator::findWindow(const void* handle) { return windows_->find(handle); }
 
 Result<std::shared_ptr<Communicator>> Communicator::split(int color, int key, const CommOptions& options,
-                                                          const std::atomic<bool>* cancel) {
+                                                          const std::atomic<bool>* cancel, SetupTurn turn) {
   Deadline deadline = Deadline::afterMs(params().initTimeoutMs).cancelledBy(cancel);
+  if (!turn) turn = takeSetupTurn();
+  const TurnDone turnDone{*turn};
+  SHOAL_TRY(turn->wait(deadline, "ncclCommSplit")) << describe();
   SHOAL_ASSIGN_OR_RETURN(auto all, bootstrap_->allGather(encodeSplitRecord(SplitRecord{color, key}), deadline),
       describe(), ": split");
   const uint64_t splitIndex = splits_++;  // every parent rank splits in the same order

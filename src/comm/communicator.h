@@ -50,6 +50,7 @@
 #include "comm/scratch_pool.h"
 #include "core/status.h"
 #include "core/tag.h"
+#include "core/turns.h"
 #include "core/types.h"
 #include "cuda/driver.h"
 #include "engine/engine.h"
@@ -218,15 +219,22 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
   Status connectAhead(const std::vector<OpRequest>& ops);
   Status waitFor(const Job& job);
 
+  // Set-up work over this communicator's bootstrap (splits, window
+  // registrations) meets its peers' in call order, whichever thread runs it
+  // (a nonblocking split runs on one of its own): the call takes a turn on
+  // the calling thread and passes it to the work, which waits for it.
+  using SetupTurn = std::shared_ptr<Turns::Turn>;
+  SetupTurn takeSetupTurn() { return setupTurns_->take(); }
+
   // ncclCommSplit: collective over this communicator. `color` < 0 means no
   // communicator for this rank (returns null). Blocking; `cancel` as in
-  // InitRequest.
+  // InitRequest; `turn` taken at the call (null: now).
   Result<std::shared_ptr<Communicator>> split(int color, int key, const CommOptions& options,
-                                              const std::atomic<bool>* cancel = nullptr);
+                                              const std::atomic<bool>* cancel = nullptr, SetupTurn turn = nullptr);
 
   // ncclCommWindowRegister: collective over this communicator (comm/window.h).
   // Blocking; the window lives until deregisterWindow or the communicator.
-  Result<Window*> registerWindow(void* buff, size_t bytes, int flags);
+  Result<Window*> registerWindow(void* buff, size_t bytes, int flags, SetupTurn turn = nullptr);
   // ncclCommWindowDeregister (local); ncclInvalidUsage for a window that is
   // not one of this communicator's live windows.
   Status deregisterWindow(const void* window);
@@ -416,6 +424,7 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
   Topology topology_;
   std::unique_ptr<PlanCache> plans_;  // made at init, once the ranks agreed
   ConnectionTable connections_;       // after peers_ and abortFlag_, which it reads
+  const std::shared_ptr<Turns> setupTurns_ = Turns::make();
   std::shared_ptr<const std::string> label_;  // describe(), once peers are known
   std::vector<uint8_t> scratch_;        // waited jobs run one at a time: one arena (growScratch)
   std::shared_ptr<ScratchPool> detachedScratch_ = ScratchPool::make();  // jobs nobody waits for

@@ -1888,6 +1888,57 @@ TEST_CASE("repeated blocking calls from one thread per rank: new buffers, other 
 // Nonblocking communicators
 // ===========================================================================
 
+// Splits of one parent meet over its bootstrap in call order, whichever
+// threads run them: back-to-back nonblocking splits, each returning at once,
+// and the same inside one group (whose ncclGroupEnd returns at once too, as
+// NCCL's), give every rank the children it asked for, in order.
+TEST_CASE("back-to-back nonblocking splits of one parent run in call order, alone and in a group",
+          "[api][nonblocking][split]") {
+  const int n = 4;
+  World w(n);
+  ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+  cfg.blocking = 0;
+  constexpr int kSplits = 6;
+  for (bool inGroup : {false, true}) {
+    INFO((inGroup ? "in one group" : "alone"));
+    // Split k: colour r % (k + 1), key -r: sizes and ranks differ per split.
+    std::vector<std::vector<ncclComm_t>> children(kSplits, std::vector<ncclComm_t>(n, nullptr));
+    for (int r = 0; r < n; ++r) {
+      if (inGroup) NCCL_OK(ncclGroupStart());
+      for (int k = 0; k < kSplits; ++k) {
+        ncclResult_t rc = ncclCommSplit(w[r], r % (k + 1), -r, &children[k][r], &cfg);
+        INFO("rank " << r << " split " << k << ": " << lastError());
+        REQUIRE((rc == ncclInProgress || rc == ncclSuccess));
+        REQUIRE(children[k][r] != nullptr);
+      }
+      if (inGroup) {
+        ncclResult_t rc = ncclGroupEnd();
+        INFO("rank " << r << ": " << lastError());
+        // Returns before the other ranks split at all.
+        REQUIRE(rc == ncclInProgress);
+      }
+    }
+    for (int k = 0; k < kSplits; ++k)
+      for (int r = 0; r < n; ++r) {
+        INFO("rank " << r << " split " << k << ": " << lastError());
+        REQUIRE(waitAsync(children[k][r]) == ncclSuccess);
+        int count = -1, rank = -1;
+        NCCL_OK(ncclCommCount(children[k][r], &count));
+        NCCL_OK(ncclCommUserRank(children[k][r], &rank));
+        int expectCount = 0, expectRank = 0;
+        for (int q = 0; q < n; ++q)
+          if (q % (k + 1) == r % (k + 1)) {
+            ++expectCount;
+            if (q > r) ++expectRank;  // key -q: higher parent ranks first
+          }
+        CHECK(count == expectCount);
+        CHECK(rank == expectRank);
+      }
+    for (auto& split : children)
+      for (ncclComm_t c : split) NCCL_OK(ncclCommDestroy(c));
+  }
+}
+
 TEST_CASE("nonblocking init - collectives - split inheritance and finalize from one thread", "[api][nonblocking]") {
   const int n = 4;
   ncclUniqueId id = newId();

@@ -6,5 +6,6 @@ shoal_add_test(core_unit_tests LABEL unit SOURCES
   unit/engine_test.cc
   unit/config_test.cc
   unit/init_agreement_test.cc
-  unit/known_ranges_test.cc)
+  unit/known_ranges_test.cc
+  unit/turns_test.cc)
 target_compile_definitions(core_unit_tests PRIVATE SHOAL_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
