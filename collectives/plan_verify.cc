@@ -132,7 +132,7 @@ Span spanOf(const std::vector<OpInfo>& ops, Slice s, uint64_t bytes, bool write,
 }
 
 std::string regionName(int64_t region) {
-  if (region < -1) return region == -2 - kWindowBuffer ? "window" : "peer buffer";
+  if (region < -1) return region == -2 - static_cast<int64_t>(kWindowBuffer) ? "window" : "peer buffer";
   if (region < 0) return "scratch";
   return str(region % 2 ? "send" : "recv", region >= 2 ? str(" of op ", region / 2) : "");
 }

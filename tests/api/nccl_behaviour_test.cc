@@ -1318,41 +1318,29 @@ TEST_CASE("AlltoAll and Gather and Scatter: every root - in place at the root", 
 TEST_CASE("a group of 18000 operations per communicator runs whole", "[api][group]") {
   World w(2);
   constexpr size_t kPairs = 6000;  // Send and Recv each, per rank
-  std::vector<std::vector<int32_t>> in(2, std::vector<int32_t>(kPairs)), out(2, std::vector<int32_t>(kPairs, -1));
+  std::vector<std::vector<int32_t>> in(2, std::vector<int32_t>(kPairs));
   for (int r = 0; r < 2; ++r)
     for (size_t k = 0; k < kPairs; ++k) in[r][k] = static_cast<int32_t>(r * 1000000 + k);
-  grouped(2, [&](int r) {
-    for (size_t k = 0; k < kPairs; ++k) {
-      ncclResult_t rc = ncclSend(&in[r][k], 1, ncclInt32, 1 - r, w[r], nullptr);
-      if (rc != ncclSuccess) return rc;
-      rc = ncclRecv(&out[r][k], 1, ncclInt32, 1 - r, w[r], nullptr);
-      if (rc != ncclSuccess) return rc;
+  for (bool withAllReduces : {false, true}) {
+    INFO((withAllReduces ? "Send/Recv pairs and AllReduces" : "Send/Recv pairs"));
+    std::vector<std::vector<int32_t>> out(2, std::vector<int32_t>(kPairs, -1)), sums = out;
+    grouped(2, [&](int r) {
+      for (size_t k = 0; k < kPairs; ++k) {
+        ncclResult_t rc = withAllReduces
+                              ? ncclAllReduce(&in[r][k], &sums[r][k], 1, ncclInt32, ncclSum, w[r], nullptr)
+                              : ncclSuccess;
+        if (rc == ncclSuccess) rc = ncclSend(&in[r][k], 1, ncclInt32, 1 - r, w[r], nullptr);
+        if (rc == ncclSuccess) rc = ncclRecv(&out[r][k], 1, ncclInt32, 1 - r, w[r], nullptr);
+        if (rc != ncclSuccess) return rc;
+      }
+      return ncclSuccess;
+    });
+    for (int r = 0; r < 2; ++r) {
+      size_t wrong = 0;
+      for (size_t k = 0; k < kPairs; ++k)
+        wrong += (out[r][k] != in[1 - r][k]) + (withAllReduces && sums[r][k] != in[0][k] + in[1][k]);
+      CHECK(wrong == 0);
     }
-    return ncclSuccess;
-  });
-  for (int r = 0; r < 2; ++r) {
-    size_t wrong = 0;
-    for (size_t k = 0; k < kPairs; ++k) wrong += out[r][k] != in[1 - r][k];
-    CHECK(wrong == 0);
-  }
-  std::vector<std::vector<int32_t>> sums(2, std::vector<int32_t>(kPairs, -1));
-  for (auto& o : out) std::fill(o.begin(), o.end(), -1);
-  grouped(2, [&](int r) {
-    for (size_t k = 0; k < kPairs; ++k) {
-      ncclResult_t rc = ncclAllReduce(&in[r][k], &sums[r][k], 1, ncclInt32, ncclSum, w[r], nullptr);
-      if (rc != ncclSuccess) return rc;
-      rc = ncclSend(&in[r][k], 1, ncclInt32, 1 - r, w[r], nullptr);
-      if (rc != ncclSuccess) return rc;
-      rc = ncclRecv(&out[r][k], 1, ncclInt32, 1 - r, w[r], nullptr);
-      if (rc != ncclSuccess) return rc;
-    }
-    return ncclSuccess;
-  });
-  for (int r = 0; r < 2; ++r) {
-    size_t wrong = 0;
-    for (size_t k = 0; k < kPairs; ++k)
-      wrong += (sums[r][k] != in[0][k] + in[1][k]) + (out[r][k] != in[1 - r][k]);
-    CHECK(wrong == 0);
   }
 }
 
