@@ -63,12 +63,6 @@ void forgetMemory(void* base, size_t bytes) {
   for (Transport* t : allTransports()) t->forgetMemory(base, bytes);
 }
 
-std::string peerProcessGone(const PeerInfo& peer, Deadline deadline) {
-  for (Transport* t : allTransports())
-    if (std::string why = t->peerProcessGone(peer, deadline); !why.empty()) return why;
-  return "";
-}
-
 Transport* findTransport(std::string_view name) {
   for (Transport* t : allTransports())
     if (t->name() == name) return t;

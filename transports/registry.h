@@ -63,10 +63,6 @@ Result<std::string> networkTransport(const TransportChoice& choice);
 // logged, the error kept for selection.
 Status publishAddresses(PeerInfo& self, const TransportChoice& choice);
 
-// Why the peer's process is known to have exited (Transport::peerProcessGone,
-// asked of every transport), or "" when it may be alive.
-std::string peerProcessGone(const PeerInfo& peer, Deadline deadline);
-
 // The transport for connecting self to peer, honouring the overrides.
 Result<Transport*> selectTransport(const PeerInfo& self, const PeerInfo& peer, TransportChoice choice);
 

@@ -7,11 +7,14 @@
 // "<scope>/done/<round>/<rank>": a rank records it after reading the last
 // round, so once rank 0 has them all it erases them and that round's keys.
 // leave() uses "<scope>/left/<rank>"; failure reports are
-// "<scope>/failure/<rank>". A finished communicator's scope is empty once
+// "<scope>/failure/<generation>/<rank>", the generation being the
+// communicator's (setGeneration): a communicator made again with the same
+// scope never reads an earlier one's reports. A finished communicator's scope is empty once
 // every rank has left it, so the store holds keys only for live communicators.
 #include "bootstrap/bootstrap.h"
 
 #include <algorithm>
+#include <cstdio>
 
 #include "core/log.h"
 
@@ -44,7 +47,11 @@ Bootstrap::~Bootstrap() {
                "; its keys stay until the id is released");
 }
 
-std::string Bootstrap::failureKey(int rank) const { return str(scope_, "/failure/", rank); }
+std::string Bootstrap::failureKey(int rank) const {
+  char generation[17];
+  std::snprintf(generation, sizeof(generation), "%016llx", static_cast<unsigned long long>(generation_));
+  return str(scope_, "/failure/", generation, "/", rank);
+}
 
 // The error for a get that timed out: which ranks' keys are missing.
 Status Bootstrap::missingRanks(const std::vector<std::string>& keys, const std::vector<int>& ranks,

@@ -100,8 +100,10 @@ class Bootstrap {
   // tenant's end (root_server.h).
   Status leave(Deadline deadline);
   // Where a failing rank publishes why (Communicator::handleFailure), so that
-  // leave() can erase it.
+  // leave() can erase it. Within the scope, under the communicator's
+  // generation: set it (the same on every rank) before the first report.
   std::string failureKey(int rank) const;
+  void setGeneration(uint64_t generation) { generation_ = generation; }
 
  private:
   Status missingRanks(const std::vector<std::string>& keys, const std::vector<int>& ranks, const Status& failed,
@@ -114,6 +116,7 @@ class Bootstrap {
   uint64_t round_ = 0;            // rounds of allGather and finish, in call order
   int64_t lastGatherRound_ = -1;  // this rank's allGather key still in the store
   bool finished_ = false;         // finish() succeeded: every rank took part
+  uint64_t generation_ = 0;       // names the failure reports (setGeneration)
   bool left_ = false;
 };
 

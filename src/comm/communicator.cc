@@ -3,6 +3,7 @@
 #include "comm/communicator.h"
 #include "comm/stream_plan.h"
 
+#include <sys/random.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -300,11 +301,14 @@ Status Communicator::initialize() {
 }
 
 Result<std::vector<PeerInfo>> Communicator::exchangePeers(const PeerInfo& self, Deadline deadline) {
-  SHOAL_ASSIGN_OR_RETURN(auto all, bootstrap_->allGather(encodePeerRecord(PeerRecord{nranks_, self}), deadline),
+  uint64_t nonce = 0;
+  if (getrandom(&nonce, sizeof(nonce), 0) != sizeof(nonce)) nonce = static_cast<uint64_t>(nowNs()) ^ self.processId;
+  SHOAL_ASSIGN_OR_RETURN(auto all, bootstrap_->allGather(encodePeerRecord(PeerRecord{nranks_, self, nonce}), deadline),
       describe(), ": bootstrap through ", request_.store->describe());
   std::vector<PeerInfo> peers(static_cast<size_t>(nranks_));
   for (int r = 0; r < nranks_; ++r) {
     SHOAL_ASSIGN_OR_RETURN(PeerRecord record, decodePeerRecord(all[r]), describe(), ": peer info of rank ", r);
+    if (r == 0) bootstrap_->setGeneration(record.nonce);
     if (record.nranks != nranks_)
       return invalidUsage(describe(), ": rank ", r, " was initialized with nranks=", record.nranks,
                           " but this rank with nranks=", nranks_);

@@ -401,8 +401,13 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
   // submitted: the communicator fails as after a failed operation; peers on
   // stream links fail now, and any peer can read why.
   Status failBeforeRunning(Status st);
-  // A connection this rank could not make (not for an abort): the same.
+  // A connection this rank could not make (not for an abort): the same, and
+  // its connections close, as after a failed operation.
   Status connectFailed(Status st);
+  // After a published failure: no job of ours runs on, its streams are past
+  // the FIFOs, every connection closes (peers waiting on us see it now) and
+  // the communicator keeps the error (failureMutex_ held).
+  void closeAfterFailure(const Status& st);
   // Says `text` of this rank's failure on its connections and in the store
   // (failureMutex_ held). Each report extends the last (shm's side channel
   // only appends): one that does not is added after "; then: ".

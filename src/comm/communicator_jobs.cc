@@ -752,11 +752,15 @@ Status Communicator::handleFailure(const Job& job, Status st) {
     st = Status(st.code(), st.message() + upstreamText);
     publishReport(publishedReport_ + upstreamText, reportDeadline);
   }
+  closeAfterFailure(st);
+  return st;
+}
+
+void Communicator::closeAfterFailure(const Status& st) {
   Engine::instance().retire(reinterpret_cast<uintptr_t>(this), st);
   settleStreamPlans(kFailureSettleMs);  // its streams are past the FIFOs before the connections go
   connections_.clear();
   setAsyncError(st);
-  return st;
 }
 
 Status Communicator::failBeforeRunning(Status st) {
@@ -773,12 +777,22 @@ Status Communicator::failBeforeRunning(Status st) {
 // A connection this rank could not make: its peers, already running the
 // call or waiting to connect, would wait for it until their deadline (the
 // set-up deadline, minutes, for a peer waiting to be connected to). The
-// communicator fails, as for a failed operation, and says why where they look
-// (ConnectionTable::setPeerReports).
+// communicator fails as after a failed operation: it says why where they
+// look (ConnectionTable::setPeerReports) and closes its connections, so that
+// peers it had connected to see the close now. Not for an abort (a cancelled
+// connect reads as a timeout to some transports).
 Status Communicator::connectFailed(Status st) {
   st = StatusBuilder(std::move(st)) << describe();
-  if (st.code() == Code::kAborted) return st;
-  return failBeforeRunning(std::move(st));
+  if (aborted()) return st;
+  std::lock_guard<std::mutex> lock(failureMutex_);
+  if (failurePublished_) {
+    setAsyncError(st);
+    return st;
+  }
+  failurePublished_ = true;
+  publishReport(st.message(), Deadline::afterMs(kFailureReportMs).cancelledBy(&abortFlag_));
+  closeAfterFailure(st);
+  return st;
 }
 
 void Communicator::publishReport(const std::string& text, Deadline deadline) {

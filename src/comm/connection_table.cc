@@ -1,76 +1,129 @@
 #include "comm/connection_table.h"
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
-#include <optional>
+#include <system_error>
 #include <thread>
 
 #include "core/log.h"
 #include "core/params.h"
+#include "core/process.h"
 #include "transports/registry.h"
 
 namespace shoal {
 namespace {
 
-// While one connect waits, a thread looks for why the peer will not come
-// (ConnectionTable::whyPeerWillNotCome) after the first second, then once a
-// second; a reason it finds goes into the peer's verdict, whose flag cancels
-// the connect's deadline (and that of whatever the connection keeps waiting
-// for the peer). Most connects finish within the first second and cost the
-// thread only.
-class PeerWatch {
+// The connects of this process that wait for their peer, watched by one
+// thread (started at the first connect, for the life of the process; again
+// in a forked child): once a connect has waited a second, and then once a
+// second, it asks the connect's table why the peer will not come
+// (ConnectionTable::whyPeerWillNotCome). A reason goes into the peer's
+// verdict, whose flag cancels the connect's deadline and those the
+// connection keeps. A connect costs a registration, no thread.
+class ConnectWatch {
  public:
   static constexpr int64_t kFirstLookMs = 1000;
   static constexpr int64_t kLookEveryMs = 1000;
   static constexpr int64_t kLookMs = 1000;  // one look's own deadline
 
-  PeerWatch(ConnectionTable::PeerVerdict& verdict, const std::atomic<bool>& abortFlag,
-            std::function<std::string(Deadline)> look)
-      : verdict_(verdict), abortFlag_(abortFlag), look_(std::move(look)), thread_([this] { run(); }) {}
-  ~PeerWatch() {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      done_ = true;
-    }
-    wake_.notify_one();
-    thread_.join();
+  static ConnectWatch& instance() {
+    static ConnectWatch* watch = new ConnectWatch();  // its thread may outlive static destructors
+    return *watch;
   }
-  PeerWatch(const PeerWatch&) = delete;
-  PeerWatch& operator=(const PeerWatch&) = delete;
 
-  // Why the peer will not come ("" if nothing was found, or not yet).
-  std::string reason() {
+  // A connect of `table` to `peer` over `transport` starts.
+  uint64_t begin(ConnectionTable* table, int peer, Transport* transport) {
     std::lock_guard<std::mutex> lock(mutex_);
-    return reason_;
+    ensureThread();
+    const uint64_t id = nextId_++;
+    waiting_.push_back(Waiting{id, table, peer, transport, nowNs() + kFirstLookMs * 1000000});
+    changed_.notify_all();
+    return id;
+  }
+  // It has returned: never waits (a look in progress is cancelled).
+  void end(uint64_t id) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::erase_if(waiting_, [&](const Waiting& w) { return w.id == id; });
+    if (lookingAt_ == id) cancelLook_.store(true, std::memory_order_release);
+  }
+  // The table is going: waits for a look of one of its connects to end.
+  void forget(const ConnectionTable* table) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    std::erase_if(waiting_, [&](const Waiting& w) { return w.table == table; });
+    if (lookingTable_ == table) cancelLook_.store(true, std::memory_order_release);
+    changed_.wait(lock, [&] { return lookingTable_ != table; });
   }
 
  private:
-  void run() {
-    std::unique_lock<std::mutex> lock(mutex_);
-    if (wake_.wait_for(lock, std::chrono::milliseconds(kFirstLookMs), [this] { return done_; })) return;
-    for (;;) {
-      lock.unlock();
-      std::string found = look_(Deadline::afterMs(kLookMs).cancelledBy(&abortFlag_));
-      lock.lock();
-      if (done_) return;
-      if (!found.empty()) {
-        reason_ = found;
-        verdict_.why = std::move(found);  // before the flag that publishes it
-        verdict_.willNotCome.store(true, std::memory_order_release);
-        return;
-      }
-      if (wake_.wait_for(lock, std::chrono::milliseconds(kLookEveryMs), [this] { return done_; })) return;
+  struct Waiting {
+    uint64_t id;
+    ConnectionTable* table;
+    int peer;
+    Transport* transport;
+    int64_t dueNs;
+  };
+
+  void ensureThread() {  // mutex_ held
+    if (owner_ == currentPid()) return;
+    owner_ = currentPid();
+    waiting_.clear();  // a forked child inherits its parent's list, not its connects
+    lookingTable_ = nullptr;
+    try {
+      std::thread([this] { run(); }).detach();
+    } catch (const std::system_error& e) {
+      owner_ = 0;  // tried again at the next connect
+      SHOAL_WARN("connect watch: no thread (", e.what(), "): a connect to a peer that will not come waits for "
+                 "its deadline");
     }
   }
 
-  ConnectionTable::PeerVerdict& verdict_;
-  const std::atomic<bool>& abortFlag_;
-  const std::function<std::string(Deadline)> look_;
+  void run() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    const int mine = currentPid();
+    for (;;) {
+      if (owner_ != mine) return;  // a forked child's copy of the list is not ours
+      auto due = std::min_element(waiting_.begin(), waiting_.end(),
+                                  [](const Waiting& a, const Waiting& b) { return a.dueNs < b.dueNs; });
+      if (due == waiting_.end()) {
+        changed_.wait(lock);
+        continue;
+      }
+      if (due->dueNs > nowNs()) {
+        changed_.wait_until(lock, Clock::time_point(std::chrono::nanoseconds(due->dueNs)));
+        continue;
+      }
+      const Waiting look = *due;
+      lookingAt_ = look.id;
+      lookingTable_ = look.table;
+      cancelLook_.store(false, std::memory_order_relaxed);
+      lock.unlock();
+      std::string why = look.table->whyPeerWillNotCome(
+          look.peer, look.transport, Deadline::afterMs(kLookMs).cancelledBy(&cancelLook_));
+      lock.lock();
+      lookingAt_ = 0;
+      lookingTable_ = nullptr;
+      auto still = std::find_if(waiting_.begin(), waiting_.end(), [&](const Waiting& w) { return w.id == look.id; });
+      if (still != waiting_.end()) {
+        if (why.empty()) {
+          still->dueNs = nowNs() + kLookEveryMs * 1000000;
+        } else {
+          look.table->judge(look.peer, std::move(why));
+          waiting_.erase(still);
+        }
+      }
+      changed_.notify_all();  // forget() may wait for this look
+    }
+  }
+
   std::mutex mutex_;
-  std::condition_variable wake_;
-  bool done_ = false;
-  std::string reason_;
-  std::thread thread_;  // last: it starts once the rest is made
+  std::condition_variable changed_;
+  std::vector<Waiting> waiting_;
+  uint64_t nextId_ = 1;
+  int owner_ = 0;                                  // the process whose thread runs
+  uint64_t lookingAt_ = 0;                         // the connect being looked at (0: none)
+  const ConnectionTable* lookingTable_ = nullptr;  // and its table
+  std::atomic<bool> cancelLook_{false};
 };
 
 }  // namespace
@@ -104,18 +157,19 @@ Result<Connection*> ConnectionTable::to(int peer, uint16_t channel, bool unlessW
     return remoteError("connecting to rank ", peer, " (host ", peers_[peer].hostname, ") over ", transport->name(),
                        ": rank ", peer, " will not connect: ", why);
   };
-  std::optional<PeerWatch> watch;
+  PeerVerdict* verdict = nullptr;  // none for a connection to itself
+  uint64_t watched = 0;
   if (peer != rank_) {
-    PeerVerdict& verdict = verdictOn(peer);
-    if (verdict.willNotCome.load(std::memory_order_acquire)) return willNotConnect(verdict.why);
-    opts.deadline = opts.deadline.alsoCancelledBy(&verdict.willNotCome);
-    watch.emplace(verdict, abortFlag_,
-                  [this, peer](Deadline deadline) { return whyPeerWillNotCome(peer, deadline); });
+    verdict = &verdictOn(peer);
+    if (verdict->willNotCome.load(std::memory_order_acquire)) return willNotConnect(verdict->why);
+    opts.deadline = opts.deadline.alsoCancelledBy(&verdict->willNotCome);
+    watched = ConnectWatch::instance().begin(this, peer, transport);
   }
   Result<std::unique_ptr<Connection>> made = transport->connect(ckey, opts);
-  const std::string whyNot = watch ? watch->reason() : std::string();
-  watch.reset();
-  if (!made.isOk() && !whyNot.empty()) return willNotConnect(whyNot);
+  if (verdict != nullptr) {
+    ConnectWatch::instance().end(watched);
+    if (!made.isOk() && verdict->willNotCome.load(std::memory_order_acquire)) return willNotConnect(verdict->why);
+  }
   SHOAL_ASSIGN_OR_RETURN(auto conn, std::move(made),
       "connecting to rank ", peer, " (host ", peers_[peer].hostname, ") over ", transport->name());
   SHOAL_INFO(subsys::kInit | subsys::kNet, "Channel ",
@@ -133,10 +187,21 @@ ConnectionTable::PeerVerdict& ConnectionTable::verdictOn(int peer) {
   return verdicts_[static_cast<size_t>(peer)];
 }
 
-std::string ConnectionTable::whyPeerWillNotCome(int peer, Deadline deadline) const {
+ConnectionTable::~ConnectionTable() { ConnectWatch::instance().forget(this); }
+
+std::string ConnectionTable::whyPeerWillNotCome(int peer, const Transport* transport, Deadline deadline) const {
   if (peerReports_)
     if (std::string report = peerReports_(peer, deadline); !report.empty()) return "it failed: " + report;
-  return peerProcessGone(peers_[peer], deadline);
+  // Asked only of the transport that connects them: what its own address
+  // says is known to reach the peer.
+  return transport->peerProcessGone(peers_[peer], deadline);
+}
+
+void ConnectionTable::judge(int peer, std::string why) {
+  PeerVerdict& verdict = verdictOn(peer);
+  if (verdict.willNotCome.load(std::memory_order_acquire)) return;  // said once, read by connects after the flag
+  verdict.why = std::move(why);
+  verdict.willNotCome.store(true, std::memory_order_release);
 }
 
 void ConnectionTable::clear() {

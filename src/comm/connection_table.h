@@ -46,6 +46,10 @@ class ConnectionTable {
   // `abortFlag` outlive the table; an abort ends a connect waiting for its peer.
   ConnectionTable(uint64_t commId, int rank, const std::vector<PeerInfo>& peers, std::string secret,
                   const std::atomic<bool>& abortFlag);
+  // Waits for a look at one of its connects in progress (the connect watch).
+  ~ConnectionTable();
+  ConnectionTable(const ConnectionTable&) = delete;
+  ConnectionTable& operator=(const ConnectionTable&) = delete;
 
   // How transports are chosen, as the ranks agreed at init; set before the
   // first connection (and the first question about one).
@@ -56,11 +60,11 @@ class ConnectionTable {
   void setStreamLinks(bool allowed) { streamLinks_ = allowed; }
   // Where a peer's failure report is looked up ("" when it published none),
   // within the deadline; set before the first connection. A connect that
-  // waits asks once a second why its peer will not come: a peer that failed
-  // before it connected (its own connect refused, a call it could not run)
-  // publishes why, one that exited leaves its transports' listeners closed
-  // (Transport::peerProcessGone), and the wait would otherwise last the
-  // set-up deadline (SHOAL_INIT_TIMEOUT_MS).
+  // has waited a second asks once a second why its peer will not come
+  // (whyPeerWillNotCome): a peer that failed before it connected (its own
+  // connect refused, a call it could not run) publishes why, one whose
+  // process exited leaves the connecting transport's listener closed, and
+  // the wait would otherwise last the set-up deadline (SHOAL_INIT_TIMEOUT_MS).
   using PeerReports = std::function<std::string(int peer, Deadline deadline)>;
   void setPeerReports(PeerReports lookup) { peerReports_ = std::move(lookup); }
 
@@ -99,10 +103,15 @@ class ConnectionTable {
   std::string describe() const;
   size_t size() const;
 
+  // For the connect watch (connection_table.cc): the peer's failure report,
+  // else why its process is known to be gone (asked of the transport that
+  // connects them, Transport::peerProcessGone); "" when it may still come.
+  std::string whyPeerWillNotCome(int peer, const Transport* transport, Deadline deadline) const;
+  // The peer will not come, for `why`: connects to it end now and later ones
+  // fail at once. Said once; from the watch's thread only.
+  void judge(int peer, std::string why);
+
  private:
-  // The peer's failure report, else why its process is known to be gone;
-  // "" when it may still come.
-  std::string whyPeerWillNotCome(int peer, Deadline deadline) const;
   PeerVerdict& verdictOn(int peer);
 
   const uint64_t commId_;

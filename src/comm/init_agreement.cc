@@ -58,6 +58,7 @@ std::string encodePeerRecord(const PeerRecord& record) {
   w.u8(kPeerRecord);
   w.u32(static_cast<uint32_t>(record.nranks));
   w.str(record.info.serialize());
+  w.u64(record.nonce);
   return finished(bytes);
 }
 
@@ -66,6 +67,7 @@ Result<PeerRecord> decodePeerRecord(std::string_view bytes) {
   PeerRecord record;
   record.nranks = static_cast<int>(r.u32());
   const std::string info = r.str(kMaxFieldBytes);
+  record.nonce = r.u64();
   SHOAL_TRY(closed(r, "peer record"));
   if (record.nranks < 1) return internalError("malformed peer record: nranks ", record.nranks);
   SHOAL_ASSIGN_OR_RETURN(record.info, PeerInfo::deserialize(info));

@@ -35,6 +35,10 @@ namespace shoal {
 struct PeerRecord {
   int nranks = 0;  // as this rank was told at init
   PeerInfo info;
+  // Random per init: rank 0's names this communicator's failure reports in
+  // the store (Bootstrap::setGeneration), apart from those of an earlier
+  // communicator with the same scope (NCCL_COMM_ID gives every one the same).
+  uint64_t nonce = 0;
 };
 std::string encodePeerRecord(const PeerRecord& record);
 Result<PeerRecord> decodePeerRecord(std::string_view bytes);

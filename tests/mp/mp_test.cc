@@ -521,14 +521,17 @@ TEST_CASE("mp: a SIGKILLed rank makes every survivor fail naming it", "[mp][fail
 // A rank killed between init and its first collective never connects: its
 // peers, waiting to be connected to or connecting, must not wait out the
 // set-up deadline (SHOAL_INIT_TIMEOUT_MS, 10 minutes) but learn within
-// seconds that its process is gone. Rank 0 also serves the bootstrap root,
-// which dies with it; rank 2 is the one its peers connect to.
+// seconds that its process is gone, and the ranks that never connect to it
+// from them (their connections close as they fail; at 4 ranks rank 0 is not
+// rank 2's neighbour). Rank 0 also serves the bootstrap root, which dies with
+// it, and with it the reports that name it to ranks not next to it: at 3
+// ranks every survivor is its neighbour.
 TEST_CASE("mp: a rank killed before its first collective makes every survivor fail within seconds naming it",
           "[mp][failure]") {
   for (const char* transport : kDataTransports) {
-    for (int victim : {0, 2}) {
+    for (auto [victim, n] : {std::pair{0, 3}, std::pair{2, 4}}) {
       MpConfig cfg;
-      cfg.nranks = 3;
+      cfg.nranks = n;
       cfg.hardLimitMs = 60000;
       cfg.env = {{"SHOAL_TRANSPORT", transport}};
       MpResult res = runForked(cfg, [&](MpChild& c) { return killOneRank(c, victim, 0, 20000); });

@@ -662,7 +662,7 @@ TEST_CASE("Bootstrap: finish erases the last round, the last rank to leave empti
   ranks[2].reset();  // its destructor leaves
   CHECK(exist({"s/ag/3/0", "s/ag/3/1", "s/ag/3/2"}) == none);
   CHECK(exist({"s/left/0", "s/left/1", "s/left/2"}) == none);
-  CHECK(exist({"s/failure/1"}) == std::vector<bool>{false});
+  CHECK(exist({ranks[0]->failureKey(1)}) == std::vector<bool>{false});
   REQUIRE(ranks[0]->leave(Deadline::afterMs(1000)).isOk());  // once only
   CHECK(exist({"s/left/0"}) == std::vector<bool>{false});
 
@@ -679,6 +679,23 @@ TEST_CASE("Bootstrap: finish erases the last round, the last rank to leave empti
   REQUIRE(single.allGather("x", Deadline::afterMs(1000)).isOk());
   REQUIRE(single.finish(Deadline::afterMs(1000)).isOk());
   CHECK(exist({"one/ag/0/0"}) == std::vector<bool>{false});
+}
+
+// NCCL_COMM_ID gives every communicator made from it one scope: a later one
+// must not read an earlier one's failure reports (a rank waiting to connect
+// looks for them, ConnectionTable).
+TEST_CASE("Bootstrap: failure reports are keyed by the communicator's generation within its scope",
+          "[bootstrap]") {
+  auto store = makeMemoryStore();
+  Bootstrap earlier(store, "s", 0, 2), later(store, "s", 0, 2);
+  earlier.setGeneration(0x1111);
+  later.setGeneration(0x2222);
+  CHECK(earlier.failureKey(1) != later.failureKey(1));
+  CHECK(earlier.failureKey(1).rfind("s/failure/", 0) == 0);
+  REQUIRE(store->set(earlier.failureKey(1), "rank 1 failed", Deadline::afterMs(1000)).isOk());
+  auto present = store->check({earlier.failureKey(1), later.failureKey(1)}, Deadline::afterMs(1000));
+  REQUIRE(present.isOk());
+  CHECK(present.value() == std::vector<bool>{true, false});
 }
 
 TEST_CASE("the root keeps nothing of destroyed communicators: ids, keys and clients back to baseline",

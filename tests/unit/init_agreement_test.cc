@@ -78,10 +78,11 @@ TEST_CASE("PeerInfo keeps its byte form: length-prefixed decimal and text fields
 }
 
 TEST_CASE("a peer record round-trips and refuses what no writer makes", "[init_agreement]") {
-  const std::string bytes = encodePeerRecord(PeerRecord{8, samplePeer()});
+  const std::string bytes = encodePeerRecord(PeerRecord{8, samplePeer(), 0x0123456789abcdefull});
   auto back = decodePeerRecord(bytes);
   REQUIRE(back.isOk());
   CHECK(back->nranks == 8);
+  CHECK(back->nonce == 0x0123456789abcdefull);
   CHECK(back->info.rank == 3);
   CHECK(back->info.hostname == "node-b");
   CHECK(back->info.processId == 0xfedcba9876543210ull);
