@@ -150,10 +150,16 @@ Status launchInit(ncclComm_t* out, ncclComm_t handle, bool blocking, InitWork wo
       // A nonblocking init or split starts at the outermost end on its
       // handle's own thread, and the end returns ncclInProgress (a split's
       // turn keeps it in call order with its parent's other set-up calls).
-      group::addDetachedInit([handle, shared, work, context] {
+      group::addDetachedInit([handle, shared, work, context, split = parent != nullptr] {
         // Not for a handle destroyed or aborted before the group ended (its
-        // slot may even serve another communicator by now).
-        if (handle->magic != ncclComm::kMagic || handle->shared != shared) return;
+        // slot may even serve another communicator by now). A split gives up
+        // its turn among the parent's set-up calls as a cancelled one does:
+        // the later ones fail rather than pair with the wrong exchanges.
+        if (handle->magic != ncclComm::kMagic || handle->shared != shared) {
+          static const std::atomic<bool> cancelled{true};
+          if (split) (void)work(&cancelled);
+          return;
+        }
         handle->initThread = std::thread([shared, work, context] { (void)context.run(shared, work); });
       }, std::move(abandon));
     } else {

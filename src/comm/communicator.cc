@@ -491,6 +491,26 @@ struct TurnDone {
   Turns::Turn& turn;
   ~TurnDone() { turn.done(); }
 };
+}  // namespace
+
+// A set-up call's turn (takeSetupTurn), within the set-up deadline, ended by
+// an abort of this communicator or `cancel` (the child's). A call that gives
+// up here never runs the exchange its peers run over this communicator's
+// bootstrap, so this rank's later set-up calls would pair with the wrong
+// exchanges of theirs: they fail instead, naming this one.
+Status Communicator::waitForTurn(Turns::Turn& turn, const std::atomic<bool>* cancel, const char* what) {
+  const Deadline deadline =
+      Deadline::afterMs(params().initTimeoutMs).cancelledBy(cancel).alsoCancelledBy(&abortFlag_);
+  Status waited = turn.wait(deadline, what);
+  if (waited.isOk()) return waited;
+  if (waited.code() == Code::kTimeout || waited.code() == Code::kAborted)
+    turn.breakLater(str("an earlier set-up call gave up before its exchange (", waited.message(),
+                        "): this rank's later splits and window registrations of the communicator would pair "
+                        "with the wrong exchanges of its peers"));
+  return StatusBuilder(std::move(waited)) << describe();
+}
+
+namespace {
 
 // The ticket of a registration's board message, apart from its window's.
 WindowMailbox::Ticket windowBoardTicket(WindowMailbox::Ticket ticket) {
@@ -500,10 +520,10 @@ WindowMailbox::Ticket windowBoardTicket(WindowMailbox::Ticket ticket) {
 }  // namespace
 
 Result<Window*> Communicator::registerWindow(void* buff, size_t bytes, int flags, SetupTurn turn) {
-  const Deadline deadline = Deadline::afterMs(params().initTimeoutMs).cancelledBy(&abortFlag_);
   if (!turn) turn = takeSetupTurn();
   const TurnDone turnDone{*turn};
-  SHOAL_TRY(turn->wait(deadline, "ncclCommWindowRegister")) << describe();
+  SHOAL_TRY(waitForTurn(*turn, nullptr, "ncclCommWindowRegister"));
+  const Deadline deadline = Deadline::afterMs(params().initTimeoutMs).cancelledBy(&abortFlag_);
   UseGuard use(*this);
   releaseRetiredWindows();
   const uint64_t registration = windowRegistrations_++;  // every rank registers in the same order
@@ -722,13 +742,17 @@ Window* Communicator::findWindow(const void* handle) { return windows_->find(han
 
 Result<std::shared_ptr<Communicator>> Communicator::split(int color, int key, const CommOptions& options,
                                                           const std::atomic<bool>* cancel, SetupTurn turn) {
-  Deadline deadline = Deadline::afterMs(params().initTimeoutMs).cancelledBy(cancel);
   if (!turn) turn = takeSetupTurn();
   const TurnDone turnDone{*turn};
-  SHOAL_TRY(turn->wait(deadline, "ncclCommSplit")) << describe();
+  SHOAL_TRY(waitForTurn(*turn, cancel, "ncclCommSplit"));
+  // From its turn on: the earlier calls' time is theirs.
+  Deadline deadline = Deadline::afterMs(params().initTimeoutMs).cancelledBy(cancel).alsoCancelledBy(&abortFlag_);
   SHOAL_ASSIGN_OR_RETURN(auto all, bootstrap_->allGather(encodeSplitRecord(SplitRecord{color, key}), deadline),
       describe(), ": split");
   const uint64_t splitIndex = splits_++;  // every parent rank splits in the same order
+  // The exchange was its part of the parent's set-up: the child meets its
+  // peers in a scope of its own, so the next call need not wait for it.
+  turn->done();
   if (color < 0) return std::shared_ptr<Communicator>();
   std::vector<std::pair<int, int>> members;  // (key, parent rank)
   for (int r = 0; r < nranks_; ++r) {

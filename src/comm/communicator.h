@@ -401,6 +401,8 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
   // submitted: the communicator fails as after a failed operation; peers on
   // stream links fail now, and any peer can read why.
   Status failBeforeRunning(Status st);
+  // Waits for a set-up call's turn (communicator.cc says how it gives up).
+  Status waitForTurn(Turns::Turn& turn, const std::atomic<bool>* cancel, const char* what);
   // A connection this rank could not make (not for an abort): the same, and
   // its connections close, as after a failed operation.
   Status connectFailed(Status st);

@@ -347,9 +347,9 @@ Result<bool> Communicator::submitStreamPlan(std::span<const OpRequest> ops, Stre
   std::vector<Connection*> lanes;
   if (Status connected = connections_.forPlan(plan, lanes); !connected.isOk()) {
     // Its peers may be running their halves on stream links already: the
-    // communicator fails, as for any call it cannot run as they do, and so
-    // do their plans on its links.
-    return failBeforeRunning(StatusBuilder(std::move(connected)) << describe());
+    // communicator fails, as for any call it cannot run as they do, and its
+    // connections close, failing their plans on its links.
+    return connectFailed(std::move(connected));
   }
   if (!StreamPlans::linksAll(lanes)) return false;
   // Its peers run it on their streams: so must this rank, or fail the

@@ -35,6 +35,7 @@ class ConnectWatch {
   // A connect of `table` to `peer` over `transport` starts.
   uint64_t begin(ConnectionTable* table, int peer, Transport* transport) {
     std::lock_guard<std::mutex> lock(mutex_);
+    adoptList();
     ensureThread();
     const uint64_t id = nextId_++;
     waiting_.push_back(Waiting{id, table, peer, transport, nowNs() + kFirstLookMs * 1000000});
@@ -50,6 +51,7 @@ class ConnectWatch {
   // The table is going: waits for a look of one of its connects to end.
   void forget(const ConnectionTable* table) {
     std::unique_lock<std::mutex> lock(mutex_);
+    adoptList();  // a forked child waits for no look of its parent's thread
     std::erase_if(waiting_, [&](const Waiting& w) { return w.table == table; });
     if (lookingTable_ == table) cancelLook_.store(true, std::memory_order_release);
     changed_.wait(lock, [&] { return lookingTable_ != table; });
@@ -64,11 +66,19 @@ class ConnectWatch {
     int64_t dueNs;
   };
 
+  // A forked child inherits its parent's list, not its connects nor its
+  // thread (mutex_ held).
+  void adoptList() {
+    if (listOwner_ == currentPid()) return;
+    listOwner_ = currentPid();
+    waiting_.clear();
+    lookingAt_ = 0;
+    lookingTable_ = nullptr;
+  }
+
   void ensureThread() {  // mutex_ held
     if (owner_ == currentPid()) return;
     owner_ = currentPid();
-    waiting_.clear();  // a forked child inherits its parent's list, not its connects
-    lookingTable_ = nullptr;
     try {
       std::thread([this] { run(); }).detach();
     } catch (const std::system_error& e) {
@@ -121,6 +131,7 @@ class ConnectWatch {
   std::vector<Waiting> waiting_;
   uint64_t nextId_ = 1;
   int owner_ = 0;                                  // the process whose thread runs
+  int listOwner_ = 0;                              // the process whose connects waiting_ holds
   uint64_t lookingAt_ = 0;                         // the connect being looked at (0: none)
   const ConnectionTable* lookingTable_ = nullptr;  // and its table
   std::atomic<bool> cancelLook_{false};

@@ -204,10 +204,15 @@ void fail(const char* function, const Status& why) {
 
 namespace {
 
-// Starts the group's nonblocking inits; whether there were any.
+// Starts the group's nonblocking inits; whether there were any. The starts
+// go with this call: one that starts nothing (its handle was destroyed)
+// lets go of what its work held now, such as a split's turn that the
+// group's later set-up work waits for.
 bool startDetachedInits(GroupState& work) {
-  for (auto& start : work.detachedInits) start();
-  return !work.detachedInits.empty();
+  std::vector<std::function<void()>> starts = std::move(work.detachedInits);
+  work.detachedInits.clear();
+  for (auto& start : starts) start();
+  return !starts.empty();
 }
 
 // The group's operations, once its inits have run.

@@ -34,7 +34,16 @@ Status Turns::Turn::wait(Deadline deadline, const char* what) {
     }
     t.changed_.wait_until(lock, Clock::time_point(std::chrono::nanoseconds(deadline.wakeAtNs())));
   }
+  if (!t.broken_.empty()) return invalidUsage(what, ": ", t.broken_);
   return Status::ok();
+}
+
+void Turns::Turn::breakLater(const std::string& why) {
+  {
+    std::lock_guard<std::mutex> lock(turns_->mutex_);
+    if (turns_->broken_.empty()) turns_->broken_ = why;
+  }
+  done();
 }
 
 void Turns::Turn::done() {

@@ -5,8 +5,8 @@
 // registrations) must meet its peers' in call order, yet a nonblocking split
 // runs on a thread of its own: the call takes a turn on the calling thread,
 // and the work waits for it. A turn given up unused (work abandoned with its
-// group) passes to the next at once. Thread-safe; a Turn is used by one
-// thread at a time.
+// group) passes to the next at once; one whose work gave up half-way breaks
+// the turns after it. Thread-safe; a Turn is used by one thread at a time.
 #pragma once
 
 #include <condition_variable>
@@ -14,6 +14,7 @@
 #include <memory>
 #include <mutex>
 #include <set>
+#include <string>
 
 #include "core/clock.h"
 #include "core/status.h"
@@ -32,6 +33,10 @@ class Turns : public std::enable_shared_from_this<Turns> {
     Status wait(Deadline deadline, const char* what);
     // This turn's work is over (or never ran): the next may go. Idempotent.
     void done();
+    // Its work ended without the step the later turns' work pairs with its
+    // peers' (a split that gave up before its exchange): every later wait
+    // fails with `why` instead of running, and this turn is done.
+    void breakLater(const std::string& why);
 
    private:
     friend class Turns;
@@ -54,6 +59,7 @@ class Turns : public std::enable_shared_from_this<Turns> {
   uint64_t next_ = 0;     // the ticket take() gives next
   uint64_t serving_ = 0;  // the ticket whose work may run
   std::set<uint64_t> finishedEarly_;  // done before their turn came (given up unused)
+  std::string broken_;                // why later turns fail (breakLater), "" while they may run
 };
 
 }  // namespace shoal

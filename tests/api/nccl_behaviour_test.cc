@@ -832,6 +832,30 @@ TEST_CASE("ncclCommAbort of a nonblocking split still initializing returns promp
   if (threadsBefore > 0) CHECK(threadCountSettlingAt(threadsBefore) == threadsBefore);
 }
 
+// A split that gives up while it waits for its turn behind an earlier one
+// never runs the exchange its peers run over the parent: the parent's later
+// splits on that rank fail at once, naming why, instead of pairing with the
+// wrong exchanges of its peers.
+TEST_CASE("a nonblocking split aborted while it waits for its turn fails the parent's later splits",
+          "[api][split][nonblocking]") {
+  World w(2);
+  ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+  cfg.blocking = 0;
+  ncclComm_t first = nullptr, second = nullptr;
+  // Rank 1 never splits: the first waits for it, the second for the first.
+  CHECK(ncclCommSplit(w[0], 0, 0, &first, &cfg) == ncclInProgress);
+  CHECK(ncclCommSplit(w[0], 0, 0, &second, &cfg) == ncclInProgress);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  NCCL_OK(ncclCommAbort(second));
+  NCCL_OK(ncclCommAbort(first));
+  ncclComm_t third = nullptr;
+  const auto t0 = Clock::now();
+  CHECK(ncclCommSplit(w[0], 0, 0, &third, nullptr) == ncclInvalidUsage);
+  CHECK(msSince(t0) < 2000);
+  CHECK(third == nullptr);
+  CHECK(lastError().find("an earlier set-up call gave up before its exchange") != std::string::npos);
+}
+
 // Detached work (nonblocking communicators, host streams, nonblocking
 // groups) is pumped by the process's one progress thread: however many
 // operations run, the thread count stays what it was after the first.

@@ -70,3 +70,19 @@ TEST_CASE("a wait for a turn ends at its deadline or its cancel flag, naming the
   first->done();
   CHECK(second->wait(Deadline::afterMs(1000), "ncclCommSplit").isOk());
 }
+
+TEST_CASE("a turn whose work gave up half-way fails every later turn with its reason", "[unit][turns]") {
+  auto turns = Turns::make();
+  auto first = turns->take();
+  auto second = turns->take();
+  auto third = turns->take();
+  REQUIRE(first->wait(Deadline::afterMs(1000), "first").isOk());
+  first->breakLater("the first gave up before its exchange");
+  for (auto* later : {&second, &third}) {
+    Status st = (*later)->wait(Deadline::afterMs(1000), "ncclCommSplit");
+    CHECK(st.code() == Code::kInvalidUsage);
+    CHECK(st.message() == "ncclCommSplit: the first gave up before its exchange");
+    (*later)->done();
+  }
+  CHECK(turns->take()->wait(Deadline::afterMs(1000), "later").code() == Code::kInvalidUsage);
+}
