@@ -494,13 +494,14 @@ struct TurnDone {
 }  // namespace
 
 // A set-up call's turn (takeSetupTurn), within the set-up deadline, ended by
-// an abort of this communicator or `cancel` (the child's). A call that gives
-// up here never runs the exchange its peers run over this communicator's
-// bootstrap, so this rank's later set-up calls would pair with the wrong
-// exchanges of theirs: they fail instead, naming this one.
+// `cancel` (a split's child's abort; a window registration's, this
+// communicator's abort: a split must still run after ncclCommRevoke, which
+// aborts this communicator's operations). A call that gives up here never
+// runs the exchange its peers run over this communicator's bootstrap, so
+// this rank's later set-up calls would pair with the wrong exchanges of
+// theirs: they fail instead, naming this one.
 Status Communicator::waitForTurn(Turns::Turn& turn, const std::atomic<bool>* cancel, const char* what) {
-  const Deadline deadline =
-      Deadline::afterMs(params().initTimeoutMs).cancelledBy(cancel).alsoCancelledBy(&abortFlag_);
+  const Deadline deadline = Deadline::afterMs(params().initTimeoutMs).cancelledBy(cancel);
   Status waited = turn.wait(deadline, what);
   if (waited.isOk()) return waited;
   if (waited.code() == Code::kTimeout || waited.code() == Code::kAborted)
@@ -522,7 +523,7 @@ WindowMailbox::Ticket windowBoardTicket(WindowMailbox::Ticket ticket) {
 Result<Window*> Communicator::registerWindow(void* buff, size_t bytes, int flags, SetupTurn turn) {
   if (!turn) turn = takeSetupTurn();
   const TurnDone turnDone{*turn};
-  SHOAL_TRY(waitForTurn(*turn, nullptr, "ncclCommWindowRegister"));
+  SHOAL_TRY(waitForTurn(*turn, &abortFlag_, "ncclCommWindowRegister"));
   const Deadline deadline = Deadline::afterMs(params().initTimeoutMs).cancelledBy(&abortFlag_);
   UseGuard use(*this);
   releaseRetiredWindows();
@@ -746,7 +747,7 @@ Result<std::shared_ptr<Communicator>> Communicator::split(int color, int key, co
   const TurnDone turnDone{*turn};
   SHOAL_TRY(waitForTurn(*turn, cancel, "ncclCommSplit"));
   // From its turn on: the earlier calls' time is theirs.
-  Deadline deadline = Deadline::afterMs(params().initTimeoutMs).cancelledBy(cancel).alsoCancelledBy(&abortFlag_);
+  Deadline deadline = Deadline::afterMs(params().initTimeoutMs).cancelledBy(cancel);
   SHOAL_ASSIGN_OR_RETURN(auto all, bootstrap_->allGather(encodeSplitRecord(SplitRecord{color, key}), deadline),
       describe(), ": split");
   const uint64_t splitIndex = splits_++;  // every parent rank splits in the same order

@@ -180,9 +180,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::vector<Completion> done;
   bool failed = false;
   auto pollOnce = [&]() -> bool {
+    // Cleared first: completions a failing poll returned were collected once.
+    done.clear();
     if (failed) return false;
     bool progressed = false;
-    done.clear();
     Status s = conn.poll(done, progressed);
     (void)conn.mightProgress();
     if (!s.isOk()) failed = true;
