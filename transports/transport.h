@@ -161,13 +161,18 @@ class Connection {
   virtual StreamLink* streamLink() { return nullptr; }
   // "rank 3 (host b, tcp 10.0.0.2:4431)", for error messages.
   virtual const std::string& peerDescription() const = 0;
-  // Where the transport has a side channel that survives the network (shm:
-  // the segment), tells the peer why this rank is failing, before the
-  // connection closes; peerFailure() is what the peer said ("" if nothing).
-  // A later report that extends the first (the same text and more) replaces
-  // it; any other is ignored.
-  // Lets a rank whose store is unreachable still learn its neighbour's cause.
+  // Where the transport can tell the peer why this rank is failing (shm: the
+  // segment, which survives the network; tcp: the bye it sends as it
+  // closes), publishFailure() says it; peerFailure() is what the peer said
+  // ("" if nothing). A later report that extends the first (the same text
+  // and more) replaces it; any other is ignored.
+  // Lets a rank whose store is unreachable (the rank that served it died)
+  // still learn its neighbour's cause, and so the first cause along a chain.
   virtual bool carriesFailureReports() const { return false; }
+  // Whether a report the peer publishes later reaches peerFailure() with no
+  // operation of this side reading it (shm), so that a failing rank may wait
+  // a moment for its peer's.
+  virtual bool failureReportsArriveUnread() const { return carriesFailureReports(); }
   virtual void publishFailure(std::string_view /*reason*/) {}
   virtual std::string peerFailure() const { return {}; }
 };

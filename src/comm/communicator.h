@@ -406,6 +406,10 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
   // A connection this rank could not make (not for an abort): the same, and
   // its connections close, as after a failed operation.
   Status connectFailed(Status st);
+  // The first failure only: publishes this rank's report, extended by what
+  // the peers it depended on (`upstreamPeers`) reported, then closes
+  // (closeAfterFailure); a later one only sets the error.
+  Status publishAndClose(Status st, const std::vector<int>& upstreamPeers);
   // After a published failure: no job of ours runs on, its streams are past
   // the FIFOs, every connection closes (peers waiting on us see it now) and
   // the communicator keeps the error (failureMutex_ held).
@@ -431,6 +435,12 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
   Topology topology_;
   std::unique_ptr<PlanCache> plans_;  // made at init, once the ranks agreed
   ConnectionTable connections_;       // after peers_ and abortFlag_, which it reads
+  // The peers' reports in the store, for stalled jobs (Job::failureReports).
+  struct PublishedFailures final : FailureReports {
+    ConnectionTable* table;
+    explicit PublishedFailures(ConnectionTable* t) : table(t) {}
+    std::string reportOf(int peer) override { return table->reportedFailure(peer); }
+  } publishedFailures_{&connections_};
   const std::shared_ptr<Turns> setupTurns_ = Turns::make();
   std::shared_ptr<const std::string> label_;  // describe(), once peers are known
   std::vector<uint8_t> scratch_;        // waited jobs run one at a time: one arena (growScratch)

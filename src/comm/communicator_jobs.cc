@@ -717,8 +717,19 @@ void Communicator::eraseFinishedLocked() {
 // no-progress deadline; a rank that sees a close reads the closer's published
 // error, so the message chain ends at the rank that really died or stalled.
 Status Communicator::handleFailure(const Job& job, Status st) {
+  if (st.code() == Code::kAborted) {
+    std::lock_guard<std::mutex> lock(failureMutex_);
+    setAsyncError(st);
+    return st;
+  }
+  std::vector<int> upstreamPeers = job.waitingOn();
+  if (job.failedPeer() >= 0 && st.code() == Code::kRemoteError) upstreamPeers = {job.failedPeer()};
+  return publishAndClose(std::move(st), upstreamPeers);
+}
+
+Status Communicator::publishAndClose(Status st, const std::vector<int>& upstreamPeers) {
   std::lock_guard<std::mutex> lock(failureMutex_);
-  if (st.code() == Code::kAborted || failurePublished_) {
+  if (failurePublished_) {
     setAsyncError(st);
     return st;
   }
@@ -731,8 +742,6 @@ Status Communicator::handleFailure(const Job& job, Status st) {
   // peers that abort too never publish a report.
   const Deadline reportDeadline = Deadline::afterMs(kFailureReportMs).cancelledBy(&abortFlag_);
   publishReport(st.message(), reportDeadline);
-  std::vector<int> upstreamPeers = job.waitingOn();
-  if (job.failedPeer() >= 0 && st.code() == Code::kRemoteError) upstreamPeers = {job.failedPeer()};
   Deadline deadline = reportDeadline;
   std::string upstreamText;
   for (int peer : upstreamPeers) {
@@ -784,15 +793,7 @@ Status Communicator::failBeforeRunning(Status st) {
 Status Communicator::connectFailed(Status st) {
   st = StatusBuilder(std::move(st)) << describe();
   if (aborted()) return st;
-  std::lock_guard<std::mutex> lock(failureMutex_);
-  if (failurePublished_) {
-    setAsyncError(st);
-    return st;
-  }
-  failurePublished_ = true;
-  publishReport(st.message(), Deadline::afterMs(kFailureReportMs).cancelledBy(&abortFlag_));
-  closeAfterFailure(st);
-  return st;
+  return publishAndClose(std::move(st), {});
 }
 
 void Communicator::publishReport(const std::string& text, Deadline deadline) {
@@ -902,6 +903,7 @@ Result<bool> Communicator::prepareJob(Job& job, std::span<const OpRequest> ops, 
   }
   job.queueId = reinterpret_cast<uintptr_t>(this);
   job.abortFlag = &abortFlag_;
+  job.failureReports = &publishedFailures_;
   job.detached = !wait;
   if (!label_) label_ = std::make_shared<const std::string>(describe());
   if (job.commLabel != label_) job.commLabel = label_;

@@ -42,6 +42,18 @@ class ConnectWatch {
     changed_.notify_all();
     return id;
   }
+  // Someone waits on `peer` (a stalled job): one look at its failure report
+  // in the store, soon; a peer already to be looked at is not added again.
+  void ask(ConnectionTable* table, int peer) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    adoptList();
+    if (std::any_of(waiting_.begin(), waiting_.end(),
+                    [&](const Waiting& w) { return w.table == table && w.peer == peer; }))
+      return;
+    ensureThread();
+    waiting_.push_back(Waiting{nextId_++, table, peer, nullptr, nowNs()});
+    changed_.notify_all();
+  }
   // It has returned: never waits (a look in progress is cancelled).
   void end(uint64_t id) {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -62,7 +74,7 @@ class ConnectWatch {
     uint64_t id;
     ConnectionTable* table;
     int peer;
-    Transport* transport;
+    Transport* transport;  // null: asked once (ask), not a connect
     int64_t dueNs;
   };
 
@@ -115,12 +127,9 @@ class ConnectWatch {
       lookingTable_ = nullptr;
       auto still = std::find_if(waiting_.begin(), waiting_.end(), [&](const Waiting& w) { return w.id == look.id; });
       if (still != waiting_.end()) {
-        if (why.empty()) {
-          still->dueNs = nowNs() + kLookEveryMs * 1000000;
-        } else {
-          look.table->judge(look.peer, std::move(why));
-          waiting_.erase(still);
-        }
+        if (!why.empty()) look.table->judge(look.peer, std::move(why));
+        if (why.empty() && look.transport != nullptr) still->dueNs = nowNs() + kLookEveryMs * 1000000;
+        else waiting_.erase(still);
       }
       changed_.notify_all();  // forget() may wait for this look
     }
@@ -205,7 +214,15 @@ std::string ConnectionTable::whyPeerWillNotCome(int peer, const Transport* trans
     if (std::string report = peerReports_(peer, deadline); !report.empty()) return "it failed: " + report;
   // Asked only of the transport that connects them: what its own address
   // says is known to reach the peer.
-  return transport->peerProcessGone(peers_[peer], deadline);
+  return transport != nullptr ? transport->peerProcessGone(peers_[peer], deadline) : std::string();
+}
+
+std::string ConnectionTable::reportedFailure(int peer) {
+  if (peer < 0 || peer >= static_cast<int>(peers_.size()) || peer == rank_ || !peerReports_) return {};
+  PeerVerdict& verdict = verdictOn(peer);
+  if (verdict.willNotCome.load(std::memory_order_acquire)) return verdict.why;
+  ConnectWatch::instance().ask(this, peer);
+  return {};
 }
 
 void ConnectionTable::judge(int peer, std::string why) {
@@ -283,14 +300,16 @@ std::string ConnectionTable::peerFailure(int peer, Deadline deadline) const {
     for (const auto& [key, connection] : connections_)
       if (key.first == peer && connection->carriesFailureReports()) carriers.push_back(connection.get());
   }
-  if (carriers.empty()) return {};
   Backoff backoff;
-  while (true) {
+  while (!carriers.empty()) {
     for (Connection* c : carriers)
       if (std::string report = c->peerFailure(); !report.empty()) return report;
-    if (deadline.expired()) return {};
+    // Only reports that arrive by themselves are worth waiting for.
+    std::erase_if(carriers, [](Connection* c) { return !c->failureReportsArriveUnread(); });
+    if (carriers.empty() || deadline.expired()) return {};
     backoff.pause();
   }
+  return {};
 }
 
 Status ConnectionTable::findLostPeer() {

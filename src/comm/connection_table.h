@@ -67,6 +67,11 @@ class ConnectionTable {
   // the wait would otherwise last the set-up deadline (SHOAL_INIT_TIMEOUT_MS).
   using PeerReports = std::function<std::string(int peer, Deadline deadline)>;
   void setPeerReports(PeerReports lookup) { peerReports_ = std::move(lookup); }
+  // Why the peer will not come, once the connect watch found it ("it failed:
+  // <its report>", or a connect's finding); else "" and the watch's thread
+  // looks up the peer's report in the store, soon. Never waits: for the
+  // engine's stalled jobs (Engine's FailureReports).
+  std::string reportedFailure(int peer);
 
   // The connection to `peer` on `channel`, made on first use. With
   // `unlessWaiting`, one whose set-up would wait for the peer
@@ -83,8 +88,9 @@ class ConnectionTable {
   // Breaks every connection's stream link for good (StreamLink::release):
   // the peers' stream plans on them fail now, not at their deadline.
   void releaseStreamLinks();
-  // A same-host peer's failure report from a side channel, waited for until
-  // the deadline (the peer may fail a moment after us); "" when none carries one.
+  // A peer's failure report from its connections (Connection::peerFailure):
+  // one that arrives by itself (shm's segment) is waited for until the
+  // deadline (the peer may fail a moment after us); "" when none has one.
   std::string peerFailure(int peer, Deadline deadline) const;
   // The first idle connection to another rank whose peer is gone
   // (Connection::checkAlive), as its error; ok when every peer is there.
@@ -105,7 +111,8 @@ class ConnectionTable {
 
   // For the connect watch (connection_table.cc): the peer's failure report,
   // else why its process is known to be gone (asked of the transport that
-  // connects them, Transport::peerProcessGone); "" when it may still come.
+  // connects them, Transport::peerProcessGone; null: the report only); ""
+  // when it may still come.
   std::string whyPeerWillNotCome(int peer, const Transport* transport, Deadline deadline) const;
   // The peer will not come, for `why`: connects to it end now and later ones
   // fail at once. Said once; from the watch's thread only.

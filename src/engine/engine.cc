@@ -819,6 +819,27 @@ bool Engine::checkStalledPeers(Job& job, int64_t now) {
                                                 lost.message())));
     return true;
   }
+  return checkReportedPeers(job, now);
+}
+
+// The peers a stalled job waits on (the first few: each costs a store
+// lookup on the connect watch's thread) may have published a failure without
+// closing their connections to this rank.
+bool Engine::checkReportedPeers(Job& job, int64_t now) {
+  if (job.failureReports == nullptr) return false;
+  const std::string waiting = waitingList(job);  // fills waitingOn_
+  size_t asked = 0;
+  for (int peer : job.waitingOn_) {
+    if (asked++ == kReportAsksPerCheck) break;
+    if (job.failureReports->reportOf(peer).empty()) continue;
+    // The communicator's failure handling reads the report and adds it
+    // (handleFailure: the failed peer's).
+    job.failedPeer_ = peer;
+    failJob(job, Status(Code::kRemoteError, str("no progress for ", (now - job.lastProgressNs_) / 1000000,
+                                                " ms waiting on: ", waiting, "; rank ", peer,
+                                                " will not come (its communicator failed or its process exited)")));
+    return true;
+  }
   return false;
 }
 

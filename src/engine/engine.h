@@ -183,6 +183,22 @@ bool deviceStepsCanRun(const Plan& plan);
 // buffers a job's PeerBuffers map may run them too.
 bool computeStepsRunOnDevice(const Plan& plan);
 
+// Where a job's peers say why their communicator failed (its failure
+// reports). A job that has moved nothing for an idle check interval asks it
+// about the peers it waits on, once per interval: a peer that failed without
+// closing its connections (a call it refused before running any of it; a
+// connection it never attached) is then named within two intervals instead
+// of at the no-progress deadline.
+class FailureReports {
+ public:
+  // Why the peer failed, "" if not known yet. Never waits (the thread that
+  // asks may be the progress thread): a lookup it starts answers a later ask.
+  virtual std::string reportOf(int peer) = 0;
+
+ protected:
+  ~FailureReports() = default;
+};
+
 class Job {
  public:
   // Filled by the submitter.
@@ -196,6 +212,7 @@ class Job {
   std::vector<OpScalar> opScalars;          // per op
   uint64_t queueId = 0;                     // jobs of one queue run in order
   const std::atomic<bool>* abortFlag = nullptr;
+  FailureReports* failureReports = nullptr;  // null: only the connections say a peer failed
   // What the job is, for messages; built only when one is needed (never on
   // the success path): "<comm label>: AllReduce [+ n more (group)] #seq (algorithm)".
   std::shared_ptr<const std::string> commLabel;
@@ -405,6 +422,8 @@ class Engine {
   // (and fills its waitingOn_).
   std::string waitingList(Job& job) const;
   bool checkStalledPeers(Job& job, int64_t now);
+  bool checkReportedPeers(Job& job, int64_t now);
+  static constexpr size_t kReportAsksPerCheck = 4;  // peers asked about per check
   // What the job is doing; on its own thread only.
   static JobReport reportOf(const Job& job, int64_t nowNs);
   void postReport(Job& job, uint64_t epoch, int64_t nowNs);

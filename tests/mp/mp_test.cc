@@ -352,6 +352,47 @@ int collectiveBesideSend(MpChild& c) {
   return 0;
 }
 
+// Rank 1's communicator fails (its peer rank 2 is SIGKILLed) and rank 1
+// stays alive without calling; rank 0 then makes its first connection to
+// rank 1, which never attaches. Rank 0 must learn from rank 1's published
+// report within a few idle check intervals (SHOAL_IDLE_CHECK_MS), not at the
+// no-progress deadline, and name rank 1 and what it reported (rank 2).
+int failedPeerNeverAttaches(MpChild& c, double failWithinMs) {
+  const int r = c.rank();
+  ncclComm_t comm = nullptr;
+  CHILD_NCCL(c, initComm(c, &comm));
+  const size_t N = 1024;
+  std::vector<float> data(N, float(r));
+  if (r == 1) CHILD_NCCL(c, ncclSend(data.data(), N, ncclFloat, 2, comm, nullptr));
+  if (r == 2) CHILD_NCCL(c, ncclRecv(data.data(), N, ncclFloat, 1, comm, nullptr));
+  CHILD_CHECK(c, c.barrier(), "the ranks did not meet after the first message");
+  if (r == 2) {
+    c.log("killing myself (SIGKILL)");
+    ::raise(SIGKILL);
+  }
+  if (r == 1) {
+    ncclResult_t rc = ncclRecv(data.data(), N, ncclFloat, 2, comm, nullptr);
+    CHILD_CHECK(c, rc == ncclRemoteError, "the Recv from the dead rank 2 returned " + describe(rc));
+  }
+  CHILD_CHECK(c, c.barrier(), "rank 1 did not fail");  // rank 1's report is published
+  int failed = 0;
+  if (r == 0) {
+    double t0 = monoMs();
+    ncclResult_t rc = ncclSend(data.data(), N, ncclFloat, 1, comm, nullptr);
+    double ms = monoMs() - t0;
+    std::string last = ncclGetLastError(nullptr);
+    c.log("the Send to rank 1 took " + std::to_string(int(ms)) + " ms and returned " + describe(rc) + ": " + last);
+    if (rc != ncclRemoteError || ms > failWithinMs || !namesRank(last, 1) || !namesRank(last, 2)) {
+      c.log("CHECK FAILED: expected ncclRemoteError within " + std::to_string(int(failWithinMs)) +
+            " ms naming ranks 1 and 2");
+      failed = 1;
+    }
+  }
+  CHILD_CHECK(c, c.barrier(), "the ranks did not finish");
+  CHILD_NCCL(c, ncclCommAbort(comm));
+  return failed;
+}
+
 // `sleeper` stops calling after `stopAt` AllReduces; the others must hit the
 // no-progress deadline (SHOAL_PROGRESS_TIMEOUT_MS=2000) naming it.
 int stuckRank(MpChild& c, int sleeper, int stopAt) {
@@ -500,10 +541,11 @@ TEST_CASE("mp: rank 0 may exit as soon as its ncclCommInitRank returns", "[mp]")
   requirePassed(res);
 }
 
+// Rank 0 of 4 also serves the bootstrap root, whose store dies with it: rank
+// 2, not next to it, names it through its neighbours' reports.
 TEST_CASE("mp: a SIGKILLed rank makes every survivor fail naming it", "[mp][failure]") {
   for (const char* transport : kDataTransports) {
-    for (int n : {3, 4}) {
-      const int victim = 2;
+    for (auto [victim, n] : {std::pair{2, 3}, std::pair{2, 4}, std::pair{0, 4}}) {
       MpConfig cfg;
       cfg.nranks = n;
       cfg.hardLimitMs = 45000;
@@ -511,7 +553,7 @@ TEST_CASE("mp: a SIGKILLed rank makes every survivor fail naming it", "[mp][fail
       // directly may rely on the no-progress deadline, set below that bound.
       cfg.env = {{"SHOAL_PROGRESS_TIMEOUT_MS", "20000"}, {"SHOAL_TRANSPORT", transport}};
       MpResult res = runForked(cfg, [&](MpChild& c) { return killOneRank(c, victim, 20); });
-      INFO(transport << " nranks " << n << "\n" << res.report());
+      INFO(transport << " nranks " << n << " victim " << victim << "\n" << res.report());
       REQUIRE_FALSE(res.timedOut);
       CHECK(res.onlyVictimKilled(victim));
     }
@@ -523,13 +565,13 @@ TEST_CASE("mp: a SIGKILLed rank makes every survivor fail naming it", "[mp][fail
 // set-up deadline (SHOAL_INIT_TIMEOUT_MS, 10 minutes) but learn within
 // seconds that its process is gone, and the ranks that never connect to it
 // from them (their connections close as they fail; at 4 ranks rank 0 is not
-// rank 2's neighbour). Rank 0 also serves the bootstrap root, which dies with
-// it, and with it the reports that name it to ranks not next to it: at 3
-// ranks every survivor is its neighbour.
+// rank 2's neighbour). Rank 0 also serves the bootstrap root, whose store
+// dies with it: rank 2 of 4 learns the cause from its neighbours' reports,
+// carried by their connections.
 TEST_CASE("mp: a rank killed before its first collective makes every survivor fail within seconds naming it",
           "[mp][failure]") {
   for (const char* transport : kDataTransports) {
-    for (auto [victim, n] : {std::pair{0, 3}, std::pair{2, 4}}) {
+    for (auto [victim, n] : {std::pair{0, 3}, std::pair{2, 4}, std::pair{0, 4}}) {
       MpConfig cfg;
       cfg.nranks = n;
       cfg.hardLimitMs = 60000;
@@ -540,6 +582,18 @@ TEST_CASE("mp: a rank killed before its first collective makes every survivor fa
       CHECK(res.onlyVictimKilled(victim));
     }
   }
+}
+
+TEST_CASE("mp: a peer whose communicator failed is named within seconds by a rank it never attaches to",
+          "[mp][failure]") {
+  MpConfig cfg;
+  cfg.nranks = 3;
+  cfg.hardLimitMs = 50000;
+  cfg.env = {{"SHOAL_TRANSPORT", "shm"}, {"SHOAL_IDLE_CHECK_MS", "500"}, {"SHOAL_PROGRESS_TIMEOUT_MS", "30000"}};
+  MpResult res = runForked(cfg, [&](MpChild& c) { return failedPeerNeverAttaches(c, 10000); });
+  INFO(res.report());
+  REQUIRE_FALSE(res.timedOut);
+  CHECK(res.onlyVictimKilled(2));
 }
 
 TEST_CASE("mp: a rank that stops calling trips the no-progress deadline", "[mp][failure]") {

@@ -615,6 +615,47 @@ TEST_CASE("tcp errors from a closed peer name it", "[tcp]") {
   REQUIRE_THAT(s.message(), Catch::StartsWith(description + ": the peer closed its communicator"));
 }
 
+TEST_CASE("tcp carries a failing side's report in its bye", "[tcp]") {
+  world();
+  ConnPair pair = makeTcpPair(0);
+  const std::string description = pair.first->peerDescription();
+  CHECK(pair.second->carriesFailureReports());
+  CHECK_FALSE(pair.second->failureReportsArriveUnread());  // read with the bye, never waited for
+  pair.second->publishFailure("no progress waiting on rank 9 (host far)");
+  // What the failing side learns from its own upstream extends its report;
+  // another report does not replace it.
+  pair.second->publishFailure("no progress waiting on rank 9 (host far); rank 9 had failed first: rank 7 died");
+  pair.second->publishFailure("something else");
+  CHECK(pair.first->peerFailure().empty());  // sent only as the connection closes
+  pair.second.reset();
+  std::vector<uint8_t> in(8);
+  REQUIRE(pair.first->postRecv(in.data(), 8, 1, 1).isOk());
+  Status s = pumpBoth(*pair.first, *pair.first, 5000);
+  INFO(s.toString());
+  REQUIRE(s.code() == Code::kRemoteError);
+  CHECK_THAT(s.message(), Catch::StartsWith(description + ": the peer's communicator failed and closed"));
+  CHECK(pair.first->peerFailure() == "no progress waiting on rank 9 (host far); rank 9 had failed first: rank 7 died");
+}
+
+TEST_CASE("tcp bounds a long report by its start and its end", "[tcp]") {
+  world();
+  const size_t most = tcp::TcpConnection::kMaxReportBytes;
+  CHECK(tcp::TcpConnection::boundReport("short") == "short");
+  // A chain of reports: this rank's view first, the first cause last.
+  const std::string report = "rank 5's view" + std::string(3 * most, '.') + "rank 0 died";
+  const std::string bounded = tcp::TcpConnection::boundReport(report);
+  CHECK(bounded.size() == most);
+  CHECK_THAT(bounded, Catch::StartsWith("rank 5's view") && Catch::EndsWith("rank 0 died") &&
+                          Catch::Contains(" [...] "));
+  ConnPair pair = makeTcpPair(0);
+  pair.second->publishFailure(report);
+  pair.second.reset();
+  std::vector<uint8_t> in(8);
+  REQUIRE(pair.first->postRecv(in.data(), 8, 1, 1).isOk());
+  CHECK(pumpBoth(*pair.first, *pair.first, 5000).code() == Code::kRemoteError);
+  CHECK(pair.first->peerFailure() == bounded);
+}
+
 // --- performance (hidden: run with "[perf]")
 
 namespace {

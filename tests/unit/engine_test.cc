@@ -185,6 +185,42 @@ TEST_CASE("a closed peer fails the waiting job with a remote error", "[unit]") {
   REQUIRE(st.message().find("rank 1") != std::string::npos);
 }
 
+TEST_CASE("a stalled job asks about the peers it waits on and fails once one is known to have failed", "[unit]") {
+  setenv("SHOAL_IDLE_CHECK_MS", "100", 1);
+  setenv("SHOAL_PROGRESS_TIMEOUT_MS", "30000", 1);
+  reloadParams();
+  // Answers only from the second ask on, as a lookup started by the first
+  // one would.
+  struct Reports final : FailureReports {
+    std::atomic<int> asks{0};
+    std::atomic<int> otherPeers{0};
+    std::string reportOf(int peer) override {
+      if (peer != 1) ++otherPeers;
+      return asks++ == 0 ? std::string() : std::string("it failed: boom");
+    }
+  } reports;
+  auto [a, b] = makeLoopbackPair("rank 0", "rank 1");  // rank 1 is there and sends nothing
+  Rank r0;
+  fill(r0, 64, 0);
+  r0.job = makeJob(receiveOnlyPlan(), r0, a.get(), 14);
+  r0.job->failureReports = &reports;
+  int64_t start = nowNs();
+  Engine::instance().submit(r0.job);
+  Status st = Engine::instance().wait(*r0.job);
+  double seconds = (nowNs() - start) / 1e9;
+  INFO(st.toString());
+  CHECK(st.code() == Code::kRemoteError);
+  CHECK(st.message().find("receive from rank 1") != std::string::npos);
+  CHECK(st.message().find("rank 1 will not come") != std::string::npos);
+  CHECK(r0.job->failedPeer() == 1);
+  CHECK(reports.asks >= 2);
+  CHECK(reports.otherPeers == 0);
+  CHECK(seconds < 5.0);
+  unsetenv("SHOAL_IDLE_CHECK_MS");
+  unsetenv("SHOAL_PROGRESS_TIMEOUT_MS");
+  reloadParams();
+}
+
 TEST_CASE("setting the abort flag fails a pending job quickly", "[unit]") {
   auto [a, b] = makeLoopbackPair("rank 0", "rank 1");
   Rank r0;

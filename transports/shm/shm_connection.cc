@@ -86,6 +86,11 @@ void ShmConnection::publishFailure(std::string_view reason) {
   h.reasonLength[side_].store(static_cast<uint32_t>(n), std::memory_order_release);
 }
 
+bool ShmConnection::failureReportsArriveUnread() const {
+  if (!segment_.mapped()) return false;
+  return side_ == 1 || segment_.header().openerPid.load(std::memory_order_acquire) != 0;
+}
+
 std::string ShmConnection::peerFailure() const {
   if (!segment_.mapped()) return {};
   const Header& h = segment_.header();
@@ -385,7 +390,9 @@ Status ShmConnection::checkPeer(bool attaching) {
   }
   if (attaching && attachDeadline_.expired())
     return remoteError(peer_, " did not attach to the shared-memory segment ", name_,
-                       " before the connection deadline (SHOAL_INIT_TIMEOUT_MS)");
+                       attachDeadline_.cancelled()
+                           ? ": the wait was ended (the communicator was aborted, or the peer is known to have failed)"
+                           : " before the connection deadline (SHOAL_INIT_TIMEOUT_MS)");
   return Status::ok();
 }
 

@@ -87,6 +87,9 @@ class ShmConnection final : public Connection {
   // their bytes into or out of buffers their owner has been told are done.
   void quiesce() override { (void)fail(quiescedError(peer_)); }
   bool carriesFailureReports() const override { return true; }
+  // Only a peer that has mapped the segment can write its report there: a
+  // failing rank does not wait for one that never attached.
+  bool failureReportsArriveUnread() const override;
   void publishFailure(std::string_view reason) override;
   std::string peerFailure() const override;
 

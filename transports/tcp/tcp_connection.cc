@@ -1,5 +1,6 @@
 #include "transports/tcp/tcp_connection.h"
 
+#include <poll.h>
 #include <sys/uio.h>
 
 #include <algorithm>
@@ -31,8 +32,13 @@ void encodeHeader(uint8_t* out, uint64_t tag, uint64_t bytes, uint64_t seq, uint
 
 // A segment header with this tag (no operation's tag is 0: core/tag.h puts
 // the collective kind + 1 in the top bits) says the peer closed its
-// communicator on purpose (destroy or abort): it left, it did not die.
+// communicator: it left, it did not die. Its message bytes are those of the
+// peer's failure report that follows (0: it destroyed or aborted it).
 constexpr uint64_t kByeTag = 0;
+
+// How long a receiver that met a bye waits for the rest of its report (sent
+// with the header in one write, so normally there already).
+constexpr int kReportWaitMs = 50;
 
 }  // namespace
 
@@ -74,11 +80,33 @@ TcpConnection::TcpConnection(std::vector<net::Fd> lanes, uint64_t chunkBytes, st
 TcpConnection::~TcpConnection() {
   // Best effort, never blocking: a bye on each socket with no segment half
   // sent, so that an idle peer's check (checkAlive) sees a peer that left,
-  // not one that died, and its next operation says so (checkHeader).
+  // not one that died, and its next operation says so (byeStatus), with
+  // this rank's failure report if it has one.
   uint8_t bye[kSegmentHeaderBytes];
-  encodeHeader(bye, kByeTag, 0, UINT32_MAX, 0, 0);
+  encodeHeader(bye, kByeTag, ownReport_.size(), UINT32_MAX, 0, 0);
+  iovec parts[2] = {{bye, sizeof(bye)}, {ownReport_.data(), ownReport_.size()}};
   for (Lane& lane : lanes_)
-    if (lane.fd.valid() && lane.sends.empty()) (void)::send(lane.fd.get(), bye, sizeof(bye), MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (lane.fd.valid() && lane.sends.empty()) (void)net::writevSome(lane.fd.get(), parts, ownReport_.empty() ? 1 : 2);
+}
+
+std::string TcpConnection::boundReport(std::string_view report) {
+  if (report.size() <= kMaxReportBytes) return std::string(report);
+  constexpr std::string_view kCut = " [...] ";
+  const size_t head = kMaxReportBytes / 4;
+  const size_t tail = kMaxReportBytes - head - kCut.size();
+  return str(report.substr(0, head), kCut, report.substr(report.size() - tail));
+}
+
+void TcpConnection::publishFailure(std::string_view reason) {
+  std::lock_guard<std::mutex> lock(reportMutex_);
+  // Only a report that extends the first replaces it (transport.h).
+  if (reason.size() > ownReport_.size() && reason.substr(0, ownReport_.size()) == ownReport_)
+    ownReport_ = boundReport(reason);
+}
+
+std::string TcpConnection::peerFailure() const {
+  std::lock_guard<std::mutex> lock(reportMutex_);
+  return peerReport_;
 }
 
 Status TcpConnection::fail(Status status) {
@@ -251,9 +279,6 @@ Status TcpConnection::checkHeader(const Lane& lane, const RecvSegment& segment, 
   if (tag == segment.tag && bytes == segment.messageBytes && seq == static_cast<uint32_t>(segment.seq) &&
       slice == segment.slice && slices == segment.slices)
     return Status::ok();
-  if (tag == kByeTag)
-    return remoteError(peer_, ": the peer closed its communicator (destroyed or aborted) before message #",
-                       segment.seq, " (", describeTag(segment.tag), ")");
   // Different collectives, sizes or counts of messages on the two sides.
   return invalidUsage(peer_, ": message mismatch at message #", segment.seq, ": the posted receive expects ",
                       describeTag(segment.tag), ", ", segment.messageBytes, " bytes; the peer sent ",
@@ -275,6 +300,7 @@ Status TcpConnection::pumpRecvs(int index, bool& moved, std::vector<Completion>&
         kernelDry = read.shortRead;
         continue;
       }
+      if (getLe(lane.stage.get() + lane.stageStart, 8) == kByeTag) return byeStatus(lane, segment);
       SHOAL_TRY(checkHeader(lane, segment, index));
       lane.stageStart += kSegmentHeaderBytes;
       staged -= kSegmentHeaderBytes;
@@ -311,6 +337,36 @@ Status TcpConnection::pumpRecvs(int index, bool& moved, std::vector<Completion>&
   if (lane.stageStart == lane.stageEnd) lane.stageStart = lane.stageEnd = 0;
   if (lane.recvs.empty()) recvMask_ &= ~(uint64_t{1} << index);
   return Status::ok();
+}
+
+Status TcpConnection::byeStatus(Lane& lane, const RecvSegment& segment) {
+  const uint64_t reportBytes = std::min<uint64_t>(getLe(lane.stage.get() + lane.stageStart + 8, 8), kMaxReportBytes);
+  lane.stageStart += kSegmentHeaderBytes;
+  std::string report;
+  const size_t staged = std::min<size_t>(lane.stageEnd - lane.stageStart, reportBytes);
+  report.append(reinterpret_cast<const char*>(lane.stage.get() + lane.stageStart), staged);
+  lane.stageStart += staged;
+  const Deadline deadline = Deadline::afterMs(kReportWaitMs);
+  while (report.size() < reportBytes) {
+    char buffer[4096];
+    net::IoResult io = net::readSome(lane.fd.get(), buffer, std::min<size_t>(sizeof buffer, reportBytes - report.size()));
+    if (!io.ok()) break;  // what came is what the peer managed to send
+    if (io.bytes > 0) {
+      report.append(buffer, io.bytes);
+    } else {
+      pollfd p{lane.fd.get(), POLLIN, 0};
+      if (deadline.expired() || ::poll(&p, 1, static_cast<int>(std::max<int64_t>(1, deadline.remainingMs()))) < 0)
+        break;
+    }
+  }
+  const bool failed = !report.empty();
+  if (failed) {
+    std::lock_guard<std::mutex> lock(reportMutex_);
+    if (peerReport_.empty()) peerReport_ = std::move(report);
+  }
+  return remoteError(peer_, failed ? ": the peer's communicator failed and closed before message #"
+                                   : ": the peer closed its communicator (destroyed or aborted) before message #",
+                     segment.seq, " (", describeTag(segment.tag), ")");
 }
 
 }  // namespace shoal::tcp

@@ -4,7 +4,8 @@
 // Role: the data path of the tcp transport (README.md has the wire format).
 // Owner: the Communicator that asked TcpTransport::connect for it.
 // Thread: used only by the engine, by whichever thread pumps it, one at a time
-// (transport.h); no locks. Nothing here blocks: post* queue work, poll() moves
+// (transport.h); no locks, except around the failure reports, which the
+// communicator's failing thread writes and reads. Nothing here blocks: post* queue work, poll() moves
 // bytes with non-blocking readv/writev on the lanes that have work (tracked in
 // bit masks, so an idle connection costs no syscall).
 //
@@ -27,7 +28,9 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/ring_queue.h"
@@ -70,6 +73,21 @@ class TcpConnection final : public Connection {
   // their bytes into or out of buffers their owner has been told are done.
   void quiesce() override { (void)fail(quiescedError(peer_)); }
   const std::string& peerDescription() const override { return peer_; }
+  // Failure reports travel with the bye: this rank's goes out when the
+  // connection is destroyed (a failing communicator closes its connections),
+  // the peer's is read with its bye by the operation that meets it. Nothing
+  // reads the sockets after this side's operations have failed, so a report
+  // is never worth waiting for here.
+  bool carriesFailureReports() const override { return true; }
+  bool failureReportsArriveUnread() const override { return false; }
+  void publishFailure(std::string_view reason) override;
+  std::string peerFailure() const override;
+
+  // The longest report a bye carries: longer ones keep their start (this
+  // rank's view) and their end (where a chain of reports names the first
+  // cause).
+  static constexpr size_t kMaxReportBytes = 16 << 10;
+  static std::string boundReport(std::string_view report);
 
   int laneCount() const { return static_cast<int>(lanes_.size()); }
 
@@ -115,6 +133,10 @@ class TcpConnection final : public Connection {
   // Reads into the lane's staging buffer no more than posted segments need.
   Result<StageRead> fillStage(Lane& lane);
   Status checkHeader(const Lane& lane, const RecvSegment& segment, int index) const;
+  // The lane's next header is a bye: reads the report that follows it
+  // (staged or still in the socket; what arrives within a moment) for
+  // peerFailure(), and says the peer has gone.
+  Status byeStatus(Lane& lane, const RecvSegment& segment);
   void finishSegment(Ring<Op>& ops, uint64_t& base, size_t& active, uint64_t seq,
                      std::vector<Completion>& done);
   Status fail(Status status);
@@ -134,6 +156,9 @@ class TcpConnection final : public Connection {
   size_t activeSends_ = 0;
   size_t activeRecvs_ = 0;
   Status failure_;
+  mutable std::mutex reportMutex_;  // guards the two reports
+  std::string ownReport_;           // sent with the bye
+  std::string peerReport_;          // read with the peer's bye
 };
 
 }  // namespace shoal::tcp
