@@ -93,11 +93,12 @@ Result<std::unique_ptr<DeviceReducer>> DeviceReducer::load(Driver& driver) {
 }
 
 Result<const DeviceReducer*> DeviceReducer::forCurrentContext(Driver& driver) {
-  SHOAL_ASSIGN_OR_RETURN(ContextHandle context, driver.currentContext());
-  if (context == nullptr) return error(Code::kInvalidUsage, "no CUDA context is current on this thread");
-  // Per context, for the process: a module lives as long as its context.
+  SHOAL_ASSIGN_OR_RETURN(uint64_t context, driver.currentContextInstance());
+  if (context == 0) return error(Code::kInvalidUsage, "no CUDA context is current on this thread");
+  // Per context instance, for the process: a module lives as long as its
+  // context, and a context reset at the same handle loads them again.
   static std::mutex mutex;
-  static auto* loaded = new std::map<ContextHandle, Result<std::unique_ptr<DeviceReducer>>>();
+  static auto* loaded = new std::map<uint64_t, Result<std::unique_ptr<DeviceReducer>>>();
   std::lock_guard<std::mutex> lock(mutex);
   auto it = loaded->find(context);
   if (it == loaded->end()) {

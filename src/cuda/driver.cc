@@ -74,6 +74,7 @@ Status Driver::waitValueEqualAsync(const uint64_t*, uint64_t, StreamHandle) { re
 Status Driver::launchWait(const uint64_t*, uint64_t, StreamHandle) { return notBuilt(); }
 Status Driver::synchronize(StreamHandle) { return notBuilt(); }
 Result<ContextHandle> Driver::currentContext() { return notBuilt(); }
+Result<uint64_t> Driver::currentContextInstance() { return notBuilt(); }
 Result<int> Driver::multiprocessorCount() { return notBuilt(); }
 Result<ModuleHandle> Driver::loadModule(const void*, const char*) { return notBuilt(); }
 Result<FunctionHandle> Driver::moduleFunction(ModuleHandle, const char*) { return notBuilt(); }
@@ -126,8 +127,8 @@ constexpr int kApiVersion = 12000;
   X(cuStreamDestroy) X(cuEventQuery) X(cuMemExportToShareableHandle)                     \
   X(cuMemImportFromShareableHandle) X(cuMemHostRegister) X(cuMemHostUnregister)       \
   X(cuStreamGetCtx)
-// Entry points of newer drivers, used when present: cuFuncLoad (12.4).
-#define SHOAL_CUDA_OPTIONAL_ENTRY_POINTS(X) X(cuFuncLoad) X(cuStreamBatchMemOp)
+// Entry points used when present: cuFuncLoad (12.4), cuCtxGetId.
+#define SHOAL_CUDA_OPTIONAL_ENTRY_POINTS(X) X(cuFuncLoad) X(cuStreamBatchMemOp) X(cuCtxGetId)
 
 struct Driver::Api {
 #define SHOAL_CUDA_FIELD(name) decltype(&::name) name = nullptr;
@@ -138,7 +139,7 @@ struct Driver::Api {
   std::atomic<bool> batchesRefused{false};  // cuStreamBatchMemOp said CUDA_ERROR_NOT_SUPPORTED once
   std::mutex mutex;  // guards the maps below
   std::map<int, WaitMode> waitModes;
-  std::map<CUcontext, CUfunction> waitKernels;  // loaded per context
+  std::map<uint64_t, CUfunction> waitKernels;   // loaded per context instance
   std::map<int, CUcontext> primaryContexts;     // retained by primaryContext(), per device
   struct DeviceAllocation {
     size_t bytes;
@@ -291,18 +292,29 @@ Result<std::optional<DeviceIdentity>> Driver::currentDevice() {
   return std::optional<DeviceIdentity>(id);
 }
 
-// The wait kernel of the calling thread's context, loaded on first use.
-// Caller holds api.mutex.
-static Result<CUfunction> waitKernelLocked(Driver::Api& api) {
+// The id of the current context's instance (Driver::currentContextInstance).
+static Result<uint64_t> contextInstance(Driver::Api& api) {
   CUcontext ctx = nullptr;
   CUresult rc = api.cuCtxGetCurrent(&ctx);
   if (rc != CUDA_SUCCESS) return cudaError(api, "cuCtxGetCurrent", rc);
-  if (ctx == nullptr) return error(Code::kInvalidUsage, "no CUDA context is current");
+  if (ctx == nullptr) return uint64_t{0};
+  if (api.cuCtxGetId == nullptr) return static_cast<uint64_t>(reinterpret_cast<uintptr_t>(ctx));
+  unsigned long long id = 0;
+  rc = api.cuCtxGetId(ctx, &id);
+  if (rc != CUDA_SUCCESS) return cudaError(api, "cuCtxGetId", rc);
+  return static_cast<uint64_t>(id);
+}
+
+// The wait kernel of the calling thread's context, loaded on first use.
+// Caller holds api.mutex.
+static Result<CUfunction> waitKernelLocked(Driver::Api& api) {
+  SHOAL_ASSIGN_OR_RETURN(uint64_t ctx, contextInstance(api));
+  if (ctx == 0) return error(Code::kInvalidUsage, "no CUDA context is current");
   auto it = api.waitKernels.find(ctx);
   if (it != api.waitKernels.end()) return it->second;
   if (kWaitKernelPtx[0] == '\0') return error(Code::kUnsupported, "built without nvcc: no wait kernel");
   CUmodule module = nullptr;
-  rc = api.cuModuleLoadData(&module, kWaitKernelPtx);
+  CUresult rc = api.cuModuleLoadData(&module, kWaitKernelPtx);
   if (rc != CUDA_SUCCESS) return cudaError(api, "cuModuleLoadData (wait kernel)", rc);
   CUfunction fn = nullptr;
   rc = api.cuModuleGetFunction(&fn, module, "shoal_wait_u64");
@@ -486,6 +498,8 @@ Result<ContextHandle> Driver::currentContext() {
   SHOAL_CU(cuCtxGetCurrent(&ctx));
   return static_cast<ContextHandle>(ctx);
 }
+
+Result<uint64_t> Driver::currentContextInstance() { return contextInstance(*api_); }
 
 Result<int> Driver::multiprocessorCount() {
   CUdevice dev = 0;

@@ -130,6 +130,12 @@ class Driver {
 
   // The context current on the calling thread (null when none is).
   Result<ContextHandle> currentContext();
+  // The current context's instance: an id no other context of the process
+  // ever has (cuCtxGetId, CUDA 12.0), not even one made at the same handle
+  // after a reset (cuDevicePrimaryCtxReset, cudaDeviceReset), whose modules
+  // are gone; the handle's value where the driver lacks it; 0 when none is
+  // current. Keys what is loaded per context.
+  Result<uint64_t> currentContextInstance();
   // Streaming multiprocessors of the current context's device.
   Result<int> multiprocessorCount();
   // Modules and kernels, in the calling thread's current context. `what`

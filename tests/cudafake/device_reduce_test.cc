@@ -293,6 +293,55 @@ TEST_CASE("device reduction: the loader resolves every kernel at once, and launc
   CU_OK(cuStreamDestroy(stream));
 }
 
+// cudaDeviceReset (cuDevicePrimaryCtxReset) between communicators: the
+// primary context comes back at the same handle without the modules loaded
+// in it, so what is loaded per context is keyed by its instance (cuCtxGetId),
+// not by its handle.
+TEST_CASE("device reduction: a context reset at the same handle loads the kernels again",
+          "[cudafake][reduce]") {
+  Driver& driver = driverOnDevice0();
+  CUcontext ctx = nullptr;
+  CU_OK(cuCtxGetCurrent(&ctx));
+  unsigned long long before = 0, after = 0;
+  CU_OK(cuCtxGetId(ctx, &before));
+  auto use = [&](const char* when) {
+    INFO(when);
+    Result<const DeviceReducer*> reducer = DeviceReducer::forCurrentContext(driver);
+    INFO(reducer.status().toString());
+    REQUIRE(reducer.isOk());
+    CUstream stream = nullptr;
+    CU_OK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+    DeviceBytes buf(64);
+    const ReduceScalar none{};
+    Status launched = reducer.value()->launch(buf.at(), buf.at(), buf.at(), 16, DataType::kFloat32,
+                                              ElementOp::kSum, none, stream);
+    INFO(launched.toString());
+    CHECK(launched.isOk());
+    uint64_t* word = nullptr;
+    CU_OK(cuMemHostAlloc(reinterpret_cast<void**>(&word), sizeof *word, CU_MEMHOSTALLOC_PORTABLE));
+    *word = 1;
+    Status waited = driver.launchWait(word, 1, stream);  // the wait kernel, loaded per context too
+    INFO(waited.toString());
+    CHECK(waited.isOk());
+    CU_OK(cuStreamSynchronize(stream));
+    CU_OK(cuStreamDestroy(stream));
+    CU_OK(cuMemFreeHost(word));
+    return reducer.value();
+  };
+  const DeviceReducer* first = use("before the reset");
+  CU_OK(cuDevicePrimaryCtxReset(0));
+  CUcontext again = nullptr;
+  CU_OK(cuDevicePrimaryCtxRetain(&again, 0));
+  CU_OK(cuCtxSetCurrent(again));
+  REQUIRE(again == ctx);  // the same handle: only the instance tells them apart
+  CU_OK(cuCtxGetId(again, &after));
+  REQUIRE(after != before);
+  const auto loads = shoalFakeCudaCallCount("cuModuleLoadData");
+  const DeviceReducer* second = use("after the reset");
+  CHECK(second != first);
+  CHECK(shoalFakeCudaCallCount("cuModuleLoadData") == loads + 2);  // the reduction kernels and the wait kernel
+}
+
 TEST_CASE("device reduction: a kernel missing from the image fails the load, naming it",
           "[cudafake][reduce]") {
   Driver& driver = driverOnDevice0();

@@ -1593,6 +1593,30 @@ FAKE_API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
   return CUDA_SUCCESS;
 }
 
+// A reset makes the primary context a new instance at the same handle (a new
+// cuCtxGetId) and unloads its modules, whose functions then fail at launch
+// with CUDA_ERROR_INVALID_HANDLE. Its memory and streams are kept (not
+// emulated: a real reset frees them too).
+FAKE_API CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
+  FAKE_ENTER("cuDevicePrimaryCtxReset");
+  return guarded([&]() -> CUresult {
+    Driver& d = drv();
+    std::lock_guard lk(d.mu);
+    if (!validDevice(d, dev)) return CUDA_ERROR_INVALID_DEVICE;
+    Context* c = d.contexts[static_cast<size_t>(dev)].get();
+    c->id = d.nextId++;
+    for (auto it = d.modules.begin(); it != d.modules.end();) {
+      if (it->second->ctx != c) {
+        ++it;
+        continue;
+      }
+      for (auto& f : it->second->functions) d.functions.erase(f.get());
+      it = d.modules.erase(it);
+    }
+    return CUDA_SUCCESS;
+  });
+}
+
 FAKE_API CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int* flags, int* active) {
   FAKE_ENTER("cuDevicePrimaryCtxGetState");
   if (flags == nullptr || active == nullptr) return CUDA_ERROR_INVALID_VALUE;
@@ -3235,6 +3259,7 @@ const ProcEntry kProcs[] = {
     FAKE_PROC(cuDevicePrimaryCtxRetain, cuDevicePrimaryCtxRetain),
     FAKE_PROC(cuDevicePrimaryCtxRelease, cuDevicePrimaryCtxRelease_v2),
     FAKE_PROC(cuDevicePrimaryCtxGetState, cuDevicePrimaryCtxGetState),
+    FAKE_PROC(cuDevicePrimaryCtxReset, cuDevicePrimaryCtxReset_v2),
     FAKE_PROC(cuCtxSetCurrent, cuCtxSetCurrent),
     FAKE_PROC(cuCtxGetCurrent, cuCtxGetCurrent),
     FAKE_PROC(cuCtxPushCurrent, cuCtxPushCurrent_v2),
