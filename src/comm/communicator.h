@@ -439,7 +439,8 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
   struct PublishedFailures final : FailureReports {
     ConnectionTable* table;
     explicit PublishedFailures(ConnectionTable* t) : table(t) {}
-    std::string reportOf(int peer) override { return table->reportedFailure(peer); }
+    std::string knownFailure(int peer) override { return table->knownFailure(peer); }
+    void lookUp(int peer) override { table->lookUpFailure(peer); }
   } publishedFailures_{&connections_};
   const std::shared_ptr<Turns> setupTurns_ = Turns::make();
   std::shared_ptr<const std::string> label_;  // describe(), once peers are known

@@ -9,6 +9,7 @@
 #include "core/log.h"
 #include "core/params.h"
 #include "core/process.h"
+#include "engine/engine.h"
 #include "transports/registry.h"
 
 namespace shoal {
@@ -20,7 +21,9 @@ namespace {
 // second, it asks the connect's table why the peer will not come
 // (ConnectionTable::whyPeerWillNotCome). A reason goes into the peer's
 // verdict, whose flag cancels the connect's deadline and those the
-// connection keeps. A connect costs a registration, no thread.
+// connection keeps. A connect costs a registration, no thread. The thread
+// also makes the one-off looks that stalled jobs ask for (ask(): the peer's
+// report in the store only), so that no job's thread waits on the store.
 class ConnectWatch {
  public:
   static constexpr int64_t kFirstLookMs = 1000;
@@ -127,8 +130,9 @@ class ConnectWatch {
       lookingTable_ = nullptr;
       auto still = std::find_if(waiting_.begin(), waiting_.end(), [&](const Waiting& w) { return w.id == look.id; });
       if (still != waiting_.end()) {
-        if (!why.empty()) look.table->judge(look.peer, std::move(why));
-        if (why.empty() && look.transport != nullptr) still->dueNs = nowNs() + kLookEveryMs * 1000000;
+        const bool found = !why.empty();
+        if (found) look.table->judge(look.peer, std::move(why));
+        if (!found && look.transport != nullptr) still->dueNs = nowNs() + kLookEveryMs * 1000000;
         else waiting_.erase(still);
       }
       changed_.notify_all();  // forget() may wait for this look
@@ -211,18 +215,22 @@ ConnectionTable::~ConnectionTable() { ConnectWatch::instance().forget(this); }
 
 std::string ConnectionTable::whyPeerWillNotCome(int peer, const Transport* transport, Deadline deadline) const {
   if (peerReports_)
-    if (std::string report = peerReports_(peer, deadline); !report.empty()) return "it failed: " + report;
+    if (std::string report = peerReports_(peer, deadline); !report.empty())
+      return str(kReportedFailurePrefix, report);
   // Asked only of the transport that connects them: what its own address
   // says is known to reach the peer.
   return transport != nullptr ? transport->peerProcessGone(peers_[peer], deadline) : std::string();
 }
 
-std::string ConnectionTable::reportedFailure(int peer) {
-  if (peer < 0 || peer >= static_cast<int>(peers_.size()) || peer == rank_ || !peerReports_) return {};
+std::string ConnectionTable::knownFailure(int peer) {
+  if (peer < 0 || peer >= static_cast<int>(peers_.size()) || peer == rank_) return {};
   PeerVerdict& verdict = verdictOn(peer);
-  if (verdict.willNotCome.load(std::memory_order_acquire)) return verdict.why;
+  return verdict.willNotCome.load(std::memory_order_acquire) ? verdict.why : std::string();
+}
+
+void ConnectionTable::lookUpFailure(int peer) {
+  if (peer < 0 || peer >= static_cast<int>(peers_.size()) || peer == rank_ || !peerReports_) return;
   ConnectWatch::instance().ask(this, peer);
-  return {};
 }
 
 void ConnectionTable::judge(int peer, std::string why) {

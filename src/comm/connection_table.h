@@ -67,11 +67,12 @@ class ConnectionTable {
   // the wait would otherwise last the set-up deadline (SHOAL_INIT_TIMEOUT_MS).
   using PeerReports = std::function<std::string(int peer, Deadline deadline)>;
   void setPeerReports(PeerReports lookup) { peerReports_ = std::move(lookup); }
-  // Why the peer will not come, once the connect watch found it ("it failed:
-  // <its report>", or a connect's finding); else "" and the watch's thread
-  // looks up the peer's report in the store, soon. Never waits: for the
-  // engine's stalled jobs (Engine's FailureReports).
-  std::string reportedFailure(int peer);
+  // For the engine's stalled jobs (FailureReports), never waiting: why the
+  // peer will not come, once the connect watch found it ("it failed: <its
+  // report>", or a connect's finding), else ""; and a lookup of its report
+  // in the store, made soon by the watch's thread.
+  std::string knownFailure(int peer);
+  void lookUpFailure(int peer);
 
   // The connection to `peer` on `channel`, made on first use. With
   // `unlessWaiting`, one whose set-up would wait for the peer

@@ -354,6 +354,7 @@ void Engine::startJob(Job& job) {
     job.remaining_ = 1;
     job.lastProgressNs_ = 0;
     job.lastAliveCheckNs_ = 0;
+    job.resetReportAsks();
     return;
   }
   const Plan& plan = *job.prepared->plan;
@@ -377,6 +378,7 @@ void Engine::startJob(Job& job) {
   job.remaining_ = n;
   job.lastProgressNs_ = 0;  // the first clock read starts the no-progress clock
   job.lastAliveCheckNs_ = 0;
+  job.resetReportAsks();
   if (n == 0) job.finishOk();
 }
 
@@ -822,23 +824,37 @@ bool Engine::checkStalledPeers(Job& job, int64_t now) {
   return checkReportedPeers(job, now);
 }
 
-// The peers a stalled job waits on (the first few: each costs a store
-// lookup on the connect watch's thread) may have published a failure without
-// closing their connections to this rank.
+// A stalled job's peers may have published a failure without closing their
+// connections to this rank. Once per interval it reads what is already known
+// of the peers it waits on (cheap); lookups in the store (on the connect
+// watch's thread) are asked for from the second interval of no progress on,
+// then after 2, 4, ... up to 32 intervals, a few peers at a time in turn, so
+// that ranks waiting a long while on a slow peer load the store little.
 bool Engine::checkReportedPeers(Job& job, int64_t now) {
   if (job.failureReports == nullptr) return false;
-  const std::string waiting = waitingList(job);  // fills waitingOn_
-  size_t asked = 0;
+  const std::string waiting = waitingList(job);  // the peers waited on now
   for (int peer : job.waitingOn_) {
-    if (asked++ == kReportAsksPerCheck) break;
-    if (job.failureReports->reportOf(peer).empty()) continue;
-    // The communicator's failure handling reads the report and adds it
-    // (handleFailure: the failed peer's).
+    std::string why = job.failureReports->knownFailure(peer);
+    if (why.empty()) continue;
+    // A report is added by the communicator's failure handling (the failed
+    // peer's, handleFailure), so it is not repeated here.
     job.failedPeer_ = peer;
-    failJob(job, Status(Code::kRemoteError, str("no progress for ", (now - job.lastProgressNs_) / 1000000,
-                                                " ms waiting on: ", waiting, "; rank ", peer,
-                                                " will not come (its communicator failed or its process exited)")));
+    failJob(job, Status(Code::kRemoteError,
+                        str("no progress for ", (now - job.lastProgressNs_) / 1000000, " ms waiting on: ", waiting,
+                            "; rank ", peer, " will not come: ",
+                            why.starts_with(kReportedFailurePrefix) ? std::string("its communicator failed") : why)));
     return true;
+  }
+  const int64_t intervalNs = params().idleCheckMs * 1000000;
+  if (job.nextReportAskNs_ == 0) {
+    job.nextReportAskNs_ = now + intervalNs;
+  } else if (now >= job.nextReportAskNs_ && !job.waitingOn_.empty()) {
+    const size_t n = job.waitingOn_.size();
+    for (size_t i = 0; i < std::min(n, kReportAsksPerCheck); ++i)
+      job.failureReports->lookUp(job.waitingOn_[(job.reportAskCursor_ + i) % n]);
+    job.reportAskCursor_ += std::min(n, kReportAsksPerCheck);
+    job.nextReportAskNs_ = now + job.reportAskEvery_ * intervalNs;
+    job.reportAskEvery_ = std::min<int64_t>(job.reportAskEvery_ * 2, kMostIntervalsBetweenAsks);
   }
   return false;
 }
@@ -849,6 +865,7 @@ Status Engine::timeoutStatus(Job& job) const {
 }
 
 std::string Engine::waitingList(Job& job) const {
+  job.waitingOn_.clear();  // who it waits on now, not who it ever waited on
   if (job.streamWatch) return job.streamWatch->waitingOn(job.waitingOn_);
   const Plan& plan = *job.prepared->plan;
   std::vector<std::string> peers;

@@ -35,6 +35,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -184,20 +185,27 @@ bool deviceStepsCanRun(const Plan& plan);
 bool computeStepsRunOnDevice(const Plan& plan);
 
 // Where a job's peers say why their communicator failed (its failure
-// reports). A job that has moved nothing for an idle check interval asks it
-// about the peers it waits on, once per interval: a peer that failed without
-// closing its connections (a call it refused before running any of it; a
-// connection it never attached) is then named within two intervals instead
-// of at the no-progress deadline.
+// reports). A job that has moved nothing for an idle check interval reads
+// what is known of the peers it waits on, and has their reports looked up
+// (Engine::checkReportedPeers): a peer that failed without closing its
+// connections (a call it refused before running any of it; a connection it
+// never attached) is then named within a few intervals instead of at the
+// no-progress deadline. Neither call waits: the caller may be the progress
+// thread.
 class FailureReports {
  public:
-  // Why the peer failed, "" if not known yet. Never waits (the thread that
-  // asks may be the progress thread): a lookup it starts answers a later ask.
-  virtual std::string reportOf(int peer) = 0;
+  // Why the peer will not come, once known; "" until then.
+  virtual std::string knownFailure(int peer) = 0;
+  // Starts a lookup of the peer's report, which a later knownFailure()
+  // answers ("<kReportedFailurePrefix><report>").
+  virtual void lookUp(int peer) = 0;
 
  protected:
   ~FailureReports() = default;
 };
+
+// How a known failure found in a peer's report begins.
+inline constexpr std::string_view kReportedFailurePrefix = "it failed: ";
 
 class Job {
  public:
@@ -300,6 +308,16 @@ class Job {
   size_t remaining_ = 0;
   int64_t lastProgressNs_ = 0;
   int64_t lastAliveCheckNs_ = 0;  // the stalled job's last look at its peers (checkStalledPeers)
+  // checkReportedPeers: when it next has reports looked up (0: not yet
+  // scheduled), how many intervals after that, and whose turn it is.
+  int64_t nextReportAskNs_ = 0;
+  int64_t reportAskEvery_ = 1;
+  size_t reportAskCursor_ = 0;
+  void resetReportAsks() {
+    nextReportAskNs_ = 0;
+    reportAskEvery_ = 1;
+    reportAskCursor_ = 0;
+  }
   uint32_t passesSinceClock_ = 0;
   bool progressSinceClock_ = false;
 };
@@ -423,7 +441,8 @@ class Engine {
   std::string waitingList(Job& job) const;
   bool checkStalledPeers(Job& job, int64_t now);
   bool checkReportedPeers(Job& job, int64_t now);
-  static constexpr size_t kReportAsksPerCheck = 4;  // peers asked about per check
+  static constexpr size_t kReportAsksPerCheck = 4;          // peers whose reports one check has looked up
+  static constexpr int64_t kMostIntervalsBetweenAsks = 32;  // the lookups' backoff stops there
   // What the job is doing; on its own thread only.
   static JobReport reportOf(const Job& job, int64_t nowNs);
   void postReport(Job& job, uint64_t epoch, int64_t nowNs);

@@ -28,6 +28,7 @@
 #include "cuda/driver.h"
 #include "cudafake/fake_cuda.h"
 #include "reduce/reduce.h"
+#include "transports/loopback/loopback_transport.h"
 
 namespace shoal::cuda {
 
@@ -294,9 +295,10 @@ TEST_CASE("device reduction: the loader resolves every kernel at once, and launc
 }
 
 // cudaDeviceReset (cuDevicePrimaryCtxReset) between communicators: the
-// primary context comes back at the same handle without the modules loaded
-// in it, so what is loaded per context is keyed by its instance (cuCtxGetId),
-// not by its handle.
+// primary context comes back at the same handle without the modules and
+// streams made in it, so what is made per context (the kernels, the
+// loopback's copy stream) is keyed by its instance (cuCtxGetId), not by its
+// handle.
 TEST_CASE("device reduction: a context reset at the same handle loads the kernels again",
           "[cudafake][reduce]") {
   Driver& driver = driverOnDevice0();
@@ -326,6 +328,26 @@ TEST_CASE("device reduction: a context reset at the same handle loads the kernel
     CU_OK(cuStreamSynchronize(stream));
     CU_OK(cuStreamDestroy(stream));
     CU_OK(cuMemFreeHost(word));
+    // A message between threads on device buffers: one GPU copy, on the
+    // loopback's own stream of this context.
+    auto [a, b] = makeLoopbackPair("rank 0", "rank 1");
+    DeviceBytes from(256), to(256);
+    CU_OK(cuMemsetD8(from.ptr, 7, 256));
+    CU_OK(cuMemsetD8(to.ptr, 0, 256));
+    REQUIRE(a->postSend(from.at(), 256, 1, 1).isOk());
+    REQUIRE(b->postRecv(to.at(), 256, 1, 2).isOk());
+    std::vector<Completion> done;
+    Status moved;
+    for (int i = 0; i < 1000 && moved.isOk() && a->pending() + b->pending() > 0; ++i) {
+      bool progressed = false;
+      moved = a->poll(done, progressed);
+      if (moved.isOk()) moved = b->poll(done, progressed);
+    }
+    INFO(moved.toString());
+    CHECK(moved.isOk());
+    std::vector<unsigned char> got(256);
+    CU_OK(cuMemcpyDtoH(got.data(), to.ptr, 256));
+    CHECK(got == std::vector<unsigned char>(256, 7));
     return reducer.value();
   };
   const DeviceReducer* first = use("before the reset");

@@ -1594,24 +1594,47 @@ FAKE_API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
 }
 
 // A reset makes the primary context a new instance at the same handle (a new
-// cuCtxGetId) and unloads its modules, whose functions then fail at launch
-// with CUDA_ERROR_INVALID_HANDLE. Its memory and streams are kept (not
-// emulated: a real reset frees them too).
+// cuCtxGetId), unloads its modules, whose functions then fail at launch with
+// CUDA_ERROR_INVALID_HANDLE, and destroys its streams (their handles are
+// invalid; queued work drains; the default stream is made anew on use). Its
+// memory is kept (not emulated: a real reset frees it too).
 FAKE_API CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
   FAKE_ENTER("cuDevicePrimaryCtxReset");
   return guarded([&]() -> CUresult {
     Driver& d = drv();
-    std::lock_guard lk(d.mu);
-    if (!validDevice(d, dev)) return CUDA_ERROR_INVALID_DEVICE;
-    Context* c = d.contexts[static_cast<size_t>(dev)].get();
-    c->id = d.nextId++;
-    for (auto it = d.modules.begin(); it != d.modules.end();) {
-      if (it->second->ctx != c) {
-        ++it;
-        continue;
+    std::vector<std::shared_ptr<Stream>> ending;
+    {
+      std::lock_guard lk(d.mu);
+      if (!validDevice(d, dev)) return CUDA_ERROR_INVALID_DEVICE;
+      Context* c = d.contexts[static_cast<size_t>(dev)].get();
+      c->id = d.nextId++;
+      for (auto it = d.modules.begin(); it != d.modules.end();) {
+        if (it->second->ctx != c) {
+          ++it;
+          continue;
+        }
+        for (auto& f : it->second->functions) d.functions.erase(f.get());
+        it = d.modules.erase(it);
       }
-      for (auto& f : it->second->functions) d.functions.erase(f.get());
-      it = d.modules.erase(it);
+      for (auto it = d.liveStreams.begin(); it != d.liveStreams.end();) {
+        if (it->second->ctx != c) {
+          ++it;
+          continue;
+        }
+        ending.push_back(std::move(it->second));
+        it = d.liveStreams.erase(it);
+      }
+      if (c->defaultStream) ending.push_back(std::move(c->defaultStream));
+      c->defaultStream.reset();
+    }
+    // As cuStreamDestroy: each worker drains what is queued, then ends.
+    for (auto& stream : ending) {
+      if (stream->orphaned.load()) continue;
+      {
+        std::lock_guard sl(stream->mu);
+        stream->destroyRequested = true;
+      }
+      stream->workCv.notify_all();
     }
     return CUDA_SUCCESS;
   });

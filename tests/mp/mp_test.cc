@@ -356,7 +356,8 @@ int collectiveBesideSend(MpChild& c) {
 // stays alive without calling; rank 0 then makes its first connection to
 // rank 1, which never attaches. Rank 0 must learn from rank 1's published
 // report within a few idle check intervals (SHOAL_IDLE_CHECK_MS), not at the
-// no-progress deadline, and name rank 1 and what it reported (rank 2).
+// no-progress deadline, and name rank 1 and what it reported (rank 2): its
+// stalled Send has the report looked up, and the verdict ends the attach wait.
 int failedPeerNeverAttaches(MpChild& c, double failWithinMs) {
   const int r = c.rank();
   ncclComm_t comm = nullptr;

@@ -598,16 +598,21 @@ TEST_CASE("tcp: sockets left for a rank that ended are dropped at forgetRank", "
   CHECK_FALSE(st.isOk());
 }
 
+// Destroys the pair's second side, then receives on the first: what it says.
+static Status receiveAfterClose(ConnPair& pair) {
+  pair.second.reset();
+  std::vector<uint8_t> in(8);
+  REQUIRE(pair.first->postRecv(in.data(), 8, 1, 1).isOk());
+  return pumpBoth(*pair.first, *pair.first, 5000);
+}
+
 TEST_CASE("tcp errors from a closed peer name it", "[tcp]") {
   world();
   ConnPair pair = makeTcpPair(0);
   std::string description = pair.first->peerDescription();
   REQUIRE_THAT(description, Catch::StartsWith("rank 1 (host host-b, tcp 127.0.0.1:"));
   REQUIRE_THAT(pair.second->peerDescription(), Catch::StartsWith("rank 0 (host host-a, tcp 127.0.0.1:"));
-  pair.second.reset();
-  std::vector<uint8_t> in(8);
-  REQUIRE(pair.first->postRecv(in.data(), 8, 1, 1).isOk());
-  Status s = pumpBoth(*pair.first, *pair.first, 5000);
+  Status s = receiveAfterClose(pair);
   INFO(s.toString());
   REQUIRE(s.code() == Code::kRemoteError);
   // A connection destroyed on purpose says goodbye (a bye header): the
@@ -626,11 +631,7 @@ TEST_CASE("tcp carries a failing side's report in its bye", "[tcp]") {
   // another report does not replace it.
   pair.second->publishFailure("no progress waiting on rank 9 (host far); rank 9 had failed first: rank 7 died");
   pair.second->publishFailure("something else");
-  CHECK(pair.first->peerFailure().empty());  // sent only as the connection closes
-  pair.second.reset();
-  std::vector<uint8_t> in(8);
-  REQUIRE(pair.first->postRecv(in.data(), 8, 1, 1).isOk());
-  Status s = pumpBoth(*pair.first, *pair.first, 5000);
+  Status s = receiveAfterClose(pair);
   INFO(s.toString());
   REQUIRE(s.code() == Code::kRemoteError);
   CHECK_THAT(s.message(), Catch::StartsWith(description + ": the peer's communicator failed and closed"));
@@ -649,11 +650,34 @@ TEST_CASE("tcp bounds a long report by its start and its end", "[tcp]") {
                           Catch::Contains(" [...] "));
   ConnPair pair = makeTcpPair(0);
   pair.second->publishFailure(report);
+  // A report already past the bound can still be extended (what the rank
+  // learns from its upstream peers comes last).
+  pair.second->publishFailure(report + "; rank 9 had failed first: rank 8 died");
+  CHECK(receiveAfterClose(pair).code() == Code::kRemoteError);
+  CHECK(pair.first->peerFailure().size() == most);
+  CHECK_THAT(pair.first->peerFailure(), Catch::StartsWith("rank 5's view") &&
+                                            Catch::EndsWith("rank 0 died; rank 9 had failed first: rank 8 died"));
+}
+
+TEST_CASE("tcp reads a failed peer's bye when a send to it fails first", "[tcp]") {
+  world();
+  ConnPair pair = makeTcpPair(0);
+  pair.second->publishFailure("rank 1 lost rank 7");
   pair.second.reset();
-  std::vector<uint8_t> in(8);
-  REQUIRE(pair.first->postRecv(in.data(), 8, 1, 1).isOk());
-  CHECK(pumpBoth(*pair.first, *pair.first, 5000).code() == Code::kRemoteError);
-  CHECK(pair.first->peerFailure() == bounded);
+  // Sending into the closed socket fails (its host resets it) while the bye
+  // waits unread: no receive was posted to meet it.
+  std::vector<uint8_t> out(1 << 20, 1);
+  Status s;
+  Deadline deadline = Deadline::afterMs(10000);
+  for (uint64_t seq = 1; s.isOk() && !deadline.expired(); ++seq) {
+    s = pair.first->postSend(out.data(), out.size(), 1, seq);
+    if (s.isOk()) s = pumpBoth(*pair.first, *pair.first, 200);
+    if (s.code() == Code::kTimeout) s = Status::ok();  // the send buffers filled: post more
+  }
+  INFO(s.toString());
+  REQUIRE(s.code() == Code::kRemoteError);
+  CHECK_THAT(s.message(), Catch::Contains("the peer's communicator failed and closed"));
+  CHECK(pair.first->peerFailure() == "rank 1 lost rank 7");
 }
 
 // --- performance (hidden: run with "[perf]")

@@ -185,20 +185,30 @@ TEST_CASE("a closed peer fails the waiting job with a remote error", "[unit]") {
   REQUIRE(st.message().find("rank 1") != std::string::npos);
 }
 
-TEST_CASE("a stalled job asks about the peers it waits on and fails once one is known to have failed", "[unit]") {
+// What a communicator's ConnectionTable answers, without a store: a peer is
+// known to have failed once its report was looked up, if it is `failed`.
+struct FakeReports final : FailureReports {
+  explicit FakeReports(int failed) : failed(failed) {}
+  const int failed;
+  std::atomic<int> lookUps{0};
+  std::atomic<int> otherPeers{0};
+  std::atomic<bool> lookedUp{false};
+  std::string knownFailure(int peer) override {
+    if (peer != 1) ++otherPeers;
+    return peer == failed && lookedUp ? std::string(kReportedFailurePrefix) + "boom" : std::string();
+  }
+  void lookUp(int peer) override {
+    if (peer != 1) ++otherPeers;
+    ++lookUps;
+    lookedUp = true;
+  }
+};
+
+TEST_CASE("a stalled job has the reports of the peers it waits on looked up and fails once one failed", "[unit]") {
   setenv("SHOAL_IDLE_CHECK_MS", "100", 1);
   setenv("SHOAL_PROGRESS_TIMEOUT_MS", "30000", 1);
   reloadParams();
-  // Answers only from the second ask on, as a lookup started by the first
-  // one would.
-  struct Reports final : FailureReports {
-    std::atomic<int> asks{0};
-    std::atomic<int> otherPeers{0};
-    std::string reportOf(int peer) override {
-      if (peer != 1) ++otherPeers;
-      return asks++ == 0 ? std::string() : std::string("it failed: boom");
-    }
-  } reports;
+  FakeReports reports(/*failed=*/1);
   auto [a, b] = makeLoopbackPair("rank 0", "rank 1");  // rank 1 is there and sends nothing
   Rank r0;
   fill(r0, 64, 0);
@@ -211,11 +221,34 @@ TEST_CASE("a stalled job asks about the peers it waits on and fails once one is 
   INFO(st.toString());
   CHECK(st.code() == Code::kRemoteError);
   CHECK(st.message().find("receive from rank 1") != std::string::npos);
-  CHECK(st.message().find("rank 1 will not come") != std::string::npos);
+  CHECK(st.message().find("rank 1 will not come: its communicator failed") != std::string::npos);
   CHECK(r0.job->failedPeer() == 1);
-  CHECK(reports.asks >= 2);
+  CHECK(reports.lookUps == 1);  // from the second interval on; then the verdict was read
   CHECK(reports.otherPeers == 0);
   CHECK(seconds < 5.0);
+  unsetenv("SHOAL_IDLE_CHECK_MS");
+  unsetenv("SHOAL_PROGRESS_TIMEOUT_MS");
+  reloadParams();
+}
+
+TEST_CASE("a job stalled on a live peer has its reports looked up less and less often", "[unit]") {
+  setenv("SHOAL_IDLE_CHECK_MS", "20", 1);
+  setenv("SHOAL_PROGRESS_TIMEOUT_MS", "1500", 1);
+  reloadParams();
+  FakeReports reports(/*failed=*/-1);  // nobody failed: the job waits for its deadline
+  auto [a, b] = makeLoopbackPair("rank 0", "rank 1");
+  Rank r0;
+  fill(r0, 64, 0);
+  r0.job = makeJob(receiveOnlyPlan(), r0, a.get(), 15);
+  r0.job->failureReports = &reports;
+  Engine::instance().submit(r0.job);
+  Status st = Engine::instance().wait(*r0.job);
+  INFO(st.toString());
+  CHECK(st.code() == Code::kTimeout);
+  // Up to 75 looks of 20 ms in 1.5 s; lookups after 2, 3, 5, 9, 17, 33 and
+  // 65 intervals: at most 7.
+  CHECK(reports.lookUps >= 1);
+  CHECK(reports.lookUps <= 7);
   unsetenv("SHOAL_IDLE_CHECK_MS");
   unsetenv("SHOAL_PROGRESS_TIMEOUT_MS");
   reloadParams();

@@ -17,9 +17,12 @@ namespace {
 // for the process, as the primary contexts it is made in are. Its own
 // stream, not the legacy default one: a user stream there may be waiting
 // for this very operation.
-Result<cuda::StreamHandle> copyStreamOf(cuda::Driver& driver, cuda::ContextHandle context) {
+// Keyed by the context's instance (Driver::currentContextInstance): a reset
+// context comes back at the same handle without its streams.
+Result<cuda::StreamHandle> copyStreamOf(cuda::Driver& driver) {
+  SHOAL_ASSIGN_OR_RETURN(uint64_t context, driver.currentContextInstance());
   static std::mutex mutex;
-  static auto* streams = new std::map<cuda::ContextHandle, cuda::StreamHandle>();  // never freed
+  static auto* streams = new std::map<uint64_t, cuda::StreamHandle>();  // never freed
   std::lock_guard<std::mutex> lock(mutex);
   if (auto it = streams->find(context); it != streams->end()) return it->second;
   SHOAL_ASSIGN_OR_RETURN(cuda::StreamHandle stream, driver.createStream());
@@ -83,7 +86,7 @@ Status LoopbackPipe::copyMessage(void* dst, const void* src, uint64_t bytes) {
 Status LoopbackPipe::copyOnGpu(cuda::ContextHandle context, void* dst, const void* src, uint64_t bytes) {
   cuda::ContextScope scope(*driver_, context);
   SHOAL_TRY(scope.status()) << "loopback: a GPU copy";
-  Result<cuda::StreamHandle> stream = copyStreamOf(*driver_, context);
+  Result<cuda::StreamHandle> stream = copyStreamOf(*driver_);  // `context` is current
   Status st = stream.status();
   if (st.isOk()) st = driver_->copyAsync(dst, src, bytes, stream.value());
   if (st.isOk()) st = driver_->synchronize(stream.value());

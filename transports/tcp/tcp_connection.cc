@@ -38,7 +38,7 @@ constexpr uint64_t kByeTag = 0;
 
 // How long a receiver that met a bye waits for the rest of its report (sent
 // with the header in one write, so normally there already).
-constexpr int kReportWaitMs = 50;
+constexpr int kReportWaitMs = 20;
 
 }  // namespace
 
@@ -79,14 +79,17 @@ TcpConnection::TcpConnection(std::vector<net::Fd> lanes, uint64_t chunkBytes, st
 
 TcpConnection::~TcpConnection() {
   // Best effort, never blocking: a bye on each socket with no segment half
-  // sent, so that an idle peer's check (checkAlive) sees a peer that left,
-  // not one that died, and its next operation says so (byeStatus), with
-  // this rank's failure report if it has one.
+  // sent (the peer reads it where it expects a header), so that an idle
+  // peer's check (checkAlive) sees a peer that left, not one that died, and
+  // its next operation says so (byeStatus), with this rank's failure report
+  // if it has one.
+  const std::string report = boundReport(ownReport_);
   uint8_t bye[kSegmentHeaderBytes];
-  encodeHeader(bye, kByeTag, ownReport_.size(), UINT32_MAX, 0, 0);
-  iovec parts[2] = {{bye, sizeof(bye)}, {ownReport_.data(), ownReport_.size()}};
+  encodeHeader(bye, kByeTag, report.size(), UINT32_MAX, 0, 0);
+  iovec parts[2] = {{bye, sizeof(bye)}, {const_cast<char*>(report.data()), report.size()}};
   for (Lane& lane : lanes_)
-    if (lane.fd.valid() && lane.sends.empty()) (void)net::writevSome(lane.fd.get(), parts, ownReport_.empty() ? 1 : 2);
+    if (lane.fd.valid() && (lane.sends.empty() || lane.sends.front().sent == 0))
+      (void)net::writevSome(lane.fd.get(), parts, report.empty() ? 1 : 2);
 }
 
 std::string TcpConnection::boundReport(std::string_view report) {
@@ -99,9 +102,10 @@ std::string TcpConnection::boundReport(std::string_view report) {
 
 void TcpConnection::publishFailure(std::string_view reason) {
   std::lock_guard<std::mutex> lock(reportMutex_);
-  // Only a report that extends the first replaces it (transport.h).
+  // Only a report that extends the first replaces it (transport.h); kept
+  // whole (bounded when sent), so that a long one can still be extended.
   if (reason.size() > ownReport_.size() && reason.substr(0, ownReport_.size()) == ownReport_)
-    ownReport_ = boundReport(reason);
+    ownReport_ = std::string(reason);
 }
 
 std::string TcpConnection::peerFailure() const {
@@ -176,7 +180,14 @@ Status TcpConnection::poll(std::vector<Completion>& done, bool& progressed) {
   bool moved = false;
   for (uint64_t mask = sendMask_; mask != 0; mask &= mask - 1) {
     int index = __builtin_ctzll(mask);
-    if (Status s = pumpSends(index, moved, done); !s.isOk()) return fail(std::move(s));
+    if (Status s = pumpSends(index, moved, done); !s.isOk()) {
+      // The peer may have closed after a failure: its bye and report may
+      // wait unread on a socket (its close reset this one).
+      if (s.code() == Code::kRemoteError) {
+        if (Status bye = findBye(); !bye.isOk()) return fail(std::move(bye));
+      }
+      return fail(std::move(s));
+    }
   }
   for (uint64_t mask = recvMask_; mask != 0; mask &= mask - 1) {
     int index = __builtin_ctzll(mask);
@@ -300,7 +311,7 @@ Status TcpConnection::pumpRecvs(int index, bool& moved, std::vector<Completion>&
         kernelDry = read.shortRead;
         continue;
       }
-      if (getLe(lane.stage.get() + lane.stageStart, 8) == kByeTag) return byeStatus(lane, segment);
+      if (getLe(lane.stage.get() + lane.stageStart, 8) == kByeTag) return byeStatus(lane, &segment);
       SHOAL_TRY(checkHeader(lane, segment, index));
       lane.stageStart += kSegmentHeaderBytes;
       staged -= kSegmentHeaderBytes;
@@ -339,7 +350,23 @@ Status TcpConnection::pumpRecvs(int index, bool& moved, std::vector<Completion>&
   return Status::ok();
 }
 
-Status TcpConnection::byeStatus(Lane& lane, const RecvSegment& segment) {
+Status TcpConnection::findBye() {
+  for (Lane& lane : lanes_) {
+    // Only where the next bytes are a header: nothing staged, no segment begun.
+    if (lane.stageEnd != lane.stageStart || (!lane.recvs.empty() && lane.recvs.front().headerDone)) continue;
+    uint8_t header[kSegmentHeaderBytes];
+    ssize_t n = ::recv(lane.fd.get(), header, sizeof header, MSG_PEEK | MSG_DONTWAIT);
+    if (n != static_cast<ssize_t>(sizeof header) || getLe(header, 8) != kByeTag) continue;
+    lane.stageStart = lane.stageEnd = 0;
+    net::IoResult io = net::readSome(lane.fd.get(), lane.stage.get(), sizeof header);
+    if (!io.ok() || io.bytes != sizeof header) continue;
+    lane.stageEnd = sizeof header;
+    return byeStatus(lane, lane.recvs.empty() ? nullptr : &lane.recvs.front());
+  }
+  return Status::ok();
+}
+
+Status TcpConnection::byeStatus(Lane& lane, const RecvSegment* segment) {
   const uint64_t reportBytes = std::min<uint64_t>(getLe(lane.stage.get() + lane.stageStart + 8, 8), kMaxReportBytes);
   lane.stageStart += kSegmentHeaderBytes;
   std::string report;
@@ -364,9 +391,10 @@ Status TcpConnection::byeStatus(Lane& lane, const RecvSegment& segment) {
     std::lock_guard<std::mutex> lock(reportMutex_);
     if (peerReport_.empty()) peerReport_ = std::move(report);
   }
-  return remoteError(peer_, failed ? ": the peer's communicator failed and closed before message #"
-                                   : ": the peer closed its communicator (destroyed or aborted) before message #",
-                     segment.seq, " (", describeTag(segment.tag), ")");
+  const std::string where =
+      segment != nullptr ? str(" before message #", segment->seq, " (", describeTag(segment->tag), ")") : std::string();
+  return remoteError(peer_, failed ? ": the peer's communicator failed and closed" + where
+                                   : ": the peer closed its communicator (destroyed or aborted)" + where);
 }
 
 }  // namespace shoal::tcp

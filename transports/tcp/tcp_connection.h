@@ -5,9 +5,11 @@
 // Owner: the Communicator that asked TcpTransport::connect for it.
 // Thread: used only by the engine, by whichever thread pumps it, one at a time
 // (transport.h); no locks, except around the failure reports, which the
-// communicator's failing thread writes and reads. Nothing here blocks: post* queue work, poll() moves
-// bytes with non-blocking readv/writev on the lanes that have work (tracked in
-// bit masks, so an idle connection costs no syscall).
+// communicator's failing thread writes and reads. Nothing here blocks: post*
+// queue work, poll() moves bytes with non-blocking readv/writev on the lanes
+// that have work (tracked in bit masks, so an idle connection costs no
+// syscall). The one wait: a poll that meets a closing peer's bye reads the
+// report after it for at most 20 ms, once, as the connection fails.
 //
 // Striping: message n of B bytes goes out as `slices` segments; slice j lives
 // on lane (n + j) % lanes and covers a contiguous run of whole chunks
@@ -134,9 +136,12 @@ class TcpConnection final : public Connection {
   Result<StageRead> fillStage(Lane& lane);
   Status checkHeader(const Lane& lane, const RecvSegment& segment, int index) const;
   // The lane's next header is a bye: reads the report that follows it
-  // (staged or still in the socket; what arrives within a moment) for
-  // peerFailure(), and says the peer has gone.
-  Status byeStatus(Lane& lane, const RecvSegment& segment);
+  // (staged or still in the socket; what arrives within 20 ms) for
+  // peerFailure(), and says the peer has gone (before `segment`, if any).
+  Status byeStatus(Lane& lane, const RecvSegment* segment);
+  // After a send failed: a bye waiting where a lane's next header is, as
+  // byeStatus says it; ok if there is none.
+  Status findBye();
   void finishSegment(Ring<Op>& ops, uint64_t& base, size_t& active, uint64_t seq,
                      std::vector<Completion>& done);
   Status fail(Status status);
