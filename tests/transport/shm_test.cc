@@ -235,6 +235,30 @@ TEST_CASE("shm carries a failing side's reason to its peer", "[shm]") {
                               Catch::Contains("rank 7 died"));
 }
 
+TEST_CASE("shm keeps a chain of reports whole up to its bound", "[shm]") {
+  PairWorld world;
+  auto pair = world.connect(0);
+  std::vector<Completion> done;
+  bool progressed = false;
+  REQUIRE(pair.second->poll(done, progressed).isOk());  // attach
+  REQUIRE(pair.first->poll(done, progressed).isOk());
+  // Twenty ranks' views, each naming the one before it, the first cause last.
+  std::string chain = "rank 0 died";
+  for (int r = 1; r <= 20; ++r)
+    chain = "comm 4f2a rank " + std::to_string(r) + "/64 (host node" + std::to_string(r) +
+            "): AllReduce #12 (ring): no progress for 300000 ms waiting on: receive from rank " +
+            std::to_string(r - 1) + " (host node" + std::to_string(r - 1) + ", shm pid 4242); rank " +
+            std::to_string(r - 1) + " had failed first: " + chain;
+  REQUIRE(chain.size() > 2048);
+  REQUIRE(chain.size() <= shm::kReasonBytes);
+  pair.first->publishFailure(chain);
+  CHECK(pair.second->peerFailure() == chain);
+  // Beyond the bound, the start is kept (the segment is only appended to).
+  pair.first->publishFailure(chain + std::string(shm::kReasonBytes, '.'));
+  CHECK(pair.second->peerFailure().size() == shm::kReasonBytes);
+  CHECK_THAT(pair.second->peerFailure(), Catch::StartsWith(chain));
+}
+
 TEST_CASE("shm stale segments of dead processes are removed", "[shm]") {
   // A child process creates a segment and dies without unlinking it.
   pid_t child = fork();

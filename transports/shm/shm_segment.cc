@@ -25,7 +25,8 @@
 namespace shoal::shm {
 namespace {
 
-constexpr size_t kHeaderBytes = 4096;  // Header rounded up to a page
+constexpr size_t kPageBytes = 4096;
+constexpr size_t kHeaderBytes = (sizeof(Header) + kPageBytes - 1) / kPageBytes * kPageBytes;  // whole pages
 constexpr size_t kControlBytes = 2 * kLineBytes;
 static_assert(sizeof(Header) <= kHeaderBytes);
 static_assert(sizeof(Control) <= kControlBytes);

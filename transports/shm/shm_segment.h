@@ -26,8 +26,10 @@
 namespace shoal::shm {
 
 inline constexpr uint64_t kMagic = 0x53484f414c53484dull;  // "SHOALSHM"
-inline constexpr uint32_t kLayoutVersion = 2;
-inline constexpr size_t kReasonBytes = 1024;
+inline constexpr uint32_t kLayoutVersion = 3;
+// A failure report: a chain of reports grows by a few hundred bytes per rank
+// it passes through, and keeps its first cause at its end.
+inline constexpr size_t kReasonBytes = 8192;
 inline constexpr size_t kSlotBytes = 64;
 inline constexpr size_t kLineBytes = 128;
 
