@@ -56,8 +56,8 @@ namespace {
 using namespace shoal;
 using shoal_fuzz::Input;
 
-constexpr size_t kHeaderPage = 4096;     // shm_segment.cc kHeaderBytes
-constexpr size_t kControlBytes = 256;    // shm_segment.cc kControlBytes
+constexpr size_t kHeaderPage = shm::kHeaderBytes;
+constexpr size_t kControlBytes = shm::kControlBytes;
 constexpr size_t kFrameHeader = 32;      // shm_connection.cc kFrameHeaderBytes
 constexpr size_t kMaxFileBytes = 256 << 10;
 constexpr uint64_t kMaxRecvBytes = 128 << 10;

@@ -25,11 +25,7 @@
 namespace shoal::shm {
 namespace {
 
-constexpr size_t kPageBytes = 4096;
-constexpr size_t kHeaderBytes = (sizeof(Header) + kPageBytes - 1) / kPageBytes * kPageBytes;  // whole pages
-constexpr size_t kControlBytes = 2 * kLineBytes;
 static_assert(sizeof(Header) <= kHeaderBytes);
-static_assert(sizeof(Control) <= kControlBytes);
 
 size_t totalBytes(uint32_t ringBytes) { return kHeaderBytes + 2 * kControlBytes + 2 * size_t{ringBytes}; }
 

@@ -57,6 +57,13 @@ struct alignas(kLineBytes) Control {
   alignas(kLineBytes) std::atomic<uint64_t> cmaReads;  // single-copy messages read out of the sender
 };
 
+// The segment's layout: the Header in whole pages, each direction's Control,
+// then the two rings (side 0 sends on the first).
+inline constexpr size_t kPageBytes = 4096;
+inline constexpr size_t kHeaderBytes = (sizeof(Header) + kPageBytes - 1) / kPageBytes * kPageBytes;
+inline constexpr size_t kControlBytes = 2 * kLineBytes;
+static_assert(sizeof(Control) <= kControlBytes);
+
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
 static_assert(std::atomic<int32_t>::is_always_lock_free);
 
