@@ -63,6 +63,16 @@ struct PairWorld {
     REQUIRE(cb.isOk());
     return {std::move(ca).value(), std::move(cb).value()};
   }
+  // connect(channel), then one poll of each side: the opener maps the
+  // segment, the creator sees it attached.
+  ConnPair attached(int channel) {
+    ConnPair pair = connect(channel);
+    std::vector<Completion> done;
+    bool progressed = false;
+    REQUIRE(pair.second->poll(done, progressed).isOk());
+    REQUIRE(pair.first->poll(done, progressed).isOk());
+    return pair;
+  }
 };
 
 TransportUnderTest shmUnderTest(const char* name) {
@@ -212,11 +222,7 @@ TEST_CASE("shm opener whose creator never comes fails at the deadline naming it"
 
 TEST_CASE("shm carries a failing side's reason to its peer", "[shm]") {
   PairWorld world;
-  auto pair = world.connect(0);
-  std::vector<Completion> done;
-  bool progressed = false;
-  REQUIRE(pair.second->poll(done, progressed).isOk());  // attach
-  REQUIRE(pair.first->poll(done, progressed).isOk());
+  auto pair = world.attached(0);
   CHECK(pair.first->carriesFailureReports());
   CHECK(pair.second->peerFailure().empty());
   pair.first->publishFailure("no progress waiting on rank 9 (host far)");
@@ -237,11 +243,7 @@ TEST_CASE("shm carries a failing side's reason to its peer", "[shm]") {
 
 TEST_CASE("shm keeps a chain of reports whole up to its bound", "[shm]") {
   PairWorld world;
-  auto pair = world.connect(0);
-  std::vector<Completion> done;
-  bool progressed = false;
-  REQUIRE(pair.second->poll(done, progressed).isOk());  // attach
-  REQUIRE(pair.first->poll(done, progressed).isOk());
+  auto pair = world.attached(0);
   // Twenty ranks' views, each naming the one before it, the first cause last.
   std::string chain = "rank 0 died";
   for (int r = 1; r <= 20; ++r)

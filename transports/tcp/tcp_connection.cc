@@ -1,6 +1,5 @@
 #include "transports/tcp/tcp_connection.h"
 
-#include <poll.h>
 #include <sys/uio.h>
 
 #include <algorithm>
@@ -380,10 +379,9 @@ Status TcpConnection::byeStatus(Lane& lane, const RecvSegment* segment) {
     if (!io.ok()) break;  // what came is what the peer managed to send
     if (io.bytes > 0) {
       report.append(buffer, io.bytes);
-    } else {
-      pollfd p{lane.fd.get(), POLLIN, 0};
-      if (deadline.expired() || ::poll(&p, 1, static_cast<int>(std::max<int64_t>(1, deadline.remainingMs()))) < 0)
-        break;
+    } else if (Result<bool> readable = net::waitReadable(lane.fd.get(), deadline);
+               !readable.isOk() || !readable.value()) {
+      break;
     }
   }
   const bool failed = !report.empty();
