@@ -64,6 +64,7 @@ Communicator::~Communicator() {
   // rank's context's.
   cuda::ContextScope scope(cuda_, cudaContext());
   if (idleWatched_) Engine::instance().unwatchIdle(this);  // first: a check may be running
+  detachCaptures();  // a graph launched later replays nothing of this communicator's
   hang::untrack(this);
   Engine::instance().retire(reinterpret_cast<uintptr_t>(this),
                             error(Code::kAborted, "communicator destroyed"));

@@ -183,7 +183,8 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
   // Whether a stream-ordered op may go on its stream, asked when it is
   // called (in a group too, as NCCL checks arguments): a stream of another
   // context than the communicator's is an invalid argument, one being
-  // captured into a CUDA graph invalid usage.
+  // captured into a CUDA graph invalid usage where the driver cannot
+  // capture (submitCaptured).
   Status admitStream(const OpRequest& op);
   // A stream-ordered submission (every op streamOrdered). With stream memory
   // operations the job waits in the engine for its stream and the call
@@ -334,6 +335,24 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
   // (comm/stream_plan.h) where it can: their plan's every lane has a stream
   // link and its compute steps the GPU runs. False: they go the other ways.
   Result<bool> submitStreamPlan(std::span<const OpRequest> ops, StreamSubmission& submission);
+  // Operations on a stream being captured into a CUDA graph (comm/graph_capture.cc,
+  // docs/cuda.md "Graph capture"): staged, recorded with a host node that
+  // hands a replay job to the engine at each launch of the graph.
+  struct CapturedOperation;
+  // Whether the operations' stream is being captured; invalid usage for a
+  // group on several streams with one of them captured.
+  Result<bool> capturedCall(std::span<const OpRequest> ops);
+  Status submitCaptured(std::span<const OpRequest> ops);
+  // From the graph's host node, on a CUDA driver thread: submits one replay
+  // of the captured operation (or, on a failed communicator, releases its
+  // stream), without waiting.
+  void replayCaptured(CapturedOperation& op);
+  // Teardown: replays from now on release their streams and run nothing.
+  void detachCaptures();
+  // Whether a graph holding operations of this communicator may still be
+  // launched: a replay may then be submitted at any moment, so blocking
+  // calls queue behind it instead of running inline.
+  bool capturesLive();
   // Runs one windowed operation (inWindows) as a stream plan where its
   // windows run on the streams (Window::onStreams, the same on every rank):
   // its plan's messages are window-board operations (comm/window_board.h).
@@ -457,6 +476,9 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
   std::vector<JobPtr> inFlight_;        // submitted, maybe not done
   std::atomic<bool> anyInFlight_{false};  // !inFlight_.empty(), readable without jobsMutex_
   std::unique_ptr<Job> blockingJob_;    // reused by blocking calls that run inline
+  std::mutex capturesMutex_;
+  std::vector<std::shared_ptr<CapturedOperation>> captures_;  // guarded by capturesMutex_; pruned when their graphs go
+  std::atomic<bool> anyCaptures_{false};  // !captures_.empty()
 
   void releaseWindows(std::vector<std::unique_ptr<Window>>& windows);
   // Releases deregistered windows once no submitted job may read them.

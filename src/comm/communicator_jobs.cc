@@ -122,11 +122,27 @@ Status Communicator::streamRefusal(const OpRequest& op, bool context, Status& re
     }
   }
   SHOAL_ASSIGN_OR_RETURN(bool capturing, cuda_->isCapturing(op.stream), describe());
-  if (capturing)
+  if (capturing && !cuda_->capturesGraphs())
     refused = invalidUsage(describe(), ": ", collKindName(op.shape.kind),
-                           " on a stream that is being captured into a CUDA graph: Shoal does not "
-                           "replay collectives in graphs yet (call it outside the capture)");
+                           " on a stream that is being captured into a CUDA graph: the CUDA driver lacks what "
+                           "capture needs (CUDA 12.3's cuStreamGetCaptureInfo, host functions, user objects; "
+                           "see the INFO log), so call it outside the capture");
   return Status::ok();
+}
+
+Result<bool> Communicator::capturedCall(std::span<const OpRequest> ops) {
+  const std::vector<cuda::StreamHandle> streams = streamsOf(ops);
+  size_t capturing = 0;
+  for (cuda::StreamHandle s : streams) {
+    SHOAL_ASSIGN_OR_RETURN(bool c, cuda_->isCapturing(s), describe());
+    capturing += c ? 1 : 0;
+  }
+  if (capturing == 0) return false;
+  if (streams.size() > 1)
+    return invalidUsage(describe(), ": a group on ", streams.size(), " streams, ", capturing,
+                        " of them being captured into a CUDA graph: Shoal captures a group only when all "
+                        "its operations of a communicator are on one stream");
+  return true;
 }
 
 Status Communicator::checkStreams(std::span<const OpRequest> ops, bool contexts) {
@@ -170,6 +186,14 @@ Result<Communicator::StreamSubmission> Communicator::beginStreamOrdered(std::spa
   // Each call's stream was admitted when it was made (admitStream); a group
   // may have begun capturing one since.
   SHOAL_TRY(checkStreams(kept, /*contexts=*/false));
+  SHOAL_ASSIGN_OR_RETURN(bool captured, capturedCall(kept));
+  if (captured) {
+    SHOAL_TRY(copySelfPairs(kept));  // copies on the stream: recorded too
+    if (!kept.empty()) {
+      SHOAL_TRY(submitCaptured(kept));
+    }
+    return submission;  // nothing to finish: the graph's launches run it
+  }
   std::vector<cuda::StreamHandle> streams = streamsOf(kept);
   SHOAL_TRY(copySelfPairs(kept));
   if (kept.empty()) return submission;  // copies on the streams only
@@ -652,7 +676,7 @@ Status Communicator::connectAhead(const std::vector<OpRequest>& ops) {
 
 Status Communicator::submit(std::span<const OpRequest> ops, bool wait) {
   UseGuard use(*this);
-  if (wait && nothingInFlight()) {
+  if (wait && nothingInFlight() && !capturesLive()) {
     // The common blocking call: nothing of ours is queued ahead of it, so it
     // runs on this thread without entering the engine's queue, in a job kept
     // for the next call.

@@ -51,9 +51,15 @@ void StreamBridge::freeStaging(Slot& slot) {
   slot.stagingBytes = 0;
 }
 
+bool StreamBridge::Slot::inUse() const {
+  if (!busy) return false;
+  if (graphGone) return !graphGone->load(std::memory_order_acquire);
+  return !streamWordReached(words + kReleased, seq);
+}
+
 bool StreamBridge::passed() const {
   for (const auto& slot : slots_)
-    if (slot->busy && !streamWordReached(slot->words + kReleased, slot->seq)) return false;
+    if (slot->inUse()) return false;
   return true;
 }
 
@@ -98,11 +104,16 @@ Status StreamBridge::newDoorbellPage() {
 }
 
 void StreamBridge::reclaim() {
-  for (auto& slot : slots_)
-    if (slot->busy && streamWordReached(slot->words + kReleased, slot->seq)) slot->busy = false;
-  // Keep at most the parameter's worth of idle staging, the largest first to go.
+  for (auto& slot : slots_) {
+    if (!slot->busy || slot->inUse()) continue;
+    slot->busy = false;
+    slot->graphGone.reset();
+  }
+  // Keep at most the parameter's worth of idle staging, the largest first to
+  // go (captured operations' staging is their graphs').
   uint64_t kept = 0;
-  for (const auto& slot : slots_) kept += slot->stagingBytes;
+  for (const auto& slot : slots_)
+    if (!slot->graphGone) kept += slot->stagingBytes;
   const uint64_t limit = stagingLimit();
   while (kept > limit) {
     Slot* largest = nullptr;
@@ -126,7 +137,7 @@ void StreamBridge::throttle(uint64_t stagingBytes) {
   auto busyBytes = [&] {
     uint64_t bytes = 0;
     for (const auto& slot : slots_)
-      if (slot->busy) bytes += slot->stagingBytes;
+      if (slot->busy && !slot->graphGone) bytes += slot->stagingBytes;  // a graph's is not coming back
     return bytes;
   };
   if (busyBytes() == 0 || busyBytes() + stagingBytes <= limit) return;
@@ -149,12 +160,12 @@ void StreamBridge::throttle(uint64_t stagingBytes) {
   }
 }
 
-Result<size_t> StreamBridge::takeSlot(uint64_t stagingBytes) {
+Result<size_t> StreamBridge::takeSlot(uint64_t stagingBytes, bool fresh) {
   throttle(stagingBytes);
   reclaim();
   // The idle slot whose staging fits best; else the idle slot with the most.
   size_t best = slots_.size();
-  for (size_t i = 0; i < slots_.size(); ++i) {
+  for (size_t i = 0; i < slots_.size() && !fresh; ++i) {
     const Slot& s = *slots_[i];
     if (s.busy) continue;
     if (best == slots_.size()) {
@@ -189,7 +200,7 @@ Result<size_t> StreamBridge::takeSlot(uint64_t stagingBytes) {
 }
 
 Result<StreamBridge::Staged> StreamBridge::stage(std::span<const OpRequest> ops, int rank, int nranks,
-                                                  bool direct) {
+                                                  bool direct, bool fresh) {
   std::vector<Placement> placements(ops.size());
   uint64_t total = 0;
   for (size_t k = 0; k < ops.size(); ++k) {
@@ -222,7 +233,7 @@ Result<StreamBridge::Staged> StreamBridge::stage(std::span<const OpRequest> ops,
       total = alignUp(total + sizeof(op.scalar.bytes), kAlign);
     }
   }
-  SHOAL_ASSIGN_OR_RETURN(size_t index, takeSlot(std::max<uint64_t>(total, kAlign)));
+  SHOAL_ASSIGN_OR_RETURN(size_t index, takeSlot(std::max<uint64_t>(total, kAlign), fresh));
   Slot& slot = *slots_[index];
   slot.busy = true;
   slot.seq = nextSeq_++;
@@ -349,6 +360,34 @@ Status StreamBridge::enqueueAround(const Staged& staged, cuda::StreamHandle stre
     if (driver_.synchronize(stream).isOk()) slot.busy = false;
   }
   return st.isOk() ? end : st;
+}
+
+Result<StreamBridge::Staged> StreamBridge::stageCaptured(std::span<const OpRequest> ops, int rank, int nranks,
+                                                          std::shared_ptr<const std::atomic<bool>> graphGone) {
+  // Words no job has used: a replay resets "done" to 0, which a finished
+  // job the engine has yet to see end would otherwise never see reached.
+  SHOAL_ASSIGN_OR_RETURN(Staged staged, stage(ops, rank, nranks, /*direct=*/false, /*fresh=*/true));
+  slots_[staged.slot]->graphGone = std::move(graphGone);
+  return staged;
+}
+
+Status StreamBridge::enqueueCaptured(const Staged& staged, std::span<const OpRequest> ops, void (*replay)(void*),
+                                     void* arg) {
+  Slot& slot = *slots_[staged.slot];
+  const cuda::WaitMode mode = waitMode();
+  if (mode == cuda::WaitMode::kSynchronous)
+    return invalidUsage("a synchronous stream cannot replay collectives in CUDA graphs");
+  slot.words[kZero] = 0;
+  const cuda::StreamHandle stream = static_cast<cuda::StreamHandle>(ops[0].stream);
+  SHOAL_TRY(copyInputs(slot, ops, stream, /*async=*/true));
+  // "done" is reset before the job is handed over, and waited for after:
+  // each replay waits for its own job's end (the engine writes done := seq).
+  if (mode == cuda::WaitMode::kMemOps) SHOAL_TRY(driver_.writeValueAsync(slot.words + kDone, 0, stream));
+  else SHOAL_TRY(driver_.copyAsync(slot.words + kDone, slot.words + kZero, sizeof(uint64_t), stream));
+  SHOAL_TRY(driver_.launchHostFunction(stream, replay, arg));
+  if (mode == cuda::WaitMode::kMemOps) SHOAL_TRY(driver_.waitValueAsync(slot.words + kDone, staged.seq, stream));
+  else SHOAL_TRY(driver_.launchWait(slot.words + kDone, staged.seq, stream));
+  return copyOutputs(slot, ops, stream, /*async=*/true);
 }
 
 void StreamBridge::releaseStream(const Staged& staged) {

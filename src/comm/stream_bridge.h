@@ -22,6 +22,7 @@
 // stream's context current; the engine only reads and writes the words.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -74,7 +75,21 @@ class StreamBridge {
   // so in-place calls stay in place).
   // With `direct` (a device plan) nothing is staged: the operations keep
   // their device buffers and the slot gives only its words.
-  Result<Staged> stage(std::span<const OpRequest> ops, int rank, int nranks, bool direct = false);
+  // With `fresh`, the slot is a new one (words no operation used before).
+  Result<Staged> stage(std::span<const OpRequest> ops, int rank, int nranks, bool direct = false,
+                       bool fresh = false);
+  // A slot for operations captured into a CUDA graph: its staging and words
+  // are the graph's until *graphGone (set when the graph and its executable
+  // graphs are destroyed); they count neither against
+  // SHOAL_CUDA_STAGING_BYTES nor as work the streams have yet to pass
+  // before then, and the bridge never frees them while the graph lives.
+  Result<Staged> stageCaptured(std::span<const OpRequest> ops, int rank, int nranks,
+                               std::shared_ptr<const std::atomic<bool>> graphGone);
+  // Records the captured operations on their stream, which is being
+  // captured (one stream): inputs in, "done := 0", a host node that calls
+  // replay(arg) (which must hand the job to the engine, never wait), a wait
+  // for "done >= seq", outputs out. Every launch of the graph replays it.
+  Status enqueueCaptured(const Staged& staged, std::span<const OpRequest> ops, void (*replay)(void*), void* arg);
   // Enqueues the staged operations on their streams (memory operations or
   // wait kernel mode): inputs in, ready, wait for done, outputs out,
   // released. Several
@@ -110,9 +125,13 @@ class StreamBridge {
     uint64_t stagingBytes = 0;
     uint64_t seq = 0;
     bool busy = false;          // handed out; free again once words[2] >= seq
+    // A captured operation's slot: busy until the graph is gone.
+    std::shared_ptr<const std::atomic<bool>> graphGone;
     std::vector<Placement> placements;
+    // Whether the slot is handed out now, and to a stream that may still use it.
+    bool inUse() const;
   };
-  static constexpr int kReady = 0, kDone = 1, kReleased = 2, kSeqSource = 3;
+  static constexpr int kReady = 0, kDone = 1, kReleased = 2, kSeqSource = 3, kZero = 4;
   static constexpr uint64_t kWordsPerSlot = 8;  // one cache line each
   static constexpr uint64_t kSlotsPerPage = 64;
   static constexpr uint64_t kAlign = 256;       // as cudaMalloc aligns
@@ -122,7 +141,7 @@ class StreamBridge {
   void throttle(uint64_t stagingBytes);
   static constexpr int64_t kThrottleMs = 2000;
   bool overBoundLogged_ = false;
-  Result<size_t> takeSlot(uint64_t stagingBytes);
+  Result<size_t> takeSlot(uint64_t stagingBytes, bool fresh);
   // Frees a slot's staging, telling the transports first (transports/registry.h).
   void freeStaging(Slot& slot);
   void reclaim();

@@ -63,6 +63,16 @@ Result<std::optional<DeviceIdentity>> Driver::currentDevice() {
 WaitMode Driver::waitMode(int) { return WaitMode::kSynchronous; }
 void Driver::memOpsUnsupported(int) {}
 Result<bool> Driver::isCapturing(StreamHandle) { return false; }
+bool Driver::capturesGraphs() const { return false; }
+Result<GraphHandle> Driver::captureGraph(StreamHandle) { return GraphHandle(nullptr); }
+Status Driver::launchHostFunction(StreamHandle, void (*)(void*), void*) {
+  return error(Code::kCudaError, "built without CUDA");
+}
+Status Driver::tieToGraph(GraphHandle, void* object, void (*destroy)(void*)) {
+  destroy(object);
+  return error(Code::kCudaError, "built without CUDA");
+}
+int Driver::exchangeCaptureMode(int mode) { return mode; }
 static Status notBuilt() { return error(Code::kCudaError, "built without CUDA"); }
 Result<ContextHandle> Driver::streamContext(StreamHandle) { return notBuilt(); }
 Status Driver::copyAsync(void*, const void*, size_t, StreamHandle) { return notBuilt(); }
@@ -129,12 +139,21 @@ constexpr int kApiVersion = 12000;
   X(cuStreamGetCtx)
 // Entry points used when present: cuFuncLoad (12.4), cuCtxGetId.
 #define SHOAL_CUDA_OPTIONAL_ENTRY_POINTS(X) X(cuFuncLoad) X(cuStreamBatchMemOp) X(cuCtxGetId)
+// What graph capture uses, asked for as in CUDA 12.3 (cuStreamGetCaptureInfo's
+// signature with edge data; the others are unchanged since 11.x). Capture
+// is refused where any is missing.
+constexpr int kGraphApiVersion = 12030;
+#define SHOAL_CUDA_GRAPH_ENTRY_POINTS(X)                                                  \
+  X(cuStreamGetCaptureInfo) X(cuLaunchHostFunc) X(cuUserObjectCreate) X(cuUserObjectRelease) \
+  X(cuGraphRetainUserObject) X(cuThreadExchangeStreamCaptureMode)
 
 struct Driver::Api {
 #define SHOAL_CUDA_FIELD(name) decltype(&::name) name = nullptr;
   SHOAL_CUDA_ENTRY_POINTS(SHOAL_CUDA_FIELD)
   SHOAL_CUDA_OPTIONAL_ENTRY_POINTS(SHOAL_CUDA_FIELD)
+  SHOAL_CUDA_GRAPH_ENTRY_POINTS(SHOAL_CUDA_FIELD)
 #undef SHOAL_CUDA_FIELD
+  bool graphs = false;  // every graph entry point resolved
 
   std::atomic<bool> batchesRefused{false};  // cuStreamBatchMemOp said CUDA_ERROR_NOT_SUPPORTED once
   std::mutex mutex;  // guards the maps below
@@ -212,6 +231,22 @@ Driver::Api* loadApi(bool& present) {
   }
   SHOAL_CUDA_OPTIONAL_ENTRY_POINTS(SHOAL_CUDA_RESOLVE_OPTIONAL)
 #undef SHOAL_CUDA_RESOLVE_OPTIONAL
+  api->graphs = true;
+#define SHOAL_CUDA_RESOLVE_GRAPH(name)                                                   \
+  {                                                                                      \
+    void* fn = nullptr;                                                                  \
+    CUdriverProcAddressQueryResult found = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;         \
+    if (getProc(#name, &fn, kGraphApiVersion, CU_GET_PROC_ADDRESS_DEFAULT, &found) != CUDA_SUCCESS || \
+        fn == nullptr) {                                                                 \
+      SHOAL_INFO(subsys::kInit, "CUDA: ", path, " lacks ", #name, " (as in CUDA 12.3): collectives cannot be " \
+                 "captured into CUDA graphs");                                           \
+      api->graphs = false;                                                               \
+      fn = nullptr;                                                                      \
+    }                                                                                    \
+    api->name = reinterpret_cast<decltype(api->name)>(fn);                               \
+  }
+  SHOAL_CUDA_GRAPH_ENTRY_POINTS(SHOAL_CUDA_RESOLVE_GRAPH)
+#undef SHOAL_CUDA_RESOLVE_GRAPH
   if (!complete) {
     SHOAL_WARN("CUDA: the driver ", path, " lacks entry points Shoal needs: host memory only");
     return nullptr;
@@ -399,6 +434,51 @@ Result<bool> Driver::isCapturing(StreamHandle stream) {
   CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
   SHOAL_CU(cuStreamIsCapturing(static_cast<CUstream>(stream), &status));
   return status != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
+bool Driver::capturesGraphs() const { return api_->graphs; }
+
+Result<GraphHandle> Driver::captureGraph(StreamHandle stream) {
+  if (!api_->graphs) return error(Code::kUnsupported, "the CUDA driver cannot capture graphs");
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  CUgraph graph = nullptr;
+  SHOAL_CU(cuStreamGetCaptureInfo(static_cast<CUstream>(stream), &status, nullptr, &graph, nullptr, nullptr,
+                                  nullptr));
+  if (status == CU_STREAM_CAPTURE_STATUS_INVALIDATED)
+    return error(Code::kCudaError, "the stream's capture was invalidated by an earlier CUDA call");
+  return static_cast<GraphHandle>(status == CU_STREAM_CAPTURE_STATUS_ACTIVE ? graph : nullptr);
+}
+
+Status Driver::launchHostFunction(StreamHandle stream, void (*fn)(void*), void* arg) {
+  if (!api_->graphs) return error(Code::kUnsupported, "the CUDA driver has no host functions");
+  SHOAL_CU(cuLaunchHostFunc(static_cast<CUstream>(stream), fn, arg));
+  return Status::ok();
+}
+
+Status Driver::tieToGraph(GraphHandle graph, void* object, void (*destroy)(void*)) {
+  if (!api_->graphs) {
+    destroy(object);
+    return error(Code::kUnsupported, "the CUDA driver has no user objects");
+  }
+  CUuserObject user = nullptr;
+  if (CUresult rc = api_->cuUserObjectCreate(&user, object, destroy, 1, CU_USER_OBJECT_NO_DESTRUCTOR_SYNC);
+      rc != CUDA_SUCCESS) {
+    destroy(object);
+    return cudaError(*api_, "cuUserObjectCreate", rc);
+  }
+  if (CUresult rc = api_->cuGraphRetainUserObject(static_cast<CUgraph>(graph), user, 1, CU_GRAPH_USER_OBJECT_MOVE);
+      rc != CUDA_SUCCESS) {
+    (void)api_->cuUserObjectRelease(user, 1);  // the last reference: destroy runs
+    return cudaError(*api_, "cuGraphRetainUserObject", rc);
+  }
+  return Status::ok();
+}
+
+int Driver::exchangeCaptureMode(int mode) {
+  if (!api_->graphs) return mode;
+  auto m = static_cast<CUstreamCaptureMode>(mode);
+  if (api_->cuThreadExchangeStreamCaptureMode(&m) != CUDA_SUCCESS) return mode;
+  return static_cast<int>(m);
 }
 
 Result<ContextHandle> Driver::streamContext(StreamHandle stream) {

@@ -38,6 +38,7 @@ using EventHandle = void*;
 using ContextHandle = void*;
 using ModuleHandle = void*;
 using FunctionHandle = void*;
+using GraphHandle = void*;  // CUgraph
 
 // What CUDA says a pointer is. kHost: memory CUDA does not know (pageable).
 enum class MemoryKind : uint8_t { kHost, kPinnedHost, kDevice, kManaged };
@@ -99,6 +100,25 @@ class Driver {
   static bool fewHardwareQueues();
 
   Result<bool> isCapturing(StreamHandle stream);
+
+  // --- CUDA graphs: an operation enqueued on a stream being captured is
+  // recorded, and replayed at every launch of the graph (docs/cuda.md).
+  // Whether the driver has what capture needs (cuStreamGetCaptureInfo as in
+  // CUDA 12.3, host functions, user objects, capture modes).
+  bool capturesGraphs() const;
+  // The graph being captured on `stream`; null when it is not capturing.
+  Result<GraphHandle> captureGraph(StreamHandle stream);
+  // Enqueues fn(arg) on the stream (a host node in a capture). fn must make
+  // no CUDA call and must not block.
+  Status launchHostFunction(StreamHandle stream, void (*fn)(void*), void* arg);
+  // Hands `object` to the graph: destroy(object) runs once the graph and
+  // every executable graph made from it are gone (a CUDA user object), on a
+  // driver thread, where it may make no CUDA call. If this fails, destroy
+  // has run before it returns.
+  Status tieToGraph(GraphHandle graph, void* object, void (*destroy)(void*));
+  // Sets this thread's capture mode; returns the previous one (CUstreamCaptureMode).
+  int exchangeCaptureMode(int mode);
+  static constexpr int kCaptureModeRelaxed = 2;  // CU_STREAM_CAPTURE_MODE_RELAXED
   // The context a stream belongs to (for the special streams, the current one).
   Result<ContextHandle> streamContext(StreamHandle stream);
   // NULL, CU_STREAM_LEGACY or CU_STREAM_PER_THREAD: a stream of whatever
@@ -232,6 +252,22 @@ class Driver {
 // pushes nothing (entered() false, status() ok), nor does the context
 // already current (entered() true); a refused push leaves nothing to pop
 // and says why in status().
+// Relaxed stream capture mode on this thread for the scope's life, so that
+// allocations made while a stream is being captured (staging held by the
+// graph) do not invalidate the capture, as NCCL's do.
+class RelaxedCaptureScope {
+ public:
+  explicit RelaxedCaptureScope(Driver& driver)
+      : driver_(driver), previous_(driver.exchangeCaptureMode(Driver::kCaptureModeRelaxed)) {}
+  ~RelaxedCaptureScope() { (void)driver_.exchangeCaptureMode(previous_); }
+  RelaxedCaptureScope(const RelaxedCaptureScope&) = delete;
+  RelaxedCaptureScope& operator=(const RelaxedCaptureScope&) = delete;
+
+ private:
+  Driver& driver_;
+  int previous_;
+};
+
 class ContextScope {
  public:
   ContextScope(Driver* driver, ContextHandle context) {

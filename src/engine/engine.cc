@@ -160,9 +160,11 @@ void Job::resetForReuse() {
   streamReady = nullptr;
   streamDone = nullptr;
   streamSeq = 0;
+  runsAhead = false;
   state_.store(kRunning, std::memory_order_relaxed);
   status_ = Status::ok();
   started_ = false;
+  begun_.store(false, std::memory_order_relaxed);
   blockedLanes_.clear();
   failedPeer_ = -1;
   waitingOn_.clear();
@@ -192,9 +194,28 @@ void Engine::stopProgressThread() {
   progressStopped_.wait_for(lock, std::chrono::seconds(2), [&] { return !progressThreadRunning_; });
 }
 
+// Requires listMutex_. `first` is its queue's first unfinished job.
+const JobPtr& Engine::aheadOf(const JobPtr& first) {
+  if (first->begun_.load(std::memory_order_acquire) || !first->streamReady || first->streamReached()) {
+    if (first->begun_.load(std::memory_order_acquire)) return first;
+    // Not started: a job that ran ahead may still be running.
+    for (const JobPtr& j : jobs_)
+      if (j->queueId == first->queueId && !j->isDone() && j->begun_.load(std::memory_order_acquire)) return j;
+    return first;
+  }
+  const JobPtr* ahead = nullptr;
+  for (const JobPtr& j : jobs_) {
+    if (j->queueId != first->queueId || j->isDone()) continue;
+    if (j->begun_.load(std::memory_order_acquire)) return j;  // started ahead: it runs to its end first
+    if (!ahead && j->runsAhead) ahead = &j;
+  }
+  return ahead ? *ahead : first;
+}
+
 void Engine::submit(JobPtr job) {
   jobCount_.fetch_add(1, std::memory_order_relaxed);
   bool detached = job->detached;
+  if (job->runsAhead) anyRunsAhead_.store(true, std::memory_order_relaxed);
   {
     std::lock_guard<std::mutex> lock(submitMutex_);
     incoming_.push_back(std::move(job));
@@ -287,7 +308,9 @@ void Engine::drainIncoming() {
 }
 
 bool Engine::pumpOnce() {
-  // Runnable: the first unfinished job of each queue, in submission order.
+  // Runnable: the first unfinished job of each queue, in submission order;
+  // or a job of the queue that has started (one that ran ahead); or, while
+  // the first waits for its stream, the first job that runs ahead.
   thread_local std::vector<JobPtr> runnable;
   thread_local std::vector<uint64_t> queues;
   runnable.clear();
@@ -299,7 +322,7 @@ bool Engine::pumpOnce() {
       if (job->isDone()) continue;
       if (std::find(queues.begin(), queues.end(), job->queueId) != queues.end()) continue;
       queues.push_back(job->queueId);
-      runnable.push_back(job);
+      runnable.push_back(anyRunsAhead_ ? aheadOf(job) : job);
     }
   }
   bool progressed = false;
@@ -347,6 +370,7 @@ void copySmall(std::vector<T>& dst, const std::vector<T>& src) {
 
 void Engine::startJob(Job& job) {
   job.started_ = true;
+  job.begun_.store(true, std::memory_order_release);
   if (job.streamWatch) {
     // Nothing to post: the streams run the plan. Only its connections are
     // derived (the stalled-peer checks ask them).

@@ -19,7 +19,10 @@
 //
 // Ordering: jobs with the same queue (one communicator) run one at a time in
 // submission order, like operations on one stream; different queues run
-// concurrently. A job's connections therefore see one plan at a time.
+// concurrently. A job's connections therefore see one plan at a time. One
+// exception keeps a CUDA graph's replay from waiting on work behind it: a
+// job that runs ahead (Job::runsAhead) starts before the jobs queued ahead
+// of it while the first of them waits for its stream to reach it.
 //
 // Liveness: a job whose connections move no byte for params().progressTimeoutMs
 // fails with kTimeout naming the peers it waits on; a job whose abort flag is
@@ -240,6 +243,12 @@ class Job {
   uint64_t streamSeq = 0;
   bool streamReached() const;
   std::shared_ptr<uint8_t> ownedScratch;    // detached jobs' scratch (a waiter lends its own); released at success
+  // A replay of an operation captured into a CUDA graph, submitted when its
+  // stream reached it (docs/cuda.md, "Graph capture"): jobs queued earlier
+  // whose streams have not reached them come after it in stream order (an
+  // operation called after the graph's launch on the same stream), so it
+  // starts before them rather than wait for them, which would wait for it.
+  bool runsAhead = false;
   // Set for a device plan: its buffers (scratch included) are device memory
   // and its compute steps run here; null for every other job.
   std::shared_ptr<DeviceSteps> deviceSteps;
@@ -287,6 +296,7 @@ class Job {
   std::mutex mutex_;  // held by the thread progressing this job
   // Engine-private execution state, guarded by mutex_.
   bool started_ = false;
+  std::atomic<bool> begun_{false};  // started_, readable under the engine's listMutex_
   std::vector<StepProgress> steps_;
   std::vector<uint32_t> laneCursor_;
   std::vector<uint32_t> ready_;     // compute steps and newly ready comm steps
@@ -451,6 +461,9 @@ class Engine {
   // Caller holds listMutex_.
   template <typename Predicate>
   void removeJobs(Predicate shouldRemove);
+  // Which job of `first`'s queue may run now (Job::runsAhead). Requires listMutex_.
+  const JobPtr& aheadOf(const JobPtr& first);
+  std::atomic<bool> anyRunsAhead_{false};  // a job that runs ahead was ever submitted
   void progressThreadMain();
   // One round of idle checks if one is due (progress thread).
   void runIdleChecks();

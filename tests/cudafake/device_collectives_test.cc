@@ -3,8 +3,8 @@
 // stream order, as threads and as processes over shm and tcp; the mixed-buffer
 // error; a call that returns before its stream reaches it; stream delays
 // longer than the no-progress deadline; abort and a killed peer releasing
-// the stream; multi-stream groups; the graph-capture refusal; the
-// synchronous fallback. What the stand-in cannot prove: tests/cudafake/README.md.
+// the stream; multi-stream groups; the synchronous fallback (graph
+// capture: graph_capture_test.cc). What the stand-in cannot prove: tests/cudafake/README.md.
 #include <catch2/catch.hpp>
 
 #include <cuda.h>
@@ -993,27 +993,6 @@ TEST_CASE("a group with operations on two streams is ordered after both and befo
   });
   INFO(bad.first);
   CHECK(bad.count == 0);
-}
-
-TEST_CASE("a collective on a capturing stream is refused with ncclInvalidUsage", "[cudafake]") {
-  useDevice0();
-  CUstream s = newStream();
-  ncclComm_t comm = soloComm();
-  DeviceFloats buf(64, [](size_t i) { return static_cast<float>(i); });
-  CU_OK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED));
-  CHECK(ncclAllReduce(buf.at(), buf.at(), 64, ncclFloat, ncclSum, comm, s) == ncclInvalidUsage);
-  std::string why = ncclGetLastError(comm);
-  INFO(why);
-  CHECK(why.find("captured into a CUDA graph") != std::string::npos);
-  CUgraph graph = nullptr;
-  CU_OK(cuStreamEndCapture(s, &graph));
-  if (graph) cuGraphDestroy(graph);
-  // Outside the capture it runs.
-  NCCL_OK(ncclAllReduce(buf.at(), buf.at(), 64, ncclFloat, ncclSum, comm, s));
-  CU_OK(cuStreamSynchronize(s));
-  CHECK(buf.read()[63] == 63.0f);
-  NCCL_OK(ncclCommDestroy(comm));
-  CU_OK(cuStreamDestroy(s));
 }
 
 // Processes: each rank a forked child with its own stand-in state.

@@ -358,6 +358,8 @@ struct Op {
   std::function<void()> run;
 };
 
+struct Graph;
+
 struct Stream {
   Context* ctx = nullptr;
   unsigned flags = 0;
@@ -380,6 +382,7 @@ struct Stream {
   CUstreamCaptureMode captureMode = CU_STREAM_CAPTURE_MODE_GLOBAL;
   uint64_t captureId = 0;
   uint64_t capturedOps = 0;
+  Graph* captureGraph = nullptr;  // owned by Driver::graphs while capturing
 
   bool stopping() const { return abandon.load(std::memory_order_relaxed) || gShutdown.load(std::memory_order_relaxed); }
 };
@@ -410,8 +413,30 @@ struct Function {
   const ReduceKernel* reduce = nullptr;  // null: the wait kernel
 };
 
+// A CUDA user object (cuUserObjectCreate): `destroy(ptr)` runs once the
+// last reference (the creator's, graphs', executable graphs') is released.
+struct UserObject {
+  void* ptr = nullptr;
+  CUhostFn destroy = nullptr;
+  unsigned refs = 0;  // guarded by Driver::mu
+};
+
+// A captured graph: the operations its capture recorded, in stream order (a
+// single stream's capture is a chain), replayed by each launch of an
+// executable graph made from it. The recorded operations may refer to the
+// stream they were captured on, which the graph keeps alive.
 struct Graph {
-  uint64_t capturedOps = 0;  // what the capture recorded; never replayed
+  uint64_t capturedOps = 0;
+  std::vector<std::function<void()>> ops;
+  std::vector<std::shared_ptr<Stream>> origins;
+  std::map<UserObject*, unsigned> userRefs;  // references this graph owns
+  bool capturing = false;                    // still being captured into
+};
+
+struct GraphExec {
+  std::vector<std::function<void()>> ops;
+  std::vector<std::shared_ptr<Stream>> origins;
+  std::map<UserObject*, unsigned> userRefs;  // taken at instantiation
 };
 
 struct Driver {
@@ -429,6 +454,8 @@ struct Driver {
   std::unordered_map<Module*, std::unique_ptr<Module>> modules;
   std::unordered_set<Function*> functions;
   std::unordered_map<Graph*, std::unique_ptr<Graph>> graphs;
+  std::unordered_map<GraphExec*, std::unique_ptr<GraphExec>> graphExecs;
+  std::unordered_set<UserObject*> userObjects;
   uint64_t nextId = 1;
   uint64_t nextHandle = 0x5f0000001ull;  // opaque-looking cuMem handle values
 
@@ -634,8 +661,9 @@ CUresult resolveStreamLocked(Driver& d, CUstream h, std::shared_ptr<Stream>& out
   return CUDA_SUCCESS;
 }
 
-// Appends `run` to the stream (or, while it is capturing, only records that
-// it was issued). *seqOut: the operation's sequence number, 0 when captured.
+// Appends `run` to the stream (or, while it is capturing, records it in the
+// graph being captured). *seqOut: the operation's sequence number, 0 when
+// captured.
 CUresult enqueue(Stream& s, std::function<void()> run, uint64_t* seqOut = nullptr) {
   if (seqOut) *seqOut = 0;
   if (s.orphaned.load()) return CUDA_ERROR_INVALID_HANDLE;
@@ -645,6 +673,7 @@ CUresult enqueue(Stream& s, std::function<void()> run, uint64_t* seqOut = nullpt
     if (s.destroyRequested) return CUDA_ERROR_INVALID_HANDLE;
     if (s.captureStatus == CU_STREAM_CAPTURE_STATUS_ACTIVE) {
       ++s.capturedOps;
+      if (s.captureGraph != nullptr) s.captureGraph->ops.push_back(std::move(run));
       return CUDA_SUCCESS;
     }
     uint64_t seq = ++s.enqueued;
@@ -2250,6 +2279,12 @@ FAKE_API CUresult cuStreamCreateWithPriority(CUstream* phStream, unsigned int fl
   return guarded([&] { return createStream(phStream, flags, priority); });
 }
 
+namespace fakecuda {
+namespace {
+void destroyGraph(Graph* g);  // stream capture, below
+}  // namespace
+}  // namespace fakecuda
+
 // Returns at once, as the driver does: the worker finishes what is queued and
 // then ends. The handle is invalid from now on.
 FAKE_API CUresult cuStreamDestroy_v2(CUstream hStream) {
@@ -2266,11 +2301,14 @@ FAKE_API CUresult cuStreamDestroy_v2(CUstream hStream) {
       d.liveStreams.erase(it);
     }
     if (s->orphaned.load()) return CUDA_SUCCESS;  // inherited through fork: nothing runs it
+    Graph* unfinished = nullptr;
     {
       std::lock_guard lk(s->mu);
       s->destroyRequested = true;
       s->captureStatus = CU_STREAM_CAPTURE_STATUS_NONE;  // an unfinished capture is dropped
+      unfinished = std::exchange(s->captureGraph, nullptr);
     }
+    if (unfinished != nullptr) destroyGraph(unfinished);
     s->workCv.notify_all();
     return CUDA_SUCCESS;
   });
@@ -2569,8 +2607,61 @@ FAKE_API CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned i
 }
 
 // ===========================================================================
-// Stream capture: work issued while capturing is counted and dropped; graphs
-// are placeholders and are never replayed.
+// Stream capture and graphs. Work issued on a capturing stream is recorded in
+// its graph (a chain: the stand-in captures one stream at a time; an event
+// that joins another stream into the capture records no dependency), and
+// each launch of an executable graph enqueues the recorded work, in order,
+// on the launch stream. User objects follow CUDA's reference counts: the
+// graph's references are copied into each executable graph, and the
+// destructor runs (as a host function: no CUDA calls) when the last goes.
+
+namespace fakecuda {
+namespace {
+
+// Requires d.mu. Drops `count` references; returns the object if that was
+// its last (the caller runs the destructor outside the lock).
+UserObject* releaseUserObjectLocked(Driver& d, UserObject* o, unsigned count) {
+  o->refs = count >= o->refs ? 0 : o->refs - count;
+  if (o->refs != 0) return nullptr;
+  d.userObjects.erase(o);
+  return o;
+}
+
+void runUserObjectDestructors(const std::vector<UserObject*>& dead) {
+  for (UserObject* o : dead) {
+    {
+      struct InHostFn {  // CUDA calls from a destructor are flagged, as from host functions
+        InHostFn() { tInHostFn = true; }
+        ~InHostFn() { tInHostFn = false; }
+      } scope;
+      if (o->destroy != nullptr) o->destroy(o->ptr);
+    }
+    delete o;
+  }
+}
+
+// Requires d.mu.
+void releaseAllLocked(Driver& d, const std::map<UserObject*, unsigned>& refs, std::vector<UserObject*>& dead) {
+  for (const auto& [o, n] : refs)
+    if (UserObject* gone = releaseUserObjectLocked(d, o, n)) dead.push_back(gone);
+}
+
+// Erases a graph and releases its user objects' references.
+void destroyGraph(Graph* g) {
+  Driver& d = drv();
+  std::vector<UserObject*> dead;
+  {
+    std::lock_guard lk(d.mu);
+    auto it = d.graphs.find(g);
+    if (it == d.graphs.end()) return;
+    releaseAllLocked(d, it->second->userRefs, dead);
+    d.graphs.erase(it);
+  }
+  runUserObjectDestructors(dead);
+}
+
+}  // namespace
+}  // namespace fakecuda
 
 FAKE_API CUresult cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode) {
   FAKE_ENTER("cuStreamBeginCapture");
@@ -2585,18 +2676,30 @@ FAKE_API CUresult cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode 
     Driver& d = drv();
     std::shared_ptr<Stream> s;
     uint64_t id;
+    Graph* graph = nullptr;
     {
       std::lock_guard lk(d.mu);
       if (CUresult r = resolveStreamLocked(d, hStream, s); r != CUDA_SUCCESS) return r;
       id = d.nextId++;
+      auto g = std::make_unique<Graph>();
+      g->capturing = true;
+      g->origins.push_back(s);
+      graph = g.get();
+      d.graphs.emplace(graph, std::move(g));
     }
-    std::lock_guard lk(s->mu);
-    if (s->captureStatus != CU_STREAM_CAPTURE_STATUS_NONE) return CUDA_ERROR_ILLEGAL_STATE;
-    s->captureStatus = CU_STREAM_CAPTURE_STATUS_ACTIVE;
-    s->captureMode = mode;
-    s->captureId = id;
-    s->capturedOps = 0;
-    return CUDA_SUCCESS;
+    {
+      std::lock_guard lk(s->mu);
+      if (s->captureStatus == CU_STREAM_CAPTURE_STATUS_NONE) {
+        s->captureStatus = CU_STREAM_CAPTURE_STATUS_ACTIVE;
+        s->captureMode = mode;
+        s->captureId = id;
+        s->capturedOps = 0;
+        s->captureGraph = graph;
+        return CUDA_SUCCESS;
+      }
+    }
+    destroyGraph(graph);
+    return CUDA_ERROR_ILLEGAL_STATE;
   });
 }
 
@@ -2606,20 +2709,18 @@ FAKE_API CUresult cuStreamEndCapture(CUstream hStream, CUgraph* phGraph) {
   return guarded([&]() -> CUresult {
     std::shared_ptr<Stream> s;
     if (CUresult r = resolveStream(hStream, s); r != CUDA_SUCCESS) return r;
-    auto g = std::make_unique<Graph>();
+    Graph* g = nullptr;
     {
       std::lock_guard lk(s->mu);
       if (s->captureStatus == CU_STREAM_CAPTURE_STATUS_NONE) return CUDA_ERROR_ILLEGAL_STATE;
+      g = std::exchange(s->captureGraph, nullptr);
       g->capturedOps = s->capturedOps;
+      g->capturing = false;
       s->captureStatus = CU_STREAM_CAPTURE_STATUS_NONE;
       s->captureId = 0;
       s->capturedOps = 0;
     }
-    Driver& d = drv();
-    std::lock_guard lk(d.mu);
-    Graph* raw = g.get();
-    d.graphs.emplace(raw, std::move(g));
-    *phGraph = reinterpret_cast<CUgraph>(raw);
+    *phGraph = reinterpret_cast<CUgraph>(g);
     return CUDA_SUCCESS;
   });
 }
@@ -2648,8 +2749,8 @@ FAKE_API CUresult cuStreamGetCaptureInfo_v3(CUstream hStream, CUstreamCaptureSta
     std::lock_guard lk(s->mu);
     *captureStatus_out = s->captureStatus;
     if (id_out != nullptr && s->captureStatus != CU_STREAM_CAPTURE_STATUS_NONE) *id_out = s->captureId;
-    // No graph is built, so there is no graph or dependency set to report.
-    if (graph_out != nullptr) *graph_out = nullptr;
+    // The graph being captured; no node handles are kept, so no dependency set.
+    if (graph_out != nullptr) *graph_out = reinterpret_cast<CUgraph>(s->captureGraph);
     if (dependencies_out != nullptr) *dependencies_out = nullptr;
     if (edgeData_out != nullptr) *edgeData_out = nullptr;
     if (numDependencies_out != nullptr) *numDependencies_out = 0;
@@ -2661,8 +2762,150 @@ FAKE_API CUresult cuGraphDestroy(CUgraph hGraph) {
   FAKE_ENTER("cuGraphDestroy");
   return guarded([&]() -> CUresult {
     Driver& d = drv();
+    Graph* g = reinterpret_cast<Graph*>(hGraph);
+    {
+      std::lock_guard lk(d.mu);
+      auto it = d.graphs.find(g);
+      if (it == d.graphs.end() || it->second->capturing) return CUDA_ERROR_INVALID_VALUE;
+    }
+    destroyGraph(g);
+    return CUDA_SUCCESS;
+  });
+}
+
+FAKE_API CUresult cuGraphInstantiateWithFlags(CUgraphExec* phGraphExec, CUgraph hGraph, unsigned long long flags) {
+  FAKE_ENTER("cuGraphInstantiateWithFlags");
+  if (phGraphExec == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  return guarded([&]() -> CUresult {
+    Driver& d = drv();
     std::lock_guard lk(d.mu);
-    return d.graphs.erase(reinterpret_cast<Graph*>(hGraph)) != 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    auto it = d.graphs.find(reinterpret_cast<Graph*>(hGraph));
+    if (it == d.graphs.end() || it->second->capturing) return CUDA_ERROR_INVALID_VALUE;
+    const Graph& g = *it->second;
+    auto exec = std::make_unique<GraphExec>();
+    exec->ops = g.ops;
+    exec->origins = g.origins;
+    exec->userRefs = g.userRefs;
+    for (const auto& [o, n] : exec->userRefs) o->refs += n;
+    *phGraphExec = reinterpret_cast<CUgraphExec>(exec.get());
+    d.graphExecs.emplace(exec.get(), std::move(exec));
+    return CUDA_SUCCESS;
+  });
+}
+
+FAKE_API CUresult cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream) {
+  FAKE_ENTER("cuGraphLaunch");
+  return guarded([&]() -> CUresult {
+    Driver& d = drv();
+    std::shared_ptr<Stream> s;
+    std::vector<std::function<void()>> ops;
+    std::map<UserObject*, unsigned> held;
+    {
+      std::lock_guard lk(d.mu);
+      auto it = d.graphExecs.find(reinterpret_cast<GraphExec*>(hGraphExec));
+      if (it == d.graphExecs.end()) return CUDA_ERROR_INVALID_VALUE;
+      if (CUresult r = resolveStreamLocked(d, hStream, s); r != CUDA_SUCCESS) return r;
+      ops = it->second->ops;
+      // The launch holds the user objects until it has run (an executable
+      // graph destroyed meanwhile does not free what the launch uses).
+      held = it->second->userRefs;
+      for (const auto& [o, n] : held) o->refs += n;
+    }
+    // The recorded chain, in order, then the launch's references let go.
+    ops.push_back([held] {
+      Driver& dd = drv();
+      std::vector<UserObject*> dead;
+      {
+        std::lock_guard lk(dd.mu);
+        releaseAllLocked(dd, held, dead);
+      }
+      runUserObjectDestructors(dead);
+    });
+    for (auto& op : ops)
+      if (CUresult r = enqueue(*s, std::move(op)); r != CUDA_SUCCESS) return r;
+    return CUDA_SUCCESS;
+  });
+}
+
+FAKE_API CUresult cuGraphExecDestroy(CUgraphExec hGraphExec) {
+  FAKE_ENTER("cuGraphExecDestroy");
+  return guarded([&]() -> CUresult {
+    Driver& d = drv();
+    std::vector<UserObject*> dead;
+    {
+      std::lock_guard lk(d.mu);
+      auto it = d.graphExecs.find(reinterpret_cast<GraphExec*>(hGraphExec));
+      if (it == d.graphExecs.end()) return CUDA_ERROR_INVALID_VALUE;
+      // Work already launched keeps what it refers to: the recorded
+      // operations hold their own views of memory.
+      releaseAllLocked(d, it->second->userRefs, dead);
+      d.graphExecs.erase(it);
+    }
+    runUserObjectDestructors(dead);
+    return CUDA_SUCCESS;
+  });
+}
+
+FAKE_API CUresult cuUserObjectCreate(CUuserObject* object_out, void* ptr, CUhostFn destroy, unsigned int initialRefcount,
+                                     unsigned int flags) {
+  FAKE_ENTER("cuUserObjectCreate");
+  if (object_out == nullptr || destroy == nullptr || initialRefcount == 0 ||
+      flags != CU_USER_OBJECT_NO_DESTRUCTOR_SYNC) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  return guarded([&]() -> CUresult {
+    Driver& d = drv();
+    std::lock_guard lk(d.mu);
+    auto* o = new UserObject{ptr, destroy, initialRefcount};
+    d.userObjects.insert(o);
+    *object_out = reinterpret_cast<CUuserObject>(o);
+    return CUDA_SUCCESS;
+  });
+}
+
+FAKE_API CUresult cuUserObjectRetain(CUuserObject object, unsigned int count) {
+  FAKE_ENTER("cuUserObjectRetain");
+  if (count == 0) return CUDA_ERROR_INVALID_VALUE;
+  return guarded([&]() -> CUresult {
+    Driver& d = drv();
+    std::lock_guard lk(d.mu);
+    auto* o = reinterpret_cast<UserObject*>(object);
+    if (d.userObjects.count(o) == 0) return CUDA_ERROR_INVALID_VALUE;
+    o->refs += count;
+    return CUDA_SUCCESS;
+  });
+}
+
+FAKE_API CUresult cuUserObjectRelease(CUuserObject object, unsigned int count) {
+  FAKE_ENTER("cuUserObjectRelease");
+  if (count == 0) return CUDA_ERROR_INVALID_VALUE;
+  return guarded([&]() -> CUresult {
+    Driver& d = drv();
+    std::vector<UserObject*> dead;
+    {
+      std::lock_guard lk(d.mu);
+      auto* o = reinterpret_cast<UserObject*>(object);
+      if (d.userObjects.count(o) == 0) return CUDA_ERROR_INVALID_VALUE;
+      if (UserObject* gone = releaseUserObjectLocked(d, o, count)) dead.push_back(gone);
+    }
+    runUserObjectDestructors(dead);
+    return CUDA_SUCCESS;
+  });
+}
+
+FAKE_API CUresult cuGraphRetainUserObject(CUgraph graph, CUuserObject object, unsigned int count, unsigned int flags) {
+  FAKE_ENTER("cuGraphRetainUserObject");
+  if (count == 0 || (flags & ~static_cast<unsigned>(CU_GRAPH_USER_OBJECT_MOVE)) != 0) return CUDA_ERROR_INVALID_VALUE;
+  return guarded([&]() -> CUresult {
+    Driver& d = drv();
+    std::lock_guard lk(d.mu);
+    auto it = d.graphs.find(reinterpret_cast<Graph*>(graph));
+    auto* o = reinterpret_cast<UserObject*>(object);
+    if (it == d.graphs.end() || d.userObjects.count(o) == 0) return CUDA_ERROR_INVALID_VALUE;
+    // MOVE hands over the caller's references; otherwise new ones are taken.
+    if ((flags & CU_GRAPH_USER_OBJECT_MOVE) == 0) o->refs += count;
+    it->second->userRefs[o] += count;
+    return CUDA_SUCCESS;
   });
 }
 
@@ -3346,6 +3589,13 @@ const ProcEntry kProcs[] = {
     FAKE_PROC(cuStreamIsCapturing, cuStreamIsCapturing),
     FAKE_PROC(cuStreamGetCaptureInfo, cuStreamGetCaptureInfo_v3),
     FAKE_PROC(cuGraphDestroy, cuGraphDestroy),
+    FAKE_PROC(cuGraphInstantiateWithFlags, cuGraphInstantiateWithFlags),
+    FAKE_PROC(cuGraphLaunch, cuGraphLaunch),
+    FAKE_PROC(cuGraphExecDestroy, cuGraphExecDestroy),
+    FAKE_PROC(cuUserObjectCreate, cuUserObjectCreate),
+    FAKE_PROC(cuUserObjectRetain, cuUserObjectRetain),
+    FAKE_PROC(cuUserObjectRelease, cuUserObjectRelease),
+    FAKE_PROC(cuGraphRetainUserObject, cuGraphRetainUserObject),
     FAKE_PROC(cuThreadExchangeStreamCaptureMode, cuThreadExchangeStreamCaptureMode),
     FAKE_PROC(cuMemGetAllocationGranularity, cuMemGetAllocationGranularity),
     FAKE_PROC(cuMemCreate, cuMemCreate),

@@ -23,6 +23,9 @@ endfunction()
 
 shoal_cudafake_tests(cudafake_device_tests 300 ${CMAKE_CURRENT_LIST_DIR}/device_collectives_test.cc
   ${PROJECT_SOURCE_DIR}/tests/support/mp_harness.cc)
+# Collectives captured into CUDA graphs and replayed by the stand-in's launches.
+shoal_cudafake_tests(cudafake_graph_tests 240 ${CMAKE_CURRENT_LIST_DIR}/graph_capture_test.cc
+  ${PROJECT_SOURCE_DIR}/tests/support/mp_harness.cc)
 # Ranks on two GPUs of one process: the stand-in's device count is set before
 # its first cuInit, so they have a binary of their own.
 shoal_cudafake_tests(cudafake_two_gpus_tests 120 ${CMAKE_CURRENT_LIST_DIR}/two_gpus_test.cc

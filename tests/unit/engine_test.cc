@@ -147,6 +147,46 @@ TEST_CASE("jobs of one queue run in submission order", "[unit]") {
   }
 }
 
+// A CUDA graph's replay (docs/cuda.md, "Graph capture") is submitted when
+// its stream reaches it, after a job queued by a call made after the graph's
+// launch on that stream, which waits for the stream: the replay runs first,
+// and the later job once its stream reaches it.
+TEST_CASE("a job that runs ahead starts before an earlier job still waiting for its stream", "[unit]") {
+  const size_t n = 1024;
+  auto [a, b] = makeLoopbackPair("rank 0", "rank 1");
+  Rank later0, later1, replay0, replay1;
+  fill(later0, n, 0);
+  fill(later1, n, 100);
+  fill(replay0, n, 1000);
+  fill(replay1, n, 2000);
+  later0.job = makeJob(exchangePlan(0, 1, n * 4, 2), later0, a.get(), 31);
+  later1.job = makeJob(exchangePlan(1, 0, n * 4, 2), later1, b.get(), 32);
+  replay0.job = makeJob(exchangePlan(0, 1, n * 4, 2), replay0, a.get(), 31);
+  replay1.job = makeJob(exchangePlan(1, 0, n * 4, 2), replay1, b.get(), 32);
+  alignas(64) static uint64_t words[2];  // ready, done
+  words[0] = words[1] = 0;
+  later0.job->streamReady = &words[0];
+  later0.job->streamDone = &words[1];
+  later0.job->streamSeq = 1;
+  later0.job->detached = true;
+  replay0.job->runsAhead = true;
+  replay0.job->detached = true;
+  Engine& engine = Engine::instance();
+  engine.submit(later0.job);
+  engine.submit(replay0.job);
+  engine.submit(replay1.job);  // rank 1 meets the replay first, as its stream order says
+  engine.submit(later1.job);
+  REQUIRE(engine.wait(*replay0.job, Deadline::afterMs(20000)).isOk());
+  REQUIRE(engine.wait(*replay1.job, Deadline::afterMs(20000)).isOk());
+  CHECK(replay0.recv[7] == replay0.send[7] + replay1.send[7]);
+  CHECK_FALSE(later0.job->isDone());
+  writeStreamWord(&words[0], 1);  // the stream reaches the later call
+  REQUIRE(engine.wait(*later0.job, Deadline::afterMs(20000)).isOk());
+  REQUIRE(engine.wait(*later1.job, Deadline::afterMs(20000)).isOk());
+  CHECK(later0.recv[7] == later0.send[7] + later1.send[7]);
+  CHECK(words[1] == 1);
+}
+
 TEST_CASE("a message that never arrives trips the no-progress deadline naming the peer",
           "[unit]") {
   setenv("SHOAL_PROGRESS_TIMEOUT_MS", "300", 1);

@@ -1,0 +1,251 @@
+// Collectives captured into CUDA graphs, on the driver stand-in (which
+// records a capture and replays it at each launch, user objects included):
+// nothing runs at capture; each launch runs the operation on the inputs of
+// that moment, as processes over shm, tcp and cuda_ipc and with the wait
+// kernel; a call made after a launch on the same stream waits for the
+// replay instead of blocking it; a replay of a destroyed communicator's
+// operation lets its stream pass; a group over two streams being captured
+// is refused; the staging a graph holds is freed once the graph is gone.
+#include <catch2/catch.hpp>
+
+#include <cuda.h>
+#include <nccl.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "cudafake/device_ranks.h"
+#include "cudafake/fake_cuda.h"
+#include "support/mp_harness.h"
+#include "support/nccl_ok.h"
+
+namespace {
+
+const bool kDriverNamed = setenv("SHOAL_CUDA_DRIVER", SHOAL_CUDAFAKE_LIB, 0) == 0;
+
+#define CU_OK(call) REQUIRE((call) == CUDA_SUCCESS)
+
+void useDevice0() {
+  CU_OK(cuInit(0));
+  CUcontext ctx = nullptr;
+  CU_OK(cuDevicePrimaryCtxRetain(&ctx, 0));
+  CU_OK(cuCtxSetCurrent(ctx));
+}
+
+// n floats of device memory; usable from forked children (no Catch2 there).
+struct DeviceFloats {
+  CUdeviceptr ptr = 0;
+  size_t n = 0;
+  explicit DeviceFloats(size_t count) : n(count) { (void)cuMemAlloc(&ptr, n * sizeof(float)); }
+  ~DeviceFloats() { cuMemFree(ptr); }
+  DeviceFloats(const DeviceFloats&) = delete;
+  float* at() const { return reinterpret_cast<float*>(ptr); }
+  bool fill(const std::function<float(size_t)>& f) const {
+    std::vector<float> host(n);
+    for (size_t i = 0; i < n; ++i) host[i] = f(i);
+    return cuMemcpyHtoD(ptr, host.data(), n * sizeof(float)) == CUDA_SUCCESS;
+  }
+  std::vector<float> read() const {
+    std::vector<float> host(n, -7.0f);
+    (void)cuMemcpyDtoH(host.data(), ptr, n * sizeof(float));
+    return host;
+  }
+};
+
+float val(int rank, size_t i, int round) { return static_cast<float>((rank + 1) * 100 + i % 100 + round * 1000); }
+
+// The first i where got differs from want(i), or -1.
+long firstWrong(const std::vector<float>& got, const std::function<float(size_t)>& want) {
+  for (size_t i = 0; i < got.size(); ++i)
+    if (got[i] != want(i)) return static_cast<long>(i);
+  return -1;
+}
+
+}  // namespace
+
+// Every rank captures an AllReduce, a ring of Send/Recv in a group and an
+// AllGather into one graph, then launches it three times with new inputs
+// each time; after each launch, on the same stream, an eager AllReduce that
+// the stream reaches only after the replay (its job is queued before the
+// replay's). Each result is checked.
+TEST_CASE("collectives captured into a CUDA graph run at each launch with that launch's inputs", "[cudafake][mp]") {
+  using Env = std::vector<std::pair<std::string, std::string>>;
+  struct Variant {
+    const char* name;
+    Env env;
+  };
+  const Variant variants[] = {
+      {"shm", {{"SHOAL_TRANSPORT", "shm"}}},
+      {"tcp", {{"SHOAL_TRANSPORT", "tcp"}}},
+      {"cuda_ipc (device-direct by default)", {{"SHOAL_TRANSPORT", ""}}},
+      {"shm with the wait kernel", {{"SHOAL_TRANSPORT", "shm"}, {"SHOAL_CUDA_WAIT", "kernel"}}},
+  };
+  for (const Variant& variant : variants) {
+    for (int n : {2, 3}) {
+      shoal::testing::MpConfig cfg;
+      cfg.nranks = n;
+      cfg.env = variant.env;
+      auto result = shoal::testing::forkedDeviceRanks(cfg, [&](shoal::testing::MpChild& child, ncclComm_t comm,
+                                                             CUstream s) -> int {
+        const int r = child.rank();
+        constexpr size_t N = 3000;
+        DeviceFloats send(N), sum(N), gathered(N * n), ringIn(N), eager(N);
+        if (!send.fill([&](size_t i) { return val(r, i, 0); }) || !sum.fill([](size_t) { return -1.0f; }))
+          return 20;
+        // Warm-up, as PyTorch requires before a capture.
+        if (ncclAllReduce(send.at(), sum.at(), N, ncclFloat, ncclSum, comm, s) != ncclSuccess) return 21;
+        if (cuStreamSynchronize(s) != CUDA_SUCCESS) return 22;
+        if (!sum.fill([](size_t) { return -1.0f; })) return 23;
+
+        if (cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL) != CUDA_SUCCESS) return 24;
+        bool captured = ncclAllReduce(send.at(), sum.at(), N, ncclFloat, ncclSum, comm, s) == ncclSuccess;
+        captured = captured && ncclGroupStart() == ncclSuccess;
+        captured = captured && ncclSend(send.at(), N, ncclFloat, (r + 1) % n, comm, s) == ncclSuccess;
+        captured = captured && ncclRecv(ringIn.at(), N, ncclFloat, (r + n - 1) % n, comm, s) == ncclSuccess;
+        captured = captured && ncclGroupEnd() == ncclSuccess;
+        captured = captured && ncclAllGather(send.at(), gathered.at(), N, ncclFloat, comm, s) == ncclSuccess;
+        if (!captured) child.log(std::string("capture: ") + ncclGetLastError(comm));
+        CUgraph graph = nullptr;
+        if (cuStreamEndCapture(s, &graph) != CUDA_SUCCESS || !captured) return 25;
+        CUgraphExec exec = nullptr;
+        if (cuGraphInstantiate(&exec, graph, 0) != CUDA_SUCCESS) return 26;
+        // Nothing ran at capture.
+        if (cuStreamSynchronize(s) != CUDA_SUCCESS) return 27;
+        if (firstWrong(sum.read(), [](size_t) { return -1.0f; }) != -1) return 28;
+
+        for (int round = 1; round <= 3; ++round) {
+          if (!send.fill([&](size_t i) { return val(r, i, round); })) return 30;
+          if (cuGraphLaunch(exec, s) != CUDA_SUCCESS) return 31;
+          // Called after the launch, on the same stream: runs after the replay.
+          if (ncclAllReduce(sum.at(), eager.at(), N, ncclFloat, ncclMax, comm, s) != ncclSuccess) return 32;
+          if (cuStreamSynchronize(s) != CUDA_SUCCESS) return 33;
+          auto sumOf = [&](size_t i) {
+            float t = 0;
+            for (int q = 0; q < n; ++q) t += val(q, i, round);
+            return t;
+          };
+          const long wrongSum = firstWrong(sum.read(), sumOf);
+          const long wrongEager = firstWrong(eager.read(), sumOf);
+          const long wrongRing = firstWrong(ringIn.read(), [&](size_t i) { return val((r + n - 1) % n, i, round); });
+          const long wrongGather =
+              firstWrong(gathered.read(), [&](size_t i) { return val(static_cast<int>(i / N), i % N, round); });
+          if (wrongSum >= 0 || wrongEager >= 0 || wrongRing >= 0 || wrongGather >= 0) {
+            child.log("round " + std::to_string(round) + ": first wrong element: AllReduce " + std::to_string(wrongSum) +
+                      ", eager AllReduce " + std::to_string(wrongEager) + ", Recv " + std::to_string(wrongRing) +
+                      ", AllGather " + std::to_string(wrongGather));
+            return 34;
+          }
+        }
+        ncclResult_t async = ncclSuccess;
+        ncclCommGetAsyncError(comm, &async);
+        if (async != ncclSuccess) return 35;
+        if (cuGraphExecDestroy(exec) != CUDA_SUCCESS || cuGraphDestroy(graph) != CUDA_SUCCESS) return 36;
+        if (shoalFakeCudaHostFnViolations() != 0) return 37;  // the host node made no CUDA call
+        if (ncclCommDestroy(comm) != ncclSuccess) return 38;
+        return 0;
+      });
+      INFO(variant.name << ", " << n << " ranks\n" << result.report());
+      CHECK(result.allPassed());
+    }
+  }
+}
+
+TEST_CASE("a captured collective runs nothing at capture and copies at each launch, on one rank", "[cudafake]") {
+  useDevice0();
+  CUstream s = nullptr;
+  CU_OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  ncclUniqueId id;
+  NCCL_OK(ncclGetUniqueId(&id));
+  ncclComm_t comm = nullptr;
+  NCCL_OK(ncclCommInitRank(&comm, 1, id, 0));
+  constexpr size_t N = 64;
+  DeviceFloats in(N), out(N);
+  REQUIRE(in.fill([](size_t i) { return static_cast<float>(i); }));
+  REQUIRE(out.fill([](size_t) { return -1.0f; }));
+  const int allocationsBefore = shoalFakeCudaLiveAllocations();
+
+  CU_OK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  NCCL_OK(ncclAllReduce(in.at(), out.at(), N, ncclFloat, ncclSum, comm, s));
+  CUgraph graph = nullptr;
+  CU_OK(cuStreamEndCapture(s, &graph));
+  CUgraphExec exec = nullptr;
+  CU_OK(cuGraphInstantiate(&exec, graph, 0));
+  CU_OK(cuStreamSynchronize(s));
+  CHECK(out.read()[5] == -1.0f);  // not at capture
+
+  for (int round = 1; round <= 2; ++round) {
+    REQUIRE(in.fill([&](size_t i) { return static_cast<float>(i + 100 * round); }));
+    CU_OK(cuGraphLaunch(exec, s));
+    CU_OK(cuStreamSynchronize(s));
+    CHECK(out.read()[5] == static_cast<float>(5 + 100 * round));
+  }
+  // The graph holds the staging until it is gone; then the next call's
+  // staging reuses or frees it (SHOAL_CUDA_STAGING_BYTES), and the
+  // communicator's end frees it all.
+  CU_OK(cuGraphExecDestroy(exec));
+  CU_OK(cuGraphDestroy(graph));
+  NCCL_OK(ncclAllReduce(in.at(), out.at(), N, ncclFloat, ncclSum, comm, s));
+  CU_OK(cuStreamSynchronize(s));
+  NCCL_OK(ncclCommDestroy(comm));
+  CHECK(shoalFakeCudaLiveAllocations() <= allocationsBefore);
+  CU_OK(cuStreamDestroy(s));
+}
+
+TEST_CASE("a graph launched after its communicator was destroyed lets its stream pass", "[cudafake]") {
+  useDevice0();
+  CUstream s = nullptr;
+  CU_OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  ncclUniqueId id;
+  NCCL_OK(ncclGetUniqueId(&id));
+  ncclComm_t comm = nullptr;
+  NCCL_OK(ncclCommInitRank(&comm, 1, id, 0));
+  DeviceFloats in(16), out(16);
+  REQUIRE(in.fill([](size_t i) { return static_cast<float>(i); }));
+  REQUIRE(out.fill([](size_t) { return -1.0f; }));
+  CU_OK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+  NCCL_OK(ncclAllReduce(in.at(), out.at(), 16, ncclFloat, ncclSum, comm, s));
+  CUgraph graph = nullptr;
+  CU_OK(cuStreamEndCapture(s, &graph));
+  CUgraphExec exec = nullptr;
+  CU_OK(cuGraphInstantiate(&exec, graph, 0));
+  NCCL_OK(ncclCommDestroy(comm));
+  const auto t0 = std::chrono::steady_clock::now();
+  CU_OK(cuGraphLaunch(exec, s));
+  CU_OK(cuStreamSynchronize(s));
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));
+  CHECK(out.read()[3] != 3.0f);  // the AllReduce did not run (its output holds the staging's bytes)
+  CU_OK(cuGraphExecDestroy(exec));
+  CU_OK(cuGraphDestroy(graph));
+  CU_OK(cuStreamDestroy(s));
+}
+
+TEST_CASE("a group over two streams with one being captured is refused with ncclInvalidUsage", "[cudafake]") {
+  useDevice0();
+  CUstream s = nullptr, other = nullptr;
+  CU_OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  CU_OK(cuStreamCreate(&other, CU_STREAM_NON_BLOCKING));
+  ncclUniqueId id;
+  NCCL_OK(ncclGetUniqueId(&id));
+  ncclComm_t comm = nullptr;
+  NCCL_OK(ncclCommInitRank(&comm, 1, id, 0));
+  DeviceFloats a(16), b(16);
+  REQUIRE(a.fill([](size_t i) { return static_cast<float>(i); }));
+  CU_OK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED));
+  NCCL_OK(ncclGroupStart());
+  NCCL_OK(ncclAllReduce(a.at(), a.at(), 16, ncclFloat, ncclSum, comm, s));
+  NCCL_OK(ncclAllReduce(b.at(), b.at(), 16, ncclFloat, ncclSum, comm, other));
+  CHECK(ncclGroupEnd() == ncclInvalidUsage);
+  const std::string why = ncclGetLastError(comm);
+  INFO(why);
+  CHECK(why.find("being captured into a CUDA graph") != std::string::npos);
+  CUgraph graph = nullptr;
+  CU_OK(cuStreamEndCapture(s, &graph));
+  if (graph) CU_OK(cuGraphDestroy(graph));
+  NCCL_OK(ncclCommDestroy(comm));
+  CU_OK(cuStreamDestroy(s));
+  CU_OK(cuStreamDestroy(other));
+}
