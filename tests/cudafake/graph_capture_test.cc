@@ -3,13 +3,15 @@
 // nothing runs at capture; each launch runs the operation on the inputs of
 // that moment, as processes over shm, tcp and cuda_ipc and with the wait
 // kernel; a call made after a launch on the same stream waits for the
-// replay instead of blocking it; a replay of a destroyed communicator's
+// replay instead of blocking it; a replay whose peer was killed lets its
+// stream go with the error; a replay of a destroyed communicator's
 // operation lets its stream pass; a group over two streams being captured
 // is refused; the staging a graph holds is freed once the graph is gone.
 #include <catch2/catch.hpp>
 
 #include <cuda.h>
 #include <nccl.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -151,6 +153,55 @@ TEST_CASE("collectives captured into a CUDA graph run at each launch with that l
       INFO(variant.name << ", " << n << " ranks\n" << result.report());
       CHECK(result.allPassed());
     }
+  }
+}
+
+// A replay whose peer died fails like an eager call: the stream is let go
+// (no hang) and the error is the communicator's.
+TEST_CASE("a replay whose peer was killed releases its stream with the error in ncclCommGetAsyncError",
+          "[cudafake][mp]") {
+  for (const char* transport : {"shm", "tcp"}) {
+    shoal::testing::MpConfig cfg;
+    cfg.nranks = 2;
+    cfg.env = {{"SHOAL_TRANSPORT", transport}};
+    auto result = shoal::testing::forkedDeviceRanks(cfg, [&](shoal::testing::MpChild& child, ncclComm_t comm,
+                                                           CUstream s) -> int {
+      constexpr size_t N = 1024;
+      DeviceFloats buf(N);
+      if (!buf.fill([](size_t i) { return static_cast<float>(i); })) return 20;
+      if (ncclAllReduce(buf.at(), buf.at(), N, ncclFloat, ncclSum, comm, s) != ncclSuccess) return 21;
+      if (cuStreamSynchronize(s) != CUDA_SUCCESS) return 22;
+      if (cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL) != CUDA_SUCCESS) return 23;
+      const bool captured = ncclAllReduce(buf.at(), buf.at(), N, ncclFloat, ncclSum, comm, s) == ncclSuccess;
+      CUgraph graph = nullptr;
+      if (cuStreamEndCapture(s, &graph) != CUDA_SUCCESS || !captured) return 24;
+      CUgraphExec exec = nullptr;
+      if (cuGraphInstantiate(&exec, graph, 0) != CUDA_SUCCESS) return 25;
+      if (child.rank() == 1) {
+        child.barrier();
+        ::kill(::getpid(), SIGKILL);
+      }
+      child.barrier();
+      const auto t0 = std::chrono::steady_clock::now();
+      if (cuGraphLaunch(exec, s) != CUDA_SUCCESS) return 26;
+      if (cuStreamSynchronize(s) != CUDA_SUCCESS) return 27;
+      const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      ncclResult_t async = ncclSuccess;
+      for (int i = 0; i < 200 && async == ncclSuccess; ++i) {
+        ncclCommGetAsyncError(comm, &async);
+        if (async == ncclSuccess) ::usleep(10000);
+      }
+      child.log("stream released after " + std::to_string(static_cast<long>(ms)) + " ms; async " +
+                std::to_string(async) + ": " + ncclGetLastError(comm));
+      if (async == ncclSuccess || async == ncclInProgress) return 28;
+      if (ms > 20000) return 29;
+      ncclCommAbort(comm);
+      cuGraphExecDestroy(exec);
+      cuGraphDestroy(graph);
+      return 0;
+    });
+    INFO(transport << "\n" << result.report());
+    CHECK(result.onlyVictimKilled(1));
   }
 }
 

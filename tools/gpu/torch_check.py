@@ -5,7 +5,8 @@ LD_PRELOAD pointing at Shoal's library. Every rank uses cuda:0 unless more
 GPUs exist (Shoal allows several ranks per GPU). First makes sure Shoal
 serves this process's NCCL calls (nccl_in_use), then checks all_reduce,
 all_gather_into_tensor, reduce_scatter_tensor, broadcast, send/recv and an
-async work handle in float32 and bfloat16, with exact expected values.
+async work handle in float32 and bfloat16, and an all_reduce captured into a
+CUDA graph and replayed, with exact expected values.
 """
 import ctypes
 import os
@@ -151,6 +152,27 @@ def main():
         torch.cuda.synchronize()
         expect(f"send/recv {dtype}", recv,
                torch.full((2048,), float((rank - 1) % world), device=device, dtype=dtype))
+
+    # CUDA graph capture (torch.cuda.graph): all_reduce captured once after a
+    # warm-up on a side stream, replayed three times on new inputs.
+    g = torch.zeros(1 << 16, device=device)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            dist.all_reduce(g)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        dist.all_reduce(g)
+    for k in range(1, 4):
+        g.fill_(float(rank + k))
+        graph.replay()
+        torch.cuda.synchronize()
+        expect(f"all_reduce in a CUDA graph, replay {k}", g,
+               torch.full_like(g, float(world * (world - 1) // 2 + world * k)))
+    del graph
 
     # A bandwidth figure: 256 MiB float32 all_reduce.
     big = torch.ones(64 << 20, device=device)
