@@ -406,8 +406,10 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
     collSeq_.store(seq + 1, std::memory_order_relaxed);
     return seq;
   }
-  // A submitted detached job, tracked until it finishes.
-  void trackDetached(const JobPtr& job);
+  // A submitted detached job, tracked until it finishes. With `prune`,
+  // finished ones are let go first (not from a CUDA host function: the last
+  // reference to a job may free device memory).
+  void trackDetached(const JobPtr& job, bool prune = true);
   // No submitted job of ours is unfinished (blocking calls may then run inline).
   bool nothingInFlight();
   void releaseFinishedDetached();

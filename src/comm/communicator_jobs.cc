@@ -60,11 +60,11 @@ CollShape Communicator::placedShape(const OpRequest& op) const {
   return shape;
 }
 
-void Communicator::trackDetached(const JobPtr& job) {
+void Communicator::trackDetached(const JobPtr& job, bool prune) {
   std::lock_guard<std::mutex> lock(jobsMutex_);
   // Calls nobody waits for (stream-ordered ones, a nonblocking
   // communicator's never polled) hold only what is still in flight.
-  dropFinishedDetachedLocked();
+  if (prune) dropFinishedDetachedLocked();
   inFlight_.push_back(job);
   anyInFlight_.store(true, std::memory_order_release);
 }
@@ -93,6 +93,9 @@ Result<bool> Communicator::streamOrdered(const OpRequest& op) {
       return invalidUsage(describe(), ": ", cuda::memoryKindName(kind),
                           " buffers need a current CUDA context on the calling thread");
     }
+    // A first call inside a capture loads kernels and allocates: relaxed,
+    // so that it does not invalidate the capture.
+    cuda::RelaxedCaptureScope relaxed(*cuda_);
     bridge_ = std::make_unique<StreamBridge>(*cuda_, identity);
   }
   if (op.noBuffers) {
@@ -125,8 +128,8 @@ Status Communicator::streamRefusal(const OpRequest& op, bool context, Status& re
   if (capturing && !cuda_->capturesGraphs())
     refused = invalidUsage(describe(), ": ", collKindName(op.shape.kind),
                            " on a stream that is being captured into a CUDA graph: the CUDA driver lacks what "
-                           "capture needs (CUDA 12.3's cuStreamGetCaptureInfo, host functions, user objects; "
-                           "see the INFO log), so call it outside the capture");
+                           "capture needs (cuStreamGetCaptureInfo, host functions, user objects; see the INFO "
+                           "log), so call it outside the capture");
   return Status::ok();
 }
 

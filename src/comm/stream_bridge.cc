@@ -19,6 +19,32 @@ uint64_t alignUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 // SHOAL_CUDA_STAGING_BYTES, never negative.
 uint64_t stagingLimit() { return static_cast<uint64_t>(std::max<int64_t>(params().cudaStagingBytes, 0)); }
 
+// Captured operations' memory whose bridge ended before their graph did:
+// freed by whichever bridge reclaims next once the graph is gone (the
+// graph's user object cannot free it: no CUDA call is allowed there).
+struct OrphanedCapture {
+  uint8_t* memory;
+  uint8_t* staging;
+  uint64_t stagingBytes;
+  std::shared_ptr<const std::atomic<bool>> graphGone;
+};
+std::mutex gOrphansMutex;
+std::vector<OrphanedCapture>* gOrphans = nullptr;  // never destroyed: a graph may outlive statics
+std::atomic<size_t> gOrphanCount{0};
+
+void freeOrphans(cuda::Driver& driver) {
+  if (gOrphanCount.load(std::memory_order_acquire) == 0) return;
+  std::lock_guard<std::mutex> lock(gOrphansMutex);
+  std::erase_if(*gOrphans, [&](const OrphanedCapture& o) {
+    if (!o.graphGone->load(std::memory_order_acquire)) return false;
+    forgetMemory(o.staging, o.stagingBytes);
+    driver.hostFree(o.memory);
+    return true;
+  });
+  gOrphanCount.store(gOrphans->size(), std::memory_order_release);
+}
+
+
 }  // namespace
 
 StreamBridge::StreamBridge(cuda::Driver& driver, cuda::DeviceIdentity device)
@@ -39,8 +65,21 @@ StreamBridge::~StreamBridge() {
                "pinned staging is left allocated");
     return;
   }
-  for (const auto& slot : slots_) freeStaging(*slot);
+  for (const auto& slot : slots_) {
+    if (!slot->captured) {
+      freeStaging(*slot);
+    } else if (slot->memory != nullptr && slot->graphGone->load(std::memory_order_acquire)) {
+      freeCaptured(*slot);
+    } else if (slot->memory != nullptr) {
+      // Its graph may still be launched: the memory outlives this bridge.
+      std::lock_guard<std::mutex> lock(gOrphansMutex);
+      if (gOrphans == nullptr) gOrphans = new std::vector<OrphanedCapture>;
+      gOrphans->push_back({slot->memory, slot->staging, slot->stagingBytes, slot->graphGone});
+      gOrphanCount.store(gOrphans->size(), std::memory_order_release);
+    }
+  }
   for (uint64_t* page : doorbellPages_) driver_.hostFree(page);
+  freeOrphans(driver_);
 }
 
 void StreamBridge::freeStaging(Slot& slot) {
@@ -51,16 +90,21 @@ void StreamBridge::freeStaging(Slot& slot) {
   slot.stagingBytes = 0;
 }
 
-bool StreamBridge::Slot::inUse() const {
-  if (!busy) return false;
-  if (graphGone) return !graphGone->load(std::memory_order_acquire);
-  return !streamWordReached(words + kReleased, seq);
-}
-
 bool StreamBridge::passed() const {
   for (const auto& slot : slots_)
-    if (slot->inUse()) return false;
+    if (!slot->captured && slot->busy && !streamWordReached(slot->words + kReleased, slot->seq)) return false;
   return true;
+}
+
+void StreamBridge::freeCaptured(Slot& slot) {
+  if (slot.memory == nullptr) return;
+  forgetMemory(slot.staging, slot.stagingBytes);
+  driver_.hostFree(slot.memory);
+  slot.memory = slot.staging = nullptr;
+  slot.words = nullptr;
+  slot.stagingBytes = 0;
+  slot.busy = false;
+  slot.graphGone.reset();
 }
 
 Result<bool> StreamBridge::streamOrdered(const OpRequest& op, int rank, int nranks) {
@@ -105,20 +149,24 @@ Status StreamBridge::newDoorbellPage() {
 
 void StreamBridge::reclaim() {
   for (auto& slot : slots_) {
-    if (!slot->busy || slot->inUse()) continue;
-    slot->busy = false;
-    slot->graphGone.reset();
+    if (slot->captured) {
+      if (slot->memory != nullptr && slot->graphGone->load(std::memory_order_acquire)) freeCaptured(*slot);
+      continue;
+    }
+    if (slot->busy && streamWordReached(slot->words + kReleased, slot->seq)) slot->busy = false;
   }
+  freeOrphans(driver_);
   // Keep at most the parameter's worth of idle staging, the largest first to
   // go (captured operations' staging is their graphs').
   uint64_t kept = 0;
   for (const auto& slot : slots_)
-    if (!slot->graphGone) kept += slot->stagingBytes;
+    if (!slot->captured) kept += slot->stagingBytes;
   const uint64_t limit = stagingLimit();
   while (kept > limit) {
     Slot* largest = nullptr;
     for (auto& slot : slots_)
-      if (!slot->busy && slot->stagingBytes > 0 && (!largest || slot->stagingBytes > largest->stagingBytes))
+      if (!slot->busy && !slot->captured && slot->stagingBytes > 0 &&
+          (!largest || slot->stagingBytes > largest->stagingBytes))
         largest = slot.get();
     if (!largest) break;
     kept -= largest->stagingBytes;
@@ -137,7 +185,7 @@ void StreamBridge::throttle(uint64_t stagingBytes) {
   auto busyBytes = [&] {
     uint64_t bytes = 0;
     for (const auto& slot : slots_)
-      if (slot->busy && !slot->graphGone) bytes += slot->stagingBytes;  // a graph's is not coming back
+      if (slot->busy && !slot->captured) bytes += slot->stagingBytes;  // a graph's is not coming back
     return bytes;
   };
   if (busyBytes() == 0 || busyBytes() + stagingBytes <= limit) return;
@@ -160,14 +208,38 @@ void StreamBridge::throttle(uint64_t stagingBytes) {
   }
 }
 
-Result<size_t> StreamBridge::takeSlot(uint64_t stagingBytes, bool fresh) {
+Result<size_t> StreamBridge::takeCapturedSlot(uint64_t stagingBytes,
+                                              std::shared_ptr<const std::atomic<bool>> graphGone) {
+  reclaim();
+  size_t index = slots_.size();
+  for (size_t i = 0; i < slots_.size() && index == slots_.size(); ++i)
+    if (slots_[i]->captured && slots_[i]->memory == nullptr) index = i;  // an empty one
+  if (index == slots_.size()) {
+    auto slot = std::make_unique<Slot>();
+    slot->captured = true;
+    slots_.push_back(std::move(slot));
+  }
+  Slot& slot = *slots_[index];
+  SHOAL_ASSIGN_OR_RETURN(void* memory, driver_.hostAlloc(kCapturedWordsBytes + stagingBytes),
+                         "CUDA: ", stagingBytes, " bytes of pinned staging for a captured operation");
+  slot.memory = static_cast<uint8_t*>(memory);
+  slot.words = reinterpret_cast<uint64_t*>(slot.memory);
+  std::fill(slot.words, slot.words + kWordsPerSlot, 0);
+  slot.staging = slot.memory + kCapturedWordsBytes;
+  slot.stagingBytes = stagingBytes;
+  slot.graphGone = std::move(graphGone);
+  rememberMemory(slot.staging, stagingBytes);
+  return index;
+}
+
+Result<size_t> StreamBridge::takeSlot(uint64_t stagingBytes) {
   throttle(stagingBytes);
   reclaim();
   // The idle slot whose staging fits best; else the idle slot with the most.
   size_t best = slots_.size();
-  for (size_t i = 0; i < slots_.size() && !fresh; ++i) {
+  for (size_t i = 0; i < slots_.size(); ++i) {
     const Slot& s = *slots_[i];
-    if (s.busy) continue;
+    if (s.busy || s.captured) continue;
     if (best == slots_.size()) {
       best = i;
       continue;
@@ -199,10 +271,10 @@ Result<size_t> StreamBridge::takeSlot(uint64_t stagingBytes, bool fresh) {
   return best;
 }
 
-Result<StreamBridge::Staged> StreamBridge::stage(std::span<const OpRequest> ops, int rank, int nranks,
-                                                  bool direct, bool fresh) {
+std::vector<StreamBridge::Placement> StreamBridge::layOut(std::span<const OpRequest> ops, int rank, int nranks,
+                                                         bool direct, uint64_t& total) const {
   std::vector<Placement> placements(ops.size());
-  uint64_t total = 0;
+  total = 0;
   for (size_t k = 0; k < ops.size(); ++k) {
     if (direct) continue;  // nothing staged, nothing copied
     const OpRequest& op = ops[k];
@@ -233,7 +305,28 @@ Result<StreamBridge::Staged> StreamBridge::stage(std::span<const OpRequest> ops,
       total = alignUp(total + sizeof(op.scalar.bytes), kAlign);
     }
   }
-  SHOAL_ASSIGN_OR_RETURN(size_t index, takeSlot(std::max<uint64_t>(total, kAlign), fresh));
+  total = std::max<uint64_t>(total, kAlign);
+  return placements;
+}
+
+Result<StreamBridge::Staged> StreamBridge::stage(std::span<const OpRequest> ops, int rank, int nranks,
+                                                  bool direct) {
+  uint64_t total = 0;
+  std::vector<Placement> placements = layOut(ops, rank, nranks, direct, total);
+  SHOAL_ASSIGN_OR_RETURN(size_t index, takeSlot(total));
+  return handOut(index, std::move(placements), ops, direct);
+}
+
+Result<StreamBridge::Staged> StreamBridge::stageCaptured(std::span<const OpRequest> ops, int rank, int nranks,
+                                                          std::shared_ptr<const std::atomic<bool>> graphGone) {
+  uint64_t total = 0;
+  std::vector<Placement> placements = layOut(ops, rank, nranks, /*direct=*/false, total);
+  SHOAL_ASSIGN_OR_RETURN(size_t index, takeCapturedSlot(total, std::move(graphGone)));
+  return handOut(index, std::move(placements), ops, /*direct=*/false);
+}
+
+StreamBridge::Staged StreamBridge::handOut(size_t index, std::vector<Placement> placements,
+                                           std::span<const OpRequest> ops, bool direct) {
   Slot& slot = *slots_[index];
   slot.busy = true;
   slot.seq = nextSeq_++;
@@ -360,15 +453,6 @@ Status StreamBridge::enqueueAround(const Staged& staged, cuda::StreamHandle stre
     if (driver_.synchronize(stream).isOk()) slot.busy = false;
   }
   return st.isOk() ? end : st;
-}
-
-Result<StreamBridge::Staged> StreamBridge::stageCaptured(std::span<const OpRequest> ops, int rank, int nranks,
-                                                          std::shared_ptr<const std::atomic<bool>> graphGone) {
-  // Words no job has used: a replay resets "done" to 0, which a finished
-  // job the engine has yet to see end would otherwise never see reached.
-  SHOAL_ASSIGN_OR_RETURN(Staged staged, stage(ops, rank, nranks, /*direct=*/false, /*fresh=*/true));
-  slots_[staged.slot]->graphGone = std::move(graphGone);
-  return staged;
 }
 
 Status StreamBridge::enqueueCaptured(const Staged& staged, std::span<const OpRequest> ops, void (*replay)(void*),

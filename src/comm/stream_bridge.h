@@ -75,14 +75,16 @@ class StreamBridge {
   // so in-place calls stay in place).
   // With `direct` (a device plan) nothing is staged: the operations keep
   // their device buffers and the slot gives only its words.
-  // With `fresh`, the slot is a new one (words no operation used before).
-  Result<Staged> stage(std::span<const OpRequest> ops, int rank, int nranks, bool direct = false,
-                       bool fresh = false);
-  // A slot for operations captured into a CUDA graph: its staging and words
-  // are the graph's until *graphGone (set when the graph and its executable
-  // graphs are destroyed); they count neither against
-  // SHOAL_CUDA_STAGING_BYTES nor as work the streams have yet to pass
-  // before then, and the bridge never frees them while the graph lives.
+  Result<Staged> stage(std::span<const OpRequest> ops, int rank, int nranks, bool direct = false);
+  // A slot for operations captured into a CUDA graph: words and staging in
+  // an allocation of their own (words no other operation used: a replay
+  // resets "done" to 0, which a finished job the engine has yet to see end
+  // would otherwise never see reached), the graph's until *graphGone (set
+  // when the graph and its executable graphs are destroyed). They count
+  // neither against SHOAL_CUDA_STAGING_BYTES nor as work the streams have
+  // yet to pass (passed()), and are never freed while the graph lives: the
+  // bridge's end leaves them to whichever bridge next reclaims once the
+  // graph is gone.
   Result<Staged> stageCaptured(std::span<const OpRequest> ops, int rank, int nranks,
                                std::shared_ptr<const std::atomic<bool>> graphGone);
   // Records the captured operations on their stream, which is being
@@ -125,13 +127,16 @@ class StreamBridge {
     uint64_t stagingBytes = 0;
     uint64_t seq = 0;
     bool busy = false;          // handed out; free again once words[2] >= seq
-    // A captured operation's slot: busy until the graph is gone.
+    // A captured operation's slot (stageCaptured): `memory` holds its words
+    // and then its staging, until the graph is gone; then it is freed and
+    // the slot waits, empty, for the next captured operation.
+    bool captured = false;
+    uint8_t* memory = nullptr;
     std::shared_ptr<const std::atomic<bool>> graphGone;
     std::vector<Placement> placements;
-    // Whether the slot is handed out now, and to a stream that may still use it.
-    bool inUse() const;
   };
   static constexpr int kReady = 0, kDone = 1, kReleased = 2, kSeqSource = 3, kZero = 4;
+  static constexpr uint64_t kCapturedWordsBytes = 256;  // a captured slot's words, before its staging
   static constexpr uint64_t kWordsPerSlot = 8;  // one cache line each
   static constexpr uint64_t kSlotsPerPage = 64;
   static constexpr uint64_t kAlign = 256;       // as cudaMalloc aligns
@@ -141,7 +146,13 @@ class StreamBridge {
   void throttle(uint64_t stagingBytes);
   static constexpr int64_t kThrottleMs = 2000;
   bool overBoundLogged_ = false;
-  Result<size_t> takeSlot(uint64_t stagingBytes, bool fresh);
+  Result<size_t> takeSlot(uint64_t stagingBytes);
+  Result<size_t> takeCapturedSlot(uint64_t stagingBytes, std::shared_ptr<const std::atomic<bool>> graphGone);
+  // Where each operation's buffers go in a slot's staging, and its size.
+  std::vector<Placement> layOut(std::span<const OpRequest> ops, int rank, int nranks, bool direct,
+                                uint64_t& total) const;
+  Staged handOut(size_t index, std::vector<Placement> placements, std::span<const OpRequest> ops, bool direct);
+  void freeCaptured(Slot& slot);
   // Frees a slot's staging, telling the transports first (transports/registry.h).
   void freeStaging(Slot& slot);
   void reclaim();

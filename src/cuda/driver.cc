@@ -140,19 +140,30 @@ constexpr int kApiVersion = 12000;
 // Entry points used when present: cuFuncLoad (12.4), cuCtxGetId.
 #define SHOAL_CUDA_OPTIONAL_ENTRY_POINTS(X) X(cuFuncLoad) X(cuStreamBatchMemOp) X(cuCtxGetId)
 // What graph capture uses, asked for as in CUDA 12.3 (cuStreamGetCaptureInfo's
-// signature with edge data; the others are unchanged since 11.x). Capture
-// is refused where any is missing.
+// signature with edge data; the others are unchanged since 11.x; a driver
+// older than 12.3 answers with its _v2, whose first six parameters are the
+// same, and the seventh, null here, goes unread). Capture is refused where
+// any is missing.
 constexpr int kGraphApiVersion = 12030;
-#define SHOAL_CUDA_GRAPH_ENTRY_POINTS(X)                                                  \
-  X(cuStreamGetCaptureInfo) X(cuLaunchHostFunc) X(cuUserObjectCreate) X(cuUserObjectRelease) \
-  X(cuGraphRetainUserObject) X(cuThreadExchangeStreamCaptureMode)
+#define SHOAL_CUDA_GRAPH_ENTRY_POINTS(X)                                                   \
+  X(cuLaunchHostFunc) X(cuUserObjectCreate) X(cuUserObjectRelease) X(cuGraphRetainUserObject) \
+  X(cuThreadExchangeStreamCaptureMode)
+
+// cuStreamGetCaptureInfo as CUDA 12.3 defines it (_v3: with edge data),
+// spelled out: cuda.h of 12.0-12.2 has no _v3, and 12.x's maps the plain
+// name to _v2.
+using StreamGetCaptureInfoV3 = CUresult (*)(CUstream, CUstreamCaptureStatus*, cuuint64_t*, CUgraph*,
+                                            const CUgraphNode**, const void**, size_t*);
 
 struct Driver::Api {
 #define SHOAL_CUDA_FIELD(name) decltype(&::name) name = nullptr;
   SHOAL_CUDA_ENTRY_POINTS(SHOAL_CUDA_FIELD)
   SHOAL_CUDA_OPTIONAL_ENTRY_POINTS(SHOAL_CUDA_FIELD)
-  SHOAL_CUDA_GRAPH_ENTRY_POINTS(SHOAL_CUDA_FIELD)
 #undef SHOAL_CUDA_FIELD
+#define SHOAL_CUDA_GRAPH_FIELD(name) decltype(&::name) name = nullptr;
+  SHOAL_CUDA_GRAPH_ENTRY_POINTS(SHOAL_CUDA_GRAPH_FIELD)
+#undef SHOAL_CUDA_GRAPH_FIELD
+  StreamGetCaptureInfoV3 cuStreamGetCaptureInfo = nullptr;
   bool graphs = false;  // every graph entry point resolved
 
   std::atomic<bool> batchesRefused{false};  // cuStreamBatchMemOp said CUDA_ERROR_NOT_SUPPORTED once
@@ -246,6 +257,7 @@ Driver::Api* loadApi(bool& present) {
     api->name = reinterpret_cast<decltype(api->name)>(fn);                               \
   }
   SHOAL_CUDA_GRAPH_ENTRY_POINTS(SHOAL_CUDA_RESOLVE_GRAPH)
+  SHOAL_CUDA_RESOLVE_GRAPH(cuStreamGetCaptureInfo)
 #undef SHOAL_CUDA_RESOLVE_GRAPH
   if (!complete) {
     SHOAL_WARN("CUDA: the driver ", path, " lacks entry points Shoal needs: host memory only");

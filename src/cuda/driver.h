@@ -103,8 +103,8 @@ class Driver {
 
   // --- CUDA graphs: an operation enqueued on a stream being captured is
   // recorded, and replayed at every launch of the graph (docs/cuda.md).
-  // Whether the driver has what capture needs (cuStreamGetCaptureInfo as in
-  // CUDA 12.3, host functions, user objects, capture modes).
+  // Whether the driver has what capture needs (cuStreamGetCaptureInfo,
+  // host functions, user objects, capture modes).
   bool capturesGraphs() const;
   // The graph being captured on `stream`; null when it is not capturing.
   Result<GraphHandle> captureGraph(StreamHandle stream);
@@ -112,9 +112,9 @@ class Driver {
   // no CUDA call and must not block.
   Status launchHostFunction(StreamHandle stream, void (*fn)(void*), void* arg);
   // Hands `object` to the graph: destroy(object) runs once the graph and
-  // every executable graph made from it are gone (a CUDA user object), on a
-  // driver thread, where it may make no CUDA call. If this fails, destroy
-  // has run before it returns.
+  // every executable graph made from it are gone and their launches have
+  // run (a CUDA user object), later, on a driver thread, where it may make
+  // no CUDA call. If this fails, destroy runs (maybe later) all the same.
   Status tieToGraph(GraphHandle graph, void* object, void (*destroy)(void*));
   // Sets this thread's capture mode; returns the previous one (CUstreamCaptureMode).
   int exchangeCaptureMode(int mode);

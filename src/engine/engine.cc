@@ -209,13 +209,18 @@ const JobPtr& Engine::aheadOf(const JobPtr& first) {
     if (j->begun_.load(std::memory_order_acquire)) return j;  // started ahead: it runs to its end first
     if (!ahead && j->runsAhead) ahead = &j;
   }
-  return ahead ? *ahead : first;
+  if (!ahead) return first;
+  // Claimed now, under the lock: a thread that picks after this one (the
+  // first's stream having reached it meanwhile) finds it begun and runs it,
+  // not the first, so the queue never runs two jobs at once.
+  (*ahead)->begun_.store(true, std::memory_order_release);
+  return *ahead;
 }
 
 void Engine::submit(JobPtr job) {
   jobCount_.fetch_add(1, std::memory_order_relaxed);
   bool detached = job->detached;
-  if (job->runsAhead) anyRunsAhead_.store(true, std::memory_order_relaxed);
+  if (job->runsAhead) runsAheadJobs_.fetch_add(1, std::memory_order_relaxed);
   {
     std::lock_guard<std::mutex> lock(submitMutex_);
     incoming_.push_back(std::move(job));
@@ -322,7 +327,7 @@ bool Engine::pumpOnce() {
       if (job->isDone()) continue;
       if (std::find(queues.begin(), queues.end(), job->queueId) != queues.end()) continue;
       queues.push_back(job->queueId);
-      runnable.push_back(anyRunsAhead_ ? aheadOf(job) : job);
+      runnable.push_back(runsAheadJobs_.load(std::memory_order_relaxed) > 0 ? aheadOf(job) : job);
     }
   }
   bool progressed = false;
@@ -949,14 +954,16 @@ void Engine::retire(uint64_t queueId, const Status& reason) {
 template <typename Predicate>
 void Engine::removeJobs(Predicate shouldRemove) {
   size_t before = jobs_.size();
-  size_t detachedRemoved = 0;
+  size_t detachedRemoved = 0, runsAheadRemoved = 0;
   std::erase_if(jobs_, [&](const JobPtr& j) {
     if (!shouldRemove(*j)) return false;
     if (j->detached) ++detachedRemoved;
+    if (j->runsAhead) ++runsAheadRemoved;
     return true;
   });
   jobCount_.fetch_sub(before - jobs_.size(), std::memory_order_relaxed);
   detachedCount_.fetch_sub(detachedRemoved, std::memory_order_relaxed);
+  runsAheadJobs_.fetch_sub(runsAheadRemoved, std::memory_order_relaxed);
 }
 
 void Engine::ensureProgressThread() {

@@ -296,7 +296,9 @@ class Job {
   std::mutex mutex_;  // held by the thread progressing this job
   // Engine-private execution state, guarded by mutex_.
   bool started_ = false;
-  std::atomic<bool> begun_{false};  // started_, readable under the engine's listMutex_
+  // Started, or claimed to start next by a thread that picked it to run
+  // ahead (Engine::aheadOf); set under the engine's listMutex_ or by startJob.
+  std::atomic<bool> begun_{false};
   std::vector<StepProgress> steps_;
   std::vector<uint32_t> laneCursor_;
   std::vector<uint32_t> ready_;     // compute steps and newly ready comm steps
@@ -463,7 +465,7 @@ class Engine {
   void removeJobs(Predicate shouldRemove);
   // Which job of `first`'s queue may run now (Job::runsAhead). Requires listMutex_.
   const JobPtr& aheadOf(const JobPtr& first);
-  std::atomic<bool> anyRunsAhead_{false};  // a job that runs ahead was ever submitted
+  std::atomic<size_t> runsAheadJobs_{0};  // submitted jobs that run ahead, not yet removed
   void progressThreadMain();
   // One round of idle checks if one is due (progress thread).
   void runIdleChecks();

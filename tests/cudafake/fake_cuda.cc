@@ -383,6 +383,7 @@ struct Stream {
   uint64_t captureId = 0;
   uint64_t capturedOps = 0;
   Graph* captureGraph = nullptr;  // owned by Driver::graphs while capturing
+  std::thread::id captureThread;  // the thread that began the capture
 
   bool stopping() const { return abandon.load(std::memory_order_relaxed) || gShutdown.load(std::memory_order_relaxed); }
 };
@@ -527,6 +528,42 @@ void atforkChild() {
 
 thread_local std::vector<Context*> tCtxStack;
 thread_local CUstreamCaptureMode tCaptureMode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+// Captures in progress, for cuThreadExchangeStreamCaptureMode's rules: begun
+// in global mode by any thread, and begun by this thread in a mode other
+// than relaxed.
+std::atomic<int> gGlobalCaptures{0};
+thread_local int tGlobalCapturesHere = 0;
+thread_local int tStrictCapturesHere = 0;
+
+// Whether a potentially unsafe call (allocation, free, module load,
+// synchronous copy: they may synchronize) is refused on this thread now:
+// in global mode while this thread captures, or another thread captures in
+// global mode; in thread-local mode while this thread captures; never in
+// relaxed mode. (The stand-in refuses the call; a real driver also
+// invalidates the capture.)
+void noteCaptureBegun(CUstreamCaptureMode mode) {
+  if (mode == CU_STREAM_CAPTURE_MODE_GLOBAL) {
+    gGlobalCaptures.fetch_add(1, std::memory_order_acq_rel);
+    ++tGlobalCapturesHere;
+  }
+  if (mode != CU_STREAM_CAPTURE_MODE_RELAXED) ++tStrictCapturesHere;
+}
+
+// `here`: on the thread that began it (else only the process-wide count moves).
+void noteCaptureEnded(CUstreamCaptureMode mode, bool here) {
+  if (mode == CU_STREAM_CAPTURE_MODE_GLOBAL) {
+    gGlobalCaptures.fetch_sub(1, std::memory_order_acq_rel);
+    if (here) --tGlobalCapturesHere;
+  }
+  if (mode != CU_STREAM_CAPTURE_MODE_RELAXED && here) --tStrictCapturesHere;
+}
+
+bool captureProhibitsUnsafeCalls() {
+  if (tCaptureMode == CU_STREAM_CAPTURE_MODE_RELAXED) return false;
+  if (tStrictCapturesHere > 0) return true;
+  return tCaptureMode == CU_STREAM_CAPTURE_MODE_GLOBAL &&
+         gGlobalCaptures.load(std::memory_order_acquire) - tGlobalCapturesHere > 0;
+}
 
 Context* currentContext() { return tCtxStack.empty() ? nullptr : tCtxStack.back(); }
 
@@ -1137,7 +1174,16 @@ CUresult copyImpl(CUdeviceptr dst, CUdeviceptr src, size_t bytes, CUstream h, bo
     if (CUresult r = viewLocked(d, dst, bytes, dev, true, to); r != CUDA_SUCCESS) return r;
     if (CUresult r = viewLocked(d, src, bytes, dev, false, from); r != CUDA_SUCCESS) return r;
   }
-  return submit(*s, [to = std::move(to), from = std::move(from), bytes] { std::memmove(to.p, from.p, bytes); }, sync);
+  return submit(*s, [to = std::move(to), from = std::move(from), bytes] {
+    // An aligned 8-byte copy is one store, as a GPU's is: a word the host
+    // polls (a stream's "ready" written by a copy) is never seen torn.
+    if (bytes == 8 && reinterpret_cast<uintptr_t>(to.p) % 8 == 0 && reinterpret_cast<uintptr_t>(from.p) % 8 == 0) {
+      const uint64_t v = std::atomic_ref<uint64_t>(*reinterpret_cast<uint64_t*>(from.p)).load(std::memory_order_acquire);
+      std::atomic_ref<uint64_t>(*reinterpret_cast<uint64_t*>(to.p)).store(v, std::memory_order_release);
+      return;
+    }
+    std::memmove(to.p, from.p, bytes);
+  }, sync);
 }
 
 CUresult memsetImpl(CUdeviceptr dst, uint32_t value, size_t count, size_t width, CUstream h, bool sync) {
@@ -1791,6 +1837,7 @@ FAKE_API CUresult cuCtxSynchronize(void) {
 
 FAKE_API CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
   FAKE_ENTER("cuMemAlloc");
+  if (captureProhibitsUnsafeCalls()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
   if (dptr == nullptr) return CUDA_ERROR_INVALID_VALUE;
   return guarded([&]() -> CUresult {
     Context* c = currentContext();
@@ -1803,6 +1850,7 @@ FAKE_API CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
 
 FAKE_API CUresult cuMemFree_v2(CUdeviceptr dptr) {
   FAKE_ENTER("cuMemFree");
+  if (captureProhibitsUnsafeCalls()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
   if (dptr == 0) return CUDA_SUCCESS;  // freeing NULL is a no-op
   return guarded([&]() -> CUresult {
     Driver& d = drv();
@@ -1838,6 +1886,7 @@ FAKE_API CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) {
 
 FAKE_API CUresult cuMemAllocManaged(CUdeviceptr* dptr, size_t bytesize, unsigned int flags) {
   FAKE_ENTER("cuMemAllocManaged");
+  if (captureProhibitsUnsafeCalls()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
   if (dptr == nullptr || bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
   if (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST) return CUDA_ERROR_INVALID_VALUE;
   return guarded([&]() -> CUresult {
@@ -1929,16 +1978,19 @@ CUresult hostAllocImpl(void** pp, size_t bytesize, unsigned flags) {
 
 FAKE_API CUresult cuMemHostAlloc(void** pp, size_t bytesize, unsigned int Flags) {
   FAKE_ENTER("cuMemHostAlloc");
+  if (captureProhibitsUnsafeCalls()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
   return guarded([&] { return hostAllocImpl(pp, bytesize, Flags); });
 }
 
 FAKE_API CUresult cuMemAllocHost_v2(void** pp, size_t bytesize) {
   FAKE_ENTER("cuMemAllocHost");
+  if (captureProhibitsUnsafeCalls()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
   return guarded([&] { return hostAllocImpl(pp, bytesize, 0); });
 }
 
 FAKE_API CUresult cuMemFreeHost(void* p) {
   FAKE_ENTER("cuMemFreeHost");
+  if (captureProhibitsUnsafeCalls()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
   return guarded([&]() -> CUresult {
     Driver& d = drv();
     std::lock_guard lk(d.mu);
@@ -1951,6 +2003,7 @@ FAKE_API CUresult cuMemFreeHost(void* p) {
 
 FAKE_API CUresult cuMemHostRegister_v2(void* p, size_t bytesize, unsigned int Flags) {
   FAKE_ENTER("cuMemHostRegister");
+  if (captureProhibitsUnsafeCalls()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
   if (p == nullptr || bytesize == 0 || (Flags & ~kHostRegisterFlags) != 0) return CUDA_ERROR_INVALID_VALUE;
   return guarded([&]() -> CUresult {
     Context* c = currentContext();
@@ -2180,21 +2233,25 @@ FAKE_API CUresult cuPointerGetAttributes(unsigned int numAttributes, CUpointer_a
 
 FAKE_API CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount) {
   FAKE_ENTER("cuMemcpy");
+  if (captureProhibitsUnsafeCalls()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
   return guarded([&] { return copyImpl(dst, src, ByteCount, nullptr, true); });
 }
 
 FAKE_API CUresult cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void* srcHost, size_t ByteCount) {
   FAKE_ENTER("cuMemcpyHtoD");
+  if (captureProhibitsUnsafeCalls()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
   return guarded([&] { return copyImpl(dstDevice, reinterpret_cast<uintptr_t>(srcHost), ByteCount, nullptr, true); });
 }
 
 FAKE_API CUresult cuMemcpyDtoH_v2(void* dstHost, CUdeviceptr srcDevice, size_t ByteCount) {
   FAKE_ENTER("cuMemcpyDtoH");
+  if (captureProhibitsUnsafeCalls()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
   return guarded([&] { return copyImpl(reinterpret_cast<uintptr_t>(dstHost), srcDevice, ByteCount, nullptr, true); });
 }
 
 FAKE_API CUresult cuMemcpyDtoD_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount) {
   FAKE_ENTER("cuMemcpyDtoD");
+  if (captureProhibitsUnsafeCalls()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
   return guarded([&] { return copyImpl(dstDevice, srcDevice, ByteCount, nullptr, true); });
 }
 
@@ -2305,6 +2362,8 @@ FAKE_API CUresult cuStreamDestroy_v2(CUstream hStream) {
     {
       std::lock_guard lk(s->mu);
       s->destroyRequested = true;
+      if (s->captureStatus != CU_STREAM_CAPTURE_STATUS_NONE)
+        noteCaptureEnded(s->captureMode, s->captureThread == std::this_thread::get_id());
       s->captureStatus = CU_STREAM_CAPTURE_STATUS_NONE;  // an unfinished capture is dropped
       unfinished = std::exchange(s->captureGraph, nullptr);
     }
@@ -2627,16 +2686,26 @@ UserObject* releaseUserObjectLocked(Driver& d, UserObject* o, unsigned count) {
   return o;
 }
 
-void runUserObjectDestructors(const std::vector<UserObject*>& dead) {
-  for (UserObject* o : dead) {
-    {
-      struct InHostFn {  // CUDA calls from a destructor are flagged, as from host functions
-        InHostFn() { tInHostFn = true; }
-        ~InHostFn() { tInHostFn = false; }
-      } scope;
-      if (o->destroy != nullptr) o->destroy(o->ptr);
+// As the driver does, later and on a thread of its own (the caller may hold
+// locks the destructor takes).
+void runUserObjectDestructors(std::vector<UserObject*> dead) {
+  if (dead.empty()) return;
+  auto run = [dead] {
+    for (UserObject* o : dead) {
+      {
+        struct InHostFn {  // CUDA calls from a destructor are flagged, as from host functions
+          InHostFn() { tInHostFn = true; }
+          ~InHostFn() { tInHostFn = false; }
+        } scope;
+        if (o->destroy != nullptr) o->destroy(o->ptr);
+      }
+      delete o;
     }
-    delete o;
+  };
+  try {
+    std::thread(run).detach();
+  } catch (const std::system_error&) {
+    run();
   }
 }
 
@@ -2695,6 +2764,8 @@ FAKE_API CUresult cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode 
         s->captureId = id;
         s->capturedOps = 0;
         s->captureGraph = graph;
+        s->captureThread = std::this_thread::get_id();
+        noteCaptureBegun(mode);
         return CUDA_SUCCESS;
       }
     }
@@ -2713,6 +2784,10 @@ FAKE_API CUresult cuStreamEndCapture(CUstream hStream, CUgraph* phGraph) {
     {
       std::lock_guard lk(s->mu);
       if (s->captureStatus == CU_STREAM_CAPTURE_STATUS_NONE) return CUDA_ERROR_ILLEGAL_STATE;
+      // Global and thread-local captures end on the thread that began them.
+      if (s->captureMode != CU_STREAM_CAPTURE_MODE_RELAXED && s->captureThread != std::this_thread::get_id())
+        return CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD;
+      noteCaptureEnded(s->captureMode, true);
       g = std::exchange(s->captureGraph, nullptr);
       g->capturedOps = s->capturedOps;
       g->capturing = false;
@@ -3279,6 +3354,7 @@ FAKE_API CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp* pr
 
 FAKE_API CUresult cuModuleLoadData(CUmodule* module, const void* image) {
   FAKE_ENTER("cuModuleLoadData");
+  if (captureProhibitsUnsafeCalls()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
   if (module == nullptr || image == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!knobs().kernels.load()) return CUDA_ERROR_NOT_SUPPORTED;
   return guarded([&]() -> CUresult {

@@ -978,6 +978,9 @@ TEST_CASE("cudafake: capture records work and each launch of its graph replays i
   }
   CHECK(tally.destroyed.load() == 0);
   REQUIRE(cuGraphExecDestroy(exec) == CUDA_SUCCESS);
+  // The destructor runs later, on a thread of the driver's.
+  const auto destroyedBy = Clock::now() + std::chrono::seconds(5);
+  while (tally.destroyed.load() == 0 && Clock::now() < destroyedBy) std::this_thread::sleep_for(milliseconds(1));
   CHECK(tally.destroyed.load() == 1);
   CHECK(cuGraphExecDestroy(exec) == CUDA_ERROR_INVALID_VALUE);
 
@@ -991,6 +994,50 @@ TEST_CASE("cudafake: capture records work and each launch of its graph replays i
   CHECK(mode == CU_STREAM_CAPTURE_MODE_GLOBAL);
   REQUIRE(cuThreadExchangeStreamCaptureMode(&mode) == CUDA_SUCCESS);
   CHECK(mode == CU_STREAM_CAPTURE_MODE_RELAXED);
+}
+
+// cuThreadExchangeStreamCaptureMode's rules for potentially unsafe calls
+// (an allocation here): a global-mode capture forbids them on every thread
+// in global mode; a thread-local one only on its own thread; relaxed mode
+// allows them.
+TEST_CASE("cudafake: captures forbid unsafe calls by their modes", "[cudafake]") {
+  useDevice();
+  CUcontext ctx = nullptr;
+  REQUIRE(cuCtxGetCurrent(&ctx) == CUDA_SUCCESS);
+  Stream s;
+  auto allocOn = [&](bool otherThread, CUstreamCaptureMode mode) {
+    CUresult rc = CUDA_ERROR_UNKNOWN;
+    auto body = [&] {
+      cuCtxSetCurrent(ctx);
+      CUstreamCaptureMode m = mode;
+      cuThreadExchangeStreamCaptureMode(&m);
+      CUdeviceptr p = 0;
+      rc = cuMemAlloc(&p, 256);
+      if (rc == CUDA_SUCCESS) cuMemFree(p);
+      cuThreadExchangeStreamCaptureMode(&m);
+    };
+    if (otherThread) std::thread(body).join();
+    else body();
+    return rc;
+  };
+  REQUIRE(cuStreamBeginCapture(s.h, CU_STREAM_CAPTURE_MODE_GLOBAL) == CUDA_SUCCESS);
+  CHECK(allocOn(false, CU_STREAM_CAPTURE_MODE_GLOBAL) == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  CHECK(allocOn(true, CU_STREAM_CAPTURE_MODE_GLOBAL) == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  CHECK(allocOn(true, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL) == CUDA_SUCCESS);
+  CHECK(allocOn(false, CU_STREAM_CAPTURE_MODE_RELAXED) == CUDA_SUCCESS);
+  CUgraph graph = nullptr;
+  CUresult wrongThread = CUDA_SUCCESS;
+  std::thread([&] { wrongThread = cuStreamEndCapture(s.h, &graph); }).join();
+  CHECK(wrongThread == CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD);
+  REQUIRE(cuStreamEndCapture(s.h, &graph) == CUDA_SUCCESS);
+  CHECK(cuGraphDestroy(graph) == CUDA_SUCCESS);
+  CHECK(allocOn(true, CU_STREAM_CAPTURE_MODE_GLOBAL) == CUDA_SUCCESS);
+
+  REQUIRE(cuStreamBeginCapture(s.h, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL) == CUDA_SUCCESS);
+  CHECK(allocOn(false, CU_STREAM_CAPTURE_MODE_GLOBAL) == CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  CHECK(allocOn(true, CU_STREAM_CAPTURE_MODE_GLOBAL) == CUDA_SUCCESS);
+  REQUIRE(cuStreamEndCapture(s.h, &graph) == CUDA_SUCCESS);
+  CHECK(cuGraphDestroy(graph) == CUDA_SUCCESS);
 }
 
 // ===========================================================================

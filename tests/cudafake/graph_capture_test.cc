@@ -205,6 +205,19 @@ TEST_CASE("a replay whose peer was killed releases its stream with the error in 
   }
 }
 
+// Live device and pinned allocations once the asynchronous work of
+// teardown (user-object destructors, deferred frees) has settled at or
+// below `baseline`, waiting up to 5 s; the count last seen.
+int allocationsSettle(int baseline, const std::function<void()>& poke) {
+  int live = shoalFakeCudaLiveAllocations();
+  for (int i = 0; i < 500 && live > baseline; ++i) {
+    ::usleep(10000);
+    poke();
+    live = shoalFakeCudaLiveAllocations();
+  }
+  return live;
+}
+
 TEST_CASE("a captured collective runs nothing at capture and copies at each launch, on one rank", "[cudafake]") {
   useDevice0();
   CUstream s = nullptr;
@@ -219,6 +232,8 @@ TEST_CASE("a captured collective runs nothing at capture and copies at each laun
   REQUIRE(out.fill([](size_t) { return -1.0f; }));
   const int allocationsBefore = shoalFakeCudaLiveAllocations();
 
+  // The communicator's first call in stream order is inside a global-mode
+  // capture: what it allocates and loads must not be refused (relaxed mode).
   CU_OK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
   NCCL_OK(ncclAllReduce(in.at(), out.at(), N, ncclFloat, ncclSum, comm, s));
   CUgraph graph = nullptr;
@@ -235,28 +250,39 @@ TEST_CASE("a captured collective runs nothing at capture and copies at each laun
     CHECK(out.read()[5] == static_cast<float>(5 + 100 * round));
   }
   // The graph holds the staging until it is gone; then the next call's
-  // staging reuses or frees it (SHOAL_CUDA_STAGING_BYTES), and the
-  // communicator's end frees it all.
+  // reclaim frees it, and the communicator's end frees the rest.
   CU_OK(cuGraphExecDestroy(exec));
   CU_OK(cuGraphDestroy(graph));
-  NCCL_OK(ncclAllReduce(in.at(), out.at(), N, ncclFloat, ncclSum, comm, s));
-  CU_OK(cuStreamSynchronize(s));
+  auto call = [&] {
+    (void)ncclAllReduce(in.at(), out.at(), N, ncclFloat, ncclSum, comm, s);
+    (void)cuStreamSynchronize(s);
+  };
+  call();
+  // The graph's user object goes later, on a driver thread: a later call
+  // frees the staging once it has (the communicator keeps its words' page
+  // and the eager call's slot).
+  const int live = allocationsSettle(allocationsBefore + 2, call);
   NCCL_OK(ncclCommDestroy(comm));
-  CHECK(shoalFakeCudaLiveAllocations() <= allocationsBefore);
+  CHECK(live <= allocationsBefore + 2);
+  CHECK(allocationsSettle(allocationsBefore, [] {}) <= allocationsBefore);
   CU_OK(cuStreamDestroy(s));
 }
 
+// Destroying the communicator does not wait for its graphs; their staging
+// outlives it, and a launch then runs nothing but lets the stream pass. Once
+// the graph is gone, the next communicator's work frees that staging.
 TEST_CASE("a graph launched after its communicator was destroyed lets its stream pass", "[cudafake]") {
   useDevice0();
   CUstream s = nullptr;
   CU_OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  DeviceFloats in(16), out(16);
+  REQUIRE(in.fill([](size_t i) { return static_cast<float>(i); }));
+  REQUIRE(out.fill([](size_t) { return -1.0f; }));
+  const int allocationsBefore = shoalFakeCudaLiveAllocations();
   ncclUniqueId id;
   NCCL_OK(ncclGetUniqueId(&id));
   ncclComm_t comm = nullptr;
   NCCL_OK(ncclCommInitRank(&comm, 1, id, 0));
-  DeviceFloats in(16), out(16);
-  REQUIRE(in.fill([](size_t i) { return static_cast<float>(i); }));
-  REQUIRE(out.fill([](size_t) { return -1.0f; }));
   CU_OK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
   NCCL_OK(ncclAllReduce(in.at(), out.at(), 16, ncclFloat, ncclSum, comm, s));
   CUgraph graph = nullptr;
@@ -271,6 +297,18 @@ TEST_CASE("a graph launched after its communicator was destroyed lets its stream
   CHECK(out.read()[3] != 3.0f);  // the AllReduce did not run (its output holds the staging's bytes)
   CU_OK(cuGraphExecDestroy(exec));
   CU_OK(cuGraphDestroy(graph));
+  // Another communicator's stream-ordered work frees what the graph held.
+  NCCL_OK(ncclGetUniqueId(&id));
+  NCCL_OK(ncclCommInitRank(&comm, 1, id, 0));
+  auto call = [&] {
+    (void)ncclAllReduce(in.at(), out.at(), 16, ncclFloat, ncclSum, comm, s);
+    (void)cuStreamSynchronize(s);
+  };
+  call();
+  const int live = allocationsSettle(allocationsBefore + 2, call);  // the new communicator's words and staging
+  NCCL_OK(ncclCommDestroy(comm));
+  CHECK(live <= allocationsBefore + 2);
+  CHECK(allocationsSettle(allocationsBefore, [] {}) <= allocationsBefore);
   CU_OK(cuStreamDestroy(s));
 }
 
