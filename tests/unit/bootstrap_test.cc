@@ -495,9 +495,18 @@ TEST_CASE("a request stuck in a full socket does not hold up another caller's de
     return store->set("big", std::string(48 << 20, 'x'), Deadline::afterMs(20000));  // under the frame limit
   });
   std::this_thread::sleep_for(std::chrono::milliseconds(1000));  // in its write (48 MiB fill the sockets)
-  int64_t start = nowNs();
-  auto got = store->get({"small"}, Deadline::afterMs(500));
-  const int64_t ms = (nowNs() - start) / 1000000;
+  Result<std::vector<std::string>> got = Status::ok();
+  int64_t ms = 0;
+  for (int attempt = 0; attempt < 20; ++attempt) {
+    const int64_t start = nowNs();
+    got = store->get({"small"}, Deadline::afterMs(500));
+    ms = (nowNs() - start) / 1000000;
+    // On a loaded machine the big request may not have started its write
+    // yet: this one then went first and waited for a reply the deaf root
+    // never sends. Once the big one holds the socket, the next one waits
+    // for it, until its own deadline.
+    if (got.isOk() || got.status().message().find("no reply from bootstrap root") == std::string::npos) break;
+  }
   fake.release();
   fake.join();
   Status bigStatus = big.get();
