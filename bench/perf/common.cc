@@ -449,6 +449,19 @@ class RankRunner {
     return true;
   }
 
+  // One timed iteration: -m calls, in a group when more than one.
+  void issueIteration(const CallSite& site, size_t& window) {
+    if (options_.aggIters > 1) NCCL_OK(ncclGroupStart());
+    for (int a = 0; a < options_.aggIters; ++a) {
+      launch(site, window);
+      if (++window == site.windows) window = 0;
+    }
+    if (options_.aggIters > 1) NCCL_OK(ncclGroupEnd());
+  }
+  void issueTimedCalls(const CallSite& site, size_t& window) {
+    for (int iter = 0; iter < options_.iters; ++iter) issueIteration(site, window);
+  }
+
   void benchTime(const CallSizes& sizes, ncclDataType_t type, Op op, int root, bool inPlace) {
     World& world = ctx_.world;
     if (options_.check) prepareData(sizes, type, op, root, inPlace, /*seed=*/0, false);
@@ -463,29 +476,37 @@ class RankRunner {
     size_t window = 0;  // (iter * aggIters + a) mod windows, without a division per call
     Clock::duration elapsed{};     // until the ops completed
     Clock::duration cpuElapsed{};  // until the calls returned (-C)
-    Clock::time_point start = Clock::now();
-    for (int iter = 0; iter < options_.iters; ++iter) {
-      if (options_.aggIters > 1) NCCL_OK(ncclGroupStart());
-      for (int a = 0; a < options_.aggIters; ++a) {
-        launch(site, window);
-        if (++window == site.windows) window = 0;
+    if (options_.graphLaunches > 0) {
+      // -G: the timed calls captured once, then the graph launched -G times
+      // (as nccl-tests: the time is divided by the launches too).
+      device_->captureGraph([&] { issueTimedCalls(site, window); });
+      Clock::time_point start = Clock::now();
+      for (int g = 0; g < options_.graphLaunches; ++g) device_->launchGraph();
+      cpuElapsed = Clock::now() - start;
+      completeOps();
+      elapsed = Clock::now() - start;
+      device_->dropGraph();
+    } else {
+      Clock::time_point start = Clock::now();
+      for (int iter = 0; iter < options_.iters; ++iter) {
+        issueIteration(site, window);
+        if (options_.blocking == 3) {
+          // The per-iteration barrier is not part of the measured time.
+          cpuElapsed += Clock::now() - start;
+          completeOps();
+          elapsed += Clock::now() - start;
+          world.barrier(thread_);
+          start = Clock::now();
+        }
       }
-      if (options_.aggIters > 1) NCCL_OK(ncclGroupEnd());
-      if (options_.blocking == 3) {
-        // The per-iteration barrier is not part of the measured time.
-        cpuElapsed += Clock::now() - start;
-        completeOps();
-        elapsed += Clock::now() - start;
-        world.barrier(thread_);
-        start = Clock::now();
-      }
+      cpuElapsed += Clock::now() - start;
+      completeOps();
+      elapsed += Clock::now() - start;
     }
-    cpuElapsed += Clock::now() - start;
-    completeOps();
-    elapsed += Clock::now() - start;
     checkAsyncError();
 
-    const double ops = static_cast<double>(options_.iters) * options_.aggIters;
+    const double ops =
+        static_cast<double>(options_.iters) * options_.aggIters * std::max(options_.graphLaunches, 1);
     const double mySeconds =
         std::chrono::duration<double>(options_.reportCpuTime ? cpuElapsed : elapsed).count() / ops;
     const double seconds = world.combineTime(thread_, mySeconds, options_.average);
@@ -611,6 +632,10 @@ std::optional<MemoryPlan> planMemory(const Options& options, const Process& proc
     return std::nullopt;
   }
 
+  if (options.graphLaunches > 0 && !plan.device) {
+    if (process.isMain()) std::printf("-G captures calls on device memory: %s\n", noDevice.c_str());
+    return std::nullopt;
+  }
   const char* chosen = options.memory == MemoryMode::kAuto ? " (auto)" : "";
   if (plan.device) {
     plan.line = "# Memory: device" + std::string(chosen) + ", CUDA driver " + driverPath() + ", " +

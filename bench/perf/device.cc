@@ -42,6 +42,9 @@ void RankDevice::synchronize() { notBuilt(); }
 void RankDevice::copyToDevice(void*, const void*, size_t) { notBuilt(); }
 void RankDevice::copyToHost(void*, const void*, size_t) { notBuilt(); }
 void RankDevice::fill(void*, unsigned char, size_t) { notBuilt(); }
+void RankDevice::captureGraph(const std::function<void()>&) { notBuilt(); }
+void RankDevice::launchGraph() { notBuilt(); }
+void RankDevice::dropGraph() {}
 
 #else
 
@@ -58,7 +61,9 @@ constexpr int kApiVersion = 12000;
   X(cuInit) X(cuGetErrorName) X(cuGetErrorString) X(cuDeviceGetCount) X(cuDeviceGet)   \
   X(cuDeviceGetName) X(cuDeviceGetPCIBusId) X(cuDevicePrimaryCtxRetain)                \
   X(cuCtxSetCurrent) X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamSynchronize)       \
-  X(cuMemcpyHtoDAsync) X(cuMemcpyDtoHAsync) X(cuMemsetD8Async)
+  X(cuMemcpyHtoDAsync) X(cuMemcpyDtoHAsync) X(cuMemsetD8Async) X(cuStreamBeginCapture)   \
+  X(cuStreamEndCapture) X(cuGraphInstantiateWithFlags) X(cuGraphLaunch) X(cuGraphExecDestroy) \
+  X(cuGraphDestroy)
 
 struct Api {
 #define SHOAL_PERF_CUDA_FIELD(name) decltype(&::name) name = nullptr;
@@ -194,9 +199,32 @@ RankDevice::RankDevice(int ordinal, bool nullStream) : ordinal_(ordinal) {
 }
 
 RankDevice::~RankDevice() {
+  dropGraph();
   if (!ownsStream_) return;
   synchronize();
   CU_OK(cuStreamDestroy, (stream_));
+}
+
+void RankDevice::captureGraph(const std::function<void()>& calls) {
+  dropGraph();
+  CU_OK(cuStreamBeginCapture, (stream_, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+  calls();
+  CUgraph graph = nullptr;
+  CU_OK(cuStreamEndCapture, (stream_, &graph));
+  graph_ = graph;
+  CUgraphExec exec = nullptr;
+  CU_OK(cuGraphInstantiateWithFlags, (&exec, graph, 0));
+  graphExec_ = exec;
+}
+
+void RankDevice::launchGraph() { CU_OK(cuGraphLaunch, (static_cast<CUgraphExec>(graphExec_), stream_)); }
+
+void RankDevice::dropGraph() {
+  if (graphExec_ == nullptr) return;
+  synchronize();  // no launch of it is left on the stream
+  CU_OK(cuGraphExecDestroy, (static_cast<CUgraphExec>(graphExec_)));
+  CU_OK(cuGraphDestroy, (static_cast<CUgraph>(graph_)));
+  graphExec_ = graph_ = nullptr;
 }
 
 void RankDevice::synchronize() { CU_OK(cuStreamSynchronize, (stream_)); }

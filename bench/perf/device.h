@@ -21,6 +21,7 @@
 #include <nccl.h>
 
 #include <cstddef>
+#include <functional>
 #include <string>
 
 namespace shoal::perf {
@@ -61,11 +62,20 @@ class RankDevice {
   void copyToHost(void* host, const void* device, size_t bytes);
   void fill(void* device, unsigned char value, size_t bytes);
 
+  // CUDA graphs (-G): captures what `calls` enqueue on the stream into a
+  // graph (thread-local capture mode, as nccl-tests), made ready to launch;
+  // launchGraph enqueues one launch on the stream; dropGraph destroys it.
+  void captureGraph(const std::function<void()>& calls);
+  void launchGraph();
+  void dropGraph();
+
  private:
   int ordinal_;
   void* context_ = nullptr;         // CUcontext
   cudaStream_t stream_ = nullptr;   // nullptr: the NULL stream
   bool ownsStream_ = false;
+  void* graph_ = nullptr;           // CUgraph
+  void* graphExec_ = nullptr;       // CUgraphExec
 };
 
 }  // namespace shoal::perf

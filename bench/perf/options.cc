@@ -77,7 +77,7 @@ void printUsage(const char* program) {
       "\t[-y,--stream_null <0/1: device memory on the NULL stream instead of a created one; host "
       "memory always uses NULL>]\n"
       "\t[-T,--timeout <seconds without progress before aborting>]\n"
-      "\t[-G,--cudagraph <0: CUDA graph launches are not supported>]\n"
+      "\t[-G,--cudagraph <launches of a CUDA graph of each size's timed calls (device memory, -z 0)>]\n"
       "\t[-C,--report_cputime <0/1>]\n"
       "\t[-a,--average <0: rank 0, 1: avg, 2: min, 3: max>]\n"
       "\t[-u,--unalign <misalign buffers by this many elements>]\n"
@@ -214,16 +214,8 @@ ParseResult parseOptions(int argc, char** argv, int ncclVersion, bool verbose) {
         options.timeoutSeconds = static_cast<int>(value);
         break;
       case 'G':
-        // Shoal refuses collectives on a capturing stream (docs/cuda.md), so
-        // there is nothing to replay, in either memory.
-        if (!parseInt(optarg, 0, 0, &value)) {
-          if (verbose) {
-            std::printf("invalid -G '%s': CUDA graph launches are not supported (Shoal refuses "
-                        "collectives on a capturing stream); use -G 0\n",
-                        optarg);
-          }
-          return ParseResult{std::nullopt, 1};
-        }
+        if (!parseInt(optarg, 0, 1 << 20, &value)) return fail("cudagraph launches (-G)", optarg);
+        options.graphLaunches = static_cast<int>(value);
         break;
       case 'C':
         if (!parseInt(optarg, 0, 1, &value)) return fail("report_cputime (-C)", optarg);
@@ -282,6 +274,11 @@ ParseResult parseOptions(int argc, char** argv, int ncclVersion, bool verbose) {
   if (optind < argc) return fail("argument", argv[optind]);
   if (options.minBytes > options.maxBytes) return fail("size range: minbytes > maxbytes", nullptr);
   if (options.stepFactor <= 1 && options.stepBytes == 0) return fail("step: 0 bytes", nullptr);
+  // A graph captures calls on a stream: nothing may wait inside the loop,
+  // and host memory has no stream.
+  if (options.graphLaunches > 0 && options.blocking != 0) return fail("-G with -z other than 0", nullptr);
+  if (options.graphLaunches > 0 && options.memory == MemoryMode::kHost)
+    return fail("-G with --memory host (graphs capture calls on device memory)", nullptr);
 
   // "all" means what both this benchmark and the library know.
   if (std::strcmp(opName, "all") == 0) {

@@ -41,6 +41,7 @@ struct Options {
   bool streamNull = false;        // -y 1: device memory uses the NULL stream; host memory always does
   int timeoutSeconds = 0;         // -T: 0 = none
   bool reportCpuTime = false;     // -C
+  int graphLaunches = 0;          // -G: capture each size's timed calls into a CUDA graph, launch it this often
   TimeAggregation average = TimeAggregation::kAverage;  // -a
   int unalign = 0;                // -u: misalign buffers by this many elements
   int registerBuffers = 0;        // -R 1: ncclCommRegister the buffers; 2: ncclCommWindowRegister (symmetric)

@@ -125,7 +125,7 @@ void Report::printPreamble(int ncclVersion, const std::string& memoryLine,
       "# nThread %d nGpus %d minBytes %zu maxBytes %zu step: %zu(%s) warmup iters: %d iters: %d "
       "agg iters: %d validation: %d graph: %d unalign: %d\n",
       o.threads, 1, o.minBytes, o.maxBytes, o.stepFactor > 1 ? o.stepFactor : o.stepBytes,
-      o.stepFactor > 1 ? "factor" : "bytes", o.warmupIters, o.iters, o.aggIters, o.check, 0,
+      o.stepFactor > 1 ? "factor" : "bytes", o.warmupIters, o.iters, o.aggIters, o.check, o.graphLaunches,
       o.unalign);
   if (o.blocking == 1) {
     std::printf("# Blocking Enabled: wait for completion and barrier after each collective \n");

@@ -102,6 +102,11 @@ if(TARGET all_reduce_perf)
   shoal_add_device_perf_test(cudafake.perf.reduce_scatter.procs3 reduce_scatter_perf --procs 3 -b 8 -e 256K -f 8 -c 1 -n 3)
   shoal_add_device_perf_test(cudafake.perf.broadcast.t2 broadcast_perf -t 2 -b 8 -e 256K -f 8 -c 1 -n 3 -r -1)
   shoal_add_device_perf_test(cudafake.perf.sendrecv.procs2 sendrecv_perf --procs 2 -b 8 -e 256K -f 8 -c 1 -n 3)
+  # -G: the timed calls captured into a CUDA graph and launched, as
+  # nccl-tests does (docs/cuda.md, "Graph capture").
+  shoal_add_device_perf_test(cudafake.perf.all_reduce.procs2.graph all_reduce_perf --procs 2
+    -b 8 -e 256K -f 8 -c 1 -n 4 -m 2 -G 3)
+  shoal_add_device_perf_test(cudafake.perf.all_gather.t2.graph all_gather_perf -t 2 -b 8 -e 256K -f 8 -c 1 -n 3 -G 2)
   # -R 2: the buffers in windows (ncclCommWindowRegister), so AllReduce,
   # AllGather and ReduceScatter read the peers' buffers in place.
   shoal_add_device_perf_test(cudafake.perf.all_reduce.procs3.windows all_reduce_perf --procs 3 -R 2
