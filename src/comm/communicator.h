@@ -406,10 +406,14 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
     collSeq_.store(seq + 1, std::memory_order_relaxed);
     return seq;
   }
-  // A submitted detached job, tracked until it finishes. With `prune`,
-  // finished ones are let go first (not from a CUDA host function: the last
-  // reference to a job may free device memory).
-  void trackDetached(const JobPtr& job, bool prune = true);
+  // A submitted detached job, tracked until it finishes; finished ones are
+  // let go first (their errors kept).
+  void trackDetached(const JobPtr& job);
+  // The same for a graph replay's job, from a CUDA host function: only
+  // finished replays are let go there (an eager job's last reference may
+  // free device memory, a CUDA call), so that a program that only launches
+  // graphs holds no more than the replays in flight.
+  void trackReplay(const JobPtr& job);
   // No submitted job of ours is unfinished (blocking calls may then run inline).
   bool nothingInFlight();
   void releaseFinishedDetached();

@@ -60,11 +60,22 @@ CollShape Communicator::placedShape(const OpRequest& op) const {
   return shape;
 }
 
-void Communicator::trackDetached(const JobPtr& job, bool prune) {
+void Communicator::trackReplay(const JobPtr& job) {
+  std::lock_guard<std::mutex> lock(jobsMutex_);
+  std::erase_if(inFlight_, [&](const JobPtr& j) {
+    if (!j->runsAhead || !j->isDone()) return false;
+    if (!j->status().isOk()) setAsyncError(j->status());
+    return true;
+  });
+  inFlight_.push_back(job);
+  anyInFlight_.store(true, std::memory_order_release);
+}
+
+void Communicator::trackDetached(const JobPtr& job) {
   std::lock_guard<std::mutex> lock(jobsMutex_);
   // Calls nobody waits for (stream-ordered ones, a nonblocking
   // communicator's never polled) hold only what is still in flight.
-  if (prune) dropFinishedDetachedLocked();
+  dropFinishedDetachedLocked();
   inFlight_.push_back(job);
   anyInFlight_.store(true, std::memory_order_release);
 }

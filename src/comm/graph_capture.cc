@@ -135,7 +135,7 @@ void Communicator::replayCaptured(CapturedOperation& op) {
   job->streamSeq = op.seq;
   op.last = job;
   Engine::instance().submit(job);
-  trackDetached(job, /*prune=*/false);  // no job's last reference goes on CUDA's thread
+  trackReplay(job);
 }
 
 void Communicator::detachCaptures() {

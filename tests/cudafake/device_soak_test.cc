@@ -5,7 +5,8 @@
 // allocations exactly where they were after warm-up, its heap within 256 KiB
 // and its resident memory within the soak's slack, whichever path the calls
 // take (stream plans over cuda_ipc, device plans, staging over shm) and with
-// windows registered and deregistered around the calls. The host path's
+// windows registered and deregistered around the calls, and with the calls
+// captured into CUDA graphs and launched. The host path's
 // soak is tests/soak.
 #include <catch2/catch.hpp>
 
@@ -400,5 +401,116 @@ TEST_CASE("device communicators of threads made and destroyed over and over keep
       cuStreamDestroy(streams[r]);
       cuDevicePrimaryCtxRelease(v.devices[r]);
     }
+  }
+}
+
+// A program that captures its collectives into a CUDA graph once and then
+// only launches it (a decode loop) never calls the communicator again: the
+// replays themselves must hold no more than what is in flight. And graphs
+// captured and destroyed over and over give back their staging.
+TEST_CASE("graph replays and graphs made and destroyed over and over keep resources flat", "[cudafake][mp]") {
+  REQUIRE(kDriverNamed);
+  for (const char* transport : {"", "shm"}) {
+    shoal::testing::MpConfig cfg;
+    cfg.nranks = 2;
+    cfg.hardLimitMs = 150000;
+    cfg.env = {{"SHOAL_TRANSPORT", transport}};
+    auto result = shoal::testing::forkedDeviceRanks(cfg, [&](shoal::testing::MpChild& child, ncclComm_t comm,
+                                                             CUstream s) {
+      const int rank = child.rank(), n = child.nranks();
+      const size_t count = 1 << 12;
+      void* pool = nullptr;
+      if (ncclMemAlloc(&pool, 3 * count * sizeof(float)) != ncclSuccess) return 2;
+      auto* send = static_cast<float*>(pool);
+      float* recv = send + count;
+      const std::vector<float> ones(count, 1.0f);
+      if (cuMemcpyHtoD(reinterpret_cast<CUdeviceptr>(send), ones.data(), count * sizeof(float)) != CUDA_SUCCESS)
+        return 3;
+      // One graph: an AllReduce and a ring of Send/Recv.
+      auto capture = [&](CUgraph* graph, CUgraphExec* exec) -> bool {
+        if (cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL) != CUDA_SUCCESS) return false;
+        bool ok = ncclAllReduce(send, recv, count, ncclFloat, ncclSum, comm, s) == ncclSuccess;
+        ok = ok && ncclGroupStart() == ncclSuccess;
+        ok = ok && ncclSend(send, count, ncclFloat, (rank + 1) % n, comm, s) == ncclSuccess;
+        ok = ok && ncclRecv(recv + count, count, ncclFloat, (rank + n - 1) % n, comm, s) == ncclSuccess;
+        ok = ok && ncclGroupEnd() == ncclSuccess;
+        if (cuStreamEndCapture(s, graph) != CUDA_SUCCESS || !ok) {
+          child.log(std::string("capture: ") + ncclGetLastError(comm));
+          return false;
+        }
+        return cuGraphInstantiate(exec, *graph, 0) == CUDA_SUCCESS;
+      };
+      auto launches = [&](CUgraphExec exec, int times) -> bool {
+        for (int i = 0; i < times; ++i)
+          if (cuGraphLaunch(exec, s) != CUDA_SUCCESS) return false;
+        if (cuStreamSynchronize(s) != CUDA_SUCCESS) return false;
+        float got = 0;
+        cuMemcpyDtoH(&got, reinterpret_cast<CUdeviceptr>(recv + 5), sizeof got);
+        if (got == static_cast<float>(n)) return true;
+        ncclResult_t async = ncclSuccess;
+        ncclCommGetAsyncError(comm, &async);
+        child.log("AllReduce gave " + std::to_string(got) + "; async " + std::to_string(async) + ": " +
+                  ncclGetLastError(comm));
+        return false;
+      };
+      auto churn = [&](int times) -> bool {
+        for (int i = 0; i < times; ++i) {
+          CUgraph graph = nullptr;
+          CUgraphExec exec = nullptr;
+          if (!capture(&graph, &exec) || !launches(exec, 3)) return false;
+          if (cuGraphExecDestroy(exec) != CUDA_SUCCESS || cuGraphDestroy(graph) != CUDA_SUCCESS) return false;
+        }
+        return true;
+      };
+      // Destroyed graphs' staging goes at a later call, once the driver's
+      // thread has destroyed their user objects: calls over 300 ms (as many
+      // on every rank: they are collectives).
+      auto allocationsSettled = [&] {
+        for (int i = 0; i < 30; ++i) {
+          (void)ncclAllReduce(send, recv, count, ncclFloat, ncclSum, comm, s);
+          (void)cuStreamSynchronize(s);
+          ::usleep(10000);
+        }
+      };
+      // Warm-up: connections, staging, the first captures.
+      if (ncclAllReduce(send, recv, count, ncclFloat, ncclSum, comm, s) != ncclSuccess) return 4;
+      if (cuStreamSynchronize(s) != CUDA_SUCCESS) return 4;
+      CUgraph graph = nullptr;
+      CUgraphExec exec = nullptr;
+      if (!capture(&graph, &exec) || !launches(exec, 30) || !churn(4)) return 5;
+      allocationsSettled();
+      child.barrier();
+      const Held baseline = standIn(shoal::soak::sampleResources());
+      for (int round = 0; round < 10; ++round)
+        if (!launches(exec, 200)) {
+          child.log("launch round " + std::to_string(round) + ": wrong result");
+          return 6;
+        }
+      // Sampled before any other call of the communicator's, which would
+      // let go of what replays left behind.
+      const Held launched = standIn(shoal::soak::settleTo(baseline.process));
+      child.barrier();
+      if (!churn(30)) return 7;
+      allocationsSettled();
+      const Held after = standIn(shoal::soak::settleTo(baseline.process));
+      child.barrier();
+      child.log("after warm-up: " + describe(baseline) + "; after 2000 launches: " + describe(launched) +
+                "; after 30 graphs more: " + describe(after));
+      shoal::soak::Slack slack;
+      slack.heapKiB = 256;
+      std::string grew = shoal::soak::compareResources(baseline.process, launched.process, slack, true);
+      if (grew.empty()) grew = shoal::soak::compareResources(baseline.process, after.process, slack, true);
+      if (!grew.empty()) child.log("grew: " + grew);
+      cuGraphExecDestroy(exec);
+      cuGraphDestroy(graph);
+      ncclMemFree(pool);
+      if (ncclCommDestroy(comm) != ncclSuccess) return 8;
+      if (!grew.empty()) return 9;
+      if (after.streams != baseline.streams || after.events != baseline.events) return 10;
+      if (after.allocations != baseline.allocations) return 11;
+      return 0;
+    });
+    INFO((*transport ? transport : "default (cuda_ipc)") << "\n" << result.report());
+    CHECK(result.allPassed());
   }
 }
