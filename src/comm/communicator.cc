@@ -781,9 +781,11 @@ Code Communicator::asyncState() {
   Code init = initState_.load();
   if (init != Code::kOk) return init;
   if (Status e = asyncError(); !e.isOk()) return e.code();
+  if (!anyInFlight_.load(std::memory_order_acquire)) return Code::kOk;
+  // Polling drives completion, as in NCCL; outside jobsMutex_, which a graph
+  // replay's host function takes.
+  Engine::instance().poll();
   std::lock_guard<std::mutex> lock(jobsMutex_);
-  if (inFlight_.empty()) return Code::kOk;
-  Engine::instance().poll();  // polling drives completion, as in NCCL
   dropFinishedDetachedLocked();
   if (Status e = asyncError(); !e.isOk()) return e.code();
   // Work in a CUDA stream's order is the stream's to finish, as in NCCL:

@@ -409,11 +409,12 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
   // A submitted detached job, tracked until it finishes; finished ones are
   // let go first (their errors kept).
   void trackDetached(const JobPtr& job);
-  // The same for a graph replay's job, from a CUDA host function: only
-  // finished replays are let go there (an eager job's last reference may
-  // free device memory, a CUDA call), so that a program that only launches
-  // graphs holds no more than the replays in flight.
+  // From a CUDA host function: tracks a graph replay's job; and lets go of
+  // the finished replays, their errors kept (only those: an eager job's
+  // last reference may free device memory, a CUDA call), so that a program
+  // that only launches graphs holds no more than the replays in flight.
   void trackReplay(const JobPtr& job);
+  void harvestReplays();
   // No submitted job of ours is unfinished (blocking calls may then run inline).
   bool nothingInFlight();
   void releaseFinishedDetached();

@@ -60,13 +60,18 @@ CollShape Communicator::placedShape(const OpRequest& op) const {
   return shape;
 }
 
-void Communicator::trackReplay(const JobPtr& job) {
+void Communicator::harvestReplays() {
   std::lock_guard<std::mutex> lock(jobsMutex_);
   std::erase_if(inFlight_, [&](const JobPtr& j) {
     if (!j->runsAhead || !j->isDone()) return false;
     if (!j->status().isOk()) setAsyncError(j->status());
     return true;
   });
+  anyInFlight_.store(!inFlight_.empty(), std::memory_order_release);
+}
+
+void Communicator::trackReplay(const JobPtr& job) {
+  std::lock_guard<std::mutex> lock(jobsMutex_);
   inFlight_.push_back(job);
   anyInFlight_.store(true, std::memory_order_release);
 }

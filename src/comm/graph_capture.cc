@@ -37,7 +37,6 @@ struct Communicator::CapturedOperation {
   std::shared_ptr<std::atomic<bool>> graphGone = std::make_shared<std::atomic<bool>>(false);
   uint64_t replays = 0;               // guarded by mutex
   bool releaseLogged = false;         // guarded by mutex
-  JobPtr last;                        // the latest replay's job; guarded by mutex
 
   // Host node: the stream reached a replay. No CUDA call, no wait.
   static void replay(void* arg) {
@@ -106,10 +105,12 @@ Status Communicator::submitCaptured(std::span<const OpRequest> ops) {
 
 void Communicator::replayCaptured(CapturedOperation& op) {
   UseGuard use(*this);  // not while the idle check looks at the connections
-  // A replay that failed fails the communicator, as an eager call does (its
-  // connections may be broken, and a posted receive of it may still be
-  // written into the staging the next replay uses).
-  if (op.last && op.last->isDone() && !op.last->status().isOk()) setAsyncError(op.last->status());
+  // A replay that failed, of this call or another, fails the communicator
+  // before this one runs, as an eager call does (its connections may be
+  // broken, and a posted receive of it may still be written into the
+  // staging the next replay uses). A failed job is known as such before its
+  // stream goes on (Job::finish).
+  harvestReplays();
   if (aborted() || failed_.load(std::memory_order_acquire)) {
     writeStreamWord(op.done, op.seq);  // the error is the communicator's already
     return;
@@ -133,7 +134,6 @@ void Communicator::replayCaptured(CapturedOperation& op) {
   job->runsAhead = true;
   job->streamDone = op.done;
   job->streamSeq = op.seq;
-  op.last = job;
   Engine::instance().submit(job);
   trackReplay(job);
 }

@@ -27,6 +27,8 @@ struct OrphanedCapture {
   uint8_t* staging;
   uint64_t stagingBytes;
   std::shared_ptr<const std::atomic<bool>> graphGone;
+  cuda::ContextHandle context;  // where it was allocated, and that context's instance
+  uint64_t instance;
 };
 std::mutex gOrphansMutex;
 std::vector<OrphanedCapture>* gOrphans = nullptr;  // never destroyed: a graph may outlive statics
@@ -38,7 +40,9 @@ void freeOrphans(cuda::Driver& driver) {
   std::erase_if(*gOrphans, [&](const OrphanedCapture& o) {
     if (!o.graphGone->load(std::memory_order_acquire)) return false;
     forgetMemory(o.staging, o.stagingBytes);
-    driver.hostFree(o.memory);
+    // A context destroyed or reset since took its memory with it: the
+    // address may be another allocation's now.
+    if (driver.contextStillThere(o.context, o.instance)) driver.hostFree(o.memory);
     return true;
   });
   gOrphanCount.store(gOrphans->size(), std::memory_order_release);
@@ -72,9 +76,12 @@ StreamBridge::~StreamBridge() {
       freeCaptured(*slot);
     } else if (slot->memory != nullptr) {
       // Its graph may still be launched: the memory outlives this bridge.
+      const Result<cuda::ContextHandle> context = driver_.currentContext();
+      const Result<uint64_t> instance = driver_.currentContextInstance();
       std::lock_guard<std::mutex> lock(gOrphansMutex);
       if (gOrphans == nullptr) gOrphans = new std::vector<OrphanedCapture>;
-      gOrphans->push_back({slot->memory, slot->staging, slot->stagingBytes, slot->graphGone});
+      gOrphans->push_back({slot->memory, slot->staging, slot->stagingBytes, slot->graphGone,
+                           context.isOk() ? context.value() : nullptr, instance.isOk() ? instance.value() : 0});
       gOrphanCount.store(gOrphans->size(), std::memory_order_release);
     }
   }

@@ -85,6 +85,7 @@ Status Driver::launchWait(const uint64_t*, uint64_t, StreamHandle) { return notB
 Status Driver::synchronize(StreamHandle) { return notBuilt(); }
 Result<ContextHandle> Driver::currentContext() { return notBuilt(); }
 Result<uint64_t> Driver::currentContextInstance() { return notBuilt(); }
+bool Driver::contextStillThere(ContextHandle, uint64_t) { return false; }
 Result<int> Driver::multiprocessorCount() { return notBuilt(); }
 Result<ModuleHandle> Driver::loadModule(const void*, const char*) { return notBuilt(); }
 Result<FunctionHandle> Driver::moduleFunction(ModuleHandle, const char*) { return notBuilt(); }
@@ -592,6 +593,12 @@ Result<ContextHandle> Driver::currentContext() {
 }
 
 Result<uint64_t> Driver::currentContextInstance() { return contextInstance(*api_); }
+
+bool Driver::contextStillThere(ContextHandle context, uint64_t instance) {
+  if (api_->cuCtxGetId == nullptr) return true;
+  unsigned long long id = 0;
+  return api_->cuCtxGetId(static_cast<CUcontext>(context), &id) == CUDA_SUCCESS && id == instance;
+}
 
 Result<int> Driver::multiprocessorCount() {
   CUdevice dev = 0;

@@ -156,6 +156,10 @@ class Driver {
   // are gone; the handle's value where the driver lacks it; 0 when none is
   // current. Keys what is loaded per context.
   Result<uint64_t> currentContextInstance();
+  // Whether `context` is still the instance `instance` (false once it was
+  // destroyed or reset, and with it the memory allocated in it; true where
+  // the driver cannot tell).
+  bool contextStillThere(ContextHandle context, uint64_t instance);
   // Streaming multiprocessors of the current context's device.
   Result<int> multiprocessorCount();
   // Modules and kernels, in the calling thread's current context. `what`
@@ -247,11 +251,6 @@ class Driver {
   Api* api_;
 };
 
-// Makes a context current on this thread for the scope's life: pushed at
-// construction, popped at the end on every path. No driver or no context
-// pushes nothing (entered() false, status() ok), nor does the context
-// already current (entered() true); a refused push leaves nothing to pop
-// and says why in status().
 // Relaxed stream capture mode on this thread for the scope's life, so that
 // allocations made while a stream is being captured (staging held by the
 // graph) do not invalidate the capture, as NCCL's do.
@@ -268,6 +267,11 @@ class RelaxedCaptureScope {
   int previous_;
 };
 
+// Makes a context current on this thread for the scope's life: pushed at
+// construction, popped at the end on every path. No driver or no context
+// pushes nothing (entered() false, status() ok), nor does the context
+// already current (entered() true); a refused push leaves nothing to pop
+// and says why in status().
 class ContextScope {
  public:
   ContextScope(Driver* driver, ContextHandle context) {

@@ -139,7 +139,6 @@ void Job::finish(Status status) {
     for (Connection* c : laneConnections)
       if (c) c->quiesce();
   if (!status.isOk() && streamWatch) streamWatch->release();
-  if (streamDone) releaseStream();
   // A job that succeeded touches its scratch no more: back to its pool
   // before anyone learns it ended, so that the communicator's next detached
   // job takes the same buffer, not a second one, whoever still holds this
@@ -147,7 +146,15 @@ void Job::finish(Status status) {
   // receive, and its communicator runs no other job.)
   if (status.isOk()) ownedScratch.reset();
   status_ = std::move(status);
-  state_.store(status_.isOk() ? kSucceeded : kFailed, std::memory_order_release);
+  if (status_.isOk()) {
+    if (streamDone) releaseStream();
+    state_.store(kSucceeded, std::memory_order_release);
+    return;
+  }
+  // A failure is known before its stream goes on: what the stream runs
+  // next (a graph's next replay) finds it.
+  state_.store(kFailed, std::memory_order_release);
+  if (streamDone) releaseStream();
 }
 
 void Job::resetForReuse() {
@@ -192,6 +199,19 @@ void Engine::stopProgressThread() {
   // wait for itself; otherwise the loop ends within one pass and one pause.
   if (progressThreadPid_ != ::getpid() || std::this_thread::get_id() == progressThreadId_) return;
   progressStopped_.wait_for(lock, std::chrono::seconds(2), [&] { return !progressThreadRunning_; });
+}
+
+bool Engine::claimToStart(Job& job) {
+  if (runsAheadJobs_.load(std::memory_order_relaxed) == 0 || job.begun_.load(std::memory_order_acquire)) return true;
+  // The caller holds the job's mutex: listMutex_ comes first in the lock
+  // order, so only tried (the next pass tries again).
+  std::unique_lock<std::mutex> lock(listMutex_, std::try_to_lock);
+  if (!lock.owns_lock()) return false;
+  for (const JobPtr& j : jobs_)
+    if (j.get() != &job && j->queueId == job.queueId && !j->isDone() && j->begun_.load(std::memory_order_acquire))
+      return false;
+  job.begun_.store(true, std::memory_order_release);
+  return true;
 }
 
 // Requires listMutex_. `first` is its queue's first unfinished job.
@@ -345,6 +365,9 @@ bool Engine::pumpOnce() {
         anyDone |= job.isDone();
         continue;
       }
+      // Its stream reached it since it was picked: a job that runs ahead may
+      // have been claimed meanwhile (unordered streams), and goes first.
+      if (!claimToStart(job)) continue;
       startJob(job);
       progressed = true;
     }

@@ -465,6 +465,10 @@ class Engine {
   void removeJobs(Predicate shouldRemove);
   // Which job of `first`'s queue may run now (Job::runsAhead). Requires listMutex_.
   const JobPtr& aheadOf(const JobPtr& first);
+  // Whether a picked job, not started, may start now: no other job of its
+  // queue has begun (one that runs ahead may have been claimed since the
+  // pick). Claims it if so. The caller holds the job's mutex.
+  bool claimToStart(Job& job);
   std::atomic<size_t> runsAheadJobs_{0};  // submitted jobs that run ahead, not yet removed
   void progressThreadMain();
   // One round of idle checks if one is due (progress thread).
