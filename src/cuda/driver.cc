@@ -16,7 +16,10 @@
 #include <atomic>
 #include <map>
 #include <mutex>
+#include <utility>
 #include <vector>
+
+#include "cuda/nvml.h"
 #endif
 
 namespace shoal::cuda {
@@ -843,12 +846,34 @@ Result<ContextHandle> Driver::primaryContextOfDevice(int ordinal) {
   api_->primaryContexts[ordinal] = ctx;
   return static_cast<ContextHandle>(ctx);
 }
+// A GPU CUDA_VISIBLE_DEVICES hides from this process (each process given
+// one GPU) cannot be asked about through CUDA; NVML sees every GPU of the
+// machine. CUDA maps another process's memory on a GPU it does not see
+// where the two GPUs have peer access, as NCCL relies on too. Each pair's
+// verdict is kept and said once.
+static bool hiddenGpusShareMemory(const std::string& a, const std::string& b) {
+  static std::mutex mutex;
+  static std::map<std::pair<std::string, std::string>, bool> verdicts;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto key = a < b ? std::pair{a, b} : std::pair{b, a};
+  if (auto it = verdicts.find(key); it != verdicts.end()) return it->second;
+  Result<bool> access = nvml::peerAccess(a, b);
+  const bool shared = access.isOk() && access.value();
+  verdicts[key] = shared;
+  SHOAL_INFO(subsys::kInit, "CUDA: ", key.first, " and ", key.second, ", one of them hidden from this process ",
+             "(CUDA_VISIBLE_DEVICES): ",
+             access.isOk() ? (shared ? "NVML reports peer access both ways" : "NVML reports no peer access")
+                           : str("no peer access assumed: ", access.status().message()));
+  return shared;
+}
+
 bool Driver::gpusShareMemory(const std::string& a, const std::string& b) {
   if (a.empty() || b.empty()) return false;
   if (a == b) return true;
   auto first = ordinalOf(*api_, a);
   auto second = ordinalOf(*api_, b);
-  if (!first.isOk() || !second.isOk() || first.value() < 0 || second.value() < 0) return false;
+  if (!first.isOk() || !second.isOk()) return false;
+  if (first.value() < 0 || second.value() < 0) return hiddenGpusShareMemory(a, b);
   // Both ways: each rank asks this of the other's GPU, and the two must agree.
   int ab = 0, ba = 0;
   auto a2 = static_cast<CUdevice>(first.value());

@@ -221,7 +221,8 @@ class Driver {
   // ordinal in this process); kSynchronous when no visible device has it.
   WaitMode waitModeOf(const std::string& gpu);
   // Whether GPUs `a` and `b` ("GPU-<uuid>") reach each other's memory: the
-  // same GPU, or two GPUs of this process with peer access both ways.
+  // same GPU, or two GPUs with peer access both ways (CUDA's answer where
+  // this process sees both, NVML's where CUDA_VISIBLE_DEVICES hides one).
   bool gpusShareMemory(const std::string& a, const std::string& b);
   // Makes `context` current on the calling thread until popContext().
   Status pushContext(ContextHandle context);

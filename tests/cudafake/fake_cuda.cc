@@ -93,8 +93,9 @@ constexpr int kMultiprocessors = 132;
 constexpr int kStreamPriorityLeast = 0;
 constexpr int kStreamPriorityGreatest = -5;
 constexpr unsigned kMaxBatchMemOps = 255;  // cuda.h: "Must be less than 256"
-// The name every VMM memfd carries, followed by the device ordinal; an import
-// reads it back (from /proc/self/fd) to learn which device the memory is on
+// The name every VMM memfd carries, followed by the machine's index of the
+// device (the same in every process, whatever CUDA_VISIBLE_DEVICES says); an
+// import reads it back (from /proc/self/fd) to learn which device the memory is on
 // and to refuse descriptors that did not come from cuMemExportToShareableHandle.
 constexpr std::string_view kVmmMemfdPrefix = "shoal-fakecuda-vmm-dev";
 // How long process exit waits for stream workers before abandoning them.
@@ -138,6 +139,8 @@ struct Knobs {
   std::atomic<bool> strictHostFn{false};
   std::mutex hiddenMu;
   std::string hiddenKernel;  // cuModuleGetFunction does not find it (guarded by hiddenMu)
+  std::string visibleDevices;  // CUDA_VISIBLE_DEVICES as read at the first cuInit (set once, before use)
+  bool visibleDevicesSet = false;
 };
 
 Knobs& knobs() {
@@ -443,6 +446,9 @@ struct GraphExec {
 struct Driver {
   std::mutex mu;
   std::vector<std::unique_ptr<Context>> contexts;  // primary context per device
+  // The machine's device behind each ordinal of this process
+  // (CUDA_VISIBLE_DEVICES); set at cuInit, never changed after.
+  std::vector<int> physical;
   std::map<uintptr_t, Allocation> allocations;     // keyed by base address
   std::map<uintptr_t, size_t> reservations;        // cuMemAddressReserve ranges
   std::map<uint64_t, HandleEntry> handles;         // cuMem handles
@@ -580,6 +586,18 @@ CUcontext toHandle(Context* c) { return reinterpret_cast<CUcontext>(c); }
 bool validDevice(Driver& d, CUdevice dev) {
   return dev >= 0 && static_cast<size_t>(dev) < d.contexts.size();
 }
+
+// The machine's device behind a valid ordinal of this process.
+int physicalOf(Driver& d, CUdevice dev) { return d.physical[static_cast<size_t>(dev)]; }
+
+// This process's ordinal of the machine's device `physical`, or
+// CU_DEVICE_INVALID where CUDA_VISIBLE_DEVICES hides it.
+CUdevice ordinalOfPhysical(Driver& d, int physical) {
+  for (size_t i = 0; i < d.physical.size(); ++i)
+    if (d.physical[i] == physical) return static_cast<CUdevice>(i);
+  return CU_DEVICE_INVALID;
+}
+
 
 // ---------------------------------------------------------------------------
 // Streams.
@@ -1226,6 +1244,30 @@ bool parseUnsigned(const char* text, unsigned long max, unsigned long* out) {
   return true;
 }
 
+// CUDA_VISIBLE_DEVICES as CUDA reads it, indices only: the listed devices of
+// the machine's `count`, in that order, up to the first entry that is not
+// one (out of range, repeated or not a number); unset, all of them.
+std::vector<int> visibleDevices(int count) {
+  std::vector<int> out;
+  Knobs& k = knobs();
+  if (!k.visibleDevicesSet) {
+    for (int i = 0; i < count; ++i) out.push_back(i);
+    return out;
+  }
+  std::string_view rest = k.visibleDevices;
+  while (!rest.empty()) {
+    const size_t comma = rest.find(',');
+    const std::string item(rest.substr(0, comma));
+    rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
+    unsigned long v = 0;
+    if (!parseUnsigned(item.c_str(), static_cast<unsigned long>(count > 0 ? count - 1 : 0), &v) || count == 0 ||
+        std::find(out.begin(), out.end(), static_cast<int>(v)) != out.end())
+      break;
+    out.push_back(static_cast<int>(v));
+  }
+  return out;
+}
+
 void loadEnvironment() {
   Knobs& k = knobs();
   unsigned long v = 0;
@@ -1235,6 +1277,10 @@ void loadEnvironment() {
     } else {
       std::fprintf(stderr, "shoal-fakecuda: ignoring SHOAL_FAKECUDA_DEVICES=%s (want 0..%d)\n", devs, kMaxDevices);
     }
+  }
+  if (const char* visible = std::getenv("CUDA_VISIBLE_DEVICES")) {
+    k.visibleDevices = visible;
+    k.visibleDevicesSet = true;
   }
   if (envFlag("SHOAL_FAKECUDA_NO_MEMOPS")) k.memops.store(false);
   if (envFlag("SHOAL_FAKECUDA_NO_BATCH_MEMOPS")) k.batchMemops.store(false);
@@ -1350,7 +1396,8 @@ FAKE_API CUresult cuInit(unsigned int Flags) {
     Driver& d = drv();
     std::lock_guard lk(d.mu);
     if (gInitialized.load()) return CUDA_SUCCESS;
-    const int n = knobs().devices.load();
+    d.physical = visibleDevices(knobs().devices.load());
+    const int n = static_cast<int>(d.physical.size());
     if (n <= 0) return CUDA_ERROR_NO_DEVICE;
     for (int i = 0; i < n; ++i) {
       auto c = std::make_unique<Context>();
@@ -1573,7 +1620,7 @@ FAKE_API CUresult cuDeviceGetUuid_v2(CUuuid* uuid, CUdevice dev) {
   Driver& d = drv();
   std::lock_guard lk(d.mu);
   if (!validDevice(d, dev)) return CUDA_ERROR_INVALID_DEVICE;
-  *uuid = deviceUuid(dev);
+  *uuid = deviceUuid(physicalOf(d, dev));
   return CUDA_SUCCESS;
 }
 
@@ -1626,7 +1673,7 @@ FAKE_API CUresult cuDeviceGetPCIBusId(char* pciBusId, int len, CUdevice dev) {
   Driver& d = drv();
   std::lock_guard lk(d.mu);
   if (!validDevice(d, dev)) return CUDA_ERROR_INVALID_DEVICE;
-  std::snprintf(pciBusId, static_cast<size_t>(len), "%04x:%02x:%02x.0", 0, dev, 0);
+  std::snprintf(pciBusId, static_cast<size_t>(len), "%04x:%02x:%02x.0", 0, physicalOf(d, dev), 0);
   return CUDA_SUCCESS;
 }
 
@@ -3084,7 +3131,7 @@ FAKE_API CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size,
     std::lock_guard lk(d.mu);
     if (CUresult r = validateAllocationProp(d, prop); r != CUDA_SUCCESS) return r;
     auto phys = std::make_shared<PhysAlloc>();
-    const std::string name = std::string(kVmmMemfdPrefix) + std::to_string(prop->location.id);
+    const std::string name = std::string(kVmmMemfdPrefix) + std::to_string(physicalOf(d, prop->location.id));
     phys->fd = memfd_create(name.c_str(), MFD_CLOEXEC);
     if (phys->fd < 0 || ftruncate(phys->fd, static_cast<off_t>(size)) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
     phys->size = size;
@@ -3195,7 +3242,7 @@ FAKE_API CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGen
     a.mappedLen = size;
     a.kind = MemKind::Mapped;
     a.device = phys->device;
-    a.ctx = d.contexts[static_cast<size_t>(phys->device)].get();
+    a.ctx = validDevice(d, phys->device) ? d.contexts[static_cast<size_t>(phys->device)].get() : nullptr;
     a.alias = static_cast<char*>(alias);
     a.backing = std::move(backing);
     a.rangeBase = rangeBase;
@@ -3296,11 +3343,14 @@ FAKE_API CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle* h
     const int fd = static_cast<int>(reinterpret_cast<intptr_t>(osHandle));
     struct stat st{};
     if (fd < 0 || fstat(fd, &st) != 0 || st.st_size <= 0) return CUDA_ERROR_INVALID_VALUE;
-    const int device = deviceOfVmmFd(fd);
-    if (device < 0) return CUDA_ERROR_INVALID_VALUE;  // not exported by this stand-in
+    const int physical = deviceOfVmmFd(fd);
+    if (physical < 0) return CUDA_ERROR_INVALID_VALUE;  // not exported by this stand-in
     Driver& d = drv();
     std::lock_guard lk(d.mu);
-    if (!validDevice(d, device)) return CUDA_ERROR_NOT_SUPPORTED;  // a GPU this process does not see
+    if (physical >= knobs().devices.load()) return CUDA_ERROR_INVALID_VALUE;
+    // Memory of a GPU CUDA_VISIBLE_DEVICES hides maps as the real driver's
+    // does (peer access: every emulated device has it): no ordinal here.
+    const int device = ordinalOfPhysical(d, physical);
     auto phys = std::make_shared<PhysAlloc>();
     phys->fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
     if (phys->fd < 0) return CUDA_ERROR_OPERATING_SYSTEM;
@@ -3739,6 +3789,79 @@ FAKE_API CUresult cuGetProcAddress(const char* symbol, void** pfn, int cudaVersi
   return procAddress(symbol, pfn, cudaVersion, flags, nullptr);
 }
 #pragma pop_macro("cuGetProcAddress")
+
+// ===========================================================================
+// NVIDIA's management library, the part Shoal asks (libnvidia-ml.so.1's
+// nvml* symbols; tests point SHOAL_NVML_LIBRARY at this library). It sees
+// every emulated device of the machine whatever CUDA_VISIBLE_DEVICES says,
+// by the UUIDs cuDeviceGetUuid gives them, and reports peer access between
+// any two (they share one host, as cuDeviceCanAccessPeer says). Values are
+// nvml.h's: NVML_SUCCESS 0, NVML_ERROR_UNINITIALIZED 1,
+// NVML_ERROR_INVALID_ARGUMENT 2, NVML_ERROR_NOT_FOUND 6; P2P caps read 0,
+// write 1 (all answered alike); NVML_P2P_STATUS_OK 0.
+
+namespace fakecuda {
+namespace {
+std::atomic<int> gNvmlInits{0};
+
+std::string uuidText(const CUuuid& u) {
+  char out[48];
+  const auto* b = reinterpret_cast<const unsigned char*>(u.bytes);
+  std::snprintf(out, sizeof out, "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1],
+                b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+  return out;
+}
+
+// Device handles are the machine's index plus one (never null).
+int nvmlIndexOf(void* handle) {
+  const auto v = reinterpret_cast<uintptr_t>(handle);
+  return v >= 1 && v <= static_cast<uintptr_t>(knobs().devices.load()) ? static_cast<int>(v - 1) : -1;
+}
+}  // namespace
+}  // namespace fakecuda
+
+FAKE_API int nvmlInit_v2(void) {
+  gNvmlInits.fetch_add(1);
+  return 0;
+}
+
+FAKE_API int nvmlShutdown(void) {
+  int n = gNvmlInits.load();
+  while (n > 0 && !gNvmlInits.compare_exchange_weak(n, n - 1)) {
+  }
+  return n > 0 ? 0 : 1;
+}
+
+FAKE_API const char* nvmlErrorString(int result) {
+  switch (result) {
+    case 0: return "Success";
+    case 1: return "Uninitialized";
+    case 2: return "Invalid Argument";
+    case 6: return "Not Found";
+    default: return "Unknown Error";
+  }
+}
+
+FAKE_API int nvmlDeviceGetHandleByUUID(const char* uuid, void** device) {
+  if (gNvmlInits.load() == 0) return 1;
+  if (uuid == nullptr || device == nullptr) return 2;
+  const int count = knobs().devices.load();
+  for (int i = 0; i < count; ++i) {
+    if (uuidText(deviceUuid(i)) == uuid) {
+      *device = reinterpret_cast<void*>(static_cast<uintptr_t>(i) + 1);
+      return 0;
+    }
+  }
+  return 6;
+}
+
+FAKE_API int nvmlDeviceGetP2PStatus(void* device1, void* device2, int capsIndex, int* status) {
+  if (gNvmlInits.load() == 0) return 1;
+  if (status == nullptr || nvmlIndexOf(device1) < 0 || nvmlIndexOf(device2) < 0 || capsIndex < 0 || capsIndex > 4)
+    return 2;
+  *status = 0;
+  return 0;
+}
 
 // ===========================================================================
 // Test controls (fake_cuda.h). Not CUDA calls: not counted, never refused.

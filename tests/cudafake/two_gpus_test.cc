@@ -244,7 +244,17 @@ TEST_CASE("a stream of another GPU than the communicator's is refused with ncclI
   }
 }
 
-TEST_CASE("processes on two GPUs with peer access go GPU to GPU over cuda_ipc", "[cudafake][mp]") {
+// Two processes, rank r on the machine's device r, AllReduce 50,000 floats
+// of device memory in place; their INFO logs (INIT) joined. With
+// `eachSeesOneGpu` each sees only its own GPU, as ordinal 0
+// (CUDA_VISIBLE_DEVICES=r, as launchers that give each process one GPU
+// set). Device-direct ranks must have reduced in the kernels.
+struct ProcessesRun {
+  shoal::testing::MpResult result;
+  std::string log;
+};
+ProcessesRun allReduceInTwoProcesses(bool eachSeesOneGpu, bool expectDirect,
+                                     std::vector<std::pair<std::string, std::string>> env) {
   REQUIRE(kTwoDevices == 0);
   char logPath[] = "/tmp/shoal-two-gpus-log-XXXXXX";
   const int fd = mkstemp(logPath);
@@ -254,13 +264,17 @@ TEST_CASE("processes on two GPUs with peer access go GPU to GPU over cuda_ipc", 
   cfg.nranks = 2;
   cfg.env = {{"SHOAL_TRANSPORT", ""}, {"NCCL_DEBUG", "INFO"}, {"NCCL_DEBUG_SUBSYS", "INIT"},
              {"NCCL_DEBUG_FILE", std::string(logPath) + ".%p"}};
-  auto result = shoal::testing::runForked(cfg, [&](shoal::testing::MpChild& child) -> int {
+  cfg.env.insert(cfg.env.end(), env.begin(), env.end());
+  ProcessesRun run;
+  run.result = shoal::testing::runForked(cfg, [&](shoal::testing::MpChild& child) -> int {
     const int r = child.rank();
+    if (eachSeesOneGpu && setenv("CUDA_VISIBLE_DEVICES", std::to_string(r).c_str(), 1) != 0) return 9;
     if (cuInit(0) != CUDA_SUCCESS) return 10;
+    const int device = eachSeesOneGpu ? 0 : r;
     int count = 0;
-    if (cuDeviceGetCount(&count) != CUDA_SUCCESS || count != 2) return 11;
+    if (cuDeviceGetCount(&count) != CUDA_SUCCESS || count != (eachSeesOneGpu ? 1 : 2)) return 11;
     CUcontext ctx = nullptr;
-    if (cuDevicePrimaryCtxRetain(&ctx, r) != CUDA_SUCCESS || cuCtxSetCurrent(ctx) != CUDA_SUCCESS) return 12;
+    if (cuDevicePrimaryCtxRetain(&ctx, device) != CUDA_SUCCESS || cuCtxSetCurrent(ctx) != CUDA_SUCCESS) return 12;
     CUstream s = nullptr;
     if (cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) return 13;
     ncclUniqueId id;
@@ -270,8 +284,8 @@ TEST_CASE("processes on two GPUs with peer access go GPU to GPU over cuda_ipc", 
       child.log(std::string("init: ") + ncclGetLastError(nullptr));
       return 15;
     }
-    int device = -1;
-    if (ncclCommCuDevice(comm, &device) != ncclSuccess || device != r) return 16;
+    int commDevice = -1;
+    if (ncclCommCuDevice(comm, &commDevice) != ncclSuccess || commDevice != device) return 16;
     const size_t N = 50000;
     std::vector<float> values(N);
     for (size_t i = 0; i < N; ++i) values[i] = valueOf(r, i);
@@ -296,23 +310,54 @@ TEST_CASE("processes on two GPUs with peer access go GPU to GPU over cuda_ipc", 
         child.log("element " + std::to_string(i) + ": " + std::to_string(got[i]));
         return 21;
       }
-    if (shoalFakeCudaCallCount("cuLaunchKernel") == launchesBefore) return 22;  // staged after all
+    if (expectDirect && shoalFakeCudaCallCount("cuLaunchKernel") == launchesBefore) return 22;  // staged after all
     cuMemFree(buf);
     child.barrier();
     return ncclCommDestroy(comm) == ncclSuccess ? 0 : 23;
   });
-  std::string log;
-  for (const auto& rank : result.ranks) {
+  for (const auto& rank : run.result.ranks) {
     const std::string path = std::string(logPath) + "." + std::to_string(rank.pid);
     std::ifstream in(path);
-    log += std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    run.log += std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
     ::unlink(path.c_str());
   }
   ::unlink(logPath);
-  INFO(result.report() << "\n" << log);
-  CHECK(result.allPassed());
-  CHECK(log.find("device-direct: device buffers move GPU to GPU") != std::string::npos);
-  CHECK(log.find("via cuda_ipc") != std::string::npos);
+  return run;
+}
+
+TEST_CASE("processes on two GPUs with peer access go GPU to GPU over cuda_ipc", "[cudafake][mp]") {
+  const ProcessesRun run = allReduceInTwoProcesses(/*eachSeesOneGpu=*/false, /*expectDirect=*/true, {});
+  INFO(run.result.report() << "\n" << run.log);
+  CHECK(run.result.allPassed());
+  CHECK(run.log.find("device-direct: device buffers move GPU to GPU") != std::string::npos);
+  CHECK(run.log.find("via cuda_ipc") != std::string::npos);
+}
+
+// CUDA_VISIBLE_DEVICES giving each process one GPU hides the peer's GPU from
+// CUDA; NVML, which sees the whole machine, judges peer access, and the
+// imported memory of the hidden GPU is mapped as the driver allows.
+TEST_CASE("processes that each see only their own GPU go GPU to GPU when NVML reports peer access",
+          "[cudafake][mp]") {
+  const ProcessesRun run = allReduceInTwoProcesses(/*eachSeesOneGpu=*/true, /*expectDirect=*/true,
+                                                   {{"SHOAL_NVML_LIBRARY", SHOAL_CUDAFAKE_LIB}});
+  INFO(run.result.report() << "\n" << run.log);
+  CHECK(run.result.allPassed());
+  CHECK(run.log.find("hidden from this process (CUDA_VISIBLE_DEVICES): NVML reports peer access both ways") !=
+        std::string::npos);
+  CHECK(run.log.find("device-direct: device buffers move GPU to GPU") != std::string::npos);
+  CHECK(run.log.find("via cuda_ipc") != std::string::npos);
+}
+
+TEST_CASE("processes that each see only their own GPU stage, with the right sums, when NVML cannot be loaded",
+          "[cudafake][mp]") {
+  const ProcessesRun run = allReduceInTwoProcesses(/*eachSeesOneGpu=*/true, /*expectDirect=*/false,
+                                                   {{"SHOAL_NVML_LIBRARY", "/nonexistent/libnvidia-ml.so.1"}});
+  INFO(run.result.report() << "\n" << run.log);
+  CHECK(run.result.allPassed());
+  CHECK(run.log.find("no peer access assumed: NVML (/nonexistent/libnvidia-ml.so.1) did not load") !=
+        std::string::npos);
+  CHECK(run.log.find("device buffers are staged through pinned host memory") != std::string::npos);
+  CHECK(run.log.find("via cuda_ipc") == std::string::npos);
 }
 
 // Windows of ranks on two GPUs of one process: each maps the other's
