@@ -35,14 +35,12 @@ struct Communicator::CapturedOperation {
   uint64_t* done = nullptr;           // the slot's word the stream waits on
   uint64_t seq = 0;
   std::shared_ptr<std::atomic<bool>> graphGone = std::make_shared<std::atomic<bool>>(false);
-  uint64_t replays = 0;               // guarded by mutex
   bool releaseLogged = false;         // guarded by mutex
 
   // Host node: the stream reached a replay. No CUDA call, no wait.
   static void replay(void* arg) {
     auto* op = static_cast<CapturedOperation*>(arg);
     std::lock_guard<std::mutex> lock(op->mutex);
-    ++op->replays;
     if (op->comm != nullptr) {
       op->comm->replayCaptured(*op);
       return;
