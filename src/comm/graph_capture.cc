@@ -15,10 +15,20 @@
 // The replayed job carries the tags made at capture (the same on every
 // rank, since every rank captures the same calls in the same order), so a
 // replay's messages are checked against the peers' replays of the same call.
+//
+// A call that would run eagerly as a device plan (device-direct connections,
+// its buffers on the communicator's GPU: runsAsDevicePlan) replays as one:
+// nothing is staged or copied, the job reads and writes the user's buffers
+// and reduces in the kernels. Its steps' CUDA calls run on the engine's
+// thread, never in the host node; the device steps are the communicator's,
+// taken at each replay (a graph outliving the communicator replays nothing,
+// and its record holds nothing whose end calls CUDA, since the record may
+// end in the graph's destructor callback).
 #include <algorithm>
 #include <iterator>
 
 #include "comm/communicator.h"
+#include "comm/device_steps.h"
 #include "comm/stream_bridge.h"
 #include "core/log.h"
 
@@ -34,6 +44,7 @@ struct Communicator::CapturedOperation {
   Job made;
   uint64_t* done = nullptr;           // the slot's word the stream waits on
   uint64_t seq = 0;
+  bool devicePlan = false;            // replays run as device plans on the user's buffers
   std::shared_ptr<std::atomic<bool>> graphGone = std::make_shared<std::atomic<bool>>(false);
   bool releaseLogged = false;         // guarded by mutex
 
@@ -74,9 +85,14 @@ Status Communicator::submitCaptured(std::span<const OpRequest> ops) {
                         cuda::waitModeName(cuda::WaitMode::kSynchronous), ", SHOAL_CUDA_WAIT or neither stream "
                         "memory operations nor the wait kernel work), which a graph cannot replay");
   auto op = std::make_shared<CapturedOperation>();
+  // Windows are left staged: their eager plans read the peers' buffers in
+  // place, which every rank must decide alike from what it captures.
+  op->devicePlan = !inWindows(ops) && runsAsDevicePlan(ops, /*windowed=*/false);
   SHOAL_ASSIGN_OR_RETURN(StreamBridge::Staged staged,
-                         bridge_->stageCaptured(ops, rank_, nranks_, op->graphGone), describe());
+                         bridge_->stageCaptured(ops, rank_, nranks_, op->graphGone, op->devicePlan), describe());
+  if (op->devicePlan) op->made.deviceSteps = deviceSteps_;  // its scratch is the device steps'
   Result<bool> any = prepareJob(op->made, staged.ops, /*detached=*/true);
+  op->made.deviceSteps.reset();  // taken from the communicator at each replay
   if (!any.isOk() || !any.value()) {
     op->graphGone->store(true, std::memory_order_release);  // the slot comes back: nothing was recorded
     if (!any.isOk()) return any.takeStatus();
@@ -97,7 +113,8 @@ Status Communicator::submitCaptured(std::span<const OpRequest> ops) {
   }
   SHOAL_TRY(bridge_->enqueueCaptured(staged, ops, &CapturedOperation::replay, op.get()))
       << describe() << ": capturing " << collKindName(ops[0].shape.kind) << " into a CUDA graph";
-  SHOAL_TRACE(subsys::kColl, op->made.description(), " captured into a CUDA graph");
+  SHOAL_TRACE(subsys::kColl, op->made.description(), " captured into a CUDA graph",
+              op->devicePlan ? " (replayed as a device plan)" : " (staged)");
   return Status::ok();
 }
 
@@ -128,6 +145,7 @@ void Communicator::replayCaptured(CapturedOperation& op) {
   job->groupedOps = made.groupedOps;
   job->sequence = made.sequence;
   job->ownedScratch = made.ownedScratch;  // shared by the replays, which run one at a time
+  if (op.devicePlan) job->deviceSteps = deviceSteps_;
   job->detached = true;
   job->runsAhead = true;
   job->streamDone = op.done;

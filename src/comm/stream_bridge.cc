@@ -325,11 +325,12 @@ Result<StreamBridge::Staged> StreamBridge::stage(std::span<const OpRequest> ops,
 }
 
 Result<StreamBridge::Staged> StreamBridge::stageCaptured(std::span<const OpRequest> ops, int rank, int nranks,
-                                                          std::shared_ptr<const std::atomic<bool>> graphGone) {
+                                                          std::shared_ptr<const std::atomic<bool>> graphGone,
+                                                          bool direct) {
   uint64_t total = 0;
-  std::vector<Placement> placements = layOut(ops, rank, nranks, /*direct=*/false, total);
+  std::vector<Placement> placements = layOut(ops, rank, nranks, direct, total);
   SHOAL_ASSIGN_OR_RETURN(size_t index, takeCapturedSlot(total, std::move(graphGone)));
-  return handOut(index, std::move(placements), ops, /*direct=*/false);
+  return handOut(index, std::move(placements), ops, direct);
 }
 
 StreamBridge::Staged StreamBridge::handOut(size_t index, std::vector<Placement> placements,

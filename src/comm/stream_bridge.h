@@ -84,9 +84,10 @@ class StreamBridge {
   // neither against SHOAL_CUDA_STAGING_BYTES nor as work the streams have
   // yet to pass (passed()), and are never freed while the graph lives: the
   // bridge's end leaves them to whichever bridge next reclaims once the
-  // graph is gone.
+  // graph is gone. `direct` (a device plan replays it): the words only, the
+  // operations left on their own buffers, nothing copied in or out.
   Result<Staged> stageCaptured(std::span<const OpRequest> ops, int rank, int nranks,
-                               std::shared_ptr<const std::atomic<bool>> graphGone);
+                               std::shared_ptr<const std::atomic<bool>> graphGone, bool direct = false);
   // Records the captured operations on their stream, which is being
   // captured (one stream): inputs in, "done := 0", a host node that calls
   // replay(arg) (which must hand the job to the engine, never wait), a wait

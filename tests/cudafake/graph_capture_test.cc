@@ -2,7 +2,8 @@
 // records a capture and replays it at each launch, user objects included):
 // nothing runs at capture; each launch runs the operation on the inputs of
 // that moment, as processes over shm, tcp and cuda_ipc and with the wait
-// kernel; a call made after a launch on the same stream waits for the
+// kernel; on a device-direct communicator as a device plan (reductions in
+// the kernels, nothing staged); a call made after a launch on the same stream waits for the
 // replay instead of blocking it; a replay whose peer was killed lets its
 // stream go with the error; a replay of a destroyed communicator's
 // operation lets its stream pass; a group over two streams being captured
@@ -151,6 +152,69 @@ TEST_CASE("collectives captured into a CUDA graph run at each launch with that l
         return 0;
       });
       INFO(variant.name << ", " << n << " ranks\n" << result.report());
+      CHECK(result.allPassed());
+    }
+  }
+}
+
+// On a device-direct communicator (cuda_ipc between processes, the
+// default) a captured AllReduce replays as a device plan: its reductions run
+// in the kernels at each launch (a staged replay reduces on the CPU), on the
+// user's buffers, in place too. Stream plans on or off: eager calls between
+// the launches take either path.
+TEST_CASE("a captured AllReduce on a device-direct communicator replays as a device plan", "[cudafake][mp]") {
+  for (const char* streamPlans : {"auto", "0"}) {
+    for (bool inPlace : {false, true}) {
+      shoal::testing::MpConfig cfg;
+      cfg.nranks = 2;
+      cfg.env = {{"SHOAL_TRANSPORT", ""}, {"SHOAL_CUDA_STREAM_PLANS", streamPlans}};
+      auto result = shoal::testing::forkedDeviceRanks(cfg, [&](shoal::testing::MpChild& child, ncclComm_t comm,
+                                                             CUstream s) -> int {
+        const int r = child.rank();
+        constexpr size_t N = 40000;
+        DeviceFloats send(N), sum(N), eager(N);
+        float* out = inPlace ? send.at() : sum.at();
+        if (!send.fill([&](size_t i) { return val(r, i, 0); })) return 20;
+        if (ncclAllReduce(send.at(), out, N, ncclFloat, ncclSum, comm, s) != ncclSuccess) return 21;
+        if (cuStreamSynchronize(s) != CUDA_SUCCESS) return 22;
+        if (cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL) != CUDA_SUCCESS) return 23;
+        const bool captured = ncclAllReduce(send.at(), out, N, ncclFloat, ncclSum, comm, s) == ncclSuccess;
+        if (!captured) child.log(std::string("capture: ") + ncclGetLastError(comm));
+        CUgraph graph = nullptr;
+        if (cuStreamEndCapture(s, &graph) != CUDA_SUCCESS || !captured) return 24;
+        CUgraphExec exec = nullptr;
+        if (cuGraphInstantiate(&exec, graph, 0) != CUDA_SUCCESS) return 25;
+        for (int round = 1; round <= 3; ++round) {
+          if (!send.fill([&](size_t i) { return val(r, i, round); })) return 30;
+          const unsigned long long kernelsBefore = shoalFakeCudaReduceLaunchesOn(0);
+          if (cuGraphLaunch(exec, s) != CUDA_SUCCESS) return 31;
+          if (cuStreamSynchronize(s) != CUDA_SUCCESS) return 32;
+          if (shoalFakeCudaReduceLaunchesOn(0) == kernelsBefore) {
+            child.log("round " + std::to_string(round) + ": the replay reduced no element on the GPU");
+            return 33;
+          }
+          auto sumOf = [&](size_t i) { return val(0, i, round) + val(1, i, round); };
+          if (long wrong = firstWrong(inPlace ? send.read() : sum.read(), sumOf); wrong >= 0) {
+            child.log("round " + std::to_string(round) + ": first wrong element " + std::to_string(wrong));
+            return 34;
+          }
+          // An eager call between launches, on the replay's output.
+          if (ncclAllReduce(out, eager.at(), N, ncclFloat, ncclMax, comm, s) != ncclSuccess) return 35;
+          if (cuStreamSynchronize(s) != CUDA_SUCCESS) return 36;
+          if (long wrong = firstWrong(eager.read(), sumOf); wrong >= 0) {
+            child.log("round " + std::to_string(round) + ": eager AllReduce, first wrong element " +
+                      std::to_string(wrong));
+            return 37;
+          }
+        }
+        ncclResult_t async = ncclSuccess;
+        ncclCommGetAsyncError(comm, &async);
+        if (async != ncclSuccess) return 38;
+        if (cuGraphExecDestroy(exec) != CUDA_SUCCESS || cuGraphDestroy(graph) != CUDA_SUCCESS) return 39;
+        if (shoalFakeCudaHostFnViolations() != 0) return 40;  // the host node made no CUDA call
+        return ncclCommDestroy(comm) == ncclSuccess ? 0 : 41;
+      });
+      INFO("stream plans " << streamPlans << (inPlace ? ", in place\n" : "\n") << result.report());
       CHECK(result.allPassed());
     }
   }
