@@ -343,8 +343,10 @@ perf_stage() {
   echo "--- the goal's latency: 8 B AllReduce, 2 processes and 2 threads"
   perf_run -l 60 all_reduce_perf --procs 2 -b 8 -e 8 -n 500 -w 50 -c 1 || failed=1
   perf_run -l 60 all_reduce_perf -t 2 -b 8 -e 8 -n 500 -w 50 -c 1 || failed=1
-  echo "--- the same in a CUDA graph (-G: 100 calls captured, launched 5 times; staged, a host callback per call)"
+  echo "--- the same in a CUDA graph (-G: 100 calls captured, launched 5 times; replayed as device plans, a host callback per call)"
   perf_run -l 60 all_reduce_perf --procs 2 -b 8 -e 8 -n 100 -w 50 -c 1 -G 5 || failed=1
+  echo "--- $BIG AllReduce in a CUDA graph, 2 processes (replayed as device plans: GPU copies and kernels, host-stepped)"
+  perf_run all_reduce_perf --procs 2 -b "$BIG" -e "$BIG" -n 5 -w 2 -c 1 -G 2 || failed=1
   # Device-direct is the default where the GPU run confirms it beats staging
   # (docs/decisions/0017-device-direct-by-default.md): the staged figure.
   echo "--- $BIG AllReduce, 2 processes staged through pinned host memory over shm (NCCL_P2P_DISABLE=1)"
