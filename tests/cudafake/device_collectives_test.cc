@@ -110,29 +110,11 @@ float sumOfVals(int n, size_t i) {
 // Runs body(rank, comm, stream) on n threads, each with its own communicator
 // of one clique, device 0 current and a stream of its own.
 void onThreads(int n, const std::function<void(int, ncclComm_t, CUstream)>& body) {
-  ncclUniqueId id;
-  NCCL_OK(ncclGetUniqueId(&id));
-  std::vector<std::thread> threads;
-  std::vector<std::string> failures(n);
-  for (int r = 0; r < n; ++r)
-    threads.emplace_back([&, r] {
-      cuInit(0);
-      CUcontext ctx = nullptr;
-      cuDevicePrimaryCtxRetain(&ctx, 0);
-      cuCtxSetCurrent(ctx);
-      CUstream s = nullptr;
-      cuStreamCreate(&s, CU_STREAM_NON_BLOCKING);
-      ncclComm_t comm = nullptr;
-      if (ncclCommInitRank(&comm, n, id, r) != ncclSuccess) {
-        failures[r] = std::string("init: ") + ncclGetLastError(nullptr);
-        return;
-      }
-      body(r, comm, s);
-      cuStreamSynchronize(s);
-      ncclCommDestroy(comm);
-      cuStreamDestroy(s);
-    });
-  for (auto& t : threads) t.join();
+  const std::vector<std::string> failures =
+      shoal::testing::deviceThreads(n, [&](int r, ncclComm_t comm, CUstream s) {
+        body(r, comm, s);
+        return std::string();
+      });
   for (int r = 0; r < n; ++r) {
     INFO("rank " << r << ": " << failures[r]);
     CHECK(failures[r].empty());

@@ -157,65 +157,80 @@ TEST_CASE("collectives captured into a CUDA graph run at each launch with that l
   }
 }
 
-// On a device-direct communicator (cuda_ipc between processes, the
-// default) a captured AllReduce replays as a device plan: its reductions run
-// in the kernels at each launch (a staged replay reduces on the CPU), on the
-// user's buffers, in place too. Stream plans on or off: eager calls between
-// the launches take either path.
+// Rank r of 2 captures an AllReduce of 40,000 floats (in place or not) and
+// launches the graph three times with new inputs; each replay must have
+// reduced on the GPU (the stand-in's reduction launches grew across it: a
+// staged replay reduces on the CPU) with the right sums. `eagerBetween`: an
+// eager AllReduce on the replay's output after each launch (processes only:
+// threads share the launch counter). "" or what went wrong.
+std::string replayAsDevicePlan(int r, ncclComm_t comm, CUstream s, bool inPlace, bool eagerBetween) {
+  constexpr size_t N = 40000;
+  DeviceFloats send(N), sum(N), eager(N);
+  float* out = inPlace ? send.at() : sum.at();
+  if (!send.fill([&](size_t i) { return val(r, i, 0); })) return "fill";
+  if (ncclAllReduce(send.at(), out, N, ncclFloat, ncclSum, comm, s) != ncclSuccess) return "warm-up";
+  if (cuStreamSynchronize(s) != CUDA_SUCCESS) return "warm-up synchronize";
+  if (cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL) != CUDA_SUCCESS) return "cuStreamBeginCapture";
+  const bool captured = ncclAllReduce(send.at(), out, N, ncclFloat, ncclSum, comm, s) == ncclSuccess;
+  const std::string why = captured ? "" : ncclGetLastError(comm);
+  CUgraph graph = nullptr;
+  if (cuStreamEndCapture(s, &graph) != CUDA_SUCCESS || !captured) return "capture: " + why;
+  CUgraphExec exec = nullptr;
+  if (cuGraphInstantiate(&exec, graph, 0) != CUDA_SUCCESS) return "cuGraphInstantiate";
+  for (int round = 1; round <= 3; ++round) {
+    const std::string at = "round " + std::to_string(round) + ": ";
+    if (!send.fill([&](size_t i) { return val(r, i, round); })) return at + "fill";
+    const unsigned long long kernelsBefore = shoalFakeCudaReduceLaunchesOn(0);
+    if (cuGraphLaunch(exec, s) != CUDA_SUCCESS) return at + "cuGraphLaunch";
+    if (cuStreamSynchronize(s) != CUDA_SUCCESS) return at + "synchronize";
+    if (shoalFakeCudaReduceLaunchesOn(0) == kernelsBefore) return at + "the replay reduced no element on the GPU";
+    auto sumOf = [&](size_t i) { return val(0, i, round) + val(1, i, round); };
+    if (long wrong = firstWrong(inPlace ? send.read() : sum.read(), sumOf); wrong >= 0)
+      return at + "first wrong element " + std::to_string(wrong);
+    if (!eagerBetween) continue;
+    if (ncclAllReduce(out, eager.at(), N, ncclFloat, ncclMax, comm, s) != ncclSuccess) return at + "eager call";
+    if (cuStreamSynchronize(s) != CUDA_SUCCESS) return at + "eager synchronize";
+    if (long wrong = firstWrong(eager.read(), sumOf); wrong >= 0)
+      return at + "eager AllReduce, first wrong element " + std::to_string(wrong);
+  }
+  ncclResult_t async = ncclSuccess;
+  ncclCommGetAsyncError(comm, &async);
+  if (async != ncclSuccess) return std::string("async error: ") + ncclGetLastError(comm);
+  if (cuGraphExecDestroy(exec) != CUDA_SUCCESS || cuGraphDestroy(graph) != CUDA_SUCCESS) return "graph destroy";
+  if (shoalFakeCudaHostFnViolations() != 0) return "a host node made a CUDA call";
+  return "";
+}
+
+// On a device-direct communicator a captured AllReduce replays as a device
+// plan: GPU copies (cuda_ipc between processes, loopback between threads)
+// and reductions in the kernels at each launch, on the user's buffers.
+// Between processes with stream plans on or off (eager calls between the
+// launches take either path), then between threads on device plans.
 TEST_CASE("a captured AllReduce on a device-direct communicator replays as a device plan", "[cudafake][mp]") {
-  for (const char* streamPlans : {"auto", "0"}) {
-    for (bool inPlace : {false, true}) {
+  for (bool inPlace : {false, true}) {
+    for (const char* streamPlans : {"auto", "0"}) {
       shoal::testing::MpConfig cfg;
       cfg.nranks = 2;
       cfg.env = {{"SHOAL_TRANSPORT", ""}, {"SHOAL_CUDA_STREAM_PLANS", streamPlans}};
       auto result = shoal::testing::forkedDeviceRanks(cfg, [&](shoal::testing::MpChild& child, ncclComm_t comm,
                                                              CUstream s) -> int {
-        const int r = child.rank();
-        constexpr size_t N = 40000;
-        DeviceFloats send(N), sum(N), eager(N);
-        float* out = inPlace ? send.at() : sum.at();
-        if (!send.fill([&](size_t i) { return val(r, i, 0); })) return 20;
-        if (ncclAllReduce(send.at(), out, N, ncclFloat, ncclSum, comm, s) != ncclSuccess) return 21;
-        if (cuStreamSynchronize(s) != CUDA_SUCCESS) return 22;
-        if (cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL) != CUDA_SUCCESS) return 23;
-        const bool captured = ncclAllReduce(send.at(), out, N, ncclFloat, ncclSum, comm, s) == ncclSuccess;
-        if (!captured) child.log(std::string("capture: ") + ncclGetLastError(comm));
-        CUgraph graph = nullptr;
-        if (cuStreamEndCapture(s, &graph) != CUDA_SUCCESS || !captured) return 24;
-        CUgraphExec exec = nullptr;
-        if (cuGraphInstantiate(&exec, graph, 0) != CUDA_SUCCESS) return 25;
-        for (int round = 1; round <= 3; ++round) {
-          if (!send.fill([&](size_t i) { return val(r, i, round); })) return 30;
-          const unsigned long long kernelsBefore = shoalFakeCudaReduceLaunchesOn(0);
-          if (cuGraphLaunch(exec, s) != CUDA_SUCCESS) return 31;
-          if (cuStreamSynchronize(s) != CUDA_SUCCESS) return 32;
-          if (shoalFakeCudaReduceLaunchesOn(0) == kernelsBefore) {
-            child.log("round " + std::to_string(round) + ": the replay reduced no element on the GPU");
-            return 33;
-          }
-          auto sumOf = [&](size_t i) { return val(0, i, round) + val(1, i, round); };
-          if (long wrong = firstWrong(inPlace ? send.read() : sum.read(), sumOf); wrong >= 0) {
-            child.log("round " + std::to_string(round) + ": first wrong element " + std::to_string(wrong));
-            return 34;
-          }
-          // An eager call between launches, on the replay's output.
-          if (ncclAllReduce(out, eager.at(), N, ncclFloat, ncclMax, comm, s) != ncclSuccess) return 35;
-          if (cuStreamSynchronize(s) != CUDA_SUCCESS) return 36;
-          if (long wrong = firstWrong(eager.read(), sumOf); wrong >= 0) {
-            child.log("round " + std::to_string(round) + ": eager AllReduce, first wrong element " +
-                      std::to_string(wrong));
-            return 37;
-          }
-        }
-        ncclResult_t async = ncclSuccess;
-        ncclCommGetAsyncError(comm, &async);
-        if (async != ncclSuccess) return 38;
-        if (cuGraphExecDestroy(exec) != CUDA_SUCCESS || cuGraphDestroy(graph) != CUDA_SUCCESS) return 39;
-        if (shoalFakeCudaHostFnViolations() != 0) return 40;  // the host node made no CUDA call
-        return ncclCommDestroy(comm) == ncclSuccess ? 0 : 41;
+        const std::string failure = replayAsDevicePlan(child.rank(), comm, s, inPlace, /*eagerBetween=*/true);
+        if (!failure.empty()) child.log(failure);
+        if (!failure.empty()) return 20;
+        return ncclCommDestroy(comm) == ncclSuccess ? 0 : 21;
       });
-      INFO("stream plans " << streamPlans << (inPlace ? ", in place\n" : "\n") << result.report());
+      INFO("processes, stream plans " << streamPlans << (inPlace ? ", in place\n" : "\n") << result.report());
       CHECK(result.allPassed());
+    }
+  }
+  // Threads last: no fork after this process has threads of its own.
+  useDevice0();
+  for (bool inPlace : {false, true}) {
+    const std::vector<std::string> failures = shoal::testing::deviceThreads(
+        2, [&](int r, ncclComm_t comm, CUstream s) { return replayAsDevicePlan(r, comm, s, inPlace, false); });
+    for (size_t r = 0; r < failures.size(); ++r) {
+      INFO("threads, rank " << r << (inPlace ? ", in place: " : ": ") << failures[r]);
+      CHECK(failures[r].empty());
     }
   }
 }
