@@ -84,8 +84,9 @@ class StreamBridge {
   // neither against SHOAL_CUDA_STAGING_BYTES nor as work the streams have
   // yet to pass (passed()), and are never freed while the graph lives: the
   // bridge's end leaves them to whichever bridge next reclaims once the
-  // graph is gone. `direct` (a device plan replays it): the words only, the
-  // operations left on their own buffers, nothing copied in or out.
+  // graph is gone. `direct` (a device plan replays it): no staging of the
+  // buffers (the allocation's minimum only), the operations left on their
+  // own buffers, nothing copied in or out.
   Result<Staged> stageCaptured(std::span<const OpRequest> ops, int rank, int nranks,
                                std::shared_ptr<const std::atomic<bool>> graphGone, bool direct = false);
   // Records the captured operations on their stream, which is being

@@ -94,7 +94,7 @@ constexpr int kStreamPriorityLeast = 0;
 constexpr int kStreamPriorityGreatest = -5;
 constexpr unsigned kMaxBatchMemOps = 255;  // cuda.h: "Must be less than 256"
 // The name every VMM memfd carries, followed by the machine's index of the
-// device (the same in every process, whatever CUDA_VISIBLE_DEVICES says); an
+// device (the same in every process, whatever SHOAL_FAKECUDA_VISIBLE_DEVICES says); an
 // import reads it back (from /proc/self/fd) to learn which device the memory is on
 // and to refuse descriptors that did not come from cuMemExportToShareableHandle.
 constexpr std::string_view kVmmMemfdPrefix = "shoal-fakecuda-vmm-dev";
@@ -137,9 +137,10 @@ struct Knobs {
   std::atomic<bool> kernels{true};
   std::atomic<unsigned> streamDelayMs{0};
   std::atomic<bool> strictHostFn{false};
+  std::atomic<bool> peerAccess{true};  // between distinct devices (cuDeviceCanAccessPeer, NVML)
   std::mutex hiddenMu;
   std::string hiddenKernel;  // cuModuleGetFunction does not find it (guarded by hiddenMu)
-  std::string visibleDevices;  // CUDA_VISIBLE_DEVICES as read at the first cuInit (set once, before use)
+  std::string visibleDevices;  // SHOAL_FAKECUDA_VISIBLE_DEVICES as read at the first cuInit (set once, before use)
   bool visibleDevicesSet = false;
 };
 
@@ -447,7 +448,7 @@ struct Driver {
   std::mutex mu;
   std::vector<std::unique_ptr<Context>> contexts;  // primary context per device
   // The machine's device behind each ordinal of this process
-  // (CUDA_VISIBLE_DEVICES); set at cuInit, never changed after.
+  // (SHOAL_FAKECUDA_VISIBLE_DEVICES); set at cuInit, never changed after.
   std::vector<int> physical;
   std::map<uintptr_t, Allocation> allocations;     // keyed by base address
   std::map<uintptr_t, size_t> reservations;        // cuMemAddressReserve ranges
@@ -591,7 +592,7 @@ bool validDevice(Driver& d, CUdevice dev) {
 int physicalOf(Driver& d, CUdevice dev) { return d.physical[static_cast<size_t>(dev)]; }
 
 // This process's ordinal of the machine's device `physical`, or
-// CU_DEVICE_INVALID where CUDA_VISIBLE_DEVICES hides it.
+// CU_DEVICE_INVALID where SHOAL_FAKECUDA_VISIBLE_DEVICES hides it.
 CUdevice ordinalOfPhysical(Driver& d, int physical) {
   for (size_t i = 0; i < d.physical.size(); ++i)
     if (d.physical[i] == physical) return static_cast<CUdevice>(i);
@@ -1244,9 +1245,11 @@ bool parseUnsigned(const char* text, unsigned long max, unsigned long* out) {
   return true;
 }
 
-// CUDA_VISIBLE_DEVICES as CUDA reads it, indices only: the listed devices of
-// the machine's `count`, in that order, up to the first entry that is not
-// one (out of range, repeated or not a number); unset, all of them.
+// SHOAL_FAKECUDA_VISIBLE_DEVICES, read as CUDA reads CUDA_VISIBLE_DEVICES
+// (indices only): the listed devices of the machine's `count`, in that
+// order, up to the first entry that is not one (out of range, repeated or
+// not a number); unset, all of them. A variable of its own, so that a
+// CUDA_VISIBLE_DEVICES the tests' shell has (a GPU machine) changes nothing.
 std::vector<int> visibleDevices(int count) {
   std::vector<int> out;
   Knobs& k = knobs();
@@ -1278,7 +1281,7 @@ void loadEnvironment() {
       std::fprintf(stderr, "shoal-fakecuda: ignoring SHOAL_FAKECUDA_DEVICES=%s (want 0..%d)\n", devs, kMaxDevices);
     }
   }
-  if (const char* visible = std::getenv("CUDA_VISIBLE_DEVICES")) {
+  if (const char* visible = std::getenv("SHOAL_FAKECUDA_VISIBLE_DEVICES")) {
     k.visibleDevices = visible;
     k.visibleDevicesSet = true;
   }
@@ -1286,6 +1289,7 @@ void loadEnvironment() {
   if (envFlag("SHOAL_FAKECUDA_NO_BATCH_MEMOPS")) k.batchMemops.store(false);
   if (envFlag("SHOAL_FAKECUDA_NO_KERNELS")) k.kernels.store(false);
   if (envFlag("SHOAL_FAKECUDA_STRICT_HOSTFN")) k.strictHostFn.store(true);
+  if (envFlag("SHOAL_FAKECUDA_NO_PEER_ACCESS")) k.peerAccess.store(false);
   if (const char* hidden = std::getenv("SHOAL_FAKECUDA_HIDE_KERNEL")) {
     std::lock_guard lk(k.hiddenMu);
     k.hiddenKernel = hidden;
@@ -1360,11 +1364,12 @@ uint64_t mix64(uint64_t x) {  // splitmix64 finaliser
   return x ^ (x >> 31);
 }
 
-// Same ordinal, same UUID, in every process: two processes on device 0 see
-// the same GPU, as they would on one machine.
-CUuuid deviceUuid(int ordinal) {
+// The UUID of the machine's device `physical`, the same in every process
+// whatever its ordinal there: two processes on one device see the same GPU,
+// as they would on one machine.
+CUuuid deviceUuid(int physical) {
   CUuuid u{};
-  uint64_t hi = mix64(0x73686f616c000000ull + static_cast<uint64_t>(ordinal));
+  uint64_t hi = mix64(0x73686f616c000000ull + static_cast<uint64_t>(physical));
   uint64_t lo = mix64(hi);
   std::memcpy(u.bytes, &hi, 8);
   std::memcpy(u.bytes + 8, &lo, 8);
@@ -1638,9 +1643,11 @@ FAKE_API CUresult cuDeviceGetAttribute(int* pi, CUdevice_attribute attrib, CUdev
   FAKE_ENTER("cuDeviceGetAttribute");
   if (pi == nullptr || attrib <= 0 || attrib >= CU_DEVICE_ATTRIBUTE_MAX) return CUDA_ERROR_INVALID_VALUE;
   Driver& d = drv();
+  int physical = 0;
   {
     std::lock_guard lk(d.mu);
     if (!validDevice(d, dev)) return CUDA_ERROR_INVALID_DEVICE;
+    physical = physicalOf(d, dev);
   }
   const int memops = knobs().memops.load() ? 1 : 0;
   switch (attrib) {
@@ -1649,7 +1656,7 @@ FAKE_API CUresult cuDeviceGetAttribute(int* pi, CUdevice_attribute attrib, CUdev
     case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: *pi = kMultiprocessors; break;
     case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: *pi = 9; break;
     case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: *pi = 0; break;
-    case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: *pi = dev; break;
+    case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: *pi = physical; break;
     case CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID: *pi = 0; break;
     case CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID: *pi = 0; break;
     case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING: *pi = 1; break;
@@ -1683,7 +1690,7 @@ FAKE_API CUresult cuDeviceCanAccessPeer(int* canAccessPeer, CUdevice dev, CUdevi
   Driver& d = drv();
   std::lock_guard lk(d.mu);
   if (!validDevice(d, dev) || !validDevice(d, peerDev)) return CUDA_ERROR_INVALID_DEVICE;
-  *canAccessPeer = dev != peerDev ? 1 : 0;  // all emulated devices share one host
+  *canAccessPeer = dev != peerDev && knobs().peerAccess.load() ? 1 : 0;  // all emulated devices share one host
   return CUDA_SUCCESS;
 }
 
@@ -3348,7 +3355,7 @@ FAKE_API CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle* h
     Driver& d = drv();
     std::lock_guard lk(d.mu);
     if (physical >= knobs().devices.load()) return CUDA_ERROR_INVALID_VALUE;
-    // Memory of a GPU CUDA_VISIBLE_DEVICES hides maps as the real driver's
+    // Memory of a GPU SHOAL_FAKECUDA_VISIBLE_DEVICES hides maps as the real driver's
     // does (peer access: every emulated device has it): no ordinal here.
     const int device = ordinalOfPhysical(d, physical);
     auto phys = std::make_shared<PhysAlloc>();
@@ -3793,9 +3800,10 @@ FAKE_API CUresult cuGetProcAddress(const char* symbol, void** pfn, int cudaVersi
 // ===========================================================================
 // NVIDIA's management library, the part Shoal asks (libnvidia-ml.so.1's
 // nvml* symbols; tests point SHOAL_NVML_LIBRARY at this library). It sees
-// every emulated device of the machine whatever CUDA_VISIBLE_DEVICES says,
+// every emulated device of the machine whatever SHOAL_FAKECUDA_VISIBLE_DEVICES says,
 // by the UUIDs cuDeviceGetUuid gives them, and reports peer access between
-// any two (they share one host, as cuDeviceCanAccessPeer says). Values are
+// any two (they share one host, as cuDeviceCanAccessPeer says) unless
+// SHOAL_FAKECUDA_NO_PEER_ACCESS=1. Values are
 // nvml.h's: NVML_SUCCESS 0, NVML_ERROR_UNINITIALIZED 1,
 // NVML_ERROR_INVALID_ARGUMENT 2, NVML_ERROR_NOT_FOUND 6; P2P caps read 0,
 // write 1 (all answered alike); NVML_P2P_STATUS_OK 0.
@@ -3859,7 +3867,7 @@ FAKE_API int nvmlDeviceGetP2PStatus(void* device1, void* device2, int capsIndex,
   if (gNvmlInits.load() == 0) return 1;
   if (status == nullptr || nvmlIndexOf(device1) < 0 || nvmlIndexOf(device2) < 0 || capsIndex < 0 || capsIndex > 4)
     return 2;
-  *status = 0;
+  *status = knobs().peerAccess.load() ? 0 : 5;  // NVML_P2P_STATUS_NOT_SUPPORTED
   return 0;
 }
 

@@ -54,7 +54,8 @@ void shoalFakeCudaFailNth(const char* name, int n);
 unsigned long long shoalFakeCudaCallCount(const char* name);
 
 /* How many reduction kernels were launched onto streams of device `device`
- * in this process (0 for a device out of range). */
+ * (its ordinal in this process) in this process (0 for a device out of
+ * range). */
 unsigned long long shoalFakeCudaReduceLaunchesOn(int device);
 
 /* Every stream worker sleeps `ms` before each operation it runs (0: off).

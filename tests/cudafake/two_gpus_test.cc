@@ -246,9 +246,10 @@ TEST_CASE("a stream of another GPU than the communicator's is refused with ncclI
 
 // Two processes, rank r on the machine's device r, AllReduce 50,000 floats
 // of device memory in place; their INFO logs (INIT) joined. With
-// `eachSeesOneGpu` each sees only its own GPU, as ordinal 0
-// (CUDA_VISIBLE_DEVICES=r, as launchers that give each process one GPU
-// set). Device-direct ranks must have reduced in the kernels.
+// `eachSeesOneGpu` each sees only its own GPU, as ordinal 0, as launchers
+// that give each process one GPU make it with CUDA_VISIBLE_DEVICES=r (the
+// stand-in's SHOAL_FAKECUDA_VISIBLE_DEVICES=r). Device-direct ranks must
+// have reduced in the kernels.
 struct ProcessesRun {
   shoal::testing::MpResult result;
   std::string log;
@@ -268,7 +269,7 @@ ProcessesRun allReduceInTwoProcesses(bool eachSeesOneGpu, bool expectDirect,
   ProcessesRun run;
   run.result = shoal::testing::runForked(cfg, [&](shoal::testing::MpChild& child) -> int {
     const int r = child.rank();
-    if (eachSeesOneGpu && setenv("CUDA_VISIBLE_DEVICES", std::to_string(r).c_str(), 1) != 0) return 9;
+    if (eachSeesOneGpu && setenv("SHOAL_FAKECUDA_VISIBLE_DEVICES", std::to_string(r).c_str(), 1) != 0) return 9;
     if (cuInit(0) != CUDA_SUCCESS) return 10;
     const int device = eachSeesOneGpu ? 0 : r;
     int count = 0;
@@ -331,6 +332,7 @@ TEST_CASE("processes on two GPUs with peer access go GPU to GPU over cuda_ipc", 
   CHECK(run.result.allPassed());
   CHECK(run.log.find("device-direct: device buffers move GPU to GPU") != std::string::npos);
   CHECK(run.log.find("via cuda_ipc") != std::string::npos);
+  CHECK(run.log.find("hidden from this process") == std::string::npos);  // CUDA answered; NVML not asked
 }
 
 // CUDA_VISIBLE_DEVICES giving each process one GPU hides the peer's GPU from
@@ -346,6 +348,19 @@ TEST_CASE("processes that each see only their own GPU go GPU to GPU when NVML re
         std::string::npos);
   CHECK(run.log.find("device-direct: device buffers move GPU to GPU") != std::string::npos);
   CHECK(run.log.find("via cuda_ipc") != std::string::npos);
+}
+
+TEST_CASE("processes that each see only their own GPU stage, with the right sums, when NVML reports no peer access",
+          "[cudafake][mp]") {
+  const ProcessesRun run = allReduceInTwoProcesses(
+      /*eachSeesOneGpu=*/true, /*expectDirect=*/false,
+      {{"SHOAL_NVML_LIBRARY", SHOAL_CUDAFAKE_LIB}, {"SHOAL_FAKECUDA_NO_PEER_ACCESS", "1"}});
+  INFO(run.result.report() << "\n" << run.log);
+  CHECK(run.result.allPassed());
+  CHECK(run.log.find("hidden from this process (CUDA_VISIBLE_DEVICES): NVML reports no peer access") !=
+        std::string::npos);
+  CHECK(run.log.find("device buffers are staged through pinned host memory") != std::string::npos);
+  CHECK(run.log.find("via cuda_ipc") == std::string::npos);
 }
 
 TEST_CASE("processes that each see only their own GPU stage, with the right sums, when NVML cannot be loaded",
