@@ -160,10 +160,11 @@ TEST_CASE("collectives captured into a CUDA graph run at each launch with that l
 // Rank r of 2 captures an AllReduce of 40,000 floats (in place or not) and
 // launches the graph three times with new inputs; each replay must have
 // reduced on the GPU (the stand-in's reduction launches grew across it: a
-// staged replay reduces on the CPU) with the right sums. `eagerBetween`: an
-// eager AllReduce on the replay's output after each launch (processes only:
-// threads share the launch counter). "" or what went wrong.
-std::string replayAsDevicePlan(int r, ncclComm_t comm, CUstream s, bool inPlace, bool eagerBetween) {
+// staged replay reduces on the CPU) with the right sums. `ownProcess` (no
+// other rank in this process to move the counters): the capture recorded
+// no copy (nothing staged), and an eager AllReduce on the replay's output
+// follows each launch. "" or what went wrong.
+std::string replayAsDevicePlan(int r, ncclComm_t comm, CUstream s, bool inPlace, bool ownProcess) {
   constexpr size_t N = 40000;
   DeviceFloats send(N), sum(N), eager(N);
   float* out = inPlace ? send.at() : sum.at();
@@ -171,10 +172,14 @@ std::string replayAsDevicePlan(int r, ncclComm_t comm, CUstream s, bool inPlace,
   if (ncclAllReduce(send.at(), out, N, ncclFloat, ncclSum, comm, s) != ncclSuccess) return "warm-up";
   if (cuStreamSynchronize(s) != CUDA_SUCCESS) return "warm-up synchronize";
   if (cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL) != CUDA_SUCCESS) return "cuStreamBeginCapture";
+  const unsigned long long copiesBefore = shoalFakeCudaCallCount("cuMemcpyAsync");
   const bool captured = ncclAllReduce(send.at(), out, N, ncclFloat, ncclSum, comm, s) == ncclSuccess;
   const std::string why = captured ? "" : ncclGetLastError(comm);
+  const unsigned long long copiesRecorded = shoalFakeCudaCallCount("cuMemcpyAsync") - copiesBefore;
   CUgraph graph = nullptr;
   if (cuStreamEndCapture(s, &graph) != CUDA_SUCCESS || !captured) return "capture: " + why;
+  if (ownProcess && copiesRecorded != 0)
+    return "the capture recorded " + std::to_string(copiesRecorded) + " copies (staged)";
   CUgraphExec exec = nullptr;
   if (cuGraphInstantiate(&exec, graph, 0) != CUDA_SUCCESS) return "cuGraphInstantiate";
   for (int round = 1; round <= 3; ++round) {
@@ -187,7 +192,7 @@ std::string replayAsDevicePlan(int r, ncclComm_t comm, CUstream s, bool inPlace,
     auto sumOf = [&](size_t i) { return val(0, i, round) + val(1, i, round); };
     if (long wrong = firstWrong(inPlace ? send.read() : sum.read(), sumOf); wrong >= 0)
       return at + "first wrong element " + std::to_string(wrong);
-    if (!eagerBetween) continue;
+    if (!ownProcess) continue;
     if (ncclAllReduce(out, eager.at(), N, ncclFloat, ncclMax, comm, s) != ncclSuccess) return at + "eager call";
     if (cuStreamSynchronize(s) != CUDA_SUCCESS) return at + "eager synchronize";
     if (long wrong = firstWrong(eager.read(), sumOf); wrong >= 0)
@@ -214,7 +219,7 @@ TEST_CASE("a captured AllReduce on a device-direct communicator replays as a dev
       cfg.env = {{"SHOAL_TRANSPORT", ""}, {"SHOAL_CUDA_STREAM_PLANS", streamPlans}};
       auto result = shoal::testing::forkedDeviceRanks(cfg, [&](shoal::testing::MpChild& child, ncclComm_t comm,
                                                              CUstream s) -> int {
-        const std::string failure = replayAsDevicePlan(child.rank(), comm, s, inPlace, /*eagerBetween=*/true);
+        const std::string failure = replayAsDevicePlan(child.rank(), comm, s, inPlace, /*ownProcess=*/true);
         if (!failure.empty()) child.log(failure);
         if (!failure.empty()) return 20;
         return ncclCommDestroy(comm) == ncclSuccess ? 0 : 21;
