@@ -301,9 +301,10 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
   // `windowOneShot`: a windowed operation's one-phase plan (PlanCache::windowPlanFor).
   Result<bool> prepareJob(Job& job, std::span<const OpRequest> ops, bool detached, bool windowOneShot = false);
   // Whether a stream-ordered operation runs as a device plan (docs/cuda.md,
-  // Device plans): one operation on device buffers whose plan's compute
-  // steps the GPU runs and whose every connection moves device memory, or,
-  // `windowed`, whose peer-reading plan reads the peers' windows (then the
+  // Device plans): an operation or a group on device buffers whose (merged)
+  // plan's compute steps the GPU runs and whose every connection moves
+  // device memory, or, `windowed`, one operation whose peer-reading plan
+  // reads the peers' windows (then the
   // connections carry only descriptors and barriers). The first time, makes
   // deviceSteps_ (false where it cannot, said at INFO).
   bool runsAsDevicePlan(std::span<const OpRequest> ops, bool windowed);

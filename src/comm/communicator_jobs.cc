@@ -608,36 +608,50 @@ bool Communicator::inWindows(std::span<const OpRequest> ops) {
 }
 
 bool Communicator::runsAsDevicePlan(std::span<const OpRequest> ops, bool windowed) {
-  // One operation (groups stay staged), between ranks, on device memory;
-  // its kernels and copies go on streams other than the user's, which waits
-  // for them: not with too few hardware queues to keep them apart (staged
-  // buffers are copied on the user's stream itself). A windowed operation
-  // was decided alike on every rank from what they agreed at init (no rank
-  // had too few), which this rank's environment now cannot overturn.
-  if (ops.size() != 1 || nranks_ < 2 || bridge_->deviceReducer() == nullptr) return false;
+  // Between ranks, on device memory, alone or a group (its merged plan, as
+  // prepareJob makes it); its kernels and copies go on streams other than
+  // the user's, which waits for them: not with too few hardware queues to
+  // keep them apart (staged buffers are copied on the user's stream
+  // itself). A windowed operation (alone: inWindows) was decided alike on
+  // every rank from what they agreed at init (no rank had too few), which
+  // this rank's environment now cannot overturn. Each rank decides for
+  // itself: a device plan runs the same plan as a staged one, so peers
+  // that decide otherwise still meet it.
+  if (ops.empty() || nranks_ < 2 || bridge_->deviceReducer() == nullptr) return false;
+  if (windowed && ops.size() != 1) return false;
   if (!windowed && cuda::Driver::fewHardwareQueues()) return false;
-  const OpRequest& op = ops[0];
-  if (op.scalar.deviceScalar != nullptr) return false;
-  // GPU copies of ranges that overlap without being equal are undefined:
-  // partly overlapping buffers (in-place AllGather, ReduceScatter) are
-  // staged, but where peer-reading plans run (windows): they copy a block
-  // onto itself at most.
-  if (!windowed && op.sendbuff != op.recvbuff && !disjointBuffers(op)) return false;
+  for (const OpRequest& op : ops) {
+    if (op.scalar.deviceScalar != nullptr) return false;
+    // GPU copies of ranges that overlap without being equal are undefined:
+    // partly overlapping buffers (in-place AllGather, ReduceScatter) are
+    // staged, but where peer-reading plans run (windows): they copy a block
+    // onto itself at most.
+    if (!windowed && op.sendbuff != op.recvbuff && !disjointBuffers(op)) return false;
+  }
   // The plan (cached) and its peers' transports (known per peer) first: a
   // communicator whose connections stage, the default, asks CUDA nothing more.
   // (A windowed operation's plan inWindows() found already.)
   if (!windowed) {
-    Result<std::shared_ptr<const PreparedPlan>> prepared = plans_->planFor(placedShape(op), false);
-    if (!prepared.isOk()) return false;  // prepareJob reports it
-    if (!connections_.movesDeviceMemory(*prepared.value()->plan) || !prepared.value()->deviceStepsCanRun)
-      return false;
+    const bool grouped = collectivesGrouped(ops);
+    std::vector<std::shared_ptr<const PreparedPlan>> parts;
+    std::shared_ptr<const PreparedPlan> prepared;
+    for (const OpRequest& op : ops) {
+      Result<std::shared_ptr<const PreparedPlan>> found = plans_->planFor(placedShape(op), grouped);
+      if (!found.isOk()) return false;  // prepareJob reports it
+      prepared = std::move(found).value();
+      if (ops.size() > 1) parts.push_back(prepared);
+    }
+    if (ops.size() > 1) prepared = plans_->mergedPlanFor(std::move(parts));
+    if (!connections_.movesDeviceMemory(*prepared->plan) || !prepared->deviceStepsCanRun) return false;
   }
-  for (const void* buffer : {op.sendbuff, static_cast<const void*>(op.recvbuff)}) {
-    if (buffer == nullptr) continue;
-    Result<cuda::MemoryKind> kind = cuda_->memoryKind(buffer);
-    if (!kind.isOk() || kind.value() != cuda::MemoryKind::kDevice) return false;
-    Result<int> device = cuda_->deviceOfPointer(buffer);  // the kernels run on the bridge's device
-    if (!device.isOk() || device.value() != bridge_->device().ordinal) return false;
+  for (const OpRequest& op : ops) {
+    for (const void* buffer : {op.sendbuff, static_cast<const void*>(op.recvbuff)}) {
+      if (buffer == nullptr) continue;
+      Result<cuda::MemoryKind> kind = cuda_->memoryKind(buffer);
+      if (!kind.isOk() || kind.value() != cuda::MemoryKind::kDevice) return false;
+      Result<int> device = cuda_->deviceOfPointer(buffer);  // the kernels run on the bridge's device
+      if (!device.isOk() || device.value() != bridge_->device().ordinal) return false;
+    }
   }
   return ensureDeviceSteps();
 }

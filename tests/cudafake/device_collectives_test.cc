@@ -808,6 +808,34 @@ TEST_CASE("threads on one GPU run device plans by default", "[cudafake]") {
   CHECK(waits <= 4u);
 }
 
+// A group of collectives (and one of Send/Recv) between threads on one GPU
+// runs as one device plan: its reductions in the kernels (staged, the CPU
+// would reduce and no reduction kernel would run), with the right bytes.
+TEST_CASE("a group on device buffers between threads runs as a device plan", "[cudafake]") {
+  useDevice0();
+  Mismatches bad;
+  const unsigned long long kernelsBefore = shoalFakeCudaReduceLaunchesOn(0);
+  constexpr int n = 2;
+  onThreads(n, [&](int r, ncclComm_t comm, CUstream s) {
+    const size_t N = 6000;
+    DeviceFloats send(N, [&](size_t i) { return val(r, i); });
+    DeviceFloats sum(N), part(N / n);
+    bad.expect(ncclGroupStart() == ncclSuccess, "group start");
+    bad.expect(ncclAllReduce(send.at(), sum.at(), N, ncclFloat, ncclSum, comm, s) == ncclSuccess, "AllReduce");
+    bad.expect(ncclReduceScatter(send.at(), part.at(), N / n, ncclFloat, ncclSum, comm, s) == ncclSuccess,
+               "ReduceScatter");
+    bad.expect(ncclGroupEnd() == ncclSuccess, "group end");
+    cuStreamSynchronize(s);
+    std::vector<float> gotSum = sum.read(), gotPart = part.read();
+    for (size_t i = 0; i < N; ++i) bad.expect(gotSum[i] == sumOfVals(n, i), "AllReduce element " + std::to_string(i));
+    for (size_t i = 0; i < N / n; ++i)
+      bad.expect(gotPart[i] == sumOfVals(n, r * (N / n) + i), "ReduceScatter element " + std::to_string(i));
+  });
+  INFO(bad.first);
+  CHECK(bad.count == 0);
+  CHECK(shoalFakeCudaReduceLaunchesOn(0) > kernelsBefore);
+}
+
 // With CUDA_DEVICE_MAX_CONNECTIONS below 4 streams share so few hardware
 // queues that the user's stream, waiting for the host, would hold back a
 // device plan's kernels and copies: such calls are staged (reduced by the
