@@ -620,6 +620,10 @@ bool Communicator::runsAsDevicePlan(std::span<const OpRequest> ops, bool windowe
   if (ops.empty() || nranks_ < 2 || bridge_->deviceReducer() == nullptr) return false;
   if (windowed && ops.size() != 1) return false;
   if (!windowed && cuda::Driver::fewHardwareQueues()) return false;
+  // A group on several streams stays staged: each of its streams waits while
+  // the plan's own streams work, and the more streams wait, the likelier one
+  // shares a hardware queue with a stream the plan needs.
+  if (streamsOf(ops).size() > 1) return false;
   for (const OpRequest& op : ops) {
     if (op.scalar.deviceScalar != nullptr) return false;
     // GPU copies of ranges that overlap without being equal are undefined:
@@ -645,7 +649,11 @@ bool Communicator::runsAsDevicePlan(std::span<const OpRequest> ops, bool windowe
     if (!connections_.movesDeviceMemory(*prepared->plan) || !prepared->deviceStepsCanRun) return false;
   }
   for (const OpRequest& op : ops) {
-    for (const void* buffer : {op.sendbuff, static_cast<const void*>(op.recvbuff)}) {
+    // Only buffers it uses (a zero-count Send's pointer may be one past an
+    // allocation's end; a non-root's receive buffer is not touched).
+    const OpLayout layout = opLayout(op.shape, rank_, nranks_);
+    for (const void* buffer : {layout.sendBytes ? op.sendbuff : nullptr,
+                               layout.recvBytes ? static_cast<const void*>(op.recvbuff) : nullptr}) {
       if (buffer == nullptr) continue;
       Result<cuda::MemoryKind> kind = cuda_->memoryKind(buffer);
       if (!kind.isOk() || kind.value() != cuda::MemoryKind::kDevice) return false;

@@ -808,9 +808,9 @@ TEST_CASE("threads on one GPU run device plans by default", "[cudafake]") {
   CHECK(waits <= 4u);
 }
 
-// A group of collectives (and one of Send/Recv) between threads on one GPU
-// runs as one device plan: its reductions in the kernels (staged, the CPU
-// would reduce and no reduction kernel would run), with the right bytes.
+// A group of collectives between threads on one GPU runs as one device
+// plan: its reductions in the kernels (staged, the CPU would reduce and no
+// reduction kernel would run), with the right bytes.
 TEST_CASE("a group on device buffers between threads runs as a device plan", "[cudafake]") {
   useDevice0();
   Mismatches bad;
