@@ -4,7 +4,10 @@
 #            simulation) tests.
 #   thread   TSan (build-tsan): the engine, transport conformance, bootstrap
 #            and threaded api tests (ranks as threads, nonblocking init,
-#            abort from another thread).
+#            abort from another thread); where the CUDA toolkit is found,
+#            also the graph-capture and two-GPU tests on the driver stand-in
+#            (host functions, user-object destructors and the engine's
+#            replays run on threads of their own).
 # Any report fails the test that produced it: UBSan does not recover, ASan and
 # TSan exit non-zero. Only the test executables these runs need are built.
 # Usage: scripts/sanitize.sh address|thread [extra ctest arguments]
@@ -25,6 +28,8 @@ case "$kind" in
     # The 64-node x 16-rank planner scale test is pure computation (covered
     # by the unit run); under ASan it outlasts its timeout.
     skip='64 nodes x 16 ranks'
+    cuda=OFF
+    cudaTargets=''
     # Forked ranks report leaks in their own exit; a crash report names the frames.
     export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:strict_string_checks=1:detect_stack_use_after_return=1}
     export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$PWD/tests/sanitizers/lsan.supp:print_suppressions=0}
@@ -40,6 +45,8 @@ case "$kind" in
     # communicator from a second thread.
     only='api_behaviour_tests:thread|nonblocking|ncclCommAbort|detached'
     skip=''
+    cuda=AUTO
+    cudaTargets="cudafake_graph_tests cudafake_two_gpus_tests"
     export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}
     ;;
   *)
@@ -52,10 +59,18 @@ mkdir -p "$dir"
 # -O1 -g1: quicker to build than -O2 -g; reports keep file and line.
 if ! cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" \
      -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" -DSHOAL_SANITIZE="$flags" \
-     -DSHOAL_WITH_CUDA=OFF -DSHOAL_BUILD_BENCH=OFF -DSHOAL_NETNS_TESTS=OFF \
+     -DSHOAL_WITH_CUDA="$cuda" -DSHOAL_BUILD_BENCH=OFF -DSHOAL_NETNS_TESTS=OFF \
      -DSHOAL_REQUIRE_DEPS=ON >"$dir/configure.log" 2>&1; then
   cat "$dir/configure.log"
   exit 1
+fi
+# The CUDA stand-in's tests exist only where the toolkit was found.
+# (the list read whole first: grep -q quitting early would fail the pipe)
+known=$(cmake --build "$dir" --target help)
+if [ -n "$cudaTargets" ] && grep -qw "${cudaTargets%% *}" <<<"$known"; then
+  targets="$targets $cudaTargets"
+elif [ -n "$cudaTargets" ]; then
+  echo "sanitize.sh: no CUDA toolkit: the CUDA stand-in's tests are not run under $kind"
 fi
 # shellcheck disable=SC2086
 cmake --build "$dir" -j"$jobs" --target $targets
