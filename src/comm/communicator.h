@@ -393,6 +393,13 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
     return !buffersMayOverlap(op.shape, op.sendbuff, op.recvbuff, rank_, nranks_);
   }
   CollShape placedShape(const OpRequest& op) const;
+  // The plan a stream-ordered call's operations run: one operation's, or a
+  // group's merged plan (as prepareJob makes it). Cached.
+  Result<std::shared_ptr<const PreparedPlan>> planOf(std::span<const OpRequest> ops);
+  // The send and receive buffers an operation touches on this rank, null
+  // where it moves no bytes (a zero-count Send's pointer may lie past an
+  // allocation's end; a non-root's receive buffer is not touched).
+  std::array<const void*, 2> usedBuffers(const OpRequest& op) const;
   uint64_t tagFor(const CollShape& shape) {
     return encodeTag(shape.kind, shape.dtype, shape.count, static_cast<int>(shape.op), shape.root,
                      nextSeq(shape));

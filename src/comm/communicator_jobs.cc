@@ -85,6 +85,22 @@ void Communicator::trackDetached(const JobPtr& job) {
   anyInFlight_.store(true, std::memory_order_release);
 }
 
+std::array<const void*, 2> Communicator::usedBuffers(const OpRequest& op) const {
+  const OpLayout layout = opLayout(op.shape, rank_, nranks_);
+  return {layout.sendBytes ? op.sendbuff : nullptr, layout.recvBytes ? static_cast<const void*>(op.recvbuff) : nullptr};
+}
+
+Result<std::shared_ptr<const PreparedPlan>> Communicator::planOf(std::span<const OpRequest> ops) {
+  const bool grouped = collectivesGrouped(ops);
+  if (ops.size() == 1) return plans_->planFor(placedShape(ops[0]), grouped);
+  std::vector<std::shared_ptr<const PreparedPlan>> parts;
+  for (const OpRequest& op : ops) {
+    SHOAL_ASSIGN_OR_RETURN(std::shared_ptr<const PreparedPlan> part, plans_->planFor(placedShape(op), grouped));
+    parts.push_back(std::move(part));
+  }
+  return plans_->mergedPlanFor(std::move(parts));
+}
+
 bool Communicator::movesNoBytes(const OpRequest& op) const {
   const OpLayout layout = opLayout(op.shape, rank_, nranks_);
   return layout.sendBytes == 0 && layout.recvBytes == 0 && op.scalar.deviceScalar == nullptr;
@@ -363,23 +379,18 @@ Result<bool> Communicator::submitStreamPlan(std::span<const OpRequest> ops, Stre
   // Between ranks, where every connection moves device memory (known per
   // peer, no connection made), then the plan's own lanes.
   if (nranks_ < 2) return false;
-  const bool group = ops.size() > 1, grouped = collectivesGrouped(ops);
-  std::shared_ptr<const PreparedPlan> prepared;
-  std::vector<std::shared_ptr<const PreparedPlan>> parts;
+  Result<std::shared_ptr<const PreparedPlan>> found = planOf(ops);
+  if (!found.isOk()) return false;  // prepareJob reports it
+  const std::shared_ptr<const PreparedPlan> prepared = std::move(found).value();
+  if (!connections_.movesDeviceMemory(*prepared->plan)) return false;
+  // Whether it runs on the streams depends on what every rank's plan holds
+  // and on the connections, the same on both sides of each: every rank
+  // decides alike.
+  const bool grouped = collectivesGrouped(ops);
   for (const OpRequest& op : ops) {
-    const CollShape shape = placedShape(op);
-    Result<std::shared_ptr<const PreparedPlan>> found = plans_->planFor(shape, grouped);
-    if (!found.isOk()) return false;  // prepareJob reports it
-    prepared = std::move(found).value();
-    if (!connections_.movesDeviceMemory(*prepared->plan)) return false;
-    // Whether it runs on the streams depends on what every rank's plan
-    // holds and on the connections, the same on both sides of each: every
-    // rank decides alike.
-    Result<bool> everywhere = plans_->deviceStepsRunEverywhere(shape, grouped);
+    Result<bool> everywhere = plans_->deviceStepsRunEverywhere(placedShape(op), grouped);
     if (!everywhere.isOk() || !everywhere.value()) return false;
-    if (group) parts.push_back(prepared);
   }
-  if (group) prepared = plans_->mergedPlanFor(std::move(parts));
   const Plan& plan = *prepared->plan;
   if (plan.steps.empty()) return false;
   if (anyInFlight_.load(std::memory_order_acquire)) releaseFinishedDetached();  // an earlier failure first
@@ -405,9 +416,7 @@ Result<bool> Communicator::submitStreamPlan(std::span<const OpRequest> ops, Stre
     return failBeforeRunning(error(Code::kCudaError, describe(), ": its connections run stream plans, and this "
                                    "rank has no device reduction kernels or device plan stream (see the INFO log)"));
   for (const OpRequest& op : ops) {
-    const OpLayout layout = opLayout(op.shape, rank_, nranks_);
-    for (const void* buffer : {layout.sendBytes ? op.sendbuff : nullptr,
-                               layout.recvBytes ? static_cast<const void*>(op.recvbuff) : nullptr}) {
+    for (const void* buffer : usedBuffers(op)) {
       if (buffer == nullptr) continue;
       SHOAL_ASSIGN_OR_RETURN(cuda::MemoryKind kind, cuda_->memoryKind(buffer), describe());
       if (kind != cuda::MemoryKind::kDevice) continue;  // managed, pinned: reachable through unified addressing
@@ -636,24 +645,13 @@ bool Communicator::runsAsDevicePlan(std::span<const OpRequest> ops, bool windowe
   // communicator whose connections stage, the default, asks CUDA nothing more.
   // (A windowed operation's plan inWindows() found already.)
   if (!windowed) {
-    const bool grouped = collectivesGrouped(ops);
-    std::vector<std::shared_ptr<const PreparedPlan>> parts;
-    std::shared_ptr<const PreparedPlan> prepared;
-    for (const OpRequest& op : ops) {
-      Result<std::shared_ptr<const PreparedPlan>> found = plans_->planFor(placedShape(op), grouped);
-      if (!found.isOk()) return false;  // prepareJob reports it
-      prepared = std::move(found).value();
-      if (ops.size() > 1) parts.push_back(prepared);
-    }
-    if (ops.size() > 1) prepared = plans_->mergedPlanFor(std::move(parts));
-    if (!connections_.movesDeviceMemory(*prepared->plan) || !prepared->deviceStepsCanRun) return false;
+    Result<std::shared_ptr<const PreparedPlan>> prepared = planOf(ops);
+    if (!prepared.isOk()) return false;  // prepareJob reports it
+    if (!connections_.movesDeviceMemory(*prepared.value()->plan) || !prepared.value()->deviceStepsCanRun)
+      return false;
   }
   for (const OpRequest& op : ops) {
-    // Only buffers it uses (a zero-count Send's pointer may be one past an
-    // allocation's end; a non-root's receive buffer is not touched).
-    const OpLayout layout = opLayout(op.shape, rank_, nranks_);
-    for (const void* buffer : {layout.sendBytes ? op.sendbuff : nullptr,
-                               layout.recvBytes ? static_cast<const void*>(op.recvbuff) : nullptr}) {
+    for (const void* buffer : usedBuffers(op)) {
       if (buffer == nullptr) continue;
       Result<cuda::MemoryKind> kind = cuda_->memoryKind(buffer);
       if (!kind.isOk() || kind.value() != cuda::MemoryKind::kDevice) return false;
