@@ -350,29 +350,27 @@ TEST_CASE("processes that each see only their own GPU go GPU to GPU when NVML re
   CHECK(run.log.find("via cuda_ipc") != std::string::npos);
 }
 
-TEST_CASE("processes that each see only their own GPU stage, with the right sums, when NVML reports no peer access",
-          "[cudafake][mp]") {
-  const ProcessesRun run = allReduceInTwoProcesses(
-      /*eachSeesOneGpu=*/true, /*expectDirect=*/false,
-      {{"SHOAL_NVML_LIBRARY", SHOAL_CUDAFAKE_LIB}, {"SHOAL_FAKECUDA_NO_PEER_ACCESS", "1"}});
+// Processes that each see only their own GPU, in `env`, staged (the right
+// sums, over shm) and said why at INFO.
+void checkStagedEachOnOneGpu(std::vector<std::pair<std::string, std::string>> env, const std::string& why) {
+  const ProcessesRun run = allReduceInTwoProcesses(/*eachSeesOneGpu=*/true, /*expectDirect=*/false, std::move(env));
   INFO(run.result.report() << "\n" << run.log);
   CHECK(run.result.allPassed());
-  CHECK(run.log.find("hidden from this process (CUDA_VISIBLE_DEVICES): NVML reports no peer access") !=
-        std::string::npos);
+  CHECK(run.log.find(why) != std::string::npos);
   CHECK(run.log.find("device buffers are staged through pinned host memory") != std::string::npos);
   CHECK(run.log.find("via cuda_ipc") == std::string::npos);
 }
 
+TEST_CASE("processes that each see only their own GPU stage, with the right sums, when NVML reports no peer access",
+          "[cudafake][mp]") {
+  checkStagedEachOnOneGpu({{"SHOAL_NVML_LIBRARY", SHOAL_CUDAFAKE_LIB}, {"SHOAL_FAKECUDA_NO_PEER_ACCESS", "1"}},
+                          "hidden from this process (CUDA_VISIBLE_DEVICES): NVML reports no peer access");
+}
+
 TEST_CASE("processes that each see only their own GPU stage, with the right sums, when NVML cannot be loaded",
           "[cudafake][mp]") {
-  const ProcessesRun run = allReduceInTwoProcesses(/*eachSeesOneGpu=*/true, /*expectDirect=*/false,
-                                                   {{"SHOAL_NVML_LIBRARY", "/nonexistent/libnvidia-ml.so.1"}});
-  INFO(run.result.report() << "\n" << run.log);
-  CHECK(run.result.allPassed());
-  CHECK(run.log.find("no peer access assumed: NVML (/nonexistent/libnvidia-ml.so.1) did not load") !=
-        std::string::npos);
-  CHECK(run.log.find("device buffers are staged through pinned host memory") != std::string::npos);
-  CHECK(run.log.find("via cuda_ipc") == std::string::npos);
+  checkStagedEachOnOneGpu({{"SHOAL_NVML_LIBRARY", "/nonexistent/libnvidia-ml.so.1"}},
+                          "no peer access assumed: NVML (/nonexistent/libnvidia-ml.so.1) did not load");
 }
 
 // Windows of ranks on two GPUs of one process: each maps the other's
