@@ -48,7 +48,6 @@ void freeOrphans(cuda::Driver& driver) {
   gOrphanCount.store(gOrphans->size(), std::memory_order_release);
 }
 
-
 }  // namespace
 
 StreamBridge::StreamBridge(cuda::Driver& driver, cuda::DeviceIdentity device)

@@ -847,8 +847,8 @@ Result<ContextHandle> Driver::primaryContextOfDevice(int ordinal) {
   return static_cast<ContextHandle>(ctx);
 }
 // A GPU CUDA_VISIBLE_DEVICES hides from this process (each process given
-// one GPU) cannot be asked about through CUDA; NVML sees every GPU of the
-// machine. CUDA maps another process's memory on a GPU it does not see
+// one GPU) cannot be asked about through CUDA; NVML sees the GPUs
+// CUDA_VISIBLE_DEVICES hides. CUDA maps another process's memory on a GPU it does not see
 // where the two GPUs have peer access, as NCCL relies on too. Each pair's
 // verdict is kept and said once.
 static bool hiddenGpusShareMemory(const std::string& a, const std::string& b) {

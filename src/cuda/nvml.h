@@ -1,8 +1,8 @@
 // NVIDIA's management library (libnvidia-ml.so.1), for what CUDA cannot say
 // in this process: whether two GPUs reach each other's memory when one of
 // them is hidden from it (CUDA_VISIBLE_DEVICES giving each process one GPU).
-// NVML sees every GPU of the machine whatever CUDA_VISIBLE_DEVICES says, and
-// names them by the UUID CUDA gives them.
+// NVML sees the GPUs CUDA_VISIBLE_DEVICES hides (not those a container or
+// cgroup withholds), and names them by the UUID CUDA gives them.
 //
 // Loaded at the first question (dlopen of SHOAL_NVML_LIBRARY, initialized
 // once for the process and never shut down: one library, no growth), with
