@@ -10,6 +10,7 @@
 #include <random>
 #include <tuple>
 #include <unordered_map>
+#include <utility>
 
 #include "collectives/layout.h"
 #include "reduce/numerics.h"
@@ -837,41 +838,99 @@ Status simulatePlans(const std::vector<PlanPtr>& plans,
     return Status::ok();
   };
 
-  auto runnable = [&](int r, uint32_t i) {
-    const RankState& rs = ranks[r];
-    const Step& s = rs.plan->steps[i];
-    if (s.kind != StepKind::kSend && s.kind != StepKind::kRecv) return true;
-    if (rs.laneNext[s.lane] != s.laneSeq) return false;
-    if (s.kind == StepKind::kSend) return true;
-    auto it = fifo.find({s.peer, r, s.channel});
-    return it != fifo.end() && !it->second.empty();
-  };
-
-  std::mt19937_64 rng(options.seed);
-  std::vector<size_t> candidates;
-  while (!ready.empty()) {
-    candidates.clear();
-    for (size_t j = 0; j < ready.size(); ++j)
-      if (runnable(ready[j].first, ready[j].second)) candidates.push_back(j);
-    if (candidates.empty()) break;
-    const size_t pick = candidates[rng() % candidates.size()];
-    auto [r, i] = ready[pick];
-    ready[pick] = ready.back();
-    ready.pop_back();
-    if (Status st = execute(r, i); !st.isOk())
-      return st.withContext(str("simulate rank ", r, " ", stepLine(*ranks[r].plan, i)));
+  // A ready step waits for what it needs before it may run: a Send or Recv
+  // its lane's turn, a Recv also a message in its FIFO. Those that have it
+  // are `runnable`; the others are parked on what they wait for and looked
+  // at again only when it comes (the lane advances, a message arrives), so a
+  // plan of n steps runs in O(n log n), whatever the number of ranks.
+  using FifoKey = std::tuple<int, int, uint16_t>;
+  std::vector<std::pair<int, uint32_t>> runnable;
+  std::vector<std::vector<std::vector<int64_t>>> laneParked(n);  // [rank][lane][laneSeq]: step, or -1
+  std::map<FifoKey, std::vector<uint32_t>> fifoParked;            // (sender, receiver, channel): steps
+  for (int r = 0; r < n; ++r) {
+    const Plan& plan = *ranks[r].plan;
+    laneParked[r].resize(plan.lanes.size());
+    for (const Step& s : plan.steps)
+      if (s.lane >= 0 && s.lane < static_cast<int32_t>(plan.lanes.size()) &&
+          laneParked[r][s.lane].size() <= s.laneSeq)
+        laneParked[r][s.lane].resize(s.laneSeq + 1, -1);
+  }
+  // Puts a ready step where it belongs: runnable, or parked on what it lacks.
+  auto place = [&](int r, uint32_t i) {
     RankState& rs = ranks[r];
     const Step& s = rs.plan->steps[i];
-    if (s.lane >= 0) ++rs.laneNext[s.lane];
+    if (s.kind == StepKind::kSend || s.kind == StepKind::kRecv) {
+      if (rs.laneNext[s.lane] != s.laneSeq) {
+        laneParked[r][s.lane][s.laneSeq] = i;
+        return;
+      }
+      if (s.kind == StepKind::kRecv) {
+        auto it = fifo.find({s.peer, r, s.channel});
+        if (it == fifo.end() || it->second.empty()) {
+          fifoParked[{s.peer, r, s.channel}].push_back(i);
+            return;
+        }
+      }
+    }
+    runnable.push_back({r, i});
+  };
+  for (auto [r, i] : ready) place(r, i);
+  ready.clear();
+
+  std::mt19937_64 rng(options.seed);
+  while (!runnable.empty()) {
+    const size_t pick = rng() % runnable.size();
+    auto [r, i] = runnable[pick];
+    runnable[pick] = runnable.back();
+    runnable.pop_back();
+    RankState& rs = ranks[r];
+    const Step& s = rs.plan->steps[i];
+    if (s.kind == StepKind::kRecv) {
+      // Another receive on this FIFO (another lane) may have taken its message.
+      auto it = fifo.find({s.peer, r, s.channel});
+      if (it == fifo.end() || it->second.empty()) {
+        place(r, i);
+        continue;
+      }
+    }
+    if (Status st = execute(r, i); !st.isOk())
+      return st.withContext(str("simulate rank ", r, " ", stepLine(*rs.plan, i)));
     ++done;
+    if (s.lane >= 0) {
+      const uint32_t next = ++rs.laneNext[s.lane];
+      std::vector<int64_t>& waiting = laneParked[r][s.lane];
+      if (next < waiting.size() && waiting[next] >= 0) {
+        place(r, static_cast<uint32_t>(std::exchange(waiting[next], -1)));
+      }
+    }
+    if (s.kind == StepKind::kSend) {
+      auto it = fifoParked.find({r, s.peer, s.channel});
+      if (it != fifoParked.end()) {
+        std::vector<uint32_t> woken = std::move(it->second);
+        fifoParked.erase(it);
+        for (uint32_t w : woken) place(s.peer, w);
+      }
+    }
     for (uint32_t c : rs.children[i])
-      if (--rs.pending[c] == 0) ready.push_back({r, c});
+      if (--rs.pending[c] == 0) place(r, c);
   }
   if (done != total) {
     std::string stuck;
-    for (size_t j = 0; j < ready.size() && j < 4; ++j)
-      stuck += str("; rank ", ready[j].first, " ", stepLine(*ranks[ready[j].first].plan,
-                                                            ready[j].second));
+    int said = 0;
+    for (int r = 0; r < n && said < 4; ++r)
+      for (const auto& lane : laneParked[r])
+        for (int64_t i : lane)
+          if (i >= 0 && said < 4) {
+            stuck += str("; rank ", r, " ", stepLine(*ranks[r].plan, static_cast<uint32_t>(i)));
+            ++said;
+          }
+    for (const auto& [key, steps] : fifoParked)
+      for (uint32_t i : steps)
+        if (said < 4) {
+          const int r = std::get<1>(key);
+          stuck += str("; rank ", r, " ", stepLine(*ranks[r].plan, i));
+          ++said;
+        }
     return internalError("simulate: deadlock, ", total - done, " of ", total,
                          " steps never ran", stuck);
   }

@@ -263,6 +263,38 @@ TEST_CASE("the verifier catches a deadlock", "[verify][negative]") {
   requireOk(verifyPlans(finishAll(plans)), "lane order with room");
 }
 
+// The simulator runs plans on data: it must say what stopped them, not only
+// that they did not finish.
+TEST_CASE("the simulator reports a deadlock, a size mismatch and a message nobody receives", "[simulate][negative]") {
+  std::vector<std::vector<float>> send(2, std::vector<float>(16, 1.0f)), recv(2, std::vector<float>(16));
+  std::vector<std::vector<SimOpBuffers>> buffers(2);
+  for (int r = 0; r < 2; ++r) buffers[r] = {SimOpBuffers{send[r].data(), recv[r].data(), nullptr}};
+
+  requireOk(simulatePlans(finishAll(goodExchange()), buffers), "good exchange");
+  REQUIRE(recv[0] == std::vector<float>(16, 2.0f));
+
+  std::vector<Plan> plans;
+  for (int r = 0; r < 2; ++r) {
+    Plan p = emptyPlan(allReduceShape(16), r, 2);
+    PlanBuilder b(p);
+    uint32_t v = b.recv(1 - r, Slice{kRecvBuffer, 0}, 64);  // both wait to receive first
+    b.send(1 - r, Slice{kRecvBuffer, 0}, 64, {v});
+    plans.push_back(std::move(p));
+  }
+  Status deadlock = simulatePlans(finishAll(plans), buffers);
+  requireError(deadlock, "deadlock, 4 of 4 steps never ran");
+  REQUIRE(deadlock.message().find("rank 0") != std::string::npos);
+  REQUIRE(deadlock.message().find("rank 1") != std::string::npos);
+
+  plans = goodExchange();
+  plans[1].steps[0].bytes = 32;  // rank 1 sends half
+  requireError(simulatePlans(finishAll(plans), buffers), "received 32 bytes, expected 64");
+
+  plans = goodExchange();
+  PlanBuilder(plans[0]).send(1, Slice{kSendBuffer, 0}, 64, {2}, 1);  // channel 1: nobody listens
+  requireError(simulatePlans(finishAll(plans), buffers), "1 message(s) from rank 0 to rank 1 on channel 1 never received");
+}
+
 TEST_CASE("the verifier checks peers / bounds / buffers and flags", "[verify][negative]") {
   {
     Plan p = emptyPlan(allReduceShape(16), 0, 1);
