@@ -22,7 +22,8 @@ cmake --build build-nocuda -j"$(nproc)" --target nccl
 export NCCL_SOCKET_IFNAME=lo FI_TCP_IFACE=lo
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 status=0
-(cd build && ctest --output-on-failure --no-tests=error --timeout 900 "$@") || status=$?
+# As many tests at once as there are cores (the multi-node ones alone: RUN_SERIAL).
+(cd build && ctest --output-on-failure --no-tests=error --timeout 900 -j"$(nproc)" "$@") || status=$?
 # The same code under sanitizers: ASan + UBSan over the unit, api, mp and
 # sim tests, TSan over the engine, transports, bootstrap and threaded api
 # tests (scripts/sanitize.sh). A report fails the run.

@@ -25,9 +25,7 @@ case "$kind" in
              ofi_transport_tests abi_layout_test api_behaviour_tests mp_tests mp_check_mode_tests
              mp_env_tests ofi_mp_tests sim_tests"
     only=''  # every test of these executables
-    # The 64-node x 16-rank planner scale test is pure computation (covered
-    # by the unit run); under ASan it outlasts its timeout.
-    skip='64 nodes x 16 ranks'
+    skip=''
     cuda=OFF
     cudaTargets=''
     # Forked ranks report leaks in their own exit; a crash report names the frames.
