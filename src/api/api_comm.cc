@@ -11,6 +11,7 @@
 #include "core/fence.h"
 #include "core/log.h"
 #include "core/params.h"
+#include "core/process.h"
 #include "cuda/driver.h"
 
 using namespace shoal;
@@ -160,7 +161,10 @@ Status launchInit(ncclComm_t* out, ncclComm_t handle, bool blocking, InitWork wo
           if (split) (void)work(&cancelled);
           return;
         }
-        handle->initThread = std::thread([shared, work, context] { (void)context.run(shared, work); });
+        handle->initThread = std::thread([shared, work, context] {
+          markLibraryThread();
+          (void)context.run(shared, work);
+        });
       }, std::move(abandon));
     } else {
       group::addInit(std::move(run), std::move(abandon));
@@ -169,7 +173,10 @@ Status launchInit(ncclComm_t* out, ncclComm_t handle, bool blocking, InitWork wo
   }
   if (!blocking) {
     *out = handle;
-    handle->initThread = std::thread([shared, work, context] { (void)context.run(shared, work); });
+    handle->initThread = std::thread([shared, work, context] {
+      markLibraryThread();
+      (void)context.run(shared, work);
+    });
     return Status(Code::kInProgress, "");
   }
   Status st = context.run(shared, work);
@@ -312,6 +319,7 @@ SHOAL_API(ncclResult_t, ncclCommInitAll, (ncclComm_t * comms, int ndev, const in
     }
     for (int i = 0; i < ndev; ++i) {
       threads.emplace_back([&, i, context = InitContext::ofDevice(handles[i]->cudaDev)] {
+        markLibraryThread();
         // No handle is visible until all are done: nothing can cancel these.
         auto work = [&, i](const std::atomic<bool>*) -> Result<std::shared_ptr<Communicator>> {
           InitRequest req;

@@ -95,7 +95,10 @@ class ConnectWatch {
     if (owner_ == currentPid()) return;
     owner_ = currentPid();
     try {
-      std::thread([this] { run(); }).detach();
+      std::thread([this] {
+        markLibraryThread();
+        run();
+      }).detach();
     } catch (const std::system_error& e) {
       owner_ = 0;  // tried again at the next connect
       SHOAL_WARN("connect watch: no thread (", e.what(), "): a connect to a peer that will not come waits for "

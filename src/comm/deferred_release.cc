@@ -13,6 +13,7 @@
 
 #include "core/clock.h"
 #include "core/log.h"
+#include "core/process.h"
 
 namespace shoal::deferred {
 namespace {
@@ -60,6 +61,7 @@ State& state() {
 }
 
 void run(State& s) {
+  markLibraryThread();
   for (;;) {
     std::vector<Item> ready;
     {

@@ -8,6 +8,7 @@
 
 #include "collectives/plan.h"
 #include "core/log.h"
+#include "core/process.h"
 
 namespace shoal::group {
 namespace {
@@ -48,7 +49,10 @@ Status runInits(std::vector<std::function<Status()>>& inits) {
   std::vector<std::thread> threads;
   threads.reserve(inits.size());
   for (size_t i = 0; i < inits.size(); ++i)
-    threads.emplace_back([&, i] { results[i] = inits[i](); });
+    threads.emplace_back([&, i] {
+      markLibraryThread();
+      results[i] = inits[i]();
+    });
   for (auto& t : threads) t.join();
   for (auto& s : results)
     if (!s.isOk()) return s;

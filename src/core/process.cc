@@ -45,4 +45,11 @@ uint64_t netNamespaceId() {
   return static_cast<uint64_t>(st.st_ino);
 }
 
+namespace {
+thread_local bool tLibraryThread = false;
+}  // namespace
+
+void markLibraryThread() { tLibraryThread = true; }
+bool isLibraryThread() { return tLibraryThread; }
+
 }  // namespace shoal

@@ -1,5 +1,5 @@
 // The calling process's identity: its id without a system call, and the
-// kernel it runs on.
+// kernel it runs on; which of its threads are Shoal's own.
 //
 // glibc no longer caches getpid(), and a system call costs about a
 // microsecond on a paravirtualized guest like the development VM (1.1 us
@@ -27,5 +27,12 @@ uint64_t pidNamespaceId();
 // where unreadable): processes of one kernel that report the same one reach
 // each other's abstract Unix sockets (net/unix_socket.h).
 uint64_t netNamespaceId();
+
+// Shoal's own threads (the engine's progress thread, set-up, connect and
+// release threads) mark themselves at their start, so that what they may
+// do differently from a user's thread is decided below the layers that
+// start them (cuda::Driver gives them relaxed stream capture mode).
+void markLibraryThread();
+bool isLibraryThread();
 
 }  // namespace shoal

@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/process.h"
 #include "cuda/nvml.h"
 #endif
 
@@ -52,6 +53,10 @@ std::string DeviceIdentity::uuidText() const {
                 u[14], u[15]);
   return text;
 }
+
+// Whether this thread, one of Shoal's own (markLibraryThread), took relaxed
+// capture mode yet (Driver::pushContext).
+thread_local bool tLibraryThreadRelaxed = false;
 
 #if !SHOAL_HAVE_CUDA
 
@@ -137,6 +142,7 @@ constexpr int kApiVersion = 12000;
   X(cuMemRelease) X(cuMemAddressReserve) X(cuMemAddressFree) X(cuMemMap) X(cuMemUnmap)   \
   X(cuMemSetAccess) X(cuModuleLoadData) X(cuModuleGetFunction) X(cuLaunchKernel)         \
   X(cuModuleUnload) X(cuDeviceGetCount) X(cuDeviceGet) X(cuDevicePrimaryCtxRetain)          \
+  X(cuDevicePrimaryCtxGetState)                                                         \
   X(cuDeviceCanAccessPeer) X(cuCtxPushCurrent) X(cuCtxPopCurrent) X(cuStreamCreate)      \
   X(cuStreamDestroy) X(cuEventQuery) X(cuMemExportToShareableHandle)                     \
   X(cuMemImportFromShareableHandle) X(cuMemHostRegister) X(cuMemHostUnregister)       \
@@ -300,13 +306,48 @@ Driver* Driver::inUse() {
   return driver;
 }
 
+// Pointer queries need a context current on the calling thread: the driver
+// answers CUDA_ERROR_INVALID_CONTEXT without one (the engine's thread, a
+// group's set-up threads, a caller that never made one current). Addressing
+// is unified, so any context of the process answers for every pointer: the
+// query is asked again with an active primary context current (retained
+// once, as primaryContextOfDevice). A process where none is active holds no
+// CUDA memory that Shoal could be handed (device and pinned memory live in
+// a context; one made with cuCtxCreate and never current here is not seen):
+// `none` is its answer then.
+static Result<bool> queryPointer(Driver& driver, Driver::Api& api, const void* ptr, unsigned count,
+                                 CUpointer_attribute* attrs, void** data) {
+  const auto at = reinterpret_cast<CUdeviceptr>(ptr);
+  CUresult rc = api.cuPointerGetAttributes(count, attrs, data, at);
+  if (rc == CUDA_SUCCESS) return true;
+  if (rc != CUDA_ERROR_INVALID_CONTEXT) return cudaError(api, "cuPointerGetAttributes", rc);
+  int devices = 0;
+  if (CUresult c = api.cuDeviceGetCount(&devices); c != CUDA_SUCCESS)
+    return cudaError(api, "cuDeviceGetCount", c);
+  for (int ordinal = 0; ordinal < devices; ++ordinal) {
+    unsigned flags = 0;
+    int active = 0;
+    if (api.cuDevicePrimaryCtxGetState(static_cast<CUdevice>(ordinal), &flags, &active) != CUDA_SUCCESS ||
+        !active)
+      continue;
+    SHOAL_ASSIGN_OR_RETURN(ContextHandle context, driver.primaryContextOfDevice(ordinal));
+    ContextScope scope(driver, context);
+    SHOAL_TRY(scope.status());
+    rc = api.cuPointerGetAttributes(count, attrs, data, at);
+    if (rc != CUDA_SUCCESS) return cudaError(api, "cuPointerGetAttributes", rc);
+    return true;
+  }
+  return false;
+}
+
 Result<MemoryKind> Driver::memoryKind(const void* ptr) {
   if (ptr == nullptr) return MemoryKind::kHost;
   unsigned int type = 0;
   int managed = 0;  // CU_POINTER_ATTRIBUTE_IS_MANAGED is a bool: read into a zeroed int
   CUpointer_attribute attrs[2] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_IS_MANAGED};
   void* data[2] = {&type, &managed};
-  SHOAL_CU(cuPointerGetAttributes(2, attrs, data, reinterpret_cast<CUdeviceptr>(ptr)));
+  SHOAL_ASSIGN_OR_RETURN(bool answered, queryPointer(*this, *api_, ptr, 2, attrs, data));
+  if (!answered) return MemoryKind::kHost;
   if (managed & 0xff) return MemoryKind::kManaged;
   switch (type) {
     case CU_MEMORYTYPE_DEVICE:
@@ -323,7 +364,7 @@ Result<int> Driver::deviceOfPointer(const void* ptr) {
   int ordinal = -1;
   CUpointer_attribute attr = CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL;
   void* data = &ordinal;
-  SHOAL_CU(cuPointerGetAttributes(1, &attr, &data, reinterpret_cast<CUdeviceptr>(ptr)));
+  SHOAL_TRY(queryPointer(*this, *api_, ptr, 1, &attr, &data).status());
   if (ordinal < 0) return error(Code::kInvalidArgument, ptr, " is not memory of a CUDA device");
   return ordinal;
 }
@@ -883,6 +924,17 @@ bool Driver::gpusShareMemory(const std::string& a, const std::string& b) {
 }
 Status Driver::pushContext(ContextHandle context) {
   SHOAL_CU(cuCtxPushCurrent(static_cast<CUcontext>(context)));
+  // While another thread of the process captures in global mode
+  // (torch.cuda.graph's default), CUDA refuses potentially unsafe calls
+  // (synchronizing, querying events, allocating, freeing) on every thread
+  // still in global mode, and may invalidate that capture. Shoal's own
+  // threads make such calls at any moment, always under a pushed context:
+  // at their first push they take relaxed mode for good. A user's thread
+  // keeps its mode.
+  if (isLibraryThread() && !tLibraryThreadRelaxed) {
+    (void)exchangeCaptureMode(kCaptureModeRelaxed);
+    tLibraryThreadRelaxed = true;
+  }
   return Status::ok();
 }
 void Driver::popContext() {

@@ -1007,6 +1007,7 @@ void Engine::ensureProgressThread() {
 }
 
 void Engine::progressThreadMain() {
+  markLibraryThread();
   Backoff backoff;
   for (;;) {
     {

@@ -543,7 +543,9 @@ thread_local int tGlobalCapturesHere = 0;
 thread_local int tStrictCapturesHere = 0;
 
 // Whether a potentially unsafe call (allocation, free, module load,
-// synchronous copy: they may synchronize) is refused on this thread now:
+// synchronous copy, synchronizing with or querying a stream or event: they
+// may synchronize; PyTorch's watchdog met the query case) is refused on this
+// thread now:
 // in global mode while this thread captures, or another thread captures in
 // global mode; in thread-local mode while this thread captures; never in
 // relaxed mode. (The stand-in refuses the call; a real driver also
@@ -1864,6 +1866,7 @@ FAKE_API CUresult cuCtxGetStreamPriorityRange(int* leastPriority, int* greatestP
 // including destroyed streams still draining.
 FAKE_API CUresult cuCtxSynchronize(void) {
   FAKE_ENTER("cuCtxSynchronize");
+  if (captureProhibitsUnsafeCalls()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
   return guarded([&]() -> CUresult {
     Context* c = currentContext();
     if (c == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
@@ -2263,8 +2266,11 @@ CUresult writePointerAttribute(unsigned attr, void* data, const PointerInfo& p, 
 }  // namespace
 }  // namespace fakecuda
 
+// As the real driver, pointer queries need a context current on the calling
+// thread (any: addressing is unified): CUDA_ERROR_INVALID_CONTEXT without.
 FAKE_API CUresult cuPointerGetAttribute(void* data, CUpointer_attribute attribute, CUdeviceptr ptr) {
   FAKE_ENTER("cuPointerGetAttribute");
+  if (currentContext() == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
   return guarded([&] { return writePointerAttribute(rawEnum(attribute), data, pointerInfo(ptr), true); });
 }
 
@@ -2272,6 +2278,7 @@ FAKE_API CUresult cuPointerGetAttributes(unsigned int numAttributes, CUpointer_a
                                          CUdeviceptr ptr) {
   FAKE_ENTER("cuPointerGetAttributes");
   if (numAttributes == 0 || attributes == nullptr || data == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (currentContext() == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
   return guarded([&]() -> CUresult {
     const PointerInfo info = pointerInfo(ptr);
     for (unsigned i = 0; i < numAttributes; ++i) {
@@ -2429,6 +2436,7 @@ FAKE_API CUresult cuStreamDestroy_v2(CUstream hStream) {
 
 FAKE_API CUresult cuStreamSynchronize(CUstream hStream) {
   FAKE_ENTER("cuStreamSynchronize");
+  if (captureProhibitsUnsafeCalls()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
   return guarded([&]() -> CUresult {
     std::shared_ptr<Stream> s;
     if (CUresult r = resolveStream(hStream, s); r != CUDA_SUCCESS) return r;
@@ -2438,6 +2446,7 @@ FAKE_API CUresult cuStreamSynchronize(CUstream hStream) {
 
 FAKE_API CUresult cuStreamQuery(CUstream hStream) {
   FAKE_ENTER("cuStreamQuery");
+  if (captureProhibitsUnsafeCalls()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
   return guarded([&]() -> CUresult {
     std::shared_ptr<Stream> s;
     if (CUresult r = resolveStream(hStream, s); r != CUDA_SUCCESS) return r;
@@ -2664,6 +2673,7 @@ FAKE_API CUresult cuEventRecordWithFlags(CUevent hEvent, CUstream hStream, unsig
 
 FAKE_API CUresult cuEventQuery(CUevent hEvent) {
   FAKE_ENTER("cuEventQuery");
+  if (captureProhibitsUnsafeCalls()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
   return guarded([&]() -> CUresult {
     std::shared_ptr<Marker> m;
     if (CUresult r = eventMarker(hEvent, m); r != CUDA_SUCCESS) return r;
@@ -2675,6 +2685,7 @@ FAKE_API CUresult cuEventQuery(CUevent hEvent) {
 
 FAKE_API CUresult cuEventSynchronize(CUevent hEvent) {
   FAKE_ENTER("cuEventSynchronize");
+  if (captureProhibitsUnsafeCalls()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
   return guarded([&]() -> CUresult {
     std::shared_ptr<Marker> m;
     if (CUresult r = eventMarker(hEvent, m); r != CUDA_SUCCESS) return r;

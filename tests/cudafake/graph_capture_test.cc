@@ -17,8 +17,10 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <atomic>
 #include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cudafake/device_ranks.h"
@@ -171,7 +173,10 @@ std::string replayAsDevicePlan(int r, ncclComm_t comm, CUstream s, bool inPlace,
   if (!send.fill([&](size_t i) { return val(r, i, 0); })) return "fill";
   if (ncclAllReduce(send.at(), out, N, ncclFloat, ncclSum, comm, s) != ncclSuccess) return "warm-up";
   if (cuStreamSynchronize(s) != CUDA_SUCCESS) return "warm-up synchronize";
-  if (cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL) != CUDA_SUCCESS) return "cuStreamBeginCapture";
+  // Ranks that are threads capture each in thread-local mode: in global mode
+  // one's capture refuses the other's synchronous copies (fill), as CUDA does.
+  const CUstreamCaptureMode mode = ownProcess ? CU_STREAM_CAPTURE_MODE_GLOBAL : CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+  if (cuStreamBeginCapture(s, mode) != CUDA_SUCCESS) return "cuStreamBeginCapture";
   const unsigned long long copiesBefore = shoalFakeCudaCallCount("cuMemcpyAsync");
   const bool captured = ncclAllReduce(send.at(), out, N, ncclFloat, ncclSum, comm, s) == ncclSuccess;
   const std::string why = captured ? "" : ncclGetLastError(comm);
@@ -421,4 +426,81 @@ TEST_CASE("a group over two streams with one being captured is refused with nccl
   NCCL_OK(ncclCommDestroy(comm));
   CU_OK(cuStreamDestroy(s));
   CU_OK(cuStreamDestroy(other));
+}
+
+// While a thread of the process captures in global mode (torch.cuda.graph's
+// default), CUDA refuses potentially unsafe calls (synchronizing, querying
+// events, allocating) on every other thread still in global mode. Shoal's
+// own threads make such calls at any moment (here the engine's, stepping
+// device plans between threads: GPU copies and kernels it waits for), so
+// they run in relaxed mode: the collectives go on and the capture is left
+// alone. The ranks' threads relax their own mode, as a user whose thread
+// synchronizes during another's capture must.
+TEST_CASE("collectives between threads go on while another thread captures in global mode", "[cudafake]") {
+  useDevice0();
+  constexpr size_t N = 40000;
+  constexpr int kRanks = 2;
+  ncclUniqueId id;
+  NCCL_OK(ncclGetUniqueId(&id));
+  std::atomic<int> ready{0};
+  std::atomic<bool> capturing{false}, finished{false};
+  std::vector<std::string> failures(kRanks);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < kRanks; ++r)
+    ranks.emplace_back([&, r] {
+      std::string& failure = failures[static_cast<size_t>(r)];
+      CUcontext ctx = nullptr;
+      CUstream s = nullptr;
+      CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+      ncclComm_t comm = nullptr;
+      if (cuDevicePrimaryCtxRetain(&ctx, 0) != CUDA_SUCCESS || cuCtxSetCurrent(ctx) != CUDA_SUCCESS ||
+          cuThreadExchangeStreamCaptureMode(&mode) != CUDA_SUCCESS ||
+          cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) {
+        failure = "CUDA set-up";
+      } else if (ncclCommInitRank(&comm, kRanks, id, r) != ncclSuccess) {
+        failure = std::string("init: ") + ncclGetLastError(nullptr);
+      }
+      {
+        DeviceFloats send(N), sum(N);
+        ++ready;
+        while (!capturing.load()) std::this_thread::yield();
+        for (int round = 1; failure.empty() && round <= 3; ++round) {
+          const std::string at = "round " + std::to_string(round) + ": ";
+          const unsigned long long kernelsBefore = shoalFakeCudaReduceLaunchesOn(0);
+          if (!send.fill([&](size_t i) { return val(r, i, round); })) failure = at + "fill";
+          else if (ncclAllReduce(send.at(), sum.at(), N, ncclFloat, ncclSum, comm, s) != ncclSuccess)
+            failure = at + "ncclAllReduce: " + ncclGetLastError(comm);
+          else if (cuStreamSynchronize(s) != CUDA_SUCCESS) failure = at + "synchronize";
+          else if (shoalFakeCudaReduceLaunchesOn(0) == kernelsBefore)
+            failure = at + "no reduction ran on the GPU (not a device plan)";
+          else if (long wrong = firstWrong(sum.read(), [&](size_t i) { return val(0, i, round) + val(1, i, round); });
+                   wrong >= 0)
+            failure = at + "first wrong element " + std::to_string(wrong);
+        }
+        ncclResult_t async = ncclSuccess;
+        if (failure.empty() && (ncclCommGetAsyncError(comm, &async) != ncclSuccess || async != ncclSuccess))
+          failure = std::string("async error: ") + ncclGetLastError(comm);
+        ++ready;
+        while (!finished.load()) std::this_thread::yield();  // destroy once the capture is over
+      }
+      if (comm) ncclCommDestroy(comm);
+      if (s) cuStreamDestroy(s);
+    });
+  while (ready.load() < kRanks) std::this_thread::yield();
+  CUstream captured = nullptr;
+  CU_OK(cuStreamCreate(&captured, CU_STREAM_NON_BLOCKING));
+  CU_OK(cuStreamBeginCapture(captured, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  capturing = true;
+  while (ready.load() < 2 * kRanks) std::this_thread::yield();
+  CUgraph graph = nullptr;
+  const CUresult ended = cuStreamEndCapture(captured, &graph);
+  finished = true;
+  for (auto& t : ranks) t.join();
+  CHECK(ended == CUDA_SUCCESS);
+  if (graph) CU_OK(cuGraphDestroy(graph));
+  CU_OK(cuStreamDestroy(captured));
+  for (int r = 0; r < kRanks; ++r) {
+    INFO("rank " << r << ": " << failures[static_cast<size_t>(r)]);
+    CHECK(failures[static_cast<size_t>(r)].empty());
+  }
 }
