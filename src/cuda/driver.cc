@@ -705,7 +705,9 @@ Status Driver::streamWaitEvent(StreamHandle stream, EventHandle event) {
 
 Result<void*> Driver::hostAlloc(size_t bytes) {
   void* ptr = nullptr;
-  SHOAL_CU(cuMemHostAlloc(&ptr, bytes == 0 ? 1 : bytes, CU_MEMHOSTALLOC_PORTABLE));
+  // DEVICEMAP: stream memory operations take its device pointer
+  // (cuMemHostGetDevicePointer, which documents failing without the flag).
+  SHOAL_CU(cuMemHostAlloc(&ptr, bytes == 0 ? 1 : bytes, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP));
   return ptr;
 }
 

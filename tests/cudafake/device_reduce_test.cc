@@ -320,7 +320,7 @@ TEST_CASE("device reduction: a context reset at the same handle loads the kernel
     INFO(launched.toString());
     CHECK(launched.isOk());
     uint64_t* word = nullptr;
-    CU_OK(cuMemHostAlloc(reinterpret_cast<void**>(&word), sizeof *word, CU_MEMHOSTALLOC_PORTABLE));
+    CU_OK(cuMemHostAlloc(reinterpret_cast<void**>(&word), sizeof *word, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP));
     *word = 1;
     Status waited = driver.launchWait(word, 1, stream);  // the wait kernel, loaded per context too
     INFO(waited.toString());

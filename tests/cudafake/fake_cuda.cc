@@ -2111,6 +2111,11 @@ FAKE_API CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr* pdptr, void* p, unsi
   if (a == nullptr || (a->kind != MemKind::PinnedHost && a->kind != MemKind::RegisteredHost)) {
     return CUDA_ERROR_INVALID_VALUE;
   }
+  // As documented: memory allocated or registered without DEVICEMAP has no
+  // device pointer to give (drivers with unified addressing answer anyway;
+  // code that relies on that is refused here).
+  static_assert(CU_MEMHOSTALLOC_DEVICEMAP == CU_MEMHOSTREGISTER_DEVICEMAP);
+  if ((a->hostFlags & CU_MEMHOSTALLOC_DEVICEMAP) == 0) return CUDA_ERROR_INVALID_VALUE;
   *pdptr = reinterpret_cast<uintptr_t>(p);
   return CUDA_SUCCESS;
 }
