@@ -129,7 +129,8 @@ Result<void*> Driver::importDeviceMemory(int, size_t) { return notBuilt(); }
 
 // The driver API version whose signatures Shoal was written against: every
 // entry point is asked for as it was in CUDA 12.0 (the _v2 stream memory
-// operations and cuGetProcAddress_v2 exist from there on).
+// operations and cuGetProcAddress_v2 exist from there on), but those that
+// came later, asked for as of the version that brought them.
 constexpr int kApiVersion = 12000;
 
 #define SHOAL_CUDA_ENTRY_POINTS(X)                                                       \
@@ -147,8 +148,10 @@ constexpr int kApiVersion = 12000;
   X(cuStreamDestroy) X(cuEventQuery) X(cuMemExportToShareableHandle)                     \
   X(cuMemImportFromShareableHandle) X(cuMemHostRegister) X(cuMemHostUnregister)       \
   X(cuStreamGetCtx)
-// Entry points used when present: cuFuncLoad (12.4), cuCtxGetId.
-#define SHOAL_CUDA_OPTIONAL_ENTRY_POINTS(X) X(cuFuncLoad) X(cuStreamBatchMemOp) X(cuCtxGetId)
+// Entry points used when present, each with the CUDA version that brought
+// it: asked for as of an older one, the driver gives none
+// (CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT).
+#define SHOAL_CUDA_OPTIONAL_ENTRY_POINTS(X) X(cuFuncLoad, 12040) X(cuStreamBatchMemOp, kApiVersion) X(cuCtxGetId, kApiVersion)
 // What graph capture uses, asked for as in CUDA 12.3 (cuStreamGetCaptureInfo's
 // signature with edge data; the others are unchanged since 11.x; a driver
 // older than 12.3 answers with its _v2, whose first six parameters are the
@@ -167,8 +170,10 @@ using StreamGetCaptureInfoV3 = CUresult (*)(CUstream, CUstreamCaptureStatus*, cu
 
 struct Driver::Api {
 #define SHOAL_CUDA_FIELD(name) decltype(&::name) name = nullptr;
+#define SHOAL_CUDA_OPTIONAL_FIELD(name, since) decltype(&::name) name = nullptr;
   SHOAL_CUDA_ENTRY_POINTS(SHOAL_CUDA_FIELD)
-  SHOAL_CUDA_OPTIONAL_ENTRY_POINTS(SHOAL_CUDA_FIELD)
+  SHOAL_CUDA_OPTIONAL_ENTRY_POINTS(SHOAL_CUDA_OPTIONAL_FIELD)
+#undef SHOAL_CUDA_OPTIONAL_FIELD
 #undef SHOAL_CUDA_FIELD
 #define SHOAL_CUDA_GRAPH_FIELD(name) decltype(&::name) name = nullptr;
   SHOAL_CUDA_GRAPH_ENTRY_POINTS(SHOAL_CUDA_GRAPH_FIELD)
@@ -242,11 +247,11 @@ Driver::Api* loadApi(bool& present) {
   }
   SHOAL_CUDA_ENTRY_POINTS(SHOAL_CUDA_RESOLVE)
 #undef SHOAL_CUDA_RESOLVE
-#define SHOAL_CUDA_RESOLVE_OPTIONAL(name)                                                \
+#define SHOAL_CUDA_RESOLVE_OPTIONAL(name, since)                                         \
   {                                                                                      \
     void* fn = nullptr;                                                                  \
     CUdriverProcAddressQueryResult found = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;         \
-    if (getProc(#name, &fn, kApiVersion, CU_GET_PROC_ADDRESS_DEFAULT, &found) != CUDA_SUCCESS) \
+    if (getProc(#name, &fn, since, CU_GET_PROC_ADDRESS_DEFAULT, &found) != CUDA_SUCCESS) \
       fn = nullptr;                                                                      \
     api->name = reinterpret_cast<decltype(api->name)>(fn);                               \
   }

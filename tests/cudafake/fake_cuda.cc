@@ -3652,11 +3652,15 @@ namespace fakecuda {
 namespace {
 
 struct ProcEntry {
-  const char* name;  // the base name callers ask for
-  void* fn;          // the newest version implemented
+  const char* name;     // the base name callers ask for
+  void* fn;             // the newest version implemented
+  int since = 0;        // the CUDA version that brought it (or this ABI of it), when after 12.0
 };
 
 #define FAKE_PROC(base, impl) {#base, reinterpret_cast<void*>(&impl)}
+// As the real driver: asked for as of an older CUDA, the symbol is not there
+// (CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT).
+#define FAKE_PROC_SINCE(base, impl, version) {#base, reinterpret_cast<void*>(&impl), version}
 const ProcEntry kProcs[] = {
     FAKE_PROC(cuInit, cuInit),
     FAKE_PROC(cuDriverGetVersion, cuDriverGetVersion),
@@ -3736,7 +3740,7 @@ const ProcEntry kProcs[] = {
     FAKE_PROC(cuStreamBeginCapture, cuStreamBeginCapture_v2),
     FAKE_PROC(cuStreamEndCapture, cuStreamEndCapture),
     FAKE_PROC(cuStreamIsCapturing, cuStreamIsCapturing),
-    FAKE_PROC(cuStreamGetCaptureInfo, cuStreamGetCaptureInfo_v3),
+    FAKE_PROC_SINCE(cuStreamGetCaptureInfo, cuStreamGetCaptureInfo_v3, 12030),
     FAKE_PROC(cuGraphDestroy, cuGraphDestroy),
     FAKE_PROC(cuGraphInstantiateWithFlags, cuGraphInstantiateWithFlags),
     FAKE_PROC(cuGraphLaunch, cuGraphLaunch),
@@ -3763,7 +3767,7 @@ const ProcEntry kProcs[] = {
     FAKE_PROC(cuModuleUnload, cuModuleUnload),
     FAKE_PROC(cuModuleGetFunction, cuModuleGetFunction),
     FAKE_PROC(cuLaunchKernel, cuLaunchKernel),
-    FAKE_PROC(cuFuncLoad, cuFuncLoad),
+    FAKE_PROC_SINCE(cuFuncLoad, cuFuncLoad, 12040),
     FAKE_PROC(cuFuncIsLoaded, cuFuncIsLoaded),
 };
 #undef FAKE_PROC
@@ -3779,7 +3783,7 @@ CUresult procAddress(const char* symbol, void** pfn, int cudaVersion, cuuint64_t
   // stream per context (see README.md).
   for (const ProcEntry& e : kProcs) {
     if (std::strcmp(e.name, symbol) != 0) continue;
-    if (cudaVersion < kOldestProcVersion) {
+    if (cudaVersion < kOldestProcVersion || cudaVersion < e.since) {
       // An older caller would expect older ABI versions, which are not here.
       if (status != nullptr) *status = CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT;
       return CUDA_ERROR_NOT_FOUND;
