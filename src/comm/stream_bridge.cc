@@ -153,14 +153,16 @@ Status StreamBridge::newDoorbellPage() {
   return Status::ok();
 }
 
-void StreamBridge::reclaim() {
+void StreamBridge::reclaim(bool mayFree) {
   for (auto& slot : slots_) {
     if (slot->captured) {
-      if (slot->memory != nullptr && slot->graphGone->load(std::memory_order_acquire)) freeCaptured(*slot);
+      if (mayFree && slot->memory != nullptr && slot->graphGone->load(std::memory_order_acquire))
+        freeCaptured(*slot);
       continue;
     }
     if (slot->busy && streamWordReached(slot->words + kReleased, slot->seq)) slot->busy = false;
   }
+  if (!mayFree) return;
   freeOrphans(driver_);
   // Keep at most the parameter's worth of idle staging, the largest first to
   // go (captured operations' staging is their graphs').
@@ -216,7 +218,7 @@ void StreamBridge::throttle(uint64_t stagingBytes) {
 
 Result<size_t> StreamBridge::takeCapturedSlot(uint64_t stagingBytes,
                                               std::shared_ptr<const std::atomic<bool>> graphGone) {
-  reclaim();
+  reclaim(/*mayFree=*/false);  // the caller's stream is being captured
   size_t index = slots_.size();
   for (size_t i = 0; i < slots_.size() && index == slots_.size(); ++i)
     if (slots_[i]->captured && slots_[i]->memory == nullptr) index = i;  // an empty one

@@ -157,7 +157,12 @@ class StreamBridge {
   void freeCaptured(Slot& slot);
   // Frees a slot's staging, telling the transports first (transports/registry.h).
   void freeStaging(Slot& slot);
-  void reclaim();
+  // Marks the slots whose streams are through with them idle; with
+  // `mayFree`, frees what graphs let go of and idle staging over the bound.
+  // Not while the caller's stream is being captured: a free may synchronize
+  // the device, which a capture cannot join (PyTorch's allocator never frees
+  // then either); the next call that is not captured frees it.
+  void reclaim(bool mayFree = true);
   Status newDoorbellPage();
   // Copies every op's inputs into (or outputs out of) its staging; async on
   // each op's stream's lead stream, or synchronous.

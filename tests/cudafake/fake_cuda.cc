@@ -541,6 +541,7 @@ thread_local CUstreamCaptureMode tCaptureMode = CU_STREAM_CAPTURE_MODE_GLOBAL;
 std::atomic<int> gGlobalCaptures{0};
 thread_local int tGlobalCapturesHere = 0;
 thread_local int tStrictCapturesHere = 0;
+thread_local int tCapturesHere = 0;  // in any mode, relaxed included
 
 // Whether a potentially unsafe call (allocation, free, module load,
 // synchronous copy, synchronizing with or querying a stream or event: they
@@ -556,6 +557,7 @@ void noteCaptureBegun(CUstreamCaptureMode mode) {
     ++tGlobalCapturesHere;
   }
   if (mode != CU_STREAM_CAPTURE_MODE_RELAXED) ++tStrictCapturesHere;
+  ++tCapturesHere;
 }
 
 // `here`: on the thread that began it (else only the process-wide count moves).
@@ -565,7 +567,9 @@ void noteCaptureEnded(CUstreamCaptureMode mode, bool here) {
     if (here) --tGlobalCapturesHere;
   }
   if (mode != CU_STREAM_CAPTURE_MODE_RELAXED && here) --tStrictCapturesHere;
+  if (here) --tCapturesHere;
 }
+
 
 bool captureProhibitsUnsafeCalls() {
   if (tCaptureMode == CU_STREAM_CAPTURE_MODE_RELAXED) return false;
@@ -573,6 +577,13 @@ bool captureProhibitsUnsafeCalls() {
   return tCaptureMode == CU_STREAM_CAPTURE_MODE_GLOBAL &&
          gGlobalCaptures.load(std::memory_order_acquire) - tGlobalCapturesHere > 0;
 }
+
+// Freeing memory may synchronize the device (cudaFreeHost is known to),
+// which a stream being captured cannot join: refused on a thread with a
+// capture of its own under way whatever its mode, as PyTorch's allocator
+// never frees during a capture. (Stricter than CUDA documents: code that
+// frees there is refused here.)
+bool captureProhibitsFree() { return tCapturesHere > 0 || captureProhibitsUnsafeCalls(); }
 
 Context* currentContext() { return tCtxStack.empty() ? nullptr : tCtxStack.back(); }
 
@@ -1907,7 +1918,7 @@ FAKE_API CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
 
 FAKE_API CUresult cuMemFree_v2(CUdeviceptr dptr) {
   FAKE_ENTER("cuMemFree");
-  if (captureProhibitsUnsafeCalls()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  if (captureProhibitsFree()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
   if (dptr == 0) return CUDA_SUCCESS;  // freeing NULL is a no-op
   return guarded([&]() -> CUresult {
     Driver& d = drv();
@@ -2047,7 +2058,7 @@ FAKE_API CUresult cuMemAllocHost_v2(void** pp, size_t bytesize) {
 
 FAKE_API CUresult cuMemFreeHost(void* p) {
   FAKE_ENTER("cuMemFreeHost");
-  if (captureProhibitsUnsafeCalls()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  if (captureProhibitsFree()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
   return guarded([&]() -> CUresult {
     Driver& d = drv();
     std::lock_guard lk(d.mu);
