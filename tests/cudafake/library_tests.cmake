@@ -128,6 +128,20 @@ if(TARGET all_reduce_perf)
     FAIL_REGULAR_EXPRESSION "FAIL")
 endif()
 
+# tools/gpu/driver_probe.cc asks the driver what the stand-in refuses on
+# purpose (a pointer query with no context current, cuFuncLoad as of 12.0,
+# the device pointer of memory allocated without DEVICEMAP, queries and
+# synchronizations during another thread's global capture, a free during
+# the thread's own relaxed one); the GPU check's probe stage runs it on the
+# real driver. Here it runs on the stand-in, whose answers must be these.
+add_executable(cudafake_driver_probe ${PROJECT_SOURCE_DIR}/tools/gpu/driver_probe.cc)
+target_link_libraries(cudafake_driver_probe PRIVATE shoal_cuda_headers ${CMAKE_DL_LIBS} Threads::Threads)
+add_test(NAME cudafake.driver_probe COMMAND cudafake_driver_probe)
+set_tests_properties(cudafake.driver_probe PROPERTIES LABELS cudafake TIMEOUT 60
+  ENVIRONMENT "SHOAL_CUDA_DRIVER=${SHOAL_CUDAFAKE_LIB}"
+  FAIL_REGULAR_EXPRESSION "set-up:"
+  PASS_REGULAR_EXPRESSION "device memory, no context current: CUDA_ERROR_INVALID_CONTEXT.*cuFuncLoad, 12000\\): CUDA_ERROR_NOT_FOUND, status 2, null.*cuFuncLoad, 12040\\): CUDA_SUCCESS.*without DEVICEMAP: CUDA_ERROR_INVALID_VALUE.*cuEventQuery in global mode during another thread's global capture: CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED.*cuStreamSynchronize in global mode during another thread's global capture: CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED.*cuEventQuery in relaxed mode during another thread's global capture: CUDA_SUCCESS.*cuStreamSynchronize in relaxed mode during another thread's global capture: CUDA_SUCCESS.*cuStreamEndCapture: CUDA_SUCCESS.*own relaxed capture: CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED")
+
 # Device buffers over the ofi transport: staged (this libfabric grants no
 # FI_HMEM), logged with the reason, data checked; a device buffer handed
 # straight to an ofi connection refused with the reason.

@@ -17,8 +17,9 @@
 #   sweeps' rank counts; PERF_MAX=64M the sweeps' largest size; BIG=1G the
 #   bandwidth runs' size; BUDGET_S=420 the whole run's time.
 #
-# Stages, in this order: probe (the machine; with PyTorch, the device copy
-# bandwidth B), build, perf (the goal's figures, the staged AllReduce beside
+# Stages, in this order: probe (the machine; what its driver answers where
+# the stand-in refuses on purpose, tools/gpu/driver_probe.cc; with PyTorch,
+# the device copy bandwidth B), build, perf (the goal's figures, the staged AllReduce beside
 # them, and the checks of which path ran), torch (torch.distributed on Shoal), bench (the goal's figures through
 # PyTorch), sweeps (everything else the benchmarks check: variants, windows,
 # every type and operator, every collective). "perf" in STAGES selects both
@@ -145,6 +146,18 @@ probe_stage() {
     nvidia-smi
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
   fi
+  # What the driver answers where Shoal's stand-in refuses on purpose
+  # (tools/gpu/driver_probe.cc: pointer queries with no context current,
+  # cuFuncLoad's version, DEVICEMAP, calls during another thread's capture).
+  local cuda_inc probe_dir
+  cuda_inc=$(dirname "$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)")/../include
+  probe_dir=$(mktemp -d)
+  if g++ -std=c++20 -I"$cuda_inc" "$ROOT/tools/gpu/driver_probe.cc" -ldl -pthread -o "$probe_dir/driver_probe"; then
+    timeout -k 5 30 "$probe_dir/driver_probe" || echo "driver probe: status $?"
+  else
+    echo "driver probe: did not build"
+  fi
+  rm -rf "$probe_dir"
   # PyTorch, the NCCL it loads by itself, and B (a 1 GiB device copy).
   if python3 -c 'import torch' 2>/dev/null; then
     timeout -k 5 45 python3 "$ROOT/tools/gpu/torch_bench.py" --probe
