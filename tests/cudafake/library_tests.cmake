@@ -132,7 +132,8 @@ endif()
 # purpose (a pointer query with no context current, cuFuncLoad as of 12.0,
 # the device pointer of memory allocated without DEVICEMAP, queries and
 # synchronizations during another thread's global capture, a free during
-# the thread's own relaxed one); the GPU check's probe stage runs it on the
+# the thread's own relaxed one, a stream made while another waits for the
+# host); the GPU check's probe stage runs it on the
 # real driver. Here it runs on the stand-in, whose answers must be these.
 add_executable(cudafake_driver_probe ${PROJECT_SOURCE_DIR}/tools/gpu/driver_probe.cc)
 target_link_libraries(cudafake_driver_probe PRIVATE shoal_cuda_headers ${CMAKE_DL_LIBS} Threads::Threads)
@@ -140,7 +141,7 @@ add_test(NAME cudafake.driver_probe COMMAND cudafake_driver_probe)
 set_tests_properties(cudafake.driver_probe PROPERTIES LABELS cudafake TIMEOUT 60
   ENVIRONMENT "SHOAL_CUDA_DRIVER=${SHOAL_CUDAFAKE_LIB}"
   FAIL_REGULAR_EXPRESSION "set-up:"
-  PASS_REGULAR_EXPRESSION "device memory, no context current: CUDA_ERROR_INVALID_CONTEXT.*cuFuncLoad, 12000\\): CUDA_ERROR_NOT_FOUND, status 2, null.*cuFuncLoad, 12040\\): CUDA_SUCCESS.*without DEVICEMAP: CUDA_ERROR_INVALID_VALUE.*cuEventQuery in global mode during another thread's global capture: CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED.*cuStreamSynchronize in global mode during another thread's global capture: CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED.*cuEventQuery in relaxed mode during another thread's global capture: CUDA_SUCCESS.*cuStreamSynchronize in relaxed mode during another thread's global capture: CUDA_SUCCESS.*cuStreamEndCapture: CUDA_SUCCESS.*own relaxed capture: CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED")
+  PASS_REGULAR_EXPRESSION "device memory, no context current: CUDA_ERROR_INVALID_CONTEXT.*cuFuncLoad, 12000\\): CUDA_ERROR_NOT_FOUND, status 2, null.*cuFuncLoad, 12040\\): CUDA_SUCCESS.*without DEVICEMAP: CUDA_ERROR_INVALID_VALUE.*cuEventQuery in global mode during another thread's global capture: CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED.*cuStreamSynchronize in global mode during another thread's global capture: CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED.*cuEventQuery in relaxed mode during another thread's global capture: CUDA_SUCCESS.*cuStreamSynchronize in relaxed mode during another thread's global capture: CUDA_SUCCESS.*cuStreamEndCapture: CUDA_SUCCESS.*own relaxed capture: CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED.*while another stream waits for the host: CUDA_SUCCESS, CUDA_SUCCESS")
 
 # Device buffers over the ofi transport: staged (this libfabric grants no
 # FI_HMEM), logged with the reason, data checked; a device buffer handed

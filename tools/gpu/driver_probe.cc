@@ -7,7 +7,10 @@
 //   - querying an event and synchronizing a stream on a thread in global
 //     capture mode while another thread captures in global mode, then the
 //     same in relaxed mode, and whether that capture survives;
-//   - freeing pinned memory on a thread capturing in relaxed mode.
+//   - freeing pinned memory on a thread capturing in relaxed mode;
+//   - whether creating a stream or an event returns while another stream
+//     waits (cuStreamWaitValue64) for a word the host has yet to write, as
+//     Shoal's engine may create one while a user's stream waits for it.
 // One line per question: "<question>: <CUresult name>". Loads the driver
 // with dlopen (SHOAL_CUDA_DRIVER, else libcuda.so.1) and resolves every entry
 // point through cuGetProcAddress_v2, as Shoal does; links no CUDA library.
@@ -19,6 +22,7 @@
 #include <dlfcn.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <thread>
@@ -189,6 +193,42 @@ int main() {
     if (freed != CUDA_SUCCESS) (void)hostFree(pinned);
     MUST(exchangeMode(&mode));
     MUST(streamDestroy(captured));
+  }
+  // Creating a stream and an event while another stream waits for the host.
+  {
+    auto waitValue = entry<decltype(&cuStreamWaitValue64)>("cuStreamWaitValue64");
+    auto eventDestroy = entry<decltype(&cuEventDestroy)>("cuEventDestroy");
+    CUstream waiting = nullptr;
+    MUST(streamCreate(&waiting, CU_STREAM_NON_BLOCKING));
+    void* word = nullptr;
+    MUST(hostAlloc(&word, 4096, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP));
+    auto* value = static_cast<volatile cuuint64_t*>(word);
+    *value = 0;
+    CUdeviceptr mapped = 0;
+    MUST(hostDevicePointer(&mapped, word, 0));
+    MUST(waitValue(waiting, mapped, 1, CU_STREAM_WAIT_VALUE_GEQ));
+    std::atomic<bool> returned{false};
+    // Released after 5 s whatever happens, so that a blocked call returns.
+    std::thread release([&] {
+      for (int i = 0; i < 500 && !returned.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      *value = 1;
+    });
+    const auto t0 = std::chrono::steady_clock::now();
+    CUstream created = nullptr;
+    CUevent event = nullptr;
+    const CUresult streamMade = streamCreate(&created, CU_STREAM_NON_BLOCKING);
+    const CUresult eventMade = eventCreate(&event, CU_EVENT_DISABLE_TIMING);
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    const bool releasedFirst = *value == 1;
+    returned = true;
+    release.join();
+    std::printf("cuStreamCreate and cuEventCreate while another stream waits for the host: %s, %s, %.1f ms%s\n",
+                nameOf(streamMade), nameOf(eventMade), ms, releasedFirst ? " (blocked until the wait was released)" : "");
+    MUST(streamSynchronize(waiting));
+    if (created) MUST(streamDestroy(created));
+    if (event) MUST(eventDestroy(event));
+    MUST(streamDestroy(waiting));
+    MUST(hostFree(word));
   }
   MUST(memFree(device));
   return 0;
