@@ -233,15 +233,21 @@ TEST_CASE("the verifier catches a dependency cycle", "[verify][negative]") {
   requireError(verifyPlans(ptrs), "not an earlier one");
 }
 
-TEST_CASE("the verifier catches a deadlock", "[verify][negative]") {
+// Two ranks that each wait to receive before they send: a deadlock.
+std::vector<Plan> receiveFirstExchange() {
   std::vector<Plan> plans;
   for (int r = 0; r < 2; ++r) {
     Plan p = emptyPlan(allReduceShape(16), r, 2);
     PlanBuilder b(p);
-    uint32_t v = b.recv(1 - r, Slice{kRecvBuffer, 0}, 64);  // both wait to receive first
+    uint32_t v = b.recv(1 - r, Slice{kRecvBuffer, 0}, 64);
     b.send(1 - r, Slice{kRecvBuffer, 0}, 64, {v});
     plans.push_back(std::move(p));
   }
+  return plans;
+}
+
+TEST_CASE("the verifier catches a deadlock", "[verify][negative]") {
+  std::vector<Plan> plans = receiveFirstExchange();
   requireError(verifyPlans(finishAll(plans)), "deadlock");
   // The same exchange with lane order against dependency order on one rank.
   plans.clear();
@@ -273,20 +279,12 @@ TEST_CASE("the simulator reports a deadlock, a size mismatch and a message nobod
   requireOk(simulatePlans(finishAll(goodExchange()), buffers), "good exchange");
   REQUIRE(recv[0] == std::vector<float>(16, 2.0f));
 
-  std::vector<Plan> plans;
-  for (int r = 0; r < 2; ++r) {
-    Plan p = emptyPlan(allReduceShape(16), r, 2);
-    PlanBuilder b(p);
-    uint32_t v = b.recv(1 - r, Slice{kRecvBuffer, 0}, 64);  // both wait to receive first
-    b.send(1 - r, Slice{kRecvBuffer, 0}, 64, {v});
-    plans.push_back(std::move(p));
-  }
-  Status deadlock = simulatePlans(finishAll(plans), buffers);
+  Status deadlock = simulatePlans(finishAll(receiveFirstExchange()), buffers);
   requireError(deadlock, "deadlock, 4 of 4 steps never ran");
   REQUIRE(deadlock.message().find("rank 0") != std::string::npos);
   REQUIRE(deadlock.message().find("rank 1") != std::string::npos);
 
-  plans = goodExchange();
+  std::vector<Plan> plans = goodExchange();
   plans[1].steps[0].bytes = 32;  // rank 1 sends half
   requireError(simulatePlans(finishAll(plans), buffers), "received 32 bytes, expected 64");
 
