@@ -54,10 +54,6 @@ std::string DeviceIdentity::uuidText() const {
   return text;
 }
 
-// Whether this thread, one of Shoal's own (markLibraryThread), took relaxed
-// capture mode yet (Driver::pushContext).
-thread_local bool tLibraryThreadRelaxed = false;
-
 #if !SHOAL_HAVE_CUDA
 
 // Built without the toolkit: host memory only.
@@ -929,6 +925,10 @@ bool Driver::gpusShareMemory(const std::string& a, const std::string& b) {
   return api_->cuDeviceCanAccessPeer(&ab, a2, b2) == CUDA_SUCCESS && ab != 0 &&
          api_->cuDeviceCanAccessPeer(&ba, b2, a2) == CUDA_SUCCESS && ba != 0;
 }
+// Whether this thread, one of Shoal's own (markLibraryThread), took relaxed
+// capture mode yet.
+static thread_local bool tLibraryThreadRelaxed = false;
+
 Status Driver::pushContext(ContextHandle context) {
   SHOAL_CU(cuCtxPushCurrent(static_cast<CUcontext>(context)));
   // While another thread of the process captures in global mode
