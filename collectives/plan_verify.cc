@@ -855,6 +855,11 @@ Status simulatePlans(const std::vector<PlanPtr>& plans,
           laneParked[r][s.lane].size() <= s.laneSeq)
         laneParked[r][s.lane].resize(s.laneSeq + 1, -1);
   }
+  // Whether the FIFO a receive of rank r reads holds a message.
+  auto hasMessage = [&](int r, const Step& s) {
+    auto it = fifo.find({s.peer, r, s.channel});
+    return it != fifo.end() && !it->second.empty();
+  };
   // Puts a ready step where it belongs: runnable, or parked on what it lacks.
   auto place = [&](int r, uint32_t i) {
     RankState& rs = ranks[r];
@@ -864,12 +869,9 @@ Status simulatePlans(const std::vector<PlanPtr>& plans,
         laneParked[r][s.lane][s.laneSeq] = i;
         return;
       }
-      if (s.kind == StepKind::kRecv) {
-        auto it = fifo.find({s.peer, r, s.channel});
-        if (it == fifo.end() || it->second.empty()) {
-          fifoParked[{s.peer, r, s.channel}].push_back(i);
-            return;
-        }
+      if (s.kind == StepKind::kRecv && !hasMessage(r, s)) {
+        fifoParked[{s.peer, r, s.channel}].push_back(i);
+        return;
       }
     }
     runnable.push_back({r, i});
@@ -885,13 +887,9 @@ Status simulatePlans(const std::vector<PlanPtr>& plans,
     runnable.pop_back();
     RankState& rs = ranks[r];
     const Step& s = rs.plan->steps[i];
-    if (s.kind == StepKind::kRecv) {
-      // Another receive on this FIFO (another lane) may have taken its message.
-      auto it = fifo.find({s.peer, r, s.channel});
-      if (it == fifo.end() || it->second.empty()) {
-        place(r, i);
-        continue;
-      }
+    if (s.kind == StepKind::kRecv && !hasMessage(r, s)) {
+      place(r, i);  // another receive on this FIFO (another lane) took its message
+      continue;
     }
     if (Status st = execute(r, i); !st.isOk())
       return st.withContext(str("simulate rank ", r, " ", stepLine(*rs.plan, i)));
