@@ -418,12 +418,11 @@ Result<bool> Communicator::submitStreamPlan(std::span<const OpRequest> ops, Stre
   for (const OpRequest& op : ops) {
     for (const void* buffer : usedBuffers(op)) {
       if (buffer == nullptr) continue;
-      SHOAL_ASSIGN_OR_RETURN(cuda::MemoryKind kind, cuda_->memoryKind(buffer), describe());
-      if (kind != cuda::MemoryKind::kDevice) continue;  // managed, pinned: reachable through unified addressing
-      SHOAL_ASSIGN_OR_RETURN(int device, cuda_->deviceOfPointer(buffer), describe());
-      if (device != bridge_->device().ordinal)
+      SHOAL_ASSIGN_OR_RETURN(cuda::Driver::Place place, cuda_->placeOf(buffer), describe());
+      // Managed and pinned memory: reachable through unified addressing.
+      if (place.kind == cuda::MemoryKind::kDevice && place.device != bridge_->device().ordinal)
         return invalidArgument(describe(), ": ", collKindName(op.shape.kind), " buffer ", buffer,
-                               " is memory of CUDA device ", device, ", not of the communicator's device ",
+                               " is memory of CUDA device ", place.device, ", not of the communicator's device ",
                                bridge_->device().ordinal);
     }
   }
@@ -653,10 +652,10 @@ bool Communicator::runsAsDevicePlan(std::span<const OpRequest> ops, bool windowe
   for (const OpRequest& op : ops) {
     for (const void* buffer : usedBuffers(op)) {
       if (buffer == nullptr) continue;
-      Result<cuda::MemoryKind> kind = cuda_->memoryKind(buffer);
-      if (!kind.isOk() || kind.value() != cuda::MemoryKind::kDevice) return false;
-      Result<int> device = cuda_->deviceOfPointer(buffer);  // the kernels run on the bridge's device
-      if (!device.isOk() || device.value() != bridge_->device().ordinal) return false;
+      Result<cuda::Driver::Place> place = cuda_->placeOf(buffer);  // the kernels run on the bridge's device
+      if (!place.isOk() || place.value().kind != cuda::MemoryKind::kDevice ||
+          place.value().device != bridge_->device().ordinal)
+        return false;
     }
   }
   return ensureDeviceSteps();

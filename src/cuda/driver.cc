@@ -60,7 +60,7 @@ std::string DeviceIdentity::uuidText() const {
 bool Driver::built() { return false; }
 Driver* Driver::inUse() { return nullptr; }
 Result<MemoryKind> Driver::memoryKind(const void*) { return MemoryKind::kHost; }
-Result<int> Driver::deviceOfPointer(const void*) { return error(Code::kCudaError, "built without CUDA"); }
+Result<Driver::Place> Driver::placeOf(const void*) { return Place{}; }
 Result<std::optional<DeviceIdentity>> Driver::currentDevice() {
   return std::optional<DeviceIdentity>();
 }
@@ -342,32 +342,37 @@ static Result<bool> queryPointer(Driver& driver, Driver::Api& api, const void* p
 }
 
 Result<MemoryKind> Driver::memoryKind(const void* ptr) {
-  if (ptr == nullptr) return MemoryKind::kHost;
-  unsigned int type = 0;
-  int managed = 0;  // CU_POINTER_ATTRIBUTE_IS_MANAGED is a bool: read into a zeroed int
-  CUpointer_attribute attrs[2] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_IS_MANAGED};
-  void* data[2] = {&type, &managed};
-  SHOAL_ASSIGN_OR_RETURN(bool answered, queryPointer(*this, *api_, ptr, 2, attrs, data));
-  if (!answered) return MemoryKind::kHost;
-  if (managed & 0xff) return MemoryKind::kManaged;
-  switch (type) {
-    case CU_MEMORYTYPE_DEVICE:
-    case CU_MEMORYTYPE_ARRAY: return MemoryKind::kDevice;
-    case CU_MEMORYTYPE_HOST: return MemoryKind::kPinnedHost;
-    case 0: return MemoryKind::kHost;
-    default:
-      return error(Code::kCudaError, "cuPointerGetAttributes: unknown memory type ", type, " for ",
-                   ptr);
-  }
+  SHOAL_ASSIGN_OR_RETURN(Place place, placeOf(ptr));
+  return place.kind;
 }
 
-Result<int> Driver::deviceOfPointer(const void* ptr) {
+Result<Driver::Place> Driver::placeOf(const void* ptr) {
+  Place place;
+  if (ptr == nullptr) return place;
+  unsigned int type = 0;
+  int managed = 0;  // CU_POINTER_ATTRIBUTE_IS_MANAGED is a bool: read into a zeroed int
   int ordinal = -1;
-  CUpointer_attribute attr = CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL;
-  void* data = &ordinal;
-  SHOAL_TRY(queryPointer(*this, *api_, ptr, 1, &attr, &data).status());
-  if (ordinal < 0) return error(Code::kInvalidArgument, ptr, " is not memory of a CUDA device");
-  return ordinal;
+  CUpointer_attribute attrs[3] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_IS_MANAGED,
+                                  CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL};
+  void* data[3] = {&type, &managed, &ordinal};
+  SHOAL_ASSIGN_OR_RETURN(bool answered, queryPointer(*this, *api_, ptr, 3, attrs, data));
+  if (!answered) return place;
+  if (managed & 0xff) {
+    place.kind = MemoryKind::kManaged;
+  } else {
+    switch (type) {
+      case CU_MEMORYTYPE_DEVICE:
+      case CU_MEMORYTYPE_ARRAY: place.kind = MemoryKind::kDevice; break;
+      case CU_MEMORYTYPE_HOST: place.kind = MemoryKind::kPinnedHost; return place;
+      case 0: return place;
+      default:
+        return error(Code::kCudaError, "cuPointerGetAttributes: unknown memory type ", type, " for ", ptr);
+    }
+  }
+  if (ordinal < 0 && place.kind == MemoryKind::kDevice)
+    return error(Code::kCudaError, "cuPointerGetAttributes: no device holds the device memory at ", ptr);
+  place.device = ordinal < 0 ? -1 : ordinal;
+  return place;
 }
 
 Result<std::optional<DeviceIdentity>> Driver::currentDevice() {

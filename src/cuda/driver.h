@@ -73,9 +73,14 @@ class Driver {
   static bool built();
 
   Result<MemoryKind> memoryKind(const void* ptr);
-  // The ordinal (in this process) of the device that holds device or managed
-  // memory at ptr (a network provider registering it names the device).
-  Result<int> deviceOfPointer(const void* ptr);
+  // What memory is at ptr and, for device or managed memory, the ordinal (in
+  // this process) of the device that holds it (-1 otherwise), asked of the
+  // driver at once.
+  struct Place {
+    MemoryKind kind = MemoryKind::kHost;
+    int device = -1;
+  };
+  Result<Place> placeOf(const void* ptr);
   // The device of the context current on the calling thread; nullopt when no
   // context is current.
   Result<std::optional<DeviceIdentity>> currentDevice();

@@ -67,13 +67,12 @@ Status LoopbackPipe::makeRing(cuda::ContextHandle context, uint64_t bytesPerDire
 
 Status LoopbackPipe::copyMessage(void* dst, const void* src, uint64_t bytes) {
   if (driver_ != nullptr) {
-    SHOAL_ASSIGN_OR_RETURN(cuda::MemoryKind to, driver_->memoryKind(dst), "loopback: the receive buffer");
-    SHOAL_ASSIGN_OR_RETURN(cuda::MemoryKind from, driver_->memoryKind(src), "loopback: the send buffer");
-    if (to == cuda::MemoryKind::kDevice || from == cuda::MemoryKind::kDevice) {
+    SHOAL_ASSIGN_OR_RETURN(cuda::Driver::Place to, driver_->placeOf(dst), "loopback: the receive buffer");
+    SHOAL_ASSIGN_OR_RETURN(cuda::Driver::Place from, driver_->placeOf(src), "loopback: the send buffer");
+    if (to.kind == cuda::MemoryKind::kDevice || from.kind == cuda::MemoryKind::kDevice) {
       // On the device that holds the receive buffer, else the send buffer;
       // unified addressing takes the other side wherever it is.
-      SHOAL_ASSIGN_OR_RETURN(int device, driver_->deviceOfPointer(to == cuda::MemoryKind::kDevice ? dst : src),
-                             "loopback: the device of a buffer");
+      const int device = to.kind == cuda::MemoryKind::kDevice ? to.device : from.device;
       SHOAL_ASSIGN_OR_RETURN(cuda::ContextHandle context, driver_->primaryContextOfDevice(device),
                              "loopback: the context of device ", device);
       return copyOnGpu(context, dst, src, bytes);

@@ -96,19 +96,17 @@ Result<Api> loadOnce() {
   return api;  // the library stays loaded for the life of the process
 }
 
-// Whether a buffer is device (or managed) memory: when the process's CUDA
+// Where a buffer is: device (or managed) memory when the process's CUDA
 // driver says so; never without the driver.
-bool onDevice(cuda::Driver* driver, const void* data) {
-  if (driver == nullptr) return false;
-  Result<cuda::MemoryKind> kind = driver->memoryKind(data);
-  return kind.isOk() && (kind.value() == cuda::MemoryKind::kDevice || kind.value() == cuda::MemoryKind::kManaged);
-}
-
 MemoryPlace placeOf(cuda::Driver* driver, const void* data) {
   MemoryPlace place;
-  if (!onDevice(driver, data)) return place;
+  if (driver == nullptr) return place;
+  Result<cuda::Driver::Place> found = driver->placeOf(data);
+  if (!found.isOk() ||
+      (found.value().kind != cuda::MemoryKind::kDevice && found.value().kind != cuda::MemoryKind::kManaged))
+    return place;
   place.iface = FI_HMEM_CUDA;
-  if (Result<int> device = driver->deviceOfPointer(data); device.isOk()) place.device = device.value();
+  place.device = std::max(found.value().device, 0);
   return place;
 }
 
@@ -625,7 +623,7 @@ void Rail::adoptOrphan(Op* op) {
   orphans_.insert(op);
 }
 
-bool Rail::isDeviceMemory(const void* data) const { return onDevice(cuda_, data); }
+bool Rail::isDeviceMemory(const void* data) const { return placeOf(cuda_, data).iface != FI_HMEM_SYSTEM; }
 
 Status Rail::describe(Op& op) {
   op.mr = nullptr;
