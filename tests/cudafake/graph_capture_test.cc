@@ -440,62 +440,72 @@ TEST_CASE("collectives between threads go on while another thread captures in gl
   useDevice0();
   constexpr size_t N = 40000;
   constexpr int kRanks = 2;
-  ncclUniqueId id;
-  NCCL_OK(ncclGetUniqueId(&id));
-  std::atomic<int> ready{0};
+  // Every wait of the capturer and the ranks on each other is bounded: a
+  // rank whose set-up failed never arrives.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  auto waitUntil = [&](const std::function<bool()>& done) {
+    while (!done()) {
+      if (std::chrono::steady_clock::now() > deadline) return false;
+      std::this_thread::yield();
+    }
+    return true;
+  };
+  std::atomic<int> ready{0}, ran{0};
   std::atomic<bool> capturing{false}, finished{false};
-  std::vector<std::string> failures(kRanks);
-  std::vector<std::thread> ranks;
-  for (int r = 0; r < kRanks; ++r)
-    ranks.emplace_back([&, r] {
-      std::string& failure = failures[static_cast<size_t>(r)];
-      CUcontext ctx = nullptr;
-      CUstream s = nullptr;
-      CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
-      ncclComm_t comm = nullptr;
-      if (cuDevicePrimaryCtxRetain(&ctx, 0) != CUDA_SUCCESS || cuCtxSetCurrent(ctx) != CUDA_SUCCESS ||
-          cuThreadExchangeStreamCaptureMode(&mode) != CUDA_SUCCESS ||
-          cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) {
-        failure = "CUDA set-up";
-      } else if (ncclCommInitRank(&comm, kRanks, id, r) != ncclSuccess) {
-        failure = std::string("init: ") + ncclGetLastError(nullptr);
-      }
-      {
-        DeviceFloats send(N), sum(N);
-        ++ready;
-        while (!capturing.load()) std::this_thread::yield();
-        for (int round = 1; failure.empty() && round <= 3; ++round) {
-          const std::string at = "round " + std::to_string(round) + ": ";
-          const unsigned long long kernelsBefore = shoalFakeCudaReduceLaunchesOn(0);
-          if (!send.fill([&](size_t i) { return val(r, i, round); })) failure = at + "fill";
-          else if (ncclAllReduce(send.at(), sum.at(), N, ncclFloat, ncclSum, comm, s) != ncclSuccess)
-            failure = at + "ncclAllReduce: " + ncclGetLastError(comm);
-          else if (cuStreamSynchronize(s) != CUDA_SUCCESS) failure = at + "synchronize";
-          else if (shoalFakeCudaReduceLaunchesOn(0) == kernelsBefore)
-            failure = at + "no reduction ran on the GPU (not a device plan)";
-          else if (long wrong = firstWrong(sum.read(), [&](size_t i) { return val(0, i, round) + val(1, i, round); });
-                   wrong >= 0)
-            failure = at + "first wrong element " + std::to_string(wrong);
-        }
-        ncclResult_t async = ncclSuccess;
-        if (failure.empty() && (ncclCommGetAsyncError(comm, &async) != ncclSuccess || async != ncclSuccess))
-          failure = std::string("async error: ") + ncclGetLastError(comm);
-        ++ready;
-        while (!finished.load()) std::this_thread::yield();  // destroy once the capture is over
-      }
-      if (comm) ncclCommDestroy(comm);
-      if (s) cuStreamDestroy(s);
-    });
-  while (ready.load() < kRanks) std::this_thread::yield();
-  CUstream captured = nullptr;
-  CU_OK(cuStreamCreate(&captured, CU_STREAM_NON_BLOCKING));
-  CU_OK(cuStreamBeginCapture(captured, CU_STREAM_CAPTURE_MODE_GLOBAL));
-  capturing = true;
-  while (ready.load() < 2 * kRanks) std::this_thread::yield();
+  CUresult began = CUDA_ERROR_UNKNOWN, ended = CUDA_ERROR_UNKNOWN;
   CUgraph graph = nullptr;
-  const CUresult ended = cuStreamEndCapture(captured, &graph);
-  finished = true;
-  for (auto& t : ranks) t.join();
+  CUstream captured = nullptr;
+  CUcontext ctx = nullptr;
+  CU_OK(cuCtxGetCurrent(&ctx));
+  CU_OK(cuStreamCreate(&captured, CU_STREAM_NON_BLOCKING));
+  // Begins once every rank has allocated its buffers; ends once every rank
+  // has run its collectives (or at the deadline).
+  std::thread capturer([&] {
+    if (cuCtxSetCurrent(ctx) == CUDA_SUCCESS && waitUntil([&] { return ready.load() == kRanks; })) {
+      began = cuStreamBeginCapture(captured, CU_STREAM_CAPTURE_MODE_GLOBAL);
+      capturing = began == CUDA_SUCCESS;
+      if (capturing) {
+        (void)waitUntil([&] { return ran.load() == kRanks; });
+        ended = cuStreamEndCapture(captured, &graph);
+      }
+    }
+    finished = true;
+  });
+  const std::vector<std::string> failures =
+      shoal::testing::deviceThreads(kRanks, [&](int r, ncclComm_t comm, CUstream s) -> std::string {
+        std::string failure;
+        CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+        if (cuThreadExchangeStreamCaptureMode(&mode) != CUDA_SUCCESS) failure = "relaxing this thread's capture mode";
+        {
+          DeviceFloats send(N), sum(N);
+          ++ready;
+          if (failure.empty() && (!waitUntil([&] { return capturing.load() || finished.load(); }) || !capturing))
+            failure = "the other thread's capture did not begin";
+          for (int round = 1; failure.empty() && round <= 3; ++round) {
+            const std::string at = "round " + std::to_string(round) + ": ";
+            const unsigned long long kernelsBefore = shoalFakeCudaReduceLaunchesOn(0);
+            if (!send.fill([&](size_t i) { return val(r, i, round); }))
+              failure = at + "fill";
+            else if (ncclAllReduce(send.at(), sum.at(), N, ncclFloat, ncclSum, comm, s) != ncclSuccess)
+              failure = at + "ncclAllReduce: " + ncclGetLastError(comm);
+            else if (cuStreamSynchronize(s) != CUDA_SUCCESS)
+              failure = at + "synchronize";
+            else if (shoalFakeCudaReduceLaunchesOn(0) == kernelsBefore)
+              failure = at + "no reduction ran on the GPU (not a device plan)";
+            else if (long wrong = firstWrong(sum.read(), [&](size_t i) { return val(0, i, round) + val(1, i, round); });
+                     wrong >= 0)
+              failure = at + "first wrong element " + std::to_string(wrong);
+          }
+          ncclResult_t async = ncclSuccess;
+          if (failure.empty() && (ncclCommGetAsyncError(comm, &async) != ncclSuccess || async != ncclSuccess))
+            failure = std::string("async error: ") + ncclGetLastError(comm);
+        }
+        ++ran;
+        (void)waitUntil([&] { return finished.load(); });  // the communicator is destroyed once the capture is over
+        return failure;
+      });
+  capturer.join();
+  CHECK(began == CUDA_SUCCESS);
   CHECK(ended == CUDA_SUCCESS);
   if (graph) CU_OK(cuGraphDestroy(graph));
   CU_OK(cuStreamDestroy(captured));
