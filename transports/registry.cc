@@ -69,6 +69,16 @@ Transport* findTransport(std::string_view name) {
   return nullptr;
 }
 
+Transport::ProcessProbe probePeerProcess(const PeerInfo& peer, Deadline deadline) {
+  for (const Transport* t : allTransports()) {
+    if (deadline.expired()) break;
+    if (peer.address(t->name()) == nullptr) continue;
+    Transport::ProcessProbe probe = t->probePeerProcess(peer, deadline);
+    if (probe.state != Transport::ProcessProbe::kUnknown) return probe;
+  }
+  return {};
+}
+
 Status publishAddresses(PeerInfo& self, const TransportChoice& choice) {
   // A name Shoal has no network for is said at init and fails connections
   // to other hosts (selectTransport), not the start of the others.

@@ -63,6 +63,12 @@ Result<std::string> networkTransport(const TransportChoice& choice);
 // logged, the error kept for selection.
 Status publishAddresses(PeerInfo& self, const TransportChoice& choice);
 
+// Whether the peer's process is there, asked of each transport the peer
+// published an address for, in priority order, until one can tell
+// (Transport::probePeerProcess): for peers whose own connections do not
+// notice an exit (Transport::noticesPeerExit). Bounded by the deadline.
+Transport::ProcessProbe probePeerProcess(const PeerInfo& peer, Deadline deadline);
+
 // The transport for connecting self to peer, honouring the overrides.
 Result<Transport*> selectTransport(const PeerInfo& self, const PeerInfo& peer, TransportChoice choice);
 

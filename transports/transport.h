@@ -243,10 +243,26 @@ class Transport {
   virtual Result<std::string> localAddress() = 0;
   // Whether this transport can connect self to peer.
   virtual bool canConnect(const PeerInfo& self, const PeerInfo& peer) const = 0;
-  // Why the peer's process is known to have exited, found without a
-  // connection (asked while a connect to it waits, ConnectionTable): "" when
-  // it may be alive, or the transport cannot tell. Bounded by the deadline.
-  virtual std::string peerProcessGone(const PeerInfo& /*peer*/, Deadline /*deadline*/) const { return ""; }
+  // Whether the peer's process is there, found without a connection through
+  // the address the peer published for this transport (tcp: its listener,
+  // which lives as long as its process): kGone with why, kAlive where
+  // something there took the probe, kUnknown where the transport cannot
+  // tell or the probe proved nothing. Bounded by the deadline. Asked while
+  // a connect waits for the peer, and of peers whose connections do not
+  // notice an exit (noticesPeerExit) while an operation waits on them
+  // (ConnectionTable).
+  struct ProcessProbe {
+    enum State : uint8_t { kUnknown, kAlive, kGone } state = kUnknown;
+    std::string why;  // kGone: "its process has exited (...)"
+  };
+  virtual ProcessProbe probePeerProcess(const PeerInfo& /*peer*/, Deadline /*deadline*/) const { return {}; }
+  // Whether this transport's connections find by themselves that the peer's
+  // process exited: tcp reads the end of its streams, shm and cuda_ipc look
+  // at the peer's process, loopback's peer is this process. ofi's do not: a
+  // provider may report nothing for a peer that is gone (a receive from it
+  // just never completes), so the connection table asks another transport's
+  // probe (probePeerProcess) instead.
+  virtual bool noticesPeerExit() const { return true; }
   // Establishes the connection `key`; both ranks call it with mirrored keys.
   // May block until the peer's side arrives or the deadline passes, but must not
   // need the peer to be inside connect() at the same moment when it is a

@@ -19,11 +19,11 @@ namespace {
 // thread (started at the first connect, for the life of the process; again
 // in a forked child): once a connect has waited a second, and then once a
 // second, it asks the connect's table why the peer will not come
-// (ConnectionTable::whyPeerWillNotCome). A reason goes into the peer's
+// (ConnectionTable::lookAt, Look::kConnect). A reason goes into the peer's
 // verdict, whose flag cancels the connect's deadline and those the
 // connection keeps. A connect costs a registration, no thread. The thread
-// also makes the one-off looks that stalled jobs ask for (ask(): the peer's
-// report in the store only), so that no job's thread waits on the store.
+// also makes the one-off looks that stalled jobs and new connections ask
+// for (ask()), so that no job's thread waits on the store or a probe.
 class ConnectWatch {
  public:
   static constexpr int64_t kFirstLookMs = 1000;
@@ -41,20 +41,21 @@ class ConnectWatch {
     adoptList();
     ensureThread();
     const uint64_t id = nextId_++;
-    waiting_.push_back(Waiting{id, table, peer, transport, nowNs() + kFirstLookMs * 1000000});
+    waiting_.push_back(
+        Waiting{id, table, peer, ConnectionTable::Look::kConnect, transport, nowNs() + kFirstLookMs * 1000000});
     changed_.notify_all();
     return id;
   }
-  // Someone waits on `peer` (a stalled job): one look at its failure report
-  // in the store, soon; a peer already to be looked at is not added again.
-  void ask(ConnectionTable* table, int peer) {
+  // One look at `peer`, soon (not kConnect): a look already asked for is not
+  // added again.
+  void ask(ConnectionTable* table, int peer, ConnectionTable::Look what) {
     std::lock_guard<std::mutex> lock(mutex_);
     adoptList();
     if (std::any_of(waiting_.begin(), waiting_.end(),
-                    [&](const Waiting& w) { return w.table == table && w.peer == peer; }))
+                    [&](const Waiting& w) { return w.table == table && w.peer == peer && w.what == what; }))
       return;
     ensureThread();
-    waiting_.push_back(Waiting{nextId_++, table, peer, nullptr, nowNs()});
+    waiting_.push_back(Waiting{nextId_++, table, peer, what, nullptr, nowNs()});
     changed_.notify_all();
   }
   // It has returned: never waits (a look in progress is cancelled).
@@ -77,7 +78,8 @@ class ConnectWatch {
     uint64_t id;
     ConnectionTable* table;
     int peer;
-    Transport* transport;  // null: asked once (ask), not a connect
+    ConnectionTable::Look what;
+    Transport* transport;  // kConnect's
     int64_t dueNs;
   };
 
@@ -126,8 +128,8 @@ class ConnectWatch {
       lookingTable_ = look.table;
       cancelLook_.store(false, std::memory_order_relaxed);
       lock.unlock();
-      std::string why = look.table->whyPeerWillNotCome(
-          look.peer, look.transport, Deadline::afterMs(kLookMs).cancelledBy(&cancelLook_));
+      std::string why = look.table->lookAt(look.peer, look.what, look.transport,
+                                           Deadline::afterMs(kLookMs).cancelledBy(&cancelLook_));
       lock.lock();
       lookingAt_ = 0;
       lookingTable_ = nullptr;
@@ -135,7 +137,7 @@ class ConnectWatch {
       if (still != waiting_.end()) {
         const bool found = !why.empty();
         if (found) look.table->judge(look.peer, std::move(why));
-        if (!found && look.transport != nullptr) still->dueNs = nowNs() + kLookEveryMs * 1000000;
+        if (!found && look.what == ConnectionTable::Look::kConnect) still->dueNs = nowNs() + kLookEveryMs * 1000000;
         else waiting_.erase(still);
       }
       changed_.notify_all();  // forget() may wait for this look
@@ -196,6 +198,12 @@ Result<Connection*> ConnectionTable::to(int peer, uint16_t channel, bool unlessW
   if (verdict != nullptr) {
     ConnectWatch::instance().end(watched);
     if (!made.isOk() && verdict->willNotCome.load(std::memory_order_acquire)) return willNotConnect(verdict->why);
+    // The peer is there now: whether a probe finds it so, which lets later
+    // looks trust the probe's refusal (PeerVerdict::exitProbe).
+    uint8_t untested = kProbeNotNeeded;
+    if (made.isOk() && !transport->noticesPeerExit() &&
+        verdict->exitProbe.compare_exchange_strong(untested, kProbeVouching))
+      ConnectWatch::instance().ask(this, peer, Look::kVouch);
   }
   SHOAL_ASSIGN_OR_RETURN(auto conn, std::move(made),
       "connecting to rank ", peer, " (host ", peers_[peer].hostname, ") over ", transport->name());
@@ -216,13 +224,29 @@ ConnectionTable::PeerVerdict& ConnectionTable::verdictOn(int peer) {
 
 ConnectionTable::~ConnectionTable() { ConnectWatch::instance().forget(this); }
 
-std::string ConnectionTable::whyPeerWillNotCome(int peer, const Transport* transport, Deadline deadline) const {
+std::string ConnectionTable::lookAt(int peer, Look what, const Transport* connecting, Deadline deadline) {
+  PeerVerdict& verdict = verdictOn(peer);
+  if (what == Look::kVouch) {
+    const bool alive = probePeerProcess(peers_[peer], deadline).state == Transport::ProcessProbe::kAlive;
+    verdict.exitProbe.store(alive ? kProbeTrusted : kProbeUntrusted, std::memory_order_release);
+    SHOAL_INFO(subsys::kNet, "rank ", peer, " (host ", peers_[peer].hostname, "): ",
+               alive ? "a probe found its process: an operation stalled on it asks the probe whether it exited"
+                     : "no probe found its process: an operation stalled on it waits for its failure report or "
+                       "the no-progress deadline");
+    return "";
+  }
   if (peerReports_)
     if (std::string report = peerReports_(peer, deadline); !report.empty())
       return str(kReportedFailurePrefix, report);
-  // Asked only of the transport that connects them: what its own address
-  // says is known to reach the peer.
-  return transport != nullptr ? transport->peerProcessGone(peers_[peer], deadline) : std::string();
+  // A connect asks the transport that connects them: what its own address
+  // says is known to reach the peer. Other looks ask a probe only where it
+  // found the peer alive before.
+  Transport::ProcessProbe probe;
+  if (what == Look::kConnect && connecting != nullptr)
+    probe = connecting->probePeerProcess(peers_[peer], deadline);
+  else if (what == Look::kStalled && verdict.exitProbe.load(std::memory_order_acquire) == kProbeTrusted)
+    probe = probePeerProcess(peers_[peer], deadline);
+  return probe.state == Transport::ProcessProbe::kGone ? probe.why : std::string();
 }
 
 std::string ConnectionTable::knownFailure(int peer) {
@@ -233,7 +257,7 @@ std::string ConnectionTable::knownFailure(int peer) {
 
 void ConnectionTable::lookUpFailure(int peer) {
   if (peer < 0 || peer >= static_cast<int>(peers_.size()) || peer == rank_ || !peerReports_) return;
-  ConnectWatch::instance().ask(this, peer);
+  ConnectWatch::instance().ask(this, peer, Look::kStalled);
 }
 
 void ConnectionTable::judge(int peer, std::string why) {

@@ -37,9 +37,30 @@ class ConnectionTable {
   // What a connect's watch found of a peer: set once, never cleared (a peer
   // that failed or exited does not come back to this communicator); `why`
   // is written before the flag and read after it.
+  static constexpr uint8_t kProbeNotNeeded = 0, kProbeVouching = 1, kProbeTrusted = 2, kProbeUntrusted = 3;
   struct PeerVerdict {
     std::atomic<bool> willNotCome{false};
     std::string why;
+    // For a peer whose connections do not notice its exit
+    // (Transport::noticesPeerExit): whether a look at an operation stalled
+    // on it may ask a probe (transports/registry.h, probePeerProcess). The
+    // probe is trusted only once it found the peer alive right after a
+    // connection to it was made, so that a refusal later means its process
+    // is gone, not that the probe never reaches it (a firewall's rejection).
+    std::atomic<uint8_t> exitProbe{kProbeNotNeeded};
+  };
+
+  // What one look of the connect watch (connection_table.cc) asks of a peer,
+  // on the watch's thread, within the look's deadline.
+  enum class Look : uint8_t {
+    // A connect waits for it, once a second: its failure report, else
+    // whether its process exited (the connecting transport's probe).
+    kConnect,
+    // An operation waits on it (lookUpFailure): its failure report, else
+    // whether its process exited where the probe is trusted.
+    kStalled,
+    // A connection to it was just made: whether the probe finds it alive.
+    kVouch,
   };
 
   // `peers` (rank order, filled at init before the first connection) and
@@ -61,7 +82,7 @@ class ConnectionTable {
   // Where a peer's failure report is looked up ("" when it published none),
   // within the deadline; set before the first connection. A connect that
   // has waited a second asks once a second why its peer will not come
-  // (whyPeerWillNotCome): a peer that failed before it connected (its own
+  // (lookAt, Look::kConnect): a peer that failed before it connected (its own
   // connect refused, a call it could not run) publishes why, one whose
   // process exited leaves the connecting transport's listener closed, and
   // the wait would otherwise last the set-up deadline (SHOAL_INIT_TIMEOUT_MS).
@@ -69,8 +90,10 @@ class ConnectionTable {
   void setPeerReports(PeerReports lookup) { peerReports_ = std::move(lookup); }
   // For the engine's stalled jobs (FailureReports), never waiting: why the
   // peer will not come, once the connect watch found it ("it failed: <its
-  // report>", or a connect's finding), else ""; and a lookup of its report
-  // in the store, made soon by the watch's thread.
+  // report>", or a connect's finding), else ""; and a look at it
+  // (Look::kStalled: its report in the store, and for a peer whose
+  // connections do not notice an exit a trusted probe), made soon by the
+  // watch's thread.
   std::string knownFailure(int peer);
   void lookUpFailure(int peer);
 
@@ -95,6 +118,8 @@ class ConnectionTable {
   std::string peerFailure(int peer, Deadline deadline) const;
   // The first idle connection to another rank whose peer is gone
   // (Connection::checkAlive), as its error; ok when every peer is there.
+  // (No probe here: a peer over ofi that destroyed its communicator and
+  // exited has left, and says so to nobody.)
   Status findLostPeer();
   // Closes every connection (peers waiting on us see the close).
   void clear();
@@ -110,11 +135,10 @@ class ConnectionTable {
   std::string describe() const;
   size_t size() const;
 
-  // For the connect watch (connection_table.cc): the peer's failure report,
-  // else why its process is known to be gone (asked of the transport that
-  // connects them, Transport::peerProcessGone; null: the report only); ""
-  // when it may still come.
-  std::string whyPeerWillNotCome(int peer, const Transport* transport, Deadline deadline) const;
+  // For the connect watch: what a look finds (Look): why the peer will not
+  // come ("" when it may; always "" for kVouch, which only settles
+  // exitProbe). `connecting`: the transport of a kConnect look.
+  std::string lookAt(int peer, Look what, const Transport* connecting, Deadline deadline);
   // The peer will not come, for `why`: connects to it end now and later ones
   // fail at once. Said once; from the watch's thread only.
   void judge(int peer, std::string why);

@@ -280,8 +280,10 @@ Result<Fd> connectWithRetry(const SocketAddress& address, Deadline deadline, con
   }
 }
 
-bool refusesConnections(const SocketAddress& address, Deadline deadline) {
-  return connectOnce(address, deadline, 0).error == ECONNREFUSED;
+ListenerAnswer probeListener(const SocketAddress& address, Deadline deadline) {
+  const Attempt attempt = connectOnce(address, deadline, 0);
+  if (attempt.fd) return ListenerAnswer::kAccepts;
+  return attempt.error == ECONNREFUSED ? ListenerAnswer::kRefuses : ListenerAnswer::kUnknown;
 }
 
 // --- blocking-style I/O

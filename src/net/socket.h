@@ -100,12 +100,13 @@ struct RetryPolicy {
 Result<Fd> connectWithRetry(const SocketAddress& address, Deadline deadline,
                             const RetryPolicy& policy = RetryPolicy::fromParams());
 
-// Whether a listener at `address` refuses a connection now (one attempt,
-// no retry): a listener that was there has closed, with its process where
-// the address is its for the process's life. A connection that is accepted
-// into the backlog (closed at once, sending nothing), one still pending at
-// the deadline and any other failure are false: they prove nothing.
-bool refusesConnections(const SocketAddress& address, Deadline deadline);
+// What a listener at `address` answers a connection now (one attempt, no
+// retry, closed at once, sending nothing): kRefuses, a listener that was
+// there has closed (with its process, where the address is its for the
+// process's life); kAccepts, something listens there; kUnknown, still
+// pending at the deadline or any other failure, which proves nothing.
+enum class ListenerAnswer { kUnknown, kAccepts, kRefuses };
+ListenerAnswer probeListener(const SocketAddress& address, Deadline deadline);
 
 // --- blocking-style I/O on non-blocking sockets, bounded by a deadline
 

@@ -19,12 +19,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdint>
 #include <fstream>
 #include <functional>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "mp/mp_checks.h"
@@ -141,6 +143,8 @@ int everyCollective(MpChild& c) {
 
 // A loop of AllReduces; `victim` SIGKILLs itself at iteration `killAt`. The
 // survivors' call must fail (remote or system error) naming the victim.
+// (The victim dies a moment after its last collective: by then the probes
+// that vouch for its tcp listener, made as its connections were, are done.)
 int killOneRank(MpChild& c, int victim, int killAt) {
   const int r = c.rank();
   ncclComm_t comm = nullptr;
@@ -148,7 +152,10 @@ int killOneRank(MpChild& c, int victim, int killAt) {
   std::vector<float> send(65536), recv(65536);
   for (size_t i = 0; i < send.size(); ++i) send[i] = value(r, i);
   for (int it = 0; it < 1000; ++it) {
-    if (r == victim && it == killAt) ::raise(SIGKILL);
+    if (r == victim && it == killAt) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      ::raise(SIGKILL);
+    }
     double t0 = monoMs();
     ncclResult_t rc = ncclAllReduce(send.data(), recv.data(), send.size(), ncclFloat, ncclSum, comm, nullptr);
     double ms = monoMs() - t0;
@@ -275,8 +282,12 @@ TEST_CASE("mp ofi: a SIGKILLed rank makes the survivors fail naming it", "[mp][o
     INFO(provider);
     MpConfig cfg = ofiConfig(3, provider);
     cfg.hardLimitMs = 45000;
-    // A survivor that hears nothing from the provider relies on the deadline.
-    cfg.env.emplace_back("SHOAL_PROGRESS_TIMEOUT_MS", "10000");
+    // The provider reports nothing for a peer that is gone: a survivor's
+    // stalled operation finds the exit by a probe of the victim's tcp
+    // listener, within a few idle-check intervals, not at the no-progress
+    // deadline (beyond the test's limit).
+    cfg.env.emplace_back("SHOAL_PROGRESS_TIMEOUT_MS", "600000");
+    cfg.env.emplace_back("SHOAL_IDLE_CHECK_MS", "500");
     const int victim = 2;
     MpResult res = runForked(cfg, [&](MpChild& c) { return killOneRank(c, victim, 5); });
     INFO(res.report());

@@ -290,16 +290,17 @@ TEST_CASE("socket helpers on loopback", "[net]") {
   }
 }
 
-// What the connection table's watch asks of a peer's tcp listener: a closed
-// one refuses; a live one that never accepts, or one whose backlog took the
-// probe, does not (a live peer is never judged gone).
-TEST_CASE("refusesConnections: a closed listener refuses, a live one does not", "[net]") {
+// What the connection table's watch asks of a peer's tcp listener: a live
+// one that never accepts takes the probe into its backlog (never judged
+// gone); a closed one refuses.
+TEST_CASE("probeListener: a live listener accepts, a closed one refuses", "[net]") {
   Result<Fd> listener = listenOn(SocketAddress::parse("127.0.0.1:0").value());
   REQUIRE(listener.isOk());
   const SocketAddress bound = localAddressOf(listener->get()).value();
-  for (int probe = 0; probe < 3; ++probe) CHECK_FALSE(refusesConnections(bound, Deadline::afterMs(1000)));
+  for (int probe = 0; probe < 3; ++probe)
+    CHECK(probeListener(bound, Deadline::afterMs(1000)) == ListenerAnswer::kAccepts);
   listener->reset();
-  CHECK(refusesConnections(bound, Deadline::afterMs(1000)));
+  CHECK(probeListener(bound, Deadline::afterMs(1000)) == ListenerAnswer::kRefuses);
 }
 
 TEST_CASE("connectWithRetry retries refusals within its deadline and says how often", "[net]") {

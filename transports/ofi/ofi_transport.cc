@@ -287,6 +287,9 @@ class OfiTransport final : public Transport {
   bool emulatesMessagesOverSockets() const override { return cpuCopiesBytes(); }
   void forgetMemory(void* base, size_t bytes) override { ofiInvalidateRegistrations(base, bytes); }
   bool wantedInThisProcess() const override { return ofiRequested(); }
+  // A provider may report nothing for a peer process that is gone (EFA's
+  // connectionless endpoints; rxm over tcp completes no receive from it).
+  bool noticesPeerExit() const override { return false; }
   bool chosenByDefault(const PeerInfo& self) const override { return !publishedOverSockets(self); }
   Result<std::string> localAddress() override;
   bool canConnect(const PeerInfo& self, const PeerInfo& peer) const override;

@@ -181,12 +181,19 @@ class TcpTransport final : public Transport {
   // refusal at its address means the process is gone. A live process that
   // takes the probe drops it quietly, as any connection closed before its
   // hello (readHello).
-  std::string peerProcessGone(const PeerInfo& peer, Deadline deadline) const override {
+  ProcessProbe probePeerProcess(const PeerInfo& peer, Deadline deadline) const override {
     const std::string* text = peer.address("tcp");
-    if (text == nullptr) return "";
+    if (text == nullptr) return {};
     Result<net::SocketAddress> address = net::SocketAddress::parse(*text);
-    if (!address.isOk() || !net::refusesConnections(address.value(), deadline)) return "";
-    return str("its process has exited (its tcp listener at ", *text, " refuses connections)");
+    if (!address.isOk()) return {};
+    switch (net::probeListener(address.value(), deadline)) {
+      case net::ListenerAnswer::kAccepts: return {ProcessProbe::kAlive, ""};
+      case net::ListenerAnswer::kRefuses:
+        return {ProcessProbe::kGone, str("its process has exited (its tcp listener at ", *text,
+                                         " refuses connections)")};
+      case net::ListenerAnswer::kUnknown: break;
+    }
+    return {};
   }
   Result<std::unique_ptr<Connection>> connect(const ConnectionKey& key, const ConnectOptions& options) override;
   // The higher rank waits for the lower rank's hello.

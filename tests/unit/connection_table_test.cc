@@ -1,0 +1,79 @@
+// ConnectionTable's looks at a peer (comm/connection_table.h, Look): what a
+// probe of the peer's process may conclude, and when.
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <string>
+#include <vector>
+
+#include "comm/connection_table.h"
+#include "net/fd.h"
+#include "net/socket.h"
+#include "net/socket_address.h"
+#include "transports/registry.h"
+
+namespace shoal {
+namespace {
+
+// A tcp listener standing for a peer process's, on loopback.
+struct FakePeerListener {
+  net::Fd fd;
+  std::string address;
+  FakePeerListener() {
+    Result<net::Fd> listener = net::listenOn(net::SocketAddress::parse("127.0.0.1:0").value());
+    REQUIRE(listener.isOk());
+    fd = std::move(listener.value());
+    address = net::localAddressOf(fd.get()).value().toString();
+  }
+};
+
+bool saysExited(const std::string& why) { return why.find("its process has exited") != std::string::npos; }
+
+}  // namespace
+
+// A peer over a transport whose connections do not notice its exit (ofi) is
+// probed through its tcp listener while an operation is stalled on it, but
+// only once a probe found it alive right after a connection to it was made:
+// a refusal then means the process exited, not that a firewall rejects the
+// probe.
+TEST_CASE("connection table: a probe of a peer's process is trusted only once it found the peer alive",
+          "[unit]") {
+  FakePeerListener vouched, neverVouched, refusedAtVouch;
+  std::vector<PeerInfo> peers(4);
+  for (int r = 0; r < 4; ++r) {
+    peers[static_cast<size_t>(r)].rank = r;
+    peers[static_cast<size_t>(r)].hostname = "host" + std::to_string(r);
+  }
+  peers[1].addresses = {{"tcp", vouched.address}};
+  peers[2].addresses = {{"tcp", neverVouched.address}};
+  peers[3].addresses = {{"tcp", refusedAtVouch.address}};
+  std::atomic<bool> aborted{false};
+  ConnectionTable table(0x5eed, 0, peers, "secret", aborted);
+  auto look = [&](int peer, ConnectionTable::Look what, const Transport* connecting = nullptr) {
+    return table.lookAt(peer, what, connecting, Deadline::afterMs(2000));
+  };
+  using Look = ConnectionTable::Look;
+
+  // Alive: a probe proves nothing against it, vouched or not.
+  CHECK(look(1, Look::kStalled).empty());
+  CHECK(look(1, Look::kVouch).empty());
+  CHECK(look(1, Look::kStalled).empty());
+  refusedAtVouch.fd.reset();
+  CHECK(look(3, Look::kVouch).empty());  // refused while it was there: never trusted
+
+  vouched.fd.reset();
+  neverVouched.fd.reset();
+  const std::string exited = look(1, Look::kStalled);
+  INFO(exited);
+  CHECK(saysExited(exited));
+  CHECK(exited.find(vouched.address) != std::string::npos);
+  CHECK(look(2, Look::kStalled).empty());
+  CHECK(look(3, Look::kStalled).empty());
+  // A connect waiting for the peer asks the transport that connects them,
+  // whose own address reaches it, without a vouch.
+  const Transport* tcp = findTransport("tcp");
+  REQUIRE(tcp != nullptr);
+  CHECK(saysExited(look(2, Look::kConnect, tcp)));
+}
+
+}  // namespace shoal
