@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # Builds Shoal with sanitizers and runs the tests each one is for:
 #   address  ASan + UBSan (build-asan): the unit, api, mp and sim (in-process
-#            simulation) tests.
+#            simulation) tests; where the CUDA toolkit is found, also the
+#            device-memory tests on the driver stand-in (device, stream and
+#            window plans, graph capture, cuda_ipc between forked processes,
+#            two GPUs, the kernels' loader, ofi with device memory), all but
+#            the soak tests (ASan's quarantine grows the RSS they bound).
 #   thread   TSan (build-tsan): the engine, transport conformance, bootstrap
 #            and threaded api tests (ranks as threads, nonblocking init,
 #            abort from another thread); where the CUDA toolkit is found,
@@ -26,8 +30,10 @@ case "$kind" in
              mp_env_tests ofi_mp_tests sim_tests"
     only=''  # every test of these executables
     skip=''
-    cuda=OFF
-    cudaTargets=''
+    cuda=AUTO
+    cudaTargets="cudafake_device_tests cudafake_graph_tests cudafake_two_gpus_tests cudafake_cuda_ipc_tests
+                 cudafake_stream_ring_tests cudafake_reduce_tests cudafake_selftest cudafake_no_cuda_test
+                 cudafake_ofi_device_tests"
     # Forked ranks report leaks in their own exit; a crash report names the frames.
     export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:strict_string_checks=1:detect_stack_use_after_return=1}
     export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$PWD/tests/sanitizers/lsan.supp:print_suppressions=0}
