@@ -178,6 +178,10 @@ struct Driver::Api {
   bool graphs = false;  // every graph entry point resolved
 
   std::atomic<bool> batchesRefused{false};  // cuStreamBatchMemOp said CUDA_ERROR_NOT_SUPPORTED once
+  // The device whose primary context answers pointer queries on threads
+  // without a context (queryPointer), -1 until one did: retained for the
+  // process (primaryContexts), so it stays active and is not looked for again.
+  std::atomic<int> answeringDevice{-1};
   std::mutex mutex;  // guards the maps below
   std::map<int, WaitMode> waitModes;
   std::map<uint64_t, CUfunction> waitKernels;   // loaded per context instance
@@ -312,33 +316,37 @@ Driver* Driver::inUse() {
 // group's set-up threads, a caller that never made one current). Addressing
 // is unified, so any context of the process answers for every pointer: the
 // query is asked again with an active primary context current (retained
-// once, as primaryContextOfDevice). A process where none is active holds no
-// CUDA memory that Shoal could be handed (device and pinned memory live in
-// a context; one made with cuCtxCreate and never current here is not seen):
-// `none` is its answer then.
+// once, as primaryContextOfDevice, and then remembered: Api::answeringDevice).
+// A process where none is active holds no CUDA memory that Shoal could be
+// handed (device and pinned memory live in a context; one made with
+// cuCtxCreate and never current here is not seen): `none` is its answer then.
 static Result<bool> queryPointer(Driver& driver, Driver::Api& api, const void* ptr, unsigned count,
                                  CUpointer_attribute* attrs, void** data) {
   const auto at = reinterpret_cast<CUdeviceptr>(ptr);
   CUresult rc = api.cuPointerGetAttributes(count, attrs, data, at);
   if (rc == CUDA_SUCCESS) return true;
   if (rc != CUDA_ERROR_INVALID_CONTEXT) return cudaError(api, "cuPointerGetAttributes", rc);
-  int devices = 0;
-  if (CUresult c = api.cuDeviceGetCount(&devices); c != CUDA_SUCCESS)
-    return cudaError(api, "cuDeviceGetCount", c);
-  for (int ordinal = 0; ordinal < devices; ++ordinal) {
-    unsigned flags = 0;
-    int active = 0;
-    if (api.cuDevicePrimaryCtxGetState(static_cast<CUdevice>(ordinal), &flags, &active) != CUDA_SUCCESS ||
-        !active)
-      continue;
-    SHOAL_ASSIGN_OR_RETURN(ContextHandle context, driver.primaryContextOfDevice(ordinal));
-    ContextScope scope(driver, context);
-    SHOAL_TRY(scope.status());
-    rc = api.cuPointerGetAttributes(count, attrs, data, at);
-    if (rc != CUDA_SUCCESS) return cudaError(api, "cuPointerGetAttributes", rc);
-    return true;
+  int answering = api.answeringDevice.load(std::memory_order_acquire);
+  if (answering < 0) {
+    int devices = 0;
+    if (CUresult c = api.cuDeviceGetCount(&devices); c != CUDA_SUCCESS)
+      return cudaError(api, "cuDeviceGetCount", c);
+    for (int ordinal = 0; ordinal < devices && answering < 0; ++ordinal) {
+      unsigned flags = 0;
+      int active = 0;
+      if (api.cuDevicePrimaryCtxGetState(static_cast<CUdevice>(ordinal), &flags, &active) == CUDA_SUCCESS &&
+          active)
+        answering = ordinal;
+    }
+    if (answering < 0) return false;
   }
-  return false;
+  SHOAL_ASSIGN_OR_RETURN(ContextHandle context, driver.primaryContextOfDevice(answering));
+  api.answeringDevice.store(answering, std::memory_order_release);  // retained now: it stays active
+  ContextScope scope(driver, context);
+  SHOAL_TRY(scope.status());
+  rc = api.cuPointerGetAttributes(count, attrs, data, at);
+  if (rc != CUDA_SUCCESS) return cudaError(api, "cuPointerGetAttributes", rc);
+  return true;
 }
 
 Result<MemoryKind> Driver::memoryKind(const void* ptr) {
