@@ -69,14 +69,24 @@ Transport* findTransport(std::string_view name) {
   return nullptr;
 }
 
-Transport::ProcessProbe probePeerProcess(const PeerInfo& peer, Deadline deadline) {
+Transport::ProcessProbe probePeerProcess(const PeerInfo& self, const PeerInfo& peer, Deadline deadline) {
   for (const Transport* t : allTransports()) {
     if (deadline.expired()) break;
     if (peer.address(t->name()) == nullptr) continue;
-    Transport::ProcessProbe probe = t->probePeerProcess(peer, deadline);
+    Transport::ProcessProbe probe = t->probePeerProcess(self, peer, deadline);
     if (probe.state != Transport::ProcessProbe::kUnknown) return probe;
   }
   return {};
+}
+
+void tidyTransports() {
+  // Every communicator's idle check asks; once per half second is enough.
+  static std::mutex mutex;
+  static int64_t lastNs = 0;
+  std::unique_lock<std::mutex> lock(mutex, std::try_to_lock);
+  if (!lock.owns_lock() || (lastNs != 0 && nowNs() - lastNs < kTidyEveryMs * 1000000)) return;
+  lastNs = nowNs();
+  for (Transport* t : allTransports()) t->tidy();
 }
 
 Status publishAddresses(PeerInfo& self, const TransportChoice& choice) {

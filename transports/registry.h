@@ -67,7 +67,11 @@ Status publishAddresses(PeerInfo& self, const TransportChoice& choice);
 // published an address for, in priority order, until one can tell
 // (Transport::probePeerProcess): for peers whose own connections do not
 // notice an exit (Transport::noticesPeerExit). Bounded by the deadline.
-Transport::ProcessProbe probePeerProcess(const PeerInfo& peer, Deadline deadline);
+Transport::ProcessProbe probePeerProcess(const PeerInfo& self, const PeerInfo& peer, Deadline deadline);
+// Every transport's housekeeping (Transport::tidy), from the idle check: at
+// most once per kTidyEveryMs in the process, however many communicators ask.
+inline constexpr int64_t kTidyEveryMs = 500;
+void tidyTransports();
 
 // The transport for connecting self to peer, honouring the overrides.
 Result<Transport*> selectTransport(const PeerInfo& self, const PeerInfo& peer, TransportChoice choice);

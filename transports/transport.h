@@ -243,19 +243,28 @@ class Transport {
   virtual Result<std::string> localAddress() = 0;
   // Whether this transport can connect self to peer.
   virtual bool canConnect(const PeerInfo& self, const PeerInfo& peer) const = 0;
-  // Whether the peer's process is there, found without a connection through
-  // the address the peer published for this transport (tcp: its listener,
-  // which lives as long as its process): kGone with why, kAlive where
-  // something there took the probe, kUnknown where the transport cannot
-  // tell or the probe proved nothing. Bounded by the deadline. Asked while
-  // a connect waits for the peer, and of peers whose connections do not
-  // notice an exit (noticesPeerExit) while an operation waits on them
+  // Whether the peer's process is there, found from `self` without a
+  // connection through the address the peer published for this transport
+  // (tcp: its listener, which lives as long as its process; never a
+  // loopback address of a peer on another kernel): kGone with why, kAlive
+  // where something there took the probe, kUnknown where the transport
+  // cannot tell or the probe proved nothing. Bounded by the deadline. Asked
+  // while a connect waits for the peer, and of peers whose connections do
+  // not notice an exit (noticesPeerExit) while an operation waits on them
   // (ConnectionTable).
   struct ProcessProbe {
     enum State : uint8_t { kUnknown, kAlive, kGone } state = kUnknown;
     std::string why;  // kGone: "its process has exited (...)"
   };
-  virtual ProcessProbe probePeerProcess(const PeerInfo& /*peer*/, Deadline /*deadline*/) const { return {}; }
+  virtual ProcessProbe probePeerProcess(const PeerInfo& /*self*/, const PeerInfo& /*peer*/,
+                                        Deadline /*deadline*/) const {
+    return {};
+  }
+  // Housekeeping, from the idle check's thread once per interval (never at
+  // the same time as itself): tcp accepts what waits on its listener while
+  // no connect does (other processes' probes, which would otherwise fill
+  // its backlog). Never blocks for long.
+  virtual void tidy() {}
   // Whether this transport's connections find by themselves that the peer's
   // process exited: tcp reads the end of its streams, shm and cuda_ipc look
   // at the peer's process, loopback's peer is this process. ofi's do not: a

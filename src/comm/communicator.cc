@@ -818,6 +818,7 @@ void Communicator::abort() {
 // job of ours in the engine, so that the connections are nobody else's
 // meanwhile (no new job can start while checking_ is up).
 void Communicator::checkIdle() {
+  tidyTransports();  // other processes' probes of this one wait on its listeners
   if (aborted() || failed_.load(std::memory_order_acquire)) return;
   checking_.store(true);
   struct Lower {

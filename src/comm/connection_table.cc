@@ -200,8 +200,9 @@ Result<Connection*> ConnectionTable::to(int peer, uint16_t channel, bool unlessW
     if (!made.isOk() && verdict->willNotCome.load(std::memory_order_acquire)) return willNotConnect(verdict->why);
     // The peer is there now: whether a probe finds it so, which lets later
     // looks trust the probe's refusal (PeerVerdict::exitProbe).
+    // (Only stalled operations' looks use it, and only with the idle check.)
     uint8_t untested = kProbeNotNeeded;
-    if (made.isOk() && !transport->noticesPeerExit() &&
+    if (made.isOk() && !transport->noticesPeerExit() && params().idleCheckMs > 0 &&
         verdict->exitProbe.compare_exchange_strong(untested, kProbeVouching))
       ConnectWatch::instance().ask(this, peer, Look::kVouch);
   }
@@ -224,28 +225,47 @@ ConnectionTable::PeerVerdict& ConnectionTable::verdictOn(int peer) {
 
 ConnectionTable::~ConnectionTable() { ConnectWatch::instance().forget(this); }
 
+namespace {
+// Vouches whose probe proved nothing by its deadline (a firewall that drops
+// it, a peer's backlog full) in this process: past kMostSilentVouches no
+// more are made, so that they do not hold up the watch's other looks.
+std::atomic<int> gSilentVouches{0};
+constexpr int kMostSilentVouches = 3;
+}  // namespace
+
 std::string ConnectionTable::lookAt(int peer, Look what, const Transport* connecting, Deadline deadline) {
   PeerVerdict& verdict = verdictOn(peer);
+  const PeerInfo& self = peers_[rank_];
+  const PeerInfo& them = peers_[peer];
   if (what == Look::kVouch) {
-    const bool alive = probePeerProcess(peers_[peer], deadline).state == Transport::ProcessProbe::kAlive;
+    Transport::ProcessProbe::State found = Transport::ProcessProbe::kUnknown;
+    if (gSilentVouches.load(std::memory_order_relaxed) < kMostSilentVouches) {
+      found = probePeerProcess(self, them, deadline).state;
+      if (found == Transport::ProcessProbe::kUnknown && deadline.expired() && !deadline.cancelled() &&
+          gSilentVouches.fetch_add(1) + 1 == kMostSilentVouches)
+        SHOAL_INFO(subsys::kNet, kMostSilentVouches, " probes of peers' processes proved nothing: no more are "
+                   "made in this process");
+    }
+    const bool alive = found == Transport::ProcessProbe::kAlive;
     verdict.exitProbe.store(alive ? kProbeTrusted : kProbeUntrusted, std::memory_order_release);
-    SHOAL_INFO(subsys::kNet, "rank ", peer, " (host ", peers_[peer].hostname, "): ",
+    SHOAL_INFO(subsys::kNet, "rank ", peer, " (host ", them.hostname, "): ",
                alive ? "a probe found its process: an operation stalled on it asks the probe whether it exited"
                      : "no probe found its process: an operation stalled on it waits for its failure report or "
                        "the no-progress deadline");
     return "";
   }
+  // A stalled operation's look probes first, where the probe is trusted (one
+  // connect: a slow store does not use up its deadline); the peer's report,
+  // where it left one, says more than its exit.
+  Transport::ProcessProbe probe;
+  if (what == Look::kStalled && verdict.exitProbe.load(std::memory_order_acquire) == kProbeTrusted)
+    probe = probePeerProcess(self, them, deadline);
   if (peerReports_)
     if (std::string report = peerReports_(peer, deadline); !report.empty())
       return str(kReportedFailurePrefix, report);
   // A connect asks the transport that connects them: what its own address
-  // says is known to reach the peer. Other looks ask a probe only where it
-  // found the peer alive before.
-  Transport::ProcessProbe probe;
-  if (what == Look::kConnect && connecting != nullptr)
-    probe = connecting->probePeerProcess(peers_[peer], deadline);
-  else if (what == Look::kStalled && verdict.exitProbe.load(std::memory_order_acquire) == kProbeTrusted)
-    probe = probePeerProcess(peers_[peer], deadline);
+  // says is known to reach the peer.
+  if (what == Look::kConnect && connecting != nullptr) probe = connecting->probePeerProcess(self, them, deadline);
   return probe.state == Transport::ProcessProbe::kGone ? probe.why : std::string();
 }
 

@@ -2,7 +2,9 @@
 // what only tcp has (hellos, several sockets, strays, connect deadlines).
 // Traffic stays on 127.0.0.1 (NCCL_SOCKET_IFNAME=lo).
 #include <catch2/catch.hpp>
+#include <dirent.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <fcntl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -480,6 +482,53 @@ TEST_CASE("tcp connect deadlines name the peer", "[tcp]") {
 // kernel's queue, so the listener stays readable: the waiting rank must not
 // spin on it (it had burned a core and written a warning per try until its
 // deadline), and its timeout says why nothing arrived.
+// This process's listening socket at `address`, found among its
+// descriptors; -1 if none.
+int listenerAt(const net::SocketAddress& address) {
+  DIR* dir = ::opendir("/proc/self/fd");
+  if (dir == nullptr) return -1;
+  int found = -1;
+  while (dirent* entry = ::readdir(dir)) {
+    const int fd = std::atoi(entry->d_name);
+    int listening = 0;
+    socklen_t len = sizeof(listening);
+    if (fd <= 2 || ::getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) != 0 || !listening) continue;
+    Result<net::SocketAddress> local = net::localAddressOf(fd);
+    if (local.isOk() && local.value() == address) found = fd;
+  }
+  ::closedir(dir);
+  return found;
+}
+
+// Other processes probe whether this one lives (a stalled operation's look
+// at a peer over ofi, comm/connection_table.h) by connecting to its tcp
+// listener and closing at once. A process that connects over tcp rarely,
+// or never (ofi only), would leave them in the listener's backlog until it
+// filled and the kernel dropped every later connection: the idle check's
+// tidy() accepts and drops them.
+TEST_CASE("tcp tidy() drains the probes that wait on the listener while no connect pumps it", "[tcp]") {
+  std::unique_ptr<Transport> t = makeTcpTransport();
+  Result<std::string> address = t->localAddress();
+  REQUIRE(address.isOk());
+  const net::SocketAddress target = net::SocketAddress::parse(address.value()).value();
+  const int listener = listenerAt(target);
+  REQUIRE(listener >= 0);
+  // For a listening socket, TCP_INFO's unacked is its accept queue's length.
+  auto queued = [&] {
+    tcp_info info{};
+    socklen_t len = sizeof(info);
+    REQUIRE(::getsockopt(listener, IPPROTO_TCP, TCP_INFO, &info, &len) == 0);
+    return info.tcpi_unacked;
+  };
+  for (int round = 0; round < 2; ++round) {
+    for (int i = 0; i < 5; ++i)
+      REQUIRE(net::probeListener(target, Deadline::afterMs(1000)) == net::ListenerAnswer::kAccepts);
+    CHECK(queued() == 5);
+    t->tidy();
+    CHECK(queued() == 0);
+  }
+}
+
 TEST_CASE("tcp out of descriptors: the accept pauses and the timeout says why", "[tcp]") {
   world();
   std::unique_ptr<Transport> waiter = makeTcpTransport();

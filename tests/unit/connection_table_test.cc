@@ -38,15 +38,19 @@ bool saysExited(const std::string& why) { return why.find("its process has exite
 // probe.
 TEST_CASE("connection table: a probe of a peer's process is trusted only once it found the peer alive",
           "[unit]") {
-  FakePeerListener vouched, neverVouched, refusedAtVouch;
-  std::vector<PeerInfo> peers(4);
-  for (int r = 0; r < 4; ++r) {
+  FakePeerListener vouched, neverVouched, refusedAtVouch, elsewhere;
+  std::vector<PeerInfo> peers(5);
+  for (int r = 0; r < 5; ++r) {
     peers[static_cast<size_t>(r)].rank = r;
     peers[static_cast<size_t>(r)].hostname = "host" + std::to_string(r);
+    peers[static_cast<size_t>(r)].kernelId = "one kernel";  // loopback reaches them
   }
   peers[1].addresses = {{"tcp", vouched.address}};
   peers[2].addresses = {{"tcp", neverVouched.address}};
   peers[3].addresses = {{"tcp", refusedAtVouch.address}};
+  // On another kernel: a loopback address there is not this kernel's.
+  peers[4].addresses = {{"tcp", elsewhere.address}};
+  peers[4].kernelId = "another kernel";
   std::atomic<bool> aborted{false};
   ConnectionTable table(0x5eed, 0, peers, "secret", aborted);
   auto look = [&](int peer, ConnectionTable::Look what, const Transport* connecting = nullptr) {
@@ -60,20 +64,24 @@ TEST_CASE("connection table: a probe of a peer's process is trusted only once it
   CHECK(look(1, Look::kStalled).empty());
   refusedAtVouch.fd.reset();
   CHECK(look(3, Look::kVouch).empty());  // refused while it was there: never trusted
+  CHECK(look(4, Look::kVouch).empty());  // not probed: not trusted
 
   vouched.fd.reset();
   neverVouched.fd.reset();
+  elsewhere.fd.reset();
   const std::string exited = look(1, Look::kStalled);
   INFO(exited);
   CHECK(saysExited(exited));
   CHECK(exited.find(vouched.address) != std::string::npos);
   CHECK(look(2, Look::kStalled).empty());
   CHECK(look(3, Look::kStalled).empty());
+  CHECK(look(4, Look::kStalled).empty());
   // A connect waiting for the peer asks the transport that connects them,
   // whose own address reaches it, without a vouch.
   const Transport* tcp = findTransport("tcp");
   REQUIRE(tcp != nullptr);
   CHECK(saysExited(look(2, Look::kConnect, tcp)));
+  CHECK(look(4, Look::kConnect, tcp).empty());
 }
 
 }  // namespace shoal

@@ -181,11 +181,12 @@ class TcpTransport final : public Transport {
   // refusal at its address means the process is gone. A live process that
   // takes the probe drops it quietly, as any connection closed before its
   // hello (readHello).
-  ProcessProbe probePeerProcess(const PeerInfo& peer, Deadline deadline) const override {
+  ProcessProbe probePeerProcess(const PeerInfo& self, const PeerInfo& peer, Deadline deadline) const override {
     const std::string* text = peer.address("tcp");
     if (text == nullptr) return {};
     Result<net::SocketAddress> address = net::SocketAddress::parse(*text);
-    if (!address.isOk()) return {};
+    // A loopback address reaches this kernel's listeners, not another's.
+    if (!address.isOk() || (address.value().isLoopback() && !self.sameKernel(peer))) return {};
     switch (net::probeListener(address.value(), deadline)) {
       case net::ListenerAnswer::kAccepts: return {ProcessProbe::kAlive, ""};
       case net::ListenerAnswer::kRefuses:
@@ -198,6 +199,9 @@ class TcpTransport final : public Transport {
   Result<std::unique_ptr<Connection>> connect(const ConnectionKey& key, const ConnectOptions& options) override;
   // The higher rank waits for the lower rank's hello.
   bool connectWaitsForPeer(const ConnectionKey& key) const override { return key.selfRank > key.peerRank; }
+  // Pumps the listener for a moment where no connect does: probes closed
+  // before their hello are dropped, hellos kept for a later connect.
+  void tidy() override;
   // Closes the sockets peers sent for connections the rank never took: a
   // peer writing on one learns of the end at once, and a later communicator
   // with the same id (NCCL_COMM_ID gives every one the same) never takes
@@ -346,6 +350,17 @@ Result<std::unique_ptr<Connection>> TcpTransport::acceptPassive(const Connection
   SHOAL_INFO(subsys::kInit | subsys::kNet, "tcp: accepted ", peer, " channel ", key.channel, " with ",
              lanes.size(), lanes.size() == 1 ? " socket" : " sockets", sendBufferNote(sendBuffer));
   return std::unique_ptr<Connection>(std::make_unique<tcp::TcpConnection>(std::move(lanes), chunkBytes, peer));
+}
+
+void TcpTransport::tidy() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (!listener_ || pumping_) return;
+  pumping_ = true;
+  lock.unlock();
+  pump(1);
+  lock.lock();
+  pumping_ = false;
+  arrived_.notify_all();
 }
 
 void TcpTransport::claim(const SocketKey& want, std::string_view secret, std::vector<net::Fd>& lanes,
