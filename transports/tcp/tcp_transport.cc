@@ -199,8 +199,9 @@ class TcpTransport final : public Transport {
   Result<std::unique_ptr<Connection>> connect(const ConnectionKey& key, const ConnectOptions& options) override;
   // The higher rank waits for the lower rank's hello.
   bool connectWaitsForPeer(const ConnectionKey& key) const override { return key.selfRank > key.peerRank; }
-  // Pumps the listener for a moment where no connect does: probes closed
-  // before their hello are dropped, hellos kept for a later connect.
+  // One pass of the pump, waiting for nothing, where no connect pumps:
+  // probes closed before their hello are dropped (at this pass or the
+  // next), hellos kept for a later connect.
   void tidy() override;
   // Closes the sockets peers sent for connections the rank never took: a
   // peer writing on one learns of the end at once, and a later communicator
@@ -216,7 +217,8 @@ class TcpTransport final : public Transport {
   // Moves arrivals for `want` that prove `secret` into `lanes` (mutex_ held).
   void claim(const SocketKey& want, std::string_view secret, std::vector<net::Fd>& lanes, int& filled,
              uint32_t& chunkBytes);
-  // Accepts and reads hellos for up to `timeoutMs` (one thread at a time; no lock).
+  // Accepts and reads hellos for up to `timeoutMs` (one thread at a time; no
+  // lock); 0: one pass that waits for nothing.
   void pump(int64_t timeoutMs);
   void acceptNew();
   void readHello(PendingHello& pending);
@@ -357,7 +359,7 @@ void TcpTransport::tidy() {
   if (!listener_ || pumping_) return;
   pumping_ = true;
   lock.unlock();
-  pump(1);
+  pump(0);
   lock.lock();
   pumping_ = false;
   arrived_.notify_all();
@@ -394,7 +396,7 @@ void TcpTransport::claim(const SocketKey& want, std::string_view secret, std::ve
 }
 
 void TcpTransport::pump(int64_t timeoutMs) {
-  Deadline until = Deadline::afterMs(std::max<int64_t>(timeoutMs, 1));
+  const int64_t untilNs = nowNs() + std::max<int64_t>(timeoutMs, 0) * 1000000;  // 0: this pass only
   std::vector<pollfd> fds;
   do {
     fds.clear();
@@ -403,7 +405,7 @@ void TcpTransport::pump(int64_t timeoutMs) {
     fds.push_back({listener_.get(), static_cast<short>(acceptMore ? POLLIN : 0), 0});
     for (const auto& p : pending_) fds.push_back({p.fd.get(), POLLIN, 0});
     int64_t now = nowNs();
-    int64_t waitNs = until.atNs() - now;
+    int64_t waitNs = untilNs - now;
     for (const auto& p : pending_) waitNs = std::min(waitNs, p.deadlineNs - now);
     if (!acceptMore && acceptPausedUntilNs_ > now) waitNs = std::min(waitNs, acceptPausedUntilNs_ - now);
     int waitMs = static_cast<int>(std::clamp<int64_t>((waitNs + 999999) / 1000000, 0, kPumpSliceMs));
@@ -447,7 +449,7 @@ void TcpTransport::pump(int64_t timeoutMs) {
       arrived_.notify_all();
       return;  // let the caller look at what arrived
     }
-  } while (!until.expired());
+  } while (nowNs() < untilNs);
 }
 
 void TcpTransport::acceptNew() {
