@@ -346,6 +346,47 @@ SHOAL_API(ncclResult_t, ncclCommInitAll, (ncclComm_t * comms, int ndev, const in
   });
 }
 
+namespace {
+// A split of a nonblocking parent in which this rank gets no communicator:
+// as NCCL, whose split job belongs to the parent, the call (or the
+// outermost ncclGroupEnd) returns ncclInProgress, and the parent's
+// ncclCommGetAsyncError reads ncclInProgress until this rank's part of the
+// exchange has run, on a thread the parent's handle keeps (so one thread can
+// drive the splits of several ranks); a failure becomes the parent's error,
+// since nothing else could report it. ncclCommAbort of the parent ends it.
+Status startNocolorPart(ncclComm_t comm, const std::shared_ptr<Communicator>& parent, int key,
+                        const CommOptions& options, Communicator::SetupTurn turn) {
+  std::shared_ptr<ncclComm::Shared> shared = comm->shared;
+  auto takePart = [parent, key, options, turn, weak = std::weak_ptr<ncclComm::Shared>(shared)](
+                      const std::atomic<bool>* cancel) {
+    Status st = parent->split(NCCL_SPLIT_NOCOLOR, key, options, cancel, turn).takeStatus();
+    if (st.isOk() || cancel->load()) return;
+    parent->setAsyncError(st);
+    if (auto state = weak.lock()) {
+      std::lock_guard<std::mutex> lock(state->mutex);
+      if (state->partError.isOk()) state->partError = st;
+    }
+  };
+  if (!group::active()) {
+    shared->startPart(shared, std::move(takePart));
+    return Status(Code::kInProgress, "");
+  }
+  group::addDetachedInit([comm, shared, takePart] {
+    // Not for a parent destroyed or aborted before the group ended (its
+    // slot may even serve another communicator by now): its part gives up
+    // its turn as a cancelled split's does (the later set-up calls fail
+    // rather than pair with the wrong exchanges).
+    if (comm->magic != ncclComm::kMagic || comm->shared != shared) {
+      static const std::atomic<bool> cancelled{true};
+      takePart(&cancelled);
+      return;
+    }
+    shared->startPart(shared, takePart);
+  });
+  return Status::ok();
+}
+}  // namespace
+
 SHOAL_API(ncclResult_t, ncclCommSplit,
           (ncclComm_t comm, int color, int key, ncclComm_t* newcomm, ncclConfig_t* config)) {
   return groupGuard("ncclCommSplit", [&]() -> Status {
@@ -363,14 +404,18 @@ SHOAL_API(ncclResult_t, ncclCommSplit,
     Communicator::SetupTurn turn = parent->takeSetupTurn();
     if (color == NCCL_SPLIT_NOCOLOR) {
       // Still a collective over the parent: take part, get no communicator.
-      auto takePart = [parent, color, key, options, turn] {
-        return parent->split(color, key, options, nullptr, turn).takeStatus();
-      };
-      if (group::active()) {
-        group::addOrderedInit(parent.get(), std::move(takePart));
-        return Status::ok();
+      // NCCL reads no config here: the parent's mode decides.
+      if (parent->options().blocking) {
+        auto takePart = [parent, color, key, options, turn] {
+          return parent->split(color, key, options, nullptr, turn).takeStatus();
+        };
+        if (group::active()) {
+          group::addOrderedInit(parent.get(), std::move(takePart));
+          return Status::ok();
+        }
+        return takePart();
       }
-      return takePart();
+      return startNocolorPart(comm, parent, key, options, std::move(turn));
     }
     ncclComm_t handle = newHandle();
     handle->cudaDev = comm->cudaDev;
@@ -426,6 +471,9 @@ SHOAL_API(ncclResult_t, ncclCommDestroy, (ncclComm_t comm)) {
     if (comm == nullptr) return Status::ok();
     if (comm->magic != ncclComm::kMagic) return api::deadHandle(comm);
     if (comm->initThread.joinable()) comm->initThread.join();  // destroy is blocking
+    if (comm->shared->partsRunning.load(std::memory_order_acquire) > 0)
+      SHOAL_INFO(subsys::kInit, "ncclCommDestroy: waiting for this rank's part in a split of ", comm->impl()->describe());
+    comm->shared->closeParts();
     Status st;
     if (auto impl = comm->shared->impl; impl && !impl->aborted()) st = impl->finalize();
     forgetFinalized(comm->shared->impl.get());
@@ -444,11 +492,12 @@ SHOAL_API(ncclResult_t, ncclCommAbort, (ncclComm_t comm)) {
   return guard("ncclCommAbort", [&]() -> Status {
     if (comm == nullptr) return Status::ok();
     if (comm->magic != ncclComm::kMagic) return api::deadHandle(comm);
-    // A pending init gives up within about Deadline::kCancelCheckMs; its
-    // thread is joined, never left running past the handle (a thread still
+    // A pending init (or a part in a nonblocking NOCOLOR split) gives up
+    // within about Deadline::kCancelCheckMs; its thread is joined, never left running past the handle (a thread still
     // in the library when the process exits can crash its static teardown).
     comm->shared->cancelInit.store(true);
     if (comm->initThread.joinable()) comm->initThread.join();
+    comm->shared->closeParts();
     std::shared_ptr<Communicator> impl;
     {
       std::lock_guard<std::mutex> lock(comm->shared->mutex);
@@ -487,15 +536,18 @@ SHOAL_API(ncclResult_t, ncclCommGetAsyncError, (ncclComm_t comm, ncclResult_t* a
       Status before;
       {
         std::lock_guard<std::mutex> lock(comm->shared->mutex);
-        before = comm->shared->errorBeforeRevoke;
+        before = comm->shared->errorBeforeRevoke.isOk() ? comm->shared->partError : comm->shared->errorBeforeRevoke;
       }
       if (!before.isOk()) api::setLastError(before);
-      *asyncError = comm->shared->callsInside.load(std::memory_order_acquire) > 0
+      *asyncError = comm->shared->callsInside.load(std::memory_order_acquire) > 0 ||
+                            comm->shared->partsRunning.load(std::memory_order_acquire) > 0
                         ? ncclInProgress
                         : static_cast<ncclResult_t>(toNcclCode(before.code()));
       return Status::ok();
     }
     Code code = comm->shared->impl->asyncState();
+    if (code == Code::kOk && comm->shared->partsRunning.load(std::memory_order_acquire) > 0)
+      code = Code::kInProgress;  // a nonblocking NOCOLOR split's part (startNocolorPart)
     if (code != Code::kOk && code != Code::kInProgress)
       api::setLastError(comm->shared->impl->asyncError());
     *asyncError = static_cast<ncclResult_t>(toNcclCode(code));

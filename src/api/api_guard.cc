@@ -1,12 +1,58 @@
 #include "api/api_guard.h"
 
+#include <algorithm>
 #include <deque>
+#include <iterator>
 #include <mutex>
 
 #include <time.h>
 
 #include "core/fence.h"
 #include "core/log.h"
+#include "core/process.h"
+
+void ncclComm::Shared::startPart(const std::shared_ptr<Shared>& self, Part part) {
+  std::vector<PartThread> ended;
+  {
+    std::lock_guard<std::mutex> lock(partsMutex_);
+    if (!partsClosed_) {
+      auto split = std::stable_partition(partThreads_.begin(), partThreads_.end(),
+                                         [](const PartThread& p) { return !p.ended->load(std::memory_order_acquire); });
+      std::move(split, partThreads_.end(), std::back_inserter(ended));
+      partThreads_.erase(split, partThreads_.end());
+      auto endedFlag = std::make_shared<std::atomic<bool>>(false);
+      partsRunning.fetch_add(1, std::memory_order_acq_rel);
+      try {
+        partThreads_.push_back({std::thread([state = self, endedFlag, part = std::move(part)] {
+                                  shoal::markLibraryThread();
+                                  part(&state->cancelInit);
+                                  state->partsRunning.fetch_sub(1, std::memory_order_acq_rel);
+                                  endedFlag->store(true, std::memory_order_release);
+                                }),
+                                endedFlag});
+      } catch (...) {
+        partsRunning.fetch_sub(1, std::memory_order_acq_rel);  // never ran: not in progress
+        throw;
+      }
+      part = nullptr;
+    }
+  }
+  for (PartThread& p : ended) p.thread.join();
+  if (part) {
+    static const std::atomic<bool> cancelled{true};
+    part(&cancelled);
+  }
+}
+
+void ncclComm::Shared::closeParts() {
+  std::vector<PartThread> threads;
+  {
+    std::lock_guard<std::mutex> lock(partsMutex_);
+    partsClosed_ = true;
+    threads.swap(partThreads_);
+  }
+  for (PartThread& p : threads) p.thread.join();
+}
 
 namespace shoal::api {
 namespace {
@@ -63,6 +109,7 @@ ncclComm* allocateHandle() {
 
 void releaseHandle(ncclComm* handle) {
   if (handle->initThread.joinable()) handle->initThread.join();
+  handle->shared->closeParts();
   dropRegistrations(handle);
   handle->shared.reset();
   handle->magic = ncclComm::kDeadMagic;

@@ -14,6 +14,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "comm/communicator.h"
 #include "comm/group.h"
@@ -54,6 +55,36 @@ struct ncclComm {
     // each agreement's keys in the store.
     uint64_t shrinks = 0;
     uint64_t grows = 0;
+    // This rank's parts in nonblocking splits that make it no communicator
+    // (NCCL_SPLIT_NOCOLOR) still running: ncclCommGetAsyncError reads
+    // ncclInProgress meanwhile, as NCCL's does for the parent's split job;
+    // and the first such part that failed (under mutex: a revoked
+    // communicator reports it, whose own async error is the revoke's abort).
+    std::atomic<int> partsRunning{0};
+    shoal::Status partError;
+
+    // Runs `part` (this rank's part of a collective set-up over the
+    // communicator that gives it no new handle) on a thread kept here,
+    // counted in partsRunning while it runs; its argument is the flag that
+    // ends it (cancelInit, which ncclCommAbort sets). Threads of parts that
+    // ended are joined here, so a job that splits for weeks keeps none. Once
+    // the parts were closed (an abort or destroy on another thread got there
+    // first) the part runs here, cancelled, so no thread outlives the handle.
+    // `self`: this object's owner (the thread holds it).
+    using Part = std::function<void(const std::atomic<bool>* cancel)>;
+    void startPart(const std::shared_ptr<Shared>& self, Part part);
+    // Refuses later parts and joins every part's thread (destroy, abort and
+    // release, before the handle lets go of this).
+    void closeParts();
+
+   private:
+    struct PartThread {
+      std::thread thread;
+      std::shared_ptr<std::atomic<bool>> ended;
+    };
+    std::mutex partsMutex_;  // a watchdog's abort may close while the owner starts one
+    std::vector<PartThread> partThreads_;
+    bool partsClosed_ = false;
   };
   // What a handle's memory holds after ncclCommDestroy/Abort: handles are
   // never freed (api::releaseHandle), so a late use reads this, not freed memory.

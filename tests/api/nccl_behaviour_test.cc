@@ -2091,7 +2091,8 @@ void checkChild(ncclComm_t c, int wantSize, int wantRank) {
 
 // AllReduce over a set of communicators (one per parent rank; NULL skipped):
 // each result is the sum over the members that share its communicator group.
-void allReduceOn(const std::vector<ncclComm_t>& comms, const std::function<int(int)>& color) {
+void allReduceOn(const std::vector<ncclComm_t>& comms, const std::function<int(int)>& color,
+                 bool nonblocking = false) {
   const int n = static_cast<int>(comms.size());
   const TypeInfo& t = typeOf(ncclFloat32);
   std::vector<Buf> send, recv;
@@ -2107,7 +2108,10 @@ void allReduceOn(const std::vector<ncclComm_t>& comms, const std::function<int(i
   ncclResult_t end = ncclGroupEnd();
   for (int r = 0; r < n; ++r) CHECK(rcs[r] == ncclSuccess);
   INFO(lastError());
-  REQUIRE(end == ncclSuccess);
+  REQUIRE((end == ncclSuccess || (nonblocking && end == ncclInProgress)));
+  if (nonblocking)
+    for (int r = 0; r < n; ++r)
+      if (comms[r]) REQUIRE(waitAsync(comms[r]) == ncclSuccess);
   for (int r = 0; r < n; ++r) {
     if (!comms[r]) continue;
     checkBuf(recv[r], [&](size_t i) {
@@ -2206,6 +2210,126 @@ TEST_CASE("ncclCommSplit with NCCL_SPLIT_NOCOLOR inside a group from one thread"
   for (auto c : kids)
     if (c) NCCL_OK(ncclCommDestroy(c));
   requireWorking(w);
+}
+
+// n nonblocking communicators of one clique, made from this thread.
+class NonblockingWorld {
+ public:
+  explicit NonblockingWorld(int n) : comms_(n, nullptr) {
+    ncclUniqueId id = newId();
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    cfg.blocking = 0;
+    for (int r = 0; r < n; ++r) {
+      ncclResult_t rc = ncclCommInitRankConfig(&comms_[r], n, id, r, &cfg);
+      INFO("rank " << r << ": " << lastError());
+      REQUIRE((rc == ncclInProgress || rc == ncclSuccess));
+    }
+    for (int r = 0; r < n; ++r) REQUIRE(waitAsync(comms_[r]) == ncclSuccess);
+  }
+  NonblockingWorld(const NonblockingWorld&) = delete;
+  NonblockingWorld& operator=(const NonblockingWorld&) = delete;
+  ~NonblockingWorld() {
+    for (auto& c : comms_)
+      if (c) (void)ncclCommDestroy(c);
+  }
+  ncclComm_t operator[](int r) const { return comms_[r]; }
+  void release(int r) { comms_[r] = nullptr; }
+
+ private:
+  std::vector<ncclComm_t> comms_;
+};
+
+// As NCCL, whose split job belongs to the parent: a split of a nonblocking
+// parent in which a rank gets no communicator returns ncclInProgress at once
+// (alone, or from ncclGroupEnd), and that rank's parent reads ncclInProgress
+// until its part of the exchange has run. One thread drives every rank, the
+// ranks without a colour first: a part that ran on the calling thread would
+// wait there for peers that thread has not reached yet. A blocking parent
+// blocks, whatever the split's config says (NCCL reads none for NOCOLOR).
+TEST_CASE("a NCCL_SPLIT_NOCOLOR split of a nonblocking parent returns at once and the parent is in progress "
+          "until it ran",
+          "[api][nonblocking][split]") {
+  const int n = 4;
+  NonblockingWorld w(n);
+  auto color = [](int r) { return r < 2 ? 0 : NCCL_SPLIT_NOCOLOR; };
+  for (bool inGroup : {false, true}) {
+    INFO((inGroup ? "in a group" : "alone"));
+    std::vector<ncclComm_t> kids(n, reinterpret_cast<ncclComm_t>(0x1));
+    for (int r = n - 1; r >= 0; --r) {
+      if (inGroup) NCCL_OK(ncclGroupStart());
+      ncclResult_t rc = ncclCommSplit(w[r], color(r), r, &kids[r], nullptr);
+      if (inGroup) {
+        CHECK(rc == ncclSuccess);
+        rc = ncclGroupEnd();
+      }
+      INFO("rank " << r << ": " << lastError());
+      // Rank 0 is the last to split: its own split may already have finished.
+      REQUIRE((rc == ncclInProgress || (r == 0 && rc == ncclSuccess)));
+      if (color(r) == NCCL_SPLIT_NOCOLOR) CHECK(kids[r] == nullptr);
+      if (r == n - 1) {
+        // Ranks 0 to 2 have not split yet: rank 3's part cannot have run.
+        ncclResult_t state = ncclSuccess;
+        NCCL_OK(ncclCommGetAsyncError(w[r], &state));
+        CHECK(state == ncclInProgress);
+      }
+    }
+    for (int r = 0; r < n; ++r) {
+      INFO("rank " << r << ": " << lastError());
+      REQUIRE(waitAsync(w[r]) == ncclSuccess);
+      if (kids[r]) REQUIRE(waitAsync(kids[r]) == ncclSuccess);
+    }
+    checkChild(kids[0], 2, 0);
+    checkChild(kids[1], 2, 1);
+    allReduceOn(kids, [](int r) { return r < 2 ? 0 : -1; }, /*nonblocking=*/true);
+    for (auto c : kids)
+      if (c) NCCL_OK(ncclCommDestroy(c));
+  }
+  // The parents still work, their later splits included.
+  std::vector<ncclComm_t> again(n, nullptr);
+  for (int r = 0; r < n; ++r) {
+    ncclResult_t rc = ncclCommSplit(w[r], r % 2 == 0 ? 0 : NCCL_SPLIT_NOCOLOR, r, &again[r], nullptr);
+    REQUIRE((rc == ncclInProgress || rc == ncclSuccess));
+  }
+  for (int r = 0; r < n; ++r) {
+    REQUIRE(waitAsync(w[r]) == ncclSuccess);
+    if (again[r]) REQUIRE(waitAsync(again[r]) == ncclSuccess);
+  }
+  checkChild(again[0], 2, 0);
+  checkChild(again[2], 2, 1);
+  CHECK(again[1] == nullptr);
+  for (auto c : again)
+    if (c) NCCL_OK(ncclCommDestroy(c));
+
+  // A blocking parent: the split blocks and returns ncclSuccess even with a
+  // nonblocking config, as NCCL's.
+  World b(1);
+  ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+  cfg.blocking = 0;
+  ncclComm_t none = reinterpret_cast<ncclComm_t>(0x1);
+  NCCL_OK(ncclCommSplit(b[0], NCCL_SPLIT_NOCOLOR, 0, &none, &cfg));
+  CHECK(none == nullptr);
+  ncclResult_t state = ncclInProgress;
+  NCCL_OK(ncclCommGetAsyncError(b[0], &state));
+  CHECK(state == ncclSuccess);
+}
+
+// A NOCOLOR part that can never finish (its peer never splits) ends with
+// its parent's ncclCommAbort, which joins its thread.
+TEST_CASE("ncclCommAbort of a nonblocking parent whose NOCOLOR part waits returns promptly", "[api][split]") {
+  NonblockingWorld w(2);
+  const int threadsBefore = settledThreadCount();
+  ncclComm_t none = reinterpret_cast<ncclComm_t>(0x1);
+  CHECK(ncclCommSplit(w[0], NCCL_SPLIT_NOCOLOR, 0, &none, nullptr) == ncclInProgress);
+  CHECK(none == nullptr);
+  ncclResult_t state = ncclSuccess;
+  NCCL_OK(ncclCommGetAsyncError(w[0], &state));
+  CHECK(state == ncclInProgress);
+  const auto t0 = Clock::now();
+  NCCL_OK(ncclCommAbort(w[0]));
+  w.release(0);
+  INFO("ncclCommAbort took " << msSince(t0) << " ms");
+  CHECK(msSince(t0) < 2000);
+  if (threadsBefore > 0) CHECK(threadCountSettlingAt(threadsBefore) == threadsBefore);
 }
 
 // ===========================================================================
