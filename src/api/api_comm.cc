@@ -290,20 +290,21 @@ SHOAL_API(ncclResult_t, ncclCommInitAll, (ncclComm_t * comms, int ndev, const in
     logVersionOnce();
     if (comms == nullptr) return invalidArgument("comms is NULL");
     if (ndev < 1) return invalidArgument("ndev ", ndev, " must be >= 1");
-    if (devlist) {
-      std::set<int> seen;
-      for (int i = 0; i < ndev; ++i)
-        if (!seen.insert(devlist[i]).second)
-          return invalidUsage("ncclCommInitAll: device ", devlist[i], " appears twice in devlist");
-    }
-    // In a process that uses CUDA the devices must exist, as in NCCL (on
-    // host memory alone they only label the communicators).
-    if (cuda::Driver* driver = cuda::Driver::inUse()) {
-      for (int i = 0; i < ndev; ++i) {
-        const int device = devlist ? devlist[i] : i;
+    // Entry by entry, as NCCL: a device must exist (in a process that uses
+    // CUDA; on host memory alone devices only label the communicators), and
+    // may repeat (several ranks on one GPU, docs/cuda.md) unless
+    // NCCL_MULTI_RANK_GPU_ENABLE=0, which refuses it as NCCL 2.30 does
+    // unless that is 1.
+    cuda::Driver* driver = cuda::Driver::inUse();
+    std::set<int> seen;
+    for (int i = 0; i < ndev; ++i) {
+      const int device = devlist ? devlist[i] : i;
+      if (driver != nullptr)
         if (Result<cuda::ContextHandle> context = driver->primaryContextOfDevice(device); !context.isOk())
           return invalidArgument("ncclCommInitAll: invalid device ", device, " (", context.status().message(), ")");
-      }
+      if (!seen.insert(device).second && params().multiRankGpu == 0)
+        return invalidUsage("ncclCommInitAll: device ", device, " appears twice in devlist, and "
+                            "NCCL_MULTI_RANK_GPU_ENABLE=0 refuses several ranks per GPU (unset or 1 allows them)");
     }
     auto store = makeMemoryStore();
     uint64_t nonce = localProcessId() ^ reinterpret_cast<uintptr_t>(comms) ^ nowNs();

@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "support/scoped_env.h"
+
 namespace {
 
 const bool kEnvReady = [] {
@@ -141,10 +143,29 @@ TEST_CASE("edge: ncclCommInitAll", "[api][edge]") {
   EXPECT_RC(ncclCommInitAll(nullptr, 1, nullptr), ncclInvalidArgument, "comms");
   EXPECT_RC(ncclCommInitAll(comms, -1, nullptr), ncclInvalidArgument, "ndev");
   EXPECT_RC(ncclCommInitAll(comms, 0, nullptr), ncclInvalidArgument, "ndev");
+  // A device twice: several ranks on one GPU, allowed unless
+  // NCCL_MULTI_RANK_GPU_ENABLE=0 (docs/cuda.md).
   const int dup[2] = {0, 0};
-  EXPECT_RC(ncclCommInitAll(comms, 2, dup), ncclInvalidUsage, "twice");
-  CHECK(comms[0] == nullptr);
-  CHECK(comms[1] == nullptr);
+  {
+    shoal::testing::ScopedEnv refuse{{"NCCL_MULTI_RANK_GPU_ENABLE", "0"}};
+    EXPECT_RC(ncclCommInitAll(comms, 2, dup), ncclInvalidUsage, "appears twice");
+    CHECK(comms[0] == nullptr);
+    CHECK(comms[1] == nullptr);
+  }
+  EXPECT_OK(ncclCommInitAll(comms, 2, dup));
+  for (ncclComm_t c : comms) {
+    REQUIRE(c != nullptr);
+    int device = -1;
+    EXPECT_OK(ncclCommCuDevice(c, &device));
+    CHECK(device == 0);
+  }
+  float x[2] = {1.f, 2.f};
+  EXPECT_OK(ncclGroupStart());
+  for (int r = 0; r < 2; ++r) EXPECT_OK(ncclAllReduce(&x[r], &x[r], 1, ncclFloat, ncclSum, comms[r], nullptr));
+  EXPECT_OK(ncclGroupEnd());
+  CHECK(x[0] == 3.f);
+  CHECK(x[1] == 3.f);
+  for (ncclComm_t c : comms) EXPECT_OK(ncclCommDestroy(c));
 }
 
 TEST_CASE("edge: ncclCommFinalize", "[api][edge]") {

@@ -324,8 +324,8 @@ TEST_CASE("device communicators of threads made and destroyed over and over keep
     std::string bad;
     auto once = [&]() {
       std::vector<ncclComm_t> comms(n);
-      // In a group from one thread (ncclCommInitAll refuses a device twice),
-      // each rank on the device current at its call.
+      // In a group from one thread, each rank on the device current at its
+      // call (the path of callers that make their ranks with ncclCommInitRank).
       ncclUniqueId id;
       bool made = ncclGetUniqueId(&id) == ncclSuccess && ncclGroupStart() == ncclSuccess;
       for (int r = 0; r < n && made; ++r)

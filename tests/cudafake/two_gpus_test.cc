@@ -25,6 +25,7 @@
 #include "cudafake/fake_cuda.h"
 #include "support/mp_harness.h"
 #include "support/nccl_ok.h"
+#include "support/scoped_env.h"
 
 namespace {
 
@@ -170,6 +171,58 @@ TEST_CASE("ncclCommInitAll refuses a device the driver does not have", "[cudafak
   }
   std::array<ncclComm_t, 3> three{};
   CHECK(ncclCommInitAll(three.data(), 3, nullptr) == ncclInvalidArgument);  // devices 0..2 of 2
+}
+
+// A device twice in devlist: several ranks on one GPU, allowed by default
+// (docs/cuda.md) and refused at the call with NCCL_MULTI_RANK_GPU_ENABLE=0;
+// as NCCL, each entry's device is checked before it is compared, so a
+// missing device twice is an invalid argument, not a repeated one.
+TEST_CASE("ncclCommInitAll with a device twice makes ranks that share it, unless refused", "[cudafake]") {
+  std::array<ncclComm_t, 2> comms = commsOnTwoGpus();  // the driver is in use
+  for (ncclComm_t c : comms) NCCL_OK(ncclCommDestroy(c));
+  const std::array<int, 2> twice{1, 1}, missingTwice{7, 7};
+  {
+    shoal::testing::ScopedEnv refuse{{"NCCL_MULTI_RANK_GPU_ENABLE", "0"}};
+    CHECK(ncclCommInitAll(comms.data(), 2, missingTwice.data()) == ncclInvalidArgument);
+    CHECK(std::string(ncclGetLastError(nullptr)).find("invalid device 7") != std::string::npos);
+    CHECK(ncclCommInitAll(comms.data(), 2, twice.data()) == ncclInvalidUsage);
+    CHECK(std::string(ncclGetLastError(nullptr)).find("appears twice") != std::string::npos);
+  }
+  CHECK(ncclCommInitAll(comms.data(), 2, missingTwice.data()) == ncclInvalidArgument);
+  NCCL_OK(ncclCommInitAll(comms.data(), 2, twice.data()));
+  constexpr size_t N = 4096;
+  useDevice(1);
+  std::array<void*, 2> buf{};
+  for (int r = 0; r < 2; ++r) {
+    int device = -1;
+    NCCL_OK(ncclCommCuDevice(comms[r], &device));
+    CHECK(device == 1);
+    NCCL_OK(ncclMemAlloc(&buf[r], N * sizeof(float)));
+    std::vector<float> values(N);
+    for (size_t i = 0; i < N; ++i) values[i] = valueOf(r, i);
+    REQUIRE(cuMemcpyHtoD(reinterpret_cast<CUdeviceptr>(buf[r]), values.data(), N * sizeof(float)) == CUDA_SUCCESS);
+  }
+  // A stream per rank: ranks that wait for each other cannot share one.
+  std::array<CUstream, 2> streams{};
+  for (CUstream& s : streams) REQUIRE(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+  NCCL_OK(ncclGroupStart());
+  for (int r = 0; r < 2; ++r) NCCL_OK(ncclAllReduce(buf[r], buf[r], N, ncclFloat, ncclSum, comms[r], streams[r]));
+  NCCL_OK(ncclGroupEnd());
+  for (CUstream s : streams) {
+    REQUIRE(cuStreamSynchronize(s) == CUDA_SUCCESS);
+    REQUIRE(cuStreamDestroy(s) == CUDA_SUCCESS);
+  }
+  for (int r = 0; r < 2; ++r) {
+    std::vector<float> got(N);
+    REQUIRE(cuMemcpyDtoH(got.data(), reinterpret_cast<CUdeviceptr>(buf[r]), N * sizeof(float)) == CUDA_SUCCESS);
+    size_t wrong = 0;
+    for (size_t i = 0; i < N; ++i)
+      if (got[i] != valueOf(0, i) + valueOf(1, i)) ++wrong;
+    INFO("rank " << r);
+    CHECK(wrong == 0);
+    NCCL_OK(ncclMemFree(buf[r]));
+  }
+  for (ncclComm_t c : comms) NCCL_OK(ncclCommDestroy(c));
 }
 
 TEST_CASE("one thread calls the communicators of two GPUs with another device current or none", "[cudafake]") {
