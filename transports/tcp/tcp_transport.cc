@@ -220,6 +220,9 @@ class TcpTransport final : public Transport {
   // Accepts and reads hellos for up to `timeoutMs` (one thread at a time; no
   // lock); 0: one pass that waits for nothing.
   void pump(int64_t timeoutMs);
+  // pump() unless another thread pumps already (then false at once); `lock`
+  // holds mutex_, released while pumping.
+  bool pumpIfFree(std::unique_lock<std::mutex>& lock, int64_t timeoutMs);
   void acceptNew();
   void readHello(PendingHello& pending);
   void expireWaiting(int64_t now);  // mutex_ held
@@ -332,16 +335,7 @@ Result<std::unique_ptr<Connection>> TcpTransport::acceptPassive(const Connection
                        : str("; this process failed to accept connections: ", acceptFailure_));
     }
     int64_t sliceMs = std::min<int64_t>(options.deadline.remainingMs() + 1, kPumpSliceMs);
-    if (!pumping_) {
-      pumping_ = true;
-      lock.unlock();
-      pump(sliceMs);
-      lock.lock();
-      pumping_ = false;
-      arrived_.notify_all();  // let another waiter take over the pump if we are done
-    } else {
-      arrived_.wait_for(lock, std::chrono::milliseconds(sliceMs));
-    }
+    if (!pumpIfFree(lock, sliceMs)) arrived_.wait_for(lock, std::chrono::milliseconds(sliceMs));
   }
   lock.unlock();
   net::LivenessOptions liveness = net::LivenessOptions::fromParams();
@@ -354,15 +348,20 @@ Result<std::unique_ptr<Connection>> TcpTransport::acceptPassive(const Connection
   return std::unique_ptr<Connection>(std::make_unique<tcp::TcpConnection>(std::move(lanes), chunkBytes, peer));
 }
 
-void TcpTransport::tidy() {
-  std::unique_lock<std::mutex> lock(mutex_);
-  if (!listener_ || pumping_) return;
+bool TcpTransport::pumpIfFree(std::unique_lock<std::mutex>& lock, int64_t timeoutMs) {
+  if (pumping_) return false;
   pumping_ = true;
   lock.unlock();
-  pump(0);
+  pump(timeoutMs);
   lock.lock();
   pumping_ = false;
-  arrived_.notify_all();
+  arrived_.notify_all();  // another waiter may take the pump over, or find what it brought
+  return true;
+}
+
+void TcpTransport::tidy() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (listener_) (void)pumpIfFree(lock, 0);
 }
 
 void TcpTransport::claim(const SocketKey& want, std::string_view secret, std::vector<net::Fd>& lanes,
