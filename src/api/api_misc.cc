@@ -111,15 +111,22 @@ bool HostStream::idle() {
 SHOAL_API(ncclResult_t, ncclMemAlloc, (void** ptr, size_t size)) {
   return guard("ncclMemAlloc", [&]() -> Status {
     if (ptr == nullptr) return invalidArgument("ptr is NULL");
-    // As NCCL: memory of the current CUDA device when a context is current
-    // (cuMem, exportable as a file descriptor); host memory that same-host
-    // peers may map otherwise.
+    // As NCCL: in a process that uses CUDA, memory of the current device
+    // (cuMem, exportable as a file descriptor), which on a thread with no
+    // context current is device 0, as cudaGetDevice says there; host memory
+    // that same-host peers may map otherwise (no CUDA, or no device).
     if (cuda::Driver* driver = cuda::Driver::inUse()) {
       SHOAL_ASSIGN_OR_RETURN(std::optional<cuda::DeviceIdentity> device, driver->currentDevice(),
                              "ncclMemAlloc");
-      if (device) {
+      cuda::ContextHandle deviceZero = nullptr;
+      if (!device)
+        if (Result<cuda::ContextHandle> primary = driver->primaryContextOfDevice(0); primary.isOk())
+          deviceZero = primary.value();
+      if (device || deviceZero != nullptr) {
+        cuda::ContextScope scope(driver, deviceZero);  // nothing when a context is current
+        SHOAL_TRY(scope.status()) << "ncclMemAlloc: making device 0's primary context current";
         SHOAL_ASSIGN_OR_RETURN(*ptr, driver->deviceAlloc(size), "ncclMemAlloc of ", size,
-                               " bytes on CUDA device ", device->ordinal);
+                               " bytes on CUDA device ", device ? device->ordinal : 0);
         rememberMemory(*ptr, size);  // ncclMemFree says when it ends
         return Status::ok();
       }

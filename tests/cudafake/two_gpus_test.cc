@@ -173,6 +173,37 @@ TEST_CASE("ncclCommInitAll refuses a device the driver does not have", "[cudafak
   CHECK(ncclCommInitAll(three.data(), 3, nullptr) == ncclInvalidArgument);  // devices 0..2 of 2
 }
 
+// As NCCL, whose ncclMemAlloc allocates on cudaGetDevice's device (0 on a
+// thread that never chose one): in a process that uses CUDA, a thread with
+// no context current gets device 0's memory, not host memory; with device
+// 1 current, device 1's.
+TEST_CASE("ncclMemAlloc on a thread with no context current allocates on device 0", "[cudafake]") {
+  std::array<ncclComm_t, 2> comms = commsOnTwoGpus();  // the driver is in use
+  for (ncclComm_t c : comms) NCCL_OK(ncclCommDestroy(c));
+  for (int current : {-1, 1}) {
+    INFO("context current: " << (current < 0 ? std::string("none") : "device " + std::to_string(current)));
+    std::string failure = "not run";
+    void* mem = nullptr;
+    std::thread([&] {
+      if (current >= 0 && cuCtxSetCurrent(contextOf(current)) != CUDA_SUCCESS) {
+        failure = "cuCtxSetCurrent";
+        return;
+      }
+      failure = ncclMemAlloc(&mem, 1 << 20) == ncclSuccess ? "" : std::string("ncclMemAlloc: ") + ncclGetLastError(nullptr);
+    }).join();
+    INFO(failure);
+    REQUIRE(failure.empty());
+    useDevice(0);  // the stand-in, as the driver, answers pointer queries under a context
+    int type = 0, ordinal = -1;
+    const auto ptr = reinterpret_cast<CUdeviceptr>(mem);
+    REQUIRE(cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, ptr) == CUDA_SUCCESS);
+    REQUIRE(cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, ptr) == CUDA_SUCCESS);
+    NCCL_OK(ncclMemFree(mem));
+    CHECK(type == CU_MEMORYTYPE_DEVICE);
+    CHECK(ordinal == (current < 0 ? 0 : current));
+  }
+}
+
 // A device twice in devlist: several ranks on one GPU, allowed by default
 // (docs/cuda.md) and refused at the call with NCCL_MULTI_RANK_GPU_ENABLE=0;
 // as NCCL, each entry's device is checked before it is compared, so a
