@@ -471,9 +471,17 @@ SHOAL_API(ncclResult_t, ncclCommDestroy, (ncclComm_t comm)) {
   return guard("ncclCommDestroy", [&]() -> Status {
     if (comm == nullptr) return Status::ok();
     if (comm->magic != ncclComm::kMagic) return api::deadHandle(comm);
-    if (comm->initThread.joinable()) comm->initThread.join();  // destroy is blocking
-    if (comm->shared->partsRunning.load(std::memory_order_acquire) > 0)
-      SHOAL_INFO(subsys::kInit, "ncclCommDestroy: waiting for this rank's part in a split of ", comm->impl()->describe());
+    // As NCCL (its ncclCommEnsureReady): set-up still running is not waited
+    // for, which could take the set-up deadline (10 minutes) when a peer
+    // never comes; the caller polls ncclCommGetAsyncError until it ends, or
+    // aborts, which cancels it.
+    const bool initializing = comm->shared->state.load(std::memory_order_acquire) == ncclInProgress;
+    if (initializing || comm->shared->partsRunning.load(std::memory_order_acquire) > 0)
+      return invalidArgument("ncclCommDestroy: ", static_cast<const void*>(comm), " is still ",
+                             initializing ? "initializing" : "taking part in a nonblocking ncclCommSplit",
+                             ": poll ncclCommGetAsyncError until it is no longer ncclInProgress, or "
+                             "use ncclCommAbort, which cancels it");
+    if (comm->initThread.joinable()) comm->initThread.join();  // ended: joins at once
     comm->shared->closeParts();
     Status st;
     if (auto impl = comm->shared->impl; impl && !impl->aborted()) st = impl->finalize();

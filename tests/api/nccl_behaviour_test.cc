@@ -795,7 +795,16 @@ TEST_CASE("ncclCommAbort of a nonblocking comm still initializing returns prompt
   ncclResult_t state = ncclSuccess;
   NCCL_OK(ncclCommGetAsyncError(comm, &state));
   CHECK(state == ncclInProgress);
+  // As NCCL: destroy does not wait for the init (it would until the set-up
+  // deadline); it fails at once, naming the way out, and the handle lives.
   auto t0 = Clock::now();
+  NCCL_EXPECT(ncclCommDestroy(comm), ncclInvalidArgument);
+  CHECK(msSince(t0) < 1000);
+  CHECK(lastError().find("is still initializing") != std::string::npos);
+  CHECK(lastError().find("ncclCommAbort") != std::string::npos);
+  NCCL_OK(ncclCommGetAsyncError(comm, &state));
+  CHECK(state == ncclInProgress);
+  t0 = Clock::now();
   NCCL_OK(ncclCommAbort(comm));
   double abortMs = msSince(t0);
   INFO("ncclCommAbort took " << abortMs << " ms");
@@ -2323,6 +2332,8 @@ TEST_CASE("ncclCommAbort of a nonblocking parent whose NOCOLOR part waits return
   ncclResult_t state = ncclSuccess;
   NCCL_OK(ncclCommGetAsyncError(w[0], &state));
   CHECK(state == ncclInProgress);
+  NCCL_EXPECT(ncclCommDestroy(w[0]), ncclInvalidArgument);  // as NCCL: not while the split runs
+  CHECK(lastError().find("nonblocking ncclCommSplit") != std::string::npos);
   const auto t0 = Clock::now();
   NCCL_OK(ncclCommAbort(w[0]));
   w.release(0);
