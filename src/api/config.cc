@@ -4,6 +4,7 @@
 #include <cstring>
 #include <limits>
 
+#include "core/log.h"
 #include "core/params.h"
 
 namespace shoal::api {
@@ -49,6 +50,8 @@ Result<ncclConfig_t> resolveConfig(const ncclConfig_t* config) {
     resetNewerFields(c, config->version);
     c.size = sizeof(ncclConfig_t);
   }
+  // NCCL compares minCTAs with maxCTAs only where the caller set both.
+  const bool minCtasSet = c.minCTAs != NCCL_CONFIG_UNDEF_INT, maxCtasSet = c.maxCTAs != NCCL_CONFIG_UNDEF_INT;
   defaultIfUndef(c.blocking, 1);
   defaultIfUndef(c.cgaClusterSize, 0);
   defaultIfUndef(c.minCTAs, 1);
@@ -73,9 +76,16 @@ Result<ncclConfig_t> resolveConfig(const ncclConfig_t* config) {
     return Status::ok();
   };
   SHOAL_TRY(zeroOrOne("blocking", c.blocking));
-  if (c.minCTAs <= 0 || c.maxCTAs <= 0 || c.minCTAs > c.maxCTAs)
+  if (c.minCTAs <= 0 || c.maxCTAs <= 0 || (minCtasSet && maxCtasSet && c.minCTAs > c.maxCTAs))
     return invalidArgument("config.minCTAs ", c.minCTAs, " and maxCTAs ", c.maxCTAs,
                            " must be positive with minCTAs <= maxCTAs");
+  // Beyond the channels there are, both are capped, as NCCL caps them.
+  for (int* ctas : {&c.minCTAs, &c.maxCTAs})
+    if (*ctas > kMaxChannels) {
+      SHOAL_INFO(subsys::kInit, "config.", ctas == &c.minCTAs ? "minCTAs " : "maxCTAs ", *ctas,
+                 " is more than the ", kMaxChannels, " channels there are: capped at ", kMaxChannels);
+      *ctas = kMaxChannels;
+    }
   if (c.cgaClusterSize < 0) return invalidArgument("config.cgaClusterSize ", c.cgaClusterSize, " is negative");
   SHOAL_TRY(zeroOrOne("splitShare", c.splitShare));
   SHOAL_TRY(zeroOrOne("collnetEnable", c.collnetEnable));

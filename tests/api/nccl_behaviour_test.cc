@@ -2488,6 +2488,13 @@ TEST_CASE("ncclConfig_t: magic - ranges - version resets - size clamping", "[api
         {"cgaClusterSize -2", [](ncclConfig_t& c) { c.cgaClusterSize = -2; }, ncclInvalidArgument},
         {"CTAPolicy EFFICIENCY|ZERO", [](ncclConfig_t& c) { c.CTAPolicy = NCCL_CTA_POLICY_EFFICIENCY | NCCL_CTA_POLICY_ZERO; }, ncclSuccess},
         {"CTAPolicy 4", [](ncclConfig_t& c) { c.CTAPolicy = 4; }, ncclInvalidArgument},
+        // minCTAs and maxCTAs are compared only where both are set; above the
+        // 64 channels there are, they are capped.
+        {"minCTAs 128 alone", [](ncclConfig_t& c) { c.minCTAs = 128; }, ncclSuccess},
+        {"maxCTAs 1000 alone", [](ncclConfig_t& c) { c.maxCTAs = 1000; }, ncclSuccess},
+        {"minCTAs 0", [](ncclConfig_t& c) { c.minCTAs = 0; }, ncclInvalidArgument},
+        {"maxCTAs -3", [](ncclConfig_t& c) { c.maxCTAs = -3; }, ncclInvalidArgument},
+        {"minCTAs 128 with maxCTAs 100", [](ncclConfig_t& c) { c.minCTAs = 128, c.maxCTAs = 100; }, ncclInvalidArgument},
         {"collnetEnable 5", [](ncclConfig_t& c) { c.collnetEnable = 5; }, ncclInvalidArgument},
         {"shrinkShare 7", [](ncclConfig_t& c) { c.shrinkShare = 7; }, ncclInvalidArgument},
         {"nvlsCTAs 0", [](ncclConfig_t& c) { c.nvlsCTAs = 0; }, ncclInvalidArgument},
