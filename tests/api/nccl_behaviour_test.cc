@@ -1113,6 +1113,8 @@ TEST_CASE("PreMulSum and RedOpDestroy misuse", "[api][errors]") {
   NCCL_EXPECT(ncclAllReduce(s.data(), d.data(), 8, ncclDouble, op, w[0], nullptr), ncclInvalidArgument);
   INFO(lastError());
   CHECK(lastError().find("was created for float and cannot be used with double") != std::string::npos);
+  // With count 0 too (NCCL drops the call before it compares the types).
+  NCCL_EXPECT(ncclAllReduce(s.data(), d.data(), 0, ncclDouble, op, w[0], nullptr), ncclInvalidArgument);
   NCCL_EXPECT(ncclRedOpDestroy(ncclSum, w[0]), ncclInvalidArgument);
   NCCL_EXPECT(ncclRedOpDestroy(ncclAvg, w[0]), ncclInvalidArgument);
   NCCL_OK(ncclRedOpDestroy(op, w[0]));
