@@ -2323,6 +2323,31 @@ TEST_CASE("a NCCL_SPLIT_NOCOLOR split of a nonblocking parent returns at once an
   CHECK(state == ncclSuccess);
 }
 
+// A revoked parent may still split (NCCL allows it): its NOCOLOR part is
+// in progress there too, until it ran.
+TEST_CASE("a NCCL_SPLIT_NOCOLOR split of a revoked nonblocking parent is in progress until it ran",
+          "[api][nonblocking][split]") {
+  const int n = 2;
+  NonblockingWorld w(n);
+  for (int r = 0; r < n; ++r) NCCL_OK(ncclCommRevoke(w[r], NCCL_REVOKE_DEFAULT));
+  for (int r = 0; r < n; ++r) REQUIRE(waitAsync(w[r]) == ncclSuccess);
+  std::vector<ncclComm_t> kids(n, reinterpret_cast<ncclComm_t>(0x1));
+  CHECK(ncclCommSplit(w[1], NCCL_SPLIT_NOCOLOR, 1, &kids[1], nullptr) == ncclInProgress);
+  CHECK(kids[1] == nullptr);
+  ncclResult_t state = ncclSuccess;
+  NCCL_OK(ncclCommGetAsyncError(w[1], &state));
+  CHECK(state == ncclInProgress);  // rank 0 has not split yet
+  ncclResult_t rc = ncclCommSplit(w[0], 0, 0, &kids[0], nullptr);
+  REQUIRE((rc == ncclInProgress || rc == ncclSuccess));
+  for (int r = 0; r < n; ++r) {
+    INFO("rank " << r << ": " << lastError());
+    REQUIRE(waitAsync(w[r]) == ncclSuccess);
+  }
+  REQUIRE(waitAsync(kids[0]) == ncclSuccess);
+  checkChild(kids[0], 1, 0);
+  NCCL_OK(ncclCommDestroy(kids[0]));
+}
+
 // A NOCOLOR part that can never finish (its peer never splits) ends with
 // its parent's ncclCommAbort, which joins its thread.
 TEST_CASE("ncclCommAbort of a nonblocking parent whose NOCOLOR part waits returns promptly", "[api][split]") {
