@@ -92,7 +92,13 @@ TEST_CASE("every NCCL variable Shoal does not honour is declared once, and never
     REQUIRE(std::string(u.reason).size() > 10);
   }
   for (const char* name : {"NCCL_PROTO", "NCCL_NTHREADS", "NCCL_NET_PLUGIN", "NCCL_TUNER_PLUGIN",
-                           "NCCL_P2P_LEVEL", "NCCL_TOPO_DUMP_FILE", "NCCL_CROSS_NIC", "NCCL_IB_HCA"})
+                           "NCCL_P2P_LEVEL", "NCCL_TOPO_DUMP_FILE", "NCCL_CROSS_NIC", "NCCL_IB_HCA",
+                           // NCCL 2.30's overrides of ncclConfig_t fields (its envConfigOverride)
+                           "NCCL_CGA_CLUSTER_SIZE", "NCCL_MIN_CTAS", "NCCL_MAX_CTAS", "NCCL_COMM_SPLIT_SHARE_RESOURCES",
+                           "NCCL_COMM_SHRINK_SHARE_RESOURCES", "NCCL_COLLNET_ENABLE", "NCCL_CTA_POLICY",
+                           "NCCL_NVLS_NCHANNELS", "NCCL_NCHANNELS_PER_NET_PEER", "NCCL_NVLINK_UTIL_CENTRIC_SCHED_ENABLE",
+                           "NCCL_GRAPH_MIXING_SUPPORT", "NCCL_NUM_RMA_CTX", "NCCL_MAX_P2P_PEERS",
+                           "NCCL_GRAPH_STREAM_ORDERING"})
     CHECK(unhonoured.count(name) == 1);
 }
 
