@@ -760,9 +760,11 @@ bool Engine::watchDeadlines(Job& job, bool progressed) {
   if (job.progressSinceClock_ || job.lastProgressNs_ == 0) {
     job.lastProgressNs_ = now;
     job.progressSinceClock_ = false;
+    job.stallWarnings_ = 0;
     return false;
   }
   if (checkStalledPeers(job, now)) return true;
+  warnIfStalled(job, now);
   int64_t limitMs = params().progressTimeoutMs;
   if (limitMs > 0 && now - job.lastProgressNs_ > limitMs * 1000000) {
     if (TimeoutObserver observer = timeoutObserver_.load()) observer(reportOf(job, now));
@@ -909,6 +911,20 @@ bool Engine::checkReportedPeers(Job& job, int64_t now) {
     job.reportAskEvery_ = std::min<int64_t>(job.reportAskEvery_ * 2, kMostIntervalsBetweenAsks);
   }
   return false;
+}
+
+void Engine::warnIfStalled(Job& job, int64_t now) {
+  const int64_t warnMs = params().stallWarnMs;
+  if (warnMs <= 0 || job.stallWarnings_ >= 30) return;
+  const int64_t idleMs = (now - job.lastProgressNs_) / 1000000;
+  if (idleMs < warnMs << job.stallWarnings_) return;
+  ++job.stallWarnings_;
+  const int64_t limitMs = params().progressTimeoutMs;
+  SHOAL_WARN(job.description(), ": no progress for ", idleMs, " ms, waiting on: ", waitingList(job),
+             limitMs > 0 ? str("; it fails at ", limitMs, " ms (SHOAL_PROGRESS_TIMEOUT_MS)")
+                         : std::string("; no deadline (SHOAL_PROGRESS_TIMEOUT_MS=0)"),
+             ". Usually a rank did not make this call, or made another: SHOAL_REPORT_SIGNAL and "
+             "tools/shoal_hang_report.py show what every rank is doing (docs/diagnostics.md)");
 }
 
 Status Engine::timeoutStatus(Job& job) const {

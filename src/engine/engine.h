@@ -320,6 +320,7 @@ class Job {
   size_t remaining_ = 0;
   int64_t lastProgressNs_ = 0;
   int64_t lastAliveCheckNs_ = 0;  // the stalled job's last look at its peers (checkStalledPeers)
+  int stallWarnings_ = 0;         // said since its last progress (warnIfStalled)
   // checkReportedPeers: when it next has reports looked up (0: not yet
   // scheduled), how many intervals after that, and whose turn it is.
   int64_t nextReportAskNs_ = 0;
@@ -452,6 +453,9 @@ class Engine {
   // (and fills its waitingOn_).
   std::string waitingList(Job& job) const;
   bool checkStalledPeers(Job& job, int64_t now);
+  // SHOAL_STALL_WARN_MS: a WARN naming what the stalled job waits on, at 1,
+  // 2, 4, ... times the interval of no progress.
+  void warnIfStalled(Job& job, int64_t now);
   bool checkReportedPeers(Job& job, int64_t now);
   static constexpr size_t kReportAsksPerCheck = 4;          // peers whose reports one check has looked up
   static constexpr int64_t kMostIntervalsBetweenAsks = 32;  // the lookups' backoff stops there

@@ -3,7 +3,8 @@
 // 0 and 1 write reports when their AllReduce passes its no-progress deadline,
 // rank 1 also on SHOAL_REPORT_SIGNAL while it still waits (its running job
 // answers for itself), and rank 2 on the signal while it sleeps.
-// tools/shoal_hang_report.py must name rank 2, and only rank 2.
+// tools/shoal_hang_report.py must name rank 2, and only rank 2. And the
+// stall warnings that come before any deadline (SHOAL_STALL_WARN_MS).
 #include <nccl.h>
 
 #include <catch2/catch.hpp>
@@ -121,4 +122,56 @@ TEST_CASE("a stalled rank is named by the merged hang reports", "[mp]") {
   CHECK(merged.find("STALLED: rank 0 ") == std::string::npos);
   CHECK(merged.find("STALLED: rank 1 ") == std::string::npos);
   std::filesystem::remove_all(dir);
+}
+
+// Before any deadline, an operation that has moved nothing for
+// SHOAL_STALL_WARN_MS says so at WARN, naming the rank it waits on, and
+// again at twice and four times that; nothing fails, and once the late
+// rank calls, the operation completes.
+TEST_CASE("a stalled operation says at WARN whom it waits on, and still completes", "[mp]") {
+  char pattern[] = "/tmp/shoal-stall-XXXXXX";
+  REQUIRE(::mkdtemp(pattern) != nullptr);
+  const std::string dir = pattern;
+  MpConfig cfg;
+  cfg.nranks = 2;
+  cfg.env = {{"SHOAL_STALL_WARN_MS", "300"},
+             {"SHOAL_PROGRESS_TIMEOUT_MS", "60000"},
+             {"NCCL_DEBUG", "WARN"},
+             {"NCCL_DEBUG_FILE", dir + "/log.%p"}};
+  MpResult res = runForked(cfg, [&](MpChild& child) -> int {
+    ncclUniqueId id;
+    if (!child.uniqueId(&id)) return 10;
+    ncclComm_t comm = nullptr;
+    if (ncclCommInitRank(&comm, 2, id, child.rank()) != ncclSuccess) return 11;
+    std::vector<float> buf(1024, 1.0f);
+    if (ncclAllReduce(buf.data(), buf.data(), buf.size(), ncclFloat, ncclSum, comm, nullptr) != ncclSuccess)
+      return 12;
+    if (child.rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // late, not gone
+    ncclResult_t rc = ncclAllReduce(buf.data(), buf.data(), buf.size(), ncclFloat, ncclSum, comm, nullptr);
+    if (rc != ncclSuccess) {
+      child.log(std::string("second AllReduce: ") + ncclGetLastError(comm));
+      return 13;
+    }
+    if (buf[0] != 4.0f) return 14;
+    (void)ncclCommDestroy(comm);
+    return 0;
+  });
+  INFO(res.report());
+  REQUIRE_FALSE(res.timedOut);
+  REQUIRE(res.allPassed());
+  std::string logs;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) logs += readFile(entry.path());
+  std::filesystem::remove_all(dir);
+  INFO(logs);
+  size_t warnings = 0;
+  for (size_t at = logs.find("no progress for "); at != std::string::npos; at = logs.find("no progress for ", at + 1)) {
+    ++warnings;
+    const std::string line = logs.substr(at, logs.find('\n', at) - at);
+    CHECK(line.find("receive from rank 1") != std::string::npos);
+    CHECK(line.find("60000 ms (SHOAL_PROGRESS_TIMEOUT_MS)") != std::string::npos);
+  }
+  // At 300, 600 and 1200 ms of rank 1's 1500 ms (on a busy machine, at least two).
+  CHECK(warnings >= 2);
+  CHECK(warnings <= 3);
+  CHECK(logs.find("rank 0/2") != std::string::npos);
 }
