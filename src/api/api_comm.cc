@@ -479,6 +479,7 @@ SHOAL_API(ncclResult_t, ncclCommDestroy, (ncclComm_t comm)) {
     if (initializing || comm->shared->partsRunning.load(std::memory_order_acquire) > 0)
       return invalidArgument("ncclCommDestroy: ", static_cast<const void*>(comm), " is still ",
                              initializing ? "initializing" : "taking part in a nonblocking ncclCommSplit",
+                             group::active() ? " (an init in an open group runs at its ncclGroupEnd)" : "",
                              ": poll ncclCommGetAsyncError until it is no longer ncclInProgress, or "
                              "use ncclCommAbort, which cancels it");
     if (comm->initThread.joinable()) comm->initThread.join();  // ended: joins at once
