@@ -107,14 +107,13 @@ int main(int argc, char** argv) {
   ncclResult_t result = ncclCommInitRank(&comm, size, id, rank);
   if (result != ncclSuccess) fail(rank, host, "ncclCommInitRank", result, 0, secondsSince(start), 0);
 
-  void* send = nullptr;
-  void* recv = nullptr;
-  if (ncclMemAlloc(&send, bytes) != ncclSuccess || ncclMemAlloc(&recv, bytes) != ncclSuccess) {
-    std::printf("link_probe: rank %d: ncclMemAlloc(%zu) failed\n", rank, bytes);
-    MPI_Abort(MPI_COMM_WORLD, 1);
-  }
-  float* in = static_cast<float*>(send);
-  float* out = static_cast<float*>(recv);
+  // Host memory the probe writes and reads itself (ncclMemAlloc gives device
+  // memory where MPI loaded CUDA).
+  std::vector<float> sendBuffer(count), recvBuffer(count);
+  float* in = sendBuffer.data();
+  float* out = recvBuffer.data();
+  void* send = in;
+  void* recv = out;
   for (size_t i = 0; i < count; ++i) in[i] = static_cast<float>(rank + 1);
   const float expected = static_cast<float>(size) * static_cast<float>(size + 1) / 2;
   MPI_Barrier(MPI_COMM_WORLD);
@@ -210,8 +209,6 @@ int main(int argc, char** argv) {
   }
   std::printf("link_probe: rank %d (host %s): %ld allreduces of %zu bytes in %.1f s, all correct\n", rank,
               host.c_str(), done, bytes, secondsSince(start));
-  ncclMemFree(send);
-  ncclMemFree(recv);
   ncclCommDestroy(comm);
   MPI_Finalize();
   return 0;

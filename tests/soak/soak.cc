@@ -379,6 +379,11 @@ std::string makeComm(RankLink& link, bool blocking, ncclComm_t* out) {
     return "ncclCommInitRankConfig -> " + describe(rc);
   if (!blocking) {
     ncclResult_t state = waitReady(*out);
+    if (state == ncclInProgress) {
+      // Given up on: an init still running cannot be destroyed, only aborted.
+      (void)ncclCommAbort(*out);
+      *out = nullptr;
+    }
     if (state != ncclSuccess) return "nonblocking init: ncclCommGetAsyncError -> " + describe(state);
   }
   int count = -1, rank = -1;
