@@ -48,12 +48,17 @@ std::string mergeReports(const std::string& dir, int* rc) {
   return out;
 }
 
+// A fresh directory under /tmp whose name starts with `prefix`.
+std::string freshDirectory(const std::string& prefix) {
+  std::string pattern = "/tmp/" + prefix + "-XXXXXX";
+  REQUIRE(::mkdtemp(pattern.data()) != nullptr);
+  return pattern;
+}
+
 }  // namespace
 
 TEST_CASE("a stalled rank is named by the merged hang reports", "[mp]") {
-  char pattern[] = "/tmp/shoal-reports-XXXXXX";
-  REQUIRE(::mkdtemp(pattern) != nullptr);
-  const std::string dir = pattern;
+  const std::string dir = freshDirectory("shoal-reports");
   MpConfig cfg;
   cfg.nranks = 3;
   cfg.env = {{"SHOAL_PROGRESS_TIMEOUT_MS", "1500"}, {"SHOAL_REPORT_DIR", dir}, {"SHOAL_REPORT_SIGNAL", "USR1"}};
@@ -129,9 +134,7 @@ TEST_CASE("a stalled rank is named by the merged hang reports", "[mp]") {
 // again at twice and four times that; nothing fails, and once the late
 // rank calls, the operation completes.
 TEST_CASE("a stalled operation says at WARN whom it waits on, and still completes", "[mp]") {
-  char pattern[] = "/tmp/shoal-stall-XXXXXX";
-  REQUIRE(::mkdtemp(pattern) != nullptr);
-  const std::string dir = pattern;
+  const std::string dir = freshDirectory("shoal-stall");
   MpConfig cfg;
   cfg.nranks = 2;
   cfg.env = {{"SHOAL_STALL_WARN_MS", "300"},
