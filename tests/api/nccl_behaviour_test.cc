@@ -2348,6 +2348,22 @@ TEST_CASE("a NCCL_SPLIT_NOCOLOR split of a revoked nonblocking parent is in prog
   NCCL_OK(ncclCommDestroy(kids[0]));
 }
 
+// A NOCOLOR part that fails (its peer never splits, and the set-up deadline
+// passes) makes that the parent's async error: nothing else could say it.
+TEST_CASE("a NCCL_SPLIT_NOCOLOR part that fails becomes its nonblocking parent's error", "[api][nonblocking][split]") {
+  shoal::testing::ScopedEnv shortSetup{{"SHOAL_INIT_TIMEOUT_MS", "500"}};
+  NonblockingWorld w(2);
+  ncclComm_t none = reinterpret_cast<ncclComm_t>(0x1);
+  CHECK(ncclCommSplit(w[0], NCCL_SPLIT_NOCOLOR, 0, &none, nullptr) == ncclInProgress);
+  const ncclResult_t state = waitAsync(w[0], 20000);
+  INFO(lastError());
+  CHECK(state != ncclInProgress);
+  CHECK(state != ncclSuccess);
+  CHECK(lastError().find("split") != std::string::npos);
+  NCCL_OK(ncclCommAbort(w[0]));
+  w.release(0);
+}
+
 // A NOCOLOR part that can never finish (its peer never splits) ends with
 // its parent's ncclCommAbort, which joins its thread.
 TEST_CASE("ncclCommAbort of a nonblocking parent whose NOCOLOR part waits returns promptly", "[api][split]") {
