@@ -5,11 +5,13 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 
 #include "api/api_coll.h"
 #include "api/api_guard.h"
@@ -32,9 +34,34 @@ struct Registration {
   ncclComm_t comm;
   void* buff;
   size_t size;
+  // ncclCommRegister calls this handle answers (as NCCL: a range within the
+  // pages of a live registration of the communicator gets its handle
+  // again); the registration ends at the deregistration of the last.
+  uint64_t refs = 1;
 };
+
+// The pages [begin, end) a range lies in.
+std::pair<uintptr_t, uintptr_t> pagesOf(const void* buff, size_t size) {
+  static const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto begin = reinterpret_cast<uintptr_t>(buff);
+  return {begin & ~(page - 1), (begin + size + page - 1) & ~(page - 1)};
+}
+
 std::mutex gRegMutex;
 std::unordered_set<Registration*> gRegistrations;
+
+// A live registration of `comm` whose pages hold [buff, buff + size), or
+// null (gRegMutex held).
+Registration* registrationHolding(ncclComm_t comm, const void* buff, size_t size) {
+  if (size == 0) return nullptr;
+  const auto [begin, end] = pagesOf(buff, size);
+  for (Registration* reg : gRegistrations) {
+    if (reg->comm != comm || reg->size == 0) continue;
+    const auto [regBegin, regEnd] = pagesOf(reg->buff, reg->size);
+    if (regBegin <= begin && end <= regEnd) return reg;
+  }
+  return nullptr;
+}
 
 std::mutex gStreamMutex;
 std::unordered_set<api::HostStream*> gStreams;
@@ -163,8 +190,20 @@ SHOAL_API(ncclResult_t, ncclCommRegister,
     if (handle == nullptr) return invalidArgument("handle is NULL");
     if (buff == nullptr && size > 0) return invalidArgument("buff is NULL with size ", size);
     SHOAL_ASSIGN_OR_RETURN(auto impl, api::readyComm(comm));
-    auto* reg = new Registration{Registration::kMagic, comm, buff, size};
     std::lock_guard<std::mutex> lock(gRegMutex);
+    if (Registration* held = registrationHolding(comm, buff, size)) {
+      ++held->refs;
+      // It covers the bytes of both now (the same pages), known until the end.
+      const auto begin = std::min(reinterpret_cast<uintptr_t>(held->buff), reinterpret_cast<uintptr_t>(buff));
+      const auto end = std::max(reinterpret_cast<uintptr_t>(held->buff) + held->size,
+                                reinterpret_cast<uintptr_t>(buff) + size);
+      held->buff = reinterpret_cast<void*>(begin);
+      held->size = end - begin;
+      rememberMemory(buff, size);
+      *handle = held;
+      return Status::ok();
+    }
+    auto* reg = new Registration{Registration::kMagic, comm, buff, size};
     gRegistrations.insert(reg);
     rememberMemory(buff, size);  // until ncclCommDeregister: transports may keep registrations of it
     *handle = reg;
@@ -189,6 +228,7 @@ SHOAL_API(ncclResult_t, ncclCommDeregister, (const ncclComm_t comm, void* handle
                           " is not a live registration (deregistered already, or never registered)");
     if (reg->comm != comm)
       return invalidUsage("ncclCommDeregister: handle ", handle, " was registered on another communicator");
+    if (--reg->refs > 0) return Status::ok();  // registered again: the last deregistration ends it
     gRegistrations.erase(reg);
     forgetMemory(reg->buff, reg->size);  // no transport may keep a stale registration
     delete reg;

@@ -2700,6 +2700,42 @@ TEST_CASE("ncclCommRegister/Deregister - also inside a group", "[api][memory]") 
   requireWorking(w);
 }
 
+// As NCCL: a range within the pages of a live registration of the same
+// communicator gets that registration's handle again, counted; the
+// registration (and its range's place among the known ones) ends at the
+// last deregistration.
+TEST_CASE("ncclCommRegister of a range already registered answers the same handle, counted", "[api][memory]") {
+  World w(2);
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  void* mem = std::aligned_alloc(page, 4 * page);
+  REQUIRE(mem != nullptr);
+  auto* bytes = static_cast<uint8_t*>(mem);
+  void* whole = nullptr;
+  void* again = nullptr;
+  void* inside = nullptr;
+  void* other = nullptr;
+  void* elsewhere = nullptr;
+  NCCL_OK(ncclCommRegister(w[0], bytes, 2 * page, &whole));
+  NCCL_OK(ncclCommRegister(w[0], bytes, 2 * page, &again));
+  NCCL_OK(ncclCommRegister(w[0], bytes + 100, page, &inside));
+  NCCL_OK(ncclCommRegister(w[1], bytes, 2 * page, &other));          // another communicator
+  NCCL_OK(ncclCommRegister(w[0], bytes + page, 2 * page, &elsewhere));  // past its pages
+  CHECK(again == whole);
+  CHECK(inside == whole);
+  CHECK(other != whole);
+  CHECK(elsewhere != whole);
+  NCCL_OK(ncclCommDeregister(w[0], whole));
+  NCCL_OK(ncclCommDeregister(w[0], again));
+  CHECK(shoal::memory::isRemembered(bytes, 2 * page));  // one registration of three left
+  NCCL_OK(ncclCommDeregister(w[0], inside));
+  NCCL_EXPECT(ncclCommDeregister(w[0], whole), ncclInvalidUsage);  // ended
+  NCCL_OK(ncclCommDeregister(w[0], elsewhere));
+  NCCL_OK(ncclCommDeregister(w[1], other));
+  CHECK_FALSE(shoal::memory::isRemembered(bytes, 2 * page));
+  std::free(mem);
+  requireWorking(w);
+}
+
 // A registered buffer is memory whose end Shoal hears of: a network that
 // needs registrations keeps its registration until then. So the end must
 // come: a deregistration on a revoked communicator works, and destroy or
