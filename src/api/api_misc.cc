@@ -191,20 +191,19 @@ SHOAL_API(ncclResult_t, ncclCommRegister,
     if (buff == nullptr && size > 0) return invalidArgument("buff is NULL with size ", size);
     SHOAL_ASSIGN_OR_RETURN(auto impl, api::readyComm(comm));
     std::lock_guard<std::mutex> lock(gRegMutex);
-    if (Registration* held = registrationHolding(comm, buff, size)) {
-      ++held->refs;
+    Registration* reg = registrationHolding(comm, buff, size);
+    if (reg != nullptr) {
+      ++reg->refs;
       // It covers the bytes of both now (the same pages), known until the end.
-      const auto begin = std::min(reinterpret_cast<uintptr_t>(held->buff), reinterpret_cast<uintptr_t>(buff));
-      const auto end = std::max(reinterpret_cast<uintptr_t>(held->buff) + held->size,
+      const auto begin = std::min(reinterpret_cast<uintptr_t>(reg->buff), reinterpret_cast<uintptr_t>(buff));
+      const auto end = std::max(reinterpret_cast<uintptr_t>(reg->buff) + reg->size,
                                 reinterpret_cast<uintptr_t>(buff) + size);
-      held->buff = reinterpret_cast<void*>(begin);
-      held->size = end - begin;
-      rememberMemory(buff, size);
-      *handle = held;
-      return Status::ok();
+      reg->buff = reinterpret_cast<void*>(begin);
+      reg->size = end - begin;
+    } else {
+      reg = new Registration{Registration::kMagic, comm, buff, size};
+      gRegistrations.insert(reg);
     }
-    auto* reg = new Registration{Registration::kMagic, comm, buff, size};
-    gRegistrations.insert(reg);
     rememberMemory(buff, size);  // until ncclCommDeregister: transports may keep registrations of it
     *handle = reg;
     return Status::ok();
