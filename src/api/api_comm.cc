@@ -157,8 +157,7 @@ Status launchInit(ncclComm_t* out, ncclComm_t handle, bool blocking, InitWork wo
         // its turn among the parent's set-up calls as a cancelled one does:
         // the later ones fail rather than pair with the wrong exchanges.
         if (handle->magic != ncclComm::kMagic || handle->shared != shared) {
-          static const std::atomic<bool> cancelled{true};
-          if (split) (void)work(&cancelled);
+          if (split) (void)work(&api::kAlreadyCancelled);
           return;
         }
         handle->initThread = std::thread([shared, work, context] {
@@ -378,8 +377,7 @@ Status startNocolorPart(ncclComm_t comm, const std::shared_ptr<Communicator>& pa
     // its turn as a cancelled split's does (the later set-up calls fail
     // rather than pair with the wrong exchanges).
     if (comm->magic != ncclComm::kMagic || comm->shared != shared) {
-      static const std::atomic<bool> cancelled{true};
-      takePart(&cancelled);
+      takePart(&api::kAlreadyCancelled);
       return;
     }
     shared->startPart(shared, takePart);
@@ -503,8 +501,9 @@ SHOAL_API(ncclResult_t, ncclCommAbort, (ncclComm_t comm)) {
     if (comm == nullptr) return Status::ok();
     if (comm->magic != ncclComm::kMagic) return api::deadHandle(comm);
     // A pending init (or a part in a nonblocking NOCOLOR split) gives up
-    // within about Deadline::kCancelCheckMs; its thread is joined, never left running past the handle (a thread still
-    // in the library when the process exits can crash its static teardown).
+    // within about Deadline::kCancelCheckMs; its thread is joined, never
+    // left running past the handle (a thread still in the library when the
+    // process exits can crash its static teardown).
     comm->shared->cancelInit.store(true);
     if (comm->initThread.joinable()) comm->initThread.join();
     comm->shared->closeParts();

@@ -38,10 +38,7 @@ void ncclComm::Shared::startPart(const std::shared_ptr<Shared>& self, Part part)
     }
   }
   for (PartThread& p : ended) p.thread.join();
-  if (part) {
-    static const std::atomic<bool> cancelled{true};
-    part(&cancelled);
-  }
+  if (part) part(&shoal::api::kAlreadyCancelled);
 }
 
 void ncclComm::Shared::closeParts() {

@@ -26,6 +26,13 @@
   SHOAL_EXPORT __attribute__((weak, alias("p" #name))) ret name params;              \
   SHOAL_EXPORT ret p##name params
 
+// The cancel flag of set-up work that must give up before it starts (its
+// handle went away first): waits under it end at once, and a split's turn
+// passes on as a cancelled one's does.
+namespace shoal::api {
+inline constinit const std::atomic<bool> kAlreadyCancelled{true};
+}  // namespace shoal::api
+
 // The object behind ncclComm_t.
 struct ncclComm {
   static constexpr uint64_t kMagic = 0x73686f616c636f6dull;  // "shoalcom"
