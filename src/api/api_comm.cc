@@ -152,11 +152,11 @@ Status launchInit(ncclComm_t* out, ncclComm_t handle, bool blocking, InitWork wo
       // handle's own thread, and the end returns ncclInProgress (a split's
       // turn keeps it in call order with its parent's other set-up calls).
       group::addDetachedInit([handle, shared, work, context, split = parent != nullptr] {
-        // Not for a handle destroyed or aborted before the group ended (its
-        // slot may even serve another communicator by now). A split gives up
-        // its turn among the parent's set-up calls as a cancelled one does:
-        // the later ones fail rather than pair with the wrong exchanges.
-        if (handle->magic != ncclComm::kMagic || handle->shared != shared) {
+        // Not for a handle destroyed or aborted before the group ended. A
+        // split gives up its turn among the parent's set-up calls as a
+        // cancelled one does: the later ones fail rather than pair with the
+        // wrong exchanges.
+        if (!handle->stillHolds(shared)) {
           if (split) (void)work(&api::kAlreadyCancelled);
           return;
         }
@@ -372,11 +372,10 @@ Status startNocolorPart(ncclComm_t comm, const std::shared_ptr<Communicator>& pa
     return Status(Code::kInProgress, "");
   }
   group::addDetachedInit([comm, shared, takePart] {
-    // Not for a parent destroyed or aborted before the group ended (its
-    // slot may even serve another communicator by now): its part gives up
-    // its turn as a cancelled split's does (the later set-up calls fail
-    // rather than pair with the wrong exchanges).
-    if (comm->magic != ncclComm::kMagic || comm->shared != shared) {
+    // Not for a parent destroyed or aborted before the group ended: its
+    // part gives up its turn as a cancelled split's does (the later set-up
+    // calls fail rather than pair with the wrong exchanges).
+    if (!comm->stillHolds(shared)) {
       takePart(&api::kAlreadyCancelled);
       return;
     }

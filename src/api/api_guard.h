@@ -103,6 +103,10 @@ struct ncclComm {
 
   ~ncclComm() { magic = 0; }
   shoal::Communicator* impl() const { return shared->impl.get(); }
+  // Whether this handle is live and still the one `state` was made for: a
+  // handle destroyed or aborted meanwhile may even serve another
+  // communicator by now (work deferred to ncclGroupEnd asks).
+  bool stillHolds(const std::shared_ptr<Shared>& state) const { return magic == kMagic && shared == state; }
 };
 
 namespace shoal::api {
