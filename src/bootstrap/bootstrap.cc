@@ -53,6 +53,8 @@ std::string Bootstrap::failureKey(int rank) const {
   return str(scope_, "/failure/", generation, "/", rank);
 }
 
+std::string Bootstrap::leftKey(int rank) const { return str(scope_, "/left/", rank); }
+
 // The error for a get that timed out: which ranks' keys are missing.
 Status Bootstrap::missingRanks(const std::vector<std::string>& keys, const std::vector<int>& ranks,
                                const Status& failed, const std::string& what) {
@@ -142,7 +144,6 @@ Status Bootstrap::finish(Deadline deadline) {
 Status Bootstrap::leave(Deadline deadline) {
   if (!finished_ || left_) return Status::ok();
   left_ = true;
-  auto leftKey = [&](int rank) { return str(scope_, "/left/", rank); };
   std::string what = str("bootstrap leave of ", scope_, " (rank ", rank_, " of ", size_, ", store ",
                          store_->describe(), ")");
   if (Status s = store_->set(leftKey(rank_), "", deadline); !s.isOk()) return s.withContext(what);

@@ -103,6 +103,8 @@ class Bootstrap {
   // leave() can erase it. Within the scope, under the communicator's
   // generation: set it (the same on every rank) before the first report.
   std::string failureKey(int rank) const;
+  // Where leave() records that a rank left (until the last rank leaves).
+  std::string leftKey(int rank) const;
   void setGeneration(uint64_t generation) { generation_ = generation; }
 
  private:

@@ -242,12 +242,25 @@ Status Communicator::initialize() {
     SHOAL_WARN(describe(), ": ", net.status().message(), "; connections to other hosts will fail");
   connections_.setChoice(choice);
   connections_.setStreamLinks(agreement.streamLinks);
+  connections_.setLabel(describe());
+  // A peer's failure report, else its leave record: a rank that destroyed
+  // or aborted its communicator will not connect, nor take part again, and
+  // its connections may not say so (ofi's say nothing).
   connections_.setPeerReports([this](int peer, Deadline deadline) {
-    const std::vector<std::string> key{failureKey(peer)};
-    Result<std::vector<bool>> present = request_.store->check(key, deadline);
-    if (!present.isOk() || !present.value()[0]) return std::string();
-    Result<std::vector<std::string>> report = request_.store->get(key, deadline);
-    return report.isOk() ? report.value()[0] : std::string();
+    const std::vector<std::string> keys{failureKey(peer), bootstrap_->leftKey(peer)};
+    ConnectionTable::PeerNews news;
+    Result<std::vector<bool>> present = request_.store->check(keys, deadline);
+    if (!present.isOk()) return news;
+    if (present.value()[0]) {
+      Result<std::vector<std::string>> report = request_.store->get({keys[0]}, deadline);
+      if (report.isOk()) news.report = std::move(report.value()[0]);
+    }
+    news.left = present.value()[1];
+    return news;
+  });
+  connections_.setConnectTimeout([this](const ConnectionTable::PendingConnect& pending) {
+    JobReport report = reportOfConnect(pending);
+    publishReport("deadline", &report);
   });
   if (!self.gpu.empty()) {
     if (agreement.deviceDirect)
@@ -906,6 +919,17 @@ std::string Communicator::dumpState() {
 
 std::string Communicator::reportStem() const { return str(idHex(), "-r", rank_, "-", ::getpid()); }
 
+JobReport Communicator::reportOfConnect(const ConnectionTable::PendingConnect& pending) const {
+  JobReport r;
+  r.what = str(pending.operation, " (connecting)");
+  r.queueId = reinterpret_cast<uintptr_t>(this);
+  r.sequence = pending.sequence;
+  r.idleMs = (nowNs() - pending.sinceNs) / 1000000;
+  r.peers.push_back(JobReport::Peer{pending.peer});
+  r.waitingOn.push_back(pending.peer);
+  return r;
+}
+
 std::string Communicator::hangReport(std::string_view reason, const JobReport* known) {
   const uint64_t queue = reinterpret_cast<uintptr_t>(this);
   std::optional<JobReport> asked;
@@ -918,6 +942,13 @@ std::string Communicator::hangReport(std::string_view reason, const JobReport* k
       uint64_t epoch = Engine::instance().requestReports();
       asked = Engine::instance().takeReport(queue, epoch, Deadline::afterMs(1000));
       if (asked) known = &*asked;
+    }
+  }
+  if (!known) {
+    // An operation still making its connections (before the engine has it).
+    if (std::optional<ConnectionTable::PendingConnect> pending = connections_.pendingConnect()) {
+      asked = reportOfConnect(*pending);
+      known = &*asked;
     }
   }
   hang::ReportFacts facts;

@@ -271,6 +271,8 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
   // in flight when the caller has it (the deadline, on the job's thread);
   // otherwise a running job is asked for its own (up to 1 s).
   std::string hangReport(std::string_view reason, const JobReport* known);
+  // A hang report's operation in flight for an operation waiting for a connect.
+  JobReport reportOfConnect(const ConnectionTable::PendingConnect& pending) const;
   // hangReport written to SHOAL_REPORT_DIR or the log (hang::publish).
   void publishReport(std::string_view reason, const JobReport* known);
 

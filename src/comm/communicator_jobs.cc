@@ -934,9 +934,14 @@ Result<bool> Communicator::prepareJob(Job& job, std::span<const OpRequest> ops, 
     job.prepared = std::move(prepared);
   }
   const Plan& plan = *job.prepared->plan;
+  if (!label_) label_ = std::make_shared<const std::string>(describe());
+  if (job.commLabel != label_) job.commLabel = label_;
+  job.kind = ops[0].shape.kind;
+  job.groupedOps = ops.size();
+  job.sequence = job.opTags[0] & 0xffffffffffffull;
   job.sameConnections = samePlan && job.laneConnections.size() == plan.lanes.size();
   if (!job.sameConnections) {
-    if (Status st = connections_.forPlan(plan, job.laneConnections); !st.isOk()) {
+    if (Status st = connections_.forPlan(plan, job.laneConnections, &job); !st.isOk()) {
       job.laneConnections.clear();  // never taken for this plan's by a later call
       return connectFailed(std::move(st));
     }
@@ -967,11 +972,6 @@ Result<bool> Communicator::prepareJob(Job& job, std::span<const OpRequest> ops, 
   job.abortFlag = &abortFlag_;
   job.failureReports = &publishedFailures_;
   job.detached = !wait;
-  if (!label_) label_ = std::make_shared<const std::string>(describe());
-  if (job.commLabel != label_) job.commLabel = label_;
-  job.kind = ops[0].shape.kind;
-  job.groupedOps = ops.size();
-  job.sequence = job.opTags[0] & 0xffffffffffffull;
   SHOAL_TRACE(subsys::kColl, job.description(), " count ", ops[0].shape.count);
   return true;
 }

@@ -21,9 +21,11 @@ namespace {
 // second, it asks the connect's table why the peer will not come
 // (ConnectionTable::lookAt, Look::kConnect). A reason goes into the peer's
 // verdict, whose flag cancels the connect's deadline and those the
-// connection keeps. A connect costs a registration, no thread. The thread
-// also makes the one-off looks that stalled jobs and new connections ask
-// for (ask()), so that no job's thread waits on the store or a probe.
+// connection keeps. A connect still waiting is said at WARN as a stalled
+// operation is (SHOAL_STALL_WARN_MS, then 2, 4, 8... times that). A connect
+// costs a registration, no thread. The thread also makes the one-off looks
+// that stalled jobs and new connections ask for (ask()), so that no job's
+// thread waits on the store or a probe.
 class ConnectWatch {
  public:
   static constexpr int64_t kFirstLookMs = 1000;
@@ -36,13 +38,13 @@ class ConnectWatch {
   }
 
   // A connect of `table` to `peer` over `transport` starts.
-  uint64_t begin(ConnectionTable* table, int peer, Transport* transport) {
+  uint64_t begin(ConnectionTable* table, Transport* transport, const ConnectionTable::PendingConnect& pending) {
     std::lock_guard<std::mutex> lock(mutex_);
     adoptList();
     ensureThread();
     const uint64_t id = nextId_++;
-    waiting_.push_back(
-        Waiting{id, table, peer, ConnectionTable::Look::kConnect, transport, nowNs() + kFirstLookMs * 1000000});
+    waiting_.push_back(Waiting{id, table, pending.peer, ConnectionTable::Look::kConnect, transport,
+                               nowNs() + kFirstLookMs * 1000000, pending});
     changed_.notify_all();
     return id;
   }
@@ -55,7 +57,7 @@ class ConnectWatch {
                     [&](const Waiting& w) { return w.table == table && w.peer == peer && w.what == what; }))
       return;
     ensureThread();
-    waiting_.push_back(Waiting{nextId_++, table, peer, what, nullptr, nowNs()});
+    waiting_.push_back(Waiting{nextId_++, table, peer, what, nullptr, nowNs(), {}, 0});
     changed_.notify_all();
   }
   // It has returned: never waits (a look in progress is cancelled).
@@ -81,7 +83,19 @@ class ConnectWatch {
     ConnectionTable::Look what;
     Transport* transport;  // kConnect's
     int64_t dueNs;
+    ConnectionTable::PendingConnect pending{};  // kConnect's
+    int warnings = 0;                           // kConnect's stall warnings so far
   };
+
+  // A connect that has waited SHOAL_STALL_WARN_MS, then 2, 4, 8... times
+  // that, says so (mutex_ held: the table is still there).
+  static void warnIfLong(Waiting& connect) {
+    const int64_t warnMs = params().stallWarnMs;
+    const int64_t waitedMs = (nowNs() - connect.pending.sinceNs) / 1000000;
+    if (warnMs <= 0 || connect.warnings >= 30 || waitedMs < (warnMs << connect.warnings)) return;
+    ++connect.warnings;
+    connect.table->warnConnectWaits(connect.pending, *connect.transport, waitedMs);
+  }
 
   // A forked child inherits its parent's list, not its connects nor its
   // thread (mutex_ held).
@@ -137,8 +151,12 @@ class ConnectWatch {
       if (still != waiting_.end()) {
         const bool found = !why.empty();
         if (found) look.table->judge(look.peer, std::move(why));
-        if (!found && look.what == ConnectionTable::Look::kConnect) still->dueNs = nowNs() + kLookEveryMs * 1000000;
-        else waiting_.erase(still);
+        if (!found && look.what == ConnectionTable::Look::kConnect) {
+          still->dueNs = nowNs() + kLookEveryMs * 1000000;
+          warnIfLong(*still);
+        } else {
+          waiting_.erase(still);
+        }
       }
       changed_.notify_all();  // forget() may wait for this look
     }
@@ -155,13 +173,27 @@ class ConnectWatch {
   std::atomic<bool> cancelLook_{false};
 };
 
+// How long a connect waits for its peer: as long as an operation waits for
+// its peers (a connect is made by the first operation that needs it), within
+// the set-up deadline.
+struct ConnectLimit {
+  int64_t ms;
+  const char* name;
+};
+ConnectLimit connectLimit() {
+  const Params& p = params();
+  if (p.progressTimeoutMs > 0 && p.progressTimeoutMs < p.initTimeoutMs)
+    return {p.progressTimeoutMs, "SHOAL_PROGRESS_TIMEOUT_MS"};
+  return {p.initTimeoutMs, "SHOAL_INIT_TIMEOUT_MS"};
+}
+
 }  // namespace
 
 ConnectionTable::ConnectionTable(uint64_t commId, int rank, const std::vector<PeerInfo>& peers, std::string secret,
                                  const std::atomic<bool>& abortFlag)
     : commId_(commId), rank_(rank), peers_(peers), secret_(std::move(secret)), abortFlag_(abortFlag) {}
 
-Result<Connection*> ConnectionTable::to(int peer, uint16_t channel, bool unlessWaiting) {
+Result<Connection*> ConnectionTable::to(int peer, uint16_t channel, bool unlessWaiting, const Job* forJob) {
   const auto key = std::make_pair(peer, channel);
   {
     std::lock_guard<std::mutex> lock(mapMutex_);
@@ -181,33 +213,51 @@ Result<Connection*> ConnectionTable::to(int peer, uint16_t channel, bool unlessW
   opts.peer = &peers_[peer];
   opts.secret = secret_;
   opts.streamLinks = streamLinks_;
-  opts.deadline = Deadline::afterMs(params().initTimeoutMs).cancelledBy(&abortFlag_);
+  const ConnectLimit limit = connectLimit();
+  opts.deadline = Deadline::afterMs(limit.ms).cancelledBy(&abortFlag_);
   auto willNotConnect = [&](const std::string& why) {
     return remoteError("connecting to rank ", peer, " (host ", peers_[peer].hostname, ") over ", transport->name(),
                        ": rank ", peer, " will not connect: ", why);
   };
   PeerVerdict* verdict = nullptr;  // none for a connection to itself
   uint64_t watched = 0;
+  PendingConnect pending;
   if (peer != rank_) {
     verdict = &verdictOn(peer);
     if (verdict->willNotCome.load(std::memory_order_acquire)) return willNotConnect(verdict->why);
     opts.deadline = opts.deadline.alsoCancelledBy(&verdict->willNotCome);
-    watched = ConnectWatch::instance().begin(this, peer, transport);
+    pending = PendingConnect{forJob ? forJob->description() : label_,
+                             forJob ? forJob->sequence : 0, peer, nowNs()};
+    watched = ConnectWatch::instance().begin(this, transport, pending);
+    std::lock_guard<std::mutex> lock(mapMutex_);
+    pending_.push_back(pending);
   }
   Result<std::unique_ptr<Connection>> made = transport->connect(ckey, opts);
+  const bool timedOut = !made.isOk() && opts.deadline.expired() && !opts.deadline.cancelled();
   if (verdict != nullptr) {
     ConnectWatch::instance().end(watched);
-    if (!made.isOk() && verdict->willNotCome.load(std::memory_order_acquire)) return willNotConnect(verdict->why);
-    // The peer is there now: whether a probe finds it so, which lets later
-    // looks trust the probe's refusal (PeerVerdict::exitProbe).
-    // (Only stalled operations' looks use it, and only with the idle check.)
-    uint8_t untested = kProbeNotNeeded;
-    if (made.isOk() && !transport->noticesPeerExit() && params().idleCheckMs > 0 &&
-        verdict->exitProbe.compare_exchange_strong(untested, kProbeVouching))
-      ConnectWatch::instance().ask(this, peer, Look::kVouch);
+    if (timedOut && connectTimeout_) connectTimeout_(pending);  // while it is still pending
+    std::lock_guard<std::mutex> lock(mapMutex_);
+    std::erase_if(pending_, [&](const PendingConnect& p) { return p.sinceNs == pending.sinceNs && p.peer == peer; });
   }
-  SHOAL_ASSIGN_OR_RETURN(auto conn, std::move(made),
-      "connecting to rank ", peer, " (host ", peers_[peer].hostname, ") over ", transport->name());
+  if (!made.isOk()) {
+    Status cause = made.takeStatus();
+    if (verdict != nullptr && verdict->willNotCome.load(std::memory_order_acquire)) return willNotConnect(verdict->why);
+    if (verdict != nullptr && timedOut)
+      return error(Code::kTimeout, "connecting to rank ", peer, " (host ", peers_[peer].hostname, ") over ",
+                   transport->name(), ": no connection within ", limit.ms, " ms (", limit.name, "; rank ", peer,
+                   " did not make this call, made another, or waits on a rank that did not): ", cause.message());
+    return StatusBuilder(std::move(cause))
+           << str("connecting to rank ", peer, " (host ", peers_[peer].hostname, ") over ", transport->name());
+  }
+  std::unique_ptr<Connection> conn = std::move(made).value();
+  // The peer is there now: whether a probe finds it so, which lets later
+  // looks trust the probe's refusal (PeerVerdict::exitProbe).
+  // (Only stalled operations' looks use it, and only with the idle check.)
+  uint8_t untested = kProbeNotNeeded;
+  if (verdict != nullptr && !transport->noticesPeerExit() && params().idleCheckMs > 0 &&
+      verdict->exitProbe.compare_exchange_strong(untested, kProbeVouching))
+    ConnectWatch::instance().ask(this, peer, Look::kVouch);
   SHOAL_INFO(subsys::kInit | subsys::kNet, "Channel ",
              channel == kP2pChannel ? std::string("p2p") : std::to_string(channel), " : ", rank_,
              " -> ", peer, " via ", transport->name());
@@ -260,9 +310,11 @@ std::string ConnectionTable::lookAt(int peer, Look what, const Transport* connec
   Transport::ProcessProbe probe;
   if (what == Look::kStalled && verdict.exitProbe.load(std::memory_order_acquire) == kProbeTrusted)
     probe = probePeerProcess(self, them, deadline);
-  if (peerReports_)
-    if (std::string report = peerReports_(peer, deadline); !report.empty())
-      return str(kReportedFailurePrefix, report);
+  if (peerReports_) {
+    PeerNews news = peerReports_(peer, deadline);
+    if (!news.report.empty()) return str(kReportedFailurePrefix, news.report);
+    if (news.left) return "it destroyed or aborted its communicator (ncclCommDestroy, ncclCommAbort)";
+  }
   // A connect asks the transport that connects them: what its own address
   // says is known to reach the peer.
   if (what == Look::kConnect && connecting != nullptr) probe = connecting->probePeerProcess(self, them, deadline);
@@ -315,12 +367,27 @@ size_t ConnectionTable::size() const {
   return connections_.size();
 }
 
-Status ConnectionTable::forPlan(const Plan& plan, std::vector<Connection*>& laneConnections) {
+Status ConnectionTable::forPlan(const Plan& plan, std::vector<Connection*>& laneConnections, const Job* forJob) {
   laneConnections.resize(plan.lanes.size());
   for (size_t i = 0; i < plan.lanes.size(); ++i) {
-    SHOAL_ASSIGN_OR_RETURN(laneConnections[i], to(plan.lanes[i].peer, plan.lanes[i].channel));
+    SHOAL_ASSIGN_OR_RETURN(laneConnections[i], to(plan.lanes[i].peer, plan.lanes[i].channel, false, forJob));
   }
   return Status::ok();
+}
+
+std::optional<ConnectionTable::PendingConnect> ConnectionTable::pendingConnect() const {
+  std::lock_guard<std::mutex> lock(mapMutex_);
+  if (pending_.empty()) return std::nullopt;
+  return pending_.front();
+}
+
+void ConnectionTable::warnConnectWaits(const PendingConnect& pending, const Transport& transport,
+                                       int64_t waitedMs) const {
+  const ConnectLimit limit = connectLimit();
+  SHOAL_WARN(pending.operation, ": connecting to rank ", pending.peer, " (host ", peers_[pending.peer].hostname,
+             ") over ", transport.name(), ": no answer for ", waitedMs, " ms; it fails at ", limit.ms, " ms (",
+             limit.name, "). Usually a rank did not make this call, or made another: SHOAL_REPORT_SIGNAL and "
+             "tools/shoal_hang_report.py show what every rank is doing (docs/diagnostics.md)");
 }
 
 bool ConnectionTable::movesDeviceMemory(const Plan& plan) {

@@ -18,6 +18,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -31,6 +32,8 @@
 #include "transports/transport.h"
 
 namespace shoal {
+
+class Job;
 
 class ConnectionTable {
  public:
@@ -76,17 +79,25 @@ class ConnectionTable {
   // first connection (and the first question about one).
   void setChoice(TransportChoice choice) { choice_ = choice; }
   TransportChoice choice() const { return choice_; }
+  // The communicator's name, for connects no operation names; set before
+  // the first connection.
+  void setLabel(std::string label) { label_ = std::move(label); }
   // Whether connections may carry stream links (ConnectOptions), as the
   // ranks agreed at init; set before the first connection.
   void setStreamLinks(bool allowed) { streamLinks_ = allowed; }
   // Where a peer's failure report is looked up ("" when it published none),
-  // within the deadline; set before the first connection. A connect that
-  // has waited a second asks once a second why its peer will not come
-  // (lookAt, Look::kConnect): a peer that failed before it connected (its own
-  // connect refused, a call it could not run) publishes why, one whose
-  // process exited leaves the connecting transport's listener closed, and
-  // the wait would otherwise last the set-up deadline (SHOAL_INIT_TIMEOUT_MS).
-  using PeerReports = std::function<std::string(int peer, Deadline deadline)>;
+  // and whether it left (destroyed or aborted its communicator), within the
+  // deadline; set before the first connection. A connect that has waited a
+  // second asks once a second why its peer will not come (lookAt,
+  // Look::kConnect): a peer that failed before it connected (its own connect
+  // refused, a call it could not run) publishes why, one that left says so,
+  // one whose process exited leaves the connecting transport's listener
+  // closed, and the wait would otherwise last until the deadline.
+  struct PeerNews {
+    std::string report;
+    bool left = false;
+  };
+  using PeerReports = std::function<PeerNews(int peer, Deadline deadline)>;
   void setPeerReports(PeerReports lookup) { peerReports_ = std::move(lookup); }
   // For the engine's stalled jobs (FailureReports), never waiting: why the
   // peer will not come, once the connect watch found it ("it failed: <its
@@ -99,10 +110,33 @@ class ConnectionTable {
 
   // The connection to `peer` on `channel`, made on first use. With
   // `unlessWaiting`, one whose set-up would wait for the peer
-  // (Transport::connectWaitsForPeer) is not made: nullptr.
-  Result<Connection*> to(int peer, uint16_t channel, bool unlessWaiting = false);
+  // (Transport::connectWaitsForPeer) is not made: nullptr. A connect is part
+  // of the operation `forJob` (null: one not named) and waits for its peer
+  // as an operation does: said at WARN from SHOAL_STALL_WARN_MS on (by the
+  // connect watch), a timeout at SHOAL_PROGRESS_TIMEOUT_MS, where that is
+  // sooner than the set-up deadline (SHOAL_INIT_TIMEOUT_MS).
+  Result<Connection*> to(int peer, uint16_t channel, bool unlessWaiting = false, const Job* forJob = nullptr);
   // Every lane's connection of the plan, in lane order.
-  Status forPlan(const Plan& plan, std::vector<Connection*>& laneConnections);
+  Status forPlan(const Plan& plan, std::vector<Connection*>& laneConnections, const Job* forJob = nullptr);
+  // A connect that waits for its peer, for hang reports: the operation it
+  // is part of (Job::description(), or the table's own name), that
+  // operation's sequence number (0: unknown), the peer, since when.
+  struct PendingConnect {
+    std::string operation;
+    uint64_t sequence = 0;
+    int peer = -1;
+    int64_t sinceNs = 0;
+  };
+  // The oldest connect now waiting, if any (from any thread).
+  std::optional<PendingConnect> pendingConnect() const;
+  // Called on the connecting thread when a connect reaches its deadline,
+  // before it fails (the communicator writes its hang report); set before
+  // the first connection.
+  using ConnectTimeout = std::function<void(const PendingConnect&)>;
+  void setConnectTimeout(ConnectTimeout observer) { connectTimeout_ = std::move(observer); }
+  // The connect watch's warning that a connect has waited `waitedMs` for
+  // its peer (SHOAL_STALL_WARN_MS).
+  void warnConnectWaits(const PendingConnect& pending, const Transport& transport, int64_t waitedMs) const;
   // Whether every lane of the plan goes to another rank through a transport
   // whose connections take device buffers (Transport::movesDeviceMemory).
   bool movesDeviceMemory(const Plan& plan);
@@ -161,6 +195,10 @@ class ConnectionTable {
   TransportChoice choice_;
   bool streamLinks_ = true;
   PeerReports peerReports_;
+  std::string label_;
+  ConnectTimeout connectTimeout_;
+  // Connects that wait for their peer now, oldest first (under mapMutex_).
+  std::vector<PendingConnect> pending_;
   // Per peer, made at the first connect; its flag cancels the deadlines of
   // connects to the peer, which connections may keep (shm waits for its
   // peer to attach), so it lives as long as the table.

@@ -182,3 +182,79 @@ TEST_CASE("a stalled operation says at WARN whom it waits on, and still complete
   }
   CHECK(warnings >= 2);
 }
+
+// The first operation makes its connections: a connect to a rank that never
+// makes the call waits as an operation does, not for the set-up deadline
+// (minutes). It says so at WARN from SHOAL_STALL_WARN_MS on, a report asked
+// for meanwhile shows the operation in flight (connecting, waiting on the
+// late rank), and it fails at SHOAL_PROGRESS_TIMEOUT_MS with the reason and
+// a report, which the merge tool reads as a stall on the late rank.
+TEST_CASE("an operation's first connect to a rank that never calls warns, reports and fails at the no-progress "
+          "deadline", "[mp]") {
+  const std::string dir = freshDirectory("shoal-connect-stall");
+  MpConfig cfg;
+  cfg.nranks = 2;
+  cfg.env = {{"SHOAL_STALL_WARN_MS", "400"},      {"SHOAL_PROGRESS_TIMEOUT_MS", "3000"},
+             {"SHOAL_INIT_TIMEOUT_MS", "120000"}, {"SHOAL_REPORT_DIR", dir},
+             {"SHOAL_REPORT_SIGNAL", "USR1"},     {"NCCL_DEBUG", "WARN"},
+             {"NCCL_DEBUG_FILE", dir + "/log.%p"}};
+  MpResult res = runForked(cfg, [&](MpChild& child) -> int {
+    ncclUniqueId id;
+    if (!child.uniqueId(&id)) return 10;
+    ncclComm_t comm = nullptr;
+    if (ncclCommInitRank(&comm, 2, id, child.rank()) != ncclSuccess) return 11;
+    if (child.rank() == 0) {
+      child.barrier();  // rank 1 has failed; no call was made here
+      (void)ncclCommDestroy(comm);
+      return 0;
+    }
+    std::thread signaller([] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+      ::raise(SIGUSR1);
+    });
+    std::vector<float> buf(1024, 1.0f);
+    const auto start = std::chrono::steady_clock::now();
+    ncclResult_t rc = ncclAllReduce(buf.data(), buf.data(), buf.size(), ncclFloat, ncclSum, comm, nullptr);
+    const auto waited =
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start).count();
+    signaller.join();
+    const std::string why = ncclGetLastError(comm);
+    child.log("AllReduce after " + std::to_string(waited) + " ms: " + ncclGetErrorString(rc) + ": " + why);
+    int out = 0;
+    if (rc == ncclSuccess) out = 12;
+    if (why.find("connecting to rank 0") == std::string::npos ||
+        why.find("no connection within 3000 ms (SHOAL_PROGRESS_TIMEOUT_MS") == std::string::npos)
+      out = 13;
+    if (waited < 2900 || waited > 60000) out = 14;  // the no-progress deadline, not the set-up one
+    child.barrier();
+    (void)ncclCommDestroy(comm);
+    return out;
+  });
+  INFO(res.report());
+  REQUIRE_FALSE(res.timedOut);
+  REQUIRE(res.allPassed());
+
+  std::string logs, reports;
+  for (const auto& entry : std::filesystem::directory_iterator(dir))
+    (entry.path().filename().string().starts_with("log.") ? logs : reports) += readFile(entry.path()) + "\n";
+  INFO(logs);
+  INFO(reports);
+  // Warned at 400, 800 and 1600 ms (at least twice however busy the machine).
+  size_t warnings = 0;
+  for (size_t at = logs.find("connecting to rank 0"); at != std::string::npos;
+       at = logs.find("connecting to rank 0", at + 1))
+    warnings += logs.substr(at, logs.find('\n', at) - at).find("no answer for ") != std::string::npos;
+  CHECK(warnings >= 2);
+  CHECK(logs.find("AllReduce #0") != std::string::npos);
+  // The signal's report and the deadline's: in flight, connecting, waiting on rank 0.
+  CHECK(reports.find("\"reason\": \"signal\"") != std::string::npos);
+  CHECK(reports.find("\"reason\": \"deadline\"") != std::string::npos);
+  CHECK(reports.find("\"in_flight\": null") == std::string::npos);
+  CHECK(reports.find("(connecting)") != std::string::npos);
+  CHECK(reports.find("\"waiting_on\": [0]") != std::string::npos);
+  int rc = -1;
+  std::string merged = mergeReports(dir, &rc);
+  INFO(merged);
+  CHECK(merged.find("STALLED: rank 0 ") != std::string::npos);
+  std::filesystem::remove_all(dir);
+}

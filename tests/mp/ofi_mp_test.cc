@@ -349,3 +349,39 @@ TEST_CASE("mp ofi: ranks given different networks fail within seconds, both nami
   cfg.env = {{"SHOAL_TRANSPORT", ""}, {"NCCL_NET", ""}, {"FI_TCP_IFACE", "lo"}, {"NCCL_SOCKET_IFNAME", "lo"}};
   requirePassed(runForked(cfg, netNamesDiffer));
 }
+
+// Over ofi nothing tells a rank that a peer destroyed its communicator: a
+// connect to it would wait for the deadline. Its leave record in the store
+// says so, and the connect fails within seconds naming it. The leaver stays
+// alive (it keeps the bootstrap root) until the others are done.
+TEST_CASE("mp ofi: a rank that destroyed its communicator before the first collective is named within seconds",
+          "[mp][ofi][failure]") {
+  MpConfig cfg = ofiConfig(2, "tcp;ofi_rxm");
+  cfg.env.emplace_back("SHOAL_PROGRESS_TIMEOUT_MS", "600000");
+  cfg.env.emplace_back("SHOAL_INIT_TIMEOUT_MS", "600000");
+  MpResult res = runForked(cfg, [](MpChild& c) -> int {
+    ncclUniqueId id;
+    CHILD_CHECK(c, c.uniqueId(&id), "no unique id");
+    ncclComm_t comm = nullptr;
+    CHILD_NCCL(c, ncclCommInitRank(&comm, c.nranks(), id, c.rank()));
+    if (c.rank() == 0) {
+      CHILD_NCCL(c, ncclCommDestroy(comm));
+      CHILD_CHECK(c, c.barrier(), "rank 1 did not finish");
+      return 0;
+    }
+    std::vector<float> buf(4096, 1.f);
+    const double t0 = monoMs();
+    const ncclResult_t rc = ncclAllReduce(buf.data(), buf.data(), buf.size(), ncclFloat, ncclSum, comm, nullptr);
+    const double ms = monoMs() - t0;
+    const std::string last = ncclGetLastError(nullptr);
+    c.log("AllReduce returned " + describe(rc) + " after " + std::to_string(static_cast<int>(ms)) + " ms: " + last);
+    CHILD_CHECK(c, rc == ncclRemoteError, "the AllReduce did not fail as remote");
+    CHILD_CHECK(c, ms < 20000, "the AllReduce took more than 20 s to fail");
+    CHILD_CHECK(c, last.find("rank 0 will not connect: it destroyed or aborted its communicator") != std::string::npos,
+                "the error does not say that rank 0 left: " + last);
+    (void)ncclCommDestroy(comm);
+    CHILD_CHECK(c, c.barrier(), "rank 0 did not finish");
+    return 0;
+  });
+  requirePassed(res);
+}
