@@ -1,9 +1,12 @@
 #include "transports/registry.h"
 
+#include <pthread.h>
+#include <strings.h>
+
+#include <atomic>
 #include <map>
 #include <memory>
 #include <mutex>
-#include <strings.h>
 
 #include "core/log.h"
 #include "core/params.h"
@@ -34,9 +37,27 @@ struct Registry {
   }
 };
 
+// Lives for the process (transports own listeners). A forked child gets
+// transports of its own, made in the fork's child handler (only the forking
+// thread runs there): the inherited ones hold the parent's listeners, its
+// shm address (its pid) and connections, and have no thread in the child.
+// They are closed to traffic and left (never freed: destroying one could
+// end what the parent still uses, such as its shm segments).
+std::atomic<Registry*> gRegistry{nullptr};
+
+void renewRegistryInChild() {
+  Registry* inherited = gRegistry.load(std::memory_order_relaxed);
+  for (auto& t : inherited->owned) t->closeInForkedChild();
+  gRegistry.store(new Registry(), std::memory_order_relaxed);
+}
+
 Registry& registry() {
-  static Registry* r = new Registry();  // lives for the process (transports own listeners)
-  return *r;
+  static const bool once = [] {
+    gRegistry.store(new Registry());
+    return pthread_atfork(nullptr, nullptr, renewRegistryInChild) == 0;
+  }();
+  (void)once;
+  return *gRegistry.load(std::memory_order_relaxed);
 }
 
 // Why a transport could not start in this process ("" if it did or was not tried).

@@ -229,6 +229,13 @@ class Transport {
   // the transport holds for its connections not made yet (cuda_ipc: hellos
   // its peers sent, with their FIFOs' descriptors).
   virtual void forgetRank(uint64_t /*commId*/, int /*rank*/) {}
+  // In a forked child, which gets transports of its own (registry.cc), on the
+  // copy the child inherited: closes what would take the parent's traffic
+  // there (a listener: peers of the parent would reach the child, and a
+  // probe would find the parent alive after it exited). Nothing else of the
+  // copy is used in the child; no lock is taken (only the forking thread
+  // runs there).
+  virtual void closeInForkedChild() {}
   // Whether this process should start it (localAddress) at all: a transport
   // whose start is costly may wait to be asked for by the environment (or by
   // a communicator's ncclConfig_t.netName, registry.h).

@@ -181,6 +181,8 @@ void RootServer::State::addTenant(uint64_t magic, const uint8_t secret[32], bool
 
 const net::SocketAddress& RootServer::address() const { return state_->address; }
 
+void RootServer::closeListenerInForkedChild() { state_->listener.reset(); }
+
 RootServer::Usage RootServer::usage() const {
   Usage u;
   {

@@ -54,6 +54,9 @@ class RootServer {
   void addTenant(uint64_t magic, const uint8_t secret[32]);
   // The bound address (with the actual port).
   const net::SocketAddress& address() const;
+  // In a forked child, where the server has no thread: closes the copy of
+  // its listener (nothing else of it is used there).
+  void closeListenerInForkedChild();
 
   // What the server holds now, for tests and diagnostics (any thread; the
   // figures are read without stopping the server, each one exact at its read).

@@ -15,7 +15,11 @@
 // Roots: all random ids of a process share one RootServer on the chosen
 // interface (one thread, one listener); an NCCL_COMM_ID id gets a RootServer
 // at its exact address, started by startRootIfNeeded(). The registry is a
-// leaked heap object, as the servers are (root_server.h).
+// leaked heap object, as the servers are (root_server.h). A forked child
+// starts roots of its own: the ones it inherited have no thread in it.
+#include <pthread.h>
+
+#include <atomic>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -53,9 +57,31 @@ struct Registry {
   std::map<std::string, RootServer*> commIdServers;   // address -> root
 };
 
+// Never destroyed: the roots outlive static destructors.
+std::atomic<Registry*> gRegistry{nullptr};
+
+// Fork: the registry is held across it, so that the child finds it whole.
+// The child gets an empty one (an id it made from an inherited root would
+// name a root that nobody serves) and closes the listeners it inherited (so
+// that once the parent is gone, a connect to them is refused, not left
+// unanswered).
+void holdRegistryForFork() { gRegistry.load()->mutex.lock(); }
+void releaseRegistryInParent() { gRegistry.load()->mutex.unlock(); }
+void renewRegistryInChild() {
+  Registry* inherited = gRegistry.load();
+  inherited->mutex.unlock();  // held by this thread's copy (the prepare handler)
+  if (inherited->defaultServer != nullptr) inherited->defaultServer->closeListenerInForkedChild();
+  for (auto& entry : inherited->commIdServers) entry.second->closeListenerInForkedChild();
+  gRegistry.store(new Registry());
+}
+
 Registry& registry() {
-  static Registry* r = new Registry();  // never destroyed: the roots outlive static destructors
-  return *r;
+  static const bool once = [] {
+    gRegistry.store(new Registry());
+    return pthread_atfork(holdRegistryForFork, releaseRegistryInParent, renewRegistryInChild) == 0;
+  }();
+  (void)once;
+  return *gRegistry.load();
 }
 
 }  // namespace

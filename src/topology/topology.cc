@@ -1,9 +1,11 @@
 #include "topology/topology.h"
 
+#include <pthread.h>
 #include <sys/random.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <ctime>
 #include <map>
 
@@ -24,13 +26,29 @@ std::string localHostId() {
   return localHostname() + ":" + localKernelId();
 }
 
+namespace {
+
+// Random per process, so that a pid reused (a process that exited, another
+// pid namespace) does not give the same id.
+std::atomic<uint64_t> gProcessNonce{0};
+
+void renewProcessNonce() {
+  uint64_t nonce = 0;
+  if (getrandom(&nonce, sizeof(nonce), GRND_NONBLOCK) != sizeof(nonce)) nonce = static_cast<uint64_t>(time(nullptr));
+  gProcessNonce.store(nonce, std::memory_order_relaxed);
+}
+
+}  // namespace
+
 uint64_t localProcessId() {
-  static const uint64_t id = [] {
-    uint64_t nonce = 0;
-    if (getrandom(&nonce, sizeof(nonce), 0) != sizeof(nonce)) nonce = static_cast<uint64_t>(time(nullptr));
-    return (nonce << 22) ^ static_cast<uint64_t>(getpid());
+  // A forked child is another process: its nonce is renewed in the fork's
+  // child handler (one thread there), and its pid differs anyway.
+  static const bool once = [] {
+    renewProcessNonce();
+    return pthread_atfork(nullptr, nullptr, renewProcessNonce) == 0;
   }();
-  return id;
+  (void)once;
+  return (gProcessNonce.load(std::memory_order_relaxed) << 22) ^ static_cast<uint64_t>(getpid());
 }
 
 int Topology::maxRanksPerNode() const {

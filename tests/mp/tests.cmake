@@ -37,3 +37,9 @@ target_compile_definitions(mp_hang_report_tests PRIVATE SHOAL_SOURCE_DIR="${PROJ
 shoal_add_test(mp_elastic_tests LABEL mp TIMEOUT 300 SOURCES
   mp/elastic_test.cc
   support/mp_harness.cc)
+
+# A process that has used Shoal forks: the child is another process to it
+# (its own process id and bootstrap root).
+shoal_add_test(mp_fork_tests LABEL mp TIMEOUT 120 SOURCES
+  mp/fork_test.cc
+  support/mp_harness.cc)

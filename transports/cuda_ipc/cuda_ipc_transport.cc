@@ -344,6 +344,8 @@ class CudaIpcTransport final : public Transport {
   // Hellos a rank now gone never claimed: their FIFO descriptors, control
   // memory and sockets go now (the sender sees its socket close), not when
   // they expire at a later accept.
+  void closeInForkedChild() override { listener_.reset(); }
+
   void forgetRank(uint64_t commId, int rank) override {
     std::lock_guard<std::mutex> lock(mutex_);
     drainListenerLocked();

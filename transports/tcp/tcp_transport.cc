@@ -208,6 +208,7 @@ class TcpTransport final : public Transport {
   // with the same id (NCCL_COMM_ID gives every one the same) never takes
   // them for its own.
   void forgetRank(uint64_t commId, int rank) override;
+  void closeInForkedChild() override { listener_.reset(); }
 
  private:
   Result<std::unique_ptr<Connection>> connectActive(const ConnectionKey& key, const ConnectOptions& options,
