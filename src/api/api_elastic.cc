@@ -119,8 +119,14 @@ SHOAL_API(ncclResult_t, ncclCommShrink,
                           " has operations in flight: NCCL_SHRINK_DEFAULT needs none (wait for them, or "
                           "pass NCCL_SHRINK_ABORT)");
     }
-    const std::string prefix = elasticPrefix(*parent, "shrink", comm->shared->shrinks++);
     auto store = comm->shared->store;
+    // Shrinks that left this rank out (alive) took counts it never did.
+    uint64_t count = comm->shared->shrinks;
+    while (excludedFromShrink(*store, elasticPrefix(*parent, "shrink", count), parent->rank(),
+                              Deadline::afterMs(Bootstrap::kLeaveMs)))
+      ++count;
+    comm->shared->shrinks = count + 1;
+    const std::string prefix = elasticPrefix(*parent, "shrink", count);
     std::string secret = comm->shared->secret;
     ncclComm_t handle = api::newHandle();
     handle->cudaDev = comm->cudaDev;

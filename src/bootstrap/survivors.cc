@@ -22,6 +22,9 @@ std::string listKey(const std::string& prefix, int parentRank) {
   return str(prefix, "/excluded/", parentRank);
 }
 
+// The agreed exclude list of a shrink, left for the ranks it excluded.
+std::string agreedKey(const std::string& prefix) { return str(prefix, "/agreed"); }
+
 std::string encodeList(const std::vector<int>& ranks) {
   std::string out;
   for (int r : ranks) out += str(out.empty() ? "" : ",", r);
@@ -99,7 +102,25 @@ Result<SurvivorAgreement> agreeOnSurvivors(Store& store, const std::string& pref
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(std::min(pollMs, deadline.remainingMs() + 1)));
   }
+  // Every survivor writes the same record: the first one there makes it.
+  SHOAL_TRY(store.set(agreedKey(prefix), mine, deadline))
+      << "recording the agreed exclude list through " << store.describe();
   return agreement;
+}
+
+bool excludedFromShrink(Store& store, const std::string& prefix, int parentRank, Deadline deadline) {
+  Result<std::vector<bool>> present = store.check({agreedKey(prefix)}, deadline);
+  if (!present.isOk() || !present.value()[0]) return false;
+  Result<std::vector<std::string>> agreed = store.get({agreedKey(prefix)}, deadline);
+  if (!agreed.isOk()) return false;
+  const std::string& list = agreed.value()[0];
+  for (size_t at = 0; at < list.size();) {
+    size_t end = list.find(',', at);
+    if (end == std::string::npos) end = list.size();
+    if (list.compare(at, end - at, std::to_string(parentRank)) == 0) return true;
+    at = end + 1;
+  }
+  return false;
 }
 
 void forgetSurvivorList(Store& store, const std::string& prefix, int parentRank) {

@@ -37,6 +37,13 @@ Result<SurvivorAgreement> agreeOnSurvivors(Store& store, const std::string& pref
 // Removes this rank's posted list; call once the new communicator is made
 // (every survivor has read it by then).
 void forgetSurvivorList(Store& store, const std::string& prefix, int parentRank);
+// Whether the shrink at `prefix` was agreed on by the other ranks with
+// `parentRank` excluded: a rank left out of a shrink but alive (the parent
+// keeps working after NCCL_SHRINK_DEFAULT) never took that shrink's count,
+// and skips it at its next shrink, as the survivors did. Each agreement
+// leaves that record (a few bytes per shrink, with the parent's other keys).
+// False where the store does not answer by the deadline.
+bool excludedFromShrink(Store& store, const std::string& prefix, int parentRank, Deadline deadline);
 
 // "{1, 3}" for messages.
 std::string rankListText(const std::vector<int>& ranks);
