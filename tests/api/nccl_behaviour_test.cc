@@ -3012,3 +3012,64 @@ TEST_CASE("a destroyed or aborted handle is a clear invalid argument - never a r
   }
   CHECK(buf[3] == 4.0f);
 }
+
+// The parent keeps working after a default shrink, with the rank it left
+// out (alive, elsewhere) too: that rank never took the shrink's turn, and
+// still meets the others at their next shrink, which excludes another rank.
+TEST_CASE("a rank left out of a default shrink takes part in the parent's next shrink", "[api][elastic]") {
+  shoal::testing::ScopedEnv shortSetup{{"SHOAL_INIT_TIMEOUT_MS", "10000"}};
+  World w(3);
+  auto shrinkEach = [&](int excluded, std::vector<ncclComm_t>& out) {
+    std::vector<ncclResult_t> rcs(3, ncclSuccess);
+    std::vector<std::string> why(3);
+    std::vector<std::thread> ranks;
+    for (int r = 0; r < 3; ++r) {
+      if (r == excluded) continue;
+      ranks.emplace_back([&, r] {
+        int list[1] = {excluded};
+        rcs[r] = ncclCommShrink(w[r], list, 1, &out[r], nullptr, NCCL_SHRINK_DEFAULT);
+        if (rcs[r] != ncclSuccess) why[r] = lastError();
+      });
+    }
+    for (auto& t : ranks) t.join();
+    for (int r = 0; r < 3; ++r) {
+      INFO("shrink excluding " << excluded << ", rank " << r << ": " << why[r]);
+      CHECK(rcs[r] == ncclSuccess);
+    }
+  };
+  std::vector<ncclComm_t> first(3, nullptr), second(3, nullptr);
+  shrinkEach(2, first);
+  requireWorking(w);  // all three ranks of the parent, rank 2 included
+  shrinkEach(1, second);
+  // Ranks 0 and 2 of the parent are ranks 0 and 1 of the second child.
+  std::vector<std::thread> ranks;
+  float sums[3] = {0, 0, 0};
+  for (int r : {0, 2})
+    ranks.emplace_back([&, r] {
+      float mine = static_cast<float>(r + 1);
+      if (second[r] != nullptr &&
+          ncclAllReduce(&mine, &sums[r], 1, ncclFloat, ncclSum, second[r], nullptr) != ncclSuccess)
+        sums[r] = -1;
+    });
+  for (auto& t : ranks) t.join();
+  CHECK(sums[0] == 4.0f);
+  CHECK(sums[2] == 4.0f);
+  for (auto* list : {&first, &second})
+    for (ncclComm_t c : *list)
+      if (c != nullptr) NCCL_OK(ncclCommDestroy(c));
+}
+
+// NCCL_COMM_BLOCKING=0 overrides every communicator's config, the default
+// one that ncclCommInitAll gives its ranks included: an operation returns
+// ncclInProgress at once and completes in the background.
+TEST_CASE("NCCL_COMM_BLOCKING=0 makes the communicators of ncclCommInitAll nonblocking", "[api][nonblocking]") {
+  shoal::testing::ScopedEnv env{{"NCCL_COMM_BLOCKING", "0"}};
+  World w(2);
+  float in[2] = {1, 2}, out[2] = {0, 0};
+  // Rank 0 alone: a blocking call would wait here for rank 1.
+  NCCL_EXPECT(ncclAllReduce(&in[0], &out[0], 1, ncclFloat, ncclSum, w[0], nullptr), ncclInProgress);
+  NCCL_EXPECT(ncclAllReduce(&in[1], &out[1], 1, ncclFloat, ncclSum, w[1], nullptr), ncclInProgress);
+  for (int r = 0; r < 2; ++r) NCCL_OK(waitAsync(w[r]));
+  CHECK(out[0] == 3.0f);
+  CHECK(out[1] == 3.0f);
+}
