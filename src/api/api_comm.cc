@@ -305,6 +305,10 @@ SHOAL_API(ncclResult_t, ncclCommInitAll, (ncclComm_t * comms, int ndev, const in
         return invalidUsage("ncclCommInitAll: device ", device, " appears twice in devlist, and "
                             "NCCL_MULTI_RANK_GPU_ENABLE=0 refuses several ranks per GPU (unset or 1 allows them)");
     }
+    // NCCL gives each rank the default config, which the environment
+    // overrides (NCCL_COMM_BLOCKING=0 makes them nonblocking); the call
+    // itself returns once every rank is ready.
+    SHOAL_ASSIGN_OR_RETURN(const CommOptions options, api::parseConfig(nullptr));
     auto store = makeMemoryStore();
     uint64_t nonce = localProcessId() ^ reinterpret_cast<uintptr_t>(comms) ^ nowNs();
     std::string scope = str("all", nonce);
@@ -328,6 +332,7 @@ SHOAL_API(ncclResult_t, ncclCommInitAll, (ncclComm_t * comms, int ndev, const in
           req.secret = scope;
           req.rank = i;
           req.nranks = ndev;
+          req.options = options;
           auto comm = std::make_shared<Communicator>(std::move(req));
           SHOAL_TRY(comm->initialize());
           return comm;
