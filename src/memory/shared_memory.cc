@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstring>
 #include <deque>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <string>
@@ -58,6 +59,8 @@ std::deque<PeerMapping> gPeers;
 
 Result<void*> allocateShared(size_t bytes) {
   size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  if (bytes > static_cast<size_t>(std::numeric_limits<off_t>::max()) - page)
+    return invalidArgument(bytes, " bytes is more than one shared mapping can hold");
   size_t size = ((bytes ? bytes : 1) + page - 1) / page * page;
   uint64_t sequence = gNextSequence.fetch_add(1);
   std::string name = objectName(currentPid(), sequence);

@@ -445,6 +445,8 @@ TEST_CASE("edge: ncclMemAlloc, ncclMemFree", "[api][edge]") {
   REQUIRE(p != nullptr);
   EXPECT_OK(ncclMemFree(p));
   EXPECT_RC(ncclMemFree(p), ncclInvalidArgument, "not returned by ncclMemAlloc");  // twice
+  // A size whose page rounding would wrap around names the size asked for.
+  EXPECT_RC(ncclMemAlloc(&p, SIZE_MAX), ncclInvalidArgument, "18446744073709551615 bytes");
 }
 
 TEST_CASE("edge: ncclRedOpCreatePreMulSum", "[api][edge]") {
