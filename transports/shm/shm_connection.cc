@@ -381,7 +381,8 @@ Status ShmConnection::checkPeer(bool attaching) {
     if (gone) {
       // A process that failed before it exited may have said why.
       std::string why = peerFailure();
-      return remoteError(peer_, ": the peer process ", peerPid_, " has exited (killed or crashed) while ",
+      return remoteError(peer_, ": the peer process ", peerPid_, " has exited (killed, crashed, or ended after "
+                         "its communicator was destroyed) while ",
                          attaching         ? "this rank waited for it to attach"
                          : pending() > 0   ? "operations were pending"
                                            : "the connection was idle",
@@ -392,7 +393,8 @@ Status ShmConnection::checkPeer(bool attaching) {
     return remoteError(peer_, " did not attach to the shared-memory segment ", name_,
                        attachDeadline_.cancelled()
                            ? ": the wait was ended (the communicator was aborted, or the peer is known to have failed)"
-                           : " before the connection deadline (SHOAL_INIT_TIMEOUT_MS)");
+                           : " before the connection deadline (SHOAL_PROGRESS_TIMEOUT_MS, or SHOAL_INIT_TIMEOUT_MS "
+                             "where shorter)");
   return Status::ok();
 }
 
