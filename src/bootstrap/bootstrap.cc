@@ -6,6 +6,8 @@
 // job keeps at most two rounds in the store. finish() uses
 // "<scope>/done/<round>/<rank>": a rank records it after reading the last
 // round, so once rank 0 has them all it erases them and that round's keys.
+// A round that cannot complete (a wrong record, two processes with one rank)
+// gets "<scope>/ag/<round>/failed", which the ranks still waiting in it read.
 // leave() uses "<scope>/left/<rank>"; failure reports are
 // "<scope>/failure/<generation>/<rank>", the generation being the
 // communicator's (setGeneration): a communicator made again with the same
@@ -14,9 +16,16 @@
 #include "bootstrap/bootstrap.h"
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstdio>
+#include <mutex>
+#include <system_error>
+#include <thread>
 
 #include "core/log.h"
+#include "core/process.h"
 
 namespace shoal {
 namespace {
@@ -53,7 +62,17 @@ std::string Bootstrap::failureKey(int rank) const {
   return str(scope_, "/failure/", generation, "/", rank);
 }
 
-std::string Bootstrap::leftKey(int rank) const { return str(scope_, "/left/", rank); }
+std::string Bootstrap::leftKey(int rank) const {
+  char generation[17];
+  std::snprintf(generation, sizeof(generation), "%016llx", static_cast<unsigned long long>(generation_));
+  return str(scope_, "/left/", generation, "/", rank);
+}
+
+uint64_t fnv1a(std::string_view bytes) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : bytes) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
 
 // The error for a get that timed out: which ranks' keys are missing.
 Status Bootstrap::missingRanks(const std::vector<std::string>& keys, const std::vector<int>& ranks,
@@ -68,7 +87,98 @@ Status Bootstrap::missingRanks(const std::vector<std::string>& keys, const std::
                missing.size() == 1 ? " rank: " : " ranks: ", formatRanks(missing));
 }
 
-Result<std::vector<std::string>> Bootstrap::allGather(std::string_view mine, Deadline deadline) {
+std::string Bootstrap::roundFailureKey(uint64_t round) const { return str(scope_, "/ag/", round, "/failed"); }
+
+namespace {
+// A round's failure names the round's rank-0 record it was found with: a
+// later communicator in the same scope (NCCL_COMM_ID gives every one the
+// same) never takes an earlier one's failure for its own.
+std::string failureRecord(std::string_view rankZeroRecord, int rank, std::string_view why) {
+  char anchor[17];
+  std::snprintf(anchor, sizeof(anchor), "%016llx", static_cast<unsigned long long>(fnv1a(rankZeroRecord)));
+  return str(anchor, " rank ", rank, " found: ", why);
+}
+}  // namespace
+
+void Bootstrap::publishRoundFailure(std::string_view why) {
+  if (round_ == 0) return;
+  (void)store_->set(roundFailureKey(round_ - 1), failureRecord(lastRankZeroRecord_, rank_, why),
+                    Deadline::afterMs(kLeaveMs));
+}
+
+Status Bootstrap::lookAtRound(uint64_t round, std::string_view mine, const RecordCheck& checkFirst,
+                              const std::string& what, const std::atomic<bool>* stop) {
+  const std::vector<std::string> keys{roundFailureKey(round), str(scope_, "/ag/", round, "/", rank_),
+                                      str(scope_, "/ag/", round, "/0")};
+  const Deadline deadline = Deadline::afterMs(kLeaveMs).cancelledBy(stop);
+  Result<std::vector<bool>> present = store_->check(keys, deadline);
+  if (!present.isOk() || !present.value()[2]) return Status::ok();  // nothing to judge without rank 0's record
+  std::vector<std::string> wanted;
+  for (size_t i = 0; i < keys.size(); ++i)
+    if (present.value()[i]) wanted.push_back(keys[i]);
+  Result<std::vector<std::string>> values = store_->get(wanted, deadline);
+  if (!values.isOk()) return Status::ok();
+  std::string failed, own, rankZero;
+  for (size_t i = 0; i < wanted.size(); ++i)
+    (wanted[i] == keys[0] ? failed : wanted[i] == keys[1] ? own : rankZero) = values.value()[i];
+  const std::string anchor = failureRecord(rankZero, rank_, "").substr(0, 16);
+  if (failed.size() > 17 && failed.compare(0, 16, anchor) == 0) return invalidUsage(what, ": ", failed.substr(17));
+  Status wrong;
+  if (present.value()[1] && own != mine)
+    wrong = invalidUsage("another process claims rank ", rank_, " of ", size_,
+                         " too (its record replaced this one's): give every rank a different rank number");
+  else if (checkFirst && rank_ != 0)
+    wrong = checkFirst(rankZero);
+  if (wrong.isOk()) return Status::ok();
+  (void)store_->set(keys[0], failureRecord(rankZero, rank_, wrong.message()), deadline);
+  return wrong.withContext(what);
+}
+
+Result<std::vector<std::string>> Bootstrap::awaitRound(const std::vector<std::string>& keys, uint64_t round,
+                                                       std::string_view mine, const RecordCheck& checkFirst,
+                                                       Deadline deadline, const std::string& what) {
+  // One get for the whole wait (the root holds one waiter per rank); the
+  // looks run beside it on a thread of their own, each a few keys, and end
+  // the get with what they find (through the deadline's second flag, which
+  // no caller of allGather sets).
+  std::mutex mutex;
+  std::condition_variable wake;
+  std::atomic<bool> stop{false}, found{false};
+  Status finding;
+  std::thread looker;
+  try {
+    looker = std::thread([&] {
+      markLibraryThread();
+      int64_t waitMs = kFirstLookMs;
+      std::unique_lock<std::mutex> lock(mutex);
+      while (!wake.wait_for(lock, std::chrono::milliseconds(waitMs), [&] { return stop.load(); })) {
+        lock.unlock();
+        Status st = lookAtRound(round, mine, checkFirst, what, &stop);
+        lock.lock();
+        if (!st.isOk() && !stop.load()) {
+          finding = std::move(st);
+          found.store(true, std::memory_order_release);
+          return;
+        }
+        waitMs = std::min(waitMs * 2, kMostLookMs);
+      }
+    });
+  } catch (const std::system_error&) {
+    return store_->get(keys, deadline);  // no thread: no looks, the deadline still holds
+  }
+  Result<std::vector<std::string>> values = store_->get(keys, deadline.alsoCancelledBy(&found));
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    stop.store(true);
+  }
+  wake.notify_all();
+  looker.join();
+  if (found.load(std::memory_order_acquire) && !values.isOk()) return finding;
+  return values;
+}
+
+Result<std::vector<std::string>> Bootstrap::allGather(std::string_view mine, Deadline deadline,
+                                                      const RecordCheck& checkFirst) {
   uint64_t round = round_++;
   auto keyOf = [&](uint64_t r, int rank) { return str(scope_, "/ag/", r, "/", rank); };
   std::string what = str("bootstrap allGather #", round, " of ", scope_, " (rank ", rank_, " of ", size_, ", store ",
@@ -81,13 +191,21 @@ Result<std::vector<std::string>> Bootstrap::allGather(std::string_view mine, Dea
     keys.push_back(keyOf(round, r));
     ranks.push_back(r);
   }
-  Result<std::vector<std::string>> values = store_->get(keys, deadline);
+  Result<std::vector<std::string>> values = awaitRound(keys, round, mine, checkFirst, deadline, what);
   if (!values.isOk()) {
     Status failed = values.takeStatus();
     if (failed.code() != Code::kTimeout) return failed.withContext(what);
     SHOAL_TRY(missingRanks(keys, ranks, failed, what));
     values = store_->get(keys, Deadline::afterMs(2000));
     if (!values.isOk()) return values.takeStatus().withContext(what);
+  }
+  lastRankZeroRecord_ = values.value()[0];
+  if (values.value()[rank_] != mine) {
+    // Another process with this rank wrote over this one's record.
+    Status twice = invalidUsage("another process claims rank ", rank_, " of ", size_,
+                                " too (its record replaced this one's): give every rank a different rank number");
+    publishRoundFailure(twice.message());
+    return twice.withContext(what);
   }
   if (lastGatherRound_ >= 0) {
     uint64_t previous = static_cast<uint64_t>(lastGatherRound_);

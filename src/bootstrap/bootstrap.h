@@ -9,7 +9,9 @@
 // time (its communicator's). Every wait takes a Deadline.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -61,9 +63,13 @@ Result<std::shared_ptr<Store>> connectStore(const UniqueIdContents& id, Deadline
 // An in-process store (tests; ncclCommInitAll).
 std::shared_ptr<Store> makeMemoryStore();
 
+// FNV-1a of the bytes: a stable digest for store keys and records.
+uint64_t fnv1a(std::string_view bytes);
+
 class Bootstrap {
  public:
-  // How long the destructor's leave() may wait for the store.
+  // How long the destructor's leave() may wait for the store, and a look at
+  // a round (allGather) for each of its requests.
   static constexpr int64_t kLeaveMs = 1000;
 
   // `scope` namespaces every key (e.g. the communicator id), so that several
@@ -80,8 +86,18 @@ class Bootstrap {
   const std::string& scope() const { return scope_; }
 
   // Every rank contributes `mine`; returns all contributions by rank. On a
-  // deadline the message lists the ranks that did not arrive.
-  Result<std::vector<std::string>> allGather(std::string_view mine, Deadline deadline);
+  // deadline the message lists the ranks that did not arrive. While it
+  // waits, after 1 s and then less often, it reads a few keys: a failure
+  // a rank of the round published (publishRoundFailure: it fails with it),
+  // its own record (another process that claims the same rank writes over
+  // it: it fails, and says so to the round), and rank 0's record, given to
+  // `checkFirst` where set (an error fails the round the same way).
+  using RecordCheck = std::function<Status(std::string_view rankZeroRecord)>;
+  Result<std::vector<std::string>> allGather(std::string_view mine, Deadline deadline,
+                                             const RecordCheck& checkFirst = {});
+  // Tells the ranks still waiting in the last allGather round why it cannot
+  // complete (a record this rank read is wrong), within a short deadline.
+  void publishRoundFailure(std::string_view why);
   Status barrier(Deadline deadline);
   // The last store step of a set-up, for when the root lives in rank 0's
   // process (ncclGetUniqueId there): after it, rank 0 may return and its
@@ -108,6 +124,19 @@ class Bootstrap {
   void setGeneration(uint64_t generation) { generation_ = generation; }
 
  private:
+  // When a rank waiting in allGather looks at the round (lookAtRound): after
+  // 1 s, then after twice the last interval, up to 32 s (three keys each).
+  static constexpr int64_t kFirstLookMs = 1000;
+  static constexpr int64_t kMostLookMs = 32000;
+  std::string roundFailureKey(uint64_t round) const;
+  // A look of a waiting allGather at its round (see allGather); `stop` ends
+  // its requests.
+  Status lookAtRound(uint64_t round, std::string_view mine, const RecordCheck& checkFirst, const std::string& what,
+                     const std::atomic<bool>* stop);
+  // The round's wait: one get, and the looks on a thread beside it.
+  Result<std::vector<std::string>> awaitRound(const std::vector<std::string>& keys, uint64_t round,
+                                              std::string_view mine, const RecordCheck& checkFirst,
+                                              Deadline deadline, const std::string& what);
   Status missingRanks(const std::vector<std::string>& keys, const std::vector<int>& ranks, const Status& failed,
                       const std::string& what);
 
@@ -117,6 +146,7 @@ class Bootstrap {
   int size_;
   uint64_t round_ = 0;            // rounds of allGather and finish, in call order
   int64_t lastGatherRound_ = -1;  // this rank's allGather key still in the store
+  std::string lastRankZeroRecord_;  // rank 0's record of the last allGather (publishRoundFailure)
   bool finished_ = false;         // finish() succeeded: every rank took part
   uint64_t generation_ = 0;       // names the failure reports (setGeneration)
   bool left_ = false;

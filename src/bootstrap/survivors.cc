@@ -31,12 +31,6 @@ std::string encodeList(const std::vector<int>& ranks) {
   return out;
 }
 
-uint64_t fnv1a(std::string_view s) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
-  return h;
-}
-
 }  // namespace
 
 std::string rankListText(const std::vector<int>& ranks) {

@@ -317,16 +317,31 @@ Status Communicator::initialize() {
 Result<std::vector<PeerInfo>> Communicator::exchangePeers(const PeerInfo& self, Deadline deadline) {
   uint64_t nonce = 0;
   if (getrandom(&nonce, sizeof(nonce), 0) != sizeof(nonce)) nonce = static_cast<uint64_t>(nowNs()) ^ self.processId;
-  SHOAL_ASSIGN_OR_RETURN(auto all, bootstrap_->allGather(encodePeerRecord(PeerRecord{nranks_, self, nonce}), deadline),
+  auto sameSize = [&](int r, const PeerRecord& record) -> Status {
+    if (record.nranks == nranks_) return Status::ok();
+    return invalidUsage("rank ", r, " was initialized with nranks=", record.nranks, " but rank ", rank_,
+                        " with nranks=", nranks_);
+  };
+  // A rank still waiting for others learns of a wrong size from rank 0's
+  // record, or from a rank that read them all (publishRoundFailure).
+  auto checkFirst = [&](std::string_view rankZero) -> Status {
+    Result<PeerRecord> record = decodePeerRecord(std::string(rankZero));
+    return record.isOk() ? sameSize(0, record.value()) : Status::ok();
+  };
+  SHOAL_ASSIGN_OR_RETURN(auto all,
+      bootstrap_->allGather(encodePeerRecord(PeerRecord{nranks_, self, nonce}), deadline, checkFirst),
       describe(), ": bootstrap through ", request_.store->describe());
   std::vector<PeerInfo> peers(static_cast<size_t>(nranks_));
   for (int r = 0; r < nranks_; ++r) {
     SHOAL_ASSIGN_OR_RETURN(PeerRecord record, decodePeerRecord(all[r]), describe(), ": peer info of rank ", r);
     if (r == 0) bootstrap_->setGeneration(record.nonce);
-    if (record.nranks != nranks_)
-      return invalidUsage(describe(), ": rank ", r, " was initialized with nranks=", record.nranks,
-                          " but this rank with nranks=", nranks_);
-    if (record.info.rank != r) return invalidUsage(describe(), ": two processes claim rank ", record.info.rank);
+    Status wrong = sameSize(r, record);
+    if (wrong.isOk() && record.info.rank != r)
+      wrong = invalidUsage("two processes claim rank ", record.info.rank);
+    if (!wrong.isOk()) {
+      bootstrap_->publishRoundFailure(wrong.message());
+      return StatusBuilder(std::move(wrong)) << describe();
+    }
     peers[r] = std::move(record.info);
   }
   return peers;

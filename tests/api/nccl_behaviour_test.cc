@@ -3073,3 +3073,46 @@ TEST_CASE("NCCL_COMM_BLOCKING=0 makes the communicators of ncclCommInitAll nonbl
   CHECK(out[0] == 3.0f);
   CHECK(out[1] == 3.0f);
 }
+
+// Ranks that disagree on the communicator's size, or two that claim one
+// rank, fail within seconds on every side, each naming the cause, rather
+// than the ranks still waiting for a rank that will never come waiting for
+// the set-up deadline.
+TEST_CASE("a rank given another nranks, or a rank claimed twice, fails every rank's init within seconds",
+          "[api][errors]") {
+  shoal::testing::ScopedEnv longSetup{{"SHOAL_INIT_TIMEOUT_MS", "60000"}};
+  struct Case {
+    const char* name;
+    int nranks[2];
+    int rank[2];
+    const char* keyword[2];
+  };
+  const Case cases[] = {
+      {"rank 1 says nranks=3", {2, 3}, {0, 1}, {"initialized with nranks=3", "initialized with nranks=3"}},
+      {"two processes claim rank 0", {2, 2}, {0, 0}, {"claims rank 0", "claims rank 0"}},
+  };
+  for (const Case& k : cases) {
+    INFO(k.name);
+    const ncclUniqueId id = newId();
+    ncclResult_t rcs[2] = {ncclSuccess, ncclSuccess};
+    std::string why[2];
+    double ms[2] = {0, 0};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 2; ++t)
+      threads.emplace_back([&, t] {
+        const auto t0 = Clock::now();
+        ncclComm_t comm = nullptr;
+        rcs[t] = ncclCommInitRank(&comm, k.nranks[t], id, k.rank[t]);
+        ms[t] = msSince(t0);
+        why[t] = lastError();
+        if (comm != nullptr) (void)ncclCommDestroy(comm);
+      });
+    for (auto& th : threads) th.join();
+    for (int t = 0; t < 2; ++t) {
+      INFO("thread " << t << " after " << ms[t] << " ms: " << why[t]);
+      CHECK(rcs[t] == ncclInvalidUsage);
+      CHECK(ms[t] < 20000);
+      CHECK(why[t].find(k.keyword[t]) != std::string::npos);
+    }
+  }
+}

@@ -704,6 +704,40 @@ TEST_CASE("mp: stray connections to the bootstrap root do not disturb init", "[m
   requirePassed(res);
 }
 
+// Every communicator made from NCCL_COMM_ID meets in the same scope of the
+// root: one a rank destroyed must not count as that rank leaving the one it
+// still uses. Rank 0 destroys A, then is late (2.5 s) for B's first
+// AllReduce: rank 1's connect, which waits for rank 0's hello, looks for why
+// it does not come after a second.
+TEST_CASE("mp: NCCL_COMM_ID - a rank that destroyed one communicator is not taken to have left the next",
+          "[mp]") {
+  const int port = shoal::testing::freeLoopbackPort();
+  REQUIRE(port > 0);
+  MpConfig cfg;
+  cfg.nranks = 2;
+  cfg.hardLimitMs = 40000;
+  cfg.env = {{"NCCL_COMM_ID", "127.0.0.1:" + std::to_string(port)}, {"SHOAL_INIT_TIMEOUT_MS", "15000"}};
+  MpResult res = runForked(cfg, [&](MpChild& c) {
+    ncclUniqueId id;
+    CHILD_NCCL(c, ncclGetUniqueId(&id));
+    ncclComm_t a = nullptr, b = nullptr;
+    CHILD_NCCL(c, ncclCommInitRank(&a, 2, id, c.rank()));
+    CHILD_NCCL(c, ncclCommInitRank(&b, 2, id, c.rank()));
+    if (c.rank() == 0) {
+      CHILD_NCCL(c, ncclCommDestroy(a));
+      ::usleep(2500000u);
+    }
+    std::vector<float> send(256, 1.f), recv(256);
+    CHILD_NCCL(c, ncclAllReduce(send.data(), recv.data(), 256, ncclFloat, ncclSum, b, nullptr));
+    CHILD_CHECK(c, recv[255] == 2.f, "AllReduce on B");
+    CHILD_CHECK(c, c.barrier(), "barrier");
+    if (c.rank() == 1) CHILD_NCCL(c, ncclCommDestroy(a));
+    CHILD_NCCL(c, ncclCommDestroy(b));
+    return 0;
+  });
+  requirePassed(res);
+}
+
 TEST_CASE("mp: NCCL_COMM_ID - ranks that start before rank 0 join its root", "[mp]") {
   // With NCCL_COMM_ID the root starts in rank 0's init; the others connect
   // (retrying) before or while it comes up, and must be served.
