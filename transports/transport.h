@@ -189,11 +189,17 @@ struct ConnectOptions {
   const PeerInfo* self = nullptr;
   const PeerInfo* peer = nullptr;
   std::string secret;   // shared by the communicator's ranks; authenticates peers
+  // How long connect() may wait for the peer.
   Deadline deadline = Deadline::never();
   // Whether the connection may carry a stream link (Connection::streamLink,
   // stream plans), as every rank of the communicator agreed at init: false,
   // none of its connections does, whatever the GPU could.
   bool streamLinks = true;
+  // For a connection whose peer attaches later, inside an operation (shm):
+  // how long that may take. Meanwhile the operation's own no-progress
+  // deadline, which knows when it waits for a stream rather than a peer,
+  // judges the wait.
+  Deadline attachDeadline = Deadline::never();
 };
 
 // A transport describes what it can do through the members below; the layers

@@ -87,14 +87,13 @@ class ConnectWatch {
     int warnings = 0;                           // kConnect's stall warnings so far
   };
 
-  // A connect that has waited SHOAL_STALL_WARN_MS, then 2, 4, 8... times
-  // that, says so (mutex_ held: the table is still there).
-  static void warnIfLong(Waiting& connect) {
+  // Whether a connect has waited SHOAL_STALL_WARN_MS, then 2, 4, 8... times
+  // that, since it last said so (counted; mutex_ held).
+  static bool dueForWarning(Waiting& connect, int64_t waitedMs) {
     const int64_t warnMs = params().stallWarnMs;
-    const int64_t waitedMs = (nowNs() - connect.pending.sinceNs) / 1000000;
-    if (warnMs <= 0 || connect.warnings >= 30 || waitedMs < (warnMs << connect.warnings)) return;
+    if (warnMs <= 0 || connect.warnings >= 20 || waitedMs < (warnMs << connect.warnings)) return false;
     ++connect.warnings;
-    connect.table->warnConnectWaits(connect.pending, *connect.transport, waitedMs);
+    return true;
   }
 
   // A forked child inherits its parent's list, not its connects nor its
@@ -153,7 +152,18 @@ class ConnectWatch {
         if (found) look.table->judge(look.peer, std::move(why));
         if (!found && look.what == ConnectionTable::Look::kConnect) {
           still->dueNs = nowNs() + kLookEveryMs * 1000000;
-          warnIfLong(*still);
+          const int64_t waitedMs = (nowNs() - still->pending.sinceNs) / 1000000;
+          if (dueForWarning(*still, waitedMs)) {
+            // Said outside the lock (a connect ending meanwhile does not
+            // wait for a log line), with the table held as for a look.
+            const ConnectionTable::PendingConnect pending = still->pending;
+            lookingTable_ = look.table;
+            lock.unlock();
+            look.table->warnConnectWaits(pending, *look.transport, waitedMs);
+            lock.lock();
+            lookingTable_ = nullptr;
+            changed_.notify_all();
+          }
         } else {
           waiting_.erase(still);
         }
@@ -215,6 +225,7 @@ Result<Connection*> ConnectionTable::to(int peer, uint16_t channel, bool unlessW
   opts.streamLinks = streamLinks_;
   const ConnectLimit limit = connectLimit();
   opts.deadline = Deadline::afterMs(limit.ms).cancelledBy(&abortFlag_);
+  opts.attachDeadline = Deadline::afterMs(params().initTimeoutMs).cancelledBy(&abortFlag_);
   auto willNotConnect = [&](const std::string& why) {
     return remoteError("connecting to rank ", peer, " (host ", peers_[peer].hostname, ") over ", transport->name(),
                        ": rank ", peer, " will not connect: ", why);
@@ -226,6 +237,7 @@ Result<Connection*> ConnectionTable::to(int peer, uint16_t channel, bool unlessW
     verdict = &verdictOn(peer);
     if (verdict->willNotCome.load(std::memory_order_acquire)) return willNotConnect(verdict->why);
     opts.deadline = opts.deadline.alsoCancelledBy(&verdict->willNotCome);
+    opts.attachDeadline = opts.attachDeadline.alsoCancelledBy(&verdict->willNotCome);
     pending = PendingConnect{forJob ? forJob->description() : label_,
                              forJob ? forJob->sequence : 0, peer, nowNs()};
     watched = ConnectWatch::instance().begin(this, transport, pending);

@@ -55,8 +55,8 @@ struct PairWorld {
   ConnPair connect(int channel, const std::string& secretA = "secret", const std::string& secretB = "secret",
                    int64_t deadlineMs = 10000) {
     uint64_t id = freshCommId();
-    ConnectOptions oa{&a, &b, secretA, Deadline::afterMs(deadlineMs)};
-    ConnectOptions ob{&b, &a, secretB, Deadline::afterMs(deadlineMs)};
+    ConnectOptions oa{&a, &b, secretA, Deadline::afterMs(deadlineMs), true, Deadline::afterMs(deadlineMs)};
+    ConnectOptions ob{&b, &a, secretB, Deadline::afterMs(deadlineMs), true, Deadline::afterMs(deadlineMs)};
     auto ca = transport->connect({id, 0, 1, static_cast<uint16_t>(channel)}, oa);
     REQUIRE(ca.isOk());
     auto cb = transport->connect({id, 1, 0, static_cast<uint16_t>(channel)}, ob);
@@ -212,7 +212,7 @@ TEST_CASE("shm segment made with another secret is refused", "[shm]") {
 TEST_CASE("shm opener whose creator never comes fails at the deadline naming it", "[shm]") {
   PairWorld world;
   uint64_t id = freshCommId();
-  ConnectOptions ob{&world.b, &world.a, "secret", Deadline::afterMs(200)};
+  ConnectOptions ob{&world.b, &world.a, "secret", Deadline::afterMs(200), true, Deadline::afterMs(200)};
   auto cb = world.transport->connect({id, 1, 0, 0}, ob);
   REQUIRE(cb.isOk());
   Status s = receiveUntilError(*cb.value());

@@ -393,8 +393,7 @@ Status ShmConnection::checkPeer(bool attaching) {
     return remoteError(peer_, " did not attach to the shared-memory segment ", name_,
                        attachDeadline_.cancelled()
                            ? ": the wait was ended (the communicator was aborted, or the peer is known to have failed)"
-                           : " before the connection deadline (SHOAL_PROGRESS_TIMEOUT_MS, or SHOAL_INIT_TIMEOUT_MS "
-                             "where shorter)");
+                           : " before the connection deadline (SHOAL_INIT_TIMEOUT_MS)");
   return Status::ok();
 }
 

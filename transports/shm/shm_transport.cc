@@ -130,7 +130,7 @@ class ShmTransport final : public Transport {
     setup.selfCanRead = probeSingleCopy(peer);
     setup.cmaMinBytes = p.shmCmaMinBytes >= 0 ? static_cast<uint64_t>(std::max<int64_t>(p.shmCmaMinBytes, 1))
                                               : autoSingleCopyMinBytes();
-    setup.attachDeadline = options.deadline;
+    setup.attachDeadline = options.attachDeadline;
     setup.peerDescription = describePeer(key, options, peer.pid);
     if (setup.side == 0) {
       auto created = shm::Segment::create(setup.segmentName, shm::ringBytesFor(p.shmFifoBytes), setup.secret,
