@@ -60,19 +60,29 @@ struct Registry {
 // Never destroyed: the roots outlive static destructors.
 std::atomic<Registry*> gRegistry{nullptr};
 
-// Fork: the registry is held across it, so that the child finds it whole.
-// The child gets an empty one (an id it made from an inherited root would
-// name a root that nobody serves) and closes the listeners it inherited (so
-// that once the parent is gone, a connect to them is refused, not left
-// unanswered).
-void holdRegistryForFork() { gRegistry.load()->mutex.lock(); }
-void releaseRegistryInParent() { gRegistry.load()->mutex.unlock(); }
+// Fork: the child gets a registry of its own, since an id it made from an
+// inherited root would name a root nobody serves there. Where the registry
+// was free at the fork (taken, not waited for, before it: a wait there
+// could deadlock with a thread that holds it and registers a fork handler),
+// the child keeps the NCCL_COMM_ID roots, which the parent still serves at
+// their fixed address, and closes its copies of every inherited listener
+// (so that once the parent is gone, a connect to them is refused, not left
+// unanswered); otherwise it starts from nothing.
+bool gHeldForFork = false;
+void holdRegistryForFork() { gHeldForFork = gRegistry.load()->mutex.try_lock(); }
+void releaseRegistryInParent() {
+  if (gHeldForFork) gRegistry.load()->mutex.unlock();
+}
 void renewRegistryInChild() {
   Registry* inherited = gRegistry.load();
-  inherited->mutex.unlock();  // held by this thread's copy (the prepare handler)
-  if (inherited->defaultServer != nullptr) inherited->defaultServer->closeListenerInForkedChild();
-  for (auto& entry : inherited->commIdServers) entry.second->closeListenerInForkedChild();
-  gRegistry.store(new Registry());
+  auto* fresh = new Registry();
+  if (gHeldForFork) {
+    inherited->mutex.unlock();  // held by this thread's copy (the prepare handler)
+    if (inherited->defaultServer != nullptr) inherited->defaultServer->closeListenerInForkedChild();
+    for (auto& entry : inherited->commIdServers) entry.second->closeListenerInForkedChild();
+    fresh->commIdServers = inherited->commIdServers;
+  }
+  gRegistry.store(fresh);
 }
 
 Registry& registry() {
