@@ -311,6 +311,23 @@ TEST_CASE("mp ofi: ncclConfig_t.netName=OFI alone starts ofi for other hosts, an
   requirePassed(res);
 }
 
+// One AllReduce of 4096 floats, timed and logged: what it returned, after
+// how long, and ncclGetLastError.
+struct TimedCall {
+  ncclResult_t rc;
+  double ms;
+  std::string last;
+};
+TimedCall timedAllReduce(MpChild& c, ncclComm_t comm) {
+  std::vector<float> buf(4096, 1.f);
+  const double t0 = monoMs();
+  const ncclResult_t rc = ncclAllReduce(buf.data(), buf.data(), buf.size(), ncclFloat, ncclSum, comm, nullptr);
+  const double ms = monoMs() - t0;
+  std::string last = ncclGetLastError(nullptr);
+  c.log("AllReduce returned " + describe(rc) + " after " + std::to_string(static_cast<int>(ms)) + " ms: " + last);
+  return {rc, ms, std::move(last)};
+}
+
 // Ranks given different networks (ncclConfig_t.netName): rank 0 is forced to
 // ofi, which rank 1 never starts, so rank 0 cannot connect and fails at once;
 // rank 1, forced to tcp, waits to be connected to by rank 0 and must learn
@@ -324,12 +341,7 @@ int netNamesDiffer(MpChild& c) {
   config.netName = c.rank() == 0 ? "OFI" : "Socket";
   ncclComm_t comm = nullptr;
   CHILD_NCCL(c, ncclCommInitRankConfig(&comm, c.nranks(), id, c.rank(), &config));
-  std::vector<float> buf(4096, 1.f);
-  const double t0 = monoMs();
-  const ncclResult_t rc = ncclAllReduce(buf.data(), buf.data(), buf.size(), ncclFloat, ncclSum, comm, nullptr);
-  const double ms = monoMs() - t0;
-  const std::string last = ncclGetLastError(nullptr);
-  c.log("AllReduce returned " + describe(rc) + " after " + std::to_string(static_cast<int>(ms)) + " ms: " + last);
+  const auto [rc, ms, last] = timedAllReduce(c, comm);
   CHILD_CHECK(c, c.barrier(), "the other rank did not finish");  // rank 0 keeps the root alive till then
   CHILD_CHECK(c, rc != ncclSuccess && rc != ncclInProgress, "the AllReduce succeeded");
   CHILD_CHECK(c, ms < 15000, "the AllReduce took more than 15 s to fail");
@@ -369,12 +381,7 @@ TEST_CASE("mp ofi: a rank that destroyed its communicator before the first colle
       CHILD_CHECK(c, c.barrier(), "rank 1 did not finish");
       return 0;
     }
-    std::vector<float> buf(4096, 1.f);
-    const double t0 = monoMs();
-    const ncclResult_t rc = ncclAllReduce(buf.data(), buf.data(), buf.size(), ncclFloat, ncclSum, comm, nullptr);
-    const double ms = monoMs() - t0;
-    const std::string last = ncclGetLastError(nullptr);
-    c.log("AllReduce returned " + describe(rc) + " after " + std::to_string(static_cast<int>(ms)) + " ms: " + last);
+    const auto [rc, ms, last] = timedAllReduce(c, comm);
     CHILD_CHECK(c, rc == ncclRemoteError, "the AllReduce did not fail as remote");
     CHILD_CHECK(c, ms < 20000, "the AllReduce took more than 20 s to fail");
     CHILD_CHECK(c, last.find("rank 0 will not connect: it destroyed or aborted its communicator") != std::string::npos,
