@@ -432,33 +432,11 @@ SHOAL_API(ncclResult_t, ncclCommSplit,
   });
 }
 
-namespace {
-// Communicators whose ncclCommFinalize was called: NCCL rejects a second call
-// with ncclInvalidArgument. Erased when the communicator is destroyed or
-// aborted (its address may then be reused).
-std::mutex gFinalizedMutex;
-std::set<const Communicator*> gFinalized;
-
-bool markFinalized(const Communicator* impl) {
-  std::lock_guard<std::mutex> lock(gFinalizedMutex);
-  return gFinalized.insert(impl).second;
-}
-void forgetFinalized(const Communicator* impl) {
-  std::lock_guard<std::mutex> lock(gFinalizedMutex);
-  gFinalized.erase(impl);
-}
-}  // namespace
-
-bool shoal::api::finalizeCalled(const Communicator* impl) {
-  std::lock_guard<std::mutex> lock(gFinalizedMutex);
-  return gFinalized.count(impl) != 0;
-}
-
 SHOAL_API(ncclResult_t, ncclCommFinalize, (ncclComm_t comm)) {
   return groupGuard("ncclCommFinalize", [&]() -> Status {
     if (comm == nullptr) return Status::ok();  // as NCCL: nothing to finalize
     SHOAL_ASSIGN_OR_RETURN(auto impl, api::readyComm(comm));
-    if (!markFinalized(impl.get()))
+    if (comm->shared->finalized.exchange(true, std::memory_order_acq_rel))
       return invalidArgument("ncclCommFinalize was already called on ", impl->describe());
     if (!impl->options().blocking) {
       // Nonblocking: flushing continues in the background; poll GetAsyncError.
@@ -488,7 +466,6 @@ SHOAL_API(ncclResult_t, ncclCommDestroy, (ncclComm_t comm)) {
     comm->shared->closeParts();
     Status st;
     if (auto impl = comm->shared->impl; impl && !impl->aborted()) st = impl->finalize();
-    forgetFinalized(comm->shared->impl.get());
     // NCCL forbids using a communicator while destroying it, and nothing
     // tells such a call to leave; one found inside keeps the memory it uses.
     if (!api::waitForCalls(*comm, Deadline::afterMs(0))) {
@@ -517,7 +494,6 @@ SHOAL_API(ncclResult_t, ncclCommAbort, (ncclComm_t comm)) {
       impl = comm->shared->impl;
     }
     if (impl) impl->abort();
-    forgetFinalized(impl.get());
     // A call still inside on another thread (a watchdog aborting a hung
     // collective) sees the abort flag and returns; wait for it to leave.
     if (!api::waitForCalls(*comm, Deadline::afterMs(kCallsLeaveMs))) {

@@ -50,7 +50,7 @@ SHOAL_API(ncclResult_t, ncclCommRevoke, (ncclComm_t comm, int revokeFlags)) {
     if (comm->shared->revoked.load())
       return invalidArgument("communicator ", static_cast<void*>(comm), " was already revoked");
     SHOAL_ASSIGN_OR_RETURN(auto impl, api::readyComm(comm));
-    if (api::finalizeCalled(impl.get()))
+    if (comm->shared->finalized.load(std::memory_order_acquire))
       return invalidArgument(impl->describe(), ": ncclCommFinalize was called; it cannot be revoked");
     {
       std::lock_guard<std::mutex> lock(comm->shared->mutex);

@@ -153,6 +153,14 @@ Status checkHandle(ncclComm_t comm) {
   return invalidUsage(impl.describe(), " was aborted");
 }
 
+// Why a collective or point-to-point call is refused: aborted, revoked or
+// finalized.
+[[gnu::cold, gnu::noinline]] Status refusedCallError(const ncclComm::Shared& shared, const Communicator& impl) {
+  if (impl.aborted()) return abortedError(shared, impl);
+  return invalidUsage(impl.describe(), " was finalized (ncclCommFinalize): only ncclCommDestroy, ncclCommAbort, "
+                      "its queries and deregistrations may use it");
+}
+
 }  // namespace
 
 Result<std::shared_ptr<Communicator>> readyComm(ncclComm_t comm) {
@@ -176,9 +184,9 @@ CommCall::CommCall(ncclComm_t handle) : status_(checkHandle(handle)) {
   inside.store(inside.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   lightFence();  // the mark is visible before the abort flag is read (waitForCalls)
   impl_ = &shared_->impl;
-  if ((*impl_)->aborted()) [[unlikely]] {
+  if ((*impl_)->aborted() || shared_->finalized.load(std::memory_order_relaxed)) [[unlikely]] {
     try {
-      status_ = abortedError(*shared_, **impl_);  // still marked: abort waits while it reads
+      status_ = refusedCallError(*shared_, **impl_);  // still marked: abort waits while it reads
     } catch (...) {
       leave();
       throw;  // no destructor runs for a constructor that throws

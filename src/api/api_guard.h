@@ -57,6 +57,11 @@ struct ncclComm {
     // (the revoke's own abort is no error).
     std::atomic<bool> revoked{false};
     shoal::Status errorBeforeRevoke;
+    // ncclCommFinalize was called: a second call is ncclInvalidArgument (as
+    // NCCL), and collectives and point-to-point calls are refused with
+    // ncclInvalidUsage (only destroy, abort, queries and deregistrations
+    // may follow).
+    std::atomic<bool> finalized{false};
     // Counts of ncclCommShrink and ncclCommGrow calls on this communicator:
     // every surviving rank calls them in the same order, so the counts name
     // each agreement's keys in the store.
@@ -204,8 +209,6 @@ Result<std::shared_ptr<Communicator>> initFromId(const UniqueIdContents& id, int
                                                  const CommOptions& options, const std::atomic<bool>* cancel,
                                                  ncclComm::Shared& shared,
                                                  std::shared_ptr<Store> store = nullptr);
-// Whether ncclCommFinalize was called on the communicator.
-bool finalizeCalled(const Communicator* impl);
 void logVersionOnce();
 
 // A collective or point-to-point call's hold on its communicator, for as long

@@ -176,6 +176,20 @@ TEST_CASE("edge: ncclCommFinalize", "[api][edge]") {
   ncclResult_t async = ncclInternalError;
   EXPECT_OK(ncclCommGetAsyncError(c, &async));
   CHECK(async == ncclSuccess);
+  // Only destroy, abort, queries and deregistrations may follow: a
+  // collective or point-to-point call is refused, its buffers untouched.
+  float x[2] = {1.f, 2.f};
+  EXPECT_RC(ncclAllReduce(&x[0], &x[1], 1, ncclFloat, ncclSum, c, nullptr), ncclInvalidUsage,
+            "was finalized (ncclCommFinalize)");
+  CHECK(x[1] == 2.f);
+  EXPECT_RC(ncclSend(&x[0], 1, ncclFloat, 0, c, nullptr), ncclInvalidUsage, "was finalized");
+  int count = 0;
+  EXPECT_OK(ncclCommCount(c, &count));
+  CHECK(count == 1);
+  // Refused inside a group too, which then runs none of it.
+  EXPECT_OK(ncclGroupStart());
+  EXPECT_RC(ncclRecv(&x[1], 1, ncclFloat, 0, c, nullptr), ncclInvalidUsage, "was finalized");
+  EXPECT_RC(ncclGroupEnd(), ncclInvalidUsage, "was finalized");
   EXPECT_OK(ncclCommDestroy(c));
   EXPECT_RC(ncclCommFinalize(c), ncclInvalidArgument, "was destroyed");
 }
