@@ -223,6 +223,13 @@ Status pointToPoint(ncclComm_t handle, CollKind kind, const void* sendbuff, void
   SHOAL_TRY(checkBuffer(kind == CollKind::kSend ? sendbuff : recvbuff, count,
                         kind == CollKind::kSend ? "sendbuff" : "recvbuff"));
   SHOAL_TRY(checkSize(count, datatype, 1));
+  // Both ends of a message to self must be in one group (NCCL refuses it
+  // otherwise; alone it could only wait for the no-progress deadline).
+  if (peer == comm->rank() && !group::active())
+    return invalidUsage(comm->describe(), ": ", kind == CollKind::kSend ? "ncclSend to" : "ncclRecv from",
+                        " self (rank ", peer, ") outside a group has no matching ",
+                        kind == CollKind::kSend ? "ncclRecv from" : "ncclSend to",
+                        " self: call both between ncclGroupStart and ncclGroupEnd");
   return dispatch(handle, comm, std::move(req), stream);
 }
 

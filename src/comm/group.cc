@@ -240,8 +240,26 @@ Status end() {
 
 namespace {
 
+// A Send to self is delivered only by a Recv from self in the same group
+// (the merged plan holds both ends of the lane); the k-th of each pair up.
+// Unpaired, it would wait for the no-progress deadline: refused, as NCCL
+// refuses it ("Trying to send to self without a matching recv").
+Status checkSelfPointToPoint(const Communicator& comm, const std::vector<OpRequest>& ops) {
+  size_t sends = 0, recvs = 0;
+  for (const OpRequest& op : ops) {
+    if (op.shape.peer != comm.rank()) continue;
+    if (op.shape.kind == CollKind::kSend) ++sends;
+    if (op.shape.kind == CollKind::kRecv) ++recvs;
+  }
+  if (sends == recvs) return Status::ok();
+  return invalidUsage(comm.describe(), ": the group holds ", sends, " ncclSend to self (rank ", comm.rank(),
+                      ") and ", recvs, " ncclRecv from self; each Send to self needs a Recv from self in the "
+                      "same group");
+}
+
 Status runOps(GroupState& work) {
   Status result;
+  for (const auto& c : work.comms) SHOAL_TRY(checkSelfPointToPoint(*c.comm, c.ops));
 
   // SHOAL_CHECK_MODE=1: every communicator's part of the group is compared
   // with its peers first (concurrently: one thread may drive several ranks).

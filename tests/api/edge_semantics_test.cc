@@ -582,6 +582,24 @@ TEST_CASE("edge: ncclSend and ncclRecv", "[api][edge]") {
     EXPECT_OK(ncclRecv(nullptr, 0, ncclFloat, 0, c, nullptr));
     EXPECT_OK(ncclGroupEnd());
   }
+  SECTION("a message to self needs both ends in one group") {
+    // NCCL: "Trying to send to self without a matching recv" (ncclInvalidUsage).
+    float x = 1.f, y = 0.f;
+    EXPECT_RC(ncclSend(&x, 1, ncclFloat, 0, c, nullptr), ncclInvalidUsage, "no matching ncclRecv from self");
+    EXPECT_RC(ncclRecv(&y, 1, ncclFloat, 0, c, nullptr), ncclInvalidUsage, "no matching ncclSend to self");
+    REQUIRE(ncclGroupStart() == ncclSuccess);
+    EXPECT_OK(ncclSend(&x, 1, ncclFloat, 0, c, nullptr));
+    EXPECT_OK(ncclSend(&x, 1, ncclFloat, 0, c, nullptr));
+    EXPECT_OK(ncclRecv(&y, 1, ncclFloat, 0, c, nullptr));
+    EXPECT_RC(ncclGroupEnd(), ncclInvalidUsage, "2 ncclSend to self (rank 0) and 1 ncclRecv from self");
+    CHECK(y == 0.f);  // nothing of the group ran
+    // Paired, it delivers; the communicator still works after the refusals.
+    REQUIRE(ncclGroupStart() == ncclSuccess);
+    EXPECT_OK(ncclRecv(&y, 1, ncclFloat, 0, c, nullptr));
+    EXPECT_OK(ncclSend(&x, 1, ncclFloat, 0, c, nullptr));
+    EXPECT_OK(ncclGroupEnd());
+    CHECK(y == 1.f);
+  }
   SECTION("count 0 still checks peer, type and comm") {
     EXPECT_RC(ncclSend(nullptr, 0, ncclFloat, 1, c, nullptr), ncclInvalidArgument, "peer");
     EXPECT_RC(ncclRecv(nullptr, 0, ncclFloat, -1, c, nullptr), ncclInvalidArgument, "peer");
