@@ -20,11 +20,7 @@ using shoal::api::groupGuard;
 
 namespace shoal::api {
 
-std::string scopeForId(const UniqueIdContents& id) {
-  char buf[24];
-  std::snprintf(buf, sizeof(buf), "c%016llx", static_cast<unsigned long long>(id.magic));
-  return buf;
-}
+std::string scopeForId(const UniqueIdContents& id) { return "c" + hex64(id.magic); }
 
 void logVersionOnce() {
   static std::once_flag once;

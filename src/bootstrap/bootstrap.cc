@@ -56,17 +56,9 @@ Bootstrap::~Bootstrap() {
                "; its keys stay until the id is released");
 }
 
-std::string Bootstrap::failureKey(int rank) const {
-  char generation[17];
-  std::snprintf(generation, sizeof(generation), "%016llx", static_cast<unsigned long long>(generation_));
-  return str(scope_, "/failure/", generation, "/", rank);
-}
+std::string Bootstrap::failureKey(int rank) const { return str(scope_, "/failure/", hex64(generation_), "/", rank); }
 
-std::string Bootstrap::leftKey(int rank) const {
-  char generation[17];
-  std::snprintf(generation, sizeof(generation), "%016llx", static_cast<unsigned long long>(generation_));
-  return str(scope_, "/left/", generation, "/", rank);
-}
+std::string Bootstrap::leftKey(int rank) const { return str(scope_, "/left/", hex64(generation_), "/", rank); }
 
 uint64_t fnv1a(std::string_view bytes) {
   uint64_t h = 1469598103934665603ull;
@@ -93,10 +85,16 @@ namespace {
 // A round's failure names the round's rank-0 record it was found with: a
 // later communicator in the same scope (NCCL_COMM_ID gives every one the
 // same) never takes an earlier one's failure for its own.
+std::string anchorOf(std::string_view rankZeroRecord) { return hex64(fnv1a(rankZeroRecord)); }
+
 std::string failureRecord(std::string_view rankZeroRecord, int rank, std::string_view why) {
-  char anchor[17];
-  std::snprintf(anchor, sizeof(anchor), "%016llx", static_cast<unsigned long long>(fnv1a(rankZeroRecord)));
-  return str(anchor, " rank ", rank, " found: ", why);
+  return str(anchorOf(rankZeroRecord), " rank ", rank, " found: ", why);
+}
+
+// This rank's record was replaced by another process's.
+Status claimedTwice(int rank, int size) {
+  return invalidUsage("another process claims rank ", rank, " of ", size,
+                      " too (its record replaced this one's): give every rank a different rank number");
 }
 }  // namespace
 
@@ -121,12 +119,12 @@ Status Bootstrap::lookAtRound(uint64_t round, std::string_view mine, const Recor
   std::string failed, own, rankZero;
   for (size_t i = 0; i < wanted.size(); ++i)
     (wanted[i] == keys[0] ? failed : wanted[i] == keys[1] ? own : rankZero) = values.value()[i];
-  const std::string anchor = failureRecord(rankZero, rank_, "").substr(0, 16);
-  if (failed.size() > 17 && failed.compare(0, 16, anchor) == 0) return invalidUsage(what, ": ", failed.substr(17));
+  const std::string anchor = anchorOf(rankZero);
+  if (failed.size() > anchor.size() + 1 && failed.compare(0, anchor.size(), anchor) == 0)
+    return invalidUsage(what, ": ", failed.substr(anchor.size() + 1));
   Status wrong;
   if (present.value()[1] && own != mine)
-    wrong = invalidUsage("another process claims rank ", rank_, " of ", size_,
-                         " too (its record replaced this one's): give every rank a different rank number");
+    wrong = claimedTwice(rank_, size_);
   else if (checkFirst && rank_ != 0)
     wrong = checkFirst(rankZero);
   if (wrong.isOk()) return Status::ok();
@@ -202,8 +200,7 @@ Result<std::vector<std::string>> Bootstrap::allGather(std::string_view mine, Dea
   lastRankZeroRecord_ = values.value()[0];
   if (values.value()[rank_] != mine) {
     // Another process with this rank wrote over this one's record.
-    Status twice = invalidUsage("another process claims rank ", rank_, " of ", size_,
-                                " too (its record replaced this one's): give every rank a different rank number");
+    Status twice = claimedTwice(rank_, size_);
     publishRoundFailure(twice.message());
     return twice.withContext(what);
   }

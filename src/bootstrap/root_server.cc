@@ -600,9 +600,7 @@ void RootServer::State::releaseTenant(Tenant& tenant) {
     tenant.used = false;
     return;
   }
-  char magic[20];
-  std::snprintf(magic, sizeof(magic), "%016llx", static_cast<unsigned long long>(tenant.magic));
-  SHOAL_INFO(subsys::kBootstrap, "bootstrap root: id ", magic, " released (its last client left)");
+  SHOAL_INFO(subsys::kBootstrap, "bootstrap root: id ", hex64(tenant.magic), " released (its last client left)");
   std::lock_guard<std::mutex> lock(tenantsMutex);
   tenants.erase(tenant.magic);
 }

@@ -50,9 +50,7 @@ Result<SurvivorAgreement> agreeOnSurvivors(Store& store, const std::string& pref
   const std::string mine = encodeList(excluded);
   // The new scope names the surviving set too: survivors that disagree could
   // never meet in one scope, even if their lists were not compared.
-  char hash[20];
-  std::snprintf(hash, sizeof(hash), "%016llx", static_cast<unsigned long long>(fnv1a(mine)));
-  agreement.scope = str(prefix, "/", hash);
+  agreement.scope = str(prefix, "/", hex64(fnv1a(mine)));
 
   SHOAL_TRY(store.set(listKey(prefix, parentRank), mine, deadline))
       << "posting this rank's exclude list through " << store.describe();

@@ -186,11 +186,7 @@ bool Communicator::settleStreamPlans(int64_t waitMs) {
   return settled;
 }
 
-std::string Communicator::idHex() const {
-  char id[20];
-  std::snprintf(id, sizeof(id), "%016llx", static_cast<unsigned long long>(commId_));
-  return id;
-}
+std::string Communicator::idHex() const { return hex64(commId_); }
 
 std::string Communicator::describe() const {
   const std::string id = idHex();
@@ -335,10 +331,9 @@ Result<std::vector<PeerInfo>> Communicator::exchangePeers(const PeerInfo& self, 
   for (int r = 0; r < nranks_; ++r) {
     SHOAL_ASSIGN_OR_RETURN(PeerRecord record, decodePeerRecord(all[r]), describe(), ": peer info of rank ", r);
     if (r == 0) bootstrap_->setGeneration(record.nonce);
-    Status wrong = sameSize(r, record);
-    if (wrong.isOk() && record.info.rank != r)
-      wrong = invalidUsage("two processes claim rank ", record.info.rank);
-    if (!wrong.isOk()) {
+    // (Two processes claiming one rank are found by allGather: the later
+    // record replaces the earlier one under the rank's key.)
+    if (Status wrong = sameSize(r, record); !wrong.isOk()) {
       bootstrap_->publishRoundFailure(wrong.message());
       return StatusBuilder(std::move(wrong)) << describe();
     }

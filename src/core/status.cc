@@ -60,6 +60,12 @@ Status& Status::withContext(std::string_view context) {
   return *this;
 }
 
+std::string hex64(uint64_t value) {
+  char text[17];
+  std::snprintf(text, sizeof(text), "%016llx", static_cast<unsigned long long>(value));
+  return text;
+}
+
 std::string Status::toString() const {
   if (isOk()) return "ok";
   return std::string(codeName(code_)) + ": " + message();

@@ -90,6 +90,10 @@ std::string str(Parts&&... parts) {
   }
 }
 
+// Sixteen lowercase hex digits: how ids, nonces and hashes are named in
+// keys, scopes and logs.
+std::string hex64(uint64_t value);
+
 template <typename... Parts>
 Status error(Code code, Parts&&... parts) {
   return Status(code, str(std::forward<Parts>(parts)...));

@@ -28,9 +28,7 @@ sockaddr_un abstractAddress(const std::string& name, socklen_t& length) {
 Result<Fd> listenAbstract(const std::string& prefix, std::string& name) {
   uint64_t nonce = 0;
   SHOAL_TRY(randomBytes(&nonce, sizeof nonce)) << "naming a Unix socket";
-  char text[96];
-  std::snprintf(text, sizeof text, "%s-%d-%016llx", prefix.c_str(), currentPid(),
-                static_cast<unsigned long long>(nonce));
+  const std::string text = str(prefix, "-", currentPid(), "-", hex64(nonce));
   Fd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   if (!fd) return systemError("socket(AF_UNIX): ", std::strerror(errno));
   socklen_t length = 0;
