@@ -1,6 +1,6 @@
 // soak_bench: the soak driver for hours (README.md, "Running for hours").
 //
-//   soak_bench --seconds N [--report-every S] [--setting threads|shm|tcp|all]
+//   soak_bench --seconds N [--report-every S] [--setting threads|shm|tcp|ofi|all]
 //              [--ranks R] [--modes a,b,...] [--rss-slack-mib M] [--heap-slack-mib H]
 //
 // Every rank loops over the modes (soak.h), each pass with its own warm-up,
@@ -13,8 +13,9 @@
 // against the baseline. Exit status: 0 if nothing failed and nothing grew
 // beyond the slack; 1 on a library error or wrong data; 2 if a resource grew.
 //
-// --setting all runs the three settings at once, each in a child process
-// forked before anything calls the library.
+// --setting all runs the threads, shm and tcp settings at once, each in a
+// child process forked before anything calls the library; ofi (libfabric,
+// its default provider unless FI_PROVIDER says) runs only when named.
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -42,7 +43,7 @@ struct Options {
 
 void usage(const char* argv0) {
   std::fprintf(stderr,
-               "usage: %s --seconds N [--report-every S] [--setting threads|shm|tcp|all] [--ranks R]\n"
+               "usage: %s --seconds N [--report-every S] [--setting threads|shm|tcp|ofi|all] [--ranks R]\n"
                "          [--modes blocking,nonblocking,hoststream,grouped,split,initdestroy,abort]\n"
                "          [--rss-slack-mib M] [--heap-slack-mib H]\n",
                argv0);
@@ -87,7 +88,8 @@ bool parse(int argc, char** argv, Options* o) {
     }
   }
   if (o->seconds <= 0 || o->reportEvery <= 0 || o->ranks < 2 || o->ranks > 16 || o->modes.empty()) return false;
-  return o->setting == "threads" || o->setting == "shm" || o->setting == "tcp" || o->setting == "all";
+  return o->setting == "threads" || o->setting == "shm" || o->setting == "tcp" || o->setting == "ofi" ||
+         o->setting == "all";
 }
 
 ModeCounts benchCounts(Mode m) {

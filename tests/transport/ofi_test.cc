@@ -884,6 +884,79 @@ TEST_CASE("ofi: a large message nobody receives yet does not hold up another con
   }
 }
 
+// Whether a bye, of any connection, waits unreceived in `rail`'s provider
+// (a peek on every endpoint).
+bool byeLeftWithProvider(ofi::Rail& rail) {
+  std::lock_guard<std::mutex> lock(rail.mutex);
+  for (int lane = 0; lane < rail.endpointCount(); ++lane) {
+    ofi::Op peek;
+    peek.kind = ofi::Op::Kind::kPeek;
+    fi_msg_tagged msg{};
+    msg.addr = FI_ADDR_UNSPEC;
+    msg.tag = ofi::wire::byeTag(0);
+    msg.ignore = static_cast<uint64_t>(ofi::wire::kMaxId) << ofi::wire::kIdShift;
+    msg.context = &peek.context;
+    REQUIRE(fi_trecvmsg(rail.endpoint(lane), &msg, FI_PEEK) == 0);
+    peek.posted = true;
+    Deadline deadline = Deadline::afterMs(5000);
+    while (!peek.done && !deadline.expired()) REQUIRE(rail.progress().isOk());
+    REQUIRE(peek.done);
+    if (peek.error == 0) return true;
+    INFO(peek.errorText);
+    REQUIRE(peek.error == FI_ENOMSG);
+  }
+  return false;
+}
+
+TEST_CASE("ofi: connections closed on both sides at once leave no bye with the provider", "[ofi]") {
+  // Each side's bye arrives after the other side's connection is gone. A
+  // message nobody receives stays with the provider for good (over
+  // tcp;ofi_rxm a receive buffer each), so a job that makes and destroys
+  // communicators would grow without end.
+  std::set<ofi::Rail*> before;
+  ofi::forEachRail([&](ofi::Rail& rail) { before.insert(&rail); });
+  OfiWorld own(kTcp);  // endpoints of its own: no other test's messages
+  std::vector<ofi::Rail*> rails;
+  ofi::forEachRail([&](ofi::Rail& rail) {
+    if (before.count(&rail) == 0) rails.push_back(&rail);
+  });
+  REQUIRE(rails.size() == 2);
+  for (int round = 0; round < 3; ++round) {
+    ConnPair pair = makePair(*own.rank0, *own.rank1, round);
+    exchange(*pair.first, *pair.second, 10, 1);
+    exchange(*pair.second, *pair.first, 10, 2);  // each side has claimed the other's hello
+    // Back to back, neither side polled in between.
+    pair.first.reset();
+    pair.second.reset();
+  }
+  Deadline settle = Deadline::afterMs(500);  // the byes land
+  Status driven;
+  while (!settle.expired() && driven.isOk())
+    for (ofi::Rail* rail : rails) {
+      std::lock_guard<std::mutex> lock(rail->mutex);
+      if (driven.isOk()) driven = rail->progress();
+    }
+  REQUIRE(driven.isOk());
+  for (ofi::Rail* rail : rails) CHECK_FALSE(byeLeftWithProvider(*rail));
+  // And a connection closed by its peer still fails an operation left
+  // waiting (the rail hands the bye to the live connection).
+  ConnPair pair = makePair(*own.rank0, *own.rank1, 0);
+  exchange(*pair.first, *pair.second, 10, 1);
+  pair.first.reset();
+  std::vector<uint8_t> in(10);
+  REQUIRE(pair.second->postRecv(in.data(), in.size(), 7, 5).isOk());
+  Deadline deadline = Deadline::afterMs(20000);
+  std::vector<Completion> done;
+  Status s;
+  while (s.isOk() && !deadline.expired()) {
+    bool progressed = false;
+    s = pair.second->poll(done, progressed);
+  }
+  INFO(s.toString());
+  CHECK(s.code() == Code::kRemoteError);
+  CHECK_THAT(s.message(), Catch::Contains("closed by the peer"));
+}
+
 TEST_CASE("ofi shm without CMA: every large message waits for its receive (clear-to-send)", "[ofi]") {
   // libfabric reads FI_SHM_DISABLE_CMA when it first loads: ctest runs each
   // test case in its own process, so this one sees it. (Run together with

@@ -35,22 +35,6 @@ Status OfiConnection::start(PeerHello expected) {
   SHOAL_CHECK(!peerLanes_.empty() && peerLanes_.size() <= static_cast<size_t>(rail_.endpointCount()),
               "ofi lanes: ", peerLanes_.size());
   expected_ = std::move(expected);
-  Deadline deadline = Deadline::afterMs(1000);
-  for (int lane = 0; lane < laneCount(); ++lane) {
-    Op* bye = newOp();
-    bye->kind = Op::Kind::kBye;
-    bye->lane = static_cast<uint8_t>(lane);
-    byes_.push_back(bye);
-    for (;;) {
-      ssize_t rc = fi_trecv(rail_.endpoint(lane), nullptr, 0, nullptr, FI_ADDR_UNSPEC, wire::byeTag(recvId_), 0,
-                            &bye->context);
-      if (rc == 0) break;
-      if (rc != -FI_EAGAIN || deadline.expired())
-        return systemError(peer_, ": ", fiError(rail_.api(), "fi_trecv (bye)", rc), " on endpoint ", lane);
-      SHOAL_TRY(rail_.progress());
-    }
-    bye->posted = true;
-  }
   peek_ = newOp();
   peek_->kind = Op::Kind::kPeek;
   peek_->owner = this;
@@ -82,10 +66,9 @@ OfiConnection::~OfiConnection() {
   for (Op* op : recvs_.ops) drop(op, true);
   for (Op* op : clearances_) drop(op, true);
   for (Op* op : abandonedClearances_) drop(op, true);
-  // The peer is gone when it said so on every lane (or set-up never finished).
-  bool peerGone = byes_.size() < peerLanes_.size() ||
-                  std::all_of(byes_.begin(), byes_.end(), [](const Op* bye) { return bye->done; });
-  for (Op* bye : byes_) drop(bye, true);
+  // The peer is gone when it said so on every lane (the rail receives byes).
+  bool peerGone = true;
+  for (int lane = 0; lane < laneCount(); ++lane) peerGone = peerGone && rail_.byeArrived(recvId_, lane);
   drop(peek_, false);
   for (Op* op : spare_) delete op;
   // Tell the peer, on every lane, so that it fails instead of waiting for us
@@ -362,13 +345,12 @@ Status OfiConnection::poll(std::vector<Completion>& done, bool& progressed) {
 
 Status OfiConnection::checkByes() {
   if (pendingMessages_ == 0) return Status::ok();
-  for (const Op* bye : byes_) {
-    if (!bye->done) continue;
-    if (bye->error != 0) return fail(remoteError(peer_, ": the connection failed: ", bye->errorText));
+  for (int lane = 0; lane < laneCount(); ++lane) {
+    if (!rail_.byeArrived(recvId_, lane)) continue;
     // Everything the peer sent on this lane before its bye has been delivered
     // by now (send-after-send order per endpoint pair), so what still waits on
     // this lane never will complete.
-    auto onLane = [&](const Op* op) { return op->lane == bye->lane && !op->done; };
+    auto onLane = [&](const Op* op) { return op->lane == lane && !op->done; };
     if (std::any_of(sends_.ops.begin(), sends_.ops.end(), onLane) ||
         std::any_of(recvs_.ops.begin(), recvs_.ops.end(), onLane))
       return fail(remoteError(peer_, ": connection closed by the peer with ", pending(),

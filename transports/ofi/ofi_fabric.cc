@@ -129,6 +129,9 @@ constexpr uint16_t kHelloVersion = 4;  // 2: lanes and striped messages; 3: clea
 constexpr size_t kHelloSigned = 48;
 constexpr int kControlSlots = 64;
 constexpr int kHelloRecvSlots = 16;
+// Bye receives kept posted on each endpoint (Rail::byeSinks_); byes that
+// arrive between two polls beyond these wait in the provider until reposted.
+constexpr int kByeSinksPerEndpoint = 4;
 constexpr size_t kSlotBytes = 128;
 constexpr size_t kMaxWaitingHellos = 4096;
 constexpr int kCqBatch = 16;
@@ -355,6 +358,11 @@ Result<std::unique_ptr<Rail>> Rail::open(const Api& api, const fi_info& info, in
   }
   for (int slot = kControlSlots - 1; slot >= kHelloRecvSlots; --slot) r.freeSendSlots_.push_back(slot);
   for (int slot = 0; slot < kHelloRecvSlots; ++slot) SHOAL_TRY(r.postHelloRecv(slot)) << where;
+  r.byeSinks_.resize(static_cast<size_t>(r.endpointCount() * kByeSinksPerEndpoint));
+  for (size_t i = 0; i < r.byeSinks_.size(); ++i) {
+    r.byeSinks_[i].lane = static_cast<uint8_t>(i / kByeSinksPerEndpoint);
+    SHOAL_TRY(r.postByeSink(r.byeSinks_[i])) << where;
+  }
 
   std::lock_guard<std::mutex> lock(railsMutex());
   rails().push_back(rail.get());
@@ -409,6 +417,23 @@ Status Rail::postHelloRecv(int slot) {
   if (rc != 0) return systemError(fiError(api_, "fi_trecv (hello)", rc));
   op.posted = true;
   return Status::ok();
+}
+
+Status Rail::postByeSink(Op& op) {
+  const uint8_t lane = op.lane;
+  op.reset();
+  op.kind = Op::Kind::kByeSink;
+  op.lane = lane;
+  const uint64_t anyId = static_cast<uint64_t>(wire::kMaxId) << wire::kIdShift;
+  ssize_t rc = fi_trecv(endpoint(lane), nullptr, 0, nullptr, FI_ADDR_UNSPEC, wire::byeTag(0), anyId, &op.context);
+  if (rc != 0) return systemError(fiError(api_, "fi_trecv (bye)", rc), " on endpoint ", static_cast<int>(lane));
+  op.posted = true;
+  return Status::ok();
+}
+
+bool Rail::byeArrived(uint32_t id, int lane) const {
+  auto it = byesArrived_.find(id);
+  return it != byesArrived_.end() && (it->second & (1u << lane)) != 0;
 }
 
 Status Rail::progress() {
@@ -470,7 +495,8 @@ Status Rail::progress(int lane) {
 }
 
 void Rail::dispatch(Op* op) {
-  if (op->done && op->kind != Op::Kind::kHelloRecv && op->kind != Op::Kind::kControlSend)
+  if (op->done && op->kind != Op::Kind::kHelloRecv && op->kind != Op::Kind::kControlSend &&
+      op->kind != Op::Kind::kByeSink)
     SHOAL_WARN("ofi rail ", index_, ": a second completion for one operation (error ", op->error, ")");
   op->done = true;
   switch (op->kind) {
@@ -493,6 +519,19 @@ void Rail::dispatch(Op* op) {
         SHOAL_WARN("ofi rail ", index_, ": reposting a hello receive: ", s.message());
       return;
     }
+    case Op::Kind::kByeSink: {
+      if (op->error == FI_ECANCELED) return;  // the endpoint is closing
+      if (op->error == 0) {
+        const auto id = static_cast<uint32_t>((op->gotTag >> wire::kIdShift) & wire::kMaxId);
+        if (idsInUse_.count(id) != 0) byesArrived_[id] |= 1u << op->lane;  // else: its connection is gone
+      } else {
+        SHOAL_WARN("ofi rail ", index_, ": bye receive failed on endpoint ", static_cast<int>(op->lane), ": ",
+                   op->errorText);
+      }
+      if (Status s = postByeSink(*op); !s.isOk())
+        SHOAL_WARN("ofi rail ", index_, ": reposting a bye receive: ", s.message());
+      return;
+    }
     case Op::Kind::kControlSend:
       if (op->error != 0 && op->error != FI_ECANCELED)
         SHOAL_INFO(subsys::kNet, "ofi rail ", index_, ": control message not delivered: ", op->errorText);
@@ -501,7 +540,6 @@ void Rail::dispatch(Op* op) {
       return;
     case Op::Kind::kSend:
     case Op::Kind::kRecv:
-    case Op::Kind::kBye:
     case Op::Kind::kPeek:
     case Op::Kind::kClearance:
       if (op->owner == nullptr && orphans_.erase(op) == 1) {  // its connection is gone
@@ -551,7 +589,10 @@ Result<uint32_t> Rail::allocateId() {
   return id;
 }
 
-void Rail::releaseId(uint32_t id) { idsInUse_.erase(id); }
+void Rail::releaseId(uint32_t id) {
+  idsInUse_.erase(id);
+  byesArrived_.erase(id);
+}
 
 Status Rail::sendControl(int lane, fi_addr_t to, uint64_t tag, const void* payload, size_t bytes) {
   if (bytes > kSlotBytes) return internalError("ofi control message of ", bytes, " bytes");
