@@ -899,7 +899,9 @@ bool byeLeftWithProvider(ofi::Rail& rail) {
     REQUIRE(fi_trecvmsg(rail.endpoint(lane), &msg, FI_PEEK) == 0);
     peek.posted = true;
     Deadline deadline = Deadline::afterMs(5000);
-    while (!peek.done && !deadline.expired()) REQUIRE(rail.progress().isOk());
+    Status driven;
+    while (!peek.done && !deadline.expired() && driven.isOk()) driven = rail.progress();
+    REQUIRE(driven.isOk());
     REQUIRE(peek.done);
     if (peek.error == 0) return true;
     INFO(peek.errorText);
@@ -913,6 +915,7 @@ TEST_CASE("ofi: connections closed on both sides at once leave no bye with the p
   // message nobody receives stays with the provider for good (over
   // tcp;ofi_rxm a receive buffer each), so a job that makes and destroys
   // communicators would grow without end.
+  // (Over tcp;ofi_rxm only: libfabric 1.17's shm has no FI_PEEK to look.)
   std::set<ofi::Rail*> before;
   ofi::forEachRail([&](ofi::Rail& rail) { before.insert(&rail); });
   OfiWorld own(kTcp);  // endpoints of its own: no other test's messages

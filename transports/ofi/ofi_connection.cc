@@ -35,6 +35,26 @@ Status OfiConnection::start(PeerHello expected) {
   SHOAL_CHECK(!peerLanes_.empty() && peerLanes_.size() <= static_cast<size_t>(rail_.endpointCount()),
               "ofi lanes: ", peerLanes_.size());
   expected_ = std::move(expected);
+  // Exact-tag bye receives while the connection lives: a provider may match
+  // a message that arrived before its receive only by its exact tag (shm),
+  // so these, not only the rail's (Rail::byeSinks_), are there for a bye
+  // that comes while nobody polls. Either one records it (Rail::byeArrived).
+  Deadline deadline = Deadline::afterMs(1000);
+  for (int lane = 0; lane < laneCount(); ++lane) {
+    Op* bye = newOp();
+    bye->kind = Op::Kind::kBye;
+    bye->lane = static_cast<uint8_t>(lane);
+    byes_.push_back(bye);
+    for (;;) {
+      ssize_t rc = fi_trecv(rail_.endpoint(lane), nullptr, 0, nullptr, FI_ADDR_UNSPEC, wire::byeTag(recvId_), 0,
+                            &bye->context);
+      if (rc == 0) break;
+      if (rc != -FI_EAGAIN || deadline.expired())
+        return systemError(peer_, ": ", fiError(rail_.api(), "fi_trecv (bye)", rc), " on endpoint ", lane);
+      SHOAL_TRY(rail_.progress());
+    }
+    bye->posted = true;
+  }
   peek_ = newOp();
   peek_->kind = Op::Kind::kPeek;
   peek_->owner = this;
@@ -69,6 +89,7 @@ OfiConnection::~OfiConnection() {
   // The peer is gone when it said so on every lane (the rail receives byes).
   bool peerGone = true;
   for (int lane = 0; lane < laneCount(); ++lane) peerGone = peerGone && rail_.byeArrived(recvId_, lane);
+  for (Op* bye : byes_) drop(bye, true);  // a later bye meets the rail's receives
   drop(peek_, false);
   for (Op* op : spare_) delete op;
   // Tell the peer, on every lane, so that it fails instead of waiting for us
@@ -345,6 +366,8 @@ Status OfiConnection::poll(std::vector<Completion>& done, bool& progressed) {
 
 Status OfiConnection::checkByes() {
   if (pendingMessages_ == 0) return Status::ok();
+  for (const Op* bye : byes_)
+    if (bye->done && bye->error != 0) return fail(remoteError(peer_, ": the connection failed: ", bye->errorText));
   for (int lane = 0; lane < laneCount(); ++lane) {
     if (!rail_.byeArrived(recvId_, lane)) continue;
     // Everything the peer sent on this lane before its bye has been delivered

@@ -65,9 +65,9 @@
 // bye on every lane; a bye arrives after everything sent before it on its lane
 // (FI_ORDER_SAS), so a peer that has a bye on a lane while it still waits for
 // an operation on that lane fails with kRemoteError ("closed by the peer").
-// The rail receives byes for every connection (Rail::byeArrived), so one
-// that arrives after its connection closed is consumed, not left with the
-// provider.
+// The rail also receives byes for every connection (Rail::byeArrived), so
+// one that arrives after its connection closed is consumed, not left with
+// the provider.
 #pragma once
 
 #include <cstdint>
@@ -91,7 +91,7 @@ struct ClearToSend {
 class OfiConnection final : public Connection {
  public:
   // `recvId` was allocated on `rail` (the rail records the peer's byes
-  // under it); `peerLanes` are the peer's endpoints in the AVs of this rail's
+  // under it; start() posts this connection's own bye receives); `peerLanes` are the peer's endpoints in the AVs of this rail's
   // endpoints 0..lanes-1; `railChannel` is the channel's number among the
   // channels on this rail (channel / rails) and picks the lane of its whole
   // messages (railChannel % lanes), so the channels of a pair on one rail
@@ -216,6 +216,7 @@ class OfiConnection final : public Connection {
   };
   std::deque<OwedClearance> owedClearances_;
   std::vector<Op*> spare_;
+  std::vector<Op*> byes_;  // exact-tag bye receives, one per lane, posted by start()
   Op* peek_ = nullptr;
   bool peekable_;
   int64_t nextPeekNs_ = 0;

@@ -431,6 +431,11 @@ Status Rail::postByeSink(Op& op) {
   return Status::ok();
 }
 
+void Rail::recordBye(const Op& op) {
+  const auto id = static_cast<uint32_t>((op.gotTag >> wire::kIdShift) & wire::kMaxId);
+  if (idsInUse_.count(id) != 0) byesArrived_[id] |= 1u << op.lane;  // else: its connection is gone
+}
+
 bool Rail::byeArrived(uint32_t id, int lane) const {
   auto it = byesArrived_.find(id);
   return it != byesArrived_.end() && (it->second & (1u << lane)) != 0;
@@ -442,6 +447,12 @@ Status Rail::progress() {
 }
 
 Status Rail::progress(int lane) {
+  if (!unpostedSinks_.empty()) [[unlikely]] {
+    std::vector<Op*> retry;
+    retry.swap(unpostedSinks_);
+    for (Op* sink : retry)
+      if (!postByeSink(*sink).isOk()) unpostedSinks_.push_back(sink);
+  }
   if (socketsDue_) adoptSockets();
   fid_cq* cq = endpoints_[static_cast<size_t>(lane)].cq.get();
   fi_cq_tagged_entry entries[kCqBatch];
@@ -522,16 +533,18 @@ void Rail::dispatch(Op* op) {
     case Op::Kind::kByeSink: {
       if (op->error == FI_ECANCELED) return;  // the endpoint is closing
       if (op->error == 0) {
-        const auto id = static_cast<uint32_t>((op->gotTag >> wire::kIdShift) & wire::kMaxId);
-        if (idsInUse_.count(id) != 0) byesArrived_[id] |= 1u << op->lane;  // else: its connection is gone
+        recordBye(*op);
       } else {
         SHOAL_WARN("ofi rail ", index_, ": bye receive failed on endpoint ", static_cast<int>(op->lane), ": ",
                    op->errorText);
       }
-      if (Status s = postByeSink(*op); !s.isOk())
-        SHOAL_WARN("ofi rail ", index_, ": reposting a bye receive: ", s.message());
+      if (!postByeSink(*op).isOk()) unpostedSinks_.push_back(op);  // progress() tries again
       return;
     }
+    case Op::Kind::kBye:
+      if (op->error == 0) recordBye(*op);
+      if (op->owner == nullptr && orphans_.erase(op) == 1) delete op;  // its connection is gone
+      return;  // the owner sees op->done in its poll()
     case Op::Kind::kControlSend:
       if (op->error != 0 && op->error != FI_ECANCELED)
         SHOAL_INFO(subsys::kNet, "ofi rail ", index_, ": control message not delivered: ", op->errorText);

@@ -233,7 +233,7 @@ bool shmSendsStream();
 // until the completion arrives, so an Op whose connection is destroyed first
 // is "orphaned" (owner = nullptr) and the rail frees it on its completion.
 struct Op {
-  enum class Kind : uint8_t { kSend, kRecv, kByeSink, kPeek, kHelloRecv, kControlSend, kClearance };
+  enum class Kind : uint8_t { kSend, kRecv, kBye, kByeSink, kPeek, kHelloRecv, kControlSend, kClearance };
   fi_context2 context{};
   Kind kind = Kind::kSend;
   uint8_t lane = 0;     // the rail's endpoint it was posted on
@@ -369,6 +369,7 @@ class Rail {
   Rail(const Api& api, int index);
   Status postHelloRecv(int slot);
   Status postByeSink(Op& op);
+  void recordBye(const Op& op);  // a bye received by a connection's receive or a sink
   void dispatch(Op* op);
   void expireHellos();
   void adoptSockets();
@@ -411,18 +412,19 @@ class Rail {
 
   std::unordered_set<uint32_t> idsInUse_;
   uint32_t nextId_ = 1;
-  // Byes are received by the rail, not by their connections: a few
+  // Byes: besides each live connection's exact-tag bye receives, a few
   // receives per endpoint that match the bye of any connection id stay
-  // posted (byeSinks_, never resized: the provider holds their contexts).
-  // A bye for a live id is recorded per lane (byesArrived_, a bit per
-  // endpoint, until its id is released); one for an id already released
-  // (both sides closed at once, each bye arriving after the other's
-  // connection was gone) is dropped. A bye receive per connection, cancelled
-  // when the connection closed, left such a late bye in the provider's
+  // posted (byeSinks_, never resized: the provider holds their contexts;
+  // unpostedSinks_: those whose repost the provider pushed back, retried by
+  // progress()). A bye for a live id is recorded per lane (byesArrived_, a
+  // bit per endpoint, until its id is released); one for an id already
+  // released (both sides closed at once, each bye arriving after the other's
+  // connection was gone) is dropped. Without the sinks such a late bye met
+  // only the connection's cancelled receive and stayed in the provider's
   // unexpected queue for good: over tcp;ofi_rxm one receive buffer (about
-  // 4.4 KiB) for each, ~7 KiB of memory per communicator made and
-  // destroyed.
+  // 4.4 KiB) each, ~7 KiB of memory per communicator made and destroyed.
   std::vector<Op> byeSinks_;
+  std::vector<Op*> unpostedSinks_;
   std::unordered_map<uint32_t, uint32_t> byesArrived_;
   struct HelloKey {
     uint64_t commId;
