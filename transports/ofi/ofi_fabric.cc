@@ -441,18 +441,25 @@ bool Rail::byeArrived(uint32_t id, int lane) const {
   return it != byesArrived_.end() && (it->second & (1u << lane)) != 0;
 }
 
+void Rail::repostPushedBack() {
+  std::vector<Op*> sinks;
+  sinks.swap(unpostedSinks_);
+  for (Op* sink : sinks)
+    if (!postByeSink(*sink).isOk()) unpostedSinks_.push_back(sink);
+  std::vector<int> slots;
+  slots.swap(unpostedHelloSlots_);
+  for (int slot : slots)
+    if (!postHelloRecv(slot).isOk()) unpostedHelloSlots_.push_back(slot);
+}
+
 Status Rail::progress() {
   for (int lane = 0; lane < endpointCount(); ++lane) SHOAL_TRY(progress(lane));
   return Status::ok();
 }
 
 Status Rail::progress(int lane) {
-  if (!unpostedSinks_.empty()) [[unlikely]] {
-    std::vector<Op*> retry;
-    retry.swap(unpostedSinks_);
-    for (Op* sink : retry)
-      if (!postByeSink(*sink).isOk()) unpostedSinks_.push_back(sink);
-  }
+  if (!unpostedSinks_.empty() || !unpostedHelloSlots_.empty()) [[unlikely]]
+    repostPushedBack();
   if (socketsDue_) adoptSockets();
   fid_cq* cq = endpoints_[static_cast<size_t>(lane)].cq.get();
   fi_cq_tagged_entry entries[kCqBatch];
@@ -526,8 +533,10 @@ void Rail::dispatch(Op* op) {
       } else {
         SHOAL_WARN("ofi rail ", index_, ": hello receive failed: ", op->errorText);
       }
-      if (Status s = postHelloRecv(op->slot); !s.isOk())
-        SHOAL_WARN("ofi rail ", index_, ": reposting a hello receive: ", s.message());
+      if (Status s = postHelloRecv(op->slot); !s.isOk()) {
+        SHOAL_WARN("ofi rail ", index_, ": reposting a hello receive: ", s.message(), " (tried again at each poll)");
+        unpostedHelloSlots_.push_back(op->slot);
+      }
       return;
     }
     case Op::Kind::kByeSink: {

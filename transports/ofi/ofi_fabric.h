@@ -370,6 +370,9 @@ class Rail {
   Status postHelloRecv(int slot);
   Status postByeSink(Op& op);
   void recordBye(const Op& op);  // a bye received by a connection's receive or a sink
+  // Posts again the hello receives and bye sinks whose repost the provider
+  // pushed back (progress(), before reading completions).
+  void repostPushedBack();
   void dispatch(Op* op);
   void expireHellos();
   void adoptSockets();
@@ -408,6 +411,7 @@ class Rail {
   MrCache::Handle* arenaMr_ = nullptr;
   std::vector<Op> slotOps_;
   std::vector<int> freeSendSlots_;
+  std::vector<int> unpostedHelloSlots_;  // hello receives whose repost was pushed back (repostPushedBack)
   size_t controlSendsInFlight_ = 0;
 
   std::unordered_set<uint32_t> idsInUse_;
