@@ -91,7 +91,8 @@ struct ClearToSend {
 class OfiConnection final : public Connection {
  public:
   // `recvId` was allocated on `rail` (the rail records the peer's byes
-  // under it; start() posts this connection's own bye receives); `peerLanes` are the peer's endpoints in the AVs of this rail's
+  // under it; start() posts this connection's own bye receives);
+  // `peerLanes` are the peer's endpoints in the AVs of this rail's
   // endpoints 0..lanes-1; `railChannel` is the channel's number among the
   // channels on this rail (channel / rails) and picks the lane of its whole
   // messages (railChannel % lanes), so the channels of a pair on one rail
