@@ -50,6 +50,9 @@ using api::newHandle;
 // other threads (they return within one engine pass of the abort flag, or at
 // a connect deadline that the flag also cancels).
 constexpr int64_t kCallsLeaveMs = 10000;
+// ncclCommDestroy does not abort: a call inside on another thread (NCCL
+// forbids it) is given this long to leave, as a quick query would.
+constexpr int64_t kDestroyCallsLeaveMs = 1000;
 
 // A call is still inside (or no barrier could order the check): keep the
 // handle and its communicator rather than free memory that call uses.
@@ -463,9 +466,9 @@ SHOAL_API(ncclResult_t, ncclCommDestroy, (ncclComm_t comm)) {
     Status st;
     if (auto impl = comm->shared->impl; impl && !impl->aborted()) st = impl->finalize();
     // NCCL forbids using a communicator while destroying it, and nothing
-    // tells such a call to leave; one found inside keeps the memory it uses.
-    if (!api::waitForCalls(*comm, Deadline::afterMs(0))) {
-      leakBusyHandle(comm, "ncclCommDestroy", 0);
+    // tells such a call to leave; one still inside keeps the memory it uses.
+    if (!api::waitForCalls(*comm, Deadline::afterMs(kDestroyCallsLeaveMs))) {
+      leakBusyHandle(comm, "ncclCommDestroy", kDestroyCallsLeaveMs);
       return st;
     }
     api::releaseHandle(comm);

@@ -27,6 +27,9 @@ class Deadline {
   static constexpr int64_t kCancelCheckMs = 100;
 
   static Deadline never() { return Deadline(std::numeric_limits<int64_t>::max()); }
+  // Passed already: a wait on it looks once and does not wait.
+  static Deadline passed() { return Deadline(nowNs()); }
+  // 0 or less: never (a timeout setting of 0 means none).
   static Deadline afterMs(int64_t ms) {
     return ms <= 0 ? never() : Deadline(nowNs() + ms * 1000000);
   }
