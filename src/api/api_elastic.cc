@@ -39,6 +39,20 @@ Status needStore(const ncclComm_t comm, const Communicator& impl, const char* fu
   return Status::ok();
 }
 
+// Stops every operation of the communicator and leaves it revoked:
+// collectives are refused; destroy, split and shrink still work (a shrink
+// that failed can be tried again). The async error it had stays visible.
+void revokeAndAbort(ncclComm::Shared& shared, Communicator& impl) {
+  {
+    std::lock_guard<std::mutex> lock(shared.mutex);
+    if (!shared.revoked.load(std::memory_order_acquire)) {
+      shared.errorBeforeRevoke = impl.asyncError();
+      shared.revoked.store(true, std::memory_order_release);
+    }
+  }
+  impl.abort();
+}
+
 }  // namespace
 
 SHOAL_API(ncclResult_t, ncclCommRevoke, (ncclComm_t comm, int revokeFlags)) {
@@ -52,16 +66,11 @@ SHOAL_API(ncclResult_t, ncclCommRevoke, (ncclComm_t comm, int revokeFlags)) {
     SHOAL_ASSIGN_OR_RETURN(auto impl, api::readyComm(comm));
     if (comm->shared->finalized.load(std::memory_order_acquire))
       return invalidArgument(impl->describe(), ": ncclCommFinalize was called; it cannot be revoked");
-    {
-      std::lock_guard<std::mutex> lock(comm->shared->mutex);
-      comm->shared->errorBeforeRevoke = impl->asyncError();
-      comm->shared->revoked.store(true, std::memory_order_release);
-    }
     // The abort flag stops every operation of this communicator, in the
     // engine and on a thread that runs one inline; the connections and the
     // rest stay until destroy. Revoke is local: peers learn of it only as
     // their own operations with this rank fail.
-    impl->abort();
+    revokeAndAbort(*comm->shared, *impl);
     SHOAL_INFO(subsys::kInit, impl->describe(), ": revoked");
     if (!impl->options().blocking) {
       // A call on another thread may still be inside: in progress until it
@@ -113,7 +122,11 @@ SHOAL_API(ncclResult_t, ncclCommShrink,
     // them first (the parent is then only good for destroy). At the call,
     // but in a group when it runs: a group that fails runs none of it.
     const bool abortWhenRun = abortFirst && group::active();
-    if (abortFirst && !abortWhenRun) parent->abort();
+    // The parent is left revoked, not merely aborted: NCCL clears its abort
+    // flags once the operations stopped, so a shrink that failed (a
+    // survivor that never comes) can be tried again on it.
+    std::shared_ptr<ncclComm::Shared> shared = comm->shared;
+    if (abortFirst && !abortWhenRun) revokeAndAbort(*shared, *parent);
     if (!abortFirst && !parent->aborted() && parent->asyncState() == Code::kInProgress) {
       return invalidUsage(parent->describe(),
                           " has operations in flight: NCCL_SHRINK_DEFAULT needs none (wait for them, or "
@@ -132,12 +145,14 @@ SHOAL_API(ncclResult_t, ncclCommShrink,
     handle->cudaDev = comm->cudaDev;
     handle->shared->store = store;
     handle->shared->secret = secret;
-    auto work = [parent, store, secret, prefix, excluded, options, abortWhenRun](const std::atomic<bool>* cancel)
-        -> Result<std::shared_ptr<Communicator>> {
-      if (abortWhenRun) parent->abort();
+    auto work = [parent, shared, store, secret, prefix, excluded, options,
+                 abortWhenRun](const std::atomic<bool>* cancel) -> Result<std::shared_ptr<Communicator>> {
+      if (abortWhenRun) revokeAndAbort(*shared, *parent);
       Deadline deadline = Deadline::afterMs(params().initTimeoutMs).cancelledBy(cancel);
+      std::vector<std::string> goneKeys;
+      for (int r = 0; r < parent->nranks(); ++r) goneKeys.push_back(parent->goneKey(r));
       Result<SurvivorAgreement> agreement =
-          agreeOnSurvivors(*store, prefix, parent->rank(), parent->nranks(), excluded, deadline);
+          agreeOnSurvivors(*store, prefix, parent->rank(), parent->nranks(), excluded, goneKeys, deadline);
       // A failed agreement keeps this rank's list: the others may not have
       // read it yet, and it is what tells them they disagree.
       if (!agreement.isOk()) return StatusBuilder(agreement.takeStatus()) << parent->describe();

@@ -148,8 +148,10 @@ Status checkHandle(ncclComm_t comm) {
 
 [[gnu::cold, gnu::noinline]] Status abortedError(const ncclComm::Shared& shared, const Communicator& impl) {
   if (shared.revoked.load(std::memory_order_acquire))
-    return invalidUsage(impl.describe(), " was revoked (ncclCommRevoke): only ncclCommDestroy, ncclCommAbort, "
-                        "ncclCommSplit, ncclCommShrink, its queries and deregistrations may use it");
+    return invalidUsage(impl.describe(),
+                        " was revoked (ncclCommRevoke, or ncclCommShrink with NCCL_SHRINK_ABORT): only "
+                        "ncclCommDestroy, ncclCommAbort, ncclCommSplit, ncclCommShrink, its queries and "
+                        "deregistrations may use it");
   return invalidUsage(impl.describe(), " was aborted");
 }
 

@@ -8,11 +8,15 @@
 // round, so once rank 0 has them all it erases them and that round's keys.
 // A round that cannot complete (a wrong record, two processes with one rank)
 // gets "<scope>/ag/<round>/failed", which the ranks still waiting in it read.
-// leave() uses "<scope>/left/<rank>"; failure reports are
+// leave() uses "<scope>/left/<generation>/<rank>"; failure reports are
 // "<scope>/failure/<generation>/<rank>", the generation being the
 // communicator's (setGeneration): a communicator made again with the same
 // scope never reads an earlier one's reports. A finished communicator's scope is empty once
 // every rank has left it, so the store holds keys only for live communicators.
+// "<scope>/gone/<generation>/<rank>" is a rank's will (setWill), and
+// "<scope>/gone/<generation>/some" the mark every rank's will also leaves:
+// written by the root if the rank's connection ends before leave() or the
+// destructor cancels them.
 #include "bootstrap/bootstrap.h"
 
 #include <algorithm>
@@ -23,6 +27,7 @@
 #include <mutex>
 #include <system_error>
 #include <thread>
+#include <utility>
 
 #include "core/log.h"
 #include "core/process.h"
@@ -50,15 +55,42 @@ Bootstrap::Bootstrap(std::shared_ptr<Store> store, std::string scope, int rank, 
     : store_(std::move(store)), scope_(std::move(scope)), rank_(rank), size_(size) {}
 
 Bootstrap::~Bootstrap() {
-  if (!finished_ || left_) return;
-  if (Status s = leave(Deadline::afterMs(kLeaveMs)); !s.isOk())
-    SHOAL_INFO(subsys::kBootstrap, "bootstrap leave of ", scope_, " (rank ", rank_, "): ", s.message(),
-               "; its keys stay until the id is released");
+  if (finished_ && !left_) {
+    if (Status s = leave(Deadline::afterMs(kLeaveMs)); !s.isOk())
+      SHOAL_INFO(subsys::kBootstrap, "bootstrap leave of ", scope_, " (rank ", rank_, "): ", s.message(),
+                 "; its keys stay until the id is released");
+  }
+  cancelWill(Deadline::afterMs(kLeaveMs));
+}
+
+Status Bootstrap::setWill(std::string_view report, Deadline deadline) {
+  // The second will marks the generation: a look that finds no mark need
+  // not ask for every rank's will.
+  willSet_ = true;  // cancelled by the destructor even if only the first was left
+  SHOAL_TRY(store_->setWill(goneKey(rank_), report, deadline))
+      << "bootstrap will of " << scope_ << " (rank " << rank_ << ")";
+  SHOAL_TRY(store_->setWill(someGoneKey(), str(rank_), deadline))
+      << "bootstrap will of " << scope_ << " (rank " << rank_ << ")";
+  return Status::ok();
+}
+
+void Bootstrap::cancelWill(Deadline deadline) {
+  if (!std::exchange(willSet_, false)) return;
+  for (const std::string& key : {goneKey(rank_), someGoneKey()})
+    if (Status s = store_->cancelWill(key, deadline); !s.isOk()) {
+      SHOAL_INFO(subsys::kBootstrap, "bootstrap will of ", scope_, " (rank ", rank_, "): ", s.message(),
+                 "; the root writes it when this process's connection ends");
+      return;
+    }
 }
 
 std::string Bootstrap::failureKey(int rank) const { return str(scope_, "/failure/", hex64(generation_), "/", rank); }
 
 std::string Bootstrap::leftKey(int rank) const { return str(scope_, "/left/", hex64(generation_), "/", rank); }
+
+std::string Bootstrap::goneKey(int rank) const { return str(scope_, "/gone/", hex64(generation_), "/", rank); }
+
+std::string Bootstrap::someGoneKey() const { return str(scope_, "/gone/", hex64(generation_), "/some"); }
 
 uint64_t fnv1a(std::string_view bytes) {
   uint64_t h = 1469598103934665603ull;
@@ -105,10 +137,13 @@ void Bootstrap::publishRoundFailure(std::string_view why) {
 }
 
 Status Bootstrap::lookAtRound(uint64_t round, std::string_view mine, const RecordCheck& checkFirst,
-                              const std::string& what, const std::atomic<bool>* stop) {
+                              const std::atomic<bool>* stop) {
   const std::vector<std::string> keys{roundFailureKey(round), str(scope_, "/ag/", round, "/", rank_),
                                       str(scope_, "/ag/", round, "/0")};
   const Deadline deadline = Deadline::afterMs(kLeaveMs).cancelledBy(stop);
+  if (hasGeneration_) {
+    SHOAL_TRY(lookForGoneRanks(round, deadline));
+  }
   Result<std::vector<bool>> present = store_->check(keys, deadline);
   if (!present.isOk() || !present.value()[2]) return Status::ok();  // nothing to judge without rank 0's record
   std::vector<std::string> wanted;
@@ -121,7 +156,7 @@ Status Bootstrap::lookAtRound(uint64_t round, std::string_view mine, const Recor
     (wanted[i] == keys[0] ? failed : wanted[i] == keys[1] ? own : rankZero) = values.value()[i];
   const std::string anchor = anchorOf(rankZero);
   if (failed.size() > anchor.size() + 1 && failed.compare(0, anchor.size(), anchor) == 0)
-    return invalidUsage(what, ": ", failed.substr(anchor.size() + 1));
+    return invalidUsage(failed.substr(anchor.size() + 1));
   Status wrong;
   if (present.value()[1] && own != mine)
     wrong = claimedTwice(rank_, size_);
@@ -129,12 +164,45 @@ Status Bootstrap::lookAtRound(uint64_t round, std::string_view mine, const Recor
     wrong = checkFirst(rankZero);
   if (wrong.isOk()) return Status::ok();
   (void)store_->set(keys[0], failureRecord(rankZero, rank_, wrong.message()), deadline);
-  return wrong.withContext(what);
+  return wrong;
+}
+
+Status Bootstrap::lookForGoneRanks(uint64_t round, Deadline deadline) {
+  Result<std::vector<bool>> someone = store_->check({someGoneKey()}, deadline);
+  if (!someone.isOk() || !someone.value()[0]) return Status::ok();
+  std::vector<std::string> goneKeys;
+  std::vector<int> ranks;
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    goneKeys.push_back(goneKey(r));
+    ranks.push_back(r);
+  }
+  Result<std::vector<bool>> gone = store_->check(goneKeys, deadline);
+  if (!gone.isOk()) return Status::ok();
+  std::vector<std::string> recordKeys, suspectKeys;
+  std::vector<int> suspects;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (!gone.value()[i]) continue;
+    suspects.push_back(ranks[i]);
+    recordKeys.push_back(str(scope_, "/ag/", round, "/", ranks[i]));
+    suspectKeys.push_back(goneKeys[i]);
+  }
+  if (suspects.empty()) return Status::ok();
+  // A rank that went after it gave its record still lets the round end.
+  Result<std::vector<bool>> recorded = store_->check(recordKeys, deadline);
+  if (!recorded.isOk()) return Status::ok();
+  for (size_t i = 0; i < suspects.size(); ++i) {
+    if (recorded.value()[i]) continue;
+    Result<std::vector<std::string>> report = store_->get({suspectKeys[i]}, deadline);
+    if (!report.isOk()) return Status::ok();
+    return remoteError("rank ", suspects[i], " will not come: ", report.value()[0]);
+  }
+  return Status::ok();
 }
 
 Result<std::vector<std::string>> Bootstrap::awaitRound(const std::vector<std::string>& keys, uint64_t round,
                                                        std::string_view mine, const RecordCheck& checkFirst,
-                                                       Deadline deadline, const std::string& what) {
+                                                       Deadline deadline) {
   // One get for the whole wait (the root holds one waiter per rank); the
   // looks run beside it on a thread of their own, each a few keys, and end
   // the get with what they find (through the deadline's second flag, which
@@ -151,7 +219,7 @@ Result<std::vector<std::string>> Bootstrap::awaitRound(const std::vector<std::st
       std::unique_lock<std::mutex> lock(mutex);
       while (!wake.wait_for(lock, std::chrono::milliseconds(waitMs), [&] { return stop.load(); })) {
         lock.unlock();
-        Status st = lookAtRound(round, mine, checkFirst, what, &stop);
+        Status st = lookAtRound(round, mine, checkFirst, &stop);
         lock.lock();
         if (!st.isOk() && !stop.load()) {
           finding = std::move(st);
@@ -189,7 +257,7 @@ Result<std::vector<std::string>> Bootstrap::allGather(std::string_view mine, Dea
     keys.push_back(keyOf(round, r));
     ranks.push_back(r);
   }
-  Result<std::vector<std::string>> values = awaitRound(keys, round, mine, checkFirst, deadline, what);
+  Result<std::vector<std::string>> values = awaitRound(keys, round, mine, checkFirst, deadline);
   if (!values.isOk()) {
     Status failed = values.takeStatus();
     if (failed.code() != Code::kTimeout) return failed.withContext(what);
@@ -262,6 +330,7 @@ Status Bootstrap::leave(Deadline deadline) {
   std::string what = str("bootstrap leave of ", scope_, " (rank ", rank_, " of ", size_, ", store ",
                          store_->describe(), ")");
   if (Status s = store_->set(leftKey(rank_), "", deadline); !s.isOk()) return s.withContext(what);
+  cancelWill(deadline);  // after the record: a process that ends between the two is still named
   std::vector<std::string> left;
   for (int r = 0; r < size_; ++r) left.push_back(leftKey(r));
   // The store orders the records: whoever sees all of them after its own is
@@ -271,6 +340,8 @@ Status Bootstrap::leave(Deadline deadline) {
   std::vector<std::string> keys = std::move(left);
   for (int r = 0; r < size_; ++r) {
     keys.push_back(failureKey(r));
+    keys.push_back(goneKey(r));
+    if (r == 0) keys.push_back(someGoneKey());
     // Our last allGather round is everyone's: each allGather since finish()
     // was collective.
     if (lastGatherRound_ >= 0) keys.push_back(str(scope_, "/ag/", lastGatherRound_, "/", r));

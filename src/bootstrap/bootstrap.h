@@ -34,6 +34,15 @@ class Store {
   // Which of `keys` exist now (does not wait for them); for error messages that
   // name who is missing. The default says kUnsupported.
   virtual Result<std::vector<bool>> check(const std::vector<std::string>& keys, Deadline deadline);
+  // Leaves word with the store for when this client's connection to it
+  // ends (its process exited or was cut off): `key` is then set to `value`,
+  // unless it exists by then. Until cancelWill(key); the same key again
+  // replaces the value. The default (a store inside this process, which
+  // ends with it) keeps nothing.
+  virtual Status setWill(const std::string& /*key*/, std::string_view /*value*/, Deadline /*deadline*/) {
+    return Status::ok();
+  }
+  virtual Status cancelWill(const std::string& /*key*/, Deadline /*deadline*/) { return Status::ok(); }
   // "tcp 10.0.0.1:5000" or "memory", for error messages.
   virtual std::string describe() const = 0;
 };
@@ -90,8 +99,10 @@ class Bootstrap {
   // waits, after 1 s and then less often, it reads a few keys: a failure
   // a rank of the round published (publishRoundFailure: it fails with it),
   // its own record (another process that claims the same rank writes over
-  // it: it fails, and says so to the round), and rank 0's record, given to
-  // `checkFirst` where set (an error fails the round the same way).
+  // it: it fails, and says so to the round), rank 0's record, given to
+  // `checkFirst` where set (an error fails the round the same way), and,
+  // after setGeneration, which ranks are gone (setWill: one of them with no
+  // record in the round fails it, kRemoteError naming the rank).
   using RecordCheck = std::function<Status(std::string_view rankZeroRecord)>;
   Result<std::vector<std::string>> allGather(std::string_view mine, Deadline deadline,
                                              const RecordCheck& checkFirst = {});
@@ -111,9 +122,9 @@ class Bootstrap {
   // This rank is done with the scope for good (its communicator is being
   // destroyed); only after a successful finish(), otherwise a no-op. The last
   // rank to leave erases what the scope still holds: every rank's last
-  // allGather key, the leave records and the failure reports. Never waits for
-  // another rank: a rank that never leaves (it died) leaves those keys to the
-  // tenant's end (root_server.h).
+  // allGather key, the leave records, the failure reports and the wills
+  // written. Never waits for another rank: a rank that never leaves (it
+  // died) leaves those keys to the tenant's end (root_server.h).
   Status leave(Deadline deadline);
   // Where a failing rank publishes why (Communicator::handleFailure), so that
   // leave() can erase it. Within the scope, under the communicator's
@@ -121,7 +132,26 @@ class Bootstrap {
   std::string failureKey(int rank) const;
   // Where leave() records that a rank left (until the last rank leaves).
   std::string leftKey(int rank) const;
-  void setGeneration(uint64_t generation) { generation_ = generation; }
+  // Where the root writes a rank's will (setWill).
+  std::string goneKey(int rank) const;
+  // Where every rank's will also leaves a mark (the first rank gone names it).
+  std::string someGoneKey() const;
+  // Names this communicator's failure reports, leave records and wills
+  // apart from those of an earlier one in the same scope; the same on every
+  // rank. Once set, a rank waiting in allGather also looks for the wills of
+  // the ranks whose records are missing: one whose process ended fails the
+  // round within seconds instead of at its deadline. (Not a failure report:
+  // a rank whose communicator failed may still take part in a split.)
+  void setGeneration(uint64_t generation) {
+    generation_ = generation;
+    hasGeneration_ = true;
+  }
+  // Leaves `report` with the store under goneKey(rank), and a mark under
+  // someGoneKey(), for when this process's connection to the store ends
+  // before the rank leaves (Store::setWill): a process that exits or is cut
+  // off with its communicator live is then named within moments, over any
+  // transport. After setGeneration; cancelled by leave() and the destructor.
+  Status setWill(std::string_view report, Deadline deadline);
 
  private:
   // When a rank waiting in allGather looks at the round (lookAtRound): after
@@ -131,12 +161,16 @@ class Bootstrap {
   std::string roundFailureKey(uint64_t round) const;
   // A look of a waiting allGather at its round (see allGather); `stop` ends
   // its requests.
-  Status lookAtRound(uint64_t round, std::string_view mine, const RecordCheck& checkFirst, const std::string& what,
+  Status lookAtRound(uint64_t round, std::string_view mine, const RecordCheck& checkFirst,
                      const std::atomic<bool>* stop);
+  // Part of a look (after setGeneration): a rank that is gone (its will
+  // written) and has no record in the round will not come. One key while
+  // nobody is gone (someGoneKey), so that thousands of ranks looking load
+  // the root little.
+  Status lookForGoneRanks(uint64_t round, Deadline deadline);
   // The round's wait: one get, and the looks on a thread beside it.
   Result<std::vector<std::string>> awaitRound(const std::vector<std::string>& keys, uint64_t round,
-                                              std::string_view mine, const RecordCheck& checkFirst,
-                                              Deadline deadline, const std::string& what);
+                                              std::string_view mine, const RecordCheck& checkFirst, Deadline deadline);
   Status missingRanks(const std::vector<std::string>& keys, const std::vector<int>& ranks, const Status& failed,
                       const std::string& what);
 
@@ -149,7 +183,10 @@ class Bootstrap {
   std::string lastRankZeroRecord_;  // rank 0's record of the last allGather (publishRoundFailure)
   bool finished_ = false;         // finish() succeeded: every rank took part
   uint64_t generation_ = 0;       // names the failure reports (setGeneration)
+  bool hasGeneration_ = false;
   bool left_ = false;
+  bool willSet_ = false;  // setWill succeeded and nothing cancelled it yet
+  void cancelWill(Deadline deadline);
 };
 
 }  // namespace shoal

@@ -76,6 +76,8 @@ struct Conn {
   size_t inStart = 0;
   std::vector<uint8_t> out;
   size_t outStart = 0;
+  // key -> value the root sets when this connection ends (kWill).
+  std::unordered_map<std::string, std::string> wills;
 };
 
 }  // namespace
@@ -118,6 +120,9 @@ struct RootServer::State {
   void handleGet(Conn& conn, uint64_t requestId, Reader& r);
   void handleErase(Conn& conn, uint64_t requestId, Reader& r);
   void handleCheck(Conn& conn, uint64_t requestId, Reader& r);
+  void handleWill(Conn& conn, uint64_t requestId, Reader& r);
+  void handleCancelWill(Conn& conn, uint64_t requestId, Reader& r);
+  void fulfilWills(Conn& conn);
   void onKeySet(Tenant& tenant, const std::string& key);
   bool answerIfComplete(Tenant& tenant, uint64_t waiterId);
   void expire(int64_t now);
@@ -384,6 +389,8 @@ bool RootServer::State::handleFrame(Conn& conn, const uint8_t* data, size_t size
     case kGet: handleGet(conn, requestId, r); break;
     case kErase: handleErase(conn, requestId, r); break;
     case kCheck: handleCheck(conn, requestId, r); break;
+    case kWill: handleWill(conn, requestId, r); break;
+    case kCancelWill: handleCancelWill(conn, requestId, r); break;
     default:
       close(conn, str("unknown command ", static_cast<int>(command)), false);
       return false;
@@ -510,6 +517,42 @@ void RootServer::State::handleCheck(Conn& conn, uint64_t requestId, Reader& r) {
   finishFrame(w, at);
 }
 
+void RootServer::State::handleWill(Conn& conn, uint64_t requestId, Reader& r) {
+  std::string key = r.str(kMaxKeyBytes);
+  std::string value = r.str();
+  if (!r.ok() || !r.atEnd()) return reply(conn.id, requestId, kBadRequest, {"malformed WILL"}, false);
+  if (conn.wills.size() >= kMaxWillsPerConnection && !conn.wills.contains(key))
+    return reply(conn.id, requestId, kBadRequest,
+                 {str("a connection holds at most ", kMaxWillsPerConnection, " wills")}, false);
+  conn.wills.insert_or_assign(std::move(key), std::move(value));
+  reply(conn.id, requestId, kOk, {}, false);
+}
+
+void RootServer::State::handleCancelWill(Conn& conn, uint64_t requestId, Reader& r) {
+  std::string key = r.str(kMaxKeyBytes);
+  if (!r.ok() || !r.atEnd()) return reply(conn.id, requestId, kBadRequest, {"malformed CANCEL WILL"}, false);
+  conn.wills.erase(key);
+  reply(conn.id, requestId, kOk, {}, false);
+}
+
+// The connection ended with wills left: its client neither cancelled them
+// nor will (its process exited, or the connection broke). Each key that
+// exists keeps its value (a report the client wrote itself says more).
+void RootServer::State::fulfilWills(Conn& conn) {
+  if (conn.wills.empty()) return;
+  Tenant& tenant = *conn.tenant;
+  size_t written = 0;
+  for (auto& [key, value] : conn.wills) {
+    if (!tenant.values.try_emplace(key, std::move(value)).second) continue;
+    storedValues.fetch_add(1, std::memory_order_relaxed);
+    ++written;
+    onKeySet(tenant, key);
+  }
+  SHOAL_INFO(subsys::kBootstrap, "bootstrap root: connection from ", conn.peer.toString(), " ended holding ",
+             conn.wills.size(), conn.wills.size() == 1 ? " will" : " wills", "; ", written, " written");
+  conn.wills = {};
+}
+
 // --- timers, output, closing
 
 void RootServer::State::expire(int64_t now) {
@@ -581,6 +624,7 @@ void RootServer::State::reapClosed() {
       for (const auto& [wid, w] : tenant->waiters)
         if (w.connId == it->first) gone.push_back(wid);
       for (uint64_t wid : gone) dropWaiter(*tenant, wid);
+      fulfilWills(it->second);
       if (--tenant->connections == 0 && tenant->used) releaseTenant(*tenant);
     }
     it = conns.erase(it);

@@ -1,9 +1,11 @@
 // RootServer: the bootstrap root, the server side of the TCP store.
 //
-// Role: serves SET/GET/ERASE/CHECK (store_protocol.h) to the ranks of every
+// Role: serves SET/GET/ERASE/CHECK/WILL (store_protocol.h) to the ranks of every
 // ncclUniqueId this process created. One server per listen address; each id
 // it serves is a "tenant" with its own key space and its own secret (the
 // client's hello names the id's magic; the handshake proves the secret).
+// A connection may hold wills: keys the server sets when it ends, unless they
+// exist by then (store_protocol.h; how ranks use them: bootstrap.h, setWill).
 //
 // Tenant lifetime: a tenant is dropped, with every key in it, when the last
 // client connected to it leaves after at least one client proved the secret.

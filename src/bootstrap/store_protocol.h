@@ -24,6 +24,10 @@
 //          (timeoutMs 0xffffffff: none)                     reply kTimeout {u32 n, n x str missing}
 //   kErase body {u32 n, n x str key}                       reply {}
 //   kCheck body {u32 n, n x str key}                       reply {u32 n, n x u8 exists}
+//   kWill  body {str key, str value}                       reply {}
+//          (when this connection ends, the root sets key to value unless
+//          the key exists then; the same key again replaces the value)
+//   kCancelWill body {str key}                             reply {}
 //   str = {u32 length, bytes}. A malformed request gets kBadRequest {str why}.
 // Replies to different requests may come out of order (a kGet waits for its
 // keys while later requests are answered); requestId pairs them.
@@ -43,7 +47,7 @@ namespace shoal::bootstrap_wire {
 
 inline constexpr uint32_t kHandshakeTag = 0x53424853;  // "SHBS"
 inline constexpr uint32_t kAcceptTag = 0x59414b4f;     // "OKAY"
-inline constexpr uint16_t kVersion = 1;
+inline constexpr uint16_t kVersion = 2;  // 2: wills
 inline constexpr size_t kNonceBytes = 16;
 inline constexpr size_t kClientHelloBytes = 32;
 inline constexpr size_t kChallengeBytes = 56;
@@ -52,8 +56,10 @@ inline constexpr size_t kAcceptBytes = 4;
 inline constexpr uint32_t kMaxFrameBytes = 64u << 20;
 inline constexpr uint32_t kMaxKeyBytes = 64u << 10;
 inline constexpr uint32_t kNoTimeout = 0xffffffffu;
+// Wills one connection may hold at once (one per communicator that uses it).
+inline constexpr size_t kMaxWillsPerConnection = 65536;
 
-enum Command : uint8_t { kSet = 1, kGet = 2, kErase = 3, kCheck = 4 };
+enum Command : uint8_t { kSet = 1, kGet = 2, kErase = 3, kCheck = 4, kWill = 5, kCancelWill = 6 };
 enum ReplyStatus : uint8_t { kOk = 0, kTimeout = 1, kBadRequest = 2 };
 
 // The HMAC key both sides derive from the id's secret and magic.

@@ -17,6 +17,8 @@ namespace {
 // polling every 10 ms would swamp.
 constexpr int64_t kPollMs = 10;
 constexpr int64_t kPollMaxMs = 200;
+// How often it looks for the wills of the survivors still missing.
+constexpr int64_t kGoneLookMs = 1000;
 
 std::string listKey(const std::string& prefix, int parentRank) {
   return str(prefix, "/excluded/", parentRank);
@@ -31,6 +33,25 @@ std::string encodeList(const std::vector<int>& ranks) {
   return out;
 }
 
+// A survivor still missing whose process ended (its will is written): the
+// wait would last until the deadline.
+Status lookForGoneSurvivors(Store& store, const std::vector<int>& missing, const std::vector<std::string>& goneKeys,
+                            const std::vector<int>& excluded, Deadline deadline) {
+  std::vector<std::string> keys;
+  for (int r : missing) keys.push_back(goneKeys[static_cast<size_t>(r)]);
+  Result<std::vector<bool>> present = store.check(keys, deadline);
+  if (!present.isOk()) return Status::ok();  // the next poll says what is wrong with the store
+  for (size_t i = 0; i < missing.size(); ++i) {
+    if (!present.value()[i]) continue;
+    Result<std::vector<std::string>> will = store.get({keys[i]}, deadline);
+    if (!will.isOk()) return Status::ok();
+    return remoteError("rank ", missing[i], " is not excluded but will never call ncclCommShrink: ",
+                       will.value()[0], "; this rank excludes ", rankListText(excluded), " (exclude rank ",
+                       missing[i], " too)");
+  }
+  return Status::ok();
+}
+
 }  // namespace
 
 std::string rankListText(const std::vector<int>& ranks) {
@@ -41,7 +62,7 @@ std::string rankListText(const std::vector<int>& ranks) {
 
 Result<SurvivorAgreement> agreeOnSurvivors(Store& store, const std::string& prefix, int parentRank,
                                            int parentSize, const std::vector<int>& excluded,
-                                           Deadline deadline) {
+                                           const std::vector<std::string>& goneKeys, Deadline deadline) {
   SurvivorAgreement agreement;
   for (int r = 0; r < parentSize; ++r)
     if (!std::binary_search(excluded.begin(), excluded.end(), r)) agreement.survivors.push_back(r);
@@ -58,6 +79,7 @@ Result<SurvivorAgreement> agreeOnSurvivors(Store& store, const std::string& pref
   for (int r : agreement.survivors)
     if (r != parentRank) missing.push_back(r);
   int64_t pollMs = kPollMs;
+  int64_t nextGoneLookNs = nowNs() + kGoneLookMs * 1000000;
   while (!missing.empty()) {
     std::vector<std::string> keys;
     for (int r : missing) keys.push_back(listKey(prefix, r));
@@ -85,6 +107,10 @@ Result<SurvivorAgreement> agreeOnSurvivors(Store& store, const std::string& pref
     missing = std::move(stillMissing);
     if (missing.empty()) break;
     pollMs = arrived.empty() ? std::min(pollMs * 2, kPollMaxMs) : kPollMs;
+    if (!goneKeys.empty() && nowNs() >= nextGoneLookNs) {
+      SHOAL_TRY(lookForGoneSurvivors(store, missing, goneKeys, excluded, deadline));
+      nextGoneLookNs = nowNs() + kGoneLookMs * 1000000;
+    }
     if (deadline.expired()) {
       if (deadline.cancelled()) return error(Code::kAborted, "cancelled (ncclCommAbort)");
       return Status(Code::kTimeout,

@@ -30,10 +30,13 @@ struct SurvivorAgreement {
 // `prefix`: unique to this shrink of this parent (e.g. "e<id>/shrink<k>").
 // Waits (polling the store, no rank contacted) until every survivor's list is
 // there or the deadline passes; the error then names the survivors that never
-// posted one.
+// posted one. `goneKeys` (by parent rank; empty: none) are where the root
+// writes the parent's ranks' wills (Bootstrap::goneKey): once a second the
+// wait looks at those of the survivors still missing, and one whose process
+// ended fails it at once (kRemoteError naming it: exclude it too).
 Result<SurvivorAgreement> agreeOnSurvivors(Store& store, const std::string& prefix, int parentRank,
                                            int parentSize, const std::vector<int>& excluded,
-                                           Deadline deadline);
+                                           const std::vector<std::string>& goneKeys, Deadline deadline);
 // Removes this rank's posted list; call once the new communicator is made
 // (every survivor has read it by then).
 void forgetSurvivorList(Store& store, const std::string& prefix, int parentRank);

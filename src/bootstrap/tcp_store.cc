@@ -44,6 +44,8 @@ class TcpStore final : public Store {
   Result<std::vector<std::string>> get(const std::vector<std::string>& keys, Deadline deadline) override;
   Status erase(const std::vector<std::string>& keys, Deadline deadline) override;
   Result<std::vector<bool>> check(const std::vector<std::string>& keys, Deadline deadline) override;
+  Status setWill(const std::string& key, std::string_view value, Deadline deadline) override;
+  Status cancelWill(const std::string& key, Deadline deadline) override;
   std::string describe() const override { return "tcp " + root_; }
 
  private:
@@ -213,7 +215,8 @@ Status checkKeySize(const std::string& key) {
   return Status::ok();
 }
 
-Status TcpStore::set(const std::string& key, std::string_view value, Deadline deadline) {
+// {str key, str value}, for kSet and kWill.
+Result<std::vector<uint8_t>> keyAndValue(const std::string& key, std::string_view value) {
   SHOAL_TRY(checkKeySize(key));
   if (value.size() + key.size() + 32 > kMaxFrameBytes)
     return invalidArgument("store value of ", value.size(), " bytes exceeds the 64 MiB frame limit");
@@ -221,8 +224,30 @@ Status TcpStore::set(const std::string& key, std::string_view value, Deadline de
   Writer w(body);
   w.str(key);
   w.str(value);
+  return body;
+}
+
+Status TcpStore::set(const std::string& key, std::string_view value, Deadline deadline) {
+  SHOAL_ASSIGN_OR_RETURN(std::vector<uint8_t> body, keyAndValue(key, value));
   std::string what = str("store set '", key, "'");
   SHOAL_ASSIGN_OR_RETURN(Reply reply, request(kSet, body, deadline, what));
+  return replyStatus(reply, what);
+}
+
+Status TcpStore::setWill(const std::string& key, std::string_view value, Deadline deadline) {
+  SHOAL_ASSIGN_OR_RETURN(std::vector<uint8_t> body, keyAndValue(key, value));
+  std::string what = str("store will for '", key, "'");
+  SHOAL_ASSIGN_OR_RETURN(Reply reply, request(kWill, body, deadline, what));
+  return replyStatus(reply, what);
+}
+
+Status TcpStore::cancelWill(const std::string& key, Deadline deadline) {
+  SHOAL_TRY(checkKeySize(key));
+  std::vector<uint8_t> body;
+  Writer w(body);
+  w.str(key);
+  std::string what = str("store cancel of the will for '", key, "'");
+  SHOAL_ASSIGN_OR_RETURN(Reply reply, request(kCancelWill, body, deadline, what));
   return replyStatus(reply, what);
 }
 

@@ -239,19 +239,21 @@ Status Communicator::initialize() {
   connections_.setChoice(choice);
   connections_.setStreamLinks(agreement.streamLinks);
   connections_.setLabel(describe());
-  // A peer's failure report, else its leave record: a rank that destroyed
-  // or aborted its communicator will not connect, nor take part again, and
-  // its connections may not say so (ofi's say nothing).
+  // A peer's failure report, else its will (its process ended: the root
+  // wrote it), else its leave record: a rank that destroyed or aborted its
+  // communicator will not connect, nor take part again, and its connections
+  // may not say so (ofi's say nothing).
   connections_.setPeerReports([this](int peer, Deadline deadline) {
-    const std::vector<std::string> keys{failureKey(peer), bootstrap_->leftKey(peer)};
+    const std::vector<std::string> keys{failureKey(peer), bootstrap_->goneKey(peer), bootstrap_->leftKey(peer)};
     ConnectionTable::PeerNews news;
     Result<std::vector<bool>> present = request_.store->check(keys, deadline);
     if (!present.isOk()) return news;
-    if (present.value()[0]) {
-      Result<std::vector<std::string>> report = request_.store->get({keys[0]}, deadline);
-      if (report.isOk()) news.report = std::move(report.value()[0]);
+    for (size_t i = 0; i < 2 && news.report.empty() && news.gone.empty(); ++i) {
+      if (!present.value()[i]) continue;
+      Result<std::vector<std::string>> value = request_.store->get({keys[i]}, deadline);
+      if (value.isOk()) (i == 0 ? news.report : news.gone) = std::move(value.value()[0]);
     }
-    news.left = present.value()[1];
+    news.left = present.value()[2];
     return news;
   });
   connections_.setConnectTimeout([this](const ConnectionTable::PendingConnect& pending) {
@@ -339,6 +341,13 @@ Result<std::vector<PeerInfo>> Communicator::exchangePeers(const PeerInfo& self, 
     }
     peers[r] = std::move(record.info);
   }
+  // From here on a peer waits on this rank in the store (the rest of the
+  // set-up, splits) or in operations: if this process ends without
+  // destroying the communicator, the root says so in its name.
+  SHOAL_TRY(bootstrap_->setWill(str("comm ", idHex(), " rank ", rank_, "/", nranks_, " (host ", self.hostname,
+                                    ", pid ", ::getpid(), "): its process ended, or lost its connection to the "
+                                    "bootstrap root, before it destroyed the communicator"),
+                                deadline)) << describe();
   return peers;
 }
 

@@ -154,6 +154,9 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
 
   int rank() const { return rank_; }
   int nranks() const { return nranks_; }
+  // Where the store writes rank `rank`'s will once its process ended
+  // (Bootstrap::setWill, at init): ncclCommShrink's agreement looks there.
+  std::string goneKey(int rank) const;
   const CommOptions& options() const { return options_; }
   const Topology& topology() const { return topology_; }
   const std::vector<PeerInfo>& peers() const { return peers_; }
@@ -446,6 +449,11 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
   // the peers it depended on (`upstreamPeers`) reported, then closes
   // (closeAfterFailure); a later one only sets the error.
   Status publishAndClose(Status st, const std::vector<int>& upstreamPeers);
+  // What a peer this rank waited on says of its failure, within the
+  // deadline (a peer that just failed may publish a moment after us): its
+  // connections' report, else its report in the store, else its will there
+  // (its process ended: it writes none), whichever comes first. "" if none.
+  std::string upstreamReport(int peer, Deadline deadline);
   // After a published failure: no job of ours runs on, its streams are past
   // the FIFOs, every connection closes (peers waiting on us see it now) and
   // the communicator keeps the error (failureMutex_ held).

@@ -3,8 +3,10 @@
 // rest: communicator.cc.
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <functional>
 #include <iterator>
+#include <thread>
 #include <utility>
 
 #include "collectives/builders.h"
@@ -808,11 +810,7 @@ Status Communicator::publishAndClose(Status st, const std::vector<int>& upstream
   std::string upstreamText;
   for (int peer : upstreamPeers) {
     if (peer == rank_) continue;
-    std::string report = connections_.peerFailure(peer, deadline);
-    if (report.empty()) {
-      auto upstream = request_.store->get({failureKey(peer)}, deadline);
-      if (upstream.isOk()) report = upstream.value()[0];
-    }
+    const std::string report = upstreamReport(peer, deadline);
     if (!report.empty())
       upstreamText += str("; rank ", peer, " (host ", peers_[peer].hostname, ") had failed first: ", report);
   }
@@ -825,6 +823,24 @@ Status Communicator::publishAndClose(Status st, const std::vector<int>& upstream
   }
   closeAfterFailure(st);
   return st;
+}
+
+std::string Communicator::upstreamReport(int peer, Deadline deadline) {
+  const std::vector<std::string> keys{failureKey(peer), goneKey(peer)};
+  int64_t pauseMs = 2;  // then up to 200 ms: each look is a request to the one root
+  for (;;) {
+    if (std::string report = connections_.peerFailure(peer, Deadline::passed()); !report.empty()) return report;
+    Result<std::vector<bool>> present = request_.store->check(keys, deadline);
+    if (!present.isOk()) return {};
+    for (size_t i = 0; i < keys.size(); ++i) {
+      if (!present.value()[i]) continue;
+      Result<std::vector<std::string>> value = request_.store->get({keys[i]}, deadline);
+      return value.isOk() ? std::move(value.value()[0]) : std::string();
+    }
+    if (deadline.expired()) return {};
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::min(pauseMs, deadline.remainingMs() + 1)));
+    pauseMs = std::min<int64_t>(pauseMs * 2, 200);
+  }
 }
 
 void Communicator::closeAfterFailure(const Status& st) {
@@ -866,6 +882,8 @@ void Communicator::publishReport(const std::string& text, Deadline deadline) {
 }
 
 std::string Communicator::failureKey(int rank) const { return bootstrap_->failureKey(rank); }
+
+std::string Communicator::goneKey(int rank) const { return bootstrap_->goneKey(rank); }
 
 void Communicator::growScratch(uint64_t bytes) {
   if (!scratch_.empty()) forgetMemory(scratch_.data(), scratch_.size());

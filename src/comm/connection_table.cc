@@ -325,6 +325,7 @@ std::string ConnectionTable::lookAt(int peer, Look what, const Transport* connec
   if (peerReports_) {
     PeerNews news = peerReports_(peer, deadline);
     if (!news.report.empty()) return str(kReportedFailurePrefix, news.report);
+    if (!news.gone.empty()) return news.gone;
     if (news.left) return "it destroyed or aborted its communicator (ncclCommDestroy, ncclCommAbort)";
   }
   // A connect asks the transport that connects them: what its own address

@@ -86,15 +86,18 @@ class ConnectionTable {
   // ranks agreed at init; set before the first connection.
   void setStreamLinks(bool allowed) { streamLinks_ = allowed; }
   // Where a peer's failure report is looked up ("" when it published none),
-  // and whether it left (destroyed or aborted its communicator), within the
-  // deadline; set before the first connection. A connect that has waited a
-  // second asks once a second why its peer will not come (lookAt,
-  // Look::kConnect): a peer that failed before it connected (its own connect
-  // refused, a call it could not run) publishes why, one that left says so,
-  // one whose process exited leaves the connecting transport's listener
-  // closed, and the wait would otherwise last until the deadline.
+  // its will (Bootstrap::setWill) and whether it left (destroyed or aborted
+  // its communicator), within the deadline; set before the first
+  // connection. A connect that has waited a second asks once a second why
+  // its peer will not come (lookAt, Look::kConnect): a peer that failed
+  // before it connected (its own connect refused, a call it could not run)
+  // publishes why, the root writes the will of one whose process ended,
+  // one that left says so, one whose process exited leaves the connecting
+  // transport's listener closed, and the wait would otherwise last until
+  // the deadline.
   struct PeerNews {
     std::string report;
+    std::string gone;  // its will, written by the store when its process ended
     bool left = false;
   };
   using PeerReports = std::function<PeerNews(int peer, Deadline deadline)>;

@@ -93,6 +93,17 @@ Bytes setFrame(uint64_t id, const std::string& key, const std::string& value) {
   });
 }
 
+Bytes willFrame(uint64_t id, const std::string& key, const std::string& value) {
+  return frame(id, bootstrap_wire::kWill, [&](Writer& w) {
+    w.str(key);
+    w.str(value);
+  });
+}
+
+Bytes cancelWillFrame(uint64_t id, const std::string& key) {
+  return frame(id, bootstrap_wire::kCancelWill, [&](Writer& w) { w.str(key); });
+}
+
 // Harness steps (fuzz_store_server.cc).
 void stepData(Bytes& out, int conn, const Bytes& bytes) {
   out.push_back(static_cast<uint8_t>(0 | (conn << 2)));
@@ -168,6 +179,22 @@ void storeServerSeeds() {
     stepData(in, 0, setFrame(3, "b", "2"));
     stepData(in, 0, setFrame(4, "a", "3"));
     put(t, "two_conns_waiter", in);
+  }
+  {
+    // Connection 0 leaves wills and goes away: one is cancelled, one meets
+    // a key that exists, one answers connection 1's waiting GET.
+    Bytes in = {0};
+    stepData(in, 1, keysFrame(7, kGet, {"failure/0"}, true, kNoTimeout));
+    Bytes frames;
+    append(frames, willFrame(1, "failure/0", "its process ended"));
+    append(frames, willFrame(2, "other", "never"));
+    append(frames, cancelWillFrame(3, "other"));
+    append(frames, willFrame(4, "k", "not this"));
+    append(frames, setFrame(5, "k", "own"));
+    stepData(in, 0, frames);
+    stepClose(in, 0);
+    stepReap(in);
+    put(t, "wills_then_close", in);
   }
   {
     // A frame cut across reads, then its waiter's connection goes away.

@@ -21,6 +21,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -180,7 +181,7 @@ int shrinkAfterKill(MpChild& c) {
         " ms, -> first correct AllReduce " + std::to_string(static_cast<int>(recoveryMs)) + " ms");
   CHILD_CHECK(c, recoveryMs < kRecoveryBoundMs, "recovery took too long");
   for (int i = 0; i < 5; ++i) CHILD_OK(c, checkedAllReduce(c, small, 1000 + i, "AllReduce after the shrink"));
-  // The parent was aborted by the shrink: collectives are refused, destroy works.
+  // The shrink revoked the parent: collectives are refused, destroy works.
   rc = ncclAllReduce(send.data(), recv.data(), 16, ncclFloat, ncclSum, comm, nullptr);
   CHILD_CHECK(c, rc == ncclInvalidUsage, "the parent after NCCL_SHRINK_ABORT: " + describe(rc));
   CHILD_NCCL(c, ncclCommDestroy(comm));
@@ -203,25 +204,61 @@ void runShrinkAfterKill(const char* transport) {
   CHECK(res.onlyVictimKilled(kVictim));
 }
 
+// Init, one checked AllReduce and a barrier; then the ranks `dies` names
+// SIGKILL themselves and the others run AllReduces until one fails.
+int initThenLose(MpChild& c, ncclComm_t* comm, const std::function<bool(int)>& dies) {
+  CHILD_NCCL(c, initComm(c, comm));
+  CHILD_OK(c, checkedAllReduce(c, *comm, 4096, "AllReduce before the kill"));
+  CHILD_CHECK(c, c.barrier(), "barrier before the kill");
+  if (dies(c.rank())) ::raise(SIGKILL);
+  std::vector<float> send(1 << 16, 1.0f), recv(1 << 16);
+  ncclResult_t rc = ncclSuccess;
+  for (int i = 0; i < 100000 && rc == ncclSuccess; ++i)
+    rc = ncclAllReduce(send.data(), recv.data(), send.size(), ncclFloat, ncclSum, *comm, nullptr);
+  CHILD_CHECK(c, rc != ncclSuccess, "the AllReduce never failed");
+  return 0;
+}
+
+// Two ranks die, and the survivors at first exclude only one of them: the
+// other will never call ncclCommShrink. Its will (written by the bootstrap
+// root when its process ended) names it within seconds instead of the wait
+// lasting until the set-up deadline (10 minutes), and a second shrink that
+// excludes both works.
+int shrinkMissingADeadRank(MpChild& c) {
+  ncclComm_t comm = nullptr;
+  CHILD_OK(c, initThenLose(c, &comm, [](int rank) { return rank >= 2; }));
+  int onlyThree[] = {3};
+  ncclComm_t small = nullptr;
+  double t0 = monoMs();
+  ncclResult_t rc = ncclCommShrink(comm, onlyThree, 1, &small, nullptr, NCCL_SHRINK_ABORT);
+  const std::string why = ncclGetLastError(comm);
+  c.log("shrink excluding {3}: " + std::string(ncclGetErrorString(rc)) + " after " +
+        std::to_string(static_cast<int>(monoMs() - t0)) + " ms: " + why);
+  CHILD_CHECK(c, rc == ncclRemoteError, "shrink waiting for a dead rank: " + describe(rc));
+  CHILD_CHECK(c, why.find("rank 2 is not excluded but will never call ncclCommShrink") != std::string::npos,
+              "the error does not name rank 2: " + why);
+  CHILD_CHECK(c, why.find("its process ended") != std::string::npos, "the error does not say why: " + why);
+  CHILD_CHECK(c, monoMs() - t0 < 10000, "the failure took more than 10 s");
+  CHILD_CHECK(c, small == nullptr, "a failed shrink left a communicator");
+  int both[] = {2, 3};
+  CHILD_NCCL(c, ncclCommShrink(comm, both, 2, &small, nullptr, NCCL_SHRINK_ABORT));
+  CHILD_OK(c, checkedAllReduce(c, small, 4096, "AllReduce of the shrunk communicator"));
+  CHILD_NCCL(c, ncclCommDestroy(small));
+  CHILD_NCCL(c, ncclCommDestroy(comm));
+  CHILD_CHECK(c, c.barrier(), "the other survivor did not finish");  // rank 0 hosts the root
+  return 0;
+}
+
 // The documented limit: the survivors meet in the bootstrap root, which lives
 // in the process that made the unique id (rank 0 here). With rank 0 dead,
 // shrink must fail promptly with a clear error, not hang.
 int shrinkWithoutRoot(MpChild& c) {
-  const int r = c.rank();
   ncclComm_t comm = nullptr;
-  CHILD_NCCL(c, initComm(c, &comm));
-  CHILD_OK(c, checkedAllReduce(c, comm, 4096, "AllReduce before the kill"));
-  CHILD_CHECK(c, c.barrier(), "barrier before the kill");
-  if (r == 0) ::raise(SIGKILL);
-  std::vector<float> send(1 << 16, 1.0f), recv(1 << 16);
-  ncclResult_t rc = ncclSuccess;
-  for (int i = 0; i < 100000 && rc == ncclSuccess; ++i)
-    rc = ncclAllReduce(send.data(), recv.data(), send.size(), ncclFloat, ncclSum, comm, nullptr);
-  CHILD_CHECK(c, rc != ncclSuccess, "the AllReduce never failed");
+  CHILD_OK(c, initThenLose(c, &comm, [](int rank) { return rank == 0; }));
   int excluded[] = {0};
   ncclComm_t small = nullptr;
   const double t0 = monoMs();
-  rc = ncclCommShrink(comm, excluded, 1, &small, nullptr, NCCL_SHRINK_ABORT);
+  const ncclResult_t rc = ncclCommShrink(comm, excluded, 1, &small, nullptr, NCCL_SHRINK_ABORT);
   const std::string why = ncclGetLastError(comm);
   c.log("shrink without the root: " + std::string(ncclGetErrorString(rc)) + " after " +
         std::to_string(static_cast<int>(monoMs() - t0)) + " ms: " + why);
@@ -571,6 +608,20 @@ TEST_CASE("elastic: shrink with the bootstrap root's process dead fails promptly
   INFO(res.report());
   REQUIRE_FALSE(res.timedOut);
   CHECK(res.onlyVictimKilled(0));
+}
+
+TEST_CASE("elastic: a shrink that keeps a dead rank fails within seconds naming it, then one without it works",
+          "[mp][elastic][failure]") {
+  MpConfig cfg;
+  cfg.nranks = 4;
+  cfg.hardLimitMs = 60000;
+  MpResult res = runForked(cfg, shrinkMissingADeadRank);
+  INFO(res.report());
+  REQUIRE_FALSE(res.timedOut);
+  for (const auto& rr : res.ranks) {
+    if (rr.rank >= 2) CHECK(rr.termSignal == SIGKILL);
+    else CHECK((rr.exited && rr.exitCode == 0));
+  }
 }
 
 TEST_CASE("elastic: grow from 2 to 3 ranks", "[mp][elastic]") { runGrow(3, false); }

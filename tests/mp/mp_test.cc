@@ -585,6 +585,46 @@ TEST_CASE("mp: a rank killed before its first collective makes every survivor fa
   }
 }
 
+// A rank killed between init and a split the others call: they wait for its
+// record in the split's exchange, in the store, where no connection of
+// theirs sees it go. Its connection to the bootstrap root ends with its
+// process, and the root writes the failure report the rank left there at
+// init (its will): the split fails within seconds naming it, not at the
+// set-up deadline (SHOAL_INIT_TIMEOUT_MS, 10 minutes).
+TEST_CASE("mp: a rank killed before a split makes the others' split fail within seconds naming it",
+          "[mp][failure]") {
+  const int victim = 2;
+  MpConfig cfg;
+  cfg.nranks = 3;
+  cfg.hardLimitMs = 60000;
+  MpResult res = runForked(cfg, [&](MpChild& c) {
+    ncclComm_t comm = nullptr;
+    CHILD_NCCL(c, initComm(c, &comm));
+    if (c.rank() == victim) {
+      c.log("killing myself (SIGKILL) before the split");
+      ::raise(SIGKILL);
+    }
+    ncclComm_t child = nullptr;
+    const double t0 = monoMs();
+    const ncclResult_t rc = ncclCommSplit(comm, 0, c.rank(), &child, nullptr);
+    const double ms = monoMs() - t0;
+    const std::string last = ncclGetLastError(nullptr);
+    c.log("split returned after " + std::to_string(static_cast<int>(ms)) + " ms: " + describe(rc) + ": " + last);
+    CHILD_CHECK(c, c.barrier(), "the other ranks did not finish");
+    CHILD_CHECK(c, rc == ncclRemoteError, "expected ncclRemoteError, got " + describe(rc));
+    CHILD_CHECK(c, child == nullptr, "the split made a communicator");
+    CHILD_CHECK(c, ms < 15000, "the split took more than 15 s to fail");
+    CHILD_CHECK(c, namesRank(last, victim), "the error does not name rank 2: " + last);
+    CHILD_CHECK(c, last.find("its process ended") != std::string::npos,
+                "the error does not say that its process ended: " + last);
+    CHILD_NCCL(c, ncclCommAbort(comm));
+    return 0;
+  });
+  INFO(res.report());
+  REQUIRE_FALSE(res.timedOut);
+  CHECK(res.onlyVictimKilled(victim));
+}
+
 TEST_CASE("mp: a peer whose communicator failed is named within seconds by a rank it never attaches to",
           "[mp][failure]") {
   MpConfig cfg;

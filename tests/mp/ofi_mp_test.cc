@@ -142,10 +142,11 @@ int everyCollective(MpChild& c) {
 }
 
 // A loop of AllReduces; `victim` SIGKILLs itself at iteration `killAt`. The
-// survivors' call must fail (remote or system error) naming the victim.
-// (The victim dies a moment after its last collective: by then the probes
-// that vouch for its tcp listener, made as its connections were, are done.)
-int killOneRank(MpChild& c, int victim, int killAt) {
+// survivors' call must fail (remote error) naming the victim, within
+// `failWithinMs` where given. (The victim dies a moment after its last
+// collective: by then the probes that vouch for its tcp listener, made as its
+// connections were, are done.)
+int killOneRank(MpChild& c, int victim, int killAt, double failWithinMs = 0) {
   const int r = c.rank();
   ncclComm_t comm = nullptr;
   CHILD_NCCL(c, initComm(c, &comm));
@@ -165,6 +166,7 @@ int killOneRank(MpChild& c, int victim, int killAt) {
           " ms: " + describe(rc));
     CHILD_CHECK(c, it >= killAt, "a collective failed before the victim died");
     CHILD_CHECK(c, rc == ncclRemoteError, "expected ncclRemoteError, got " + describe(rc));
+    CHILD_CHECK(c, failWithinMs <= 0 || ms < failWithinMs, "the survivor took too long to fail: " + last);
     CHILD_CHECK(c, last.find("rank " + std::to_string(victim)) != std::string::npos,
                 "the error does not name rank " + std::to_string(victim) + ": " + last);
     bool released = c.barrier();
@@ -360,6 +362,23 @@ TEST_CASE("mp ofi: ranks given different networks fail within seconds, both nami
   cfg.hardLimitMs = 60000;
   cfg.env = {{"SHOAL_TRANSPORT", ""}, {"NCCL_NET", ""}, {"FI_TCP_IFACE", "lo"}, {"NCCL_SOCKET_IFNAME", "lo"}};
   requirePassed(runForked(cfg, netNamesDiffer));
+}
+
+// A rank killed between init and its first collective: over ofi nothing
+// tells its peers (the provider reports nothing, no connection was made, and
+// ofi has no probe of its own). Its connection to the bootstrap root ends
+// with its process, the root writes the failure report the rank left there
+// at init (its will), and the survivors' connects fail within seconds naming
+// it, not at the no-progress deadline.
+TEST_CASE("mp ofi: a rank killed before its first collective is named within seconds", "[mp][ofi][failure]") {
+  MpConfig cfg = ofiConfig(3, "tcp;ofi_rxm");
+  cfg.hardLimitMs = 60000;
+  cfg.env.emplace_back("SHOAL_PROGRESS_TIMEOUT_MS", "600000");
+  const int victim = 2;  // rank 0 serves the bootstrap root
+  MpResult res = runForked(cfg, [&](MpChild& c) { return killOneRank(c, victim, 0, 20000); });
+  INFO(res.report());
+  REQUIRE_FALSE(res.timedOut);
+  CHECK(res.onlyVictimKilled(victim));
 }
 
 // Over ofi nothing tells a rank that a peer destroyed its communicator: a

@@ -233,6 +233,105 @@ TEST_CASE("tcp store: basics / large values / many threads on one connection", "
   REQUIRE(secondStore->check({"big"}, Deadline::afterMs(5000)).value() == std::vector<bool>{false});
 }
 
+TEST_CASE("tcp store: a will is written when its connection ends, unless cancelled or the key exists",
+          "[bootstrap]") {
+  useLoopback();
+  UniqueIdContents id = startPrivateRoot();
+  auto watcher = mustConnect(id);
+  auto leaver = mustConnect(id);
+  const Deadline soon = Deadline::afterMs(5000);
+  REQUIRE(watcher->set("kept", "its own report", soon).isOk());
+  REQUIRE(leaver->setWill("gone", "first words", soon).isOk());
+  REQUIRE(leaver->setWill("gone", "last words", soon).isOk());  // replaces
+  REQUIRE(leaver->setWill("kept", "not these", soon).isOk());
+  REQUIRE(leaver->setWill("cancelled", "never", soon).isOk());
+  REQUIRE(leaver->cancelWill("cancelled", soon).isOk());
+  REQUIRE(leaver->cancelWill("never-willed", soon).isOk());
+  // Nothing is written while the connection lives.
+  REQUIRE(watcher->check({"gone", "cancelled"}, soon).value() == std::vector<bool>{false, false});
+  // A get already waiting for the key is answered when the will is written.
+  auto waiting = std::async(std::launch::async, [&] { return watcher->get({"gone"}, Deadline::afterMs(10000)); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  leaver.reset();  // the connection ends without a word, as when its process dies
+  Result<std::vector<std::string>> got = waiting.get();
+  INFO(got.status().toString());
+  REQUIRE(got.isOk());
+  CHECK(got.value()[0] == "last words");
+  CHECK(watcher->get({"kept"}, soon).value()[0] == "its own report");
+  CHECK(watcher->check({"cancelled"}, soon).value() == std::vector<bool>{false});
+
+  // The memory store (ranks that are threads of one process) keeps no will.
+  auto memory = makeMemoryStore();
+  REQUIRE(memory->setWill("gone", "words", soon).isOk());
+  REQUIRE(memory->cancelWill("gone", soon).isOk());
+  CHECK(memory->check({"gone"}, soon).value() == std::vector<bool>{false});
+}
+
+// A rank whose process ends after the first round (its communicator's
+// generation known) is named by its will: the ranks waiting for its record in
+// a later round fail within seconds naming it, not at their deadline.
+TEST_CASE("Bootstrap: a rank whose connection ends is named by the ranks waiting for it", "[bootstrap]") {
+  useLoopback();
+  UniqueIdContents id = startPrivateRoot();
+  constexpr int kRanks = 3, kGone = 2;
+  std::vector<std::shared_ptr<Store>> stores;
+  std::vector<std::unique_ptr<Bootstrap>> ranks;
+  for (int r = 0; r < kRanks; ++r) {
+    stores.push_back(mustConnect(id));
+    ranks.push_back(std::make_unique<Bootstrap>(stores[r], "s", r, kRanks));
+  }
+  // Rank 2 leaves its will on a connection of its own, which ends as if its
+  // process died (its Bootstrap would cancel a will of its own when freed).
+  auto dying = mustConnect(id);
+  requireAllOk(runRanks(kRanks, [&](int rank) -> Status {
+    SHOAL_TRY(ranks[rank]->allGather("x", Deadline::afterMs(10000)).status());
+    ranks[rank]->setGeneration(0x77);
+    if (rank == kGone) {
+      SHOAL_TRY(dying->setWill(ranks[rank]->goneKey(rank), "rank 2's process ended", Deadline::afterMs(5000)));
+      return dying->setWill(ranks[rank]->someGoneKey(), "2", Deadline::afterMs(5000));
+    }
+    return ranks[rank]->setWill(str("rank ", rank, "'s process ended"), Deadline::afterMs(5000));
+  }));
+  // Rank 1 has its record in the next round before rank 2 goes.
+  const Deadline wait = Deadline::afterMs(30000);
+  auto rankOne = std::async(std::launch::async, [&] { return ranks[1]->allGather("y", wait).takeStatus(); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  dying.reset();
+  const int64_t start = nowNs();
+  Status rankZero = ranks[0]->allGather("y", wait).takeStatus();
+  const int64_t ms = (nowNs() - start) / 1000000;
+  INFO(rankZero.toString());
+  CHECK(rankZero.code() == Code::kRemoteError);
+  CHECK_THAT(rankZero.message(), Catch::Contains("rank 2 will not come: rank 2's process ended"));
+  CHECK_THAT(rankZero.message(), Catch::Contains("bootstrap allGather #1 of s"));
+  CHECK(ms < 10000);
+  Status one = rankOne.get();
+  CHECK(one.code() == Code::kRemoteError);
+  CHECK_THAT(one.message(), Catch::Contains("rank 2's process ended"));
+}
+
+// A failure report is no reason to give up on a rank: one whose communicator
+// failed may still come to a split (NCCL allows it), later than the others.
+TEST_CASE("Bootstrap: a late rank with a failure report is still waited for", "[bootstrap]") {
+  auto store = makeMemoryStore();
+  Bootstrap zero(store, "s", 0, 2), one(store, "s", 1, 2);
+  requireAllOk(runRanks(2, [&](int rank) -> Status {
+    Bootstrap& me = rank == 0 ? zero : one;
+    SHOAL_TRY(me.allGather("x", Deadline::afterMs(10000)).status());
+    me.setGeneration(0x77);
+    return Status::ok();
+  }));
+  REQUIRE(store->set(zero.failureKey(1), "rank 1's communicator failed", Deadline::afterMs(1000)).isOk());
+  auto late = std::async(std::launch::async, [&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // past rank 0's first look
+    return one.allGather("y", Deadline::afterMs(10000)).takeStatus();
+  });
+  Result<std::vector<std::string>> got = zero.allGather("y", Deadline::afterMs(10000));
+  INFO(got.status().toString());
+  CHECK(got.isOk());
+  CHECK(late.get().isOk());
+}
+
 TEST_CASE("Bootstrap allGather and barrier across 4 threads", "[bootstrap]") {
   useLoopback();
   SECTION("memory store") {
@@ -657,6 +756,8 @@ TEST_CASE("Bootstrap: finish erases the last round, the last rank to leave empti
   // Later use (a split's allGather, round 3) and a failure report.
   requireAllOk(runRanks(kRanks, [&](int rank) { return ranks[rank]->barrier(Deadline::afterMs(10000)); }));
   REQUIRE(store->set(ranks[1]->failureKey(1), "rank 1 failed", Deadline::afterMs(1000)).isOk());
+  REQUIRE(store->set(ranks[1]->goneKey(1), "rank 1's process ended", Deadline::afterMs(1000)).isOk());
+  REQUIRE(store->set(ranks[1]->someGoneKey(), "1", Deadline::afterMs(1000)).isOk());
   CHECK(exist({"s/ag/3/0", "s/ag/3/1", "s/ag/3/2"}) == all);
 
   // Rank 2 never leaves (it died): the others do not wait for it.
@@ -674,7 +775,8 @@ TEST_CASE("Bootstrap: finish erases the last round, the last rank to leave empti
   ranks[2].reset();  // its destructor leaves
   CHECK(exist({"s/ag/3/0", "s/ag/3/1", "s/ag/3/2"}) == none);
   CHECK(exist(left) == none);
-  CHECK(exist({ranks[0]->failureKey(1)}) == std::vector<bool>{false});
+  CHECK(exist({ranks[0]->failureKey(1), ranks[0]->goneKey(1), ranks[0]->someGoneKey()}) ==
+        std::vector<bool>{false, false, false});
   REQUIRE(ranks[0]->leave(Deadline::afterMs(1000)).isOk());  // once only
   CHECK(exist({left[0]}) == std::vector<bool>{false});
 
@@ -838,12 +940,36 @@ class CountingStore final : public Store {
 TEST_CASE("survivors waiting for a missing rank back off their polls", "[bootstrap]") {
   CountingStore store(makeMemoryStore());
   Result<SurvivorAgreement> agreed =
-      agreeOnSurvivors(store, "shrink/test", 0, 3, /*excluded=*/{2}, Deadline::afterMs(1500));
+      agreeOnSurvivors(store, "shrink/test", 0, 3, /*excluded=*/{2}, /*goneKeys=*/{}, Deadline::afterMs(1500));
   REQUIRE_FALSE(agreed.isOk());
   CHECK(agreed.status().code() == Code::kTimeout);
   CHECK_THAT(agreed.status().message(), Catch::Contains("ranks {1} are not excluded but never called ncclCommShrink"));
   INFO(store.checks.load() << " checks in 1.5 s");
   CHECK(store.checks.load() <= 20);  // every 10 ms: about 150
+}
+
+// A survivor whose process ended before it called shrink (its will written)
+// is named within about a second, not at the deadline: the caller can shrink
+// again without it.
+TEST_CASE("survivors waiting for a rank whose process ended name it at once", "[bootstrap]") {
+  auto store = makeMemoryStore();
+  const std::vector<std::string> goneKeys{"g/0", "g/1", "g/2"};
+  REQUIRE(store->set("g/1", "rank 1's process ended", Deadline::afterMs(1000)).isOk());
+  const int64_t start = nowNs();
+  Result<SurvivorAgreement> agreed =
+      agreeOnSurvivors(*store, "shrink/gone", 0, 3, /*excluded=*/{2}, goneKeys, Deadline::afterMs(20000));
+  const int64_t ms = (nowNs() - start) / 1000000;
+  REQUIRE_FALSE(agreed.isOk());
+  CHECK(agreed.status().code() == Code::kRemoteError);
+  CHECK_THAT(agreed.status().message(),
+             Catch::Contains("rank 1 is not excluded but will never call ncclCommShrink: rank 1's process ended"));
+  CHECK_THAT(agreed.status().message(), Catch::Contains("exclude rank 1 too"));
+  CHECK(ms < 5000);
+  // Excluding it too agrees (no other survivor): nothing else keeps it waiting.
+  Result<SurvivorAgreement> again =
+      agreeOnSurvivors(*store, "shrink/gone2", 0, 3, /*excluded=*/{1, 2}, goneKeys, Deadline::afterMs(5000));
+  REQUIRE(again.isOk());
+  CHECK(again.value().survivors == std::vector<int>{0});
 }
 
 }  // namespace shoal
