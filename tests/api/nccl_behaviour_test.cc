@@ -950,6 +950,43 @@ TEST_CASE("ncclCommAbort from another thread ends a blocking collective and wait
   w.release(1);
 }
 
+// NCCL forbids destroying a communicator while another thread is inside a
+// call on it, and destroy does not abort that call: it gives the call a
+// second to leave, then returns keeping the handle's memory (which the call
+// still uses) rather than wait with it for good.
+TEST_CASE("ncclCommDestroy while a call on another thread stays inside returns, keeping the handle",
+          "[api]") {
+  // The stuck call ends by itself at this deadline, after the destroy.
+  shoal::testing::ScopedEnv env{{"SHOAL_PROGRESS_TIMEOUT_MS", "6000"}};
+  World w(2);
+  std::vector<float> buf(1024, 1.0f);
+  std::atomic<bool> returned{false};
+  ncclResult_t rc = ncclSuccess;
+  std::thread caller([&] {  // rank 1 never calls: rank 0 waits inside
+    rc = ncclAllReduce(buf.data(), buf.data(), buf.size(), ncclFloat, ncclSum, w[0], nullptr);
+    returned.store(true);
+  });
+  auto waitStart = Clock::now();
+  while (w[0]->shared->callsInside.load() == 0 && msSince(waitStart) < 5000)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  REQUIRE(w[0]->shared->callsInside.load() == 1);
+  auto t0 = Clock::now();
+  const ncclResult_t destroyed = ncclCommDestroy(w[0]);
+  const double destroyMs = msSince(t0);
+  INFO("ncclCommDestroy returned " << ncclGetErrorString(destroyed) << " after " << destroyMs << " ms");
+  CHECK(destroyMs < 4000);  // 1 s for the call to leave, then the handle is kept
+  CHECK_FALSE(returned.load());
+  // The kept handle stays valid for the call still inside: it ends at its
+  // deadline and reads the communicator meanwhile (ASan would see freed memory).
+  caller.join();
+  CHECK(rc == ncclRemoteError);
+  static ncclComm_t kept = w[0];  // kept for the process's life: no leak report
+  (void)kept;
+  w.release(0);
+  NCCL_OK(ncclCommDestroy(w[1]));
+  w.release(1);
+}
+
 TEST_CASE("ncclCommAbort from another thread ends an init that ncclGroupEnd runs", "[api][group]") {
   ncclUniqueId id = newId();
   std::atomic<ncclComm_t> handle{nullptr};
