@@ -55,12 +55,13 @@ Bootstrap::Bootstrap(std::shared_ptr<Store> store, std::string scope, int rank, 
     : store_(std::move(store)), scope_(std::move(scope)), rank_(rank), size_(size) {}
 
 Bootstrap::~Bootstrap() {
+  const Deadline deadline = Deadline::afterMs(kLeaveMs);  // for the leave and the will's cancel together
   if (finished_ && !left_) {
-    if (Status s = leave(Deadline::afterMs(kLeaveMs)); !s.isOk())
+    if (Status s = leave(deadline); !s.isOk())
       SHOAL_INFO(subsys::kBootstrap, "bootstrap leave of ", scope_, " (rank ", rank_, "): ", s.message(),
                  "; its keys stay until the id is released");
   }
-  cancelWill(Deadline::afterMs(kLeaveMs));
+  cancelWill(deadline);
 }
 
 Status Bootstrap::setWill(std::string_view report, Deadline deadline) {

@@ -34,8 +34,8 @@ class Store {
   // Which of `keys` exist now (does not wait for them); for error messages that
   // name who is missing. The default says kUnsupported.
   virtual Result<std::vector<bool>> check(const std::vector<std::string>& keys, Deadline deadline);
-  // Leaves word with the store for when this client's connection to it
-  // ends (its process exited or was cut off): `key` is then set to `value`,
+  // Leaves word with the store for when this client's side closes its
+  // connection to it (its process exited): `key` is then set to `value`,
   // unless it exists by then. Until cancelWill(key); the same key again
   // replaces the value. The default (a store inside this process, which
   // ends with it) keeps nothing.
@@ -147,10 +147,10 @@ class Bootstrap {
     hasGeneration_ = true;
   }
   // Leaves `report` with the store under goneKey(rank), and a mark under
-  // someGoneKey(), for when this process's connection to the store ends
-  // before the rank leaves (Store::setWill): a process that exits or is cut
-  // off with its communicator live is then named within moments, over any
-  // transport. After setGeneration; cancelled by leave() and the destructor.
+  // someGoneKey(), for when this process's connection to the store closes
+  // before the rank leaves (Store::setWill): a process that exits with its
+  // communicator live is then named within moments, over any transport.
+  // After setGeneration; cancelled by leave() and the destructor.
   Status setWill(std::string_view report, Deadline deadline);
 
  private:

@@ -76,9 +76,18 @@ struct Conn {
   size_t inStart = 0;
   std::vector<uint8_t> out;
   size_t outStart = 0;
-  // key -> value the root sets when this connection ends (kWill).
+  // key -> value the root sets when this connection ends (kWill), if its
+  // client's side closed it (endedByClient).
   std::unordered_map<std::string, std::string> wills;
+  bool endedByClient = false;
 };
+
+// Whether a read or write that ended a connection means its client's side
+// closed it (its process exited: its kernel closed the socket), rather than
+// that the network failed it (a keepalive timeout: the client may be alive).
+bool closedByClient(const net::IoResult& io) {
+  return io.closed || io.error == ECONNRESET || io.error == EPIPE;
+}
 
 }  // namespace
 
@@ -352,8 +361,10 @@ void RootServer::State::readFrames(Conn& conn) {
     if (readChunk.empty()) readChunk.resize(kReadChunkBytes);
     net::IoResult io = net::readSome(conn.fd.get(), readChunk.data(), readChunk.size());
     conn.in.insert(conn.in.end(), readChunk.data(), readChunk.data() + io.bytes);
-    if (io.closed) return close(conn, "client closed", /*quiet=*/true);
-    if (!io.ok()) return close(conn, std::strerror(io.error), /*quiet=*/true);
+    if (!io.ok() || io.closed) {
+      conn.endedByClient = closedByClient(io);
+      return close(conn, io.closed ? "client closed" : std::strerror(io.error), /*quiet=*/true);
+    }
     if (io.bytes == 0) break;
     // Parse every complete frame.
     for (;;) {
@@ -536,10 +547,20 @@ void RootServer::State::handleCancelWill(Conn& conn, uint64_t requestId, Reader&
 }
 
 // The connection ended with wills left: its client neither cancelled them
-// nor will (its process exited, or the connection broke). Each key that
-// exists keeps its value (a report the client wrote itself says more).
+// nor will. Written only where the client's side closed it (its process
+// exited): a connection the network failed (a keepalive timeout) may have
+// a live client, which must not be declared gone, and one the root closed
+// (a malformed frame) says nothing of its process. Each key that exists
+// keeps its value (a report the client wrote itself says more).
 void RootServer::State::fulfilWills(Conn& conn) {
   if (conn.wills.empty()) return;
+  if (!conn.endedByClient) {
+    SHOAL_INFO(subsys::kBootstrap, "bootstrap root: connection from ", conn.peer.toString(),
+               " ended without its client closing it; its ", conn.wills.size(),
+               conn.wills.size() == 1 ? " will is" : " wills are", " not written");
+    conn.wills = {};
+    return;
+  }
   Tenant& tenant = *conn.tenant;
   size_t written = 0;
   for (auto& [key, value] : conn.wills) {
@@ -592,7 +613,10 @@ void RootServer::State::flush(Conn& conn) {
   while (conn.phase != Phase::kClosed && conn.out.size() > conn.outStart) {
     net::IoResult io = net::writeSome(conn.fd.get(), conn.out.data() + conn.outStart,
                                       conn.out.size() - conn.outStart);
-    if (!io.ok()) return close(conn, std::strerror(io.error), /*quiet=*/true);
+    if (!io.ok()) {
+      conn.endedByClient = closedByClient(io);
+      return close(conn, std::strerror(io.error), /*quiet=*/true);
+    }
     if (io.bytes == 0) return;  // kernel buffer full: POLLOUT will call again
     conn.outStart += io.bytes;
   }

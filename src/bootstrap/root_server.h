@@ -4,8 +4,9 @@
 // ncclUniqueId this process created. One server per listen address; each id
 // it serves is a "tenant" with its own key space and its own secret (the
 // client's hello names the id's magic; the handshake proves the secret).
-// A connection may hold wills: keys the server sets when it ends, unless they
-// exist by then (store_protocol.h; how ranks use them: bootstrap.h, setWill).
+// A connection may hold wills: keys the server sets when its client's side
+// closes it, unless they exist by then (store_protocol.h; how ranks use
+// them: bootstrap.h, setWill).
 //
 // Tenant lifetime: a tenant is dropped, with every key in it, when the last
 // client connected to it leaves after at least one client proved the secret.

@@ -25,8 +25,9 @@
 //   kErase body {u32 n, n x str key}                       reply {}
 //   kCheck body {u32 n, n x str key}                       reply {u32 n, n x u8 exists}
 //   kWill  body {str key, str value}                       reply {}
-//          (when this connection ends, the root sets key to value unless
-//          the key exists then; the same key again replaces the value)
+//          (when the client's side closes this connection, the root sets
+//          key to value unless the key exists then; the same key again
+//          replaces the value)
 //   kCancelWill body {str key}                             reply {}
 //   str = {u32 length, bytes}. A malformed request gets kBadRequest {str why}.
 // Replies to different requests may come out of order (a kGet waits for its

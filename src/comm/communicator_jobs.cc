@@ -831,11 +831,13 @@ std::string Communicator::upstreamReport(int peer, Deadline deadline) {
   for (;;) {
     if (std::string report = connections_.peerFailure(peer, Deadline::passed()); !report.empty()) return report;
     Result<std::vector<bool>> present = request_.store->check(keys, deadline);
-    if (!present.isOk()) return {};
+    // A store out of reach (its root died with rank 0) leaves the reports
+    // that arrive by themselves (same-host peers'), waited for as before.
+    if (!present.isOk()) return connections_.peerFailure(peer, deadline);
     for (size_t i = 0; i < keys.size(); ++i) {
       if (!present.value()[i]) continue;
       Result<std::vector<std::string>> value = request_.store->get({keys[i]}, deadline);
-      return value.isOk() ? std::move(value.value()[0]) : std::string();
+      return value.isOk() ? std::move(value.value()[0]) : connections_.peerFailure(peer, deadline);
     }
     if (deadline.expired()) return {};
     std::this_thread::sleep_for(std::chrono::milliseconds(std::min(pauseMs, deadline.remainingMs() + 1)));
