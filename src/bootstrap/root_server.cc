@@ -158,7 +158,7 @@ Result<RootServer*> RootServer::start(const net::SocketAddress& address, bool fi
   SHOAL_ASSIGN_OR_RETURN(state->address, net::localAddressOf(state->listener.get()));
   // Everything the thread needs from params() and the logger is read here, in
   // the caller's thread: the server thread never touches either's reload path.
-  int64_t handshakeMs = params().handshakeTimeoutMs > 0 ? params().handshakeTimeoutMs : 5000;
+  const int64_t handshakeMs = handshakeTimeoutMs();
   state->handshakeTimeoutNs = handshakeMs * 1000000;
   state->liveness = net::LivenessOptions::fromParams();
   (void)logEnabled(LogLevel::kWarn, subsys::kBootstrap);

@@ -377,7 +377,7 @@ Result<std::shared_ptr<Store>> connectStore(const UniqueIdContents& id, Deadline
   net::Fd fd = std::move(connected.value());
   SHOAL_TRY(net::setNoDelay(fd.get()));
   SHOAL_TRY(net::setLiveness(fd.get(), net::LivenessOptions::fromParams()));
-  int64_t handshakeMs = params().handshakeTimeoutMs > 0 ? params().handshakeTimeoutMs : 5000;
+  const int64_t handshakeMs = handshakeTimeoutMs();
   Deadline handshakeDeadline = deadline.cappedMs(handshakeMs);
   if (Status s = clientHandshake(fd.get(), id, root, handshakeDeadline); !s.isOk())
     return s.withContext("bootstrap");

@@ -607,12 +607,12 @@ Result<Window*> Communicator::registerWindow(void* buff, size_t bytes, int flags
     // The peer's mailbox is open until the last exchange, which waits for
     // this rank: it answers at once unless the peer died.
     Status st = WindowMailbox::send(records[static_cast<size_t>(q)].mailbox, exported.get(), ticket, request_.secret,
-                                    deadline.cappedMs(params().handshakeTimeoutMs));
+                                    deadline.cappedMs(handshakeTimeoutMs()));
     // The board goes with each descriptor (a peer that maps this rank's
     // device memory meets its streams on it; it keeps the first it gets).
     if (st.isOk() && mine.boardAddress != 0)
       st = WindowMailbox::send(records[static_cast<size_t>(q)].mailbox, boards_->descriptor(), windowBoardTicket(ticket),
-                               request_.secret, deadline.cappedMs(params().handshakeTimeoutMs));
+                               request_.secret, deadline.cappedMs(handshakeTimeoutMs()));
     if (st.isOk()) sent.flags[static_cast<size_t>(q)] = true;
     else SHOAL_INFO(subsys::kReg, what, ": rank ", q, " will not map this rank's buffer (", st.message(), ")");
   }
@@ -641,7 +641,7 @@ Result<Window*> Communicator::registerWindow(void* buff, size_t bytes, int flags
           expected[static_cast<size_t>(q)] && records[static_cast<size_t>(q)].boardAddress != 0;
     Result<std::vector<std::vector<net::Fd>>> received =
         mailbox->receiveEach({{ticket, expected}, {windowBoardTicket(ticket), withBoard}}, request_.secret,
-                             deadline.cappedMs(params().handshakeTimeoutMs));
+                             deadline.cappedMs(handshakeTimeoutMs()));
     if (received.isOk()) {
       descriptors = std::move(received.value()[0]);
       boards = std::move(received.value()[1]);

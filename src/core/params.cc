@@ -109,6 +109,11 @@ const Params& params() {
   return *loaded;
 }
 
+int64_t handshakeTimeoutMs() {
+  constexpr int64_t kDefaultMs = 5000;
+  return params().handshakeTimeoutMs > 0 ? params().handshakeTimeoutMs : kDefaultMs;
+}
+
 void reloadParams() {
   std::lock_guard<std::mutex> lock(gMutex);
   static auto* replaced = new std::vector<const Params*>;  // kept, and reachable

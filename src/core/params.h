@@ -45,6 +45,9 @@ struct UnhonouredInfo {
 };
 
 const Params& params();
+// SHOAL_HANDSHAKE_TIMEOUT_MS as every handshake waits for it: 0 or less is
+// the default (an unauthenticated peer is never waited for without end).
+int64_t handshakeTimeoutMs();
 // Re-reads the environment; for tests (not thread-safe).
 void reloadParams();
 // Every declared parameter, in declaration order, with its current setting.

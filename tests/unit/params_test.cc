@@ -25,6 +25,22 @@ TEST_CASE("parameters come from the environment with defaults", "[unit]") {
   reloadParams();
 }
 
+// Every handshake reads the timeout through handshakeTimeoutMs(): 0 must not
+// mean "wait for an unauthenticated peer without end" in some of them.
+TEST_CASE("SHOAL_HANDSHAKE_TIMEOUT_MS of 0 or less is the default for every handshake", "[unit]") {
+  setenv("SHOAL_HANDSHAKE_TIMEOUT_MS", "1234", 1);
+  reloadParams();
+  CHECK(handshakeTimeoutMs() == 1234);
+  for (const char* none : {"0", "-5"}) {
+    setenv("SHOAL_HANDSHAKE_TIMEOUT_MS", none, 1);
+    reloadParams();
+    CHECK(handshakeTimeoutMs() == 5000);
+  }
+  unsetenv("SHOAL_HANDSHAKE_TIMEOUT_MS");
+  reloadParams();
+  CHECK(handshakeTimeoutMs() == 5000);
+}
+
 TEST_CASE("NCCL_DEBUG and NCCL_DEBUG_SUBSYS decide which lines pass", "[unit]") {
   auto load = [](const char* level, const char* subsys) {
     if (level) setenv("NCCL_DEBUG", level, 1);

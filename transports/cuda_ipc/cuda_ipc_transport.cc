@@ -393,7 +393,7 @@ class CudaIpcTransport final : public Transport {
       net::Fd fd = net::acceptSameUser(listener_.get());
       if (!fd) break;
       if (accepted_.size() >= kMaxAccepted) continue;  // closed: the sender retries or times out
-      accepted_.push_back(Accepted{std::move(fd), Deadline::afterMs(params().handshakeTimeoutMs)});
+      accepted_.push_back(Accepted{std::move(fd), Deadline::afterMs(handshakeTimeoutMs())});
     }
     for (auto it = accepted_.begin(); it != accepted_.end();) {
       Result<Arrival> arrival = receiveHello(it->socket);

@@ -453,7 +453,7 @@ void TcpTransport::pump(int64_t timeoutMs) {
 }
 
 void TcpTransport::acceptNew() {
-  int64_t handshakeMs = params().handshakeTimeoutMs > 0 ? params().handshakeTimeoutMs : 5000;
+  const int64_t handshakeMs = handshakeTimeoutMs();
   for (int i = 0; i < 64 && static_cast<int>(pending_.size()) < kMaxPendingHellos; ++i) {
     net::SocketAddress from;
     Result<net::Fd> accepted = net::acceptOne(listener_.get(), &from);
