@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -34,6 +35,14 @@ class Store {
   // Which of `keys` exist now (does not wait for them); for error messages that
   // name who is missing. The default says kUnsupported.
   virtual Result<std::vector<bool>> check(const std::vector<std::string>& keys, Deadline deadline);
+  // The first of `keys` that exists now, with its place in `keys` and its
+  // value (nullopt: none does): a check, then a get of that key. For keys
+  // that may never be set (reports, wills), which a get alone would wait for.
+  struct Found {
+    size_t index = 0;
+    std::string value;
+  };
+  Result<std::optional<Found>> firstPresent(const std::vector<std::string>& keys, Deadline deadline);
   // Leaves word with the store for when this client's side closes its
   // connection to it (its process exited): `key` is then set to `value`,
   // unless it exists by then. Until cancelWill(key); the same key again

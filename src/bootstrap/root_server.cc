@@ -361,7 +361,7 @@ void RootServer::State::readFrames(Conn& conn) {
     if (readChunk.empty()) readChunk.resize(kReadChunkBytes);
     net::IoResult io = net::readSome(conn.fd.get(), readChunk.data(), readChunk.size());
     conn.in.insert(conn.in.end(), readChunk.data(), readChunk.data() + io.bytes);
-    if (!io.ok() || io.closed) {
+    if (!io.ok()) {  // closed too
       conn.endedByClient = closedByClient(io);
       return close(conn, io.closed ? "client closed" : std::strerror(io.error), /*quiet=*/true);
     }

@@ -39,17 +39,11 @@ Status lookForGoneSurvivors(Store& store, const std::vector<int>& missing, const
                             const std::vector<int>& excluded, Deadline deadline) {
   std::vector<std::string> keys;
   for (int r : missing) keys.push_back(goneKeys[static_cast<size_t>(r)]);
-  Result<std::vector<bool>> present = store.check(keys, deadline);
-  if (!present.isOk()) return Status::ok();  // the next poll says what is wrong with the store
-  for (size_t i = 0; i < missing.size(); ++i) {
-    if (!present.value()[i]) continue;
-    Result<std::vector<std::string>> will = store.get({keys[i]}, deadline);
-    if (!will.isOk()) return Status::ok();
-    return remoteError("rank ", missing[i], " is not excluded but will never call ncclCommShrink: ",
-                       will.value()[0], "; this rank excludes ", rankListText(excluded), " (exclude rank ",
-                       missing[i], " too)");
-  }
-  return Status::ok();
+  Result<std::optional<Store::Found>> will = store.firstPresent(keys, deadline);
+  if (!will.isOk() || !will.value()) return Status::ok();  // a store error: the next poll says what is wrong
+  const int gone = missing[will.value()->index];
+  return remoteError("rank ", gone, " is not excluded but will never call ncclCommShrink: ", will.value()->value,
+                     "; this rank excludes ", rankListText(excluded), " (exclude rank ", gone, " too)");
 }
 
 }  // namespace
@@ -127,11 +121,9 @@ Result<SurvivorAgreement> agreeOnSurvivors(Store& store, const std::string& pref
 }
 
 bool excludedFromShrink(Store& store, const std::string& prefix, int parentRank, Deadline deadline) {
-  Result<std::vector<bool>> present = store.check({agreedKey(prefix)}, deadline);
-  if (!present.isOk() || !present.value()[0]) return false;
-  Result<std::vector<std::string>> agreed = store.get({agreedKey(prefix)}, deadline);
-  if (!agreed.isOk()) return false;
-  const std::string& list = agreed.value()[0];
+  Result<std::optional<Store::Found>> agreed = store.firstPresent({agreedKey(prefix)}, deadline);
+  if (!agreed.isOk() || !agreed.value()) return false;
+  const std::string& list = agreed.value()->value;
   for (size_t at = 0; at < list.size();) {
     size_t end = list.find(',', at);
     if (end == std::string::npos) end = list.size();

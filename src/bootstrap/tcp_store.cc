@@ -369,6 +369,16 @@ Result<std::vector<bool>> Store::check(const std::vector<std::string>&, Deadline
   return error(Code::kUnsupported, describe(), " cannot list which keys exist");
 }
 
+Result<std::optional<Store::Found>> Store::firstPresent(const std::vector<std::string>& keys, Deadline deadline) {
+  SHOAL_ASSIGN_OR_RETURN(std::vector<bool> present, check(keys, deadline));
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (!present[i]) continue;
+    SHOAL_ASSIGN_OR_RETURN(std::vector<std::string> value, get({keys[i]}, deadline));
+    return std::optional<Found>(Found{i, std::move(value[0])});
+  }
+  return std::optional<Found>();
+}
+
 Result<std::shared_ptr<Store>> connectStore(const UniqueIdContents& id, Deadline deadline) {
   SHOAL_ASSIGN_OR_RETURN(net::SocketAddress address, net::SocketAddress::resolve(id.address));
   std::string root = address.toString();

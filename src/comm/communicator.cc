@@ -244,16 +244,15 @@ Status Communicator::initialize() {
   // communicator will not connect, nor take part again, and its connections
   // may not say so (ofi's say nothing).
   connections_.setPeerReports([this](int peer, Deadline deadline) {
-    const std::vector<std::string> keys{failureKey(peer), bootstrap_->goneKey(peer), bootstrap_->leftKey(peer)};
     ConnectionTable::PeerNews news;
-    Result<std::vector<bool>> present = request_.store->check(keys, deadline);
-    if (!present.isOk()) return news;
-    for (size_t i = 0; i < 2 && news.report.empty() && news.gone.empty(); ++i) {
-      if (!present.value()[i]) continue;
-      Result<std::vector<std::string>> value = request_.store->get({keys[i]}, deadline);
-      if (value.isOk()) (i == 0 ? news.report : news.gone) = std::move(value.value()[0]);
+    Result<std::optional<Store::Found>> found = request_.store->firstPresent(
+        {failureKey(peer), bootstrap_->goneKey(peer), bootstrap_->leftKey(peer)}, deadline);
+    if (!found.isOk() || !found.value()) return news;
+    switch (found.value()->index) {
+      case 0: news.report = std::move(found.value()->value); break;
+      case 1: news.gone = std::move(found.value()->value); break;
+      default: news.left = true;
     }
-    news.left = present.value()[2];
     return news;
   });
   connections_.setConnectTimeout([this](const ConnectionTable::PendingConnect& pending) {

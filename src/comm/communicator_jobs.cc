@@ -830,15 +830,11 @@ std::string Communicator::upstreamReport(int peer, Deadline deadline) {
   int64_t pauseMs = 2;  // then up to 200 ms: each look is a request to the one root
   for (;;) {
     if (std::string report = connections_.peerFailure(peer, Deadline::passed()); !report.empty()) return report;
-    Result<std::vector<bool>> present = request_.store->check(keys, deadline);
+    Result<std::optional<Store::Found>> found = request_.store->firstPresent(keys, deadline);
     // A store out of reach (its root died with rank 0) leaves the reports
     // that arrive by themselves (same-host peers'), waited for as before.
-    if (!present.isOk()) return connections_.peerFailure(peer, deadline);
-    for (size_t i = 0; i < keys.size(); ++i) {
-      if (!present.value()[i]) continue;
-      Result<std::vector<std::string>> value = request_.store->get({keys[i]}, deadline);
-      return value.isOk() ? std::move(value.value()[0]) : connections_.peerFailure(peer, deadline);
-    }
+    if (!found.isOk()) return connections_.peerFailure(peer, deadline);
+    if (found.value()) return std::move(found.value()->value);
     if (deadline.expired()) return {};
     std::this_thread::sleep_for(std::chrono::milliseconds(std::min(pauseMs, deadline.remainingMs() + 1)));
     pauseMs = std::min<int64_t>(pauseMs * 2, 200);
