@@ -13,10 +13,12 @@
 // communicator's (setGeneration): a communicator made again with the same
 // scope never reads an earlier one's reports. A finished communicator's scope is empty once
 // every rank has left it, so the store holds keys only for live communicators.
-// "<scope>/gone/<generation>/<rank>" is a rank's will (setWill), and
-// "<scope>/gone/<generation>/some" the mark every rank's will also leaves:
-// written by the root if the rank's connection ends before leave() or the
-// destructor cancels them.
+// "<scope>/gone/<nonce>/<rank>" is a rank's will (setWill, under its own
+// nonce: it is left before the check-in, when nobody knows the generation),
+// and "<scope>/gone/<generation>/some" the mark every rank's will also leaves
+// once the check-in is over: written by the root if the rank's connection
+// ends before leave() or the destructor cancels them. Until then a third
+// will stands in for the rank's check-in record ("<scope>/ag/0/<rank>").
 #include "bootstrap/bootstrap.h"
 
 #include <algorithm>
@@ -34,6 +36,10 @@
 
 namespace shoal {
 namespace {
+
+// What the root writes in place of a rank's check-in record when its process
+// ends before it checked in (setWill); no record begins with it.
+constexpr std::string_view kGoneRecordMark = "\xffgone\xff";
 
 // "3, 5-7, 9" from sorted ranks.
 std::string formatRanks(const std::vector<int>& ranks) {
@@ -61,35 +67,96 @@ Bootstrap::~Bootstrap() {
       SHOAL_INFO(subsys::kBootstrap, "bootstrap leave of ", scope_, " (rank ", rank_, "): ", s.message(),
                  "; its keys stay until the id is released");
   }
-  cancelWill(deadline);
+  cancelWills(deadline);
 }
 
-Status Bootstrap::setWill(std::string_view report, Deadline deadline) {
-  // The second will marks the generation: a look that finds no mark need
-  // not ask for every rank's will.
-  willSet_ = true;  // cancelled by the destructor even if only the first was left
-  SHOAL_TRY(store_->setWill(goneKey(rank_), report, deadline))
-      << "bootstrap will of " << scope_ << " (rank " << rank_ << ")";
+Status Bootstrap::setWill(std::string_view report, uint64_t nonce, Deadline deadline) {
+  const std::string what = str("bootstrap will of ", scope_, " (rank ", rank_, ")");
+  if (round_ != 0) return invalidUsage(what, ": left after the check-in");
+  nonce_ = nonce;
+  willReport_ = std::string(report);
+  // Until its record is given, the rank's will stands in for it; the will
+  // under its nonce follows the record (setGoneWill), since nobody could
+  // read (or erase) one left by a rank that never gave its nonce.
+  checkInWill_ = true;  // cancelled by the destructor even if the request failed
+  SHOAL_TRY(store_->setWill(checkInKey(), str(kGoneRecordMark, report), deadline)) << what;
+  return Status::ok();
+}
+
+void Bootstrap::setGoneWill(Deadline deadline) {
+  if (willReport_.empty()) return;
+  goneWill_ = true;
+  if (Status s = store_->setWill(goneKey(rank_), willReport_, deadline); !s.isOk())
+    SHOAL_WARN("bootstrap will of ", scope_, " (rank ", rank_, "): ", s.message(),
+               "; its peers will find its death only by their connections");
+}
+
+Status Bootstrap::setGeneration(std::vector<uint64_t> nonces, Deadline deadline) {
+  if (nonces.size() != static_cast<size_t>(size_))
+    return invalidArgument("bootstrap of ", scope_, ": ", nonces.size(), " nonces for ", size_, " ranks");
+  generation_ = nonces[0];
+  nonces_ = std::move(nonces);
+  hasGeneration_ = true;
+  // The check-in's will first: its key is erased by the next rounds, and a
+  // will left on it would write there when the process ends.
+  cancelWills(deadline, /*onlyCheckIn=*/true);
+  if (!goneWill_) return Status::ok();
+  // The mark: a look that finds none need not ask for every rank's will.
+  markWill_ = true;
   SHOAL_TRY(store_->setWill(someGoneKey(), str(rank_), deadline))
       << "bootstrap will of " << scope_ << " (rank " << rank_ << ")";
   return Status::ok();
 }
 
-void Bootstrap::cancelWill(Deadline deadline) {
-  if (!std::exchange(willSet_, false)) return;
-  for (const std::string& key : {goneKey(rank_), someGoneKey()})
+void Bootstrap::abandon(std::string_view report) {
+  const Deadline deadline = Deadline::afterMs(kLeaveMs);
+  Status s;
+  // Ranks still in the check-in read its record: the report replaces it,
+  // unless a will already failed the check-in (this rank read it: so did
+  // everyone, and the last of them erased it). A rank that gave its record
+  // may also have been read already by ranks now in the next round: they
+  // look under its nonce. (After a check-in that failed for everyone, that
+  // one is read by nobody: it stays, as the rest of the scope's keys of a
+  // failed set-up, until the id is released.)
+  if (checkIn_ == CheckIn::kNotGiven || checkIn_ == CheckIn::kGiven)
+    s = store_->set(checkInKey(), str(kGoneRecordMark, report), deadline);
+  if (s.isOk() && checkIn_ != CheckIn::kNotGiven) s = store_->set(goneKey(rank_), report, deadline);
+  // Without the generation there is no mark: the others' first look finds it.
+  if (s.isOk() && checkIn_ == CheckIn::kDone && hasGeneration_) s = store_->set(someGoneKey(), str(rank_), deadline);
+  if (!s.isOk())
+    SHOAL_INFO(subsys::kBootstrap, "bootstrap of ", scope_, " (rank ", rank_, "): could not tell the others why it ",
+               "gave up: ", s.message());
+}
+
+void Bootstrap::cancelWills(Deadline deadline, bool onlyCheckIn) {
+  std::vector<std::pair<bool*, std::string>> wills{{&checkInWill_, checkInKey()}};
+  if (!onlyCheckIn) {
+    wills.emplace_back(&goneWill_, goneKey(rank_));
+    wills.emplace_back(&markWill_, someGoneKey());
+  }
+  for (auto& [set, key] : wills) {
+    if (!*set) continue;
     if (Status s = store_->cancelWill(key, deadline); !s.isOk()) {
       SHOAL_INFO(subsys::kBootstrap, "bootstrap will of ", scope_, " (rank ", rank_, "): ", s.message(),
-                 "; the root writes it when this process's connection ends");
+                 "; the root writes it when this process's connection ends, unless a later cancel succeeds");
       return;
     }
+    *set = false;
+  }
 }
+
+std::string Bootstrap::checkInKey() const { return str(scope_, "/ag/0/", rank_); }
 
 std::string Bootstrap::failureKey(int rank) const { return str(scope_, "/failure/", hex64(generation_), "/", rank); }
 
 std::string Bootstrap::leftKey(int rank) const { return str(scope_, "/left/", hex64(generation_), "/", rank); }
 
-std::string Bootstrap::goneKey(int rank) const { return str(scope_, "/gone/", hex64(generation_), "/", rank); }
+std::string Bootstrap::goneKey(int rank) const {
+  const uint64_t nonce = static_cast<size_t>(rank) < nonces_.size() ? nonces_[static_cast<size_t>(rank)]
+                         : rank == rank_                            ? nonce_
+                                                                    : 0;
+  return str(scope_, "/gone/", hex64(nonce), "/", rank);
+}
 
 std::string Bootstrap::someGoneKey() const { return str(scope_, "/gone/", hex64(generation_), "/some"); }
 
@@ -120,8 +187,11 @@ namespace {
 // same) never takes an earlier one's failure for its own.
 std::string anchorOf(std::string_view rankZeroRecord) { return hex64(fnv1a(rankZeroRecord)); }
 
-std::string failureRecord(std::string_view rankZeroRecord, int rank, std::string_view why) {
-  return str(anchorOf(rankZeroRecord), " rank ", rank, " found: ", why);
+// "<anchor> <R|U> rank <r> found: <why>": R for kRemoteError (a rank will
+// not come), U for kInvalidUsage (a wrong record).
+std::string failureRecord(std::string_view rankZeroRecord, int rank, const Status& why) {
+  return str(anchorOf(rankZeroRecord), " ", why.code() == Code::kRemoteError ? 'R' : 'U', " rank ", rank,
+             " found: ", why.message());
 }
 
 // This rank's record was replaced by another process's.
@@ -131,7 +201,7 @@ Status claimedTwice(int rank, int size) {
 }
 }  // namespace
 
-void Bootstrap::publishRoundFailure(std::string_view why) {
+void Bootstrap::publishRoundFailure(const Status& why) {
   if (round_ == 0) return;
   (void)store_->set(roundFailureKey(round_ - 1), failureRecord(lastRankZeroRecord_, rank_, why),
                     Deadline::afterMs(kLeaveMs));
@@ -143,7 +213,7 @@ Status Bootstrap::lookAtRound(uint64_t round, std::string_view mine, const Recor
                                       str(scope_, "/ag/", round, "/0")};
   const Deadline deadline = Deadline::afterMs(kLeaveMs).cancelledBy(stop);
   if (hasGeneration_) {
-    SHOAL_TRY(lookForGoneRanks(round, deadline));
+    SHOAL_TRY(lookForGoneRanks([&](int r) { return str(scope_, "/ag/", round, "/", r); }, deadline));
   }
   Result<std::vector<bool>> present = store_->check(keys, deadline);
   if (!present.isOk() || !present.value()[2]) return Status::ok();  // nothing to judge without rank 0's record
@@ -156,21 +226,45 @@ Status Bootstrap::lookAtRound(uint64_t round, std::string_view mine, const Recor
   for (size_t i = 0; i < wanted.size(); ++i)
     (wanted[i] == keys[0] ? failed : wanted[i] == keys[1] ? own : rankZero) = values.value()[i];
   const std::string anchor = anchorOf(rankZero);
-  if (failed.size() > anchor.size() + 1 && failed.compare(0, anchor.size(), anchor) == 0)
-    return invalidUsage(failed.substr(anchor.size() + 1));
+  if (failed.size() > anchor.size() + 3 && failed.compare(0, anchor.size(), anchor) == 0) {
+    std::string why = failed.substr(anchor.size() + 3);
+    return failed[anchor.size() + 1] == 'R' ? remoteError(why) : invalidUsage(why);
+  }
   Status wrong;
   if (present.value()[1] && own != mine)
     wrong = claimedTwice(rank_, size_);
   else if (checkFirst && rank_ != 0)
     wrong = checkFirst(rankZero);
   if (wrong.isOk()) return Status::ok();
-  (void)store_->set(keys[0], failureRecord(rankZero, rank_, wrong.message()), deadline);
+  (void)store_->set(keys[0], failureRecord(rankZero, rank_, wrong), deadline);
   return wrong;
 }
 
-Status Bootstrap::lookForGoneRanks(uint64_t round, Deadline deadline) {
-  Result<std::vector<bool>> someone = store_->check({someGoneKey()}, deadline);
-  if (!someone.isOk() || !someone.value()[0]) return Status::ok();
+Status Bootstrap::lookForGoneRanks(const std::function<std::string(int)>& recordKey, Deadline deadline) {
+  if (lookedAtNeighbours_) {
+    Result<std::vector<bool>> someone = store_->check({someGoneKey()}, deadline);
+    if (!someone.isOk() || !someone.value()[0]) return Status::ok();
+  } else {
+    // The first look also reads the wills of the next few ranks: one that
+    // ended in the check-in, after its record, left no mark, so whoever
+    // finds its will marks it for everyone. (A slice, not everyone's: the
+    // root answers thousands of ranks' first looks at once.)
+    std::vector<std::string> keys{someGoneKey()};
+    std::vector<int> ranks{-1};
+    for (int i = 1; i <= std::min(kNeighboursLookedAt, size_ - 1); ++i) {
+      ranks.push_back((rank_ + i) % size_);
+      keys.push_back(goneKey(ranks.back()));
+    }
+    Result<std::vector<bool>> gone = store_->check(keys, deadline);
+    if (!gone.isOk()) return Status::ok();  // the next look tries again
+    auto found = std::find(gone.value().begin() + 1, gone.value().end(), true);
+    if (found != gone.value().end() && !gone.value()[0]) {
+      const int who = ranks[static_cast<size_t>(found - gone.value().begin())];
+      if (!store_->set(someGoneKey(), str(who), deadline).isOk()) return Status::ok();
+    }
+    lookedAtNeighbours_ = true;
+    if (found == gone.value().end() && !gone.value()[0]) return Status::ok();
+  }
   std::vector<std::string> goneKeys;
   std::vector<int> ranks;
   for (int r = 0; r < size_; ++r) {
@@ -185,7 +279,7 @@ Status Bootstrap::lookForGoneRanks(uint64_t round, Deadline deadline) {
   for (size_t i = 0; i < ranks.size(); ++i) {
     if (!gone.value()[i]) continue;
     suspects.push_back(ranks[i]);
-    recordKeys.push_back(str(scope_, "/ag/", round, "/", ranks[i]));
+    recordKeys.push_back(recordKey(ranks[i]));
     suspectKeys.push_back(goneKeys[i]);
   }
   if (suspects.empty()) return Status::ok();
@@ -201,8 +295,7 @@ Status Bootstrap::lookForGoneRanks(uint64_t round, Deadline deadline) {
   return Status::ok();
 }
 
-Result<std::vector<std::string>> Bootstrap::awaitRound(const std::vector<std::string>& keys, uint64_t round,
-                                                       std::string_view mine, const RecordCheck& checkFirst,
+Result<std::vector<std::string>> Bootstrap::awaitRound(const std::vector<std::string>& keys, const Look& look,
                                                        Deadline deadline) {
   // One get for the whole wait (the root holds one waiter per rank); the
   // looks run beside it on a thread of their own, each a few keys, and end
@@ -220,7 +313,7 @@ Result<std::vector<std::string>> Bootstrap::awaitRound(const std::vector<std::st
       std::unique_lock<std::mutex> lock(mutex);
       while (!wake.wait_for(lock, std::chrono::milliseconds(waitMs), [&] { return stop.load(); })) {
         lock.unlock();
-        Status st = lookAtRound(round, mine, checkFirst, &stop);
+        Status st = look(&stop);
         lock.lock();
         if (!st.isOk() && !stop.load()) {
           finding = std::move(st);
@@ -250,7 +343,12 @@ Result<std::vector<std::string>> Bootstrap::allGather(std::string_view mine, Dea
   auto keyOf = [&](uint64_t r, int rank) { return str(scope_, "/ag/", r, "/", rank); };
   std::string what = str("bootstrap allGather #", round, " of ", scope_, " (rank ", rank_, " of ", size_, ", store ",
                          store_->describe(), ")");
+  if (round == 0 && mine.starts_with(kGoneRecordMark)) return invalidUsage(what, ": a record in the will's form");
   if (Status s = store_->set(keyOf(round, rank_), mine, deadline); !s.isOk()) return s.withContext(what);
+  if (round == 0) {
+    checkIn_ = CheckIn::kGiven;
+    setGoneWill(deadline);
+  }
 
   std::vector<std::string> keys;
   std::vector<int> ranks;
@@ -258,7 +356,8 @@ Result<std::vector<std::string>> Bootstrap::allGather(std::string_view mine, Dea
     keys.push_back(keyOf(round, r));
     ranks.push_back(r);
   }
-  Result<std::vector<std::string>> values = awaitRound(keys, round, mine, checkFirst, deadline);
+  Result<std::vector<std::string>> values = awaitRound(
+      keys, [&](const std::atomic<bool>* stop) { return lookAtRound(round, mine, checkFirst, stop); }, deadline);
   if (!values.isOk()) {
     Status failed = values.takeStatus();
     if (failed.code() != Code::kTimeout) return failed.withContext(what);
@@ -270,8 +369,15 @@ Result<std::vector<std::string>> Bootstrap::allGather(std::string_view mine, Dea
   if (values.value()[rank_] != mine) {
     // Another process with this rank wrote over this one's record.
     Status twice = claimedTwice(rank_, size_);
-    publishRoundFailure(twice.message());
+    publishRoundFailure(twice);
     return twice.withContext(what);
+  }
+  if (round == 0) {
+    if (Status gone = checkInGone(values.value()); !gone.isOk()) {
+      checkIn_ = CheckIn::kFailed;
+      return gone.withContext(what);
+    }
+    checkIn_ = CheckIn::kDone;
   }
   if (lastGatherRound_ >= 0) {
     uint64_t previous = static_cast<uint64_t>(lastGatherRound_);
@@ -305,7 +411,13 @@ Status Bootstrap::finish(Deadline deadline) {
     ranks.push_back(r);
   }
   if (!keys.empty()) {
-    Result<std::vector<std::string>> done = store_->get(keys, deadline);
+    // A rank that gave up (abandon) or ended since the last round is looked
+    // for as in allGather.
+    auto look = [&](const std::atomic<bool>* stop) {
+      if (!hasGeneration_) return Status::ok();
+      return lookForGoneRanks(keyOf, Deadline::afterMs(kLeaveMs).cancelledBy(stop));
+    };
+    Result<std::vector<std::string>> done = awaitRound(keys, look, deadline);
     if (!done.isOk()) {
       Status failed = done.takeStatus();
       if (failed.code() != Code::kTimeout) return failed.withContext(what);
@@ -331,7 +443,7 @@ Status Bootstrap::leave(Deadline deadline) {
   std::string what = str("bootstrap leave of ", scope_, " (rank ", rank_, " of ", size_, ", store ",
                          store_->describe(), ")");
   if (Status s = store_->set(leftKey(rank_), "", deadline); !s.isOk()) return s.withContext(what);
-  cancelWill(deadline);  // after the record: a process that ends between the two is still named
+  cancelWills(deadline);  // after the record: a process that ends between the two is still named
   std::vector<std::string> left;
   for (int r = 0; r < size_; ++r) left.push_back(leftKey(r));
   // The store orders the records: whoever sees all of them after its own is
@@ -349,6 +461,41 @@ Status Bootstrap::leave(Deadline deadline) {
   }
   if (Status s = store_->erase(keys, deadline); !s.isOk()) return s.withContext(what);
   return Status::ok();
+}
+
+Status Bootstrap::checkInGone(const std::vector<std::string>& records) {
+  Status gone;
+  std::vector<bool> isWill(static_cast<size_t>(size_), false);
+  for (int r = 0; r < size_; ++r) {
+    const std::string& record = records[static_cast<size_t>(r)];
+    if (!record.starts_with(kGoneRecordMark)) continue;
+    isWill[static_cast<size_t>(r)] = true;
+    if (gone.isOk()) gone = remoteError("rank ", r, " will not come: ", record.substr(kGoneRecordMark.size()));
+  }
+  if (gone.isOk()) return gone;
+  // Every other rank reads the wills too (the check-in ends only once every
+  // record is there): each says so, under the check-in's records, and
+  // whoever sees that all have erases the check-in, wills and all, so that
+  // a later communicator in the same scope (NCCL_COMM_ID) does not read
+  // them as its own. First this rank's own will goes: its key is erased.
+  const Deadline deadline = Deadline::afterMs(kLeaveMs);
+  cancelWills(deadline, /*onlyCheckIn=*/true);
+  std::string all;
+  for (const std::string& record : records) all += str(record.size(), ":", record);
+  const std::string anchor = hex64(fnv1a(all));
+  auto readKey = [&](int r) { return str(scope_, "/ag/0/read/", anchor, "/", r); };
+  if (!store_->set(readKey(rank_), "", deadline).isOk()) return gone;
+  std::vector<std::string> read, keys;
+  for (int r = 0; r < size_; ++r) {
+    if (!isWill[static_cast<size_t>(r)]) read.push_back(readKey(r));
+    keys.push_back(str(scope_, "/ag/0/", r));
+  }
+  Result<std::vector<bool>> present = store_->check(read, deadline);
+  if (!present.isOk() || !std::all_of(present.value().begin(), present.value().end(), [](bool p) { return p; }))
+    return gone;
+  keys.insert(keys.end(), read.begin(), read.end());
+  (void)store_->erase(keys, deadline);
+  return gone;
 }
 
 Status Bootstrap::barrier(Deadline deadline) {

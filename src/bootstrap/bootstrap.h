@@ -111,13 +111,16 @@ class Bootstrap {
   // it: it fails, and says so to the round), rank 0's record, given to
   // `checkFirst` where set (an error fails the round the same way), and,
   // after setGeneration, which ranks are gone (setWill: one of them with no
-  // record in the round fails it, kRemoteError naming the rank).
+  // record in the round fails it, kRemoteError naming the rank). The first
+  // round (the check-in) fails the same way once a rank's will stands in
+  // for its record.
   using RecordCheck = std::function<Status(std::string_view rankZeroRecord)>;
   Result<std::vector<std::string>> allGather(std::string_view mine, Deadline deadline,
                                              const RecordCheck& checkFirst = {});
   // Tells the ranks still waiting in the last allGather round why it cannot
-  // complete (a record this rank read is wrong), within a short deadline.
-  void publishRoundFailure(std::string_view why);
+  // complete (a record this rank read is wrong, a rank will not come),
+  // within a short deadline; they fail with the same code.
+  void publishRoundFailure(const Status& why);
   Status barrier(Deadline deadline);
   // The last store step of a set-up, for when the root lives in rank 0's
   // process (ncclGetUniqueId there): after it, rank 0 may return and its
@@ -141,26 +144,41 @@ class Bootstrap {
   std::string failureKey(int rank) const;
   // Where leave() records that a rank left (until the last rank leaves).
   std::string leftKey(int rank) const;
-  // Where the root writes a rank's will (setWill).
+  // Where the root writes a rank's will (setWill): under that rank's nonce,
+  // known to the others after setGeneration (before it, only this rank's own
+  // key is right).
   std::string goneKey(int rank) const;
   // Where every rank's will also leaves a mark (the first rank gone names it).
   std::string someGoneKey() const;
-  // Names this communicator's failure reports, leave records and wills
-  // apart from those of an earlier one in the same scope; the same on every
-  // rank. Once set, a rank waiting in allGather also looks for the wills of
+  // Leaves `report` with the store for when this process's connection to it
+  // closes before the rank leaves (Store::setWill): a process that exits
+  // with its communicator live is then named within moments, over any
+  // transport, by the ranks that wait for it. Before the first allGather
+  // (the check-in), with this rank's `nonce` (random per communicator): the
+  // will stands in for this rank's check-in record until it gives it, so
+  // that a rank that ends before it checks in fails the check-in,
+  // kRemoteError naming it, instead of leaving the others to their
+  // deadline; from its record on, a will under goneKey(rank) names it.
+  // Cancelled by leave() and the destructor.
+  Status setWill(std::string_view report, uint64_t nonce, Deadline deadline);
+  // After the check-in, every rank's nonce by rank (the same on every rank):
+  // rank 0's is the communicator's generation. It names this communicator's
+  // failure reports, leave records and wills apart from those of an earlier
+  // one in the same scope (NCCL_COMM_ID gives every one the same scope).
+  // From then on a rank waiting in allGather also looks for the wills of
   // the ranks whose records are missing: one whose process ended fails the
   // round within seconds instead of at its deadline. (Not a failure report:
-  // a rank whose communicator failed may still take part in a split.)
-  void setGeneration(uint64_t generation) {
-    generation_ = generation;
-    hasGeneration_ = true;
-  }
-  // Leaves `report` with the store under goneKey(rank), and a mark under
-  // someGoneKey(), for when this process's connection to the store closes
-  // before the rank leaves (Store::setWill): a process that exits with its
-  // communicator live is then named within moments, over any transport.
-  // After setGeneration; cancelled by leave() and the destructor.
-  Status setWill(std::string_view report, Deadline deadline);
+  // a rank whose communicator failed may still take part in a split.) With
+  // a will set, it withdraws the check-in's will (whose key the next
+  // rounds erase) and adds the mark (someGoneKey).
+  Status setGeneration(std::vector<uint64_t> nonces, Deadline deadline);
+  // This rank will not take part again (its communicator's set-up failed):
+  // `report` goes where its will would (in place of its check-in record
+  // until the check-in is over, under goneKey once its record is given), so
+  // that the ranks waiting for it fail as they would for a rank whose
+  // process ended, naming it with `report`, instead of at their deadline.
+  // Best effort, within 1 s.
+  void abandon(std::string_view report);
 
  private:
   // When a rank waiting in allGather looks at the round (lookAtRound): after
@@ -173,13 +191,23 @@ class Bootstrap {
   Status lookAtRound(uint64_t round, std::string_view mine, const RecordCheck& checkFirst,
                      const std::atomic<bool>* stop);
   // Part of a look (after setGeneration): a rank that is gone (its will
-  // written) and has no record in the round will not come. One key while
-  // nobody is gone (someGoneKey), so that thousands of ranks looking load
-  // the root little.
-  Status lookForGoneRanks(uint64_t round, Deadline deadline);
-  // The round's wait: one get, and the looks on a thread beside it.
-  Result<std::vector<std::string>> awaitRound(const std::vector<std::string>& keys, uint64_t round,
-                                              std::string_view mine, const RecordCheck& checkFirst, Deadline deadline);
+  // written) and has no record in the round (`recordKey`) will not come.
+  // One key while nobody is gone (someGoneKey), so that thousands of ranks
+  // looking load the root little; the first look also reads the wills of
+  // the next kNeighboursLookedAt ranks, since a rank that ended in the
+  // check-in, after its record, left no mark: one found is marked, and the
+  // ranks beyond find it through the mark at their next look.
+  Status lookForGoneRanks(const std::function<std::string(int)>& recordKey, Deadline deadline);
+  static constexpr int kNeighboursLookedAt = 4;
+  // The will under this rank's nonce, once its check-in record is given.
+  void setGoneWill(Deadline deadline);
+  // The check-in's records: a will in place of one (setWill) fails it.
+  Status checkInGone(const std::vector<std::string>& records);
+  // The round's wait: one get, and the looks on a thread beside it (`stop`
+  // ends a look's requests; an error fails the round with it).
+  using Look = std::function<Status(const std::atomic<bool>* stop)>;
+  Result<std::vector<std::string>> awaitRound(const std::vector<std::string>& keys, const Look& look,
+                                              Deadline deadline);
   Status missingRanks(const std::vector<std::string>& keys, const std::vector<int>& ranks, const Status& failed,
                       const std::string& what);
 
@@ -193,9 +221,20 @@ class Bootstrap {
   bool finished_ = false;         // finish() succeeded: every rank took part
   uint64_t generation_ = 0;       // names the failure reports (setGeneration)
   bool hasGeneration_ = false;
+  std::vector<uint64_t> nonces_;  // by rank (setGeneration)
+  uint64_t nonce_ = 0;            // this rank's (setWill)
+  std::string willReport_;        // setWill's
+  // Where this rank is in the check-in (the first allGather): its record
+  // not given yet, given, every record read and none a will, or one a will.
+  enum class CheckIn { kNotGiven, kGiven, kDone, kFailed };
+  CheckIn checkIn_ = CheckIn::kNotGiven;
+  bool lookedAtNeighbours_ = false;  // lookForGoneRanks trusts the mark from then on
   bool left_ = false;
-  bool willSet_ = false;  // setWill succeeded and nothing cancelled it yet
-  void cancelWill(Deadline deadline);
+  // Wills the store holds for this rank, to cancel (cancelWills).
+  bool goneWill_ = false, markWill_ = false, checkInWill_ = false;
+  std::string checkInKey() const;  // this rank's record in the first allGather
+  // Withdraws this rank's wills still set (`onlyCheckIn`: the check-in's).
+  void cancelWills(Deadline deadline, bool onlyCheckIn = false);
 };
 
 }  // namespace shoal

@@ -195,6 +195,22 @@ std::string Communicator::describe() const {
 }
 
 Status Communicator::initialize() {
+  Status done = setUp();
+  // A rank whose set-up failed will not take part again: the ranks waiting
+  // for it in the store are told now, not at their deadline.
+  if (!done.isOk() && bootstrap_) {
+    std::string_view why = done.message();
+    if (const std::string self = describe() + ": "; why.starts_with(self)) why.remove_prefix(self.size());
+    bootstrap_->abandon(str(processLabel(), ": its init failed: ", why));
+  }
+  return done;
+}
+
+std::string Communicator::processLabel() const {
+  return str("comm ", idHex(), " rank ", rank_, "/", nranks_, " (host ", localHostname(), ", pid ", ::getpid(), ")");
+}
+
+Status Communicator::setUp() {
   setLogRank(rank_);
   // The flag is the caller's: it is not kept past this call.
   const std::atomic<bool>* cancel = std::exchange(request_.cancel, nullptr);
@@ -207,9 +223,22 @@ Status Communicator::initialize() {
   self.hostId = localHostId();
   self.processId = localProcessId();
   self.kernelId = localKernelId();
+  uint64_t nonce = 0;
+  if (getrandom(&nonce, sizeof(nonce), 0) != sizeof(nonce)) nonce = static_cast<uint64_t>(nowNs()) ^ self.processId;
+  // If this process ends without destroying the communicator, the root says
+  // so in its name to the peers that wait for it: in the check-in (the first
+  // exchange, after the CUDA and transport set-up, which may take seconds),
+  // the rest of the set-up, splits and operations. Only an aid to finding a
+  // dead rank sooner: without it the set-up goes on.
+  if (Status willed = bootstrap_->setWill(str(processLabel(),
+                                              ": its process ended (its connection to the bootstrap root "
+                                              "closed) before it destroyed the communicator"),
+                                          nonce, deadline);
+      !willed.isOk())
+    SHOAL_WARN(describe(), ": ", willed.message(), "; its peers will find its death only by their connections");
   SHOAL_TRY(findCudaDevice(self));
   SHOAL_TRY(publishAddresses(self, transportChoice(false))) << describe();
-  SHOAL_ASSIGN_OR_RETURN(peers_, exchangePeers(self, deadline));
+  SHOAL_ASSIGN_OR_RETURN(peers_, exchangePeers(self, nonce, deadline));
   topology_ = buildTopology(peers_);
   SHOAL_TRY(checkSharedGpus());
   chooseWaitSpin(self);
@@ -311,9 +340,7 @@ Status Communicator::initialize() {
   return Status::ok();
 }
 
-Result<std::vector<PeerInfo>> Communicator::exchangePeers(const PeerInfo& self, Deadline deadline) {
-  uint64_t nonce = 0;
-  if (getrandom(&nonce, sizeof(nonce), 0) != sizeof(nonce)) nonce = static_cast<uint64_t>(nowNs()) ^ self.processId;
+Result<std::vector<PeerInfo>> Communicator::exchangePeers(const PeerInfo& self, uint64_t nonce, Deadline deadline) {
   auto sameSize = [&](int r, const PeerRecord& record) -> Status {
     if (record.nranks == nranks_) return Status::ok();
     return invalidUsage("rank ", r, " was initialized with nranks=", record.nranks, " but rank ", rank_,
@@ -329,28 +356,20 @@ Result<std::vector<PeerInfo>> Communicator::exchangePeers(const PeerInfo& self, 
       bootstrap_->allGather(encodePeerRecord(PeerRecord{nranks_, self, nonce}), deadline, checkFirst),
       describe(), ": bootstrap through ", request_.store->describe());
   std::vector<PeerInfo> peers(static_cast<size_t>(nranks_));
+  std::vector<uint64_t> nonces(static_cast<size_t>(nranks_));
   for (int r = 0; r < nranks_; ++r) {
     SHOAL_ASSIGN_OR_RETURN(PeerRecord record, decodePeerRecord(all[r]), describe(), ": peer info of rank ", r);
-    if (r == 0) bootstrap_->setGeneration(record.nonce);
     // (Two processes claiming one rank are found by allGather: the later
     // record replaces the earlier one under the rank's key.)
     if (Status wrong = sameSize(r, record); !wrong.isOk()) {
-      bootstrap_->publishRoundFailure(wrong.message());
+      bootstrap_->publishRoundFailure(wrong);
       return StatusBuilder(std::move(wrong)) << describe();
     }
     peers[r] = std::move(record.info);
+    nonces[r] = record.nonce;
   }
-  // From here on a peer waits on this rank in the store (the rest of the
-  // set-up, splits) or in operations: if this process ends without
-  // destroying the communicator, the root says so in its name. Only an aid
-  // to finding a dead rank sooner: without it the set-up goes on.
-  if (Status willed = bootstrap_->setWill(str("comm ", idHex(), " rank ", rank_, "/", nranks_, " (host ",
-                                              self.hostname, ", pid ", ::getpid(),
-                                              "): its process ended (its connection to the bootstrap root "
-                                              "closed) before it destroyed the communicator"),
-                                          deadline);
-      !willed.isOk())
-    SHOAL_WARN(describe(), ": ", willed.message(), "; its peers will find its death only by their connections");
+  if (Status s = bootstrap_->setGeneration(std::move(nonces), deadline); !s.isOk())
+    SHOAL_WARN(describe(), ": ", s.message(), "; its peers will find its death only by their connections");
   return peers;
 }
 

@@ -280,8 +280,12 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
   void publishReport(std::string_view reason, const JobReport* known);
 
  private:
-  // Set-up (communicator.cc).
-  Result<std::vector<PeerInfo>> exchangePeers(const PeerInfo& self, Deadline deadline);
+  // Set-up (communicator.cc): initialize()'s steps.
+  Status setUp();
+  // "comm <id> rank r/n (host h, pid p)": who a will or an abandoned set-up
+  // names to the others.
+  std::string processLabel() const;
+  Result<std::vector<PeerInfo>> exchangePeers(const PeerInfo& self, uint64_t nonce, Deadline deadline);
   Result<InitProposal> proposal(const PeerInfo& self) const;
   std::string whyNotDeviceDirect(const PeerInfo& self) const;
   // How this communicator's transports are chosen: every selection, the

@@ -35,9 +35,10 @@ namespace shoal {
 struct PeerRecord {
   int nranks = 0;  // as this rank was told at init
   PeerInfo info;
-  // Random per init: rank 0's names this communicator's failure reports in
-  // the store (Bootstrap::setGeneration), apart from those of an earlier
-  // communicator with the same scope (NCCL_COMM_ID gives every one the same).
+  // Random per init: names this rank's will in the store (Bootstrap::setWill),
+  // and rank 0's this communicator's failure reports (Bootstrap::setGeneration),
+  // apart from those of an earlier communicator with the same scope
+  // (NCCL_COMM_ID gives every one the same).
   uint64_t nonce = 0;
 };
 std::string encodePeerRecord(const PeerRecord& record);

@@ -31,6 +31,7 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "mp/mp_checks.h"
@@ -623,6 +624,84 @@ TEST_CASE("mp: a rank killed before a split makes the others' split fail within 
   INFO(res.report());
   REQUIRE_FALSE(res.timedOut);
   CHECK(res.onlyVictimKilled(victim));
+}
+
+// The init of a rank that outlives `failing`'s: it must fail within 15 s
+// with ncclRemoteError naming `failing` and saying `cause`.
+int initFailsNaming(MpChild& c, const ncclUniqueId& id, int failing, const std::string& cause) {
+  ncclComm_t comm = nullptr;
+  const double t0 = monoMs();
+  const ncclResult_t rc = ncclCommInitRank(&comm, c.nranks(), id, c.rank());
+  const double ms = monoMs() - t0;
+  const std::string last = ncclGetLastError(nullptr);
+  c.log("init returned after " + std::to_string(static_cast<int>(ms)) + " ms: " + describe(rc) + ": " + last);
+  CHILD_CHECK(c, c.barrier(), "the other ranks did not finish");  // keep the root alive
+  CHILD_CHECK(c, rc == ncclRemoteError, "expected ncclRemoteError, got " + describe(rc));
+  CHILD_CHECK(c, ms < 15000, "init took more than 15 s to fail");
+  CHILD_CHECK(c, namesRank(last, failing), "the error does not name rank " + std::to_string(failing) + ": " + last);
+  CHILD_CHECK(c, last.find(cause) != std::string::npos, "the error does not say '" + cause + "': " + last);
+  return 0;
+}
+
+// A rank killed during its init (here, after 1 s: waiting in the first
+// exchange, the check-in, for rank 1, which comes after the death) left its
+// will with the root: the others fail their init within seconds naming it,
+// not at the set-up deadline. (Whether the will stood in for its check-in
+// record or followed it, the message is the same; the Bootstrap tests take
+// each path.)
+TEST_CASE("mp: a rank killed while it waits in init's check-in is named within seconds by the others",
+          "[mp][failure]") {
+  const int n = 3, victim = 2;
+  MpConfig cfg;
+  cfg.nranks = n;
+  cfg.hardLimitMs = 60000;
+  cfg.env = {{"SHOAL_INIT_TIMEOUT_MS", "40000"}};
+  MpResult res = runForked(cfg, [&](MpChild& c) {
+    ncclUniqueId id;
+    CHILD_CHECK(c, c.uniqueId(&id), "unique id");
+    ncclComm_t comm = nullptr;
+    if (c.rank() == victim) {
+      std::thread([&] { (void)ncclCommInitRank(&comm, n, id, c.rank()); }).detach();
+      ::usleep(1000 * 1000);  // in the check-in, waiting for rank 1
+      c.log("killing myself (SIGKILL) in init");
+      ::raise(SIGKILL);
+    }
+    if (c.rank() == 1) ::usleep(2000 * 1000);
+    return initFailsNaming(c, id, victim, "its process ended");
+  });
+  INFO(res.report());
+  REQUIRE_FALSE(res.timedOut);
+  CHECK(res.onlyVictimKilled(victim));
+}
+
+// A rank whose init fails (here: aborted while it waits in the check-in, a
+// nonblocking init) tells the others why where its will would be: their
+// init fails within seconds naming it and the cause, not at the set-up
+// deadline. (NCCL's peers wait for such a rank forever.)
+TEST_CASE("mp: a rank whose init fails is named with the cause by the others", "[mp][failure]") {
+  const int n = 3, failing = 2;
+  MpConfig cfg;
+  cfg.nranks = n;
+  cfg.hardLimitMs = 60000;
+  cfg.env = {{"SHOAL_INIT_TIMEOUT_MS", "40000"}};
+  MpResult res = runForked(cfg, [&](MpChild& c) {
+    ncclUniqueId id;
+    CHILD_CHECK(c, c.uniqueId(&id), "unique id");
+    ncclComm_t comm = nullptr;
+    if (c.rank() == failing) {
+      ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+      config.blocking = 0;
+      const ncclResult_t rc = ncclCommInitRankConfig(&comm, n, id, c.rank(), &config);
+      CHILD_CHECK(c, rc == ncclInProgress || rc == ncclSuccess, "nonblocking init: " + describe(rc));
+      ::usleep(300 * 1000);  // in the check-in: rank 1 comes after 1 s
+      CHILD_NCCL(c, ncclCommAbort(comm));
+      CHILD_CHECK(c, c.barrier(), "the other ranks did not finish");
+      return 0;
+    }
+    if (c.rank() == 1) ::usleep(1000 * 1000);
+    return initFailsNaming(c, id, failing, "its init failed");
+  });
+  requirePassed(res);
 }
 
 TEST_CASE("mp: a peer whose communicator failed is named within seconds by a rank it never attaches to",

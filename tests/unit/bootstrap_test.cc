@@ -267,47 +267,242 @@ TEST_CASE("tcp store: a will is written when its connection ends, unless cancell
   CHECK(memory->check({"gone"}, soon).value() == std::vector<bool>{false});
 }
 
-// A rank whose process ends after the first round (its communicator's
+// A store that passes every request on to `inner`: what a test's store
+// changes, it overrides.
+class ForwardingStore : public Store {
+ public:
+  explicit ForwardingStore(std::shared_ptr<Store> inner) : inner_(std::move(inner)) {}
+  Status set(const std::string& key, std::string_view value, Deadline deadline) override {
+    return inner_->set(key, value, deadline);
+  }
+  Result<std::vector<std::string>> get(const std::vector<std::string>& keys, Deadline deadline) override {
+    return inner_->get(keys, deadline);
+  }
+  Status erase(const std::vector<std::string>& keys, Deadline deadline) override { return inner_->erase(keys, deadline); }
+  Result<std::vector<bool>> check(const std::vector<std::string>& keys, Deadline deadline) override {
+    return inner_->check(keys, deadline);
+  }
+  Status setWill(const std::string& key, std::string_view value, Deadline deadline) override {
+    return inner_->setWill(key, value, deadline);
+  }
+  Status cancelWill(const std::string& key, Deadline deadline) override { return inner_->cancelWill(key, deadline); }
+  std::string describe() const override { return inner_->describe(); }
+
+ private:
+  std::shared_ptr<Store> inner_;
+};
+
+// A process that dies cancels nothing: once `dying` is set, its wills stay
+// with the root until its connection to it ends (here, when the last handle
+// to the inner store goes).
+class DyingStore final : public ForwardingStore {
+ public:
+  using ForwardingStore::ForwardingStore;
+  std::atomic<bool> dying{false};
+  Status cancelWill(const std::string& key, Deadline deadline) override {
+    return dying.load() ? Status::ok() : ForwardingStore::cancelWill(key, deadline);
+  }
+};
+
+// Six ranks over one private root, each on a connection of its own; rank
+// `kGone`'s store cancels nothing, and its connection ends when `dies()`
+// frees its Bootstrap, as if its process were killed. Ranks 0, 1, 4 and 5
+// look at rank 2's will in their first look; rank 3 does not.
+struct WillRanks {
+  static constexpr int kRanks = 6, kGone = 2;
+  std::vector<std::unique_ptr<Bootstrap>> ranks;
+  std::shared_ptr<DyingStore> goneStore;
+  explicit WillRanks(const UniqueIdContents& id, const std::string& scope = "s") {
+    for (int r = 0; r < kRanks; ++r) {
+      std::shared_ptr<Store> store = mustConnect(id);
+      if (r == kGone) store = goneStore = std::make_shared<DyingStore>(std::move(store));
+      ranks.push_back(std::make_unique<Bootstrap>(store, scope, r, kRanks));
+    }
+  }
+  Status setWill(int rank) {
+    return ranks[rank]->setWill(str("rank ", rank, "'s process ended"), 0x100 + rank, Deadline::afterMs(5000));
+  }
+  Status checkIn(int rank) {
+    SHOAL_TRY(ranks[rank]->allGather("x", Deadline::afterMs(10000)).status());
+    std::vector<uint64_t> nonces;
+    for (int r = 0; r < kRanks; ++r) nonces.push_back(0x100 + r);
+    return ranks[rank]->setGeneration(nonces, Deadline::afterMs(5000));
+  }
+  // Every rank but kGone (and `except`) runs `fn`; their statuses by rank.
+  std::vector<Status> others(const std::function<Status(int)>& fn, int except = -1) {
+    return runRanks(kRanks, [&](int rank) { return rank == kGone || rank == except ? Status::ok() : fn(rank); });
+  }
+  Result<std::vector<std::string>> gather(int rank, const char* record = "y") {
+    return ranks[rank]->allGather(record, Deadline::afterMs(30000));
+  }
+  void dies() {
+    goneStore->dying = true;
+    ranks[kGone].reset();
+    goneStore.reset();
+  }
+};
+
+// Each of `failed` (by rank; kGone's skipped) says that rank 2 will not come
+// with `why`.
+void checkNamesRankTwo(const std::vector<Status>& failed, const std::string& why) {
+  for (int rank = 0; rank < static_cast<int>(failed.size()); ++rank) {
+    if (rank == WillRanks::kGone) continue;
+    INFO("rank " << rank << ": " << failed[rank].toString());
+    CHECK(failed[rank].code() == Code::kRemoteError);
+    CHECK_THAT(failed[rank].message(), Catch::Contains("rank 2 will not come: " + why));
+  }
+}
+
+int64_t msSince(int64_t startNs) { return (nowNs() - startNs) / 1000000; }
+
+// A rank whose process ends after the check-in (its communicator's
 // generation known) is named by its will: the ranks waiting for its record in
-// a later round fail within seconds naming it, not at their deadline.
+// a later round fail within seconds naming it, not at their deadline, also
+// those whose first look found nobody gone (through the mark).
 TEST_CASE("Bootstrap: a rank whose connection ends is named by the ranks waiting for it", "[bootstrap]") {
   useLoopback();
   UniqueIdContents id = startPrivateRoot();
-  constexpr int kRanks = 3, kGone = 2;
-  std::vector<std::shared_ptr<Store>> stores;
-  std::vector<std::unique_ptr<Bootstrap>> ranks;
-  for (int r = 0; r < kRanks; ++r) {
-    stores.push_back(mustConnect(id));
-    ranks.push_back(std::make_unique<Bootstrap>(stores[r], "s", r, kRanks));
-  }
-  // Rank 2 leaves its will on a connection of its own, which ends as if its
-  // process died (its Bootstrap would cancel a will of its own when freed).
-  auto dying = mustConnect(id);
-  requireAllOk(runRanks(kRanks, [&](int rank) -> Status {
-    SHOAL_TRY(ranks[rank]->allGather("x", Deadline::afterMs(10000)).status());
-    ranks[rank]->setGeneration(0x77);
-    if (rank == kGone) {
-      SHOAL_TRY(dying->setWill(ranks[rank]->goneKey(rank), "rank 2's process ended", Deadline::afterMs(5000)));
-      return dying->setWill(ranks[rank]->someGoneKey(), "2", Deadline::afterMs(5000));
-    }
-    return ranks[rank]->setWill(str("rank ", rank, "'s process ended"), Deadline::afterMs(5000));
+  auto store = mustConnect(id);
+  WillRanks w(id);
+  // The check-in and one more round: the check-in records are erased.
+  requireAllOk(runRanks(WillRanks::kRanks, [&](int rank) -> Status {
+    SHOAL_TRY(w.setWill(rank));
+    SHOAL_TRY(w.checkIn(rank));
+    return w.ranks[rank]->allGather("x", Deadline::afterMs(10000)).status();
   }));
-  // Rank 1 has its record in the next round before rank 2 goes.
-  const Deadline wait = Deadline::afterMs(30000);
-  auto rankOne = std::async(std::launch::async, [&] { return ranks[1]->allGather("y", wait).takeStatus(); });
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  dying.reset();
+  // The others wait in the next round; their first looks (after 1 s) find
+  // nobody gone; then rank 2 goes.
   const int64_t start = nowNs();
-  Status rankZero = ranks[0]->allGather("y", wait).takeStatus();
-  const int64_t ms = (nowNs() - start) / 1000000;
-  INFO(rankZero.toString());
-  CHECK(rankZero.code() == Code::kRemoteError);
-  CHECK_THAT(rankZero.message(), Catch::Contains("rank 2 will not come: rank 2's process ended"));
-  CHECK_THAT(rankZero.message(), Catch::Contains("bootstrap allGather #1 of s"));
-  CHECK(ms < 10000);
-  Status one = rankOne.get();
-  CHECK(one.code() == Code::kRemoteError);
-  CHECK_THAT(one.message(), Catch::Contains("rank 2's process ended"));
+  auto waiting = std::async(std::launch::async, [&] { return w.others([&](int r) { return w.gather(r).takeStatus(); }); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  w.dies();
+  checkNamesRankTwo(waiting.get(), "rank 2's process ended");
+  CHECK(msSince(start) < 10000);
+  // The check-in's will was withdrawn: nothing was written in place of the
+  // erased record.
+  CHECK(store->check({"s/ag/0/2"}, Deadline::afterMs(1000)).value() == std::vector<bool>{false});
+}
+
+// One that ends in the check-in after its record left no mark (marks follow
+// the check-in): the first looks of the ranks before it find its will, mark
+// it, and the rank beyond their reach (3) finds it through the mark.
+TEST_CASE("Bootstrap: a rank whose process ends in the check-in after its record is named in the next round",
+          "[bootstrap]") {
+  useLoopback();
+  WillRanks w(startPrivateRoot());
+  requireAllOk(runRanks(WillRanks::kRanks, [&](int rank) { return w.setWill(rank); }));
+  // Rank 2 checks in, and dies before it leaves its mark.
+  requireAllOk(runRanks(WillRanks::kRanks, [&](int rank) -> Status {
+    if (rank == WillRanks::kGone) return w.gather(rank, "x").status();
+    return w.checkIn(rank);
+  }));
+  w.dies();
+  const int64_t start = nowNs();
+  checkNamesRankTwo(w.others([&](int r) { return w.gather(r).takeStatus(); }), "rank 2's process ended");
+  CHECK(msSince(start) < 10000);
+}
+
+// A rank whose process ends before it gives its check-in record: its will
+// stands in for the record, and the others fail the check-in naming it as
+// soon as they have all arrived, however late their wait begins. The last
+// of them to read it erases the check-in, so that a later communicator in
+// the same scope (NCCL_COMM_ID) does not take it for its own.
+TEST_CASE("Bootstrap: a rank whose process ends before it checks in fails the check-in, naming it",
+          "[bootstrap]") {
+  useLoopback();
+  UniqueIdContents id = startPrivateRoot();
+  auto store = mustConnect(id);
+  WillRanks w(id);
+  requireAllOk(runRanks(WillRanks::kRanks, [&](int rank) { return w.setWill(rank); }));
+  w.dies();
+  // Rank 3 has given its record but not begun to wait.
+  REQUIRE(store->set("s/ag/0/3", "x", Deadline::afterMs(1000)).isOk());
+  const int64_t start = nowNs();
+  std::vector<Status> failed = w.others([&](int r) { return w.gather(r, "x").takeStatus(); }, /*except=*/3);
+  CHECK(msSince(start) < 5000);
+  failed[3] = remoteError("rank 2 will not come: rank 2's process ended");  // (it has not waited yet)
+  checkNamesRankTwo(failed, "rank 2's process ended");
+  CHECK_THAT(failed[0].message(), Catch::Contains("bootstrap allGather #0 of s"));
+  std::vector<std::string> checkIn;
+  for (int r = 0; r < WillRanks::kRanks; ++r) checkIn.push_back(str("s/ag/0/", r));
+  CHECK(store->check(checkIn, Deadline::afterMs(1000)).value() == std::vector<bool>(WillRanks::kRanks, true));
+  const int64_t late = nowNs();
+  Status three = w.gather(3, "x").takeStatus();
+  CHECK(msSince(late) < 1000);
+  INFO(three.toString());
+  CHECK(three.code() == Code::kRemoteError);
+  CHECK_THAT(three.message(), Catch::Contains("rank 2 will not come: rank 2's process ended"));
+  CHECK(store->check(checkIn, Deadline::afterMs(1000)).value() == std::vector<bool>(WillRanks::kRanks, false));
+}
+
+// A rank whose set-up fails gives up on the scope (abandon): before the
+// check-in in place of its record, after it where its will would be. The
+// others fail at once, or at their next look, naming it with its reason.
+TEST_CASE("Bootstrap: a rank that gives up is named with its reason by the ranks waiting for it", "[bootstrap]") {
+  useLoopback();
+  WillRanks w(startPrivateRoot());
+  requireAllOk(runRanks(WillRanks::kRanks, [&](int rank) { return w.setWill(rank); }));
+  SECTION("before the check-in") {
+    w.ranks[2]->abandon("rank 2's init failed: no such device");
+    checkNamesRankTwo(w.others([&](int r) { return w.gather(r, "x").takeStatus(); }),
+                      "rank 2's init failed: no such device");
+  }
+  SECTION("after the check-in") {
+    requireAllOk(runRanks(WillRanks::kRanks, [&](int rank) { return w.checkIn(rank); }));
+    SECTION("in the next round") {
+      w.ranks[2]->abandon("rank 2's init failed: out of memory");
+      const int64_t start = nowNs();
+      checkNamesRankTwo(w.others([&](int r) { return w.gather(r).takeStatus(); }),
+                        "rank 2's init failed: out of memory");
+      CHECK(msSince(start) < 10000);
+    }
+    SECTION("at the set-up's finish") {
+      w.ranks[2]->abandon("rank 2's init failed: no tuner");
+      for (int rank = 1; rank < WillRanks::kRanks; ++rank)
+        if (rank != 2) REQUIRE(w.ranks[rank]->finish(Deadline::afterMs(1000)).isOk());
+      const int64_t start = nowNs();
+      Status rankZero = w.ranks[0]->finish(Deadline::afterMs(30000));
+      INFO(rankZero.toString());
+      CHECK(rankZero.code() == Code::kRemoteError);
+      CHECK_THAT(rankZero.message(), Catch::Contains("rank 2 will not come: rank 2's init failed: no tuner"));
+      CHECK(msSince(start) < 10000);
+    }
+  }
+}
+
+// NCCL_COMM_ID gives every communicator one scope: a check-in that failed
+// on a will (here rank 0's: its set-up failed) must leave nothing that the
+// next communicator there, whose rank 0 comes last, would read as its own,
+// also once the others give up in turn, as their communicators do.
+TEST_CASE("Bootstrap: a check-in failed by a will leaves nothing for the next communicator in the scope",
+          "[bootstrap]") {
+  useLoopback();
+  UniqueIdContents id = startPrivateRoot();
+  auto store = mustConnect(id);  // keeps the id's keys, as NCCL_COMM_ID's root does
+  std::vector<std::string> checkIn;
+  for (int r = 0; r < WillRanks::kRanks; ++r) checkIn.push_back(str("comm-id/ag/0/", r));
+  {
+    WillRanks failed(id, "comm-id");
+    requireAllOk(runRanks(WillRanks::kRanks, [&](int rank) { return failed.setWill(rank); }));
+    failed.ranks[0]->abandon("rank 0's init failed: no such device");
+    std::vector<Status> got = runRanks(WillRanks::kRanks, [&](int rank) {
+      if (rank == 0) return Status::ok();
+      Status st = failed.gather(rank, "x").takeStatus();
+      failed.ranks[rank]->abandon(str("rank ", rank, "'s init failed: ", st.message()));
+      return st;
+    });
+    for (int rank = 1; rank < WillRanks::kRanks; ++rank) {
+      INFO(got[rank].toString());
+      CHECK_THAT(got[rank].message(), Catch::Contains("rank 0 will not come: rank 0's init failed"));
+    }
+    CHECK(store->check(checkIn, Deadline::afterMs(1000)).value() == std::vector<bool>(WillRanks::kRanks, false));
+  }
+  WillRanks next(id, "comm-id");
+  requireAllOk(runRanks(WillRanks::kRanks, [&](int rank) -> Status {
+    SHOAL_TRY(next.setWill(rank));
+    if (rank == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // past the others' first look
+    return next.checkIn(rank);
+  }));
 }
 
 // A failure report is no reason to give up on a rank: one whose communicator
@@ -318,8 +513,7 @@ TEST_CASE("Bootstrap: a late rank with a failure report is still waited for", "[
   requireAllOk(runRanks(2, [&](int rank) -> Status {
     Bootstrap& me = rank == 0 ? zero : one;
     SHOAL_TRY(me.allGather("x", Deadline::afterMs(10000)).status());
-    me.setGeneration(0x77);
-    return Status::ok();
+    return me.setGeneration({0x77, 0x78}, Deadline::afterMs(1000));
   }));
   REQUIRE(store->set(zero.failureKey(1), "rank 1's communicator failed", Deadline::afterMs(1000)).isOk());
   auto late = std::async(std::launch::async, [&] {
@@ -802,8 +996,8 @@ TEST_CASE("Bootstrap: failure reports are keyed by the communicator's generation
           "[bootstrap]") {
   auto store = makeMemoryStore();
   Bootstrap earlier(store, "s", 0, 2), later(store, "s", 0, 2);
-  earlier.setGeneration(0x1111);
-  later.setGeneration(0x2222);
+  REQUIRE(earlier.setGeneration({0x1111, 0x1112}, Deadline::afterMs(1000)).isOk());
+  REQUIRE(later.setGeneration({0x2222, 0x2223}, Deadline::afterMs(1000)).isOk());
   CHECK(earlier.failureKey(1) != later.failureKey(1));
   CHECK(earlier.failureKey(1).rfind("s/failure/", 0) == 0);
   REQUIRE(store->set(earlier.failureKey(1), "rank 1 failed", Deadline::afterMs(1000)).isOk());
@@ -911,25 +1105,14 @@ namespace shoal {
 namespace {
 
 // Counts the store's existence checks (the survivors' polls).
-class CountingStore final : public Store {
+class CountingStore final : public ForwardingStore {
  public:
-  explicit CountingStore(std::shared_ptr<Store> inner) : inner_(std::move(inner)) {}
-  Status set(const std::string& key, std::string_view value, Deadline deadline) override {
-    return inner_->set(key, value, deadline);
-  }
-  Result<std::vector<std::string>> get(const std::vector<std::string>& keys, Deadline deadline) override {
-    return inner_->get(keys, deadline);
-  }
-  Status erase(const std::vector<std::string>& keys, Deadline deadline) override { return inner_->erase(keys, deadline); }
+  using ForwardingStore::ForwardingStore;
   Result<std::vector<bool>> check(const std::vector<std::string>& keys, Deadline deadline) override {
     ++checks;
-    return inner_->check(keys, deadline);
+    return ForwardingStore::check(keys, deadline);
   }
-  std::string describe() const override { return inner_->describe(); }
   std::atomic<int> checks{0};
-
- private:
-  std::shared_ptr<Store> inner_;
 };
 
 }  // namespace
