@@ -284,6 +284,22 @@ Status Communicator::setUp() {
     }
     return news;
   });
+  // A peer gone, for the idle check of connections that do not notice it:
+  // the mark first (one key while nobody is gone), then every peer's will.
+  connections_.setGoneLookup([this](Deadline deadline) -> std::optional<ConnectionTable::GoneRank> {
+    Result<std::vector<bool>> marked = request_.store->check({bootstrap_->someGoneKey()}, deadline);
+    if (!marked.isOk() || !marked.value()[0]) return std::nullopt;
+    std::vector<std::string> wills;
+    std::vector<int> ranks;
+    for (int r = 0; r < nranks_; ++r) {
+      if (r == rank_) continue;
+      wills.push_back(bootstrap_->goneKey(r));
+      ranks.push_back(r);
+    }
+    Result<std::optional<Store::Found>> found = request_.store->firstPresent(wills, deadline);
+    if (!found.isOk() || !found.value()) return std::nullopt;
+    return ConnectionTable::GoneRank{ranks[found.value()->index], std::move(found.value()->value)};
+  });
   connections_.setConnectTimeout([this](const ConnectionTable::PendingConnect& pending) {
     JobReport report = reportOfConnect(pending);
     publishReport("deadline", &report);
@@ -882,7 +898,17 @@ void Communicator::checkIdle() {
   if (users_.load() != 0) return;  // a call is using them: next round
   if (!Engine::instance().queueAtRest(reinterpret_cast<uintptr_t>(this))) return;  // the engine's
   Status lost = connections_.findLostPeer();
-  if (lost.isOk()) return;
+  if (lost.isOk()) {
+    // Connections that notice nothing (ofi): a look found a peer's will.
+    std::optional<ConnectionTable::GoneRank> gone = connections_.judgedPeer();
+    if (!gone) {
+      connections_.askWhetherAnyGone();  // read back at the next check
+      return;
+    }
+    lost = Status(Code::kRemoteError,
+                  str("rank ", gone->rank, " (host ", peers_[gone->rank].hostname, ") will not come: ",
+                      gone->will.starts_with(kReportedFailurePrefix) ? "its communicator failed" : gone->will));
+  }
   Status st(Code::kRemoteError, str(describe(), ": a peer was lost while no operation was in flight "
                                     "(idle check, SHOAL_IDLE_CHECK_MS): ", lost.message()));
   SHOAL_WARN(st.message());

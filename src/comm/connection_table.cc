@@ -267,6 +267,7 @@ Result<Connection*> ConnectionTable::to(int peer, uint16_t channel, bool unlessW
   // looks trust the probe's refusal (PeerVerdict::exitProbe).
   // (Only stalled operations' looks use it, and only with the idle check.)
   uint8_t untested = kProbeNotNeeded;
+  if (!transport->noticesPeerExit()) unwatchedPeers_.store(true, std::memory_order_relaxed);
   if (verdict != nullptr && !transport->noticesPeerExit() && params().idleCheckMs > 0 &&
       verdict->exitProbe.compare_exchange_strong(untested, kProbeVouching))
     ConnectWatch::instance().ask(this, peer, Look::kVouch);
@@ -296,6 +297,13 @@ constexpr int kMostSilentVouches = 3;
 }  // namespace
 
 std::string ConnectionTable::lookAt(int peer, Look what, const Transport* connecting, Deadline deadline) {
+  if (what == Look::kAnyGone) {
+    if (!goneLookup_) return "";
+    std::optional<GoneRank> gone = goneLookup_(deadline);
+    if (gone && gone->rank >= 0 && gone->rank < static_cast<int>(peers_.size()) && gone->rank != rank_)
+      judge(gone->rank, std::move(gone->will));
+    return "";
+  }
   PeerVerdict& verdict = verdictOn(peer);
   const PeerInfo& self = peers_[rank_];
   const PeerInfo& them = peers_[peer];
@@ -343,6 +351,18 @@ std::string ConnectionTable::knownFailure(int peer) {
 void ConnectionTable::lookUpFailure(int peer) {
   if (peer < 0 || peer >= static_cast<int>(peers_.size()) || peer == rank_ || !peerReports_) return;
   ConnectWatch::instance().ask(this, peer, Look::kStalled);
+}
+
+void ConnectionTable::askWhetherAnyGone() {
+  if (!goneLookup_ || !unwatchedPeers_.load(std::memory_order_relaxed)) return;
+  ConnectWatch::instance().ask(this, rank_, Look::kAnyGone);
+}
+
+std::optional<ConnectionTable::GoneRank> ConnectionTable::judgedPeer() {
+  for (int peer = 0; peer < static_cast<int>(peers_.size()); ++peer) {
+    if (std::string why = knownFailure(peer); !why.empty()) return GoneRank{peer, std::move(why)};
+  }
+  return std::nullopt;
 }
 
 void ConnectionTable::judge(int peer, std::string why) {

@@ -64,6 +64,10 @@ class ConnectionTable {
     kStalled,
     // A connection to it was just made: whether the probe finds it alive.
     kVouch,
+    // The idle check, for connections that do not notice their peer's exit
+    // (askWhetherAnyGone; asked with the table's own rank): whether any
+    // peer's will is written (GoneLookup); one found becomes its verdict.
+    kAnyGone,
   };
 
   // `peers` (rank order, filled at init before the first connection) and
@@ -110,6 +114,24 @@ class ConnectionTable {
   // watch's thread.
   std::string knownFailure(int peer);
   void lookUpFailure(int peer);
+  // A peer whose process ended, found by its will (Bootstrap::setWill):
+  // `rank`, and the will.
+  struct GoneRank {
+    int rank = -1;
+    std::string will;
+  };
+  // Where the idle check's look finds such a peer (nullopt: none), within
+  // the deadline; set before the first connection.
+  using GoneLookup = std::function<std::optional<GoneRank>(Deadline deadline)>;
+  void setGoneLookup(GoneLookup lookup) { goneLookup_ = std::move(lookup); }
+  // For the idle check, never waiting: where a connection was made over a
+  // transport that does not notice its peer's exit (ofi: its provider may
+  // say nothing of a peer that is gone), a look for any peer's will
+  // (Look::kAnyGone), made soon by the connect watch's thread; what it
+  // finds is read back by judgedPeer().
+  void askWhetherAnyGone();
+  // The first peer a look found will not come, and why (knownFailure's).
+  std::optional<GoneRank> judgedPeer();
 
   // The connection to `peer` on `channel`, made on first use. With
   // `unlessWaiting`, one whose set-up would wait for the peer
@@ -198,6 +220,10 @@ class ConnectionTable {
   TransportChoice choice_;
   bool streamLinks_ = true;
   PeerReports peerReports_;
+  GoneLookup goneLookup_;
+  // A connection was made over a transport that does not notice its peer's
+  // exit (askWhetherAnyGone).
+  std::atomic<bool> unwatchedPeers_{false};
   std::string label_;
   ConnectTimeout connectTimeout_;
   // Connects that wait for their peer now, oldest first (under mapMutex_).

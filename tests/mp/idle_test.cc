@@ -3,10 +3,11 @@
 // to ncclRemoteError naming the lost rank and its host, through the progress
 // thread's idle check (SHOAL_IDLE_CHECK_MS, Engine::watchIdle), and the next
 // call must fail at once with the same error. Over tcp (the killed process's
-// kernel closes its sockets: end of stream) and over shm (its pidfd turns
-// readable). docs/nccl-compat.md, "Errors".
+// kernel closes its sockets: end of stream), over shm (its pidfd turns
+// readable) and over ofi (its will in the bootstrap store: the provider
+// says nothing). docs/nccl-compat.md, "Errors".
 //
-// The check interval is left at its default (5 s) unless the environment sets
+// The check interval is left at its default (5 s; ofi 1 s) unless the environment sets
 // SHOAL_IDLE_CHECK_MS: SHOAL_IDLE_CHECK_MS=0 (no idle check, the behaviour
 // before it existed) makes these cases fail.
 #include <nccl.h>
@@ -19,6 +20,7 @@
 #include <chrono>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "mp/mp_checks.h"
@@ -135,11 +137,19 @@ int idleLeave(MpChild& c) {
   return 0;
 }
 
+// `transport`'s environment: ofi over "tcp;ofi_rxm" on lo, with a 1 s
+// check interval (its look for a will is read back at the next check).
+std::vector<std::pair<std::string, std::string>> transportEnv(const std::string& transport) {
+  if (transport != "ofi") return {{"SHOAL_TRANSPORT", transport}};
+  return {{"SHOAL_TRANSPORT", "ofi"}, {"FI_PROVIDER", "tcp;ofi_rxm"}, {"FI_TCP_IFACE", "lo"},
+          {"NCCL_SOCKET_IFNAME", "lo"}, {"SHOAL_IDLE_CHECK_MS", "1000"}};
+}
+
 void runIdleLeave(const char* transport) {
   MpConfig cfg;
   cfg.nranks = 3;
   cfg.hardLimitMs = 60000;
-  cfg.env = {{"SHOAL_TRANSPORT", transport}};
+  cfg.env = transportEnv(transport);
   MpResult res = runForked(cfg, idleLeave);
   INFO(transport << "\n" << res.report());
   REQUIRE_FALSE(res.timedOut);
@@ -150,7 +160,7 @@ void runIdleDeath(const char* transport) {
   MpConfig cfg;
   cfg.nranks = 3;
   cfg.hardLimitMs = 60000;
-  cfg.env = {{"SHOAL_TRANSPORT", transport}};
+  cfg.env = transportEnv(transport);
   MpResult res = runForked(cfg, idleDeath);
   INFO(transport << "\n" << res.report());
   REQUIRE_FALSE(res.timedOut);
@@ -174,3 +184,16 @@ TEST_CASE("idle: a peer that destroys its communicator and exits is no error, ov
 TEST_CASE("idle: a peer that destroys its communicator and exits is no error, over shm", "[mp][idle]") {
   runIdleLeave("shm");
 }
+
+#if SHOAL_TEST_OFI
+// ofi's provider says nothing of a peer that is gone: the idle check looks
+// for its will in the bootstrap store (the mark, one key, while nobody is
+// gone), and a peer that left cancelled its will.
+TEST_CASE("idle: a SIGKILLed peer becomes the async error of idle communicators, over ofi", "[mp][failure][idle]") {
+  runIdleDeath("ofi");
+}
+
+TEST_CASE("idle: a peer that destroys its communicator and exits is no error, over ofi", "[mp][idle]") {
+  runIdleLeave("ofi");
+}
+#endif

@@ -21,10 +21,14 @@ shoal_add_test(mp_mismatch_tests LABEL mp TIMEOUT 120 SOURCES
   support/mp_harness.cc)
 
 # A peer killed while communicators are idle: ncclCommGetAsyncError reports
-# it (the idle check, SHOAL_IDLE_CHECK_MS), over tcp and shm.
-shoal_add_test(mp_idle_tests LABEL mp TIMEOUT 120 SOURCES
+# it (the idle check, SHOAL_IDLE_CHECK_MS), over tcp and shm, and over ofi
+# where libfabric is found.
+shoal_add_test(mp_idle_tests LABEL mp TIMEOUT 180 SOURCES
   mp/idle_test.cc
   support/mp_harness.cc)
+if(LIBFABRIC_FOUND)
+  target_compile_definitions(mp_idle_tests PRIVATE SHOAL_TEST_OFI=1)
+endif()
 
 # Hang reports: a stalled rank is named by tools/shoal_hang_report.py.
 shoal_add_test(mp_hang_report_tests LABEL mp TIMEOUT 120 SOURCES
