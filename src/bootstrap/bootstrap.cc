@@ -38,8 +38,24 @@ namespace shoal {
 namespace {
 
 // What the root writes in place of a rank's check-in record when its process
-// ends before it checked in (setWill); no record begins with it.
+// ends before it checked in (setWill): the mark (no record begins with it),
+// the rank's nonce in 16 hex digits (where its other will is), ':', the
+// report.
 constexpr std::string_view kGoneRecordMark = "\xffgone\xff";
+std::string goneRecord(uint64_t nonce, std::string_view report) {
+  return str(kGoneRecordMark, hex64(nonce), ":", report);
+}
+struct GoneRecord {
+  std::string nonce;  // hex, "" where the record has none
+  std::string report;
+};
+std::optional<GoneRecord> parseGoneRecord(std::string_view record) {
+  if (!record.starts_with(kGoneRecordMark)) return std::nullopt;
+  record.remove_prefix(kGoneRecordMark.size());
+  if (record.size() > 16 && record[16] == ':')
+    return GoneRecord{std::string(record.substr(0, 16)), std::string(record.substr(17))};
+  return GoneRecord{"", std::string(record)};
+}
 
 // "3, 5-7, 9" from sorted ranks.
 std::string formatRanks(const std::vector<int>& ranks) {
@@ -74,21 +90,15 @@ Status Bootstrap::setWill(std::string_view report, uint64_t nonce, Deadline dead
   const std::string what = str("bootstrap will of ", scope_, " (rank ", rank_, ")");
   if (round_ != 0) return invalidUsage(what, ": left after the check-in");
   nonce_ = nonce;
-  willReport_ = std::string(report);
   // Until its record is given, the rank's will stands in for it; the will
-  // under its nonce follows the record (setGoneWill), since nobody could
-  // read (or erase) one left by a rank that never gave its nonce.
+  // under its nonce names it once the others have read its record (both
+  // now: a process can end right after its record). A check-in failed by
+  // the first erases the second too (checkInGone: the nonce is in it).
   checkInWill_ = true;  // cancelled by the destructor even if the request failed
-  SHOAL_TRY(store_->setWill(checkInKey(), str(kGoneRecordMark, report), deadline)) << what;
-  return Status::ok();
-}
-
-void Bootstrap::setGoneWill(Deadline deadline) {
-  if (willReport_.empty()) return;
+  SHOAL_TRY(store_->setWill(checkInKey(), goneRecord(nonce, report), deadline)) << what;
   goneWill_ = true;
-  if (Status s = store_->setWill(goneKey(rank_), willReport_, deadline); !s.isOk())
-    SHOAL_WARN("bootstrap will of ", scope_, " (rank ", rank_, "): ", s.message(),
-               "; its peers will find its death only by their connections");
+  SHOAL_TRY(store_->setWill(goneKey(rank_), report, deadline)) << what;
+  return Status::ok();
 }
 
 Status Bootstrap::setGeneration(std::vector<uint64_t> nonces, Deadline deadline) {
@@ -119,7 +129,7 @@ void Bootstrap::abandon(std::string_view report) {
   // one is read by nobody: it stays, as the rest of the scope's keys of a
   // failed set-up, until the id is released.)
   if (checkIn_ == CheckIn::kNotGiven || checkIn_ == CheckIn::kGiven)
-    s = store_->set(checkInKey(), str(kGoneRecordMark, report), deadline);
+    s = store_->set(checkInKey(), goneRecord(nonce_, report), deadline);
   if (s.isOk() && checkIn_ != CheckIn::kNotGiven) s = store_->set(goneKey(rank_), report, deadline);
   // Without the generation there is no mark: the others' first look finds it.
   if (s.isOk() && checkIn_ == CheckIn::kDone && hasGeneration_) s = store_->set(someGoneKey(), str(rank_), deadline);
@@ -345,10 +355,7 @@ Result<std::vector<std::string>> Bootstrap::allGather(std::string_view mine, Dea
                          store_->describe(), ")");
   if (round == 0 && mine.starts_with(kGoneRecordMark)) return invalidUsage(what, ": a record in the will's form");
   if (Status s = store_->set(keyOf(round, rank_), mine, deadline); !s.isOk()) return s.withContext(what);
-  if (round == 0) {
-    checkIn_ = CheckIn::kGiven;
-    setGoneWill(deadline);
-  }
+  if (round == 0) checkIn_ = CheckIn::kGiven;
 
   std::vector<std::string> keys;
   std::vector<int> ranks;
@@ -466,11 +473,14 @@ Status Bootstrap::leave(Deadline deadline) {
 Status Bootstrap::checkInGone(const std::vector<std::string>& records) {
   Status gone;
   std::vector<bool> isWill(static_cast<size_t>(size_), false);
+  std::vector<std::string> keys;  // what the last reader erases
   for (int r = 0; r < size_; ++r) {
-    const std::string& record = records[static_cast<size_t>(r)];
-    if (!record.starts_with(kGoneRecordMark)) continue;
+    keys.push_back(str(scope_, "/ag/0/", r));
+    std::optional<GoneRecord> will = parseGoneRecord(records[static_cast<size_t>(r)]);
+    if (!will) continue;
     isWill[static_cast<size_t>(r)] = true;
-    if (gone.isOk()) gone = remoteError("rank ", r, " will not come: ", record.substr(kGoneRecordMark.size()));
+    if (!will->nonce.empty()) keys.push_back(str(scope_, "/gone/", will->nonce, "/", r));
+    if (gone.isOk()) gone = remoteError("rank ", r, " will not come: ", will->report);
   }
   if (gone.isOk()) return gone;
   // Every other rank reads the wills too (the check-in ends only once every
@@ -485,11 +495,9 @@ Status Bootstrap::checkInGone(const std::vector<std::string>& records) {
   const std::string anchor = hex64(fnv1a(all));
   auto readKey = [&](int r) { return str(scope_, "/ag/0/read/", anchor, "/", r); };
   if (!store_->set(readKey(rank_), "", deadline).isOk()) return gone;
-  std::vector<std::string> read, keys;
-  for (int r = 0; r < size_; ++r) {
+  std::vector<std::string> read;
+  for (int r = 0; r < size_; ++r)
     if (!isWill[static_cast<size_t>(r)]) read.push_back(readKey(r));
-    keys.push_back(str(scope_, "/ag/0/", r));
-  }
   Result<std::vector<bool>> present = store_->check(read, deadline);
   if (!present.isOk() || !std::all_of(present.value().begin(), present.value().end(), [](bool p) { return p; }))
     return gone;

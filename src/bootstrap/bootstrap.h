@@ -158,7 +158,8 @@ class Bootstrap {
   // will stands in for this rank's check-in record until it gives it, so
   // that a rank that ends before it checks in fails the check-in,
   // kRemoteError naming it, instead of leaving the others to their
-  // deadline; from its record on, a will under goneKey(rank) names it.
+  // deadline; and one under goneKey(rank), which names it once the others
+  // have read its record.
   // Cancelled by leave() and the destructor.
   Status setWill(std::string_view report, uint64_t nonce, Deadline deadline);
   // After the check-in, every rank's nonce by rank (the same on every rank):
@@ -199,8 +200,6 @@ class Bootstrap {
   // ranks beyond find it through the mark at their next look.
   Status lookForGoneRanks(const std::function<std::string(int)>& recordKey, Deadline deadline);
   static constexpr int kNeighboursLookedAt = 4;
-  // The will under this rank's nonce, once its check-in record is given.
-  void setGoneWill(Deadline deadline);
   // The check-in's records: a will in place of one (setWill) fails it.
   Status checkInGone(const std::vector<std::string>& records);
   // The round's wait: one get, and the looks on a thread beside it (`stop`
@@ -223,7 +222,6 @@ class Bootstrap {
   bool hasGeneration_ = false;
   std::vector<uint64_t> nonces_;  // by rank (setGeneration)
   uint64_t nonce_ = 0;            // this rank's (setWill)
-  std::string willReport_;        // setWill's
   // Where this rank is in the check-in (the first allGather): its record
   // not given yet, given, every record read and none a will, or one a will.
   enum class CheckIn { kNotGiven, kGiven, kDone, kFailed };

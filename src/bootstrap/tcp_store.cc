@@ -333,7 +333,9 @@ Status clientHandshake(int fd, const UniqueIdContents& id, const std::string& ro
     if (s.code() == Code::kRemoteError)
       return remoteError("bootstrap root ", root,
                          " closed the connection during the handshake (it does not serve this "
-                         "ncclUniqueId: stale id, or another job's root)");
+                         "ncclUniqueId: a stale id, another job's root, or every rank that had "
+                         "connected with it has died or failed, after which the root forgets the id: "
+                         "look for the first rank's error)");
     return s.withContext("handshake");
   }
   Reader r(challenge, sizeof(challenge));

@@ -383,20 +383,19 @@ TEST_CASE("Bootstrap: a rank whose connection ends is named by the ranks waiting
   CHECK(store->check({"s/ag/0/2"}, Deadline::afterMs(1000)).value() == std::vector<bool>{false});
 }
 
-// One that ends in the check-in after its record left no mark (marks follow
-// the check-in): the first looks of the ranks before it find its will, mark
-// it, and the rank beyond their reach (3) finds it through the mark.
+// One that ends in the check-in right after its record (the others read it)
+// left no mark (marks follow the check-in): the first looks of the ranks
+// before it find its will, mark it, and the rank beyond their reach (3)
+// finds it through the mark.
 TEST_CASE("Bootstrap: a rank whose process ends in the check-in after its record is named in the next round",
           "[bootstrap]") {
   useLoopback();
   WillRanks w(startPrivateRoot());
   requireAllOk(runRanks(WillRanks::kRanks, [&](int rank) { return w.setWill(rank); }));
-  // Rank 2 checks in, and dies before it leaves its mark.
-  requireAllOk(runRanks(WillRanks::kRanks, [&](int rank) -> Status {
-    if (rank == WillRanks::kGone) return w.gather(rank, "x").status();
-    return w.checkIn(rank);
-  }));
+  // Rank 2 gives its check-in record and dies at once.
+  REQUIRE(w.goneStore->set("s/ag/0/2", "x", Deadline::afterMs(1000)).isOk());
   w.dies();
+  requireAllOk(w.others([&](int rank) { return w.checkIn(rank); }));
   const int64_t start = nowNs();
   checkNamesRankTwo(w.others([&](int r) { return w.gather(r).takeStatus(); }), "rank 2's process ended");
   CHECK(msSince(start) < 10000);
@@ -433,6 +432,8 @@ TEST_CASE("Bootstrap: a rank whose process ends before it checks in fails the ch
   CHECK(three.code() == Code::kRemoteError);
   CHECK_THAT(three.message(), Catch::Contains("rank 2 will not come: rank 2's process ended"));
   CHECK(store->check(checkIn, Deadline::afterMs(1000)).value() == std::vector<bool>(WillRanks::kRanks, false));
+  // Its other will (under its nonce, 0x102 here) goes with it.
+  CHECK(store->check({"s/gone/0000000000000102/2"}, Deadline::afterMs(1000)).value() == std::vector<bool>{false});
 }
 
 // A rank whose set-up fails gives up on the scope (abandon): before the
