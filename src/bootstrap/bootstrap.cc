@@ -98,6 +98,7 @@ Status Bootstrap::setWill(std::string_view report, uint64_t nonce, Deadline dead
   SHOAL_TRY(store_->setWill(checkInKey(), goneRecord(nonce, report), deadline)) << what;
   goneWill_ = true;
   SHOAL_TRY(store_->setWill(goneKey(rank_), report, deadline)) << what;
+  willsLeft_ = true;
   return Status::ok();
 }
 
@@ -110,7 +111,7 @@ Status Bootstrap::setGeneration(std::vector<uint64_t> nonces, Deadline deadline)
   // The check-in's will first: its key is erased by the next rounds, and a
   // will left on it would write there when the process ends.
   cancelWills(deadline, /*onlyCheckIn=*/true);
-  if (!goneWill_) return Status::ok();
+  if (!willsLeft_) return Status::ok();  // no mark without the will it points to
   // The mark: a look that finds none need not ask for every rank's will.
   markWill_ = true;
   SHOAL_TRY(store_->setWill(someGoneKey(), str(rank_), deadline))
@@ -139,17 +140,21 @@ void Bootstrap::abandon(std::string_view report) {
 }
 
 void Bootstrap::cancelWills(Deadline deadline, bool onlyCheckIn) {
+  // The mark before the will it points to: a mark left alone sends the
+  // others' looks to a will that is not there, a will left alone is found
+  // by no look that starts from the mark.
   std::vector<std::pair<bool*, std::string>> wills{{&checkInWill_, checkInKey()}};
   if (!onlyCheckIn) {
-    wills.emplace_back(&goneWill_, goneKey(rank_));
     wills.emplace_back(&markWill_, someGoneKey());
+    wills.emplace_back(&goneWill_, goneKey(rank_));
   }
   for (auto& [set, key] : wills) {
     if (!*set) continue;
     if (Status s = store_->cancelWill(key, deadline); !s.isOk()) {
-      SHOAL_INFO(subsys::kBootstrap, "bootstrap will of ", scope_, " (rank ", rank_, "): ", s.message(),
-                 "; the root writes it when this process's connection ends, unless a later cancel succeeds");
-      return;
+      SHOAL_INFO(subsys::kBootstrap, "bootstrap will of ", scope_, " (rank ", rank_, ") under ", key, ": ",
+                 s.message(), "; the root writes it when this process's connection ends, unless a later cancel "
+                 "succeeds");
+      continue;  // the next may still go through; the destructor tries again
     }
     *set = false;
   }

@@ -230,6 +230,7 @@ class Bootstrap {
   bool left_ = false;
   // Wills the store holds for this rank, to cancel (cancelWills).
   bool goneWill_ = false, markWill_ = false, checkInWill_ = false;
+  bool willsLeft_ = false;  // setWill succeeded
   std::string checkInKey() const;  // this rank's record in the first allGather
   // Withdraws this rank's wills still set (`onlyCheckIn`: the check-in's).
   void cancelWills(Deadline deadline, bool onlyCheckIn = false);

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cstdio>
 #include <optional>
 #include <utility>
@@ -285,20 +286,21 @@ Status Communicator::setUp() {
     return news;
   });
   // A peer gone, for the idle check of connections that do not notice it:
-  // the mark first (one key while nobody is gone), then every peer's will.
+  // the mark (one key while nobody is gone) names the first rank gone, whose
+  // will is then read, unless it left (a leave whose will's cancel was lost
+  // is no death).
   connections_.setGoneLookup([this](Deadline deadline) -> std::optional<ConnectionTable::GoneRank> {
-    Result<std::vector<bool>> marked = request_.store->check({bootstrap_->someGoneKey()}, deadline);
-    if (!marked.isOk() || !marked.value()[0]) return std::nullopt;
-    std::vector<std::string> wills;
-    std::vector<int> ranks;
-    for (int r = 0; r < nranks_; ++r) {
-      if (r == rank_) continue;
-      wills.push_back(bootstrap_->goneKey(r));
-      ranks.push_back(r);
-    }
-    Result<std::optional<Store::Found>> found = request_.store->firstPresent(wills, deadline);
-    if (!found.isOk() || !found.value()) return std::nullopt;
-    return ConnectionTable::GoneRank{ranks[found.value()->index], std::move(found.value()->value)};
+    Result<std::optional<Store::Found>> mark = request_.store->firstPresent({bootstrap_->someGoneKey()}, deadline);
+    if (!mark.isOk() || !mark.value()) return std::nullopt;
+    int gone = -1;
+    const std::string& named = mark.value()->value;
+    if (std::from_chars(named.data(), named.data() + named.size(), gone).ec != std::errc() || gone < 0 ||
+        gone >= nranks_ || gone == rank_)
+      return std::nullopt;
+    Result<std::optional<Store::Found>> found =
+        request_.store->firstPresent({bootstrap_->leftKey(gone), bootstrap_->goneKey(gone)}, deadline);
+    if (!found.isOk() || !found.value() || found.value()->index == 0) return std::nullopt;
+    return ConnectionTable::GoneRank{gone, std::move(found.value()->value)};
   });
   connections_.setConnectTimeout([this](const ConnectionTable::PendingConnect& pending) {
     JobReport report = reportOfConnect(pending);

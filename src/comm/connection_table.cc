@@ -359,10 +359,9 @@ void ConnectionTable::askWhetherAnyGone() {
 }
 
 std::optional<ConnectionTable::GoneRank> ConnectionTable::judgedPeer() {
-  for (int peer = 0; peer < static_cast<int>(peers_.size()); ++peer) {
-    if (std::string why = knownFailure(peer); !why.empty()) return GoneRank{peer, std::move(why)};
-  }
-  return std::nullopt;
+  const int peer = firstJudged_.load(std::memory_order_acquire);
+  if (peer < 0) return std::nullopt;
+  return GoneRank{peer, knownFailure(peer)};
 }
 
 void ConnectionTable::judge(int peer, std::string why) {
@@ -370,6 +369,8 @@ void ConnectionTable::judge(int peer, std::string why) {
   if (verdict.willNotCome.load(std::memory_order_acquire)) return;  // said once, read by connects after the flag
   verdict.why = std::move(why);
   verdict.willNotCome.store(true, std::memory_order_release);
+  int none = -1;
+  firstJudged_.compare_exchange_strong(none, peer, std::memory_order_acq_rel);
 }
 
 void ConnectionTable::clear() {

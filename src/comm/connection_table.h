@@ -224,6 +224,7 @@ class ConnectionTable {
   // A connection was made over a transport that does not notice its peer's
   // exit (askWhetherAnyGone).
   std::atomic<bool> unwatchedPeers_{false};
+  std::atomic<int> firstJudged_{-1};  // the first peer judge() was given (judgedPeer)
   std::string label_;
   ConnectTimeout connectTimeout_;
   // Connects that wait for their peer now, oldest first (under mapMutex_).

@@ -471,6 +471,35 @@ TEST_CASE("Bootstrap: a rank that gives up is named with its reason by the ranks
   }
 }
 
+// A cancel that fails (a root slow to answer) must not leave a mark that
+// points the others' looks at a will: the mark goes first, and the cancels
+// go on past a failure.
+class WillCancelFails final : public ForwardingStore {
+ public:
+  using ForwardingStore::ForwardingStore;
+  Status cancelWill(const std::string& key, Deadline deadline) override {
+    if (key.find("/gone/") != std::string::npos && !key.ends_with("/some")) return remoteError("no answer");
+    return ForwardingStore::cancelWill(key, deadline);
+  }
+};
+
+TEST_CASE("Bootstrap: a will whose cancel fails leaves no mark behind", "[bootstrap]") {
+  useLoopback();
+  UniqueIdContents id = startPrivateRoot();
+  auto watcher = mustConnect(id);
+  {
+    auto store = std::make_shared<WillCancelFails>(mustConnect(id));
+    Bootstrap one(store, "solo", 0, 1);
+    REQUIRE(one.setWill("rank 0's process ended", 0x100, Deadline::afterMs(5000)).isOk());
+    REQUIRE(one.allGather("x", Deadline::afterMs(5000)).isOk());
+    REQUIRE(one.setGeneration({0x100}, Deadline::afterMs(5000)).isOk());
+  }  // its cancels: the mark's goes through, the will's fails; then its connection ends
+  const std::vector<std::string> keys{"solo/gone/0000000000000100/0", "solo/gone/0000000000000100/some"};
+  Result<std::vector<std::string>> will = watcher->get({keys[0]}, Deadline::afterMs(5000));
+  REQUIRE(will.isOk());  // written: its cancel failed
+  CHECK(watcher->check({keys[1]}, Deadline::afterMs(1000)).value() == std::vector<bool>{false});
+}
+
 // NCCL_COMM_ID gives every communicator one scope: a check-in that failed
 // on a will (here rank 0's: its set-up failed) must leave nothing that the
 // next communicator there, whose rank 0 comes last, would read as its own,
