@@ -133,7 +133,7 @@ void Bootstrap::abandon(std::string_view report) {
     s = store_->set(checkInKey(), goneRecord(nonce_, report), deadline);
   if (s.isOk() && checkIn_ != CheckIn::kNotGiven) s = store_->set(goneKey(rank_), report, deadline);
   // Without the generation there is no mark: the others' first look finds it.
-  if (s.isOk() && checkIn_ == CheckIn::kDone && hasGeneration_) s = store_->set(someGoneKey(), str(rank_), deadline);
+  if (s.isOk() && checkIn_ == CheckIn::kDone && hasGeneration_) s = markGone(rank_, deadline);
   if (!s.isOk())
     SHOAL_INFO(subsys::kBootstrap, "bootstrap of ", scope_, " (rank ", rank_, "): could not tell the others why it ",
                "gave up: ", s.message());
@@ -160,7 +160,9 @@ void Bootstrap::cancelWills(Deadline deadline, bool onlyCheckIn) {
   }
 }
 
-std::string Bootstrap::checkInKey() const { return str(scope_, "/ag/0/", rank_); }
+std::string Bootstrap::roundKey(uint64_t round, int rank) const { return str(scope_, "/ag/", round, "/", rank); }
+
+std::string Bootstrap::checkInKey() const { return roundKey(0, rank_); }
 
 std::string Bootstrap::failureKey(int rank) const { return str(scope_, "/failure/", hex64(generation_), "/", rank); }
 
@@ -170,8 +172,14 @@ std::string Bootstrap::goneKey(int rank) const {
   const uint64_t nonce = static_cast<size_t>(rank) < nonces_.size() ? nonces_[static_cast<size_t>(rank)]
                          : rank == rank_                            ? nonce_
                                                                     : 0;
-  return str(scope_, "/gone/", hex64(nonce), "/", rank);
+  return goneKeyUnder(hex64(nonce), rank);
 }
+
+std::string Bootstrap::goneKeyUnder(std::string_view nonceHex, int rank) const {
+  return str(scope_, "/gone/", nonceHex, "/", rank);
+}
+
+Status Bootstrap::markGone(int rank, Deadline deadline) { return store_->set(someGoneKey(), str(rank), deadline); }
 
 std::string Bootstrap::someGoneKey() const { return str(scope_, "/gone/", hex64(generation_), "/some"); }
 
@@ -224,11 +232,10 @@ void Bootstrap::publishRoundFailure(const Status& why) {
 
 Status Bootstrap::lookAtRound(uint64_t round, std::string_view mine, const RecordCheck& checkFirst,
                               const std::atomic<bool>* stop) {
-  const std::vector<std::string> keys{roundFailureKey(round), str(scope_, "/ag/", round, "/", rank_),
-                                      str(scope_, "/ag/", round, "/0")};
+  const std::vector<std::string> keys{roundFailureKey(round), roundKey(round, rank_), roundKey(round, 0)};
   const Deadline deadline = Deadline::afterMs(kLeaveMs).cancelledBy(stop);
   if (hasGeneration_) {
-    SHOAL_TRY(lookForGoneRanks([&](int r) { return str(scope_, "/ag/", round, "/", r); }, deadline));
+    SHOAL_TRY(lookForGoneRanks([&](int r) { return roundKey(round, r); }, deadline));
   }
   Result<std::vector<bool>> present = store_->check(keys, deadline);
   if (!present.isOk() || !present.value()[2]) return Status::ok();  // nothing to judge without rank 0's record
@@ -275,7 +282,7 @@ Status Bootstrap::lookForGoneRanks(const std::function<std::string(int)>& record
     auto found = std::find(gone.value().begin() + 1, gone.value().end(), true);
     if (found != gone.value().end() && !gone.value()[0]) {
       const int who = ranks[static_cast<size_t>(found - gone.value().begin())];
-      if (!store_->set(someGoneKey(), str(who), deadline).isOk()) return Status::ok();
+      if (!markGone(who, deadline).isOk()) return Status::ok();
     }
     lookedAtNeighbours_ = true;
     if (found == gone.value().end() && !gone.value()[0]) return Status::ok();
@@ -355,17 +362,16 @@ Result<std::vector<std::string>> Bootstrap::awaitRound(const std::vector<std::st
 Result<std::vector<std::string>> Bootstrap::allGather(std::string_view mine, Deadline deadline,
                                                       const RecordCheck& checkFirst) {
   uint64_t round = round_++;
-  auto keyOf = [&](uint64_t r, int rank) { return str(scope_, "/ag/", r, "/", rank); };
   std::string what = str("bootstrap allGather #", round, " of ", scope_, " (rank ", rank_, " of ", size_, ", store ",
                          store_->describe(), ")");
   if (round == 0 && mine.starts_with(kGoneRecordMark)) return invalidUsage(what, ": a record in the will's form");
-  if (Status s = store_->set(keyOf(round, rank_), mine, deadline); !s.isOk()) return s.withContext(what);
+  if (Status s = store_->set(roundKey(round, rank_), mine, deadline); !s.isOk()) return s.withContext(what);
   if (round == 0) checkIn_ = CheckIn::kGiven;
 
   std::vector<std::string> keys;
   std::vector<int> ranks;
   for (int r = 0; r < size_; ++r) {
-    keys.push_back(keyOf(round, r));
+    keys.push_back(roundKey(round, r));
     ranks.push_back(r);
   }
   Result<std::vector<std::string>> values = awaitRound(
@@ -393,7 +399,7 @@ Result<std::vector<std::string>> Bootstrap::allGather(std::string_view mine, Dea
   }
   if (lastGatherRound_ >= 0) {
     uint64_t previous = static_cast<uint64_t>(lastGatherRound_);
-    if (Status s = store_->erase({keyOf(previous, rank_)}, deadline); !s.isOk())
+    if (Status s = store_->erase({roundKey(previous, rank_)}, deadline); !s.isOk())
       SHOAL_WARN(what, ": could not erase the previous round's key: ", s.message());
   }
   lastGatherRound_ = static_cast<int64_t>(round);
@@ -439,7 +445,7 @@ Status Bootstrap::finish(Deadline deadline) {
   // Every rank recorded its finish after reading the last allGather: nobody
   // reads that round again.
   if (lastGatherRound_ >= 0) {
-    for (int r = 0; r < size_; ++r) keys.push_back(str(scope_, "/ag/", lastGatherRound_, "/", r));
+    for (int r = 0; r < size_; ++r) keys.push_back(roundKey(static_cast<uint64_t>(lastGatherRound_), r));
     lastGatherRound_ = -1;
   }
   if (!keys.empty())
@@ -469,7 +475,7 @@ Status Bootstrap::leave(Deadline deadline) {
     if (r == 0) keys.push_back(someGoneKey());
     // Our last allGather round is everyone's: each allGather since finish()
     // was collective.
-    if (lastGatherRound_ >= 0) keys.push_back(str(scope_, "/ag/", lastGatherRound_, "/", r));
+    if (lastGatherRound_ >= 0) keys.push_back(roundKey(static_cast<uint64_t>(lastGatherRound_), r));
   }
   if (Status s = store_->erase(keys, deadline); !s.isOk()) return s.withContext(what);
   return Status::ok();
@@ -480,11 +486,11 @@ Status Bootstrap::checkInGone(const std::vector<std::string>& records) {
   std::vector<bool> isWill(static_cast<size_t>(size_), false);
   std::vector<std::string> keys;  // what the last reader erases
   for (int r = 0; r < size_; ++r) {
-    keys.push_back(str(scope_, "/ag/0/", r));
+    keys.push_back(roundKey(0, r));
     std::optional<GoneRecord> will = parseGoneRecord(records[static_cast<size_t>(r)]);
     if (!will) continue;
     isWill[static_cast<size_t>(r)] = true;
-    if (!will->nonce.empty()) keys.push_back(str(scope_, "/gone/", will->nonce, "/", r));
+    if (!will->nonce.empty()) keys.push_back(goneKeyUnder(will->nonce, r));
     if (gone.isOk()) gone = remoteError("rank ", r, " will not come: ", will->report);
   }
   if (gone.isOk()) return gone;

@@ -231,7 +231,12 @@ class Bootstrap {
   // Wills the store holds for this rank, to cancel (cancelWills).
   bool goneWill_ = false, markWill_ = false, checkInWill_ = false;
   bool willsLeft_ = false;  // setWill succeeded
-  std::string checkInKey() const;  // this rank's record in the first allGather
+  std::string roundKey(uint64_t round, int rank) const;  // a rank's record in an allGather round
+  std::string checkInKey() const;                        // this rank's record in the first allGather
+  // A rank's will under its nonce in hex (goneKey, or as a check-in will names it).
+  std::string goneKeyUnder(std::string_view nonceHex, int rank) const;
+  // Marks `rank` as the first one gone (someGoneKey).
+  Status markGone(int rank, Deadline deadline);
   // Withdraws this rank's wills still set (`onlyCheckIn`: the check-in's).
   void cancelWills(Deadline deadline, bool onlyCheckIn = false);
 };

@@ -626,6 +626,16 @@ TEST_CASE("mp: a rank killed before a split makes the others' split fail within 
   CHECK(res.onlyVictimKilled(victim));
 }
 
+// Ranks whose init fails because one of them is lost: a set-up deadline far
+// beyond what initFailsNaming allows, so that only a named failure passes.
+MpConfig initFailureConfig(int nranks) {
+  MpConfig cfg;
+  cfg.nranks = nranks;
+  cfg.hardLimitMs = 60000;
+  cfg.env = {{"SHOAL_INIT_TIMEOUT_MS", "40000"}};
+  return cfg;
+}
+
 // The init of a rank that outlives `failing`'s: it must fail within 15 s
 // with ncclRemoteError naming `failing` and saying `cause`.
 int initFailsNaming(MpChild& c, const ncclUniqueId& id, int failing, const std::string& cause) {
@@ -652,11 +662,7 @@ int initFailsNaming(MpChild& c, const ncclUniqueId& id, int failing, const std::
 TEST_CASE("mp: a rank killed while it waits in init's check-in is named within seconds by the others",
           "[mp][failure]") {
   const int n = 3, victim = 2;
-  MpConfig cfg;
-  cfg.nranks = n;
-  cfg.hardLimitMs = 60000;
-  cfg.env = {{"SHOAL_INIT_TIMEOUT_MS", "40000"}};
-  MpResult res = runForked(cfg, [&](MpChild& c) {
+  MpResult res = runForked(initFailureConfig(n), [&](MpChild& c) {
     ncclUniqueId id;
     CHILD_CHECK(c, c.uniqueId(&id), "unique id");
     ncclComm_t comm = nullptr;
@@ -680,11 +686,7 @@ TEST_CASE("mp: a rank killed while it waits in init's check-in is named within s
 // deadline. (NCCL's peers wait for such a rank forever.)
 TEST_CASE("mp: a rank whose init fails is named with the cause by the others", "[mp][failure]") {
   const int n = 3, failing = 2;
-  MpConfig cfg;
-  cfg.nranks = n;
-  cfg.hardLimitMs = 60000;
-  cfg.env = {{"SHOAL_INIT_TIMEOUT_MS", "40000"}};
-  MpResult res = runForked(cfg, [&](MpChild& c) {
+  MpResult res = runForked(initFailureConfig(n), [&](MpChild& c) {
     ncclUniqueId id;
     CHILD_CHECK(c, c.uniqueId(&id), "unique id");
     ncclComm_t comm = nullptr;
