@@ -52,6 +52,7 @@ struct Tenant {
   bool permanent = false;   // emptied, not dropped, when its clients leave (NCCL_COMM_ID)
   bool used = false;        // a client proved the secret since the tenant was last emptied
   size_t connections = 0;   // conns whose `tenant` is this one, in any phase
+  int64_t releaseAtNs = 0;  // kept for late ranks until then (State::keepForLateRanks); 0: not kept
   std::unordered_map<std::string, std::string> values;
   std::unordered_map<uint64_t, Waiter> waiters;
   // key -> waiters that counted it missing (may name waiters already gone).
@@ -112,6 +113,10 @@ struct RootServer::State {
   // Waiters that have a deadline, soonest first: timers cost the same however
   // many tenants exist.
   std::set<std::tuple<int64_t, Tenant*, uint64_t>> waiterDeadlines;
+  // Tenants kept after their last client for ranks not connected yet, by
+  // when each goes (releaseAtNs, magic).
+  std::set<std::pair<int64_t, uint64_t>> keptTenants;
+  int64_t keepForLateRanksNs = 0;
   uint64_t nextConnId = 1;
   int64_t lastAcceptWarningNs = -1000000000000;  // accept failures said once a second
   int pendingHandshakes = 0;
@@ -141,6 +146,7 @@ struct RootServer::State {
   int pollTimeoutMs(int64_t now);
   void dropWaiter(Tenant& tenant, uint64_t waiterId);
   void releaseTenant(Tenant& tenant);
+  void lastClientLeft(Tenant& tenant, int64_t now);
   void addTenant(uint64_t magic, const uint8_t secret[32], bool permanent);
   Tenant* findTenant(uint64_t magic);
   void reply(uint64_t connId, uint64_t requestId, uint8_t status,
@@ -161,6 +167,7 @@ Result<RootServer*> RootServer::start(const net::SocketAddress& address, bool fi
   const int64_t handshakeMs = handshakeTimeoutMs();
   state->handshakeTimeoutNs = handshakeMs * 1000000;
   state->liveness = net::LivenessOptions::fromParams();
+  state->keepForLateRanksNs = std::max<int64_t>(params().initTimeoutMs, 0) * 1000000;
   (void)logEnabled(LogLevel::kWarn, subsys::kBootstrap);
   // Lives until process exit (see header); kept in a list that is never freed
   // either, so that leak checkers see it as reachable.
@@ -257,6 +264,7 @@ int RootServer::State::pollTimeoutMs(int64_t now) {
     if (conn.phase == Phase::kHello || conn.phase == Phase::kProof)
       next = std::min(next, conn.handshakeDeadlineNs);
   if (!waiterDeadlines.empty()) next = std::min(next, std::get<0>(*waiterDeadlines.begin()));
+  if (!keptTenants.empty()) next = std::min(next, keptTenants.begin()->first);
   int64_t ms = (next - now + 999999) / 1000000;
   return static_cast<int>(std::clamp<int64_t>(ms, 0, 1000));
 }
@@ -592,6 +600,17 @@ void RootServer::State::expire(int64_t now) {
     if (auto c = conns.find(it->second.connId); c != conns.end()) flush(c->second);
     dropWaiter(*tenant, wid);
   }
+  while (!keptTenants.empty() && keptTenants.begin()->first <= now) {
+    auto [releaseAtNs, magic] = *keptTenants.begin();
+    keptTenants.erase(keptTenants.begin());
+    Tenant* tenant = findTenant(magic);
+    // A late rank connected since keeps it until it leaves in turn.
+    if (tenant && tenant->releaseAtNs == releaseAtNs && tenant->connections == 0) {
+      SHOAL_INFO(subsys::kBootstrap, "bootstrap root: id ", hex64(magic), " released: no rank came for what ",
+                 "its last clients left within SHOAL_INIT_TIMEOUT_MS");
+      releaseTenant(*tenant);
+    }
+  }
 }
 
 // Forgets a waiter and its entries in waitingOn.
@@ -649,16 +668,33 @@ void RootServer::State::reapClosed() {
         if (w.connId == it->first) gone.push_back(wid);
       for (uint64_t wid : gone) dropWaiter(*tenant, wid);
       fulfilWills(it->second);
-      if (--tenant->connections == 0 && tenant->used) releaseTenant(*tenant);
+      if (--tenant->connections == 0 && tenant->used) lastClientLeft(*tenant, nowNs());
     }
     it = conns.erase(it);
     connectionCount.fetch_sub(1, std::memory_order_relaxed);
   }
 }
 
-// The last client of a used tenant left: no rank can use the id any more
-// (root_server.h), so nothing it holds is needed.
+// The last client of a used tenant left. A communicator that ended well
+// erased every key of its scopes before its ranks closed their
+// connections: nobody can use the id any more (root_server.h). Keys left
+// over mean that its set-up failed (wills, the failure reports of ranks
+// that gave up), and ranks not connected yet would read them: the tenant
+// stays, for as long as their set-up may wait, unless it is the
+// NCCL_COMM_ID tenant, whose next communicator must start empty.
+void RootServer::State::lastClientLeft(Tenant& tenant, int64_t now) {
+  if (tenant.permanent || tenant.values.empty() || keepForLateRanksNs == 0) return releaseTenant(tenant);
+  if (tenant.releaseAtNs != 0) keptTenants.erase({tenant.releaseAtNs, tenant.magic});
+  tenant.releaseAtNs = now + keepForLateRanksNs;
+  keptTenants.emplace(tenant.releaseAtNs, tenant.magic);
+  SHOAL_INFO(subsys::kBootstrap, "bootstrap root: id ", hex64(tenant.magic), " kept for ranks not connected yet: its ",
+             "last client left ", tenant.values.size(), tenant.values.size() == 1 ? " key" : " keys");
+}
+
+// Nothing the tenant holds is needed any more.
 void RootServer::State::releaseTenant(Tenant& tenant) {
+  if (tenant.releaseAtNs != 0) keptTenants.erase({tenant.releaseAtNs, tenant.magic});
+  tenant.releaseAtNs = 0;
   storedValues.fetch_sub(tenant.values.size(), std::memory_order_relaxed);
   if (tenant.permanent) {
     // The next communicator from NCCL_COMM_ID reuses the id and its scope:

@@ -9,14 +9,19 @@
 // them: bootstrap.h, setWill).
 //
 // Tenant lifetime: a tenant is dropped, with every key in it, when the last
-// client connected to it leaves after at least one client proved the secret.
-// Every rank of a communicator keeps its connection until its communicator
-// and every split of it are destroyed, and all ranks are connected before any
-// can finish init, so by then nobody can use the id again (NCCL does not allow
-// reusing an id either). An id that no client ever used stays until the
-// process exits, as NCCL's root does. The NCCL_COMM_ID tenant (the first
-// tenant given to start()) serves every communicator made from that variable:
-// it is emptied instead of dropped. The loop's per-pass work is bounded by the
+// client connected to it leaves after at least one client proved the secret,
+// if it holds no key then. Every rank of a communicator keeps its connection
+// until its communicator and every split of it are destroyed, all ranks are
+// connected before any can finish init, and the last to leave erases every
+// key, so by then nobody can use the id again (NCCL does not allow reusing an
+// id either). Keys left over mean a set-up that failed before every rank
+// connected (the first ranks' wills and reports): the tenant then stays for
+// SHOAL_INIT_TIMEOUT_MS (read at start()) after its last client left, so
+// that ranks still to come read why the others will not come. An id that no
+// client ever used stays until the process exits, as NCCL's root does. The
+// NCCL_COMM_ID tenant (the first tenant given to start()) serves every
+// communicator made from that variable: it is emptied instead of dropped,
+// at once (its next communicator must not read this one's keys). The loop's per-pass work is bounded by the
 // connections and the pending GETs, not by the number of tenants.
 // Owner: the process. A server is started on first need and lives until the
 // process exits: it is deliberately never destroyed, and its thread is

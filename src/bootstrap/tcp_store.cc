@@ -334,7 +334,8 @@ Status clientHandshake(int fd, const UniqueIdContents& id, const std::string& ro
       return remoteError("bootstrap root ", root,
                          " closed the connection during the handshake (it does not serve this "
                          "ncclUniqueId: a stale id, another job's root, or every rank that had "
-                         "connected with it has died or failed, after which the root forgets the id: "
+                         "connected with it has died or failed, and the root forgets such an id "
+                         "SHOAL_INIT_TIMEOUT_MS after the last one, or at once if they left no word: "
                          "look for the first rank's error)");
     return s.withContext("handshake");
   }

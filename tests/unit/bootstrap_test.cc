@@ -1129,6 +1129,102 @@ TEST_CASE("a live communicator's keys at the root stay flat while splits of spli
   checkUsage(settledUsage(*root, baseline), baseline);
 }
 
+// The first ranks of a set-up all ended (died, or gave up) before the
+// others connected: what they left (their wills, their reports) stays with
+// the root for the set-up deadline, for the ranks still to come, who read it
+// and fail naming them; then it goes. An id whose last client left nothing
+// goes at once.
+TEST_CASE("the root keeps an id whose last clients left keys behind, for the ranks still to come", "[bootstrap]") {
+  useLoopback();
+  constexpr int64_t kKeptMs = 3000;
+  setenv("SHOAL_INIT_TIMEOUT_MS", std::to_string(kKeptMs).c_str(), 1);
+  reloadParams();
+  Result<RootServer*> started = RootServer::start(net::SocketAddress::parse("127.0.0.1:0").value(), false);
+  unsetenv("SHOAL_INIT_TIMEOUT_MS");
+  reloadParams();
+  REQUIRE(started.isOk());
+  RootServer& root = *started.value();
+  auto idOnRoot = [&] {
+    UniqueIdContents id;
+    REQUIRE(net::randomBytes(&id.magic, 8).isOk());
+    REQUIRE(net::randomBytes(id.secret, 32).isOk());
+    id.address = root.address().toString();
+    root.addTenant(id.magic, id.secret);
+    return id;
+  };
+  auto refused = [](const UniqueIdContents& id) {
+    Result<std::shared_ptr<Store>> late = connectStore(id, Deadline::afterMs(5000));
+    INFO(late.status().toString());
+    CHECK(late.status().code() == Code::kRemoteError);
+    CHECK_THAT(late.status().message(), Catch::Contains("does not serve this ncclUniqueId"));
+  };
+  auto tenantsReach = [&](size_t want) {
+    RootServer::Usage u = root.usage();
+    u.tenants = want;
+    u.connections = 0;
+    return settledUsage(root, u).tenants == want;
+  };
+  auto soon = [] { return Deadline::afterMs(5000); };
+
+  UniqueIdContents failed = idOnRoot();
+  REQUIRE(mustConnect(failed)->setWill("s/ag/0/1", "rank 1 will not come", soon()).isOk());  // and its process ends
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  int64_t lastLeftNs = 0;
+  {
+    auto late = mustConnect(failed);
+    Result<std::vector<std::string>> read = late->get({"s/ag/0/1"}, soon());
+    REQUIRE(read.isOk());
+    CHECK(read.value()[0] == "rank 1 will not come");
+    lastLeftNs = nowNs();
+  }  // it leaves the key too: kept again, from its leaving
+  REQUIRE(root.usage().tenants == 1);
+  REQUIRE(tenantsReach(0));
+  CHECK((nowNs() - lastLeftNs) / 1000000 >= kKeptMs - 100);
+  refused(failed);
+
+  // A communicator that ended well erased its keys: nobody can use its id again.
+  UniqueIdContents ended = idOnRoot();
+  {
+    auto rank = mustConnect(ended);
+    REQUIRE(rank->set("s/left/1", "", soon()).isOk());
+    REQUIRE(rank->erase({"s/left/1"}, soon()).isOk());
+  }
+  const int64_t endedNs = nowNs();
+  REQUIRE(tenantsReach(0));
+  CHECK((nowNs() - endedNs) / 1000000 < kKeptMs);
+  refused(ended);
+}
+
+// As users meet it: rank 0 hands out the id and comes last; ranks 1 and 2
+// both give up in their init before it connects (here: a nonblocking init
+// aborted). Rank 0's init fails at once naming one of them, not with "the
+// root does not serve this id", nor after the set-up deadline.
+TEST_CASE("a rank that comes after every connected rank gave up reads why they did", "[bootstrap]") {
+  useLoopback();
+  constexpr int kRanks = 3;
+  ncclUniqueId id;
+  REQUIRE(ncclGetUniqueId(&id) == ncclSuccess);
+  requireAllOk(runRanks(kRanks - 1, [&](int index) -> Status {
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    ncclComm_t comm = nullptr;
+    ncclResult_t rc = ncclCommInitRankConfig(&comm, kRanks, id, index + 1, &config);
+    if (rc != ncclInProgress && rc != ncclSuccess) return ncclStatus(rc, "nonblocking init");
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // waiting in the check-in for rank 0
+    return ncclStatus(ncclCommAbort(comm), "abort");
+  }));
+  ncclComm_t comm = nullptr;
+  const int64_t start = nowNs();
+  const ncclResult_t rc = ncclCommInitRank(&comm, kRanks, id, 0);
+  const int64_t ms = (nowNs() - start) / 1000000;
+  const std::string last = ncclGetLastError(nullptr);
+  INFO(last);
+  CHECK(rc == ncclRemoteError);
+  CHECK(comm == nullptr);
+  CHECK_THAT(last, Catch::Contains("will not come") && Catch::Contains("its init failed"));
+  CHECK(ms < 10000);
+}
+
 }  // namespace shoal
 
 namespace shoal {
