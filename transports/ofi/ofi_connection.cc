@@ -93,8 +93,12 @@ OfiConnection::~OfiConnection() {
   drop(peek_, false);
   for (Op* op : spare_) delete op;
   // Tell the peer, on every lane, so that it fails instead of waiting for us
-  // (a bye follows this lane's data, not the other lanes').
-  if (peerRecvId_ != 0 && !peerGone) {
+  // (a bye follows this lane's data, not the other lanes'). Also where it
+  // said bye first: its rail drains what we sent its connection until ours
+  // comes (Rail::retireId, over the providers where ours drains too: both
+  // sides run one); but then nobody waits on us, so the byes are not waited
+  // for (its process may have exited since).
+  if (peerRecvId_ != 0 && (!peerGone || rail_.drainsRetiredIds())) {
     Deadline flush = Deadline::afterMs(kByeFlushMs);
     size_t before = rail_.controlSendsInFlight();
     Status sent;
@@ -105,14 +109,14 @@ OfiConnection::~OfiConnection() {
       } while (sent.code() == Code::kAgain && !flush.expired());
     }
     // Drive the rail briefly so that the byes leave even if no one polls it again.
-    while (sent.isOk() && rail_.controlSendsInFlight() > before && !flush.expired()) {
+    while (!peerGone && sent.isOk() && rail_.controlSendsInFlight() > before && !flush.expired()) {
       if (!rail_.progress().isOk()) break;
       lock.unlock();
       std::this_thread::yield();
       lock.lock();
     }
   }
-  rail_.releaseId(recvId_);
+  rail_.retireId(recvId_, laneCount());
 }
 
 Op* OfiConnection::newOp() {

@@ -136,6 +136,14 @@ constexpr size_t kSlotBytes = 128;
 constexpr size_t kMaxWaitingHellos = 4096;
 constexpr int kCqBatch = 16;
 constexpr int64_t kSocketScanIntervalNs = 10'000'000;
+// How long a drain waits for its peer's bye (Rail::retireId): the peer's
+// messages to a destroyed connection are on their way within this, unless
+// the peer stalls; one that died sends none.
+constexpr int64_t kDrainPatienceNs = 5'000'000'000;
+// What a drain receives of each message: not nothing, since rxm 1.17 never
+// finishes a rendezvous into zero bytes (nothing to read, so no read
+// completes), which held the drain, and the sender's send, for good.
+constexpr size_t kDrainBytes = 64;
 
 constexpr std::string_view kHelloLabel = "shoal ofi hello v1";
 
@@ -328,6 +336,10 @@ Result<std::unique_ptr<Rail>> Rail::open(const Api& api, const fi_info& info, in
   r.maxMessageBytes_ = info.ep_attr->max_msg_size;
   r.mrMode_ = info.domain_attr->mr_mode;
   r.hmem_ = (info.caps & FI_HMEM) != 0;
+  // rxm takes a truncated message whole, whatever its protocol, and reports
+  // it once, at the end (rxm_finish_recv); 1.17's shm spins forever on a
+  // truncated large message, and efa's handling is untested here.
+  r.drains_ = std::strstr(info.fabric_attr->prov_name, "ofi_rxm") != nullptr;
   r.cuda_ = options.deviceMemoryAsked ? cuda::Driver::inUse() : nullptr;
   // 1.17's shm handles FI_PEEK as an ordinary receive (it would consume the message).
   r.peekWorks_ = !shm;
@@ -356,6 +368,15 @@ Result<std::unique_ptr<Rail>> Rail::open(const Api& api, const fi_info& info, in
     if (!arena.isOk()) return arena.takeStatus().withContext(where);
     r.arenaMr_ = arena.value();
   }
+  // Drains' bytes (retireId), registered with the rail like the arena.
+  r.drainSink_ = std::make_unique<uint8_t[]>(kDrainBytes * r.endpoints_.size());
+  r.drainMrs_.assign(r.endpoints_.size(), nullptr);
+  for (size_t lane = 0; lane < r.endpoints_.size() && r.registerLocal_; ++lane) {
+    Result<MrCache::Handle*> sink = r.registrations(static_cast<int>(lane))
+                                        .acquire(r.drainSink_.get() + lane * kDrainBytes, kDrainBytes, MemoryPlace{});
+    if (!sink.isOk()) return sink.takeStatus().withContext(where);
+    r.drainMrs_[lane] = sink.value();
+  }
   for (int slot = kControlSlots - 1; slot >= kHelloRecvSlots; --slot) r.freeSendSlots_.push_back(slot);
   for (int slot = 0; slot < kHelloRecvSlots; ++slot) SHOAL_TRY(r.postHelloRecv(slot)) << where;
   r.byeSinks_.resize(static_cast<size_t>(r.endpointCount() * kByeSinksPerEndpoint));
@@ -380,7 +401,10 @@ Rail::~Rail() {
     releaseRegistration(*op);
     delete op;
   }
+  for (auto& [op, drain] : draining_) delete op;
   if (arenaMr_) registrations(0).release(arenaMr_);
+  for (size_t lane = 0; lane < drainMrs_.size(); ++lane)
+    if (drainMrs_[lane] != nullptr) registrations(static_cast<int>(lane)).release(drainMrs_[lane]);
 }
 
 std::vector<std::string> Rail::names() const {
@@ -461,6 +485,13 @@ Status Rail::progress(int lane) {
   if (!unpostedSinks_.empty() || !unpostedHelloSlots_.empty()) [[unlikely]]
     repostPushedBack();
   if (socketsDue_) adoptSockets();
+  SHOAL_TRY(readCompletions(lane));
+  if (!draining_.empty()) [[unlikely]]
+    endQuietDrains(lane);
+  return Status::ok();
+}
+
+Status Rail::readCompletions(int lane) {
   fid_cq* cq = endpoints_[static_cast<size_t>(lane)].cq.get();
   fi_cq_tagged_entry entries[kCqBatch];
   // Bounded so one poll cannot be held forever by a peer that keeps sending.
@@ -550,6 +581,10 @@ void Rail::dispatch(Op* op) {
       if (!postByeSink(*op).isOk()) unpostedSinks_.push_back(op);  // progress() tries again
       return;
     }
+    case Op::Kind::kDrain:
+      if (op->error == FI_ECANCELED) return endDrain(op);
+      drainDone(op);
+      return;
     case Op::Kind::kBye:
       if (op->error == 0) recordBye(*op);
       if (op->owner == nullptr && orphans_.erase(op) == 1) delete op;  // its connection is gone
@@ -615,6 +650,98 @@ void Rail::releaseId(uint32_t id) {
   idsInUse_.erase(id);
   byesArrived_.erase(id);
 }
+
+void Rail::retireId(uint32_t id, int lanes) {
+  if (!drains_) return releaseId(id);
+  int posted = 0;
+  for (int lane = 0; lane < lanes && lane < endpointCount(); ++lane) {
+    auto* op = new Op();
+    op->lane = static_cast<uint8_t>(lane);
+    if (Status s = postDrain(*op, id); !s.isOk()) {
+      SHOAL_INFO(subsys::kNet, "ofi rail ", index_, ": connection ", id, ": ", s.message(),
+                 "; what its peer still sends it there stays with the provider");
+      delete op;
+      continue;
+    }
+    draining_.emplace(op, Drain{id, nowNs()});
+    ++posted;
+  }
+  if (posted == 0) return releaseId(id);
+  drainingLanes_[id] = posted;
+}
+
+// Every message kind that names the connection by id (data, bye,
+// clear-to-send: the id in bits 61..40) and none of another connection
+// (hellos carry no id, and ids are never 0).
+Status Rail::postDrain(Op& op, uint32_t id) {
+  const uint8_t lane = op.lane;
+  op.reset();
+  op.kind = Op::Kind::kDrain;
+  op.lane = lane;
+  const uint64_t anyKind = 3ull << 62;
+  const uint64_t anyMessage = anyKind | (wire::kSeqMask << wire::kSizeBits) | wire::kSizeMask;
+  // Every drain of the lane receives into the same bytes, which nobody reads.
+  uint8_t* sink = drainSink_.get() + lane * kDrainBytes;
+  void* desc = drainMrs_[lane] != nullptr ? fi_mr_desc(drainMrs_[lane]->mr) : nullptr;
+  ssize_t rc = fi_trecv(endpoint(lane), sink, kDrainBytes, desc, FI_ADDR_UNSPEC, wire::dataTagWithBits(id, 0, 0),
+                        anyMessage, &op.context);
+  if (rc != 0) return systemError(fiError(api_, "fi_trecv (drain)", rc), " on endpoint ", static_cast<int>(lane));
+  op.posted = true;
+  return Status::ok();
+}
+
+void Rail::drainDone(Op* op) {
+  auto it = draining_.find(op);
+  if (it == draining_.end()) return;
+  Drain& drain = it->second;
+  if (op->error != 0 && op->error != FI_ETRUNC) {
+    // Not a message taken: the endpoint failed it (a peer's connection
+    // reset, say). Posting again could fail the same way at every pass.
+    SHOAL_INFO(subsys::kNet, "ofi rail ", index_, ": connection ", drain.id, ": drain receive failed on endpoint ",
+               static_cast<int>(op->lane), ": ", op->errorText);
+    return endDrain(op);
+  }
+  ++drainsConsumed_;
+  if (op->error == 0 && (op->gotTag & (3ull << 62)) == wire::kByeKind) recordBye(*op);
+  drain.quietPass = false;
+  drain.cancelling = false;  // a cancel that came too late: this is a new receive
+  // One completion per receive (see open()): the Op is the provider's no more.
+  if (Status s = postDrain(*op, drain.id); !s.isOk()) {
+    SHOAL_INFO(subsys::kNet, "ofi rail ", index_, ": connection ", drain.id, ": ", s.message(),
+               "; what its peer still sends it there stays with the provider");
+    endDrain(op);
+  }
+}
+
+void Rail::endDrain(Op* op) {
+  auto it = draining_.find(op);
+  if (it == draining_.end()) return;
+  const uint32_t id = it->second.id;
+  draining_.erase(it);
+  delete op;
+  if (--drainingLanes_[id] > 0) return;
+  drainingLanes_.erase(id);
+  releaseId(id);
+}
+
+// Called after a lane's completions were read: a drain whose peer said bye
+// on its lane (or that waited long enough) and consumed nothing in a whole
+// pass since has nothing more coming.
+void Rail::endQuietDrains(int lane) {
+  const int64_t now = nowNs();
+  for (auto& [op, drain] : draining_) {
+    if (op->lane != lane || drain.cancelling) continue;
+    if (!byeArrived(drain.id, lane) && now - drain.sinceNs < kDrainPatienceNs) continue;
+    if (!drain.quietPass) {
+      drain.quietPass = true;
+      continue;
+    }
+    drain.cancelling = true;
+    fi_cancel(&endpoint(lane)->fid, &op->context);  // its completion (FI_ECANCELED) ends it
+  }
+}
+
+Rail::DrainStats Rail::drainStats() const { return DrainStats{draining_.size(), drainsConsumed_}; }
 
 Status Rail::sendControl(int lane, fi_addr_t to, uint64_t tag, const void* payload, size_t bytes) {
   if (bytes > kSlotBytes) return internalError("ofi control message of ", bytes, " bytes");

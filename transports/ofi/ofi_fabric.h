@@ -233,7 +233,7 @@ bool shmSendsStream();
 // until the completion arrives, so an Op whose connection is destroyed first
 // is "orphaned" (owner = nullptr) and the rail frees it on its completion.
 struct Op {
-  enum class Kind : uint8_t { kSend, kRecv, kBye, kByeSink, kPeek, kHelloRecv, kControlSend, kClearance };
+  enum class Kind : uint8_t { kSend, kRecv, kBye, kByeSink, kPeek, kHelloRecv, kControlSend, kClearance, kDrain };
   fi_context2 context{};
   Kind kind = Kind::kSend;
   uint8_t lane = 0;     // the rail's endpoint it was posted on
@@ -333,7 +333,26 @@ class Rail {
   // A fresh connection id (wire tags) for `owner`; released on destruction.
   // One id serves every endpoint of the connection.
   Result<uint32_t> allocateId();
-  void releaseId(uint32_t id);
+  // A destroyed connection's id (~OfiConnection), whose connection used
+  // endpoints 0..lanes-1. What its peer sent it that nobody received (an
+  // abort mid-operation: the peer's parts on their way, its clear-to-sends)
+  // would stay in the provider's unexpected queue for good, a receive buffer
+  // each over tcp;ofi_rxm, and make every later receive on the endpoint
+  // search past it. So, over rxm, a small receive that matches any message
+  // for the id (a "drain") stays posted on each lane, taking what arrives
+  // (truncated), and is posted again after each; it ends at a progress of
+  // its lane once the peer said bye there (its messages come before its
+  // bye) or kDrainPatienceNs passed (a peer that died says nothing), and a
+  // pass found nothing more for it. The id stays taken until every lane's
+  // drain has ended. Over other providers the id is released at once.
+  void retireId(uint32_t id, int lanes);
+  bool drainsRetiredIds() const { return drains_; }
+  // Drains still posted, and messages they consumed since the rail opened.
+  struct DrainStats {
+    size_t posted = 0;
+    uint64_t consumed = 0;
+  };
+  DrainStats drainStats() const;
   // Whether the peer of connection `id` said bye on endpoint `lane`.
   bool byeArrived(uint32_t id, int lane) const;
   // Sends a control message from endpoint `lane` (hello: `bytes` of payload,
@@ -369,6 +388,12 @@ class Rail {
   Rail(const Api& api, int index);
   Status postHelloRecv(int slot);
   Status postByeSink(Op& op);
+  Status postDrain(Op& op, uint32_t id);
+  void drainDone(Op* op);  // a drain's receive completed: post it again
+  void endDrain(Op* op);   // its cancel came back, or it failed, or it could not be posted
+  void endQuietDrains(int lane);
+  void releaseId(uint32_t id);
+  Status readCompletions(int lane);
   void recordBye(const Op& op);  // a bye received by a connection's receive or a sink
   // Posts again the hello receives and bye sinks whose repost the provider
   // pushed back (progress(), before reading completions).
@@ -430,6 +455,21 @@ class Rail {
   std::vector<Op> byeSinks_;
   std::vector<Op*> unpostedSinks_;
   std::unordered_map<uint32_t, uint32_t> byesArrived_;
+  // Drains (retireId), by their posted Op: their id, since when, whether a
+  // progress pass since the end condition held found nothing, whether the
+  // cancel was asked for.
+  struct Drain {
+    uint32_t id = 0;
+    int64_t sinceNs = 0;
+    bool quietPass = false;
+    bool cancelling = false;
+  };
+  bool drains_ = false;  // whether the provider's truncation is safe to drain with (open())
+  std::unordered_map<Op*, Drain> draining_;
+  std::unordered_map<uint32_t, int> drainingLanes_;  // id -> lanes whose drain has not ended
+  uint64_t drainsConsumed_ = 0;
+  std::unique_ptr<uint8_t[]> drainSink_;    // kDrainBytes per endpoint
+  std::vector<MrCache::Handle*> drainMrs_;  // its registration per endpoint, where receives need one
   struct HelloKey {
     uint64_t commId;
     int fromRank, toRank, channel;
