@@ -5,6 +5,7 @@
 #include <condition_variable>
 #include <system_error>
 #include <thread>
+#include <unordered_set>
 
 #include "core/log.h"
 #include "core/params.h"
@@ -294,6 +295,38 @@ namespace {
 // more are made, so that they do not hold up the watch's other looks.
 std::atomic<int> gSilentVouches{0};
 constexpr int kMostSilentVouches = 3;
+
+// Peer processes a vouch found alive in this process. What a vouch learns,
+// that the peer's listener is reachable from here, holds for the process's
+// life, so later communicators with it take it from here: each probe waits
+// in the peer's listen backlog until the peer's next idle check accepts it,
+// and a job making thousands of communicators in a row filled that backlog,
+// after which every vouch waited out its deadline and held up the
+// destruction of its communicator.
+class VouchedProcesses {
+ public:
+  static VouchedProcesses& instance() {
+    static auto* vouched = new VouchedProcesses();  // never destroyed: used from threads at exit
+    return *vouched;
+  }
+  bool contains(const PeerInfo& peer) {
+    if (peer.processId == 0) return false;  // not told which process it is
+    std::lock_guard<std::mutex> lock(mutex_);
+    return processes_.count(keyOf(peer)) != 0;
+  }
+  void add(const PeerInfo& peer) {
+    if (peer.processId == 0) return;
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (processes_.size() >= kMostRemembered) processes_.clear();  // bounded; forgotten ones are probed again
+    processes_.insert(keyOf(peer));
+  }
+
+ private:
+  static constexpr size_t kMostRemembered = 16384;
+  static std::string keyOf(const PeerInfo& peer) { return str(peer.hostId, "/", peer.processId); }
+  std::mutex mutex_;
+  std::unordered_set<std::string> processes_;
+};
 }  // namespace
 
 std::string ConnectionTable::lookAt(int peer, Look what, const Transport* connecting, Deadline deadline) {
@@ -309,8 +342,11 @@ std::string ConnectionTable::lookAt(int peer, Look what, const Transport* connec
   const PeerInfo& them = peers_[peer];
   if (what == Look::kVouch) {
     Transport::ProcessProbe::State found = Transport::ProcessProbe::kUnknown;
-    if (gSilentVouches.load(std::memory_order_relaxed) < kMostSilentVouches) {
+    if (VouchedProcesses::instance().contains(them)) {
+      found = Transport::ProcessProbe::kAlive;
+    } else if (gSilentVouches.load(std::memory_order_relaxed) < kMostSilentVouches) {
       found = probePeerProcess(self, them, deadline).state;
+      if (found == Transport::ProcessProbe::kAlive) VouchedProcesses::instance().add(them);
       if (found == Transport::ProcessProbe::kUnknown && deadline.expired() && !deadline.cancelled() &&
           gSilentVouches.fetch_add(1) + 1 == kMostSilentVouches)
         SHOAL_INFO(subsys::kNet, kMostSilentVouches, " probes of peers' processes proved nothing: no more are "
@@ -319,7 +355,8 @@ std::string ConnectionTable::lookAt(int peer, Look what, const Transport* connec
     const bool alive = found == Transport::ProcessProbe::kAlive;
     verdict.exitProbe.store(alive ? kProbeTrusted : kProbeUntrusted, std::memory_order_release);
     SHOAL_INFO(subsys::kNet, "rank ", peer, " (host ", them.hostname, "): ",
-               alive ? "a probe found its process: an operation stalled on it asks the probe whether it exited"
+               alive ? "a probe found its process (now or for an earlier communicator): an operation stalled on it "
+                       "asks the probe whether it exited"
                      : "no probe found its process: an operation stalled on it waits for its failure report or "
                        "the no-progress deadline");
     return "";

@@ -484,6 +484,16 @@ TEST_CASE("tcp connect deadlines name the peer", "[tcp]") {
 // deadline), and its timeout says why nothing arrived.
 // This process's listening socket at `address`, found among its
 // descriptors; -1 if none.
+// Descriptors this process has open.
+size_t openDescriptors() {
+  DIR* dir = ::opendir("/proc/self/fd");
+  REQUIRE(dir != nullptr);
+  size_t n = 0;
+  while (::readdir(dir) != nullptr) ++n;
+  ::closedir(dir);
+  return n;
+}
+
 int listenerAt(const net::SocketAddress& address) {
   DIR* dir = ::opendir("/proc/self/fd");
   if (dir == nullptr) return -1;
@@ -520,12 +530,15 @@ TEST_CASE("tcp tidy() drains the probes that wait on the listener while no conne
     REQUIRE(::getsockopt(listener, IPPROTO_TCP, TCP_INFO, &info, &len) == 0);
     return info.tcpi_unacked;
   };
+  const size_t descriptors = openDescriptors();
   for (int round = 0; round < 2; ++round) {
     for (int i = 0; i < 5; ++i)
       REQUIRE(net::probeListener(target, Deadline::afterMs(1000)) == net::ListenerAnswer::kAccepts);
     CHECK(queued() == 5);
     t->tidy();
     CHECK(queued() == 0);
+    // Closed already, they hold no descriptor until the next tidy() either.
+    CHECK(openDescriptors() == descriptors);
   }
 }
 

@@ -2,7 +2,12 @@
 // probe of the peer's process may conclude, and when.
 #include <catch2/catch.hpp>
 
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+
 #include <atomic>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -82,6 +87,47 @@ TEST_CASE("connection table: a probe of a peer's process is trusted only once it
   REQUIRE(tcp != nullptr);
   CHECK(saysExited(look(2, Look::kConnect, tcp)));
   CHECK(look(4, Look::kConnect, tcp).empty());
+}
+
+// Every communicator with a peer vouches for it, but a probe that found the
+// peer's process alive once holds for the process's life: later
+// communicators take it without a probe. (Each probe waits in the peer's
+// listen backlog until the peer accepts it at an idle check; thousands of
+// communicators made in a row filled it, and then every vouch waited out its
+// deadline.)
+TEST_CASE("connection table: a peer process found alive once is not probed again by later communicators",
+          "[unit]") {
+  FakePeerListener listener;
+  auto queued = [&] {  // for a listening socket, TCP_INFO's unacked is its accept queue's length
+    tcp_info info{};
+    socklen_t len = sizeof(info);
+    REQUIRE(::getsockopt(listener.fd.get(), IPPROTO_TCP, TCP_INFO, &info, &len) == 0);
+    return info.tcpi_unacked;
+  };
+  std::vector<PeerInfo> peers(2);
+  for (int r = 0; r < 2; ++r) {
+    peers[static_cast<size_t>(r)].rank = r;
+    peers[static_cast<size_t>(r)].hostname = "host" + std::to_string(r);
+    peers[static_cast<size_t>(r)].hostId = "host" + std::to_string(r);
+    peers[static_cast<size_t>(r)].processId = 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(r);
+    peers[static_cast<size_t>(r)].kernelId = "one kernel";
+  }
+  peers[1].addresses = {{"tcp", listener.address}};
+  std::atomic<bool> aborted{false};
+  using Look = ConnectionTable::Look;
+  ConnectionTable first(0x5eed1, 0, peers, "secret", aborted);
+  CHECK(first.lookAt(1, Look::kVouch, nullptr, Deadline::afterMs(2000)).empty());
+  REQUIRE(queued() == 1);
+  std::vector<std::unique_ptr<ConnectionTable>> later;
+  for (int c = 0; c < 5; ++c) {
+    later.push_back(std::make_unique<ConnectionTable>(0x5eed2 + c, 0, peers, "secret", aborted));
+    CHECK(later.back()->lookAt(1, Look::kVouch, nullptr, Deadline::afterMs(2000)).empty());
+  }
+  CHECK(queued() == 1);
+  // And what the first probe learnt holds for them: a refusal now means the
+  // process exited.
+  listener.fd.reset();
+  CHECK(saysExited(later.back()->lookAt(1, Look::kStalled, nullptr, Deadline::afterMs(2000))));
 }
 
 }  // namespace shoal

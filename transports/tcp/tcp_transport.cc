@@ -478,7 +478,11 @@ void TcpTransport::acceptNew() {
     p.fd = std::move(accepted.value());
     p.from = from;
     p.deadlineNs = nowNs() + handshakeMs * 1000000;
-    pending_.push_back(std::move(p));
+    // A peer's probe (probePeerProcess) has mostly closed by now: dropped
+    // here, it does not hold a descriptor until the next pass, which an idle
+    // process makes only at its next idle check.
+    readHello(p);
+    if (p.fd) pending_.push_back(std::move(p));
   }
 }
 
