@@ -884,17 +884,17 @@ TEST_CASE("ofi: a large message nobody receives yet does not hold up another con
   }
 }
 
-// Whether a bye, of any connection, waits unreceived in `rail`'s provider
-// (a peek on every endpoint).
-bool byeLeftWithProvider(ofi::Rail& rail) {
+// Whether a message whose tag is `tag` but for the `ignore` bits waits
+// unreceived in `rail`'s provider (a peek on every endpoint).
+bool leftWithProvider(ofi::Rail& rail, uint64_t tag, uint64_t ignore) {
   std::lock_guard<std::mutex> lock(rail.mutex);
   for (int lane = 0; lane < rail.endpointCount(); ++lane) {
     ofi::Op peek;
     peek.kind = ofi::Op::Kind::kPeek;
     fi_msg_tagged msg{};
     msg.addr = FI_ADDR_UNSPEC;
-    msg.tag = ofi::wire::byeTag(0);
-    msg.ignore = static_cast<uint64_t>(ofi::wire::kMaxId) << ofi::wire::kIdShift;
+    msg.tag = tag;
+    msg.ignore = ignore;
     msg.context = &peek.context;
     REQUIRE(fi_trecvmsg(rail.endpoint(lane), &msg, FI_PEEK) == 0);
     peek.posted = true;
@@ -903,11 +903,44 @@ bool byeLeftWithProvider(ofi::Rail& rail) {
     while (!peek.done && !deadline.expired() && driven.isOk()) driven = rail.progress();
     REQUIRE(driven.isOk());
     REQUIRE(peek.done);
-    if (peek.error == 0) return true;
+    if (peek.error == 0) {
+      UNSCOPED_INFO("left on endpoint " << lane << ": tag " << std::hex << peek.gotTag << std::dec << ", "
+                                        << peek.gotBytes << " bytes");
+      return true;
+    }
     INFO(peek.errorText);
     REQUIRE(peek.error == FI_ENOMSG);
   }
   return false;
+}
+
+// A bye, of any connection.
+bool byeLeftWithProvider(ofi::Rail& rail) {
+  return leftWithProvider(rail, ofi::wire::byeTag(0), static_cast<uint64_t>(ofi::wire::kMaxId) << ofi::wire::kIdShift);
+}
+
+// The rails a world opens (endpoints of its own: no other test's messages).
+std::vector<ofi::Rail*> railsOf(const std::function<void()>& openWorld) {
+  std::set<ofi::Rail*> before;
+  ofi::forEachRail([&](ofi::Rail& rail) { before.insert(&rail); });
+  openWorld();
+  std::vector<ofi::Rail*> rails;
+  ofi::forEachRail([&](ofi::Rail& rail) {
+    if (before.count(&rail) == 0) rails.push_back(&rail);
+  });
+  return rails;
+}
+
+// Drives `rails` for `ms` or until `done()`.
+void driveRails(const std::vector<ofi::Rail*>& rails, int64_t ms, const std::function<bool()>& done) {
+  Deadline deadline = Deadline::afterMs(ms);
+  Status driven;
+  while (!deadline.expired() && driven.isOk() && !done())
+    for (ofi::Rail* rail : rails) {
+      std::lock_guard<std::mutex> lock(rail->mutex);
+      if (driven.isOk()) driven = rail->progress();
+    }
+  REQUIRE(driven.isOk());
 }
 
 TEST_CASE("ofi: connections closed on both sides at once leave no bye with the provider", "[ofi]") {
@@ -916,13 +949,9 @@ TEST_CASE("ofi: connections closed on both sides at once leave no bye with the p
   // tcp;ofi_rxm a receive buffer each), so a job that makes and destroys
   // communicators would grow without end.
   // (Over tcp;ofi_rxm only: libfabric 1.17's shm has no FI_PEEK to look.)
-  std::set<ofi::Rail*> before;
-  ofi::forEachRail([&](ofi::Rail& rail) { before.insert(&rail); });
-  OfiWorld own(kTcp);  // endpoints of its own: no other test's messages
-  std::vector<ofi::Rail*> rails;
-  ofi::forEachRail([&](ofi::Rail& rail) {
-    if (before.count(&rail) == 0) rails.push_back(&rail);
-  });
+  std::unique_ptr<OfiWorld> world;
+  std::vector<ofi::Rail*> rails = railsOf([&] { world = std::make_unique<OfiWorld>(kTcp); });
+  OfiWorld& own = *world;
   REQUIRE(rails.size() == 2);
   for (int round = 0; round < 3; ++round) {
     ConnPair pair = makePair(*own.rank0, *own.rank1, round);
@@ -932,14 +961,7 @@ TEST_CASE("ofi: connections closed on both sides at once leave no bye with the p
     pair.first.reset();
     pair.second.reset();
   }
-  Deadline settle = Deadline::afterMs(500);  // the byes land
-  Status driven;
-  while (!settle.expired() && driven.isOk())
-    for (ofi::Rail* rail : rails) {
-      std::lock_guard<std::mutex> lock(rail->mutex);
-      if (driven.isOk()) driven = rail->progress();
-    }
-  REQUIRE(driven.isOk());
+  driveRails(rails, 500, [] { return false; });  // the byes land
   for (ofi::Rail* rail : rails) CHECK_FALSE(byeLeftWithProvider(*rail));
   // And a connection closed by its peer still fails an operation left
   // waiting (the rail hands the bye to the live connection).
@@ -960,34 +982,6 @@ TEST_CASE("ofi: connections closed on both sides at once leave no bye with the p
   CHECK_THAT(s.message(), Catch::Contains("closed by the peer"));
 }
 
-// Whether any message waits unreceived in `rail`'s provider (a peek for any
-// tag on every endpoint).
-bool anythingLeftWithProvider(ofi::Rail& rail) {
-  std::lock_guard<std::mutex> lock(rail.mutex);
-  for (int lane = 0; lane < rail.endpointCount(); ++lane) {
-    ofi::Op peek;
-    peek.kind = ofi::Op::Kind::kPeek;
-    fi_msg_tagged msg{};
-    msg.addr = FI_ADDR_UNSPEC;
-    msg.ignore = ~0ull;
-    msg.context = &peek.context;
-    REQUIRE(fi_trecvmsg(rail.endpoint(lane), &msg, FI_PEEK) == 0);
-    peek.posted = true;
-    Deadline deadline = Deadline::afterMs(5000);
-    Status driven;
-    while (!peek.done && !deadline.expired() && driven.isOk()) driven = rail.progress();
-    REQUIRE(driven.isOk());
-    REQUIRE(peek.done);
-    if (peek.error == 0) {
-      UNSCOPED_INFO("left on endpoint " << lane << ": tag " << std::hex << peek.gotTag << std::dec << ", "
-                                        << peek.gotBytes << " bytes");
-      return true;
-    }
-    REQUIRE(peek.error == FI_ENOMSG);
-  }
-  return false;
-}
-
 TEST_CASE("ofi: what a peer sent a connection destroyed mid-operation is not left with the provider", "[ofi]") {
   // As an abort leaves it: the peer's messages for receives never posted,
   // of every size (inline, eager, striped with clear-to-sends, rendezvous
@@ -996,39 +990,18 @@ TEST_CASE("ofi: what a peer sent a connection destroyed mid-operation is not lef
   // as long as the process lives. (Over tcp;ofi_rxm only: libfabric 1.17's
   // shm has no FI_PEEK to look, and matches a message that arrived before
   // any receive by its exact tag only.)
-  std::set<ofi::Rail*> before;
-  ofi::forEachRail([&](ofi::Rail& rail) { before.insert(&rail); });
-  OfiWorld own(kTcp);
-  std::vector<ofi::Rail*> rails;
-  ofi::forEachRail([&](ofi::Rail& rail) {
-    if (before.count(&rail) == 0) rails.push_back(&rail);
-  });
+  std::unique_ptr<OfiWorld> world;
+  std::vector<ofi::Rail*> rails = railsOf([&] { world = std::make_unique<OfiWorld>(kTcp); });
+  OfiWorld& own = *world;
   REQUIRE(rails.size() == 2);
-  auto driveRails = [&](int64_t ms, const std::function<bool()>& done) {
-    Deadline deadline = Deadline::afterMs(ms);
-    Status driven;
-    while (!deadline.expired() && driven.isOk() && !done())
-      for (ofi::Rail* rail : rails) {
-        std::lock_guard<std::mutex> lock(rail->mutex);
-        if (driven.isOk()) driven = rail->progress();
-      }
-    REQUIRE(driven.isOk());
-  };
-  auto drainsPosted = [&] {
-    size_t posted = 0;
+  auto drains = [&] {  // over both rails
+    ofi::Rail::DrainStats all;
     for (ofi::Rail* rail : rails) {
       std::lock_guard<std::mutex> lock(rail->mutex);
-      posted += rail->drainStats().posted;
+      all.posted += rail->drainStats().posted;
+      all.consumed += rail->drainStats().consumed;
     }
-    return posted;
-  };
-  auto consumed = [&] {
-    uint64_t n = 0;
-    for (ofi::Rail* rail : rails) {
-      std::lock_guard<std::mutex> lock(rail->mutex);
-      n += rail->drainStats().consumed;
-    }
-    return n;
+    return all;
   };
   const std::vector<uint64_t> sizes{100, 64 << 10, (1 << 20) + 5, 20 << 20};
   std::vector<std::vector<uint8_t>> out;
@@ -1044,7 +1017,7 @@ TEST_CASE("ofi: what a peer sent a connection destroyed mid-operation is not lef
     while (!sending.expired()) {
       bool progressed = false;
       REQUIRE(pair.first->poll(done, progressed).isOk());
-      driveRails(1, [] { return false; });
+      driveRails(rails, 1, [] { return false; });
     }
     pair.second.reset();  // destroyed with nothing received
     Deadline finishing = Deadline::afterMs(2000);
@@ -1054,11 +1027,11 @@ TEST_CASE("ofi: what a peer sent a connection destroyed mid-operation is not lef
       s = pair.first->poll(done, progressed);
     }
   }  // and the sender too
-  driveRails(20000, [&] { return drainsPosted() == 0; });
-  CHECK(drainsPosted() == 0);  // ended by the byes, well before their patience ran out
+  driveRails(rails, 20000, [&] { return drains().posted == 0; });
+  CHECK(drains().posted == 0);           // ended by the byes, well before their patience ran out
   const uint64_t parts = 1 + 1 + 2 + 2;  // over two lanes, the two large messages are striped
-  CHECK(consumed() >= parts);
-  for (ofi::Rail* rail : rails) CHECK_FALSE(anythingLeftWithProvider(*rail));
+  CHECK(drains().consumed >= parts);
+  for (ofi::Rail* rail : rails) CHECK_FALSE(leftWithProvider(*rail, 0, ~0ull));  // any message
 }
 
 TEST_CASE("ofi shm without CMA: every large message waits for its receive (clear-to-send)", "[ofi]") {

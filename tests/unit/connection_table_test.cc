@@ -95,8 +95,7 @@ TEST_CASE("connection table: a probe of a peer's process is trusted only once it
 // listen backlog until the peer accepts it at an idle check; thousands of
 // communicators made in a row filled it, and then every vouch waited out its
 // deadline.)
-TEST_CASE("connection table: a peer process found alive once is not probed again by later communicators",
-          "[unit]") {
+TEST_CASE("connection table: a peer process found alive once is not probed again by later communicators", "[unit]") {
   FakePeerListener listener;
   auto queued = [&] {  // for a listening socket, TCP_INFO's unacked is its accept queue's length
     tcp_info info{};
