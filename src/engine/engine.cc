@@ -860,9 +860,15 @@ size_t Engine::queuedJobs(uint64_t queueId) {
 // connections now. True when the job failed.
 bool Engine::checkStalledPeers(Job& job, int64_t now) {
   const int64_t intervalMs = params().idleCheckMs;
-  if (intervalMs <= 0 || now - job.lastProgressNs_ < intervalMs * 1000000 ||
-      now - job.lastAliveCheckNs_ < intervalMs * 1000000)
-    return false;
+  if (intervalMs <= 0 || now - job.lastProgressNs_ < intervalMs * 1000000) return false;
+  // A lookup asked for (checkReportedPeers) is answered by the connect
+  // watch's thread within milliseconds: read what it found soon after, not
+  // an interval later.
+  if (job.nextAnswerReadNs_ != 0 && now >= job.nextAnswerReadNs_) {
+    job.nextAnswerReadNs_ = now < job.answerReadUntilNs_ ? now + kAnswerReadEveryNs : 0;
+    if (failIfReported(job, now)) return true;
+  }
+  if (now - job.lastAliveCheckNs_ < intervalMs * 1000000) return false;
   job.lastAliveCheckNs_ = now;
   for (size_t i = 0; i < job.connections_.size(); ++i) {
     Status lost = job.connections_[i]->checkAlive();
@@ -881,12 +887,31 @@ bool Engine::checkStalledPeers(Job& job, int64_t now) {
 // A stalled job's peers may have published a failure without closing their
 // connections to this rank. Once per interval it reads what is already known
 // of the peers it waits on (cheap); lookups in the store (on the connect
-// watch's thread) are asked for from the second interval of no progress on,
-// then after 2, 4, ... up to 32 intervals, a few peers at a time in turn, so
+// watch's thread) are asked for at the first interval of no progress, then
+// after 1, 2, 4, ... up to 32 intervals, a few peers at a time in turn, so
 // that ranks waiting a long while on a slow peer load the store little.
 bool Engine::checkReportedPeers(Job& job, int64_t now) {
   if (job.failureReports == nullptr) return false;
-  const std::string waiting = waitingList(job);  // the peers waited on now
+  (void)waitingList(job);  // who it waits on now (waitingOn_), read by the answers too
+  if (failIfReported(job, now)) return true;
+  const int64_t intervalNs = params().idleCheckMs * 1000000;
+  if ((job.nextReportAskNs_ == 0 || now >= job.nextReportAskNs_) && !job.waitingOn_.empty()) {
+    const size_t n = job.waitingOn_.size();
+    for (size_t i = 0; i < std::min(n, kReportAsksPerCheck); ++i)
+      job.failureReports->lookUp(job.waitingOn_[(job.reportAskCursor_ + i) % n]);
+    job.reportAskCursor_ += std::min(n, kReportAsksPerCheck);
+    job.nextReportAskNs_ = now + job.reportAskEvery_ * intervalNs;
+    job.reportAskEvery_ = std::min<int64_t>(job.reportAskEvery_ * 2, kMostIntervalsBetweenAsks);
+    job.nextAnswerReadNs_ = now + kAnswerReadEveryNs;
+    job.answerReadUntilNs_ = now + std::min<int64_t>(intervalNs, kAnswerReadForNs);
+  }
+  return false;
+}
+
+// What is already known of the peers the job waits on: one that will not
+// come fails it.
+bool Engine::failIfReported(Job& job, int64_t now) {
+  if (job.failureReports == nullptr) return false;
   for (int peer : job.waitingOn_) {
     std::string why = job.failureReports->knownFailure(peer);
     if (why.empty()) continue;
@@ -894,21 +919,10 @@ bool Engine::checkReportedPeers(Job& job, int64_t now) {
     // peer's, handleFailure), so it is not repeated here.
     job.failedPeer_ = peer;
     failJob(job, Status(Code::kRemoteError,
-                        str("no progress for ", (now - job.lastProgressNs_) / 1000000, " ms waiting on: ", waiting,
-                            "; rank ", peer, " will not come: ",
+                        str("no progress for ", (now - job.lastProgressNs_) / 1000000, " ms waiting on: ",
+                            waitingList(job), "; rank ", peer, " will not come: ",
                             why.starts_with(kReportedFailurePrefix) ? std::string("its communicator failed") : why)));
     return true;
-  }
-  const int64_t intervalNs = params().idleCheckMs * 1000000;
-  if (job.nextReportAskNs_ == 0) {
-    job.nextReportAskNs_ = now + intervalNs;
-  } else if (now >= job.nextReportAskNs_ && !job.waitingOn_.empty()) {
-    const size_t n = job.waitingOn_.size();
-    for (size_t i = 0; i < std::min(n, kReportAsksPerCheck); ++i)
-      job.failureReports->lookUp(job.waitingOn_[(job.reportAskCursor_ + i) % n]);
-    job.reportAskCursor_ += std::min(n, kReportAsksPerCheck);
-    job.nextReportAskNs_ = now + job.reportAskEvery_ * intervalNs;
-    job.reportAskEvery_ = std::min<int64_t>(job.reportAskEvery_ * 2, kMostIntervalsBetweenAsks);
   }
   return false;
 }

@@ -326,10 +326,14 @@ class Job {
   int64_t nextReportAskNs_ = 0;
   int64_t reportAskEvery_ = 1;
   size_t reportAskCursor_ = 0;
+  int64_t nextAnswerReadNs_ = 0;  // after a lookup: when its answer is next read (0: none due)
+  int64_t answerReadUntilNs_ = 0;  // and until when it is read that often
   void resetReportAsks() {
     nextReportAskNs_ = 0;
     reportAskEvery_ = 1;
     reportAskCursor_ = 0;
+    nextAnswerReadNs_ = 0;
+    answerReadUntilNs_ = 0;
   }
   uint32_t passesSinceClock_ = 0;
   bool progressSinceClock_ = false;
@@ -457,8 +461,12 @@ class Engine {
   // 2, 4, ... times the interval of no progress.
   void warnIfStalled(Job& job, int64_t now);
   bool checkReportedPeers(Job& job, int64_t now);
+  bool failIfReported(Job& job, int64_t now);
   static constexpr size_t kReportAsksPerCheck = 4;          // peers whose reports one check has looked up
   static constexpr int64_t kMostIntervalsBetweenAsks = 32;  // the lookups' backoff stops there
+  static constexpr int64_t kAnswerReadEveryNs = 10'000'000;  // how often a lookup's answer is read,
+  static constexpr int64_t kAnswerReadForNs = 1'000'000'000;  // for this long (or an interval) after it
+
   // What the job is doing; on its own thread only.
   static JobReport reportOf(const Job& job, int64_t nowNs);
   void postReport(Job& job, uint64_t epoch, int64_t nowNs);

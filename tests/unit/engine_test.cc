@@ -263,9 +263,50 @@ TEST_CASE("a stalled job has the reports of the peers it waits on looked up and 
   CHECK(st.message().find("receive from rank 1") != std::string::npos);
   CHECK(st.message().find("rank 1 will not come: its communicator failed") != std::string::npos);
   CHECK(r0.job->failedPeer() == 1);
-  CHECK(reports.lookUps == 1);  // from the second interval on; then the verdict was read
+  CHECK(reports.lookUps == 1);  // at the first interval of no progress; then the verdict was read
   CHECK(reports.otherPeers == 0);
   CHECK(seconds < 5.0);
+  unsetenv("SHOAL_IDLE_CHECK_MS");
+  unsetenv("SHOAL_PROGRESS_TIMEOUT_MS");
+  reloadParams();
+}
+
+// The store's answer comes from the connect watch's thread a moment after
+// the lookup (here 50 ms): the stalled job reads it then, not at its next
+// interval. A job stalled on a dead peer over ofi fails about one interval
+// after it stalled, where it took three.
+TEST_CASE("a stalled job reads the answer to its lookup within milliseconds, not an interval later", "[unit]") {
+  setenv("SHOAL_IDLE_CHECK_MS", "2000", 1);
+  setenv("SHOAL_PROGRESS_TIMEOUT_MS", "30000", 1);
+  reloadParams();
+  struct LateAnswer final : FailureReports {
+    std::atomic<int64_t> askedNs{0};
+    std::atomic<int> lookUps{0};
+    std::string knownFailure(int) override {
+      const int64_t asked = askedNs.load();
+      return asked != 0 && nowNs() - asked > 50'000'000 ? std::string("its process ended") : std::string();
+    }
+    void lookUp(int) override {
+      ++lookUps;
+      int64_t none = 0;
+      askedNs.compare_exchange_strong(none, nowNs());
+    }
+  } reports;
+  auto [a, b] = makeLoopbackPair("rank 0", "rank 1");  // rank 1 is there and sends nothing
+  Rank r0;
+  fill(r0, 64, 0);
+  r0.job = makeJob(receiveOnlyPlan(), r0, a.get(), 61);
+  r0.job->failureReports = &reports;
+  int64_t start = nowNs();
+  Engine::instance().submit(r0.job);
+  Status st = Engine::instance().wait(*r0.job);
+  double seconds = (nowNs() - start) / 1e9;
+  INFO(st.toString());
+  CHECK(st.code() == Code::kRemoteError);
+  CHECK(st.message().find("rank 1 will not come: its process ended") != std::string::npos);
+  CHECK(reports.lookUps == 1);  // at the first interval of no progress
+  CHECK(seconds >= 2.0);
+  CHECK(seconds < 3.5);  // the next interval ends at 4 s, the one after at 6 s
   unsetenv("SHOAL_IDLE_CHECK_MS");
   unsetenv("SHOAL_PROGRESS_TIMEOUT_MS");
   reloadParams();
@@ -285,8 +326,8 @@ TEST_CASE("a job stalled on a live peer has its reports looked up less and less 
   Status st = Engine::instance().wait(*r0.job);
   INFO(st.toString());
   CHECK(st.code() == Code::kTimeout);
-  // Up to 75 looks of 20 ms in 1.5 s; lookups after 2, 3, 5, 9, 17, 33 and
-  // 65 intervals: at most 7.
+  // Up to 75 looks of 20 ms in 1.5 s; lookups after 1, 2, 4, 8, 16, 32 and
+  // 64 intervals: at most 7.
   CHECK(reports.lookUps >= 1);
   CHECK(reports.lookUps <= 7);
   unsetenv("SHOAL_IDLE_CHECK_MS");
