@@ -13,6 +13,7 @@
 #include "core/tag.h"
 #include "engine/engine.h"
 #include "reduce/reduce.h"
+#include "support/scoped_env.h"
 #include "transports/loopback/loopback_transport.h"
 
 using namespace shoal;
@@ -244,31 +245,40 @@ struct FakeReports final : FailureReports {
   }
 };
 
-TEST_CASE("a stalled job has the reports of the peers it waits on looked up and fails once one failed", "[unit]") {
-  setenv("SHOAL_IDLE_CHECK_MS", "100", 1);
-  setenv("SHOAL_PROGRESS_TIMEOUT_MS", "30000", 1);
-  reloadParams();
-  FakeReports reports(/*failed=*/1);
-  auto [a, b] = makeLoopbackPair("rank 0", "rank 1");  // rank 1 is there and sends nothing
+// A job that receives from rank 1, which is there and sends nothing, with
+// `reports` to look at while it is stalled: how it ended, and after how long.
+struct StalledRun {
+  Status status;
+  int failedPeer = -1;
+  double seconds = 0;
+};
+StalledRun runStalledReceive(FailureReports& reports, uint64_t sequence) {
+  auto [a, b] = makeLoopbackPair("rank 0", "rank 1");
   Rank r0;
   fill(r0, 64, 0);
-  r0.job = makeJob(receiveOnlyPlan(), r0, a.get(), 14);
+  r0.job = makeJob(receiveOnlyPlan(), r0, a.get(), sequence);
   r0.job->failureReports = &reports;
-  int64_t start = nowNs();
+  const int64_t start = nowNs();
   Engine::instance().submit(r0.job);
-  Status st = Engine::instance().wait(*r0.job);
-  double seconds = (nowNs() - start) / 1e9;
-  INFO(st.toString());
-  CHECK(st.code() == Code::kRemoteError);
-  CHECK(st.message().find("receive from rank 1") != std::string::npos);
-  CHECK(st.message().find("rank 1 will not come: its communicator failed") != std::string::npos);
-  CHECK(r0.job->failedPeer() == 1);
+  StalledRun run;
+  run.status = Engine::instance().wait(*r0.job);
+  run.seconds = (nowNs() - start) / 1e9;
+  run.failedPeer = r0.job->failedPeer();
+  return run;
+}
+
+TEST_CASE("a stalled job has the reports of the peers it waits on looked up and fails once one failed", "[unit]") {
+  testing::ScopedEnv env{{"SHOAL_IDLE_CHECK_MS", "100"}, {"SHOAL_PROGRESS_TIMEOUT_MS", "30000"}};
+  FakeReports reports(/*failed=*/1);
+  StalledRun run = runStalledReceive(reports, 14);
+  INFO(run.status.toString());
+  CHECK(run.status.code() == Code::kRemoteError);
+  CHECK(run.status.message().find("receive from rank 1") != std::string::npos);
+  CHECK(run.status.message().find("rank 1 will not come: its communicator failed") != std::string::npos);
+  CHECK(run.failedPeer == 1);
   CHECK(reports.lookUps == 1);  // at the first interval of no progress; then the verdict was read
   CHECK(reports.otherPeers == 0);
-  CHECK(seconds < 5.0);
-  unsetenv("SHOAL_IDLE_CHECK_MS");
-  unsetenv("SHOAL_PROGRESS_TIMEOUT_MS");
-  reloadParams();
+  CHECK(run.seconds < 5.0);
 }
 
 // The store's answer comes from the connect watch's thread a moment after
@@ -276,9 +286,7 @@ TEST_CASE("a stalled job has the reports of the peers it waits on looked up and 
 // interval. A job stalled on a dead peer over ofi fails about one interval
 // after it stalled, where it took three.
 TEST_CASE("a stalled job reads the answer to its lookup within milliseconds, not an interval later", "[unit]") {
-  setenv("SHOAL_IDLE_CHECK_MS", "2000", 1);
-  setenv("SHOAL_PROGRESS_TIMEOUT_MS", "30000", 1);
-  reloadParams();
+  testing::ScopedEnv env{{"SHOAL_IDLE_CHECK_MS", "2000"}, {"SHOAL_PROGRESS_TIMEOUT_MS", "30000"}};
   struct LateAnswer final : FailureReports {
     std::atomic<int64_t> askedNs{0};
     std::atomic<int> lookUps{0};
@@ -292,47 +300,25 @@ TEST_CASE("a stalled job reads the answer to its lookup within milliseconds, not
       askedNs.compare_exchange_strong(none, nowNs());
     }
   } reports;
-  auto [a, b] = makeLoopbackPair("rank 0", "rank 1");  // rank 1 is there and sends nothing
-  Rank r0;
-  fill(r0, 64, 0);
-  r0.job = makeJob(receiveOnlyPlan(), r0, a.get(), 61);
-  r0.job->failureReports = &reports;
-  int64_t start = nowNs();
-  Engine::instance().submit(r0.job);
-  Status st = Engine::instance().wait(*r0.job);
-  double seconds = (nowNs() - start) / 1e9;
-  INFO(st.toString());
-  CHECK(st.code() == Code::kRemoteError);
-  CHECK(st.message().find("rank 1 will not come: its process ended") != std::string::npos);
+  StalledRun run = runStalledReceive(reports, 61);
+  INFO(run.status.toString());
+  CHECK(run.status.code() == Code::kRemoteError);
+  CHECK(run.status.message().find("rank 1 will not come: its process ended") != std::string::npos);
   CHECK(reports.lookUps == 1);  // at the first interval of no progress
-  CHECK(seconds >= 2.0);
-  CHECK(seconds < 3.5);  // the next interval ends at 4 s, the one after at 6 s
-  unsetenv("SHOAL_IDLE_CHECK_MS");
-  unsetenv("SHOAL_PROGRESS_TIMEOUT_MS");
-  reloadParams();
+  CHECK(run.seconds >= 2.0);
+  CHECK(run.seconds < 3.5);  // the next interval ends at 4 s, the one after at 6 s
 }
 
 TEST_CASE("a job stalled on a live peer has its reports looked up less and less often", "[unit]") {
-  setenv("SHOAL_IDLE_CHECK_MS", "20", 1);
-  setenv("SHOAL_PROGRESS_TIMEOUT_MS", "1500", 1);
-  reloadParams();
+  testing::ScopedEnv env{{"SHOAL_IDLE_CHECK_MS", "20"}, {"SHOAL_PROGRESS_TIMEOUT_MS", "1500"}};
   FakeReports reports(/*failed=*/-1);  // nobody failed: the job waits for its deadline
-  auto [a, b] = makeLoopbackPair("rank 0", "rank 1");
-  Rank r0;
-  fill(r0, 64, 0);
-  r0.job = makeJob(receiveOnlyPlan(), r0, a.get(), 15);
-  r0.job->failureReports = &reports;
-  Engine::instance().submit(r0.job);
-  Status st = Engine::instance().wait(*r0.job);
-  INFO(st.toString());
-  CHECK(st.code() == Code::kTimeout);
+  StalledRun run = runStalledReceive(reports, 15);
+  INFO(run.status.toString());
+  CHECK(run.status.code() == Code::kTimeout);
   // Up to 75 looks of 20 ms in 1.5 s; lookups after 1, 2, 4, 8, 16, 32 and
   // 64 intervals: at most 7.
   CHECK(reports.lookUps >= 1);
   CHECK(reports.lookUps <= 7);
-  unsetenv("SHOAL_IDLE_CHECK_MS");
-  unsetenv("SHOAL_PROGRESS_TIMEOUT_MS");
-  reloadParams();
 }
 
 TEST_CASE("setting the abort flag fails a pending job quickly", "[unit]") {
