@@ -141,10 +141,16 @@ class Connection {
   // the transport already has (tcp: EOF, errors and how long since the peer's
   // host last answered; shm: the peer's process and its `closed` flag). An
   // error names the peer and fails the connection for good (loopback: a
-  // peer that closed its end while this one still waits for it). Default:
-  // alive (ofi, which leaves it to the next operation's errors and
-  // no-progress deadline).
+  // peer that closed its end while this one still waits for it; ofi, whose
+  // provider may say nothing of a peer that is gone, only reads what came,
+  // for peerClosed). Default: alive.
   virtual Status checkAlive() { return Status::ok(); }
+  // Whether the peer has closed its side in order (destroyed or aborted its
+  // communicator: its bye came), as far as checkAlive has read. For the
+  // connections that do not notice their peer's exit (noticesPeerExit), so
+  // that a peer found gone otherwise (a probe of its process) is known to
+  // have left first, which is no failure. Default: false (not known).
+  virtual bool peerClosed() { return false; }
   // The job whose operations are posted here ended without them (failed,
   // aborted, retired): whatever still touches their buffers stops before
   // this returns, and the connection is failed for good, so that no later

@@ -288,19 +288,22 @@ Status Communicator::setUp() {
   // A peer gone, for the idle check of connections that do not notice it:
   // the mark (one key while nobody is gone) names the first rank gone, whose
   // will is then read, unless it left (a leave whose will's cancel was lost
-  // is no death).
-  connections_.setGoneLookup([this](Deadline deadline) -> std::optional<ConnectionTable::GoneRank> {
+  // is no death). An error: the store could not be asked.
+  using MaybeGone = std::optional<ConnectionTable::GoneRank>;
+  connections_.setGoneLookup([this](Deadline deadline) -> Result<MaybeGone> {
     Result<std::optional<Store::Found>> mark = request_.store->firstPresent({bootstrap_->someGoneKey()}, deadline);
-    if (!mark.isOk() || !mark.value()) return std::nullopt;
+    if (!mark.isOk()) return mark.takeStatus();
+    if (!mark.value()) return MaybeGone();
     int gone = -1;
     const std::string& named = mark.value()->value;
     if (std::from_chars(named.data(), named.data() + named.size(), gone).ec != std::errc() || gone < 0 ||
         gone >= nranks_ || gone == rank_)
-      return std::nullopt;
+      return MaybeGone();
     Result<std::optional<Store::Found>> found =
         request_.store->firstPresent({bootstrap_->leftKey(gone), bootstrap_->goneKey(gone)}, deadline);
-    if (!found.isOk() || !found.value() || found.value()->index == 0) return std::nullopt;
-    return ConnectionTable::GoneRank{gone, std::move(found.value()->value)};
+    if (!found.isOk()) return found.takeStatus();
+    if (!found.value() || found.value()->index == 0) return MaybeGone();
+    return MaybeGone(ConnectionTable::GoneRank{gone, std::move(found.value()->value)});
   });
   connections_.setConnectTimeout([this](const ConnectionTable::PendingConnect& pending) {
     JobReport report = reportOfConnect(pending);
@@ -889,28 +892,50 @@ void Communicator::abort() {
 // progress thread: only with no call of the user's inside (UseGuard) and no
 // job of ours in the engine, so that the connections are nobody else's
 // meanwhile (no new job can start while checking_ is up).
-void Communicator::checkIdle() {
-  tidyTransports();  // other processes' probes of this one wait on its listeners
-  if (aborted() || failed_.load(std::memory_order_acquire)) return;
+bool Communicator::whileIdle(const std::function<void()>& look) {
+  if (aborted() || failed_.load(std::memory_order_acquire)) return false;
   checking_.store(true);
   struct Lower {
     std::atomic<bool>& flag;
     ~Lower() { flag.store(false, std::memory_order_release); }
   } lower{checking_};
-  if (users_.load() != 0) return;  // a call is using them: next round
-  if (!Engine::instance().queueAtRest(reinterpret_cast<uintptr_t>(this))) return;  // the engine's
-  Status lost = connections_.findLostPeer();
-  if (lost.isOk()) {
-    // Connections that notice nothing (ofi): a look found a peer's will.
-    std::optional<ConnectionTable::GoneRank> gone = connections_.judgedPeer();
-    if (!gone) {
-      connections_.askWhetherAnyGone();  // read back at the next check
-      return;
-    }
-    lost = Status(Code::kRemoteError,
+  if (users_.load() != 0) return false;  // a call is using them: next round
+  if (!Engine::instance().queueAtRest(reinterpret_cast<uintptr_t>(this))) return false;  // the engine's
+  look();
+  return true;
+}
+
+bool Communicator::checkIdle() {
+  tidyTransports();  // other processes' probes of this one wait on its listeners
+  bool asked = false;
+  whileIdle([&] {
+    if (Status lost = connections_.findLostPeer(); !lost.isOk()) return failIdle(lost);
+    // Connections that notice nothing (ofi): a look found a peer gone.
+    if (failForJudgedPeer()) return;
+    const uint64_t looks = connections_.anyGoneLooks();
+    asked = connections_.askWhetherAnyGone();  // read within milliseconds of its answer (readIdleAnswer)
+    anyGoneLooksAsked_ = looks;
+  });
+  return asked;
+}
+
+bool Communicator::readIdleAnswer() {
+  if (connections_.anyGoneLooks() == anyGoneLooksAsked_) return false;  // not answered yet
+  // Answered: read now, or at the next check where the connections are busy.
+  whileIdle([&] { (void)failForJudgedPeer(); });
+  return true;
+}
+
+bool Communicator::failForJudgedPeer() {
+  std::optional<ConnectionTable::GoneRank> gone = connections_.judgedPeer();
+  if (!gone) return false;
+  failIdle(Status(Code::kRemoteError,
                   str("rank ", gone->rank, " (host ", peers_[gone->rank].hostname, ") will not come: ",
-                      gone->will.starts_with(kReportedFailurePrefix) ? "its communicator failed" : gone->will));
-  }
+                      gone->will.starts_with(kReportedFailurePrefix) ? "its communicator failed" : gone->will)));
+  return true;
+}
+
+void Communicator::failIdle(const Status& lost) {
   Status st(Code::kRemoteError, str(describe(), ": a peer was lost while no operation was in flight "
                                     "(idle check, SHOAL_IDLE_CHECK_MS): ", lost.message()));
   SHOAL_WARN(st.message());

@@ -588,10 +588,22 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
     Communicator& c_;
   };
   // IdleWatch: on the progress thread. A connection that finds its peer gone
-  // fails the communicator (async error, as a failed operation would).
-  void checkIdle() override;
+  // fails the communicator (async error, as a failed operation would), as
+  // does a peer that a look for wills found gone (askWhetherAnyGone),
+  // whose answer readIdleAnswer reads.
+  bool checkIdle() override;
+  bool readIdleAnswer() override;
+  // Raises checking_ and runs `look` on the connections while nobody else
+  // uses them (false: they are busy, or the communicator has failed).
+  bool whileIdle(const std::function<void()>& look);
+  // A peer a look found gone (ConnectionTable::judgedPeer) fails the
+  // communicator; true when one did.
+  bool failForJudgedPeer();
+  // Fails the communicator for a peer lost while idle.
+  void failIdle(const Status& lost);
   std::atomic<int> users_{0};        // UseGuards alive (nested ones count)
   std::atomic<bool> checking_{false};
+  uint64_t anyGoneLooksAsked_ = 0;   // progress thread: anyGoneLooks() when the last look was asked
   bool idleWatched_ = false;         // registered with Engine::watchIdle at init
 };
 

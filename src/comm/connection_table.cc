@@ -331,8 +331,17 @@ class VouchedProcesses {
 
 std::string ConnectionTable::lookAt(int peer, Look what, const Transport* connecting, Deadline deadline) {
   if (what == Look::kAnyGone) {
+    struct Count {
+      std::atomic<uint64_t>& looks;
+      ~Count() { looks.fetch_add(1, std::memory_order_acq_rel); }
+    } count{anyGoneLooks_};
     if (!goneLookup_) return "";
-    std::optional<GoneRank> gone = goneLookup_(deadline);
+    Result<std::optional<GoneRank>> found = goneLookup_(deadline);
+    if (!found.isOk()) {
+      if (!deadline.expired()) probeForExitedPeer(found.status(), deadline);
+      return "";
+    }
+    std::optional<GoneRank>& gone = found.value();
     if (gone && gone->rank >= 0 && gone->rank < static_cast<int>(peers_.size()) && gone->rank != rank_)
       judge(gone->rank, std::move(gone->will));
     return "";
@@ -379,6 +388,36 @@ std::string ConnectionTable::lookAt(int peer, Look what, const Transport* connec
   return probe.state == Transport::ProcessProbe::kGone ? probe.why : std::string();
 }
 
+void ConnectionTable::probeForExitedPeer(const Status& storeError, Deadline deadline) {
+  for (int peer = 0; peer < static_cast<int>(peers_.size()) && !deadline.expired(); ++peer) {
+    if (peer == rank_) continue;
+    {
+      std::lock_guard<std::mutex> lock(mapMutex_);
+      if (!verdicts_) return;  // no connection made yet
+      const PeerVerdict& verdict = verdicts_[static_cast<size_t>(peer)];
+      if (verdict.exitProbe.load(std::memory_order_acquire) != kProbeTrusted ||
+          verdict.willNotCome.load(std::memory_order_acquire))
+        continue;
+    }
+    Transport::ProcessProbe probe = probePeerProcess(peers_[rank_], peers_[peer], deadline);
+    if (probe.state != Transport::ProcessProbe::kGone) continue;
+    judge(peer,
+          str(probe.why, " (found by a probe of its process: its will could not be read, ", storeError.message(), ")"));
+    return;
+  }
+}
+
+bool ConnectionTable::peerClosedInOrder(int peer) {
+  std::lock_guard<std::mutex> lock(mapMutex_);
+  bool any = false;
+  for (const auto& [key, connection] : connections_) {
+    if (key.first != peer) continue;
+    if (!connection->peerClosed()) return false;
+    any = true;
+  }
+  return any;
+}
+
 std::string ConnectionTable::knownFailure(int peer) {
   if (peer < 0 || peer >= static_cast<int>(peers_.size()) || peer == rank_) return {};
   PeerVerdict& verdict = verdictOn(peer);
@@ -390,15 +429,20 @@ void ConnectionTable::lookUpFailure(int peer) {
   ConnectWatch::instance().ask(this, peer, Look::kStalled);
 }
 
-void ConnectionTable::askWhetherAnyGone() {
-  if (!goneLookup_ || !unwatchedPeers_.load(std::memory_order_relaxed)) return;
+bool ConnectionTable::askWhetherAnyGone() {
+  if (!goneLookup_ || !unwatchedPeers_.load(std::memory_order_relaxed)) return false;
   ConnectWatch::instance().ask(this, rank_, Look::kAnyGone);
+  return true;
 }
 
 std::optional<ConnectionTable::GoneRank> ConnectionTable::judgedPeer() {
-  const int peer = firstJudged_.load(std::memory_order_acquire);
-  if (peer < 0) return std::nullopt;
-  return GoneRank{peer, knownFailure(peer)};
+  const int first = firstJudged_.load(std::memory_order_acquire);
+  if (first < 0) return std::nullopt;
+  if (!peerClosedInOrder(first)) return GoneRank{first, knownFailure(first)};
+  for (int peer = 0; peer < static_cast<int>(peers_.size()); ++peer)
+    if (peer != rank_ && peer != first && !knownFailure(peer).empty() && !peerClosedInOrder(peer))
+      return GoneRank{peer, knownFailure(peer)};
+  return std::nullopt;
 }
 
 void ConnectionTable::judge(int peer, std::string why) {

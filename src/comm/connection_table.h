@@ -67,6 +67,9 @@ class ConnectionTable {
     // The idle check, for connections that do not notice their peer's exit
     // (askWhetherAnyGone; asked with the table's own rank): whether any
     // peer's will is written (GoneLookup); one found becomes its verdict.
+    // Where the store cannot be asked (the process that served the
+    // bootstrap root is gone, and its will with it), whether the process of
+    // a peer with a trusted probe exited instead.
     kAnyGone,
   };
 
@@ -120,17 +123,24 @@ class ConnectionTable {
     int rank = -1;
     std::string will;
   };
-  // Where the idle check's look finds such a peer (nullopt: none), within
-  // the deadline; set before the first connection.
-  using GoneLookup = std::function<std::optional<GoneRank>(Deadline deadline)>;
+  // Where the idle check's look finds such a peer (nullopt: none; an error:
+  // the store could not be asked), within the deadline; set before the
+  // first connection.
+  using GoneLookup = std::function<Result<std::optional<GoneRank>>(Deadline deadline)>;
   void setGoneLookup(GoneLookup lookup) { goneLookup_ = std::move(lookup); }
   // For the idle check, never waiting: where a connection was made over a
   // transport that does not notice its peer's exit (ofi: its provider may
   // say nothing of a peer that is gone), a look for any peer's will
   // (Look::kAnyGone), made soon by the connect watch's thread; what it
-  // finds is read back by judgedPeer().
-  void askWhetherAnyGone();
-  // The first peer a look found will not come, and why (knownFailure's).
+  // finds is read back by judgedPeer(). Returns whether a look was asked
+  // for (or one already waits); anyGoneLooks() counts those made.
+  bool askWhetherAnyGone();
+  uint64_t anyGoneLooks() const { return anyGoneLooks_.load(std::memory_order_acquire); }
+  // The first peer a look found will not come, and why (knownFailure's),
+  // leaving out peers whose connections say they closed their side in
+  // order first (Connection::peerClosed: they left; what found them gone
+  // was their exit afterwards). For the idle check, which holds the
+  // connections.
   std::optional<GoneRank> judgedPeer();
 
   // The connection to `peer` on `channel`, made on first use. With
@@ -204,6 +214,12 @@ class ConnectionTable {
 
  private:
   PeerVerdict& verdictOn(int peer);
+  // Look::kAnyGone without the store: probes the processes of the peers
+  // whose probe is trusted and not yet judged; the first found gone is
+  // judged, `storeError` saying why its will could not be read.
+  void probeForExitedPeer(const Status& storeError, Deadline deadline);
+  // Whether every connection to `peer` says it closed its side in order.
+  bool peerClosedInOrder(int peer);
 
   const uint64_t commId_;
   const int rank_;
@@ -225,6 +241,7 @@ class ConnectionTable {
   // exit (askWhetherAnyGone).
   std::atomic<bool> unwatchedPeers_{false};
   std::atomic<int> firstJudged_{-1};  // the first peer judge() was given (judgedPeer)
+  std::atomic<uint64_t> anyGoneLooks_{0};  // Look::kAnyGone looks made
   std::string label_;
   ConnectTimeout connectTimeout_;
   // Connects that wait for their peer now, oldest first (under mapMutex_).

@@ -1045,8 +1045,12 @@ void Engine::progressThreadMain() {
       auto busy = [&] { return stopping_ || detachedCount_.load() > 0; };
       auto watching = [&] { return params().idleCheckMs > 0 && watchCount_.load() > 0; };
       if (watching()) {
-        // Asleep until detached work arrives or the next idle check is due.
-        int64_t leftNs = nextIdleCheckNs_ - nowNs();
+        // Asleep until detached work arrives, the next idle check is due or
+        // an idle check's answer is to be read.
+        int64_t dueNs = nextIdleCheckNs_;
+        if (const int64_t answers = nextAnswersReadNs_.load(std::memory_order_relaxed); answers != 0)
+          dueNs = std::min(dueNs, answers);
+        int64_t leftNs = dueNs - nowNs();
         if (leftNs > 0) wake_.wait_for(lock, std::chrono::nanoseconds(leftNs), busy);
       } else {
         wake_.wait(lock, [&] { return busy() || watching(); });
@@ -1078,6 +1082,7 @@ void Engine::watchIdle(IdleWatch* w) {
 void Engine::unwatchIdle(IdleWatch* w) {
   std::lock_guard<std::mutex> lock(watchMutex_);  // waits for a round in progress
   std::erase_if(watched_, [&](const auto& entry) { return entry.first == w; });
+  std::erase_if(awaitingAnswers_, [&](const auto& entry) { return entry.first == w; });
   watchCount_.store(watched_.size());
 }
 
@@ -1085,12 +1090,27 @@ void Engine::runIdleChecks() {
   const int64_t intervalMs = params().idleCheckMs;
   if (intervalMs <= 0 || watchCount_.load(std::memory_order_relaxed) == 0) return;
   const int64_t now = nowNs();
+  const int64_t answersDue = nextAnswersReadNs_.load(std::memory_order_relaxed);
+  if (answersDue != 0 && now >= answersDue && now < nextIdleCheckNs_) {
+    std::lock_guard<std::mutex> lock(watchMutex_);
+    // A forked child's copy of its parent's list is not its own.
+    const pid_t self = ::getpid();
+    std::erase_if(awaitingAnswers_,
+                  [&](const auto& entry) { return entry.second != self || entry.first->readIdleAnswer(); });
+    const bool more = !awaitingAnswers_.empty() && now < answersReadUntilNs_;
+    if (!more) awaitingAnswers_.clear();
+    nextAnswersReadNs_.store(more ? now + kAnswerReadEveryNs : 0, std::memory_order_relaxed);
+    return;
+  }
   if (now < nextIdleCheckNs_) return;
   nextIdleCheckNs_ = now + intervalMs * 1000000;
   const pid_t self = ::getpid();
   std::lock_guard<std::mutex> lock(watchMutex_);
+  awaitingAnswers_.clear();
   for (const auto& [w, pid] : watched_)
-    if (pid == self) w->checkIdle();
+    if (pid == self && w->checkIdle()) awaitingAnswers_.emplace_back(w, pid);
+  answersReadUntilNs_ = now + std::min<int64_t>(intervalMs * 1000000, kAnswerReadForNs);
+  nextAnswersReadNs_.store(awaitingAnswers_.empty() ? 0 : now + kAnswerReadEveryNs, std::memory_order_relaxed);
 }
 
 bool Engine::queueAtRest(uint64_t queueId) {

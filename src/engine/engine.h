@@ -348,7 +348,14 @@ using JobPtr = std::shared_ptr<Job>;
 // connections are free to look at (Engine::queueAtRest).
 class IdleWatch {
  public:
-  virtual void checkIdle() = 0;
+  // Returns true when the check asked a question answered on another thread
+  // (a look in the bootstrap store), which readIdleAnswer() then reads every
+  // few milliseconds, so that what it finds is known within milliseconds of
+  // the answer rather than at the next check.
+  virtual bool checkIdle() = 0;
+  // True once there is nothing more to read (answered); called on the
+  // progress thread as checkIdle is, for up to a second or an interval.
+  virtual bool readIdleAnswer() = 0;
 
  protected:
   ~IdleWatch() = default;
@@ -512,6 +519,11 @@ class Engine {
   std::vector<std::pair<IdleWatch*, pid_t>> watched_;  // guarded by watchMutex_
   std::atomic<size_t> watchCount_{0};
   int64_t nextIdleCheckNs_ = 0;  // progress thread only
+  // Watches whose check asked a question (IdleWatch::readIdleAnswer), read
+  // every kAnswerReadEveryNs until answered or answersReadUntilNs_.
+  std::vector<std::pair<IdleWatch*, pid_t>> awaitingAnswers_;  // guarded by watchMutex_
+  std::atomic<int64_t> nextAnswersReadNs_{0};                  // 0: none awaited
+  int64_t answersReadUntilNs_ = 0;                             // progress thread only
 
   std::atomic<uint64_t> reportEpoch_{0};
   std::mutex reportMutex_;

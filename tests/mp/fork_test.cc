@@ -11,6 +11,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <cstdlib>
 #include <functional>
 #include <string>
 #include <thread>
@@ -161,5 +163,52 @@ TEST_CASE("two children of a process that used Shoal make a communicator of thei
     INFO(res.report());
     REQUIRE_FALSE(res.timedOut);
     REQUIRE(res.allPassed());
+  }
+}
+
+// Python's multiprocessing workers, a subprocess whose exec failed, a
+// script's own fork: a child of a process with a live communicator that
+// never uses it and ends through exit(), running the atexit handlers and
+// static destructors it inherited. Nothing of the parent's may go with it
+// (no bye on an inherited socket, no segment unlinked, no will written):
+// the parent's idle checks stay quiet and its communicator works on.
+TEST_CASE("a child forked while a communicator is live leaves it working when it exits through exit()", "[mp][fork]") {
+  std::vector<std::string> transports = {"shm", "tcp"};
+#if SHOAL_TEST_OFI
+  transports.push_back("ofi");
+#endif
+  for (const std::string& transport : transports) {
+    INFO("SHOAL_TRANSPORT=" << transport);
+    MpConfig cfg = forkConfig();
+    cfg.nranks = 2;
+    cfg.env = {{"SHOAL_TRANSPORT", transport},     {"SHOAL_PROGRESS_TIMEOUT_MS", "10000"},
+               {"SHOAL_INIT_TIMEOUT_MS", "20000"}, {"SHOAL_IDLE_CHECK_MS", "500"},
+               {"FI_PROVIDER", "tcp;ofi_rxm"},     {"FI_TCP_IFACE", "lo"}};
+    MpResult res = runForked(cfg, [](MpChild& c) -> int {
+      ncclUniqueId id;
+      CHILD_CHECK(c, c.uniqueId(&id), "no id");
+      ncclComm_t comm = nullptr;
+      CHILD_NCCL(c, ncclCommInitRank(&comm, 2, id, c.rank()));
+      CHILD_CHECK(c, sumsRanks(comm, c.rank(), 2), "an AllReduce before the fork failed");
+      if (c.rank() == 0) {  // the process that also serves the bootstrap root
+        const pid_t pid = ::fork();
+        if (pid == 0) std::exit(0);
+        int status = 0;
+        CHILD_CHECK(c, ::waitpid(pid, &status, 0) == pid, "waitpid failed");
+        CHILD_CHECK(c, WIFEXITED(status) && WEXITSTATUS(status) == 0, "the forked child did not exit cleanly");
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // three idle checks
+      ncclResult_t state = ncclInternalError;
+      CHILD_NCCL(c, ncclCommGetAsyncError(comm, &state));
+      CHILD_CHECK(c, state == ncclSuccess,
+                  std::string("the communicator failed while idle: ") + ncclGetLastError(comm));
+      CHILD_CHECK(c, sumsRanks(comm, c.rank(), 2),
+                  std::string("an AllReduce after the child's exit failed: ") + ncclGetLastError(comm));
+      CHILD_NCCL(c, ncclCommDestroy(comm));
+      return 0;
+    });
+    INFO(res.report());
+    REQUIRE_FALSE(res.timedOut);
+    CHECK(res.allPassed());
   }
 }

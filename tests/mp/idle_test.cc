@@ -30,7 +30,10 @@ using namespace shoal::testing;
 
 namespace {
 
+// The rank that dies or leaves; rank 0's process also serves the bootstrap
+// root (it made the id), whose store goes with it.
 constexpr int kVictim = 1;
+constexpr int kRootsRank = 0;
 // The survivors must report within this much of the kill: one check interval
 // (5 s) and slack for a loaded 2-core machine.
 constexpr double kBoundMs = 10000;
@@ -41,7 +44,7 @@ std::string hostName() {
   return name;
 }
 
-int idleDeath(MpChild& c) {
+int idleDeath(MpChild& c, int victim) {
   const int r = c.rank(), n = c.nranks();
   ncclComm_t comm = nullptr;
   CHILD_NCCL(c, initComm(c, &comm));
@@ -62,7 +65,7 @@ int idleDeath(MpChild& c) {
                                            ncclGetErrorString(state) + ": " + ncclGetLastError(comm));
 
   CHILD_CHECK(c, c.barrier(), "barrier before the kill");
-  if (r == kVictim) {
+  if (r == victim) {
     c.log("killing myself (SIGKILL) while every communicator is idle");
     ::raise(SIGKILL);
   }
@@ -78,8 +81,8 @@ int idleDeath(MpChild& c) {
         ncclGetErrorString(state) + ": " + last);
   CHILD_CHECK(c, state == ncclRemoteError, std::string("async error ") + ncclGetErrorString(state));
   CHILD_CHECK(c, ms < kBoundMs, "the idle communicator learnt of the death too late");
-  CHILD_CHECK(c, last.find("rank " + std::to_string(kVictim) + " (host " + hostName()) != std::string::npos,
-              "ncclGetLastError does not name rank 1 and its host: " + last);
+  CHILD_CHECK(c, last.find("rank " + std::to_string(victim) + " (host " + hostName()) != std::string::npos,
+              "ncclGetLastError does not name the victim and its host: " + last);
 
   // Later calls fail at once with the same error.
   const double t1 = monoMs();
@@ -90,8 +93,8 @@ int idleDeath(MpChild& c) {
         std::to_string(static_cast<int>(callMs)) + " ms: " + again);
   CHILD_CHECK(c, rc == ncclRemoteError, "the next call does not fail with the async error");
   CHILD_CHECK(c, callMs < 1000, "the next call did not fail at once");
-  CHILD_CHECK(c, again.find("rank " + std::to_string(kVictim) + " (host ") != std::string::npos,
-              "the next call's error does not name rank 1: " + again);
+  CHILD_CHECK(c, again.find("rank " + std::to_string(victim) + " (host ") != std::string::npos,
+              "the next call's error does not name the victim: " + again);
   CHILD_NCCL(c, ncclCommGetAsyncError(comm, &state));
   CHILD_CHECK(c, state == ncclRemoteError, "the async error changed");
   CHILD_NCCL(c, ncclCommAbort(comm));
@@ -103,7 +106,7 @@ int idleDeath(MpChild& c) {
 // survivors' idle checks stay quiet (a watchdog polling
 // ncclCommGetAsyncError at the end of a job must not see an error), and an
 // operation that needs the peer fails naming it.
-int idleLeave(MpChild& c) {
+int idleLeave(MpChild& c, int victim) {
   const int r = c.rank(), n = c.nranks();
   ncclComm_t comm = nullptr;
   CHILD_NCCL(c, initComm(c, &comm));
@@ -112,7 +115,7 @@ int idleLeave(MpChild& c) {
     CHILD_NCCL(c, ncclAllReduce(send.data(), recv.data(), send.size(), ncclFloat, ncclSum, comm, nullptr));
   CHILD_CHECK(c, recv[0] == static_cast<float>(n * (n + 1) / 2), "AllReduce result");
   CHILD_CHECK(c, c.barrier(), "barrier before the leave");
-  if (r == kVictim) {
+  if (r == victim) {
     CHILD_NCCL(c, ncclCommDestroy(comm));
     c.log("destroyed my communicator; exiting");
     return 0;
@@ -130,7 +133,7 @@ int idleLeave(MpChild& c) {
   const std::string why = ncclGetLastError(comm);
   c.log("an AllReduce after the leave: " + std::string(ncclGetErrorString(rc)) + ": " + why);
   CHILD_CHECK(c, rc == ncclRemoteError, "an operation needing the peer that left did not fail");
-  CHILD_CHECK(c, why.find("rank " + std::to_string(kVictim) + " (host ") != std::string::npos,
+  CHILD_CHECK(c, why.find("rank " + std::to_string(victim) + " (host ") != std::string::npos,
               "the error does not name the rank that left: " + why);
   CHILD_NCCL(c, ncclCommAbort(comm));
   CHILD_CHECK(c, c.barrier(), "the other survivor did not finish");
@@ -145,26 +148,26 @@ std::vector<std::pair<std::string, std::string>> transportEnv(const std::string&
           {"NCCL_SOCKET_IFNAME", "lo"}, {"SHOAL_IDLE_CHECK_MS", "1000"}};
 }
 
-void runIdleLeave(const char* transport) {
+void runIdleLeave(const char* transport, int victim = kVictim) {
   MpConfig cfg;
   cfg.nranks = 3;
   cfg.hardLimitMs = 60000;
   cfg.env = transportEnv(transport);
-  MpResult res = runForked(cfg, idleLeave);
+  MpResult res = runForked(cfg, [victim](MpChild& c) { return idleLeave(c, victim); });
   INFO(transport << "\n" << res.report());
   REQUIRE_FALSE(res.timedOut);
   CHECK(res.allPassed());
 }
 
-void runIdleDeath(const char* transport) {
+void runIdleDeath(const char* transport, int victim = kVictim) {
   MpConfig cfg;
   cfg.nranks = 3;
   cfg.hardLimitMs = 60000;
   cfg.env = transportEnv(transport);
-  MpResult res = runForked(cfg, idleDeath);
+  MpResult res = runForked(cfg, [victim](MpChild& c) { return idleDeath(c, victim); });
   INFO(transport << "\n" << res.report());
   REQUIRE_FALSE(res.timedOut);
-  CHECK(res.onlyVictimKilled(kVictim));
+  CHECK(res.onlyVictimKilled(victim));
 }
 
 }  // namespace
@@ -195,5 +198,20 @@ TEST_CASE("idle: a SIGKILLed peer becomes the async error of idle communicators,
 
 TEST_CASE("idle: a peer that destroys its communicator and exits is no error, over ofi", "[mp][idle]") {
   runIdleLeave("ofi");
+}
+
+// The process that served the bootstrap root took the store, and the wills
+// in it, with it: the idle check probes the processes of the peers it is
+// connected to instead, and a peer whose bye came has left.
+TEST_CASE("idle: the SIGKILLed process that served the bootstrap root becomes the async error, over ofi",
+          "[mp][failure][idle]") {
+  runIdleDeath("ofi", kRootsRank);
+}
+
+TEST_CASE(
+    "idle: the process that served the bootstrap root destroying its communicator and exiting is no error, "
+    "over ofi",
+    "[mp][idle]") {
+  runIdleLeave("ofi", kRootsRank);
 }
 #endif

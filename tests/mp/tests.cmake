@@ -43,7 +43,11 @@ shoal_add_test(mp_elastic_tests LABEL mp TIMEOUT 300 SOURCES
   support/mp_harness.cc)
 
 # A process that has used Shoal forks: the child is another process to it
-# (its own process id and bootstrap root).
+# (its own process id and bootstrap root), and one that exits leaves its
+# parent's communicators working (over ofi too where libfabric is found).
 shoal_add_test(mp_fork_tests LABEL mp TIMEOUT 120 SOURCES
   mp/fork_test.cc
   support/mp_harness.cc)
+if(LIBFABRIC_FOUND)
+  target_compile_definitions(mp_fork_tests PRIVATE SHOAL_TEST_OFI=1)
+endif()

@@ -309,6 +309,45 @@ TEST_CASE("a stalled job reads the answer to its lookup within milliseconds, not
   CHECK(run.seconds < 3.5);  // the next interval ends at 4 s, the one after at 6 s
 }
 
+// An idle check that asks a question answered on another thread (a look
+// for wills in the bootstrap store, made by the connect watch) has the
+// answer read within milliseconds of its coming, not at the next check, and
+// no longer once it is read.
+TEST_CASE("an idle check's answer is read within milliseconds, not an interval later", "[unit]") {
+  testing::ScopedEnv env{{"SHOAL_IDLE_CHECK_MS", "2000"}};
+  struct AskingWatch final : IdleWatch {
+    std::atomic<int64_t> askedNs{0}, readNs{0};
+    std::atomic<int> reads{0}, readsAfterAnswer{0};
+    bool checkIdle() override {
+      int64_t none = 0;
+      return askedNs.compare_exchange_strong(none, nowNs());  // asks at its first check only
+    }
+    bool readIdleAnswer() override {
+      ++reads;
+      if (readNs.load() != 0) ++readsAfterAnswer;
+      const int64_t asked = askedNs.load();
+      if (asked == 0 || nowNs() - asked < 50'000'000) return false;  // answered 50 ms after the question
+      int64_t none = 0;
+      readNs.compare_exchange_strong(none, nowNs());
+      return true;
+    }
+  } watch;
+  Engine::instance().watchIdle(&watch);
+  const int64_t start = nowNs();
+  while (watch.readNs.load() == 0 && nowNs() - start < 8'000'000'000)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // reads that would follow
+  Engine::instance().unwatchIdle(&watch);
+  REQUIRE(watch.askedNs.load() != 0);
+  REQUIRE(watch.readNs.load() != 0);
+  const double afterMs = (watch.readNs.load() - watch.askedNs.load()) / 1e6;
+  INFO("read " << afterMs << " ms after the question, " << watch.reads.load() << " reads");
+  CHECK(afterMs >= 50);
+  CHECK(afterMs < 500);            // the next check comes 2000 ms after the question
+  CHECK(watch.reads.load() >= 2);  // every 10 ms until answered
+  CHECK(watch.readsAfterAnswer.load() == 0);
+}
+
 TEST_CASE("a job stalled on a live peer has its reports looked up less and less often", "[unit]") {
   testing::ScopedEnv env{{"SHOAL_IDLE_CHECK_MS", "20"}, {"SHOAL_PROGRESS_TIMEOUT_MS", "1500"}};
   FakeReports reports(/*failed=*/-1);  // nobody failed: the job waits for its deadline

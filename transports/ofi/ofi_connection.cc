@@ -368,6 +368,22 @@ Status OfiConnection::poll(std::vector<Completion>& done, bool& progressed) {
   return checkByes();
 }
 
+Status OfiConnection::checkAlive() {
+  if (!failure_.isOk()) return failure_;
+  std::lock_guard<std::mutex> lock(rail_.mutex);
+  if (Status s = rail_.progress(0); !s.isOk()) return fail(s.withContext(peer_));
+  for (const Op* bye : byes_)
+    if (bye->done && bye->error != 0) return fail(remoteError(peer_, ": the connection failed: ", bye->errorText));
+  return Status::ok();
+}
+
+bool OfiConnection::peerClosed() {
+  std::lock_guard<std::mutex> lock(rail_.mutex);
+  for (int lane = 0; lane < laneCount(); ++lane)
+    if (rail_.byeArrived(recvId_, lane)) return true;
+  return false;
+}
+
 Status OfiConnection::checkByes() {
   if (pendingMessages_ == 0) return Status::ok();
   for (const Op* bye : byes_)

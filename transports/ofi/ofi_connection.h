@@ -127,6 +127,12 @@ class OfiConnection final : public Connection {
   // (A provider that places data without being polled, such as EFA, may
   // still write into a posted receive until the connection is destroyed.)
   void quiesce() override { (void)fail(quiescedError(peer_)); }
+  // The idle check: the provider says nothing of a peer that is gone, so
+  // this only reads what came (rail mutex taken; lane 0 progressed, which
+  // also ends the rail's drains there): a bye, read by peerClosed(), or an
+  // error the provider reported. Cheap: one provider call.
+  Status checkAlive() override;
+  bool peerClosed() override;
 
   const std::string& peerDescription() const override { return peer_; }
 
