@@ -145,11 +145,12 @@ class Connection {
   // provider may say nothing of a peer that is gone, only reads what came,
   // for peerClosed). Default: alive.
   virtual Status checkAlive() { return Status::ok(); }
-  // Whether the peer has closed its side in order (destroyed or aborted its
-  // communicator: its bye came), as far as checkAlive has read. For the
-  // connections that do not notice their peer's exit (noticesPeerExit), so
-  // that a peer found gone otherwise (a probe of its process) is known to
-  // have left first, which is no failure. Default: false (not known).
+  // Whether the peer has closed its side in order (its bye came: it
+  // destroyed, aborted or failed its communicator), asked by the thread
+  // that holds the connection when nothing is posted. For the connections
+  // that do not notice their peer's exit (noticesPeerExit): a peer found
+  // only by a probe of its process to have exited closed first, and an
+  // operation that needs it fails naming it. Default: false (not known).
   virtual bool peerClosed() { return false; }
   // The job whose operations are posted here ended without them (failed,
   // aborted, retired): whatever still touches their buffers stops before

@@ -912,15 +912,14 @@ bool Communicator::checkIdle() {
     if (Status lost = connections_.findLostPeer(); !lost.isOk()) return failIdle(lost);
     // Connections that notice nothing (ofi): a look found a peer gone.
     if (failForJudgedPeer()) return;
-    const uint64_t looks = connections_.anyGoneLooks();
-    asked = connections_.askWhetherAnyGone();  // read within milliseconds of its answer (readIdleAnswer)
-    anyGoneLooksAsked_ = looks;
+    anyGoneTicket_ = connections_.askWhetherAnyGone();  // read within milliseconds of its answer (readIdleAnswer)
+    asked = anyGoneTicket_ != 0;
   });
   return asked;
 }
 
 bool Communicator::readIdleAnswer() {
-  if (connections_.anyGoneLooks() == anyGoneLooksAsked_) return false;  // not answered yet
+  if (!connections_.anyGoneAnswered(anyGoneTicket_)) return false;
   // Answered: read now, or at the next check where the connections are busy.
   whileIdle([&] { (void)failForJudgedPeer(); });
   return true;

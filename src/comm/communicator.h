@@ -603,7 +603,7 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
   void failIdle(const Status& lost);
   std::atomic<int> users_{0};        // UseGuards alive (nested ones count)
   std::atomic<bool> checking_{false};
-  uint64_t anyGoneLooksAsked_ = 0;   // progress thread: anyGoneLooks() when the last look was asked
+  uint64_t anyGoneTicket_ = 0;       // progress thread: the last look asked (askWhetherAnyGone)
   bool idleWatched_ = false;         // registered with Engine::watchIdle at init
 };
 

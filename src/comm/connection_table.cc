@@ -49,13 +49,15 @@ class ConnectWatch {
     changed_.notify_all();
     return id;
   }
-  // One look at `peer`, soon (not kConnect): a look already asked for is not
-  // added again.
+  // One look at `peer`, soon (not kConnect), begun after this call: a look
+  // already asked for and not begun is not added again.
   void ask(ConnectionTable* table, int peer, ConnectionTable::Look what) {
     std::lock_guard<std::mutex> lock(mutex_);
     adoptList();
-    if (std::any_of(waiting_.begin(), waiting_.end(),
-                    [&](const Waiting& w) { return w.table == table && w.peer == peer && w.what == what; }))
+    // (The one being looked at began before this ask: another is added.)
+    if (std::any_of(waiting_.begin(), waiting_.end(), [&](const Waiting& w) {
+          return w.table == table && w.peer == peer && w.what == what && w.id != lookingAt_;
+        }))
       return;
     ensureThread();
     waiting_.push_back(Waiting{nextId_++, table, peer, what, nullptr, nowNs(), {}, 0});
@@ -331,14 +333,16 @@ class VouchedProcesses {
 
 std::string ConnectionTable::lookAt(int peer, Look what, const Transport* connecting, Deadline deadline) {
   if (what == Look::kAnyGone) {
-    struct Count {
-      std::atomic<uint64_t>& looks;
-      ~Count() { looks.fetch_add(1, std::memory_order_acq_rel); }
-    } count{anyGoneLooks_};
+    struct Served {
+      std::atomic<uint64_t>& served;
+      const uint64_t ticket;
+      ~Served() { served.store(ticket, std::memory_order_release); }
+    } served{anyGoneServed_, anyGoneAsks_.load(std::memory_order_acquire)};
     if (!goneLookup_) return "";
     Result<std::optional<GoneRank>> found = goneLookup_(deadline);
     if (!found.isOk()) {
-      if (!deadline.expired()) probeForExitedPeer(found.status(), deadline);
+      const uint64_t n = ++storeLostLooks_;
+      if (!deadline.expired() && ((n & (n - 1)) == 0 || n % 32 == 0)) probeForExitedPeer(found.status(), deadline);
       return "";
     }
     std::optional<GoneRank>& gone = found.value();
@@ -389,33 +393,33 @@ std::string ConnectionTable::lookAt(int peer, Look what, const Transport* connec
 }
 
 void ConnectionTable::probeForExitedPeer(const Status& storeError, Deadline deadline) {
-  for (int peer = 0; peer < static_cast<int>(peers_.size()) && !deadline.expired(); ++peer) {
+  if (firstJudged_.load(std::memory_order_acquire) >= 0) return;
+  const int n = static_cast<int>(peers_.size());
+  // Round-robin from where the last round stopped: a round that used up its
+  // deadline on an unreachable host does not starve the peers after it.
+  for (int i = 0; i < n && !deadline.expired(); ++i) {
+    const int peer = (nextProbed_ + i) % n;
     if (peer == rank_) continue;
     {
       std::lock_guard<std::mutex> lock(mapMutex_);
       if (!verdicts_) return;  // no connection made yet
-      const PeerVerdict& verdict = verdicts_[static_cast<size_t>(peer)];
-      if (verdict.exitProbe.load(std::memory_order_acquire) != kProbeTrusted ||
-          verdict.willNotCome.load(std::memory_order_acquire))
-        continue;
+      if (verdicts_[static_cast<size_t>(peer)].exitProbe.load(std::memory_order_acquire) != kProbeTrusted) continue;
     }
+    nextProbed_ = (peer + 1) % n;
     Transport::ProcessProbe probe = probePeerProcess(peers_[rank_], peers_[peer], deadline);
     if (probe.state != Transport::ProcessProbe::kGone) continue;
     judge(peer,
-          str(probe.why, " (found by a probe of its process: its will could not be read, ", storeError.message(), ")"));
+          str(probe.why, " (found by a probe of its process: its will could not be read, ", storeError.message(), ")"),
+          /*exitOnly=*/true);
     return;
   }
 }
 
 bool ConnectionTable::peerClosedInOrder(int peer) {
   std::lock_guard<std::mutex> lock(mapMutex_);
-  bool any = false;
-  for (const auto& [key, connection] : connections_) {
-    if (key.first != peer) continue;
-    if (!connection->peerClosed()) return false;
-    any = true;
-  }
-  return any;
+  // A communicator closes all its connections together: one bye tells.
+  return std::any_of(connections_.begin(), connections_.end(),
+                     [&](const auto& entry) { return entry.first.first == peer && entry.second->peerClosed(); });
 }
 
 std::string ConnectionTable::knownFailure(int peer) {
@@ -429,26 +433,32 @@ void ConnectionTable::lookUpFailure(int peer) {
   ConnectWatch::instance().ask(this, peer, Look::kStalled);
 }
 
-bool ConnectionTable::askWhetherAnyGone() {
-  if (!goneLookup_ || !unwatchedPeers_.load(std::memory_order_relaxed)) return false;
+uint64_t ConnectionTable::askWhetherAnyGone() {
+  if (!goneLookup_ || !unwatchedPeers_.load(std::memory_order_relaxed)) return 0;
+  const uint64_t ticket = anyGoneAsks_.fetch_add(1, std::memory_order_acq_rel) + 1;
   ConnectWatch::instance().ask(this, rank_, Look::kAnyGone);
-  return true;
+  return ticket;
 }
 
 std::optional<ConnectionTable::GoneRank> ConnectionTable::judgedPeer() {
+  if (firstJudged_.load(std::memory_order_acquire) < 0) return std::nullopt;
+  // The first judged, unless it left; then any other.
+  auto counts = [&](int peer) {
+    if (peer == rank_ || knownFailure(peer).empty()) return false;
+    return !verdictOn(peer).exitOnly || !peerClosedInOrder(peer);
+  };
   const int first = firstJudged_.load(std::memory_order_acquire);
-  if (first < 0) return std::nullopt;
-  if (!peerClosedInOrder(first)) return GoneRank{first, knownFailure(first)};
+  if (counts(first)) return GoneRank{first, knownFailure(first)};
   for (int peer = 0; peer < static_cast<int>(peers_.size()); ++peer)
-    if (peer != rank_ && peer != first && !knownFailure(peer).empty() && !peerClosedInOrder(peer))
-      return GoneRank{peer, knownFailure(peer)};
+    if (peer != first && counts(peer)) return GoneRank{peer, knownFailure(peer)};
   return std::nullopt;
 }
 
-void ConnectionTable::judge(int peer, std::string why) {
+void ConnectionTable::judge(int peer, std::string why, bool exitOnly) {
   PeerVerdict& verdict = verdictOn(peer);
   if (verdict.willNotCome.load(std::memory_order_acquire)) return;  // said once, read by connects after the flag
   verdict.why = std::move(why);
+  verdict.exitOnly = exitOnly;
   verdict.willNotCome.store(true, std::memory_order_release);
   int none = -1;
   firstJudged_.compare_exchange_strong(none, peer, std::memory_order_acq_rel);

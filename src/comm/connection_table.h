@@ -44,6 +44,10 @@ class ConnectionTable {
   struct PeerVerdict {
     std::atomic<bool> willNotCome{false};
     std::string why;
+    // Found only by a probe of its process (its will unreadable): a peer
+    // whose connections closed in order before its process exited is
+    // taken to have left (judgedPeer). Written before the flag.
+    bool exitOnly = false;
     // For a peer whose connections do not notice its exit
     // (Transport::noticesPeerExit): whether a look at an operation stalled
     // on it may ask a probe (transports/registry.h, probePeerProcess). The
@@ -69,7 +73,7 @@ class ConnectionTable {
     // peer's will is written (GoneLookup); one found becomes its verdict.
     // Where the store cannot be asked (the process that served the
     // bootstrap root is gone, and its will with it), whether the process of
-    // a peer with a trusted probe exited instead.
+    // a peer with a trusted probe exited instead (probeForExitedPeer).
     kAnyGone,
   };
 
@@ -132,15 +136,17 @@ class ConnectionTable {
   // transport that does not notice its peer's exit (ofi: its provider may
   // say nothing of a peer that is gone), a look for any peer's will
   // (Look::kAnyGone), made soon by the connect watch's thread; what it
-  // finds is read back by judgedPeer(). Returns whether a look was asked
-  // for (or one already waits); anyGoneLooks() counts those made.
-  bool askWhetherAnyGone();
-  uint64_t anyGoneLooks() const { return anyGoneLooks_.load(std::memory_order_acquire); }
+  // finds is read back by judgedPeer(). Returns a ticket that
+  // anyGoneAnswered() takes once a look begun after the ask has ended (0:
+  // no look asked: no connection needs one).
+  uint64_t askWhetherAnyGone();
+  bool anyGoneAnswered(uint64_t ticket) const { return anyGoneServed_.load(std::memory_order_acquire) >= ticket; }
   // The first peer a look found will not come, and why (knownFailure's),
-  // leaving out peers whose connections say they closed their side in
-  // order first (Connection::peerClosed: they left; what found them gone
-  // was their exit afterwards). For the idle check, which holds the
-  // connections.
+  // leaving out peers found only by a probe of their process
+  // (PeerVerdict::exitOnly) whose connections say they closed in order
+  // before (Connection::peerClosed: they destroyed, aborted or failed their
+  // communicator first, and operations that need them fail naming them).
+  // For the idle check, which holds the connections.
   std::optional<GoneRank> judgedPeer();
 
   // The connection to `peer` on `channel`, made on first use. With
@@ -210,15 +216,18 @@ class ConnectionTable {
   std::string lookAt(int peer, Look what, const Transport* connecting, Deadline deadline);
   // The peer will not come, for `why`: connects to it end now and later ones
   // fail at once. Said once; from the watch's thread only.
-  void judge(int peer, std::string why);
+  void judge(int peer, std::string why, bool exitOnly = false);
 
  private:
   PeerVerdict& verdictOn(int peer);
   // Look::kAnyGone without the store: probes the processes of the peers
-  // whose probe is trusted and not yet judged; the first found gone is
-  // judged, `storeError` saying why its will could not be read.
+  // whose probe is trusted; the first found gone is judged (exitOnly),
+  // `storeError` saying why its will could not be read. Once a peer is
+  // judged, no more: the store usually went with that peer's process (the
+  // job's end, where rank 0 exits first), and each probe waits in a live
+  // peer's listen backlog until its next idle check.
   void probeForExitedPeer(const Status& storeError, Deadline deadline);
-  // Whether every connection to `peer` says it closed its side in order.
+  // Whether a connection to `peer` says it closed its side in order.
   bool peerClosedInOrder(int peer);
 
   const uint64_t commId_;
@@ -241,7 +250,15 @@ class ConnectionTable {
   // exit (askWhetherAnyGone).
   std::atomic<bool> unwatchedPeers_{false};
   std::atomic<int> firstJudged_{-1};  // the first peer judge() was given (judgedPeer)
-  std::atomic<uint64_t> anyGoneLooks_{0};  // Look::kAnyGone looks made
+  // Look::kAnyGone: tickets handed out, and the last one a finished look
+  // had seen when it began.
+  std::atomic<uint64_t> anyGoneAsks_{0};
+  std::atomic<uint64_t> anyGoneServed_{0};
+  // Look::kAnyGone without the store (connect watch's thread only): such
+  // looks so far (probes at the 1st, 2nd, 4th, ... 32nd, then every 32nd)
+  // and the peer the next round starts at.
+  uint64_t storeLostLooks_ = 0;
+  int nextProbed_ = 0;
   std::string label_;
   ConnectTimeout connectTimeout_;
   // Connects that wait for their peer now, oldest first (under mapMutex_).

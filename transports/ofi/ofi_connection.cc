@@ -379,6 +379,7 @@ Status OfiConnection::checkAlive() {
 
 bool OfiConnection::peerClosed() {
   std::lock_guard<std::mutex> lock(rail_.mutex);
+  (void)rail_.progress(0);  // what came since the last look (an error is checkAlive's to report)
   for (int lane = 0; lane < laneCount(); ++lane)
     if (rail_.byeArrived(recvId_, lane)) return true;
   return false;

@@ -129,8 +129,9 @@ class OfiConnection final : public Connection {
   void quiesce() override { (void)fail(quiescedError(peer_)); }
   // The idle check: the provider says nothing of a peer that is gone, so
   // this only reads what came (rail mutex taken; lane 0 progressed, which
-  // also ends the rail's drains there): a bye, read by peerClosed(), or an
-  // error the provider reported. Cheap: one provider call.
+  // also ends the rail's drains there): a bye, which peerClosed() reads
+  // after progressing lane 0 again, or an error completion of a bye
+  // receive. One progress of the rail's lane 0 each.
   Status checkAlive() override;
   bool peerClosed() override;
 
