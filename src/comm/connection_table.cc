@@ -387,8 +387,17 @@ std::string ConnectionTable::lookAt(int peer, Look what, const Transport* connec
     if (news.left) return "it destroyed or aborted its communicator (ncclCommDestroy, ncclCommAbort)";
   }
   // A connect asks the transport that connects them: what its own address
-  // says is known to reach the peer.
-  if (what == Look::kConnect && connecting != nullptr) probe = connecting->probePeerProcess(self, them, deadline);
+  // says is known to reach the peer. One without a probe (ofi) borrows the
+  // registry's where a probe found the peer's process alive before (for an
+  // earlier communicator, a split's parent say), so that its refusal means
+  // an exit: the peer whose process also served the bootstrap root left no
+  // will to read.
+  if (what == Look::kConnect && connecting != nullptr) {
+    probe = connecting->probePeerProcess(self, them, deadline);
+    if (probe.state == Transport::ProcessProbe::kUnknown && !connecting->noticesPeerExit() &&
+        VouchedProcesses::instance().contains(them))
+      probe = probePeerProcess(self, them, deadline);
+  }
   return probe.state == Transport::ProcessProbe::kGone ? probe.why : std::string();
 }
 

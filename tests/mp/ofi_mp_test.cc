@@ -381,6 +381,40 @@ TEST_CASE("mp ofi: a rank killed before its first collective is named within sec
   CHECK(res.onlyVictimKilled(victim));
 }
 
+// The process that served the bootstrap root (rank 0's) killed between a
+// split and the split's first collective: the survivors' connects to it
+// find no will (the store went with it) and ofi has no probe of its own;
+// they borrow the tcp listener probe that found rank 0's process alive for
+// the parent's connections, and fail within seconds naming it, not at the
+// no-progress deadline.
+TEST_CASE("mp ofi: the root's process killed before a split's first collective is named within seconds",
+          "[mp][ofi][failure]") {
+  MpConfig cfg = ofiConfig(3, "tcp;ofi_rxm");
+  cfg.env.emplace_back("SHOAL_PROGRESS_TIMEOUT_MS", "30000");
+  MpResult res = runForked(cfg, [](MpChild& c) -> int {
+    ncclComm_t parent = nullptr, child = nullptr;
+    CHILD_NCCL(c, initComm(c, &parent));
+    std::vector<float> buf(4096, 1.f);
+    CHILD_NCCL(c, ncclAllReduce(buf.data(), buf.data(), buf.size(), ncclFloat, ncclSum, parent, nullptr));
+    CHILD_NCCL(c, ncclCommSplit(parent, 0, c.rank(), &child, nullptr));
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));  // the probes of the parent's peers are made
+    CHILD_CHECK(c, c.barrier(), "barrier before the kill");
+    if (c.rank() == 0) ::raise(SIGKILL);
+    const auto [rc, ms, last] = timedAllReduce(c, child);
+    CHILD_CHECK(c, rc == ncclRemoteError, "the split's AllReduce did not fail as remote: " + describe(rc));
+    CHILD_CHECK(c, ms < 10000, "the split's AllReduce took more than 10 s to fail");
+    CHILD_CHECK(c, last.find("rank 0") != std::string::npos && last.find("its process has exited") != std::string::npos,
+                "the error does not say that rank 0's process exited: " + last);
+    (void)ncclCommAbort(child);
+    (void)ncclCommAbort(parent);
+    CHILD_CHECK(c, c.barrier(), "the other survivor did not finish");
+    return 0;
+  });
+  INFO(res.report());
+  REQUIRE_FALSE(res.timedOut);
+  CHECK(res.onlyVictimKilled(0));
+}
+
 // Over ofi nothing tells a rank that a peer destroyed its communicator: a
 // connect to it would wait for the deadline. Its leave record in the store
 // says so, and the connect fails within seconds naming it. The leaver stays
