@@ -1,5 +1,7 @@
 #include "comm/connection_table.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
@@ -34,7 +36,11 @@ class ConnectWatch {
   static constexpr int64_t kLookMs = 1000;  // one look's own deadline
 
   static ConnectWatch& instance() {
-    static ConnectWatch* watch = new ConnectWatch();  // its thread may outlive static destructors
+    static ConnectWatch* watch = [] {
+      auto* made = new ConnectWatch();  // its thread may outlive static destructors
+      (void)pthread_atfork(nullptr, nullptr, [] { instance().startAfreshInChild(); });
+      return made;
+    }();
     return *watch;
   }
 
@@ -99,6 +105,18 @@ class ConnectWatch {
     return true;
   }
 
+  // A process may fork while the watch's thread holds mutex_, midway
+  // through a change of the list: the child, which has neither that thread
+  // nor the connects it watched, starts from a new lock, condition and list
+  // (the old ones are left as they are). Nothing is held across the fork:
+  // the engine's handler waits for its locks, which an idle check holds
+  // while it asks for a look here.
+  void startAfreshInChild() {
+    new (&mutex_) std::mutex();
+    new (&changed_) std::condition_variable();
+    new (&waiting_) std::vector<Waiting>();
+    listOwner_ = 0;  // adopted at the next use (adoptList)
+  }
   // A forked child inherits its parent's list, not its connects nor its
   // thread (mutex_ held).
   void adoptList() {
@@ -308,7 +326,16 @@ constexpr int kMostSilentVouches = 3;
 class VouchedProcesses {
  public:
   static VouchedProcesses& instance() {
-    static auto* vouched = new VouchedProcesses();  // never destroyed: used from threads at exit
+    static auto* vouched = [] {
+      auto* made = new VouchedProcesses();  // never destroyed: used from threads at exit
+      // A child forked while the watch's thread held the lock: a new lock
+      // and set (what the parent vouched for is probed again).
+      (void)pthread_atfork(nullptr, nullptr, [] {
+        new (&instance().mutex_) std::mutex();
+        new (&instance().processes_) std::unordered_set<std::string>();
+      });
+      return made;
+    }();
     return *vouched;
   }
   bool contains(const PeerInfo& peer) {

@@ -1,5 +1,6 @@
 #include "engine/engine.h"
 
+#include <pthread.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -185,8 +186,37 @@ void Job::resetForReuse() {
 }
 
 Engine& Engine::instance() {
-  static Engine* engine = new Engine();  // lives for the process: jobs may outlive statics
+  static Engine* engine = [] {
+    auto* made = new Engine();  // lives for the process: jobs may outlive statics
+    // A process may fork while the progress thread holds the engine's locks
+    // (a round of idle checks, a pass over the job list): the child has only
+    // the forking thread, so each lock is taken around the fork, in the lock
+    // order, and the child's condition variables, which the parent's thread
+    // waited on, start afresh.
+    (void)pthread_atfork([] { instance().holdForFork(); }, [] { instance().releaseAfterFork(false); },
+                         [] { instance().releaseAfterFork(true); });
+    return made;
+  }();
   return *engine;
+}
+
+void Engine::holdForFork() {
+  watchMutex_.lock();
+  listMutex_.lock();
+  submitMutex_.lock();
+  reportMutex_.lock();  // a leaf
+}
+
+void Engine::releaseAfterFork(bool inChild) {
+  if (inChild) {
+    new (&wake_) std::condition_variable();
+    new (&progressStopped_) std::condition_variable();
+    new (&reportPosted_) std::condition_variable();
+  }
+  reportMutex_.unlock();
+  submitMutex_.unlock();
+  listMutex_.unlock();
+  watchMutex_.unlock();
 }
 
 Engine::~Engine() { stopProgressThread(); }

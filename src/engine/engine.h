@@ -415,6 +415,11 @@ class Engine {
 
  private:
   Engine() = default;
+  // pthread_atfork: the engine's locks held across a fork (lock order:
+  // watchMutex_, listMutex_, submitMutex_, then reportMutex_, a leaf),
+  // released in both processes.
+  void holdForFork();
+  void releaseAfterFork(bool inChild);
   bool pumpOnce();
   // Progresses one job the caller waits on, if it has started (else pumpOnce).
   bool progressStarted(Job& job);

@@ -2,12 +2,16 @@
 // reductions, deadlines, abort and peer failure — without builders or comms.
 #include <catch2/catch.hpp>
 
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
+#include <thread>
 
 #include "core/params.h"
 #include "core/tag.h"
@@ -346,6 +350,57 @@ TEST_CASE("an idle check's answer is read within milliseconds, not an interval l
   CHECK(afterMs < 500);            // the next check comes 2000 ms after the question
   CHECK(watch.reads.load() >= 2);  // every 10 ms until answered
   CHECK(watch.readsAfterAnswer.load() == 0);
+}
+
+// A process that forks while its progress thread holds the engine's locks
+// (here a slow round of idle checks, over and over): the forked child, whose
+// only thread is the one that forked, must find them free, not wait forever
+// for a thread it does not have.
+TEST_CASE("a child forked while the progress thread holds the engine's locks can use the engine", "[unit]") {
+  testing::ScopedEnv env{{"SHOAL_IDLE_CHECK_MS", "1"}};
+  struct SlowWatch final : IdleWatch {
+    std::atomic<int> checks{0};
+    bool checkIdle() override {
+      ++checks;
+      const int64_t until = nowNs() + 2'000'000;  // the watch lock held through it
+      while (nowNs() < until) (void)Engine::instance().queueAtRest(1);  // the list and submit locks, again and again
+      return true;  // and an answer to read every 10 ms
+    }
+    bool readIdleAnswer() override { return false; }
+  } slow;
+  Engine::instance().watchIdle(&slow);
+  while (slow.checks.load() < 3) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  int finished = 0;
+  for (int i = 0; i < 5; ++i) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      struct QuietWatch final : IdleWatch {
+        bool checkIdle() override { return false; }
+        bool readIdleAnswer() override { return true; }
+      } quiet;
+      // No thread started in the child (TSan forbids it after a threaded fork).
+      ::setenv("SHOAL_IDLE_CHECK_MS", "0", 1);
+      reloadParams();
+      Engine::instance().watchIdle(&quiet);
+      Engine::instance().unwatchIdle(&quiet);
+      (void)Engine::instance().queueAtRest(2);
+      (void)Engine::instance().poll();
+      ::_exit(0);
+    }
+    REQUIRE(pid > 0);
+    int status = 0;
+    const int64_t deadline = nowNs() + 5'000'000'000;
+    while (::waitpid(pid, &status, WNOHANG) == 0 && nowNs() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    if (::waitpid(pid, &status, WNOHANG) == 0) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+      break;  // it waits on a lock held by a thread it does not have
+    }
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) ++finished;
+  }
+  Engine::instance().unwatchIdle(&slow);
+  CHECK(finished == 5);
 }
 
 TEST_CASE("a job stalled on a live peer has its reports looked up less and less often", "[unit]") {
