@@ -202,6 +202,7 @@ Result<std::shared_ptr<Communicator>> initFromId(const UniqueIdContents& id, int
   InitRequest req;
   req.store = store;
   req.scope = scopeForId(id);
+  req.sharedScope = isSharedId(id);
   req.secret.assign(reinterpret_cast<const char*>(id.secret), sizeof(id.secret));
   req.rank = rank;
   req.nranks = nranks;

@@ -1,6 +1,9 @@
 // Bootstrap: allGather and barrier over a Store (see bootstrap.h).
 //
-// Keys: "<scope>/ag/<round>/<rank>". Round r's get returning means every rank
+// Keys: "<scope>/ag/0/<rank>" for the check-in, and once the generation is
+// known (setGeneration) "<scope>/g<generation>/ag/<round>/<rank>": another
+// communicator in the same scope (NCCL_COMM_ID) meets this one only in the
+// check-in, which ends before finish(). Round r's get returning means every rank
 // has set its round-r key, hence finished reading every earlier round; so
 // after round r each rank erases its key of the previous allGather, and a long
 // job keeps at most two rounds in the store. finish() uses
@@ -160,7 +163,19 @@ void Bootstrap::cancelWills(Deadline deadline, bool onlyCheckIn) {
   }
 }
 
-std::string Bootstrap::roundKey(uint64_t round, int rank) const { return str(scope_, "/ag/", round, "/", rank); }
+std::string Bootstrap::roundScope(uint64_t round) const {
+  return round == 0 || !hasGeneration_ ? scope_ : str(scope_, "/g", hex64(generation_));
+}
+
+std::string Bootstrap::roundKey(uint64_t round, int rank) const {
+  return str(roundScope(round), "/ag/", round, "/", rank);
+}
+
+std::string Bootstrap::doneKey(uint64_t round, int rank) const {
+  return str(roundScope(round), "/done/", round, "/", rank);
+}
+
+std::string Bootstrap::cleanKey() const { return str(roundScope(1), "/clean"); }
 
 std::string Bootstrap::checkInKey() const { return roundKey(0, rank_); }
 
@@ -202,7 +217,9 @@ Status Bootstrap::missingRanks(const std::vector<std::string>& keys, const std::
                missing.size() == 1 ? " rank: " : " ranks: ", formatRanks(missing));
 }
 
-std::string Bootstrap::roundFailureKey(uint64_t round) const { return str(scope_, "/ag/", round, "/failed"); }
+std::string Bootstrap::roundFailureKey(uint64_t round) const {
+  return str(roundScope(round), "/ag/", round, "/failed");
+}
 
 namespace {
 // A round's failure names the round's rank-0 record it was found with: a
@@ -408,17 +425,36 @@ Result<std::vector<std::string>> Bootstrap::allGather(std::string_view mine, Dea
 
 Status Bootstrap::finish(Deadline deadline) {
   uint64_t round = round_++;
-  auto keyOf = [&](int rank) { return str(scope_, "/done/", round, "/", rank); };
+  auto keyOf = [&](int rank) { return doneKey(round, rank); };
   std::string what = str("bootstrap finish of ", scope_, " (rank ", rank_, " of ", size_, ", store ",
                          store_->describe(), ")");
   if (rank_ != 0) {
     Status s = store_->set(keyOf(rank_), "", deadline);
-    if (s.code() == Code::kRemoteError) {
+    const bool rootGone = s.code() == Code::kRemoteError;
+    if (rootGone) {
       SHOAL_INFO(subsys::kBootstrap, what, ": the root went away after our record (", s.message(), ")");
       s = Status::ok();
     }
     if (!s.isOk()) return s.withContext(what);
     lastGatherRound_ = -1;  // rank 0 erases it
+    if (sharedScope_ && hasGeneration_ && !rootGone) {
+      // Until rank 0 has erased the check-in, the next communicator's would
+      // read its records. A rank gone with no record of its finish, rank 0
+      // included, fails the wait as it fails a round.
+      std::atomic<bool> someoneGone{false};
+      auto look = [&](const std::atomic<bool>* stop) {
+        Status gone = lookForGoneRanks(keyOf, Deadline::afterMs(kLeaveMs).cancelledBy(stop));
+        if (!gone.isOk()) someoneGone.store(true);
+        return gone;
+      };
+      Result<std::vector<std::string>> clean = awaitRound({cleanKey()}, look, deadline);
+      if (!clean.isOk() && clean.status().code() == Code::kRemoteError && !someoneGone.load()) {
+        SHOAL_INFO(subsys::kBootstrap, what, ": the root went away before rank 0 said it was done (",
+                   clean.status().message(), ")");
+      } else if (!clean.isOk()) {
+        return clean.takeStatus().withContext(str(what, ": waiting for rank 0 to erase the set-up's keys"));
+      }
+    }
     finished_ = true;
     return Status::ok();
   }
@@ -451,6 +487,9 @@ Status Bootstrap::finish(Deadline deadline) {
   if (!keys.empty())
     if (Status s = store_->erase(keys, deadline); !s.isOk())
       SHOAL_WARN(what, ": could not erase the records: ", s.message());
+  if (sharedScope_ && hasGeneration_)
+    if (Status s = store_->set(cleanKey(), "", deadline); !s.isOk())
+      return s.withContext(str(what, ": telling the others the set-up's keys are erased"));
   finished_ = true;
   return Status::ok();
 }
@@ -469,6 +508,7 @@ Status Bootstrap::leave(Deadline deadline) {
   SHOAL_ASSIGN_OR_RETURN(std::vector<bool> present, store_->check(left, deadline), what);
   if (!std::all_of(present.begin(), present.end(), [](bool p) { return p; })) return Status::ok();
   std::vector<std::string> keys = std::move(left);
+  if (sharedScope_ && hasGeneration_) keys.push_back(cleanKey());
   for (int r = 0; r < size_; ++r) {
     keys.push_back(failureKey(r));
     keys.push_back(goneKey(r));

@@ -76,6 +76,9 @@ Result<UniqueIdContents> createUniqueId();
 // root for it runs in this process yet; ok and nothing to do for other ids.
 // Called from rank 0's init. Idempotent and thread-safe.
 Status startRootIfNeeded(const UniqueIdContents& id);
+// Whether the id is NCCL_COMM_ID's, which every communicator made from it
+// shares: they meet in one scope of its root (Bootstrap::setSharedScope).
+bool isSharedId(const UniqueIdContents& id);
 // Connects to the root named by the id (retries on refusal within the deadline).
 Result<std::shared_ptr<Store>> connectStore(const UniqueIdContents& id, Deadline deadline);
 // An in-process store (tests; ncclCommInitAll).
@@ -129,8 +132,17 @@ class Bootstrap {
   // (on its deadline the error lists who did not). A non-zero rank treats a
   // root that vanishes while answering its record as done: the root vanishes
   // only once rank 0 has them all, or with rank 0 itself. Rank 0 then erases
-  // the last allGather's keys: every rank has read them.
+  // the last allGather's keys: every rank has read them. In a shared scope
+  // (setSharedScope) the other ranks wait for that (cleanKey), as they wait
+  // in a round: the next communicator's check-in, in the same keys, must not
+  // read this one's records.
   Status finish(Deadline deadline);
+  // Later communicators meet in this scope too (NCCL_COMM_ID's id is the
+  // same for every one): set before finish().
+  void setSharedScope() { sharedScope_ = true; }
+  // After setGeneration: the communicator's generation (the same on every
+  // rank), which names what is its own within a shared scope.
+  uint64_t generation() const { return generation_; }
   // This rank is done with the scope for good (its communicator is being
   // destroyed); only after a successful finish(), otherwise a no-op. The last
   // rank to leave erases what the scope still holds: every rank's last
@@ -164,8 +176,9 @@ class Bootstrap {
   Status setWill(std::string_view report, uint64_t nonce, Deadline deadline);
   // After the check-in, every rank's nonce by rank (the same on every rank):
   // rank 0's is the communicator's generation. It names this communicator's
-  // failure reports, leave records and wills apart from those of an earlier
-  // one in the same scope (NCCL_COMM_ID gives every one the same scope).
+  // rounds after the check-in, failure reports, leave records and wills
+  // apart from those of another one in the same scope (NCCL_COMM_ID gives
+  // every one the same scope): only the check-in's keys are shared.
   // From then on a rank waiting in allGather also looks for the wills of
   // the ranks whose records are missing: one whose process ended fails the
   // round within seconds instead of at its deadline. (Not a failure report:
@@ -187,6 +200,13 @@ class Bootstrap {
   static constexpr int64_t kFirstLookMs = 1000;
   static constexpr int64_t kMostLookMs = 32000;
   std::string roundFailureKey(uint64_t round) const;
+  // "<scope>" for the check-in (round 0) and before setGeneration, else
+  // "<scope>/g<generation>": where a round's keys are.
+  std::string roundScope(uint64_t round) const;
+  // finish()'s record of `rank` (its last round read), and rank 0's word,
+  // in a shared scope, that it has erased the set-up's keys.
+  std::string doneKey(uint64_t round, int rank) const;
+  std::string cleanKey() const;
   // A look of a waiting allGather at its round (see allGather); `stop` ends
   // its requests.
   Status lookAtRound(uint64_t round, std::string_view mine, const RecordCheck& checkFirst,
@@ -220,6 +240,7 @@ class Bootstrap {
   bool finished_ = false;         // finish() succeeded: every rank took part
   uint64_t generation_ = 0;       // names the failure reports (setGeneration)
   bool hasGeneration_ = false;
+  bool sharedScope_ = false;      // setSharedScope
   std::vector<uint64_t> nonces_;  // by rank (setGeneration)
   uint64_t nonce_ = 0;            // this rank's (setWill)
   // Where this rank is in the check-in (the first allGather): its record

@@ -187,6 +187,8 @@ RootServer* processRootServer() {
   return reg.defaultServer;
 }
 
+bool isSharedId(const UniqueIdContents& id) { return id.magic == kCommIdMagic; }
+
 Status startRootIfNeeded(const UniqueIdContents& id) {
   if (id.magic != kCommIdMagic) return Status::ok();
   Result<net::SocketAddress> address = net::SocketAddress::resolve(id.address);

@@ -49,8 +49,8 @@ Communicator::Communicator(InitRequest request)
       options_(request.options),
       request_(std::move(request)),
       commId_(hash64(request_.scope)),
-      connections_(commId_, rank_, peers_, request_.secret, abortFlag_),
-      redOps_(commId_ ^ (static_cast<uint64_t>(rank_) << 32)),
+      connections_(commId_.load(), rank_, peers_, request_.secret, abortFlag_),
+      redOps_(commId_.load() ^ (static_cast<uint64_t>(rank_) << 32)),
       windows_(Windows::make()) {}
 
 namespace {
@@ -69,7 +69,7 @@ Communicator::~Communicator() {
   hang::untrack(this);
   Engine::instance().retire(reinterpret_cast<uintptr_t>(this),
                             error(Code::kAborted, "communicator destroyed"));
-  forgetRank(commId_, rank_);  // what peers sent for connections it never made
+  forgetRank(commId_.load(std::memory_order_relaxed), rank_);  // what peers sent for connections it never made
   if (!scratch_.empty()) forgetMemory(scratch_.data(), scratch_.size());  // freed with this
   // What a stream may still use goes once the streams have passed it: the
   // stream plans' lanes (retire released their links), the connections
@@ -187,7 +187,7 @@ bool Communicator::settleStreamPlans(int64_t waitMs) {
   return settled;
 }
 
-std::string Communicator::idHex() const { return hex64(commId_); }
+std::string Communicator::idHex() const { return hex64(commId_.load(std::memory_order_relaxed)); }
 
 std::string Communicator::describe() const {
   const std::string id = idHex();
@@ -217,6 +217,7 @@ Status Communicator::setUp() {
   const std::atomic<bool>* cancel = std::exchange(request_.cancel, nullptr);
   Deadline deadline = Deadline::afterMs(params().initTimeoutMs).cancelledBy(cancel);
   bootstrap_ = std::make_unique<Bootstrap>(request_.store, request_.scope, rank_, nranks_);
+  if (request_.sharedScope) bootstrap_->setSharedScope();
 
   PeerInfo self;
   self.rank = rank_;
@@ -391,6 +392,12 @@ Result<std::vector<PeerInfo>> Communicator::exchangePeers(const PeerInfo& self, 
   }
   if (Status s = bootstrap_->setGeneration(std::move(nonces), deadline); !s.isOk())
     SHOAL_WARN(describe(), ": ", s.message(), "; its peers will find its death only by their connections");
+  if (request_.sharedScope) {
+    // Every communicator made from NCCL_COMM_ID has this scope: its
+    // generation tells this one's connections and windows from another's.
+    commId_.store(hash64(str(request_.scope, "/g", hex64(bootstrap_->generation()))), std::memory_order_relaxed);
+    connections_.setCommId(commId_.load(std::memory_order_relaxed));
+  }
   return peers;
 }
 
@@ -642,7 +649,7 @@ Result<Window*> Communicator::registerWindow(void* buff, size_t bytes, int flags
   for (int q = 0; q < nranks_ && failure.isOk() && exported; ++q) {
     if (q == rank_ || !Window::sendsTo(mine, records[static_cast<size_t>(q)], peers_[rank_], peers_[q], cuda_))
       continue;
-    const WindowMailbox::Ticket ticket{commId_, registration, rank_, q};
+    const WindowMailbox::Ticket ticket{commId(), registration, rank_, q};
     // The peer's mailbox is open until the last exchange, which waits for
     // this rank: it answers at once unless the peer died.
     Status st = WindowMailbox::send(records[static_cast<size_t>(q)].mailbox, exported.get(), ticket, request_.secret,
@@ -673,7 +680,7 @@ Result<Window*> Communicator::registerWindow(void* buff, size_t bytes, int flags
   std::vector<net::Fd> boards(static_cast<size_t>(nranks_));
   if (failure.isOk() && mailbox) {
     // What the peers say they sent is queued in this mailbox already.
-    const WindowMailbox::Ticket ticket{commId_, registration, 0, rank_};
+    const WindowMailbox::Ticket ticket{commId(), registration, 0, rank_};
     std::vector<bool> withBoard = expected;
     for (int q = 0; q < nranks_; ++q)
       withBoard[static_cast<size_t>(q)] =
@@ -841,7 +848,10 @@ Result<std::shared_ptr<Communicator>> Communicator::split(int color, int key, co
       std::find(members.begin(), members.end(), std::make_pair(key, rank_)) - members.begin());
   InitRequest req;
   req.store = request_.store;
-  req.scope = str(request_.scope, "/split", splitIndex, "/color", color);
+  // (Under the generation where the scope is shared: splits of two
+  // communicators made from NCCL_COMM_ID must not meet.)
+  req.scope = str(request_.scope, request_.sharedScope ? str("/g", hex64(bootstrap_->generation())) : std::string(),
+                  "/split", splitIndex, "/color", color);
   req.secret = request_.secret;
   req.rank = newRank;
   req.nranks = static_cast<int>(members.size());

@@ -72,6 +72,9 @@ struct CommOptions {
 struct InitRequest {
   std::shared_ptr<Store> store;
   std::string scope;      // namespace of this communicator's keys in the store
+  // Other communicators use the same scope (NCCL_COMM_ID): the set-up then
+  // names this one by its generation (Bootstrap::setSharedScope).
+  bool sharedScope = false;
   std::string secret;     // authenticates connections between its ranks
   int rank = 0;
   int nranks = 1;
@@ -160,7 +163,7 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
   const CommOptions& options() const { return options_; }
   const Topology& topology() const { return topology_; }
   const std::vector<PeerInfo>& peers() const { return peers_; }
-  uint64_t commId() const { return commId_; }
+  uint64_t commId() const { return commId_.load(std::memory_order_relaxed); }
   std::string describe() const;  // "comm 3f2a.. rank 1/4 (host a)"
   std::string idHex() const;     // the communicator id, 16 hex digits
 
@@ -476,7 +479,9 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
   const int nranks_;
   CommOptions options_;
   InitRequest request_;
-  const uint64_t commId_;
+  // The scope's hash; for a shared scope (NCCL_COMM_ID), the scope and
+  // generation's from the check-in on (before any connection).
+  std::atomic<uint64_t> commId_;
   std::atomic<bool> abortFlag_{false};
   std::unique_ptr<Bootstrap> bootstrap_;
   std::vector<PeerInfo> peers_;

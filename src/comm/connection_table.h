@@ -86,6 +86,9 @@ class ConnectionTable {
   ConnectionTable(const ConnectionTable&) = delete;
   ConnectionTable& operator=(const ConnectionTable&) = delete;
 
+  // The communicator's id in connection keys, where it is known only after
+  // the check-in (a shared scope); set before the first connection.
+  void setCommId(uint64_t commId) { commId_ = commId; }
   // How transports are chosen, as the ranks agreed at init; set before the
   // first connection (and the first question about one).
   void setChoice(TransportChoice choice) { choice_ = choice; }
@@ -230,7 +233,7 @@ class ConnectionTable {
   // Whether a connection to `peer` says it closed its side in order.
   bool peerClosedInOrder(int peer);
 
-  const uint64_t commId_;
+  uint64_t commId_;  // setCommId
   const int rank_;
   const std::vector<PeerInfo>& peers_;
   const std::string secret_;

@@ -1036,6 +1036,60 @@ TEST_CASE("Bootstrap: failure reports are keyed by the communicator's generation
   CHECK(present.value() == std::vector<bool>{true, false});
 }
 
+// NCCL_COMM_ID's communicators meet in one scope. Rank 1 goes on to the
+// next communicator's check-in as soon as it has finished one; rank 0, here
+// slow to erase (its store's erases are late), still has its check-in record
+// of the first one there. Rank 1 must not read it as the second one's (it
+// then went on alone, and rank 0 waited for it until the set-up deadline),
+// and the two communicators' later rounds must not meet.
+TEST_CASE("Bootstrap: in a shared scope the next communicator's check-in never reads the last one's records",
+          "[bootstrap]") {
+  class SlowEraseStore final : public ForwardingStore {
+   public:
+    using ForwardingStore::ForwardingStore;
+    Status erase(const std::vector<std::string>& keys, Deadline deadline) override {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      return ForwardingStore::erase(keys, deadline);
+    }
+  };
+  auto memory = makeMemoryStore();
+  auto slow = std::make_shared<SlowEraseStore>(memory);
+  std::vector<std::string> secondCheckIn[2], secondRound[2], secondLater[2];
+  requireAllOk(runRanks(2, [&](int rank) -> Status {
+    std::shared_ptr<Store> store = rank == 0 ? std::shared_ptr<Store>(slow) : memory;
+    std::unique_ptr<Bootstrap> comms[2];
+    for (int comm = 0; comm < 2; ++comm) {
+      const std::string tag = str(comm == 0 ? "first" : "second", " of rank ", rank);
+      comms[comm] = std::make_unique<Bootstrap>(store, "c0280028002800280", rank, 2);
+      Bootstrap& bootstrap = *comms[comm];
+      bootstrap.setSharedScope();
+      SHOAL_ASSIGN_OR_RETURN(std::vector<std::string> checkIn, bootstrap.allGather(tag, Deadline::afterMs(10000)));
+      SHOAL_TRY(bootstrap.setGeneration({0x100u + comm, 0x200u + comm}, Deadline::afterMs(1000)));
+      SHOAL_ASSIGN_OR_RETURN(std::vector<std::string> round, bootstrap.allGather(tag, Deadline::afterMs(10000)));
+      SHOAL_TRY(bootstrap.finish(Deadline::afterMs(10000)));
+      if (comm == 1) {
+        secondCheckIn[rank] = checkIn;
+        secondRound[rank] = round;
+      }
+    }
+    // A later round of each (a split's), with the same number: the first
+    // one's stays in the store as its last.
+    for (int comm = 0; comm < 2; ++comm) {
+      const std::string tag = str(comm == 0 ? "later first" : "later second", " of rank ", rank);
+      SHOAL_ASSIGN_OR_RETURN(std::vector<std::string> later, comms[comm]->allGather(tag, Deadline::afterMs(10000)));
+      if (comm == 1) secondLater[rank] = later;
+    }
+    return Status::ok();
+  }));
+  const std::vector<std::string> second{"second of rank 0", "second of rank 1"};
+  for (int rank = 0; rank < 2; ++rank) {
+    INFO("rank " << rank);
+    CHECK(secondCheckIn[rank] == second);
+    CHECK(secondRound[rank] == second);
+    CHECK(secondLater[rank] == std::vector<std::string>{"later second of rank 0", "later second of rank 1"});
+  }
+}
+
 TEST_CASE("the root keeps nothing of destroyed communicators: ids, keys and clients back to baseline",
           "[bootstrap]") {
   useLoopback();
