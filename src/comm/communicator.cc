@@ -278,6 +278,7 @@ Status Communicator::setUp() {
     ConnectionTable::PeerNews news;
     Result<std::optional<Store::Found>> found = request_.store->firstPresent(
         {failureKey(peer), bootstrap_->goneKey(peer), bootstrap_->leftKey(peer)}, deadline);
+    news.unreadable = !found.isOk();
     if (!found.isOk() || !found.value()) return news;
     switch (found.value()->index) {
       case 0: news.report = std::move(found.value()->value); break;

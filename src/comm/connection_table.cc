@@ -407,21 +407,23 @@ std::string ConnectionTable::lookAt(int peer, Look what, const Transport* connec
   Transport::ProcessProbe probe;
   if (what == Look::kStalled && verdict.exitProbe.load(std::memory_order_acquire) == kProbeTrusted)
     probe = probePeerProcess(self, them, deadline);
+  PeerNews news;
   if (peerReports_) {
-    PeerNews news = peerReports_(peer, deadline);
+    news = peerReports_(peer, deadline);
     if (!news.report.empty()) return str(kReportedFailurePrefix, news.report);
     if (!news.gone.empty()) return news.gone;
     if (news.left) return "it destroyed or aborted its communicator (ncclCommDestroy, ncclCommAbort)";
   }
   // A connect asks the transport that connects them: what its own address
-  // says is known to reach the peer. One without a probe (ofi) borrows the
-  // registry's where a probe found the peer's process alive before (for an
-  // earlier communicator, a split's parent say), so that its refusal means
-  // an exit: the peer whose process also served the bootstrap root left no
-  // will to read.
+  // says is known to reach the peer. One without a probe (ofi), where the
+  // store that would hold its will cannot be asked (its process served the
+  // bootstrap root, say), borrows the registry's where a probe found the
+  // peer's process alive before (for an earlier communicator, a split's
+  // parent say), so that its refusal means an exit. (Only then: each such
+  // probe waits in the live peer's listen backlog until its idle check.)
   if (what == Look::kConnect && connecting != nullptr) {
     probe = connecting->probePeerProcess(self, them, deadline);
-    if (probe.state == Transport::ProcessProbe::kUnknown && !connecting->noticesPeerExit() &&
+    if (probe.state == Transport::ProcessProbe::kUnknown && !connecting->noticesPeerExit() && news.unreadable &&
         VouchedProcesses::instance().contains(them))
       probe = probePeerProcess(self, them, deadline);
   }

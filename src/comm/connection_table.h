@@ -113,6 +113,7 @@ class ConnectionTable {
     std::string report;
     std::string gone;  // its will, written by the store when its process ended
     bool left = false;
+    bool unreadable = false;  // the store could not be asked
   };
   using PeerReports = std::function<PeerNews(int peer, Deadline deadline)>;
   void setPeerReports(PeerReports lookup) { peerReports_ = std::move(lookup); }

@@ -1,5 +1,7 @@
 #include "core/log.h"
 
+#include <pthread.h>
+
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -78,6 +80,12 @@ LogConfig load() {
 }
 
 std::mutex gMutex;
+// A child forked while another thread wrote a line (or loaded the config)
+// has only the forking thread: the lock, a leaf, starts afresh there.
+// Registered as the library loads, not at a first log line, which a thread
+// may write while it holds locks that a concurrent fork's handlers wait for.
+[[maybe_unused]] const bool gLockRenewedInChild =
+    pthread_atfork(nullptr, nullptr, [] { new (&gMutex) std::mutex(); }) == 0;
 LogConfig* gConfig = nullptr;
 std::atomic<bool> gLoaded{false};
 // Set on every collective call: the initial-exec model makes that a plain

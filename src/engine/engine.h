@@ -15,7 +15,8 @@
 // nothing queued ahead). A job's connections are therefore touched by one
 // thread at a time. The progress thread pumps only while detached jobs
 // (nobody waits on them) exist, and otherwise sleeps between idle checks.
-// Lock order: listMutex_, then a job's mutex; submitMutex_ is a leaf.
+// Lock order: watchMutex_, listMutex_, then a job's mutex; submitMutex_
+// after listMutex_, and reportMutex_ a leaf (holdForFork takes them all).
 //
 // Ordering: jobs with the same queue (one communicator) run one at a time in
 // submission order, like operations on one stream; different queues run

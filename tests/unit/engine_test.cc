@@ -364,11 +364,15 @@ TEST_CASE("a child forked while the progress thread holds the engine's locks can
       ++checks;
       const int64_t until = nowNs() + 2'000'000;  // the watch lock held through it
       while (nowNs() < until) (void)Engine::instance().queueAtRest(1);  // the list and submit locks, again and again
-      return true;  // and an answer to read every 10 ms
+      return true;  // an answer to read (none is: the next check comes first)
     }
     bool readIdleAnswer() override { return false; }
   } slow;
   Engine::instance().watchIdle(&slow);
+  struct Unwatch {
+    IdleWatch* w;
+    ~Unwatch() { Engine::instance().unwatchIdle(w); }
+  } unwatch{&slow};
   while (slow.checks.load() < 3) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   int finished = 0;
   for (int i = 0; i < 5; ++i) {
@@ -399,7 +403,6 @@ TEST_CASE("a child forked while the progress thread holds the engine's locks can
     }
     if (WIFEXITED(status) && WEXITSTATUS(status) == 0) ++finished;
   }
-  Engine::instance().unwatchIdle(&slow);
   CHECK(finished == 5);
 }
 
