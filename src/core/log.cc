@@ -1,7 +1,6 @@
 #include "core/log.h"
 
 #include <pthread.h>
-
 #include <sys/syscall.h>
 #include <unistd.h>
 
