@@ -1,16 +1,18 @@
 // Bootstrap: allGather and barrier over a Store (see bootstrap.h).
 //
 // Keys: "<scope>/ag/0/<rank>" for the check-in, and once the generation is
-// known (setGeneration) "<scope>/g<generation>/ag/<round>/<rank>": another
-// communicator in the same scope (NCCL_COMM_ID) meets this one only in the
-// check-in, which ends before finish(). Round r's get returning means every rank
-// has set its round-r key, hence finished reading every earlier round; so
-// after round r each rank erases its key of the previous allGather, and a long
-// job keeps at most two rounds in the store. finish() uses
-// "<scope>/done/<round>/<rank>": a rank records it after reading the last
-// round, so once rank 0 has them all it erases them and that round's keys.
-// A round that cannot complete (a wrong record, two processes with one rank)
-// gets "<scope>/ag/<round>/failed", which the ranks still waiting in it read.
+// known (setGeneration) "<R>/ag/<round>/<rank>", <R> being
+// "<scope>/g<generation>" (roundScope): another communicator in the same
+// scope (NCCL_COMM_ID) shares this one's check-in keys, no round after it.
+// Round r's get returning means every rank has set its round-r key, hence
+// finished reading every earlier round; so after round r each rank erases
+// its key of the previous allGather, and a long job keeps at most two rounds
+// in the store. finish() uses "<R>/done/<round>/<rank>": a rank records it
+// after reading the last round, so once rank 0 has them all it erases them
+// and that round's keys; in a shared scope it first erases the check-in
+// again and says so ("<R>/clean"), which the other ranks wait for. A round
+// that cannot complete (a wrong record, two processes with one rank) gets
+// "<R>/ag/<round>/failed", which the ranks still waiting in it read.
 // leave() uses "<scope>/left/<generation>/<rank>"; failure reports are
 // "<scope>/failure/<generation>/<rank>", the generation being the
 // communicator's (setGeneration): a communicator made again with the same
@@ -440,7 +442,8 @@ Status Bootstrap::finish(Deadline deadline) {
     if (sharedScope_ && hasGeneration_ && !rootGone) {
       // Until rank 0 has erased the check-in, the next communicator's would
       // read its records. A rank gone with no record of its finish, rank 0
-      // included, fails the wait as it fails a round.
+      // included, fails the wait as it fails a round; on the deadline the
+      // error names the ranks that did not finish, if any.
       std::atomic<bool> someoneGone{false};
       auto look = [&](const std::atomic<bool>* stop) {
         Status gone = lookForGoneRanks(keyOf, Deadline::afterMs(kLeaveMs).cancelledBy(stop));
@@ -452,7 +455,17 @@ Status Bootstrap::finish(Deadline deadline) {
         SHOAL_INFO(subsys::kBootstrap, what, ": the root went away before rank 0 said it was done (",
                    clean.status().message(), ")");
       } else if (!clean.isOk()) {
-        return clean.takeStatus().withContext(str(what, ": waiting for rank 0 to erase the set-up's keys"));
+        Status failed = clean.takeStatus();
+        if (failed.code() == Code::kTimeout) {
+          std::vector<std::string> doneKeys;
+          std::vector<int> others;
+          for (int r = 1; r < size_; ++r) {
+            doneKeys.push_back(keyOf(r));
+            others.push_back(r);
+          }
+          SHOAL_TRY(missingRanks(doneKeys, others, failed, what));
+        }
+        return failed.withContext(str(what, ": waiting for rank 0 to erase the check-in"));
       }
     }
     finished_ = true;
@@ -478,6 +491,15 @@ Status Bootstrap::finish(Deadline deadline) {
       SHOAL_TRY(missingRanks(keys, ranks, failed, what));
     }
   }
+  if (sharedScope_ && hasGeneration_) {
+    // Every rank erased its check-in record in the round after it (an erase
+    // that failed was only warned of): erased again, then the others may go
+    // on to the next communicator's check-in.
+    std::vector<std::string> checkIn;
+    for (int r = 0; r < size_; ++r) checkIn.push_back(roundKey(0, r));
+    SHOAL_TRY(store_->erase(checkIn, deadline)) << what << ": erasing the check-in";
+    SHOAL_TRY(store_->set(cleanKey(), "", deadline)) << what << ": telling the others the check-in is erased";
+  }
   // Every rank recorded its finish after reading the last allGather: nobody
   // reads that round again.
   if (lastGatherRound_ >= 0) {
@@ -487,9 +509,6 @@ Status Bootstrap::finish(Deadline deadline) {
   if (!keys.empty())
     if (Status s = store_->erase(keys, deadline); !s.isOk())
       SHOAL_WARN(what, ": could not erase the records: ", s.message());
-  if (sharedScope_ && hasGeneration_)
-    if (Status s = store_->set(cleanKey(), "", deadline); !s.isOk())
-      return s.withContext(str(what, ": telling the others the set-up's keys are erased"));
   finished_ = true;
   return Status::ok();
 }

@@ -238,7 +238,7 @@ class Bootstrap {
   int64_t lastGatherRound_ = -1;  // this rank's allGather key still in the store
   std::string lastRankZeroRecord_;  // rank 0's record of the last allGather (publishRoundFailure)
   bool finished_ = false;         // finish() succeeded: every rank took part
-  uint64_t generation_ = 0;       // names the failure reports (setGeneration)
+  uint64_t generation_ = 0;       // names this communicator's keys after the check-in (setGeneration)
   bool hasGeneration_ = false;
   bool sharedScope_ = false;      // setSharedScope
   std::vector<uint64_t> nonces_;  // by rank (setGeneration)
