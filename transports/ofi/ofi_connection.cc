@@ -372,6 +372,10 @@ Status OfiConnection::checkAlive() {
   if (!failure_.isOk()) return failure_;
   std::lock_guard<std::mutex> lock(rail_.mutex);
   if (Status s = rail_.progress(0); !s.isOk()) return fail(s.withContext(peer_));
+  return checkByeReceives();
+}
+
+Status OfiConnection::checkByeReceives() {
   for (const Op* bye : byes_)
     if (bye->done && bye->error != 0) return fail(remoteError(peer_, ": the connection failed: ", bye->errorText));
   return Status::ok();
@@ -387,8 +391,7 @@ bool OfiConnection::peerClosed() {
 
 Status OfiConnection::checkByes() {
   if (pendingMessages_ == 0) return Status::ok();
-  for (const Op* bye : byes_)
-    if (bye->done && bye->error != 0) return fail(remoteError(peer_, ": the connection failed: ", bye->errorText));
+  SHOAL_TRY(checkByeReceives());
   for (int lane = 0; lane < laneCount(); ++lane) {
     if (!rail_.byeArrived(recvId_, lane)) continue;
     // Everything the peer sent on this lane before its bye has been delivered

@@ -182,6 +182,8 @@ class OfiConnection final : public Connection {
   Status peekForMismatch();
   // A bye on a lane where an operation still waits: it never will complete.
   Status checkByes();
+  // A bye receive that completed with an error: the connection failed.
+  Status checkByeReceives();
   Status fail(Status status);
 
   Rail& rail_;
