@@ -180,8 +180,16 @@ class Connection {
   // operation of this side reading it (shm), so that a failing rank may wait
   // a moment for its peer's.
   virtual bool failureReportsArriveUnread() const { return carriesFailureReports(); }
-  virtual void publishFailure(std::string_view /*reason*/) {}
+  // `final`: nothing will be added. A failing rank first publishes a draft,
+  // its own view, so that ranks failing at the same moment can read it,
+  // then the final report with what the peers it waited on had reported: a
+  // reader that meets a draft waits a moment for the final one, which names
+  // the first cause.
+  virtual void publishFailure(std::string_view /*reason*/, bool /*final*/) {}
   virtual std::string peerFailure() const { return {}; }
+  // Whether the peer's report is final. Read before peerFailure(): the text
+  // read after a true answer is the final report.
+  virtual bool peerFailureFinal() const { return true; }
 };
 
 // Identifies one connection of one communicator (the same on both sides).

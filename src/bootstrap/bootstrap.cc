@@ -14,7 +14,8 @@
 // that cannot complete (a wrong record, two processes with one rank) gets
 // "<R>/ag/<round>/failed", which the ranks still waiting in it read.
 // leave() uses "<scope>/left/<generation>/<rank>"; failure reports are
-// "<scope>/failure/<generation>/<rank>", the generation being the
+// "<scope>/failure/<generation>/<rank>" (final) and
+// "<scope>/failure-draft/<generation>/<rank>", the generation being the
 // communicator's (setGeneration): a communicator made again with the same
 // scope never reads an earlier one's reports. A finished communicator's scope is empty once
 // every rank has left it, so the store holds keys only for live communicators.
@@ -182,6 +183,9 @@ std::string Bootstrap::cleanKey() const { return str(roundScope(1), "/clean"); }
 std::string Bootstrap::checkInKey() const { return roundKey(0, rank_); }
 
 std::string Bootstrap::failureKey(int rank) const { return str(scope_, "/failure/", hex64(generation_), "/", rank); }
+std::string Bootstrap::failureDraftKey(int rank) const {
+  return str(scope_, "/failure-draft/", hex64(generation_), "/", rank);
+}
 
 std::string Bootstrap::leftKey(int rank) const { return str(scope_, "/left/", hex64(generation_), "/", rank); }
 
@@ -530,6 +534,7 @@ Status Bootstrap::leave(Deadline deadline) {
   if (sharedScope_ && hasGeneration_) keys.push_back(cleanKey());
   for (int r = 0; r < size_; ++r) {
     keys.push_back(failureKey(r));
+    keys.push_back(failureDraftKey(r));
     keys.push_back(goneKey(r));
     if (r == 0) keys.push_back(someGoneKey());
     // Our last allGather round is everyone's: each allGather since finish()

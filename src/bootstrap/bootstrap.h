@@ -154,6 +154,10 @@ class Bootstrap {
   // leave() can erase it. Within the scope, under the communicator's
   // generation: set it (the same on every rank) before the first report.
   std::string failureKey(int rank) const;
+  // Where a failing rank publishes its draft report, its own view, while it
+  // reads what the peers it waited on reported (the final report then goes
+  // under failureKey).
+  std::string failureDraftKey(int rank) const;
   // Where leave() records that a rank left (until the last rank leaves).
   std::string leftKey(int rank) const;
   // Where the root writes a rank's will (setWill): under that rank's nonce,

@@ -270,20 +270,24 @@ Status Communicator::setUp() {
   connections_.setChoice(choice);
   connections_.setStreamLinks(agreement.streamLinks);
   connections_.setLabel(describe());
-  // A peer's failure report, else its will (its process ended: the root
-  // wrote it), else its leave record: a rank that destroyed or aborted its
-  // communicator will not connect, nor take part again, and its connections
-  // may not say so (ofi's say nothing).
+  // A peer's failure report (final or draft), else its will (its process
+  // ended: the root wrote it), else its leave record: a rank that destroyed
+  // or aborted its communicator will not connect, nor take part again, and
+  // its connections may not say so (ofi's say nothing).
   connections_.setPeerReports([this](int peer, Deadline deadline) {
     ConnectionTable::PeerNews news;
     Result<std::optional<Store::Found>> found = request_.store->firstPresent(
-        {failureKey(peer), bootstrap_->goneKey(peer), bootstrap_->leftKey(peer)}, deadline);
+        {failureKey(peer), bootstrap_->failureDraftKey(peer), bootstrap_->goneKey(peer), bootstrap_->leftKey(peer)},
+        deadline);
     news.unreadable = !found.isOk();
     if (!found.isOk() || !found.value()) return news;
-    switch (found.value()->index) {
-      case 0: news.report = std::move(found.value()->value); break;
-      case 1: news.gone = std::move(found.value()->value); break;
-      default: news.left = true;
+    const size_t index = found.value()->index;
+    if (index <= 1) {
+      news.report = std::move(found.value()->value);  // final or draft
+    } else if (index == 2) {
+      news.gone = std::move(found.value()->value);
+    } else {
+      news.left = true;
     }
     return news;
   });
@@ -951,7 +955,7 @@ void Communicator::failIdle(const Status& lost) {
   SHOAL_WARN(st.message());
   // Same-host peers read it through their connections' side channel (and
   // fail too, at their own next check), as after a failed operation.
-  connections_.publishFailure(st.message());
+  connections_.publishFailure(st.message(), /*final=*/true);
   setAsyncError(st);
 }
 

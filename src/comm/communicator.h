@@ -456,24 +456,31 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
   // the peers it depended on (`upstreamPeers`) reported, then closes
   // (closeAfterFailure); a later one only sets the error.
   Status publishAndClose(Status st, const std::vector<int>& upstreamPeers);
-  // What a peer this rank waited on says of its failure, within the
-  // deadline (a peer that just failed may publish a moment after us): its
-  // connections' report, else its report in the store, else its will there
-  // (its process ended: it writes none), whichever comes first. "" if none.
-  std::string upstreamReport(int peer, Deadline deadline);
+  // What each peer this rank waited on says of its failure, looked at
+  // together within the deadline (a peer that just failed may publish a
+  // moment after us): its final report, from its connections or the store,
+  // or its will there (its process ended: after its draft, if it had
+  // published one), whichever comes first; at the deadline its draft (it
+  // may be waiting on this rank). "" for a peer that said nothing.
+  std::vector<std::string> upstreamReports(const std::vector<int>& peers, Deadline deadline);
   // After a published failure: no job of ours runs on, its streams are past
   // the FIFOs, every connection closes (peers waiting on us see it now) and
   // the communicator keeps the error (failureMutex_ held).
   void closeAfterFailure(const Status& st);
   // Says `text` of this rank's failure on its connections and in the store
   // (failureMutex_ held). Each report extends the last (shm's side channel
-  // only appends): one that does not is added after "; then: ".
-  void publishReport(const std::string& text, Deadline deadline);
+  // only appends): one that does not is added after "; then: ". A draft
+  // (not `final`) is this rank's view while it reads its upstream peers'
+  // reports (Connection::publishFailure).
+  void publishReport(const std::string& text, bool final, Deadline deadline);
   std::string failureKey(int rank) const;
   std::string reportStem() const;  // names this rank's report files
 
   // How long a failing rank spends reading its peer's report and publishing its own.
   static constexpr int64_t kFailureReportMs = 1500;
+  // The least time a look in the store gets for its answer (the last look
+  // may begin just before kFailureReportMs ends).
+  static constexpr int64_t kStoreLookMs = 200;
 
   const int rank_;
   const int nranks_;

@@ -6,6 +6,8 @@
 #include <chrono>
 #include <functional>
 #include <iterator>
+#include <string>
+#include <string_view>
 #include <thread>
 #include <utility>
 
@@ -15,11 +17,11 @@
 #include "comm/group.h"
 #include "comm/stream_bridge.h"
 #include "comm/stream_plan.h"
-#include "transports/registry.h"
 #include "comm/window.h"
 #include "comm/window_board.h"
 #include "core/clock.h"
 #include "core/log.h"
+#include "transports/registry.h"
 
 namespace shoal {
 
@@ -52,6 +54,18 @@ bool collectivesGrouped(std::span<const OpRequest> ops) {
   return std::count_if(ops.begin(), ops.end(), [](const OpRequest& op) {
            return op.shape.kind != CollKind::kSend && op.shape.kind != CollKind::kRecv && !droppedByNccl(op);
          }) > 1;
+}
+
+// What `report` adds to `text`: all of it, nothing where `text` holds it
+// already, or its tail where `text` ends with its start. A closed shm
+// connection's error ends with the peer's draft report ("it reported:
+// ..."), and the final report extends the draft.
+std::string_view addedBy(std::string_view report, std::string_view text) {
+  if (text.find(report) != std::string_view::npos) return {};
+  constexpr size_t kLeastOverlap = 32;  // shorter is no quote, only a coincidence
+  for (size_t overlap = std::min(text.size(), report.size()); overlap >= kLeastOverlap; --overlap)
+    if (text.ends_with(report.substr(0, overlap))) return report.substr(overlap);
+  return report;
 }
 
 }  // namespace
@@ -798,47 +812,95 @@ Status Communicator::publishAndClose(Status st, const std::vector<int>& upstream
     return st;
   }
   failurePublished_ = true;
-  // Our own view first, so that ranks timing out at the same moment as we do
-  // can read it: in every connection that has a side channel (same-host peers
-  // read it even when the store is out of reach), then in the store; then
-  // what the peers we depended on reported, if anything.
+  // Our own view first, a draft where peers we depended on may say more, so
+  // that ranks timing out at the same moment as we do can read it: in every
+  // connection that has a side channel (same-host peers read it even when
+  // the store is out of reach), then in the store; then the final report,
+  // with what those peers reported, if anything.
   // An abort (a watchdog on another thread) ends these waits at once: the
   // peers that abort too never publish a report.
   const Deadline reportDeadline = Deadline::afterMs(kFailureReportMs).cancelledBy(&abortFlag_);
-  publishReport(st.message(), reportDeadline);
-  Deadline deadline = reportDeadline;
+  std::vector<int> upstream;
+  for (int peer : upstreamPeers)
+    if (peer != rank_ && std::find(upstream.begin(), upstream.end(), peer) == upstream.end()) upstream.push_back(peer);
+  publishReport(st.message(), /*final=*/upstream.empty(), reportDeadline);
+  if (upstream.empty()) {
+    closeAfterFailure(st);
+    return st;
+  }
+  const std::vector<std::string> reports = upstreamReports(upstream, reportDeadline);
   std::string upstreamText;
-  for (int peer : upstreamPeers) {
-    if (peer == rank_) continue;
-    const std::string report = upstreamReport(peer, deadline);
-    if (!report.empty())
-      upstreamText += str("; rank ", peer, " (host ", peers_[peer].hostname, ") had failed first: ", report);
+  for (size_t i = 0; i < upstream.size(); ++i) {
+    const std::string& report = reports[i];
+    if (report.empty()) continue;
+    const std::string_view added = addedBy(report, st.message() + upstreamText);
+    if (added.size() < report.size()) {
+      upstreamText += added;  // the error quotes it, or its start
+    } else {
+      upstreamText +=
+          str("; rank ", upstream[i], " (host ", peers_[upstream[i]].hostname, ") had failed first: ", report);
+    }
   }
-  if (!upstreamText.empty()) {
-    // Where the cause lies upstream, the ranks that wait on this one read it
-    // on the connections too (a chain of closed connections names the rank
-    // that died).
-    st = Status(st.code(), st.message() + upstreamText);
-    publishReport(publishedReport_ + upstreamText, reportDeadline);
-  }
+  // Where the cause lies upstream, the ranks that wait on this one read it
+  // on the connections too (a chain of closed connections names the rank
+  // that died).
+  st = Status(st.code(), st.message() + upstreamText);
+  publishReport(publishedReport_ + upstreamText, /*final=*/true, reportDeadline);
   closeAfterFailure(st);
   return st;
 }
 
-std::string Communicator::upstreamReport(int peer, Deadline deadline) {
-  const std::vector<std::string> keys{failureKey(peer), goneKey(peer)};
+std::vector<std::string> Communicator::upstreamReports(const std::vector<int>& peers, Deadline deadline) {
+  const size_t n = peers.size();
+  std::vector<std::string> reports(n);  // final, a will, or the longest draft so far
+  std::vector<bool> settled(n, false);
+  bool storeAnswers = true;
   int64_t pauseMs = 2;  // then up to 200 ms: each look is a request to the one root
   for (;;) {
-    if (std::string report = connections_.peerFailure(peer, Deadline::passed()); !report.empty()) return report;
-    Result<std::optional<Store::Found>> found = request_.store->firstPresent(keys, deadline);
+    for (size_t i = 0; i < n; ++i) {
+      if (settled[i]) continue;
+      ConnectionTable::PeerReport carried = connections_.peerFailure(peers[i], Deadline::passed());
+      if (carried.final || carried.text.size() > reports[i].size()) reports[i] = std::move(carried.text);
+      settled[i] = carried.final;
+      if (settled[i] || !storeAnswers) continue;
+      // The final report, else the will (the root writes it whole), else
+      // the draft. A look begun in time gets its answer even where the
+      // deadline is about to pass.
+      const Deadline look =
+          deadline.remainingMs() >= kStoreLookMs ? deadline : Deadline::afterMs(kStoreLookMs).cancelledBy(&abortFlag_);
+      Result<std::optional<Store::Found>> found = request_.store->firstPresent(
+          {failureKey(peers[i]), goneKey(peers[i]), bootstrap_->failureDraftKey(peers[i])}, look);
+      storeAnswers = found.isOk();
+      if (!storeAnswers || !found.value()) continue;
+      std::string& value = found.value()->value;
+      switch (found.value()->index) {
+        case 0:
+          reports[i] = std::move(value);
+          settled[i] = true;
+          break;
+        case 1:  // its process ended: after what it had said, if anything
+          reports[i] = reports[i].empty() ? std::move(value) : str(reports[i], "; then: ", value);
+          settled[i] = true;
+          break;
+        default:
+          if (value.size() > reports[i].size()) reports[i] = std::move(value);
+      }
+    }
+    if (std::all_of(settled.begin(), settled.end(), [](bool s) { return s; }) || deadline.expired()) break;
     // A store out of reach (its root died with rank 0) leaves the reports
     // that arrive by themselves (same-host peers'), waited for as before.
-    if (!found.isOk()) return connections_.peerFailure(peer, deadline);
-    if (found.value()) return std::move(found.value()->value);
-    if (deadline.expired()) return {};
+    if (!storeAnswers) {
+      for (size_t i = 0; i < n; ++i) {
+        if (settled[i]) continue;
+        ConnectionTable::PeerReport carried = connections_.peerFailure(peers[i], deadline);
+        if (carried.final || carried.text.size() > reports[i].size()) reports[i] = std::move(carried.text);
+      }
+      break;
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(std::min(pauseMs, deadline.remainingMs() + 1)));
     pauseMs = std::min<int64_t>(pauseMs * 2, 200);
   }
+  return reports;
 }
 
 void Communicator::closeAfterFailure(const Status& st) {
@@ -853,7 +915,7 @@ Status Communicator::failBeforeRunning(Status st) {
   connections_.releaseStreamLinks();
   if (!failurePublished_ && !refusalPublished_) {
     refusalPublished_ = true;
-    publishReport(st.message(), Deadline::afterMs(kFailureReportMs).cancelledBy(&abortFlag_));
+    publishReport(st.message(), /*final=*/true, Deadline::afterMs(kFailureReportMs).cancelledBy(&abortFlag_));
   }
   setAsyncError(st);
   return st;
@@ -872,11 +934,11 @@ Status Communicator::connectFailed(Status st) {
   return publishAndClose(std::move(st), {});
 }
 
-void Communicator::publishReport(const std::string& text, Deadline deadline) {
+void Communicator::publishReport(const std::string& text, bool final, Deadline deadline) {
   if (publishedReport_.empty() || text.starts_with(publishedReport_)) publishedReport_ = text;
   else publishedReport_ += "; then: " + text;
-  connections_.publishFailure(publishedReport_);
-  (void)request_.store->set(failureKey(rank_), publishedReport_, deadline);
+  connections_.publishFailure(publishedReport_, final);
+  (void)request_.store->set(final ? failureKey(rank_) : bootstrap_->failureDraftKey(rank_), publishedReport_, deadline);
 }
 
 std::string Communicator::failureKey(int rank) const { return bootstrap_->failureKey(rank); }

@@ -573,28 +573,34 @@ void ConnectionTable::releaseStreamLinks() {
     if (StreamLink* link = connection->streamLink()) link->release();
 }
 
-void ConnectionTable::publishFailure(std::string_view report) {
+void ConnectionTable::publishFailure(std::string_view report, bool final) {
   std::lock_guard<std::mutex> lock(mapMutex_);
-  for (auto& [key, connection] : connections_) connection->publishFailure(report);
+  for (auto& [key, connection] : connections_) connection->publishFailure(report, final);
 }
 
-std::string ConnectionTable::peerFailure(int peer, Deadline deadline) const {
+ConnectionTable::PeerReport ConnectionTable::peerFailure(int peer, Deadline deadline) const {
   std::vector<Connection*> carriers;
   {
     std::lock_guard<std::mutex> lock(mapMutex_);
     for (const auto& [key, connection] : connections_)
       if (key.first == peer && connection->carriesFailureReports()) carriers.push_back(connection.get());
   }
+  PeerReport draft;
   Backoff backoff;
   while (!carriers.empty()) {
-    for (Connection* c : carriers)
-      if (std::string report = c->peerFailure(); !report.empty()) return report;
+    for (Connection* c : carriers) {
+      const bool final = c->peerFailureFinal();  // first: the text read after a final answer is final
+      std::string report = c->peerFailure();
+      if (report.empty()) continue;
+      if (final) return PeerReport{std::move(report), true};
+      if (report.size() > draft.text.size()) draft.text = std::move(report);
+    }
     // Only reports that arrive by themselves are worth waiting for.
     std::erase_if(carriers, [](Connection* c) { return !c->failureReportsArriveUnread(); });
-    if (carriers.empty() || deadline.expired()) return {};
+    if (carriers.empty() || deadline.expired()) return draft;
     backoff.pause();
   }
-  return {};
+  return draft;
 }
 
 Status ConnectionTable::findLostPeer() {

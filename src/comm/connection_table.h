@@ -186,15 +186,22 @@ class ConnectionTable {
   // whose connections take device buffers (Transport::movesDeviceMemory).
   bool movesDeviceMemory(const Plan& plan);
 
-  // This rank's failure, written into every connection's side channel.
-  void publishFailure(std::string_view report);
+  // This rank's failure, written into every connection's side channel
+  // (`final`: Connection::publishFailure).
+  void publishFailure(std::string_view report, bool final);
   // Breaks every connection's stream link for good (StreamLink::release):
   // the peers' stream plans on them fail now, not at their deadline.
   void releaseStreamLinks();
   // A peer's failure report from its connections (Connection::peerFailure):
   // one that arrives by itself (shm's segment) is waited for until the
-  // deadline (the peer may fail a moment after us); "" when none has one.
-  std::string peerFailure(int peer, Deadline deadline) const;
+  // deadline (the peer may fail a moment after us), and so is the final
+  // report where a draft is there (Connection::peerFailureFinal); the draft
+  // at the deadline, "" when none has one.
+  struct PeerReport {
+    std::string text;
+    bool final = false;
+  };
+  PeerReport peerFailure(int peer, Deadline deadline) const;
   // The first idle connection to another rank whose peer is gone
   // (Connection::checkAlive), as its error; ok when every peer is there.
   // (No probe here: a peer over ofi that destroyed its communicator and

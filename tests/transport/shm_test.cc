@@ -225,15 +225,23 @@ TEST_CASE("shm carries a failing side's reason to its peer", "[shm]") {
   auto pair = world.attached(0);
   CHECK(pair.first->carriesFailureReports());
   CHECK(pair.second->peerFailure().empty());
-  pair.first->publishFailure("no progress waiting on rank 9 (host far)");
+  CHECK_FALSE(pair.second->peerFailureFinal());
+  // A draft first: the failing side's own view, while it reads its upstream.
+  pair.first->publishFailure("no progress waiting on rank 9 (host far)", /*final=*/false);
   CHECK(pair.second->peerFailure() == "no progress waiting on rank 9 (host far)");
+  CHECK_FALSE(pair.second->peerFailureFinal());
   // What the failing side learns from its own upstream extends its report
-  // (only appended: the peer may be reading it); another report does not
-  // replace it.
-  pair.first->publishFailure("no progress waiting on rank 9 (host far); rank 9 had failed first: rank 7 died");
+  // (only appended: the peer may be reading it) and makes it final; another
+  // report does not replace it.
+  pair.first->publishFailure("no progress waiting on rank 9 (host far); rank 9 had failed first: rank 7 died",
+                             /*final=*/true);
+  CHECK(pair.second->peerFailureFinal());
   CHECK(pair.second->peerFailure() == "no progress waiting on rank 9 (host far); rank 9 had failed first: rank 7 died");
-  pair.first->publishFailure("something else");
+  pair.first->publishFailure("something else", /*final=*/true);
   CHECK(pair.second->peerFailure() == "no progress waiting on rank 9 (host far); rank 9 had failed first: rank 7 died");
+  // Each side's report is its own.
+  CHECK(pair.first->peerFailure().empty());
+  CHECK_FALSE(pair.first->peerFailureFinal());
   pair.first.reset();  // closes its side
   Status s = receiveUntilError(*pair.second);
   REQUIRE_FALSE(s.isOk());
@@ -253,10 +261,11 @@ TEST_CASE("shm keeps a chain of reports whole up to its bound", "[shm]") {
             std::to_string(r - 1) + " had failed first: " + chain;
   REQUIRE(chain.size() > 2048);
   REQUIRE(chain.size() <= shm::kReasonBytes);
-  pair.first->publishFailure(chain);
+  pair.first->publishFailure(chain, /*final=*/false);
   CHECK(pair.second->peerFailure() == chain);
   // Beyond the bound, the start is kept (the segment is only appended to).
-  pair.first->publishFailure(chain + std::string(shm::kReasonBytes, '.'));
+  pair.first->publishFailure(chain + std::string(shm::kReasonBytes, '.'), /*final=*/true);
+  CHECK(pair.second->peerFailureFinal());  // final even where the bound cut its tail
   CHECK(pair.second->peerFailure().size() == shm::kReasonBytes);
   CHECK_THAT(pair.second->peerFailure(), Catch::StartsWith(chain));
 }

@@ -688,15 +688,17 @@ TEST_CASE("tcp carries a failing side's report in its bye", "[tcp]") {
   const std::string description = pair.first->peerDescription();
   CHECK(pair.second->carriesFailureReports());
   CHECK_FALSE(pair.second->failureReportsArriveUnread());  // read with the bye, never waited for
-  pair.second->publishFailure("no progress waiting on rank 9 (host far)");
+  pair.second->publishFailure("no progress waiting on rank 9 (host far)", /*final=*/false);
   // What the failing side learns from its own upstream extends its report;
   // another report does not replace it.
-  pair.second->publishFailure("no progress waiting on rank 9 (host far); rank 9 had failed first: rank 7 died");
-  pair.second->publishFailure("something else");
+  pair.second->publishFailure("no progress waiting on rank 9 (host far); rank 9 had failed first: rank 7 died",
+                              /*final=*/true);
+  pair.second->publishFailure("something else", /*final=*/true);
   Status s = receiveAfterClose(pair);
   INFO(s.toString());
   REQUIRE(s.code() == Code::kRemoteError);
   CHECK_THAT(s.message(), Catch::StartsWith(description + ": the peer's communicator failed and closed"));
+  CHECK(pair.first->peerFailureFinal());  // the bye carries what the peer had said when it closed
   CHECK(pair.first->peerFailure() == "no progress waiting on rank 9 (host far); rank 9 had failed first: rank 7 died");
 }
 
@@ -711,10 +713,10 @@ TEST_CASE("tcp bounds a long report by its start and its end", "[tcp]") {
   CHECK_THAT(bounded, Catch::StartsWith("rank 5's view") && Catch::EndsWith("rank 0 died") &&
                           Catch::Contains(" [...] "));
   ConnPair pair = makeTcpPair(0);
-  pair.second->publishFailure(report);
+  pair.second->publishFailure(report, /*final=*/false);
   // A report already past the bound can still be extended (what the rank
   // learns from its upstream peers comes last).
-  pair.second->publishFailure(report + "; rank 9 had failed first: rank 8 died");
+  pair.second->publishFailure(report + "; rank 9 had failed first: rank 8 died", /*final=*/true);
   CHECK(receiveAfterClose(pair).code() == Code::kRemoteError);
   CHECK(pair.first->peerFailure().size() == most);
   CHECK_THAT(pair.first->peerFailure(), Catch::StartsWith("rank 5's view") &&
@@ -724,7 +726,7 @@ TEST_CASE("tcp bounds a long report by its start and its end", "[tcp]") {
 TEST_CASE("tcp reads a failed peer's bye when a send to it fails first", "[tcp]") {
   world();
   ConnPair pair = makeTcpPair(0);
-  pair.second->publishFailure("rank 1 lost rank 7");
+  pair.second->publishFailure("rank 1 lost rank 7", /*final=*/true);
   pair.second.reset();
   // Sending into the closed socket fails (its host resets it) while the bye
   // waits unread: no receive was posted to meet it.

@@ -979,6 +979,7 @@ TEST_CASE("Bootstrap: finish erases the last round, the last rank to leave empti
 
   // Later use (a split's allGather, round 3) and a failure report.
   requireAllOk(runRanks(kRanks, [&](int rank) { return ranks[rank]->barrier(Deadline::afterMs(10000)); }));
+  REQUIRE(store->set(ranks[1]->failureDraftKey(1), "rank 1 failing", Deadline::afterMs(1000)).isOk());
   REQUIRE(store->set(ranks[1]->failureKey(1), "rank 1 failed", Deadline::afterMs(1000)).isOk());
   REQUIRE(store->set(ranks[1]->goneKey(1), "rank 1's process ended", Deadline::afterMs(1000)).isOk());
   REQUIRE(store->set(ranks[1]->someGoneKey(), "1", Deadline::afterMs(1000)).isOk());
@@ -999,8 +1000,8 @@ TEST_CASE("Bootstrap: finish erases the last round, the last rank to leave empti
   ranks[2].reset();  // its destructor leaves
   CHECK(exist({"s/ag/3/0", "s/ag/3/1", "s/ag/3/2"}) == none);
   CHECK(exist(left) == none);
-  CHECK(exist({ranks[0]->failureKey(1), ranks[0]->goneKey(1), ranks[0]->someGoneKey()}) ==
-        std::vector<bool>{false, false, false});
+  CHECK(exist({ranks[0]->failureKey(1), ranks[0]->failureDraftKey(1), ranks[0]->goneKey(1), ranks[0]->someGoneKey()}) ==
+        std::vector<bool>{false, false, false, false});
   REQUIRE(ranks[0]->leave(Deadline::afterMs(1000)).isOk());  // once only
   CHECK(exist({left[0]}) == std::vector<bool>{false});
 

@@ -76,14 +76,20 @@ Status ShmConnection::fail(Status status) {
 // never rewritten; a report that extends the published one (what this rank
 // learned from its own upstream since) adds its tail, any other keeps the
 // first.
-void ShmConnection::publishFailure(std::string_view reason) {
+void ShmConnection::publishFailure(std::string_view reason, bool final) {
   if (!segment_.mapped()) return;
   Header& h = segment_.header();
   const size_t published = h.reasonLength[side_].load(std::memory_order_relaxed);  // this side writes it
   const size_t n = std::min(reason.size(), kReasonBytes);
-  if (n <= published || std::string_view(h.reason[side_], published) != reason.substr(0, published)) return;
-  std::memcpy(h.reason[side_] + published, reason.data() + published, n - published);
-  h.reasonLength[side_].store(static_cast<uint32_t>(n), std::memory_order_release);
+  if (n > published && std::string_view(h.reason[side_], published) == reason.substr(0, published)) {
+    std::memcpy(h.reason[side_] + published, reason.data() + published, n - published);
+    h.reasonLength[side_].store(static_cast<uint32_t>(n), std::memory_order_release);
+  }
+  if (final) h.reasonFinal[side_].store(1, std::memory_order_release);
+}
+
+bool ShmConnection::peerFailureFinal() const {
+  return segment_.mapped() && segment_.header().reasonFinal[peerSide_].load(std::memory_order_acquire) != 0;
 }
 
 bool ShmConnection::failureReportsArriveUnread() const {

@@ -90,8 +90,9 @@ class ShmConnection final : public Connection {
   // Only a peer that has mapped the segment can write its report there: a
   // failing rank does not wait for one that never attached.
   bool failureReportsArriveUnread() const override;
-  void publishFailure(std::string_view reason) override;
+  void publishFailure(std::string_view reason, bool final) override;
   std::string peerFailure() const override;
+  bool peerFailureFinal() const override;
 
   // For tests: whether large messages to the peer go by single copy.
   bool singleCopyToPeer() const { return peerCanRead_ == CmaAbility::kYes; }

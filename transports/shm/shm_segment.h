@@ -26,7 +26,7 @@
 namespace shoal::shm {
 
 inline constexpr uint64_t kMagic = 0x53484f414c53484dull;  // "SHOALSHM"
-inline constexpr uint32_t kLayoutVersion = 3;
+inline constexpr uint32_t kLayoutVersion = 4;
 // A failure report: a chain of reports grows by a few hundred bytes per rank
 // it passes through, and keeps its first cause at its end.
 inline constexpr size_t kReasonBytes = 8192;
@@ -46,8 +46,11 @@ struct alignas(kLineBytes) Header {
   alignas(kLineBytes) std::atomic<int32_t> openerPid;  // 0 until side 1 attached
   alignas(kLineBytes) std::atomic<int32_t> canRead[2];  // CmaAbility of side s reading the other side
   alignas(kLineBytes) std::atomic<int32_t> closed[2];   // side s has gone (destroyed or failed)
-  // Why side s failed (written before closed[s]); length stored last.
+  // Why side s failed (written before or after closed[s]: a failed job
+  // closes its connections first); length stored last, then reasonFinal[s]
+  // once side s will add nothing (Connection::publishFailure).
   alignas(kLineBytes) std::atomic<uint32_t> reasonLength[2];
+  std::atomic<uint32_t> reasonFinal[2];
   char reason[2][kReasonBytes];
 };
 

@@ -99,7 +99,7 @@ std::string TcpConnection::boundReport(std::string_view report) {
   return str(report.substr(0, head), kCut, report.substr(report.size() - tail));
 }
 
-void TcpConnection::publishFailure(std::string_view reason) {
+void TcpConnection::publishFailure(std::string_view reason, bool /*final*/) {
   std::lock_guard<std::mutex> lock(reportMutex_);
   // Only a report that extends the first replaces it (transport.h); kept
   // whole (bounded when sent), so that a long one can still be extended.

@@ -82,7 +82,9 @@ class TcpConnection final : public Connection {
   // is never worth waiting for here.
   bool carriesFailureReports() const override { return true; }
   bool failureReportsArriveUnread() const override { return false; }
-  void publishFailure(std::string_view reason) override;
+  // What the bye carries is all the peer had to say: it sends it as it
+  // closes, after its final report (peerFailureFinal stays true).
+  void publishFailure(std::string_view reason, bool final) override;
   std::string peerFailure() const override;
 
   // The longest report a bye carries: longer ones keep their start (this
