@@ -1364,6 +1364,12 @@ TEST_CASE("cudafake: process exit and fork leave no worker behind", "[cudafake]"
   useDevice();
   Stream parentStream;
   PinnedBuffer words(64);
+  // The stream's worker is past its start-up before the fork: a thread that
+  // allocates at fork() may hold a lock of AddressSanitizer's allocator
+  // (GCC 12's does not take them around fork), which the child's own worker
+  // would then wait for forever. Once it has run an operation it waits idle.
+  REQUIRE(cuStreamWriteValue32(parentStream.h, words.dev(), 0, 0) == CUDA_SUCCESS);
+  REQUIRE(cuStreamSynchronize(parentStream.h) == CUDA_SUCCESS);
   const int status = runForked([&] {
     if (cuStreamQuery(parentStream.h) != CUDA_ERROR_INVALID_HANDLE) return 1;
     if (cuStreamWriteValue32(parentStream.h, words.dev(), 1, 0) != CUDA_ERROR_INVALID_HANDLE) return 2;
