@@ -449,9 +449,9 @@ class Communicator : public std::enable_shared_from_this<Communicator>, private 
   Status failBeforeRunning(Status st);
   // Waits for a set-up call's turn (communicator.cc says how it gives up).
   Status waitForTurn(Turns::Turn& turn, const std::atomic<bool>* cancel, const char* what);
-  // A connection this rank could not make (not for an abort): the same, and
-  // its connections close, as after a failed operation.
-  Status connectFailed(Status st);
+  // A connection to `peer` this rank could not make (not for an abort): the
+  // same, and its connections close, as after a failed operation.
+  Status connectFailed(Status st, int peer);
   // The first failure only: publishes this rank's report, extended by what
   // the peers it depended on (`upstreamPeers`) reported, then closes
   // (closeAfterFailure); a later one only sets the error.

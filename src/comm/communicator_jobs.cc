@@ -415,11 +415,12 @@ Result<bool> Communicator::submitStreamPlan(std::span<const OpRequest> ops, Stre
     return Status(e.code(), str(describe(), " is in an error state from an earlier operation: ", e.message()));
   }
   std::vector<Connection*> lanes;
-  if (Status connected = connections_.forPlan(plan, lanes); !connected.isOk()) {
+  int failedPeer = -1;
+  if (Status connected = connections_.forPlan(plan, lanes, nullptr, &failedPeer); !connected.isOk()) {
     // Its peers may be running their halves on stream links already: the
     // communicator fails, as for any call it cannot run as they do, and its
     // connections close, failing their plans on its links.
-    return connectFailed(std::move(connected));
+    return connectFailed(std::move(connected), failedPeer);
   }
   if (!StreamPlans::linksAll(lanes)) return false;
   // Its peers run it on their streams: so must this rank, or fail the
@@ -723,7 +724,7 @@ Status Communicator::connectAhead(const std::vector<OpRequest>& ops) {
         plans_->planFor(placedShape(op), grouped), describe(), ": ", collKindName(op.shape.kind));
     for (const auto& lane : prepared->plan->lanes)
       if (Status st = connections_.to(lane.peer, lane.channel, /*unlessWaiting=*/true).status(); !st.isOk())
-        return connectFailed(std::move(st));
+        return connectFailed(std::move(st), lane.peer);
   }
   return Status::ok();
 }
@@ -864,12 +865,15 @@ std::vector<std::string> Communicator::upstreamReports(const std::vector<int>& p
       settled[i] = carried.final;
       if (settled[i] || !storeAnswers) continue;
       // The final report, else the will (the root writes it whole), else
-      // the draft. A look begun in time gets its answer even where the
-      // deadline is about to pass.
+      // the leave record (a peer that destroyed or aborted its communicator
+      // says no more), else the draft. A look begun in time gets its answer
+      // even where the deadline is about to pass.
       const Deadline look =
           deadline.remainingMs() >= kStoreLookMs ? deadline : Deadline::afterMs(kStoreLookMs).cancelledBy(&abortFlag_);
-      Result<std::optional<Store::Found>> found = request_.store->firstPresent(
-          {failureKey(peers[i]), goneKey(peers[i]), bootstrap_->failureDraftKey(peers[i])}, look);
+      Result<std::optional<Store::Found>> found =
+          request_.store->firstPresent({failureKey(peers[i]), goneKey(peers[i]), bootstrap_->leftKey(peers[i]),
+                                        bootstrap_->failureDraftKey(peers[i])},
+                                       look);
       storeAnswers = found.isOk();
       if (!storeAnswers || !found.value()) continue;
       std::string& value = found.value()->value;
@@ -880,6 +884,9 @@ std::vector<std::string> Communicator::upstreamReports(const std::vector<int>& p
           break;
         case 1:  // its process ended: after what it had said, if anything
           reports[i] = reports[i].empty() ? std::move(value) : str(reports[i], "; then: ", value);
+          settled[i] = true;
+          break;
+        case 2:
           settled[i] = true;
           break;
         default:
@@ -927,11 +934,14 @@ Status Communicator::failBeforeRunning(Status st) {
 // communicator fails as after a failed operation: it says why where they
 // look (ConnectionTable::setPeerReports) and closes its connections, so that
 // peers it had connected to see the close now. Not for an abort (a cancelled
-// connect reads as a timeout to some transports).
-Status Communicator::connectFailed(Status st) {
+// connect reads as a timeout to some transports). A peer that did not come,
+// or failed, may say why a moment later (it died: its will), and what it
+// says is the cause: its report is read as an operation's upstream peer's.
+Status Communicator::connectFailed(Status st, int peer) {
   st = StatusBuilder(std::move(st)) << describe();
   if (aborted()) return st;
-  return publishAndClose(std::move(st), {});
+  const bool peersFault = st.code() == Code::kTimeout || st.code() == Code::kRemoteError;
+  return publishAndClose(std::move(st), peersFault && peer >= 0 ? std::vector<int>{peer} : std::vector<int>{});
 }
 
 void Communicator::publishReport(const std::string& text, bool final, Deadline deadline) {
@@ -1019,9 +1029,10 @@ Result<bool> Communicator::prepareJob(Job& job, std::span<const OpRequest> ops, 
   job.sequence = job.opTags[0] & 0xffffffffffffull;
   job.sameConnections = samePlan && job.laneConnections.size() == plan.lanes.size();
   if (!job.sameConnections) {
-    if (Status st = connections_.forPlan(plan, job.laneConnections, &job); !st.isOk()) {
+    int failedPeer = -1;
+    if (Status st = connections_.forPlan(plan, job.laneConnections, &job, &failedPeer); !st.isOk()) {
       job.laneConnections.clear();  // never taken for this plan's by a later call
-      return connectFailed(std::move(st));
+      return connectFailed(std::move(st), failedPeer);
     }
   }
 

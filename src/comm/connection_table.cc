@@ -530,10 +530,16 @@ size_t ConnectionTable::size() const {
   return connections_.size();
 }
 
-Status ConnectionTable::forPlan(const Plan& plan, std::vector<Connection*>& laneConnections, const Job* forJob) {
+Status ConnectionTable::forPlan(const Plan& plan, std::vector<Connection*>& laneConnections, const Job* forJob,
+                                int* failedPeer) {
   laneConnections.resize(plan.lanes.size());
   for (size_t i = 0; i < plan.lanes.size(); ++i) {
-    SHOAL_ASSIGN_OR_RETURN(laneConnections[i], to(plan.lanes[i].peer, plan.lanes[i].channel, false, forJob));
+    Result<Connection*> connection = to(plan.lanes[i].peer, plan.lanes[i].channel, false, forJob);
+    if (!connection.isOk()) {
+      if (failedPeer) *failedPeer = plan.lanes[i].peer;
+      return connection.takeStatus();
+    }
+    laneConnections[i] = connection.value();
   }
   return Status::ok();
 }

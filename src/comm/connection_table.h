@@ -161,8 +161,10 @@ class ConnectionTable {
   // connect watch), a timeout at SHOAL_PROGRESS_TIMEOUT_MS, where that is
   // sooner than the set-up deadline (SHOAL_INIT_TIMEOUT_MS).
   Result<Connection*> to(int peer, uint16_t channel, bool unlessWaiting = false, const Job* forJob = nullptr);
-  // Every lane's connection of the plan, in lane order.
-  Status forPlan(const Plan& plan, std::vector<Connection*>& laneConnections, const Job* forJob = nullptr);
+  // Every lane's connection of the plan, in lane order; where one cannot be
+  // made, `failedPeer` (if given) is set to its peer.
+  Status forPlan(const Plan& plan, std::vector<Connection*>& laneConnections, const Job* forJob = nullptr,
+                 int* failedPeer = nullptr);
   // A connect that waits for its peer, for hang reports: the operation it
   // is part of (Job::description(), or the table's own name), that
   // operation's sequence number (0: unknown), the peer, since when.

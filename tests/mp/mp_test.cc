@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "mp/mp_checks.h"
+#include "mp/report_chain.h"
 #include "support/mp_harness.h"
 
 using namespace shoal::testing;  // mp_harness.h, mp_checks.h
@@ -563,13 +564,10 @@ TEST_CASE("mp: a SIGKILLed rank makes every survivor fail naming it", "[mp][fail
 }
 
 // A failed rank first publishes a draft report, its own view, then reads
-// why the peers it waited on failed and publishes the final one. Rank 1's
-// Recv from rank 2 (alive, not calling) times out; its Recv from rank 0,
-// done, was in the same group, and their connection closes as the group
-// fails, before rank 1 knows why rank 2 stopped. Rank 0's next Recv from
-// rank 1 meets the close and the draft: it must wait for the final report.
-// Rank 2 is SIGKILLed 300 ms after rank 1's deadline; rank 1 reads
-// its will, and only the final report says that rank 2's process ended.
+// why the peers it waited on failed and publishes the final one. Over shm
+// a failed group closes its connections before that (rank 1's to rank 0,
+// whose Recv in the group had finished), so rank 0 meets the draft and
+// must wait for the final report (tests/mp/report_chain.h).
 TEST_CASE("mp: a rank that meets a failed peer's draft report waits for the final one, which names the first cause",
           "[mp][failure]") {
   constexpr int kTimeoutMs = 2000;
@@ -577,50 +575,7 @@ TEST_CASE("mp: a rank that meets a failed peer's draft report waits for the fina
   cfg.nranks = 3;
   cfg.hardLimitMs = 60000;
   cfg.env = {{"SHOAL_TRANSPORT", "shm"}, {"SHOAL_PROGRESS_TIMEOUT_MS", std::to_string(kTimeoutMs)}};
-  MpResult res = runForked(cfg, [&](MpChild& c) {
-    ncclComm_t comm = nullptr;
-    CHILD_NCCL(c, initComm(c, &comm));
-    const size_t n = 16;
-    std::vector<float> fromZero(n, -1.f), fromTwo(n, -1.f), mine(n, float(c.rank()));
-    CHILD_CHECK(c, c.barrier(), "the ranks did not meet after init");
-    if (c.rank() == 2) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(kTimeoutMs + 300));
-      c.log("killing myself (SIGKILL) after rank 1's deadline");
-      ::raise(SIGKILL);
-    }
-    ncclResult_t rc = ncclSuccess;
-    double ms = 0;
-    if (c.rank() == 1) {
-      CHILD_NCCL(c, ncclGroupStart());
-      CHILD_NCCL(c, ncclRecv(fromZero.data(), n, ncclFloat, 0, comm, nullptr));
-      CHILD_NCCL(c, ncclRecv(fromTwo.data(), n, ncclFloat, 2, comm, nullptr));
-      rc = ncclGroupEnd();
-      CHILD_CHECK(c, fromZero[0] == 0.f, "the Recv from rank 0 did not complete");
-    } else {
-      CHILD_NCCL(c, ncclSend(mine.data(), n, ncclFloat, 1, comm, nullptr));
-      std::this_thread::sleep_for(std::chrono::milliseconds(1000));  // rank 1's deadline comes first
-      const double t0 = monoMs();
-      rc = ncclRecv(fromZero.data(), n, ncclFloat, 1, comm, nullptr);
-      ms = monoMs() - t0;
-    }
-    const std::string last = ncclGetLastError(nullptr);
-    c.log(describe(rc) + " after " + std::to_string(static_cast<int>(ms)) + " ms: " + last);
-    CHILD_CHECK(c, c.barrier(), "the other rank did not finish");
-    CHILD_CHECK(c, rc == ncclRemoteError, "expected ncclRemoteError, got " + describe(rc));
-    CHILD_CHECK(c, namesRank(last, 2) && last.find("its process ended") != std::string::npos,
-                "the error does not say that rank 2's process ended: " + last);
-    if (c.rank() == 0) {
-      // It failed at rank 1's close, not at its own deadline, and its error
-      // quotes rank 1's draft as the close found it, then only what the
-      // final report added.
-      const size_t first = last.find("no progress for");
-      CHILD_CHECK(c, last.find("closed its end") < first, "rank 0 did not fail at rank 1's close: " + last);
-      CHILD_CHECK(c, first != std::string::npos && last.find("no progress for", first + 1) == std::string::npos,
-                  "the error does not quote rank 1's view once: " + last);
-    }
-    CHILD_NCCL(c, ncclCommAbort(comm));
-    return 0;
-  });
+  MpResult res = runForked(cfg, [&](MpChild& c) { return firstCauseAfterItsEffects(c, kTimeoutMs, true); });
   INFO(res.report());
   REQUIRE_FALSE(res.timedOut);
   CHECK(res.onlyVictimKilled(2));

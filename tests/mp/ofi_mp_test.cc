@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "mp/mp_checks.h"
+#include "mp/report_chain.h"
 #include "support/mp_harness.h"
 
 using namespace shoal::testing;  // mp_harness.h, mp_checks.h
@@ -379,6 +380,21 @@ TEST_CASE("mp ofi: a rank killed before its first collective is named within sec
   INFO(res.report());
   REQUIRE_FALSE(res.timedOut);
   CHECK(res.onlyVictimKilled(victim));
+}
+
+// A connect that times out waiting for a peer reads that peer's report as
+// a stalled operation does: rank 1's connect to rank 2 (alive, not calling)
+// fails at the no-progress deadline, rank 2 is SIGKILLed 300 ms later, and
+// rank 1's final report, then rank 0's error, say that its process ended
+// (tests/mp/report_chain.h).
+TEST_CASE("mp ofi: a connect that timed out names the peer's death that came after it", "[mp][ofi][failure]") {
+  constexpr int kTimeoutMs = 2000;
+  MpConfig cfg = ofiConfig(3, "tcp;ofi_rxm");
+  cfg.env.push_back({"SHOAL_PROGRESS_TIMEOUT_MS", std::to_string(kTimeoutMs)});
+  MpResult res = runForked(cfg, [&](MpChild& c) { return firstCauseAfterItsEffects(c, kTimeoutMs, false); });
+  INFO(res.report());
+  REQUIRE_FALSE(res.timedOut);
+  CHECK(res.onlyVictimKilled(2));
 }
 
 // The process that served the bootstrap root (rank 0's) killed between a
