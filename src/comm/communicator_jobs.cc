@@ -886,8 +886,13 @@ std::vector<std::string> Communicator::upstreamReports(const std::vector<int>& p
           reports[i] = reports[i].empty() ? std::move(value) : str(reports[i], "; then: ", value);
           settled[i] = true;
           break;
-        case 2:
+        case 2:  // it left: what it had said, if anything, is all it says
           settled[i] = true;
+          if (reports[i].empty()) {
+            Result<std::optional<Store::Found>> draft =
+                request_.store->firstPresent({bootstrap_->failureDraftKey(peers[i])}, look);
+            if (draft.isOk() && draft.value()) reports[i] = std::move(draft.value()->value);
+          }
           break;
         default:
           if (value.size() > reports[i].size()) reports[i] = std::move(value);
